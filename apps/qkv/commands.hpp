@@ -1,0 +1,17 @@
+// The subcommands of the qkv tool. Each parses nothing itself: main.cpp fills the options with CLI11.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace qkv::cli {
+
+struct DemoOptions {
+  std::vector<std::string> sections;  // empty: all
+  bool color = false;
+};
+const std::vector<std::string>& demo_sections();
+int run_demo(const DemoOptions& options, std::ostream& out);
+
+}  // namespace qkv::cli

@@ -1,0 +1,183 @@
+// `qkv demo`: the seed article's worked example, step by step, generated from the book's seeds.
+#include "commands.hpp"
+
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "qkv/qkv.hpp"
+#include "qkv/show.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+const std::vector<std::string> kJourney = {"Your", "journey", "starts", "with", "one", "step"};
+
+// The book's 3-dimensional embeddings of "Your journey starts with one step" (section 3.3).
+Tensor journey_inputs() {
+  return Tensor::from_rows({{0.43f, 0.15f, 0.89f},
+                            {0.55f, 0.87f, 0.66f},
+                            {0.57f, 0.85f, 0.64f},
+                            {0.22f, 0.58f, 0.33f},
+                            {0.77f, 0.25f, 0.10f},
+                            {0.05f, 0.80f, 0.55f}});
+}
+
+void heading(std::ostream& out, const std::string& title) {
+  out << "\n" << std::string(78, '=') << "\n" << title << "\n" << std::string(78, '=') << "\n";
+}
+
+std::vector<std::string> dims(const char* prefix, int64_t n) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(prefix + std::to_string(i + 1));
+  return out;
+}
+
+// Prints every intermediate of one forward pass with token labels.
+void walk_through(std::ostream& out, const nn::AttentionTrace& t, const Tensor& x, const DemoOptions& options) {
+  const show::Style style{4, options.color};
+  const int64_t d_out = t.queries.size(-1);
+  const auto cols = dims("c", d_out);
+  out << "\n" << show::matrix("Q = X·Wq   queries", t.queries, kJourney, cols, style);
+  out << "\n" << show::matrix("K = X·Wk   keys", t.keys, kJourney, cols, style);
+  out << "\n" << show::matrix("V = X·Wv   values", t.values, kJourney, cols, style);
+  out << "\n" << show::matrix("Ω = Q·Kᵀ   attention scores (row i: how query i matches every key)", t.scores, kJourney,
+                              kJourney, style);
+  out << "\n"
+      << show::matrix("A = softmax(Ω / √" + std::to_string(d_out) + ")   attention weights, by rows", t.weights,
+                      kJourney, kJourney, style, /*row_sums=*/true);
+  out << "\n" << show::heatmap("What attends to what", t.weights, kJourney, style);
+  out << "\n" << show::matrix("C = A·V   context vectors", t.context, kJourney, cols, style);
+  (void)x;
+}
+
+void section_v1(std::ostream& out, const DemoOptions& options) {
+  heading(out, "1. SelfAttention_v1 — raw parameter matrices, torch.manual_seed(123)");
+  const show::Style style{4, options.color};
+  const Tensor x = journey_inputs();
+  out << "Input: \"Your journey starts with one step\", one 3-d embedding per token (n = 6, d = 3).\n\n";
+  out << show::matrix("X   input embeddings", x, kJourney, dims("x", 3), style);
+
+  manual_seed(123);
+  nn::SelfAttentionV1 attention(3, 2);
+  out << "\nThree trainable d×c = 3×2 matrices, drawn with torch.rand in the order query, key, value:\n\n";
+  out << show::matrix("Wq  W_query", attention.W_query, dims("x", 3), dims("c", 2), style) << "\n";
+  out << show::matrix("Wk  W_key", attention.W_key, dims("x", 3), dims("c", 2), style) << "\n";
+  out << show::matrix("Wv  W_value", attention.W_value, dims("x", 3), dims("c", 2), style);
+
+  const nn::AttentionTrace t = attention.trace(x);
+  walk_through(out, t, x, options);
+
+  // The numbers the book prints on the way, for x² = "journey".
+  char line[256];
+  std::snprintf(line, sizeof line, "\nThe book, token 2 (\"journey\"): query_2 = [%.4f, %.4f];  ω₂₂ = %.4f\n",
+                t.queries.at({1, 0}), t.queries.at({1, 1}), t.scores.at({1, 1}));
+  out << line << "attention weights of x²:\n";
+  std::vector<float> row;
+  for (int64_t j = 0; j < 6; ++j) row.push_back(t.weights.at({1, j}));
+  out << show::bars(row, kJourney);
+}
+
+void section_v2(std::ostream& out, const DemoOptions& options) {
+  heading(out, "2. SelfAttention_v2 — nn.Linear projections, torch.manual_seed(789)");
+  const show::Style style{4, options.color};
+  const Tensor x = journey_inputs();
+  manual_seed(789);
+  nn::SelfAttentionV2 attention(3, 2);
+  out << "Linear stores its weight as (out, in) = 2×3 and computes x·Wᵀ, so Wq below is W_query.weight.\n"
+         "nn.Linear's initialisation (kaiming-uniform) gives smaller, centred weights than torch.rand.\n\n";
+  out << show::matrix("W_query.weight", attention.W_query.weight, dims("c", 2), dims("x", 3), style) << "\n";
+  out << show::matrix("W_key.weight", attention.W_key.weight, dims("c", 2), dims("x", 3), style) << "\n";
+  out << show::matrix("W_value.weight", attention.W_value.weight, dims("c", 2), dims("x", 3), style);
+  walk_through(out, attention.trace(x), x, options);
+}
+
+void section_train(std::ostream& out, const DemoOptions& options) {
+  heading(out, "3. Training Wq, Wk, Wv — make \"cat\" attend to \"fat\"");
+  const show::Style style{4, options.color};
+  const std::vector<std::string> tokens = {"the", "fat", "cat", "sat", "on", "the", "mat"};
+  // Fixed embeddings: one random 4-d vector per distinct word (seed 123), looked up per token, so both
+  // "the" get the same vector, as a real embedding table would give them.
+  manual_seed(123);
+  const int64_t d = 4;
+  std::map<std::string, int64_t> vocab;
+  for (const auto& w : tokens) vocab.emplace(w, static_cast<int64_t>(vocab.size()));
+  const Tensor table = default_generator().randn({static_cast<int64_t>(vocab.size()), d});
+  Tensor x = Tensor::empty({static_cast<int64_t>(tokens.size()), d});
+  for (size_t i = 0; i < tokens.size(); ++i)
+    for (int64_t j = 0; j < d; ++j) x.data()[static_cast<int64_t>(i) * d + j] = table.at({vocab[tokens[i]], j});
+
+  nn::SelfAttentionV1 attention(d, d);
+  const int64_t cat = 2, fat = 1;
+  out << "Sentence: \"the fat cat sat on the mat\"; fixed 4-d embeddings; SelfAttention_v1(4, 4).\n"
+         "Loss: −log A[cat, fat], the cross-entropy of cat's attention row against the key \"fat\".\n\n";
+  out << show::matrix("X   embeddings (fixed)", x, tokens, dims("x", d), style);
+
+  auto cat_row = [&]() {
+    NoGradGuard no_grad;
+    const Tensor weights = attention.trace(x).weights;
+    std::vector<float> row;
+    for (int64_t j = 0; j < weights.size(1); ++j) row.push_back(weights.at({cat, j}));
+    return row;
+  };
+  const std::vector<float> before = cat_row();
+  out << "\nBefore training, \"cat\" attends to:\n" << show::bars(before, tokens);
+
+  optim::AdamW optimizer(attention.named_parameters(), {.lr = 0.05});
+  std::vector<int64_t> targets(tokens.size(), -100);  // only cat's row has a target; the rest are ignored
+  targets[cat] = fat;
+  out << "\nAdamW, lr = 0.05:\n";
+  const Tensor w_value_before = attention.W_value.clone();
+  int step = 0;
+  float loss_value = 0.0f;
+  for (; step <= 500; ++step) {
+    optimizer.zero_grad();
+    const nn::AttentionTrace t = attention.trace(x);
+    const float scale = std::sqrt(static_cast<float>(d));
+    const Tensor loss = cross_entropy(div(t.scores, scale), targets);
+    loss_value = loss.item();
+    const float attention_to_fat = t.weights.at({cat, fat});
+    int best = 0;
+    for (int64_t j = 1; j < t.weights.size(1); ++j)
+      if (t.weights.at({cat, j}) > t.weights.at({cat, best})) best = static_cast<int>(j);
+    const bool done = best == fat && attention_to_fat >= 0.5f;
+    if (step < 5 || step % 10 == 0 || done) {
+      char line[160];
+      std::snprintf(line, sizeof line, "  step %3d   loss %.4f   A[cat, fat] = %.4f%s\n", step, loss_value,
+                    attention_to_fat, done ? "   ← cat now attends most to fat" : "");
+      out << line;
+    }
+    if (done) break;
+    loss.backward();
+    optimizer.step();
+  }
+  const std::vector<float> after = cat_row();
+  out << "\nAfter " << step << " steps, \"cat\" attends to:\n" << show::bars(after, tokens);
+  float change = 0.0f;
+  for (int64_t i = 0; i < attention.W_value.numel(); ++i)
+    change = std::max(change, std::fabs(attention.W_value.data()[i] - w_value_before.data()[i]));
+  out << "\nW_value changed by at most " << change
+      << ": the loss looks only at who attends to whom, which Wq and Wk decide;\n"
+         "the values decide what is passed along once attention is paid.\n";
+}
+
+}  // namespace
+
+const std::vector<std::string>& demo_sections() {
+  static const std::vector<std::string> sections = {"v1", "v2", "train"};
+  return sections;
+}
+
+int run_demo(const DemoOptions& options, std::ostream& out) {
+  const auto& wanted = options.sections.empty() ? demo_sections() : options.sections;
+  std::set<std::string> chosen(wanted.begin(), wanted.end());
+  out << "qkv " << kVersion << " — trainable self-attention, step by step (Raschka, LLMs from Scratch, §3.4)\n";
+  if (chosen.count("v1")) section_v1(out, options);
+  if (chosen.count("v2")) section_v2(out, options);
+  if (chosen.count("train")) section_train(out, options);
+  return 0;
+}
+
+}  // namespace qkv::cli

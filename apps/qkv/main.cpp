@@ -1,0 +1,48 @@
+// qkv: the command-line tool. Thin: parse the command line, call the library, print, map errors to exit
+// codes (0 success, 1 a problem with the input or files, 2 a usage error).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.hpp"
+#include "qkv/error.hpp"
+#include "qkv/version.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"qkv — trainable self-attention, from the seed's Q = XWq, K = XWk, V = XWv to a small GPT.\n"
+               "Run `qkv demo` for the worked example, `qkv <command> --help` for any command."};
+  app.set_version_flag("--version", std::string("qkv ") + qkv::kVersion);
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Print help for every command");
+
+  qkv::cli::DemoOptions demo;
+  auto* demo_cmd = app.add_subcommand("demo", "Walk through the seed's example (the book's numbers), then train");
+  demo_cmd->add_option("--section", demo.sections, "Show only these sections (repeatable)")
+      ->check(CLI::IsMember(qkv::cli::demo_sections()));
+  bool force_color = false, no_color = false;
+  demo_cmd->add_flag("--color", force_color, "Colour the attention heat maps");
+  demo_cmd->add_flag("--no-color", no_color, "Never use colour");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help/version to stdout, errors to stderr
+    return code == 0 ? 0 : 2;
+  }
+
+  try {
+    if (*demo_cmd) {
+      demo.color = !no_color && (force_color || isatty(STDOUT_FILENO));
+      return qkv::cli::run_demo(demo, std::cout);
+    }
+  } catch (const qkv::Error& e) {
+    std::fprintf(stderr, "qkv: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qkv: unexpected error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,43 @@
+// Autograd: a dynamic tape at tensor granularity, micrograd's idea applied to tensors.
+// Every differentiable op records a Node (its inputs and a backward closure) on its output; backward()
+// sorts the nodes topologically and runs the closures in reverse, accumulating gradients with +=.
+// Not here: the ops themselves (ops.hpp); each op's backward sits beside its forward in src/autograd/.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+
+#include "qkv/tensor.hpp"
+
+namespace qkv {
+
+// Whether ops record themselves for backward (true by default, per thread).
+bool grad_enabled();
+
+// Inside this scope nothing is recorded: inference, optimiser updates, evaluation.
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+namespace detail {
+
+// True when an op with these inputs must be recorded: grad mode is on and one input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+
+// Makes `output` a recorded result of op `name`. `backward` receives dL/d(output).
+void record(Tensor& output, const char* name, std::vector<Tensor> inputs,
+            std::function<void(const Tensor& grad_output)> backward);
+
+// The gradient buffer of `t`, created as zeros on first use; backward closures add into it.
+// Returns nullptr when t does not require grad, so closures can skip work nobody needs.
+float* grad_buffer(const Tensor& t);
+
+}  // namespace detail
+}  // namespace qkv

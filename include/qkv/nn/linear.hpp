@@ -1,0 +1,26 @@
+// Linear: y = x Wᵀ + b, initialised exactly as torch.nn.Linear (weight kaiming-uniform with a = √5,
+// bias uniform in ±1/√in), so the same seed gives the same numbers as PyTorch.
+#pragma once
+
+#include "qkv/nn/module.hpp"
+#include "qkv/random.hpp"
+
+namespace qkv::nn {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator& gen = default_generator());
+
+  // x (..., in) → (..., out)
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+
+  Tensor weight;  // (out, in)
+  Tensor bias;    // (out), undefined without bias
+  std::string type_name() const override { return "Linear"; }
+};
+
+// Checks a layer size given by a user: a positive number, or ValueError naming the layer and argument.
+void require_positive(int64_t value, const char* layer, const char* argument);
+
+}  // namespace qkv::nn

@@ -1,0 +1,78 @@
+// Module: the base of every layer. It owns one registry of named parameters and buffers with
+// PyTorch's state-dict names ("W_query.weight", "heads.0.W_key.weight"), and that one registry serves
+// state_dict save/load, zero_grad, optimisers and parameter counts.
+// Not here: the layers themselves (linear.hpp, attention.hpp).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/tensor.hpp"
+
+namespace qkv::nn {
+
+// Named tensors in registration order, as PyTorch's OrderedDict state_dict.
+class StateDict {
+ public:
+  void insert(std::string name, Tensor tensor);  // replaces an existing entry of that name
+  const Tensor* find(const std::string& name) const;
+  const std::vector<std::pair<std::string, Tensor>>& entries() const { return entries_; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> entries_;
+};
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Walks the trainable parameters depth-first in registration order, with dotted names.
+  void for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn);
+  std::vector<std::pair<std::string, Tensor>> named_parameters();
+  std::vector<Tensor> parameters();
+  int64_t parameter_count();
+  void zero_grad();  // sets every parameter's gradient to zeros
+
+  // Dropout and similar layers act only in training mode. Modules start in training mode, like PyTorch.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Parameters and persistent buffers.
+  StateDict state_dict();
+  // Strict: every parameter must be present with its shape and nothing unknown may be given; the error
+  // lists all missing keys, unexpected keys and shape mismatches at once. Optional buffers (the causal
+  // mask) are accepted when present and checked for shape.
+  void load_state_dict(const StateDict& state);
+
+  // The PyTorch class name, e.g. "SelfAttention_v2".
+  virtual std::string type_name() const = 0;
+
+ protected:
+  Tensor& register_parameter(std::string name, Tensor tensor);
+  // A buffer is state that is not trained. `optional_on_load` buffers may be absent from a loaded dict.
+  Tensor& register_buffer(std::string name, Tensor tensor, bool optional_on_load = false);
+  void register_module(std::string name, Module& child);
+
+ private:
+  struct Entry {
+    std::string name;
+    Tensor tensor;
+    bool optional_on_load = false;
+  };
+  void walk(const std::string& prefix, const std::function<void(const std::string&, Entry&, bool is_parameter)>& fn);
+
+  std::vector<Entry> parameters_;
+  std::vector<Entry> buffers_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+}  // namespace qkv::nn

@@ -1,0 +1,70 @@
+// Differentiable operations on Tensors. Each records itself on the tape when an input requires grad;
+// its backward sits beside its forward in src/autograd/. Shapes are checked on every call: a mismatch
+// throws ShapeError naming the op and both shapes.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <vector>
+
+#include "qkv/tensor.hpp"
+
+namespace qkv {
+
+class Generator;
+
+// ---- linear algebra ----
+
+// a (M,K) @ b (K,N) → (M,N). Batched: a (...,M,K) @ b (...,K,N) with equal leading dims, or a 2-D b
+// shared by every batch entry (x (B,T,C) @ W (C,D)), or a 2-D a applied to every batch entry of b.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x (...,in) @ weightᵀ (out,in) + bias (out) → (...,out): torch.nn.functional.linear. bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Swaps dimensions d0 and d1 (negative counts from the back); the result is a contiguous copy.
+Tensor transpose(const Tensor& t, int d0 = -2, int d1 = -1);
+// Same values, another shape; one dimension may be -1 (inferred). Shares storage: no copy.
+Tensor reshape(const Tensor& t, std::initializer_list<int64_t> dims);
+Tensor reshape(const Tensor& t, const Shape& shape);
+
+// ---- elementwise, with broadcasting (NumPy rules: dimensions align from the back; size 1 stretches) ----
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, float b);
+Tensor mul(const Tensor& a, float b);
+Tensor div(const Tensor& a, float b);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, float b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, float b) { return add(a, -b); }
+inline Tensor operator*(const Tensor& a, float b) { return mul(a, b); }
+inline Tensor operator*(float a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator/(const Tensor& a, float b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// The shape NumPy broadcasting gives a and b, or ShapeError naming `op` and both shapes.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// ---- reductions and normalisation ----
+
+Tensor sum(const Tensor& t);                                  // all elements → scalar
+Tensor sum(const Tensor& t, int dim, bool keepdim = false);
+Tensor mean(const Tensor& t);
+Tensor mean(const Tensor& t, int dim, bool keepdim = false);
+// Softmax along the last dimension, numerically stable (the row max is subtracted first).
+Tensor softmax(const Tensor& t);
+
+// Mean cross-entropy of logits (N,V) against class indices (N); rows whose target is ignore_index
+// count neither in the loss nor in the mean (torch.nn.functional.cross_entropy).
+Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
+
+}  // namespace qkv

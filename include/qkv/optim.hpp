@@ -1,0 +1,81 @@
+// Optimisers with PyTorch 1.13's defaults and update rules (torch.optim.SGD, torch.optim.AdamW).
+// A parameter whose grad is undefined is skipped, as in PyTorch. Optimiser state is named after the
+// parameters ("exp_avg.W_query.weight") so checkpoints can store it with the weights.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/tensor.hpp"
+
+namespace qkv::optim {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Optimizer {
+ public:
+  explicit Optimizer(NamedTensors parameters);
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  void zero_grad();  // gradients to zeros (PyTorch 1.13's default set_to_none=False)
+  virtual double lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+  int64_t step_count() const { return steps_; }
+  void set_step_count(int64_t steps) { steps_ = steps; }
+  // Every state tensor, named "<state>.<parameter name>"; created on first use, so call after step()
+  // or after ensure_state() when loading a checkpoint.
+  virtual void for_each_state(const std::function<void(const std::string& name, Tensor& state)>& fn) = 0;
+  virtual void ensure_state() = 0;
+
+ protected:
+  NamedTensors parameters_;
+  int64_t steps_ = 0;
+};
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(NamedTensors parameters, SGDOptions options);
+  void step() override;
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override { options_.lr = lr; }
+  void for_each_state(const std::function<void(const std::string&, Tensor&)>& fn) override;
+  void ensure_state() override;
+
+ private:
+  SGDOptions options_;
+  std::vector<Tensor> momentum_buffers_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(NamedTensors parameters, AdamWOptions options);
+  void step() override;
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override { options_.lr = lr; }
+  void for_each_state(const std::function<void(const std::string&, Tensor&)>& fn) override;
+  void ensure_state() override;
+
+ private:
+  AdamWOptions options_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+};
+
+}  // namespace qkv::optim

@@ -1,0 +1,33 @@
+// Pictures of tensors for people learning how attention works: matrices labelled with their tokens
+// and shape, and a shaded grid of who attends to whom. Plain text; ANSI colour only when asked.
+// Not here: plots of training curves (train/plot.hpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "qkv/tensor.hpp"
+
+namespace qkv::show {
+
+struct Style {
+  int decimals = 4;
+  bool color = false;  // ANSI colours for the heat map
+};
+
+// A 2-D tensor as a table:
+//   title  (6×2)
+//              d0       d1
+//   Your     0.2309   1.0966
+// Empty label lists number the rows/columns. A row-sum column is added when `row_sums` is set.
+std::string matrix(const std::string& title, const Tensor& m, const std::vector<std::string>& row_labels,
+                   const std::vector<std::string>& col_labels, const Style& style = {}, bool row_sums = false);
+
+// Attention weights (T,T) as a grid of shades from ' ' (0) to '█' (1), rows = queries, columns = keys.
+std::string heatmap(const std::string& title, const Tensor& weights, const std::vector<std::string>& labels,
+                    const Style& style = {});
+
+// One row of weights as horizontal bars, one line per key.
+std::string bars(const std::vector<float>& values, const std::vector<std::string>& labels, int width = 40);
+
+}  // namespace qkv::show

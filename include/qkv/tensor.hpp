@@ -1,0 +1,136 @@
+// Tensor: float32, contiguous, row-major, rank 0..4, with an optional gradient and a place on the autograd tape.
+// A Tensor is a handle: copies share the same storage (as in PyTorch). Views (reshape, detach) share
+// storage too; every op that changes layout returns a new contiguous tensor.
+// Not here: the differentiable operations (ops.hpp) and the tape walk (autograd.hpp).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/error.hpp"
+
+namespace qkv {
+
+inline constexpr int kMaxRank = 4;
+
+// The sizes of a tensor's dimensions, outermost first. Rank 0 is a scalar.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  explicit Shape(std::span<const int64_t> dims);
+
+  int rank() const { return rank_; }
+  int64_t numel() const;
+  // i may be negative, counting from the back (-1 is the last dimension).
+  int64_t operator[](int i) const { return dims_[static_cast<size_t>(normalize(i))]; }
+  int64_t& operator[](int i) { return dims_[static_cast<size_t>(normalize(i))]; }
+  // Turns a possibly negative dimension index into 0..rank-1, or throws ShapeError naming `op`.
+  int normalize(int i, const char* op = "index") const;
+  std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
+  std::string str() const;  // "(2, 6, 3)"
+
+  friend bool operator==(const Shape& a, const Shape& b);
+
+ private:
+  int rank_ = 0;
+  std::array<int64_t, kMaxRank> dims_{};
+};
+
+namespace detail {
+struct TensorImpl;
+struct Node;
+}  // namespace detail
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+
+  static Tensor empty(const Shape& shape);  // uninitialised values
+  static Tensor zeros(const Shape& shape);
+  static Tensor ones(const Shape& shape);
+  static Tensor full(const Shape& shape, float value);
+  static Tensor scalar(float value);
+  // Copies `values` (row-major) into a new tensor; throws ShapeError if the count does not match.
+  static Tensor from(std::span<const float> values, const Shape& shape);
+  static Tensor from(std::initializer_list<float> values, const Shape& shape);
+  // A 2-D tensor from nested rows, e.g. {{0.43f, 0.15f, 0.89f}, {...}}; all rows must have one length.
+  static Tensor from_rows(std::initializer_list<std::initializer_list<float>> rows);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int rank() const { return shape().rank(); }
+  int64_t size(int dim) const { return shape()[dim]; }
+  int64_t numel() const { return shape().numel(); }
+
+  float* data();
+  const float* data() const;
+  std::span<float> values() { return {data(), static_cast<size_t>(numel())}; }
+  std::span<const float> values() const { return {data(), static_cast<size_t>(numel())}; }
+  std::vector<float> to_vector() const { return {data(), data() + numel()}; }
+  float item() const;                                 // the value of a one-element tensor
+  float at(std::initializer_list<int64_t> index) const;  // bounds-checked element read
+
+  // Autograd. A leaf that requires grad collects dL/dself in grad() when backward() runs.
+  Tensor& requires_grad_(bool on = true);
+  bool requires_grad() const;
+  bool is_leaf() const;
+  Tensor grad() const;  // undefined until a backward pass reached this tensor
+  void set_grad(const Tensor& grad);
+  void zero_grad();     // sets an existing grad to zeros (PyTorch 1.13's default)
+  // Runs reverse-mode differentiation from this tensor. Without an argument the tensor must hold one
+  // element (a loss); otherwise grad_output has this tensor's shape. The graph is freed afterwards.
+  void backward() const;
+  void backward(const Tensor& grad_output) const;
+  const char* grad_fn_name() const;  // the op that made this tensor, or nullptr for a leaf
+
+  Tensor detach() const;               // same storage, no history, requires_grad false
+  Tensor clone() const;                // a copy of the values, no history
+  void copy_(const Tensor& source);    // copies values in place; the shapes must be equal
+  void fill_(float value);
+  // A tensor of another shape over the same storage (numel must match). No history: ops.hpp's reshape
+  // is the differentiable form.
+  Tensor view_as_shape(const Shape& shape) const;
+  bool shares_storage_with(const Tensor& other) const;
+
+  // For ops and the tape (detail).
+  detail::TensorImpl* impl() const { return impl_.get(); }
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<detail::TensorImpl> impl_;
+};
+
+namespace detail {
+
+// One recorded operation: the tensors it read and how to send a gradient back to them.
+struct Node {
+  const char* name = "";
+  std::vector<Tensor> inputs;
+  // Called with dL/d(output); adds each input's share into that input's gradient (see accumulate_grad).
+  std::function<void(const Tensor& grad_output)> backward;
+};
+
+struct TensorImpl {
+  std::shared_ptr<float> storage;  // aligned allocation shared by views
+  float* ptr = nullptr;
+  Shape shape;
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> node;  // set for results of recorded ops
+};
+
+}  // namespace detail
+
+// Prints like PyTorch: tensor([[0.2996, 0.8053], ...]).
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+std::ostream& operator<<(std::ostream& os, const Shape& s);
+
+}  // namespace qkv

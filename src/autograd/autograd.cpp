@@ -1,0 +1,107 @@
+// The tape walk: topological order over recorded nodes, then each node's backward in reverse.
+// Gradients accumulate (+=) so a tensor used twice gets both contributions, as in micrograd.
+#include "qkv/autograd.hpp"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace qkv {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+}
+
+bool grad_enabled() { return g_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+
+namespace detail {
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  return std::any_of(inputs.begin(), inputs.end(), [](const Tensor* t) { return t && t->requires_grad(); });
+}
+
+void record(Tensor& output, const char* name, std::vector<Tensor> inputs,
+            std::function<void(const Tensor& grad_output)> backward) {
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  output.impl()->node = std::move(node);
+  output.impl()->requires_grad = true;
+}
+
+float* grad_buffer(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  TensorImpl* impl = t.impl();
+  if (!impl->grad.defined()) impl->grad = Tensor::zeros(impl->shape);
+  return impl->grad.data();
+}
+
+namespace {
+// Depth-first post-order over tensors that require grad: each tensor comes after every tensor it was
+// computed from, so walking the list backwards visits a tensor only after all its consumers.
+// The list holds handles, which keeps every tensor alive until its own turn even though nodes
+// (and the handles they hold) are released as the walk goes.
+std::vector<Tensor> topo_sort(const Tensor& root) {
+  std::vector<Tensor> order;
+  std::unordered_set<TensorImpl*> visited;
+  // Iterative DFS so deep graphs (many layers, many steps) cannot overflow the stack.
+  std::vector<std::pair<Tensor, size_t>> stack;
+  stack.emplace_back(root, 0);
+  visited.insert(root.impl());
+  while (!stack.empty()) {
+    auto& [tensor, next_input] = stack.back();
+    TensorImpl* impl = tensor.impl();
+    if (impl->node && next_input < impl->node->inputs.size()) {
+      const Tensor& child = impl->node->inputs[next_input++];
+      if (child.requires_grad() && visited.insert(child.impl()).second) stack.emplace_back(child, 0);
+    } else {
+      order.push_back(std::move(tensor));
+      stack.pop_back();
+    }
+  }
+  return order;
+}
+}  // namespace
+
+}  // namespace detail
+
+void Tensor::backward() const {
+  if (numel() != 1) {
+    throw ShapeError("backward(): called without a gradient on a tensor of shape " + shape().str() +
+                     "; pass grad_output of that shape, or reduce to a scalar loss first");
+  }
+  backward(Tensor::ones(shape()));
+}
+
+void Tensor::backward(const Tensor& grad_output) const {
+  if (!requires_grad()) {
+    throw ValueError("backward(): this tensor does not require grad; no input of its computation had "
+                     "requires_grad_() set, or it was computed under NoGradGuard");
+  }
+  if (!(grad_output.shape() == shape())) {
+    throw ShapeError("backward(): grad_output has shape " + grad_output.shape().str() + " but the tensor has shape " +
+                     shape().str());
+  }
+  std::vector<Tensor> order = detail::topo_sort(*this);
+  // Seed: dL/d(root) += grad_output.
+  float* root_grad = detail::grad_buffer(*this);
+  const float* seed = grad_output.data();
+  for (int64_t i = 0, n = numel(); i < n; ++i) root_grad[i] += seed[i];
+
+  NoGradGuard no_grad;  // backward closures compute with plain kernels; nothing they do is recorded
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    detail::TensorImpl* impl = it->impl();
+    if (impl->node) {  // a leaf has no node: its gradient stays for the caller
+      std::shared_ptr<detail::Node> node = std::move(impl->node);  // frees the graph as we go
+      if (impl->grad.defined()) node->backward(impl->grad);
+      impl->grad = Tensor();  // non-leaf gradients are not kept (as in PyTorch)
+    }
+    *it = Tensor();  // every consumer is done with this tensor: let its memory go
+  }
+}
+
+}  // namespace qkv

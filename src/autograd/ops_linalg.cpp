@@ -1,0 +1,211 @@
+// matmul, linear, transpose, reshape: forward and backward side by side.
+#include <string>
+
+#include "qkv/autograd.hpp"
+#include "qkv/kernels.hpp"
+#include "qkv/ops.hpp"
+
+namespace qkv {
+
+namespace {
+
+std::string shapes_message(const char* op, const Tensor& a, const Tensor& b, const std::string& why) {
+  return std::string(op) + ": " + why + " (shapes " + a.shape().str() + " and " + b.shape().str() + ")";
+}
+
+int64_t leading(const Shape& s, int keep_last) {  // product of all dims except the last keep_last
+  int64_t n = 1;
+  for (int i = 0; i < s.rank() - keep_last; ++i) n *= s[i];
+  return n;
+}
+
+}  // namespace
+
+// matmul. Three layouts, all of them (batch, M, K) @ (batch?, K, N):
+//   shared B: a (...,M,K), b (K,N)       → fold the leading dims into M: one GEMM.
+//   shared A: a (M,K),     b (...,K,N)   → one GEMM per batch entry.
+//   batched:  a (...,M,K), b (...,K,N)   → one GEMM per batch entry; leading dims equal.
+// Backward of C = A B:  dA = dC Bᵀ,  dB = Aᵀ dC  (summed over the batch when B or A is shared).
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (a.rank() < 2 || b.rank() < 2) {
+    throw ShapeError(shapes_message("matmul", a, b, "both operands need at least 2 dimensions"));
+  }
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  if (b.size(-2) != K) {
+    throw ShapeError(shapes_message("matmul", a, b,
+                                    "inner dimensions differ: " + std::to_string(K) + " vs " + std::to_string(b.size(-2))));
+  }
+  enum class Layout { SharedB, SharedA, Batched } layout;
+  int64_t batch = 1;
+  Shape out_shape;
+  if (b.rank() == 2) {
+    layout = Layout::SharedB;
+    out_shape = a.shape();
+    out_shape[-1] = N;
+    batch = leading(a.shape(), 2);
+  } else if (a.rank() == 2) {
+    layout = Layout::SharedA;
+    out_shape = b.shape();
+    out_shape[-2] = M;
+    batch = leading(b.shape(), 2);
+  } else {
+    if (a.rank() != b.rank()) throw ShapeError(shapes_message("matmul", a, b, "batch ranks differ"));
+    for (int i = 0; i < a.rank() - 2; ++i)
+      if (a.size(i) != b.size(i)) throw ShapeError(shapes_message("matmul", a, b, "batch dimensions differ"));
+    layout = Layout::Batched;
+    out_shape = a.shape();
+    out_shape[-1] = N;
+    batch = leading(a.shape(), 2);
+  }
+  Tensor out = Tensor::empty(out_shape);
+  const int64_t a_step = layout == Layout::SharedA ? 0 : M * K;
+  const int64_t b_step = layout == Layout::SharedB ? 0 : K * N;
+  if (layout == Layout::SharedB) {
+    kernels::gemm(false, false, batch * M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, out.data(), N);
+  } else {
+    for (int64_t i = 0; i < batch; ++i)
+      kernels::gemm(false, false, M, N, K, 1.0f, a.data() + i * a_step, K, b.data() + i * b_step, N, 0.0f,
+                    out.data() + i * M * N, N);
+  }
+  if (detail::needs_grad({&a, &b})) {
+    detail::record(out, "MatmulBackward", {a, b}, [a, b, layout, batch, M, N, K, a_step, b_step](const Tensor& dout) {
+      if (float* da = detail::grad_buffer(a)) {  // dA (M,K) += dC (M,N) @ Bᵀ
+        if (layout == Layout::SharedB) {
+          kernels::gemm(false, true, batch * M, K, N, 1.0f, dout.data(), N, b.data(), N, 1.0f, da, K);
+        } else {
+          for (int64_t i = 0; i < batch; ++i)
+            kernels::gemm(false, true, M, K, N, 1.0f, dout.data() + i * M * N, N, b.data() + i * b_step, N, 1.0f,
+                          da + i * a_step, K);
+        }
+      }
+      if (float* db = detail::grad_buffer(b)) {  // dB (K,N) += Aᵀ @ dC (M,N)
+        if (layout == Layout::SharedB) {
+          kernels::gemm(true, false, K, N, batch * M, 1.0f, a.data(), K, dout.data(), N, 1.0f, db, N);
+        } else {
+          for (int64_t i = 0; i < batch; ++i)
+            kernels::gemm(true, false, K, N, M, 1.0f, a.data() + i * a_step, K, dout.data() + i * M * N, N, 1.0f,
+                          db + i * b_step, N);
+        }
+      }
+    });
+  }
+  return out;
+}
+
+// linear: y (R,out) = x (R,in) @ Wᵀ + bias, R = all leading dims of x folded together.
+// Backward: dx = dy W;  dW = dyᵀ x;  dbias = column sums of dy.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (weight.rank() != 2) throw ShapeError("linear: weight must be 2-D (out, in), got " + weight.shape().str());
+  if (x.rank() < 1 || x.size(-1) != weight.size(1)) {
+    throw ShapeError(shapes_message("linear", x, weight,
+                                    "the input's last dimension must equal the weight's in-features (dim 1)"));
+  }
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  if (bias.defined() && !(bias.shape() == Shape{out_features})) {
+    throw ShapeError(shapes_message("linear", weight, bias, "bias must have shape (out_features)"));
+  }
+  const int64_t rows = leading(x.shape(), 1);
+  Shape out_shape = x.shape();
+  out_shape[-1] = out_features;
+  Tensor out = Tensor::empty(out_shape);
+  float* y = out.data();
+  if (bias.defined()) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < out_features; ++j) y[r * out_features + j] = bias.data()[j];
+  }
+  kernels::gemm(false, true, rows, out_features, in, 1.0f, x.data(), in, weight.data(), in,
+                bias.defined() ? 1.0f : 0.0f, y, out_features);
+  if (detail::needs_grad({&x, &weight, &bias})) {
+    detail::record(out, "LinearBackward", {x, weight, bias}, [x, weight, bias, rows, in, out_features](const Tensor& dout) {
+      if (float* dx = detail::grad_buffer(x))
+        kernels::gemm(false, false, rows, in, out_features, 1.0f, dout.data(), out_features, weight.data(), in, 1.0f, dx,
+                      in);
+      if (float* dw = detail::grad_buffer(weight))
+        kernels::gemm(true, false, out_features, in, rows, 1.0f, dout.data(), out_features, x.data(), in, 1.0f, dw, in);
+      if (float* db = detail::grad_buffer(bias)) {
+        const float* g = dout.data();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < out_features; ++j) db[j] += g[r * out_features + j];
+      }
+    });
+  }
+  return out;
+}
+
+// transpose(t, d0, d1): viewed as (outer, n0, mid, n1, inner) the result is (outer, n1, mid, n0, inner).
+// Backward: the same swap applied to the gradient.
+namespace {
+void swap_dims(const float* src, float* dst, const Shape& s, int d0, int d1, bool accumulate) {
+  int64_t outer = 1, mid = 1, inner = 1;
+  for (int i = 0; i < d0; ++i) outer *= s[i];
+  for (int i = d0 + 1; i < d1; ++i) mid *= s[i];
+  for (int i = d1 + 1; i < s.rank(); ++i) inner *= s[i];
+  const int64_t n0 = s[d0], n1 = s[d1];
+  if (!accumulate && mid == 1 && inner == 1) {
+    kernels::transpose_batched(src, dst, outer, n0, n1);
+    return;
+  }
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < n0; ++i)
+      for (int64_t m = 0; m < mid; ++m)
+        for (int64_t j = 0; j < n1; ++j) {
+          const float* from = src + (((o * n0 + i) * mid + m) * n1 + j) * inner;
+          float* to = dst + (((o * n1 + j) * mid + m) * n0 + i) * inner;
+          if (accumulate)
+            for (int64_t e = 0; e < inner; ++e) to[e] += from[e];
+          else
+            for (int64_t e = 0; e < inner; ++e) to[e] = from[e];
+        }
+}
+}  // namespace
+
+Tensor transpose(const Tensor& t, int d0, int d1) {
+  int a = t.shape().normalize(d0, "transpose"), b = t.shape().normalize(d1, "transpose");
+  if (a > b) std::swap(a, b);
+  Shape out_shape = t.shape();
+  std::swap(out_shape[a], out_shape[b]);
+  if (a == b) return reshape(t, out_shape);
+  Tensor out = Tensor::empty(out_shape);
+  swap_dims(t.data(), out.data(), t.shape(), a, b, false);
+  if (detail::needs_grad({&t})) {
+    detail::record(out, "TransposeBackward", {t}, [t, out_shape, a, b](const Tensor& dout) {
+      if (float* dt = detail::grad_buffer(t)) swap_dims(dout.data(), dt, out_shape, a, b, true);
+    });
+  }
+  return out;
+}
+
+Tensor reshape(const Tensor& t, const Shape& shape) {
+  Tensor out = t.view_as_shape(shape);
+  if (detail::needs_grad({&t})) {
+    detail::record(out, "ReshapeBackward", {t}, [t](const Tensor& dout) {
+      float* dt = detail::grad_buffer(t);
+      const float* g = dout.data();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) dt[i] += g[i];
+    });
+  }
+  return out;
+}
+
+Tensor reshape(const Tensor& t, std::initializer_list<int64_t> dims) {
+  std::vector<int64_t> resolved(dims);
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    if (resolved[i] == -1) {
+      if (infer >= 0) throw ShapeError("reshape: only one dimension may be -1");
+      infer = static_cast<int>(i);
+    } else {
+      known *= resolved[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || t.numel() % known != 0) {
+      throw ShapeError("reshape: cannot infer the -1 dimension to reshape " + t.shape().str());
+    }
+    resolved[static_cast<size_t>(infer)] = t.numel() / known;
+  }
+  return reshape(t, Shape(std::span<const int64_t>(resolved)));
+}
+
+}  // namespace qkv

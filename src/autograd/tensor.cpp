@@ -1,0 +1,281 @@
+// Tensor storage, construction, element access and printing. The tape walk lives in autograd.cpp.
+#include "qkv/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <new>
+#include <ostream>
+#include <sstream>
+
+namespace qkv {
+
+namespace detail {
+void check_failed(const char* file, int line, const char* condition, const std::string& message) {
+  std::fprintf(stderr, "qkv internal error at %s:%d: check `%s` failed: %s\n", file, line, condition,
+               message.c_str());
+  std::abort();
+}
+}  // namespace detail
+
+// ---- Shape ----
+
+Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const int64_t> dims) {
+  if (dims.size() > static_cast<size_t>(kMaxRank)) {
+    throw ShapeError("a tensor has at most " + std::to_string(kMaxRank) + " dimensions, got " +
+                     std::to_string(dims.size()));
+  }
+  rank_ = static_cast<int>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0) throw ShapeError("negative dimension " + std::to_string(dims[i]) + " in a shape");
+    dims_[i] = dims[i];
+  }
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
+  return n;
+}
+
+int Shape::normalize(int i, const char* op) const {
+  const int d = i < 0 ? i + rank_ : i;
+  if (d < 0 || d >= rank_) {
+    throw ShapeError(std::string(op) + ": dimension " + std::to_string(i) + " is out of range for a tensor of shape " +
+                     str());
+  }
+  return d;
+}
+
+std::string Shape::str() const {
+  std::string s = "(";
+  for (int i = 0; i < rank_; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(dims_[static_cast<size_t>(i)]);
+  }
+  return s + ")";
+}
+
+bool operator==(const Shape& a, const Shape& b) {
+  if (a.rank_ != b.rank_) return false;
+  for (int i = 0; i < a.rank_; ++i)
+    if (a.dims_[static_cast<size_t>(i)] != b.dims_[static_cast<size_t>(i)]) return false;
+  return true;
+}
+
+// ---- Tensor ----
+
+namespace {
+// 64-byte alignment: a cache line, and what AVX2 loads like best.
+std::shared_ptr<float> allocate(int64_t n) {
+  const size_t count = static_cast<size_t>(std::max<int64_t>(n, 1));
+  float* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64)));
+  return std::shared_ptr<float>(p, [](float* q) { ::operator delete[](q, std::align_val_t(64)); });
+}
+
+detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& impl) {
+  if (!impl) throw ValueError("use of an undefined tensor (default-constructed Tensor)");
+  return *impl;
+}
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape) {
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = allocate(shape.numel());
+  impl->ptr = impl->storage.get();
+  impl->shape = shape;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape) { return full(shape, 0.0f); }
+Tensor Tensor::ones(const Shape& shape) { return full(shape, 1.0f); }
+
+Tensor Tensor::full(const Shape& shape, float value) {
+  Tensor t = empty(shape);
+  std::fill_n(t.data(), t.numel(), value);
+  return t;
+}
+
+Tensor Tensor::scalar(float value) { return full(Shape{}, value); }
+
+Tensor Tensor::from(std::span<const float> values, const Shape& shape) {
+  if (static_cast<int64_t>(values.size()) != shape.numel()) {
+    throw ShapeError("Tensor::from: " + std::to_string(values.size()) + " values do not fill shape " + shape.str() +
+                     " (" + std::to_string(shape.numel()) + " elements)");
+  }
+  Tensor t = empty(shape);
+  std::copy(values.begin(), values.end(), t.data());
+  return t;
+}
+
+Tensor Tensor::from(std::initializer_list<float> values, const Shape& shape) {
+  return from(std::span<const float>(values.begin(), values.size()), shape);
+}
+
+Tensor Tensor::from_rows(std::initializer_list<std::initializer_list<float>> rows) {
+  const int64_t n_rows = static_cast<int64_t>(rows.size());
+  const int64_t n_cols = n_rows ? static_cast<int64_t>(rows.begin()->size()) : 0;
+  std::vector<float> values;
+  values.reserve(static_cast<size_t>(n_rows * n_cols));
+  for (const auto& row : rows) {
+    if (static_cast<int64_t>(row.size()) != n_cols) {
+      throw ShapeError("Tensor::from_rows: rows have different lengths (" + std::to_string(n_cols) + " and " +
+                       std::to_string(row.size()) + ")");
+    }
+    values.insert(values.end(), row.begin(), row.end());
+  }
+  return from(values, Shape{n_rows, n_cols});
+}
+
+const Shape& Tensor::shape() const { return checked(impl_).shape; }
+float* Tensor::data() { return checked(impl_).ptr; }
+const float* Tensor::data() const { return checked(impl_).ptr; }
+
+float Tensor::item() const {
+  if (numel() != 1) throw ShapeError("item(): the tensor has shape " + shape().str() + ", not one element");
+  return data()[0];
+}
+
+float Tensor::at(std::initializer_list<int64_t> index) const {
+  const Shape& s = shape();
+  if (static_cast<int>(index.size()) != s.rank()) {
+    throw ShapeError("at(): " + std::to_string(index.size()) + " indices for a tensor of shape " + s.str());
+  }
+  int64_t offset = 0;
+  int d = 0;
+  for (int64_t i : index) {
+    if (i < 0 || i >= s[d]) {
+      throw ShapeError("at(): index " + std::to_string(i) + " is out of range for dimension " + std::to_string(d) +
+                       " of shape " + s.str());
+    }
+    offset = offset * s[d] + i;
+    ++d;
+  }
+  return data()[offset];
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  auto& impl = checked(impl_);
+  if (!on && impl.node) {
+    throw ValueError("requires_grad_(false) on a non-leaf tensor; use detach() to cut it from the graph");
+  }
+  impl.requires_grad = on;
+  return *this;
+}
+
+bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
+bool Tensor::is_leaf() const { return !impl_ || !impl_->node; }
+Tensor Tensor::grad() const { return checked(impl_).grad; }
+
+void Tensor::set_grad(const Tensor& grad) {
+  if (grad.defined() && !(grad.shape() == shape())) {
+    throw ShapeError("set_grad: gradient of shape " + grad.shape().str() + " for a tensor of shape " + shape().str());
+  }
+  checked(impl_).grad = grad;
+}
+
+void Tensor::zero_grad() {
+  auto& impl = checked(impl_);
+  if (impl.grad.defined()) impl.grad.fill_(0.0f);
+}
+
+const char* Tensor::grad_fn_name() const { return impl_ && impl_->node ? impl_->node->name : nullptr; }
+
+Tensor Tensor::detach() const {
+  auto& src = checked(impl_);
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = src.storage;
+  impl->ptr = src.ptr;
+  impl->shape = src.shape;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape());
+  std::copy_n(data(), numel(), t.data());
+  return t;
+}
+
+void Tensor::copy_(const Tensor& source) {
+  if (!(source.shape() == shape())) {
+    throw ShapeError("copy_: source shape " + source.shape().str() + " differs from destination shape " +
+                     shape().str());
+  }
+  std::copy_n(source.data(), numel(), data());
+}
+
+void Tensor::fill_(float value) { std::fill_n(data(), numel(), value); }
+
+Tensor Tensor::view_as_shape(const Shape& new_shape) const {
+  auto& src = checked(impl_);
+  if (new_shape.numel() != src.shape.numel()) {
+    throw ShapeError("view: cannot view a tensor of shape " + src.shape.str() + " as " + new_shape.str() + " (" +
+                     std::to_string(src.shape.numel()) + " vs " + std::to_string(new_shape.numel()) + " elements)");
+  }
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = src.storage;
+  impl->ptr = src.ptr;
+  impl->shape = new_shape;
+  return Tensor(std::move(impl));
+}
+
+bool Tensor::shares_storage_with(const Tensor& other) const {
+  return impl_ && other.impl_ && impl_->storage == other.impl_->storage;
+}
+
+// ---- printing ----
+
+std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
+
+namespace {
+void print_level(std::ostream& os, const float* p, const Shape& s, int dim, int indent) {
+  if (s.rank() == 0) {
+    os << std::fixed << std::setprecision(4) << p[0];
+    return;
+  }
+  os << '[';
+  int64_t stride = 1;
+  for (int d = dim + 1; d < s.rank(); ++d) stride *= s[d];
+  for (int64_t i = 0; i < s[dim]; ++i) {
+    if (i) {
+      os << ',';
+      if (dim + 1 < s.rank()) {
+        os << '\n' << std::string(static_cast<size_t>(dim + 1 < s.rank() - 1 ? 2 : 1), '\n').substr(1);
+        os << std::string(static_cast<size_t>(indent + dim + 1), ' ');
+      } else {
+        os << ' ';
+      }
+    }
+    if (dim + 1 == s.rank()) {
+      std::ostringstream cell;
+      cell << std::fixed << std::setprecision(4) << p[i];
+      os << cell.str();
+    } else {
+      print_level(os, p + i * stride, s, dim + 1, indent);
+    }
+  }
+  os << ']';
+}
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  if (!t.defined()) return os << "tensor(undefined)";
+  const auto flags = os.flags();
+  const auto precision = os.precision();
+  os << "tensor(";
+  print_level(os, t.data(), t.shape(), 0, 7);
+  if (t.grad_fn_name()) os << ", grad_fn=<" << t.grad_fn_name() << ">";
+  else if (t.requires_grad()) os << ", requires_grad=True";
+  os << ')';
+  os.flags(flags);
+  os.precision(precision);
+  return os;
+}
+
+}  // namespace qkv

@@ -1,0 +1,92 @@
+// GEMM (through OpenBLAS), row softmax and batched transpose, each beside its scalar reference.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "qkv/kernels.hpp"
+
+namespace qkv::kernels {
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS leaves C alone only when beta == 1; make the empty sum explicit
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+}
+
+void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float a = trans_a ? A[k * lda + i] : A[i * lda + k];
+        const float b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
+        acc += static_cast<double>(a) * b;
+      }
+      const float prior = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+      C[i * ldc + j] = static_cast<float>(alpha * acc) + prior;
+    }
+  }
+}
+
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float max_value = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
+    // std::max skips a NaN, but the NaN still reaches `sum`, so the whole row becomes NaN as in PyTorch.
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = std::exp(xr[j] - max_value);
+      yr[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+  }
+}
+
+void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double max_value = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < n; ++j) max_value = std::max<double>(max_value, x[r * n + j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(x[r * n + j]) - max_value);
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = static_cast<float>(std::exp(x[r * n + j] - max_value) / sum);
+  }
+}
+
+void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * n;
+    const float* dyr = dy + r * n;
+    float* dxr = dx + r * n;
+    float dot = 0.0f;
+    for (int64_t j = 0; j < n; ++j) dot += yr[j] * dyr[j];
+    for (int64_t j = 0; j < n; ++j) dxr[j] += yr[j] * (dyr[j] - dot);
+  }
+}
+
+void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols) {
+  constexpr int64_t kBlock = 32;  // tiles keep both the read and the write side in cache
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* s = src + b * rows * cols;
+    float* d = dst + b * rows * cols;
+    for (int64_t i0 = 0; i0 < rows; i0 += kBlock)
+      for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
+        for (int64_t i = i0; i < std::min(rows, i0 + kBlock); ++i)
+          for (int64_t j = j0; j < std::min(cols, j0 + kBlock); ++j) d[j * rows + i] = s[i * cols + j];
+  }
+}
+
+}  // namespace qkv::kernels

@@ -1,0 +1,31 @@
+// Linear layer with torch.nn.Linear's initialisation.
+#include "qkv/nn/linear.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "qkv/ops.hpp"
+
+namespace qkv::nn {
+
+void require_positive(int64_t value, const char* layer, const char* argument) {
+  if (value <= 0) {
+    throw ValueError(std::string(layer) + ": " + argument + " must be a positive size, got " + std::to_string(value));
+  }
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, Generator& gen) {
+  require_positive(in_features, "Linear", "in_features");
+  require_positive(out_features, "Linear", "out_features");
+  weight = register_parameter("weight", Tensor::empty({out_features, in_features}));
+  kaiming_uniform_(weight, std::sqrt(5.0), gen);
+  if (with_bias) {
+    bias = register_parameter("bias", Tensor::empty({out_features}));
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    gen.uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+}  // namespace qkv::nn

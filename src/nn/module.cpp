@@ -1,0 +1,119 @@
+// The parameter registry and strict state-dict loading.
+#include "qkv/nn/module.hpp"
+
+#include <algorithm>
+
+namespace qkv::nn {
+
+void StateDict::insert(std::string name, Tensor tensor) {
+  for (auto& [existing, t] : entries_) {
+    if (existing == name) {
+      t = std::move(tensor);
+      return;
+    }
+  }
+  entries_.emplace_back(std::move(name), std::move(tensor));
+}
+
+const Tensor* StateDict::find(const std::string& name) const {
+  for (const auto& [existing, t] : entries_)
+    if (existing == name) return &t;
+  return nullptr;
+}
+
+Tensor& Module::register_parameter(std::string name, Tensor tensor) {
+  tensor.requires_grad_(true);
+  parameters_.push_back({std::move(name), std::move(tensor), false});
+  return parameters_.back().tensor;
+}
+
+Tensor& Module::register_buffer(std::string name, Tensor tensor, bool optional_on_load) {
+  buffers_.push_back({std::move(name), std::move(tensor), optional_on_load});
+  return buffers_.back().tensor;
+}
+
+void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }
+
+// PyTorch's order: a module's own parameters, then its own buffers... per module, recursing into
+// children afterwards (named_parameters / state_dict both list self first, then children in order).
+void Module::walk(const std::string& prefix,
+                  const std::function<void(const std::string&, Entry&, bool is_parameter)>& fn) {
+  for (auto& e : parameters_) fn(prefix + e.name, e, true);
+  for (auto& e : buffers_) fn(prefix + e.name, e, false);
+  for (auto& [name, child] : children_) child->walk(prefix + name + ".", fn);
+}
+
+void Module::for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn) {
+  walk("", [&](const std::string& name, Entry& e, bool is_parameter) {
+    if (is_parameter) fn(name, e.tensor);
+  });
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for_each_parameter([&](const std::string& name, Tensor& p) { out.emplace_back(name, p); });
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() {
+  std::vector<Tensor> out;
+  for_each_parameter([&](const std::string&, Tensor& p) { out.push_back(p); });
+  return out;
+}
+
+int64_t Module::parameter_count() {
+  int64_t n = 0;
+  for_each_parameter([&](const std::string&, Tensor& p) { n += p.numel(); });
+  return n;
+}
+
+void Module::zero_grad() {
+  for_each_parameter([](const std::string&, Tensor& p) { p.zero_grad(); });
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+StateDict Module::state_dict() {
+  StateDict out;
+  walk("", [&](const std::string& name, Entry& e, bool) { out.insert(name, e.tensor); });
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state) {
+  std::vector<std::string> missing, mismatched, unexpected;
+  std::vector<std::pair<Tensor, const Tensor*>> copies;
+  std::vector<std::string> known;
+  walk("", [&](const std::string& name, Entry& e, bool) {
+    known.push_back(name);
+    const Tensor* source = state.find(name);
+    if (!source) {
+      if (!e.optional_on_load) missing.push_back(name);
+    } else if (!(source->shape() == e.tensor.shape())) {
+      mismatched.push_back(name + ": expected " + e.tensor.shape().str() + ", got " + source->shape().str());
+    } else {
+      copies.emplace_back(e.tensor, source);
+    }
+  });
+  for (const auto& [name, t] : state.entries())
+    if (std::find(known.begin(), known.end(), name) == known.end()) unexpected.push_back(name);
+  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
+    std::string message = "load_state_dict for " + type_name() + " failed:";
+    auto list = [&](const char* what, const std::vector<std::string>& items) {
+      if (items.empty()) return;
+      message += std::string(" ") + what + ":";
+      for (size_t i = 0; i < items.size(); ++i) message += (i ? ", " : " ") + items[i];
+      message += ";";
+    };
+    list("missing keys", missing);
+    list("unexpected keys", unexpected);
+    list("shape mismatches", mismatched);
+    message.pop_back();
+    throw ShapeError(message + ". The file must come from the same class built with the same arguments.");
+  }
+  for (auto& [dest, source] : copies) dest.copy_(*source);  // all checked first: nothing half-loaded
+}
+
+}  // namespace qkv::nn

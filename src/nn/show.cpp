@@ -1,0 +1,129 @@
+// Labelled matrices and shaded attention grids (see qkv/show.hpp).
+#include "qkv/show.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace qkv::show {
+
+namespace {
+std::string fmt(float v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, static_cast<double>(v));
+  return buf;
+}
+
+std::string pad_left(const std::string& s, size_t width) {
+  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
+}
+
+std::string pad_right(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+std::vector<std::string> labels_or_numbers(const std::vector<std::string>& labels, int64_t n, const char* prefix) {
+  if (static_cast<int64_t>(labels.size()) == n) return labels;
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(prefix + std::to_string(i));
+  return out;
+}
+
+Tensor as_matrix(const Tensor& m) {
+  if (m.rank() == 2) return m;
+  if (m.rank() == 1) return m.view_as_shape({1, m.size(0)});
+  throw ShapeError("show::matrix: needs a 1-D or 2-D tensor, got shape " + m.shape().str());
+}
+}  // namespace
+
+std::string matrix(const std::string& title, const Tensor& input, const std::vector<std::string>& row_labels,
+                   const std::vector<std::string>& col_labels, const Style& style, bool row_sums) {
+  const Tensor m = as_matrix(input);
+  const int64_t rows = m.size(0), cols = m.size(1);
+  const auto rl = labels_or_numbers(row_labels, rows, "");
+  const auto cl = labels_or_numbers(col_labels, cols, "d");
+  size_t label_width = 0;
+  for (const auto& l : rl) label_width = std::max(label_width, l.size());
+  size_t cell = 0;
+  for (int64_t i = 0; i < m.numel(); ++i) cell = std::max(cell, fmt(m.data()[i], style.decimals).size());
+  for (const auto& l : cl) cell = std::max(cell, l.size());
+  cell += 2;
+  std::ostringstream os;
+  os << title << "  (" << rows << "×" << cols << ")\n";
+  os << std::string(label_width, ' ');
+  for (const auto& l : cl) os << pad_left(l, cell);
+  if (row_sums) os << pad_left("row sum", cell + 4);
+  os << '\n';
+  for (int64_t r = 0; r < rows; ++r) {
+    os << pad_right(rl[static_cast<size_t>(r)], label_width);
+    double sum = 0.0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = m.data()[r * cols + c];
+      sum += v;
+      os << pad_left(fmt(v, style.decimals), cell);
+    }
+    if (row_sums) os << pad_left(fmt(static_cast<float>(sum), style.decimals), cell + 4);
+    os << '\n';
+  }
+  return os.str();
+}
+
+std::string heatmap(const std::string& title, const Tensor& weights, const std::vector<std::string>& labels,
+                    const Style& style) {
+  const Tensor m = as_matrix(weights);
+  const int64_t rows = m.size(0), cols = m.size(1);
+  const auto rl = labels_or_numbers(labels, rows, "");
+  const auto cl = labels_or_numbers(labels, cols, "");
+  static const char* kShades[] = {" ", "░", "▒", "▓", "█"};
+  size_t label_width = 0;
+  for (const auto& l : rl) label_width = std::max(label_width, l.size());
+  // Shades are relative to the largest weight in the grid, so nearly uniform rows still show structure.
+  float largest = 0.0f;
+  for (int64_t i = 0; i < m.numel(); ++i)
+    if (!std::isnan(m.data()[i])) largest = std::max(largest, m.data()[i]);
+  const float unit = largest > 0.0f ? largest : 1.0f;
+  std::ostringstream os;
+  os << title << "  (rows: queries, columns: keys; darker = more attention; █ = "
+     << fmt(largest, style.decimals) << ")\n";
+  // Column headers: first letters stacked would be hard to read; number the columns and list them.
+  os << std::string(label_width, ' ') << " ";
+  for (int64_t c = 0; c < cols; ++c) os << pad_left(std::to_string(c + 1), 3);
+  os << '\n';
+  for (int64_t r = 0; r < rows; ++r) {
+    os << pad_right(rl[static_cast<size_t>(r)], label_width) << " ";
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = m.data()[r * cols + c];
+      const float clamped = std::isnan(v) ? 0.0f : std::clamp(v / unit, 0.0f, 1.0f);
+      if (style.color) {
+        const int level = 232 + static_cast<int>(std::lround(clamped * 23.0f));  // ANSI grey ramp
+        os << " \x1b[48;5;" << level << "m  \x1b[0m";
+      } else {
+        const int idx = std::clamp(static_cast<int>(std::lround(clamped * 4.0f)), 0, 4);
+        os << ' ' << kShades[idx] << kShades[idx];
+      }
+    }
+    os << '\n';
+  }
+  os << std::string(label_width, ' ') << "  keys: ";
+  for (int64_t c = 0; c < cols; ++c) os << (c ? ", " : "") << c + 1 << "=" << cl[static_cast<size_t>(c)];
+  os << '\n';
+  return os.str();
+}
+
+std::string bars(const std::vector<float>& values, const std::vector<std::string>& labels, int width) {
+  size_t label_width = 0;
+  for (const auto& l : labels) label_width = std::max(label_width, l.size());
+  std::ostringstream os;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float v = std::isnan(values[i]) ? 0.0f : std::clamp(values[i], 0.0f, 1.0f);
+    const int n = static_cast<int>(std::lround(v * static_cast<float>(width)));
+    std::string bar;
+    for (int k = 0; k < n; ++k) bar += "█";
+    os << "  " << pad_right(i < labels.size() ? labels[i] : std::to_string(i), label_width) << "  "
+       << fmt(values[i], 4) << "  " << bar << '\n';
+  }
+  return os.str();
+}
+
+}  // namespace qkv::show
