@@ -67,4 +67,20 @@ Tensor softmax(const Tensor& t);
 // count neither in the loss nor in the mean (torch.nn.functional.cross_entropy).
 Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
 
+// ---- attention helpers ----
+
+// Where mask != 0, the result holds `value`; elsewhere t. mask's shape is a suffix of t's shape
+// (it repeats over t's leading dims), e.g. a (T,T) causal mask for (B,H,T,T) scores. mask gets no gradient.
+Tensor masked_fill(const Tensor& t, const Tensor& mask, float value);
+// The (rows, cols) top-left corner of a 2-D tensor, copied (the book's mask[:T, :T]). No gradient.
+Tensor top_left(const Tensor& t, int64_t rows, int64_t cols);
+// An upper-triangular (T,T) mask: 1 above the diagonal (the future), 0 on and below it.
+Tensor causal_mask(int64_t T);
+// Inverted dropout, PyTorch's recipe: in training, keep each element with probability 1 − p (one
+// Bernoulli draw per element from `gen`, in row-major order) and scale kept ones by 1/(1 − p). Outside
+// training, or with p = 0, the input passes through and no random numbers are drawn. p must lie in [0, 1].
+Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
+// Joins tensors along `dim`; all other dimensions must agree.
+Tensor concat(const std::vector<Tensor>& tensors, int dim);
+
 }  // namespace qkv

@@ -5,7 +5,8 @@
 //   rand     per element, (u32 & (2²⁴−1)) · 2⁻²⁴ in float, then · (to − from) + from;
 //   randn    fewer than 16 elements: Box–Muller in double from two 53-bit uniforms, the sine half
 //            cached for the next call; 16 or more: all uniforms first, then Box–Muller in float over
-//            blocks of 16 (j with j+8), the tail block redrawn and recomputed;
+//            blocks of 16 (j with j+8), the tail block redrawn and recomputed, with the Cephes log and
+//            sincos polynomials PyTorch's AVX2 kernel uses (bit-exact on this machine's python3-torch);
 //   bernoulli per element, a 53-bit double uniform u, and the result is u < p.
 // Not here: counter-based random streams for the fused attention kernel (kernels.hpp).
 #pragma once

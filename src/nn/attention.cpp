@@ -20,11 +20,13 @@ void check_attention_input(const Tensor& x, int64_t d_in, const char* layer) {
   }
 }
 
-AttentionTrace scaled_dot_product_trace(Tensor queries, Tensor keys, Tensor values) {
+AttentionTrace scaled_dot_product_trace(Tensor queries, Tensor keys, Tensor values, bool causal, double dropout_p,
+                                        bool training, Generator& gen) {
   AttentionTrace t;
   t.scores = matmul(queries, transpose(keys, -2, -1));                       // Ω = QKᵀ (.., T, T)
+  Tensor masked = causal ? masked_fill(t.scores, causal_mask(t.scores.size(-1)), -INFINITY) : t.scores;
   const float scale = std::sqrt(static_cast<float>(keys.size(-1)));          // √d_out
-  t.weights = softmax(div(t.scores, scale));                                 // A, rows sum to 1
+  t.weights = dropout(softmax(div(masked, scale)), dropout_p, training, gen);  // A, rows sum to 1
   t.context = matmul(t.weights, values);                                     // C = AV (.., T, d_out)
   t.queries = std::move(queries);
   t.keys = std::move(keys);
@@ -69,5 +71,120 @@ AttentionTrace SelfAttentionV2::trace(const Tensor& x) const {
   Tensor values = W_value(x);
   return scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values));
 }
+
+void check_context_length(int64_t T, int64_t context_length, const char* layer) {
+  if (T > context_length) {
+    throw ShapeError(std::string(layer) + ": the input has " + std::to_string(T) +
+                     " tokens but context_length is " + std::to_string(context_length) +
+                     "; shorten the sequence or build the layer with a larger context_length");
+  }
+}
+
+namespace {
+void check_dropout(double p, const char* layer) {
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw ValueError(std::string(layer) + ": dropout must lie in [0, 1], got " + std::to_string(p));
+  }
+}
+
+// (B, T, H·D) → (B, H, T, D): the book's .view(b, T, H, D).transpose(1, 2).
+Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
+  return transpose(reshape(x, {x.size(0), x.size(1), heads, head_dim}), 1, 2);
+}
+}  // namespace
+
+CausalAttention::CausalAttention(int64_t d_in_, int64_t d_out_, int64_t context_length_, double dropout_,
+                                 bool qkv_bias, Generator& gen)
+    : d_in(d_in_),
+      d_out(d_out_),
+      context_length(context_length_),
+      dropout(dropout_),
+      W_query((require_positive(d_in_, "CausalAttention", "d_in"), require_positive(d_out_, "CausalAttention", "d_out"),
+               require_positive(context_length_, "CausalAttention", "context_length"),
+               check_dropout(dropout_, "CausalAttention"), d_in_),
+              d_out_, qkv_bias, gen),
+      W_key(d_in_, d_out_, qkv_bias, gen),
+      W_value(d_in_, d_out_, qkv_bias, gen),
+      gen_(&gen) {
+  register_module("W_query", W_query);
+  register_module("W_key", W_key);
+  register_module("W_value", W_value);
+  mask = register_buffer("mask", causal_mask(context_length), /*optional_on_load=*/true);
+}
+
+AttentionTrace CausalAttention::trace(const Tensor& x) const {
+  check_attention_input(x, d_in, "CausalAttention");
+  check_context_length(x.size(-2), context_length, "CausalAttention");
+  Tensor keys = W_key(x);
+  Tensor queries = W_query(x);
+  Tensor values = W_value(x);
+  return scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values), /*causal=*/true, dropout,
+                                  is_training(), *gen_);
+}
+
+MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length,
+                                                     double dropout, int64_t num_heads, bool qkv_bias,
+                                                     Generator& gen) {
+  require_positive(num_heads, "MultiHeadAttentionWrapper", "num_heads");
+  for (int64_t i = 0; i < num_heads; ++i) {
+    heads.push_back(std::make_unique<CausalAttention>(d_in, d_out, context_length, dropout, qkv_bias, gen));
+    register_module("heads." + std::to_string(i), *heads.back());
+  }
+}
+
+Tensor MultiHeadAttentionWrapper::forward(const Tensor& x) const {
+  std::vector<Tensor> outputs;
+  for (const auto& head : heads) outputs.push_back(head->forward(x));
+  return concat(outputs, -1);
+}
+
+MultiHeadAttention::MultiHeadAttention(int64_t d_in_, int64_t d_out_, int64_t context_length_, double dropout_,
+                                       int64_t num_heads_, bool qkv_bias, Generator& gen)
+    : d_in(d_in_),
+      d_out(d_out_),
+      context_length(context_length_),
+      num_heads(num_heads_),
+      head_dim(num_heads_ > 0 ? d_out_ / num_heads_ : 0),
+      dropout(dropout_),
+      W_query((require_positive(d_in_, "MultiHeadAttention", "d_in"),
+               require_positive(d_out_, "MultiHeadAttention", "d_out"),
+               require_positive(context_length_, "MultiHeadAttention", "context_length"),
+               require_positive(num_heads_, "MultiHeadAttention", "num_heads"),
+               check_dropout(dropout_, "MultiHeadAttention"),
+               d_out_ % num_heads_ != 0
+                   ? throw ValueError("MultiHeadAttention: d_out = " + std::to_string(d_out_) +
+                                      " is not divisible by num_heads = " + std::to_string(num_heads_) +
+                                      "; choose d_out as a multiple of num_heads")
+                   : d_in_),
+              d_out_, qkv_bias, gen),
+      W_key(d_in_, d_out_, qkv_bias, gen),
+      W_value(d_in_, d_out_, qkv_bias, gen),
+      out_proj(d_out_, d_out_, true, gen),
+      gen_(&gen) {
+  register_module("W_query", W_query);
+  register_module("W_key", W_key);
+  register_module("W_value", W_value);
+  register_module("out_proj", out_proj);
+  mask = register_buffer("mask", causal_mask(context_length), /*optional_on_load=*/true);
+}
+
+AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
+  check_attention_input(input, d_in, "MultiHeadAttention");
+  check_context_length(input.size(-2), context_length, "MultiHeadAttention");
+  const bool unbatched = input.rank() == 2;
+  const Tensor x = unbatched ? reshape(input, {1, input.size(0), input.size(1)}) : input;
+  Tensor keys = split_heads(W_key(x), num_heads, head_dim);        // (B, H, T, D)
+  Tensor queries = split_heads(W_query(x), num_heads, head_dim);
+  Tensor values = split_heads(W_value(x), num_heads, head_dim);
+  AttentionTrace t = scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values), true, dropout,
+                                              is_training(), *gen_);
+  // (B, H, T, D) → (B, T, H, D) → (B, T, d_out), then the output projection.
+  Tensor merged = reshape(transpose(t.context, 1, 2), {x.size(0), x.size(1), d_out});
+  t.context = out_proj(merged);
+  if (unbatched) t.context = reshape(t.context, {input.size(0), d_out});
+  return t;
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& x) const { return trace(x).context; }
 
 }  // namespace qkv::nn

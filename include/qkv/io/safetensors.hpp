@@ -1,0 +1,81 @@
+// safetensors: read (memory-mapped, validated like the reference implementation) and write (atomically).
+// Format: u64 little-endian header length N, N bytes of UTF-8 JSON {name: {dtype, shape, data_offsets}},
+// optional "__metadata__" {string: string}, then the byte buffer the offsets point into.
+// Not here: what the tensors mean (state dicts: nn/module.hpp; checkpoints: train/checkpoint.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/tensor.hpp"
+
+namespace qkv::io {
+
+enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
+const char* dtype_name(DType dtype);  // "F32"
+size_t dtype_size(DType dtype);
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte range within the data buffer
+  int64_t numel() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps the file and validates it; throws IoError naming the file and the problem.
+  static SafetensorsFile open(const std::string& path);
+  // Validates bytes already in memory (kept alive by the returned object).
+  static SafetensorsFile parse(std::vector<std::byte> bytes, const std::string& label = "<memory>");
+
+  const std::string& path() const { return label_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in buffer order
+  const TensorInfo* find(const std::string& name) const;
+  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  std::span<const std::byte> bytes(const TensorInfo& info) const;
+
+  // The named tensor converted to float32 (from F32, F16, BF16, F64 or an integer type).
+  // Throws IoError if it is missing ("... has no tensor 'x'") or has more than 4 dimensions.
+  Tensor tensor(const std::string& name) const;
+  std::vector<int64_t> int64s(const std::string& name) const;  // integer or float tensor as int64
+
+ private:
+  struct Mapping;
+  std::shared_ptr<Mapping> mapping_;
+  const std::byte* data_ = nullptr;  // start of the byte buffer
+  std::string label_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorInfo> tensors_;
+  void validate(const std::byte* file, size_t size);
+};
+
+// One tensor to write: raw little-endian bytes of `dtype` with `shape`.
+struct TensorData {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+  static TensorData from_tensor(std::string name, const Tensor& t);
+  static TensorData from_int64s(std::string name, std::span<const int64_t> values);
+};
+
+// Writes a safetensors file: to a temporary file beside `path`, fsync, then rename, so an existing file is
+// either kept whole or replaced whole, never left half-written. Tensors are stored in the given order.
+void save_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Convenience: float32 tensors.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Writes `bytes` to `path` atomically (temp file, fsync, rename). Throws IoError.
+void write_file_atomically(const std::string& path, std::span<const std::byte> bytes);
+
+}  // namespace qkv::io

@@ -1,0 +1,392 @@
+// safetensors reading with the reference implementation's checks, and atomic writing.
+#include "qkv/io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace qkv::io {
+
+namespace {
+
+constexpr uint64_t kMaxHeader = 100'000'000;  // the reference implementation's limit
+
+[[noreturn]] void fail(const std::string& label, const std::string& problem) {
+  throw IoError(label + ": " + problem);
+}
+
+bool parse_dtype(const std::string& s, DType& out) {
+  static const std::pair<const char*, DType> kTable[] = {
+      {"F64", DType::F64}, {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16}, {"I64", DType::I64},
+      {"I32", DType::I32}, {"I16", DType::I16}, {"I8", DType::I8},   {"U8", DType::U8},     {"BOOL", DType::BOOL}};
+  for (const auto& [name, dtype] : kTable)
+    if (s == name) {
+      out = dtype;
+      return true;
+    }
+  return false;
+}
+
+// IEEE half → float, exact for every half value (subnormals, infinities and NaN included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mantissa <<= 1;
+      } while ((mantissa & 0x400u) == 0);
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename T>
+T load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+double element(const std::byte* p, DType dtype) {
+  switch (dtype) {
+    case DType::F64: return load<double>(p);
+    case DType::F32: return load<float>(p);
+    case DType::F16: return half_to_float(load<uint16_t>(p));
+    case DType::BF16: {
+      const uint32_t bits = static_cast<uint32_t>(load<uint16_t>(p)) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return f;
+    }
+    case DType::I64: return static_cast<double>(load<int64_t>(p));
+    case DType::I32: return load<int32_t>(p);
+    case DType::I16: return load<int16_t>(p);
+    case DType::I8: return load<int8_t>(p);
+    case DType::U8: return load<uint8_t>(p);
+    case DType::BOOL: return load<uint8_t>(p) != 0 ? 1.0 : 0.0;
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F64: return "F64";
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+    case DType::I16: return "I16";
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+    case DType::BOOL: return "BOOL";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::F64: case DType::I64: return 8;
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: case DType::I16: return 2;
+    case DType::I8: case DType::U8: case DType::BOOL: return 1;
+  }
+  return 0;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The file's bytes: either an mmap of the file or a vector parsed from memory.
+struct SafetensorsFile::Mapping {
+  void* address = nullptr;
+  size_t length = 0;
+  std::vector<std::byte> owned;
+  ~Mapping() {
+    if (address) munmap(address, length);
+  }
+};
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
+  SafetensorsFile file;
+  file.label_ = path;
+  file.mapping_ = std::make_shared<Mapping>();
+  const size_t size = static_cast<size_t>(st.st_size);
+  const std::byte* bytes = nullptr;
+  if (size > 0) {
+    void* address = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (address == MAP_FAILED) {
+      ::close(fd);
+      fail(path, std::string("cannot map the file: ") + std::strerror(errno));
+    }
+    file.mapping_->address = address;
+    file.mapping_->length = size;
+    bytes = static_cast<const std::byte*>(address);
+  }
+  ::close(fd);
+  file.validate(bytes, size);
+  return file;
+}
+
+SafetensorsFile SafetensorsFile::parse(std::vector<std::byte> bytes, const std::string& label) {
+  SafetensorsFile file;
+  file.label_ = label;
+  file.mapping_ = std::make_shared<Mapping>();
+  file.mapping_->owned = std::move(bytes);
+  file.validate(file.mapping_->owned.data(), file.mapping_->owned.size());
+  return file;
+}
+
+void SafetensorsFile::validate(const std::byte* file, size_t size) {
+  const std::string& label = label_;
+  if (size < 8) fail(label, "file is too small to be safetensors (" + std::to_string(size) + " bytes; the header length alone takes 8)");
+  const uint64_t header_length = load<uint64_t>(file);
+  if (header_length > kMaxHeader) {
+    fail(label, "header length " + std::to_string(header_length) + " exceeds the 100 MB limit: not a safetensors file, or corrupt");
+  }
+  if (header_length > size - 8) {
+    fail(label, "header length " + std::to_string(header_length) + " runs past the end of the file (" +
+                    std::to_string(size) + " bytes): the file is truncated");
+  }
+  const std::string header(reinterpret_cast<const char*>(file + 8), static_cast<size_t>(header_length));
+  const uint64_t buffer_size = size - 8 - header_length;
+  data_ = file + 8 + header_length;
+
+  // Parse, rejecting duplicate top-level keys (nlohmann would silently keep the last one).
+  std::set<std::string> seen;
+  std::string duplicate;
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(header, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (event == nlohmann::json::parse_event_t::key && depth == 1) {
+        const std::string key = parsed.get<std::string>();
+        if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+      }
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    fail(label, std::string("header is not valid UTF-8 JSON: ") + e.what());
+  }
+  if (!duplicate.empty()) fail(label, "header lists the key '" + duplicate + "' twice");
+  if (!json.is_object()) fail(label, "header must be a JSON object");
+
+  for (auto it = json.begin(); it != json.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(label, "__metadata__ must be an object of strings");
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string()) fail(label, "__metadata__ value for '" + m.key() + "' is not a string");
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail(label, "tensor '" + name + "': " + what); };
+    if (!entry.is_object()) bad("entry must be an object with dtype, shape and data_offsets");
+    TensorInfo info;
+    info.name = name;
+    if (!entry.contains("dtype") || !entry["dtype"].is_string()) bad("missing dtype");
+    const std::string dtype = entry["dtype"].get<std::string>();
+    if (!parse_dtype(dtype, info.dtype)) bad("unknown dtype '" + dtype + "'");
+    if (!entry.contains("shape") || !entry["shape"].is_array()) bad("missing shape");
+    uint64_t count = 1;
+    bool overflow = false;
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) bad("shape entries must be non-negative integers");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+      if (dim != 0 && count > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
+      if (!overflow) count *= dim;
+      info.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const uint64_t element_size = dtype_size(info.dtype);
+    if (overflow || count > std::numeric_limits<uint64_t>::max() / element_size) bad("shape's element count overflows");
+    if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2 ||
+        !entry["data_offsets"][0].is_number_unsigned() || !entry["data_offsets"][1].is_number_unsigned()) {
+      bad("data_offsets must be [begin, end] with non-negative integers");
+    }
+    info.begin = entry["data_offsets"][0].get<uint64_t>();
+    info.end = entry["data_offsets"][1].get<uint64_t>();
+    if (info.end < info.begin) bad("data_offsets end before they begin");
+    if (info.end - info.begin != count * element_size) {
+      bad("byte range of " + std::to_string(info.end - info.begin) + " bytes does not match shape × " + dtype +
+          " size = " + std::to_string(count * element_size) + " bytes");
+    }
+    tensors_.push_back(std::move(info));
+  }
+  // The buffer is covered exactly: sorted by offset, each tensor starts where the previous one ended.
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expected = 0;
+  for (const auto& t : tensors_) {
+    if (t.begin < expected) fail(label, "tensor '" + t.name + "' overlaps the tensor before it");
+    if (t.begin > expected) {
+      fail(label, "hole of " + std::to_string(t.begin - expected) + " bytes before tensor '" + t.name + "'");
+    }
+    expected = t.end;
+  }
+  if (expected != buffer_size) {
+    if (expected > buffer_size) fail(label, "tensor data runs past the end of the file: the file is truncated");
+    fail(label, std::to_string(buffer_size - expected) + " trailing bytes after the last tensor");
+  }
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& info) const {
+  return {data_ + info.begin, static_cast<size_t>(info.end - info.begin)};
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(label_, "has no tensor '" + name + "'");
+  if (info->shape.size() > static_cast<size_t>(kMaxRank)) {
+    fail(label_, "tensor '" + name + "' has " + std::to_string(info->shape.size()) + " dimensions; qkv supports up to " +
+                     std::to_string(kMaxRank));
+  }
+  Tensor out = Tensor::empty(Shape(std::span<const int64_t>(info->shape)));
+  const std::byte* p = data_ + info->begin;
+  float* dst = out.data();
+  const int64_t n = info->numel();
+  if (info->dtype == DType::F32) {
+    std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    const size_t step = dtype_size(info->dtype);
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element(p + static_cast<size_t>(i) * step, info->dtype));
+  }
+  return out;
+}
+
+std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(label_, "has no tensor '" + name + "'");
+  std::vector<int64_t> out(static_cast<size_t>(info->numel()));
+  const std::byte* p = data_ + info->begin;
+  const size_t step = dtype_size(info->dtype);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = info->dtype == DType::I64 ? load<int64_t>(p + i * step) : static_cast<int64_t>(element(p + i * step, info->dtype));
+  }
+  return out;
+}
+
+TensorData TensorData::from_tensor(std::string name, const Tensor& t) {
+  TensorData d;
+  d.name = std::move(name);
+  d.dtype = DType::F32;
+  d.shape.assign(t.shape().dims().begin(), t.shape().dims().end());
+  const auto* p = reinterpret_cast<const std::byte*>(t.data());
+  d.bytes.assign(p, p + t.numel() * static_cast<int64_t>(sizeof(float)));
+  return d;
+}
+
+TensorData TensorData::from_int64s(std::string name, std::span<const int64_t> values) {
+  TensorData d;
+  d.name = std::move(name);
+  d.dtype = DType::I64;
+  d.shape = {static_cast<int64_t>(values.size())};
+  const auto* p = reinterpret_cast<const std::byte*>(values.data());
+  d.bytes.assign(p, p + values.size() * sizeof(int64_t));
+  return d;
+}
+
+void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
+  const std::string temp = path + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(path + ": cannot create " + temp + ": " + std::strerror(errno));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw IoError(path + ": write failed: " + why);
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(temp.c_str());
+    throw IoError(path + ": cannot flush to disk: " + why);
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(temp.c_str());
+    throw IoError(path + ": cannot move the new file into place: " + why);
+  }
+}
+
+void save_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::set<std::string> names;
+  for (const auto& t : tensors) {
+    if (!names.insert(t.name).second) throw IoError(path + ": two tensors are named '" + t.name + "'");
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keep the buffer 8-byte aligned, as the reference writer does
+  std::vector<std::byte> file(8 + text.size() + offset);
+  const uint64_t length = text.size();
+  std::memcpy(file.data(), &length, 8);
+  std::memcpy(file.data() + 8, text.data(), text.size());
+  size_t at = 8 + text.size();
+  for (const auto& t : tensors) {
+    std::memcpy(file.data() + at, t.bytes.data(), t.bytes.size());
+    at += t.bytes.size();
+  }
+  write_file_atomically(path, file);
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorData> data;
+  data.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) data.push_back(TensorData::from_tensor(name, t));
+  save_safetensors(path, data, metadata);
+}
+
+}  // namespace qkv::io

@@ -1,0 +1,188 @@
+// Every differentiable op against central differences, plus the tape's own rules.
+#include "helpers.hpp"
+
+namespace qkv::test {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+
+TEST(Gradcheck, Matmul2D) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
+                        {random_tensor({3, 4}, 1), random_tensor({4, 5}, 2)}));
+}
+
+TEST(Gradcheck, MatmulBatched) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
+                        {random_tensor({2, 3, 3, 4}, 1), random_tensor({2, 3, 4, 2}, 2)}));
+}
+
+TEST(Gradcheck, MatmulSharedWeight) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
+                        {random_tensor({2, 5, 3}, 1), random_tensor({3, 4}, 2)}));
+}
+
+TEST(Gradcheck, MatmulSharedLeft) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
+                        {random_tensor({3, 4}, 1), random_tensor({2, 4, 2}, 2)}));
+}
+
+TEST(Gradcheck, LinearWithAndWithoutBias) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return linear(x[0], x[1], x[2]); },
+                        {random_tensor({2, 3, 4}, 1), random_tensor({5, 4}, 2), random_tensor({5}, 3)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return linear(x[0], x[1], Tensor()); },
+                        {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2)}));
+}
+
+TEST(Gradcheck, TransposeLastTwoAndMiddle) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return transpose(x[0], -2, -1); }, {random_tensor({2, 3, 4}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return transpose(x[0], 1, 2); }, {random_tensor({2, 3, 4, 5}, 1)}));
+}
+
+TEST(Gradcheck, ArithmeticWithBroadcasting) {
+  const Inputs same = {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 4}, 2)};
+  const Inputs row = {random_tensor({2, 3, 4}, 1), random_tensor({4}, 2)};
+  const Inputs column = {random_tensor({2, 3, 1}, 1), random_tensor({1, 3, 4}, 2)};
+  for (const Inputs& in : {same, row, column}) {
+    EXPECT_TRUE(gradcheck([](const Inputs& x) { return add(x[0], x[1]); }, in));
+    EXPECT_TRUE(gradcheck([](const Inputs& x) { return sub(x[0], x[1]); }, in));
+    EXPECT_TRUE(gradcheck([](const Inputs& x) { return mul(x[0], x[1]); }, in));
+  }
+  Tensor denominator = random_tensor({4}, 3);
+  for (float& v : denominator.values()) v = 1.5f + std::fabs(v);  // keep away from 0
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return div(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), denominator}));
+}
+
+TEST(Gradcheck, ScalarArithmeticExpLog) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return (x[0] * 3.0f + 1.0f) / 2.0f - 0.5f; }, {random_tensor({5}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return exp(neg(x[0])); }, {random_tensor({5}, 1)}));
+  Tensor positive = random_tensor({5}, 2);
+  for (float& v : positive.values()) v = 1.0f + std::fabs(v);
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return log(x[0]); }, {positive}));
+}
+
+TEST(Gradcheck, Reductions) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return sum(x[0]); }, {random_tensor({2, 3}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return sum(x[0], 1, true); }, {random_tensor({2, 3, 4}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return mean(x[0]); }, {random_tensor({2, 3}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return mean(x[0], 0); }, {random_tensor({2, 3, 4}, 1)}));
+}
+
+TEST(Gradcheck, SoftmaxAndReshape) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return softmax(x[0]); }, {random_tensor({3, 6}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return reshape(x[0], {3, -1}); }, {random_tensor({2, 3, 2}, 1)}));
+}
+
+TEST(Gradcheck, CrossEntropyWithIgnoredRows) {
+  const std::vector<int64_t> targets = {2, -100, 0, 4};
+  EXPECT_TRUE(gradcheck([&](const Inputs& x) { return cross_entropy(x[0], targets); }, {random_tensor({4, 5}, 1)}));
+}
+
+TEST(Gradcheck, MaskedFillConcatDropout) {
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return softmax(masked_fill(x[0], causal_mask(4), -INFINITY)); },
+                        {random_tensor({2, 4, 4}, 1)}));
+  EXPECT_TRUE(gradcheck([](const Inputs& x) { return concat({x[0], x[1]}, -1); },
+                        {random_tensor({2, 3, 2}, 1), random_tensor({2, 3, 4}, 2)}));
+  // The same seed before each evaluation: the same mask, so the function is deterministic.
+  EXPECT_TRUE(gradcheck(
+      [](const Inputs& x) {
+        Generator gen(7);
+        return dropout(x[0], 0.4, true, gen);
+      },
+      {random_tensor({4, 5}, 1)}));
+}
+
+TEST(CrossEntropy, ValueMatchesHandComputation) {
+  const Tensor logits = Tensor::from({1.0f, 2.0f, 3.0f, 0.0f, 0.0f, 0.0f}, {2, 3});
+  const std::vector<int64_t> targets = {2, 0};
+  const double row0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0;
+  const double row1 = std::log(3.0);
+  EXPECT_NEAR(cross_entropy(logits, targets).item(), (row0 + row1) / 2, 1e-6);
+  const std::vector<int64_t> bad = {3, 0};
+  EXPECT_THROW(cross_entropy(logits, bad), ValueError);
+}
+
+TEST(Tape, GradientsAccumulateWhenATensorIsUsedTwice) {
+  Tensor x = Tensor::from({2.0f, 3.0f}, {2}).requires_grad_();
+  Tensor y = sum(mul(x, x) + x);  // dy/dx = 2x + 1
+  y.backward();
+  EXPECT_TRUE(all_close(x.grad(), Tensor::from({5.0f, 7.0f}, {2})));
+  // A second backward on a fresh graph adds to the existing gradient; zero_grad clears it.
+  sum(x).backward();
+  EXPECT_TRUE(all_close(x.grad(), Tensor::from({6.0f, 8.0f}, {2})));
+  x.zero_grad();
+  EXPECT_TRUE(all_close(x.grad(), Tensor::zeros({2})));
+}
+
+TEST(Tape, NoGradGuardRecordsNothing) {
+  Tensor x = Tensor::ones({2}).requires_grad_();
+  {
+    NoGradGuard guard;
+    EXPECT_FALSE(grad_enabled());
+    Tensor y = x * 2.0f;
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_THROW(y.backward(Tensor::ones({2})), ValueError);
+  }
+  EXPECT_TRUE(grad_enabled());
+  EXPECT_TRUE((x * 2.0f).requires_grad());
+}
+
+TEST(Tape, BackwardNeedsAScalarOrAGradient) {
+  Tensor x = Tensor::ones({2, 2}).requires_grad_();
+  Tensor y = x * 3.0f;
+  EXPECT_THROW(y.backward(), ShapeError);
+  EXPECT_THROW(y.backward(Tensor::ones({3})), ShapeError);
+  EXPECT_STREQ(y.grad_fn_name(), "MulScalarBackward");
+}
+
+TEST(Tape, InputsThatNeedNoGradGetNone) {
+  Tensor a = random_tensor({2, 3}, 1).requires_grad_();
+  Tensor b = random_tensor({3, 2}, 2);
+  sum(matmul(a, b)).backward();
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+}
+
+TEST(Shapes, MismatchesNameTheOpAndBothShapes) {
+  const Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5});
+  try {
+    matmul(a, b);
+    FAIL() << "matmul accepted (2, 3) @ (4, 5)";
+  } catch (const ShapeError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("matmul"), std::string::npos) << message;
+    EXPECT_NE(message.find("(2, 3)"), std::string::npos) << message;
+    EXPECT_NE(message.find("(4, 5)"), std::string::npos) << message;
+  }
+  try {
+    add(a, b);
+    FAIL() << "add accepted (2, 3) + (4, 5)";
+  } catch (const ShapeError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("add"), std::string::npos) << message;
+    EXPECT_NE(message.find("(2, 3)"), std::string::npos) << message;
+    EXPECT_NE(message.find("(4, 5)"), std::string::npos) << message;
+  }
+  EXPECT_THROW(Shape({1, 2, 3, 4, 5}), ShapeError);
+  EXPECT_THROW(Tensor::from({1.0f, 2.0f}, {3}), ShapeError);
+  EXPECT_THROW(reshape(a, {4, -1}), ShapeError);
+}
+
+TEST(Shapes, ReshapeSharesStorage) {
+  const Tensor a = random_tensor({2, 6}, 1);
+  const Tensor b = reshape(a, {3, 4});
+  EXPECT_TRUE(b.shares_storage_with(a));
+  EXPECT_EQ(b.shape(), (Shape{3, 4}));
+}
+
+TEST(NaN, PropagatesThroughAttentionWithoutCrashing) {
+  manual_seed(123);
+  nn::SelfAttentionV2 attention(3, 2);
+  Tensor x = Tensor::ones({4, 3});
+  x.data()[4] = NAN;  // token 1
+  const Tensor out = attention(x);
+  // Token 1's key and value are NaN, so every query's weights (and contexts) become NaN.
+  for (float v : out.values()) EXPECT_TRUE(std::isnan(v));
+}
+
+}  // namespace
+}  // namespace qkv::test

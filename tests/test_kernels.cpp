@@ -1,0 +1,61 @@
+// Kernels against their plain scalar references.
+#include "helpers.hpp"
+#include "qkv/kernels.hpp"
+
+namespace qkv::test {
+namespace {
+
+TEST(Kernels, GemmMatchesReferenceForEveryTransposeCombination) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple{1, 1, 1}, {3, 5, 7}, {17, 33, 9}, {64, 48, 80}}) {
+        const Tensor A = random_tensor(ta ? Shape{K, M} : Shape{M, K}, 1);
+        const Tensor B = random_tensor(tb ? Shape{N, K} : Shape{K, N}, 2);
+        Tensor C = random_tensor({M, N}, 3), R = C.clone();
+        kernels::gemm(ta, tb, M, N, K, 0.5f, A.data(), ta ? M : K, B.data(), tb ? K : N, 2.0f, C.data(), N);
+        kernels::gemm_reference(ta, tb, M, N, K, 0.5f, A.data(), ta ? M : K, B.data(), tb ? K : N, 2.0f, R.data(), N);
+        EXPECT_TRUE(all_close(C, R, 1e-5, 1e-5)) << "ta=" << ta << " tb=" << tb << " " << M << "x" << N << "x" << K;
+      }
+}
+
+TEST(Kernels, GemmWithEmptyInnerDimensionScalesC) {
+  Tensor C = Tensor::full({2, 2}, 3.0f);
+  kernels::gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2);
+  EXPECT_TRUE(all_close(C, Tensor::full({2, 2}, 1.5f)));
+}
+
+TEST(Kernels, SoftmaxMatchesReferenceAndSumsToOne) {
+  const Tensor x = random_tensor({7, 13}, 4, 10.0f);
+  Tensor y = Tensor::empty(x.shape()), r = Tensor::empty(x.shape());
+  kernels::softmax_rows(x.data(), y.data(), 7, 13);
+  kernels::softmax_rows_reference(x.data(), r.data(), 7, 13);
+  EXPECT_TRUE(all_close(y, r, 1e-6, 1e-7));
+  for (int i = 0; i < 7; ++i) {
+    double s = 0;
+    for (int j = 0; j < 13; ++j) s += y.at({i, j});
+    EXPECT_NEAR(s, 1.0, 1e-6);
+  }
+}
+
+TEST(Kernels, SoftmaxIsStableForHugeScoresAndNaNOnAllMaskedRows) {
+  const float inf = INFINITY;
+  const Tensor x = Tensor::from({1000.0f, 1001.0f, -inf, -inf, -inf, -inf}, {2, 3});
+  Tensor y = Tensor::empty(x.shape());
+  kernels::softmax_rows(x.data(), y.data(), 2, 3);
+  EXPECT_NEAR(y.at({0, 0}), 0.268941, 1e-6);
+  EXPECT_NEAR(y.at({0, 1}), 0.731059, 1e-6);
+  EXPECT_EQ(y.at({0, 2}), 0.0f);
+  EXPECT_TRUE(std::isnan(y.at({1, 0})));  // like torch.softmax of an all −∞ row
+}
+
+TEST(Kernels, TransposeBatched) {
+  const Tensor x = random_tensor({3, 37, 45}, 5);
+  Tensor y = Tensor::empty({3, 45, 37});
+  kernels::transpose_batched(x.data(), y.data(), 3, 37, 45);
+  for (int b = 0; b < 3; ++b)
+    for (int i = 0; i < 37; ++i)
+      for (int j = 0; j < 45; ++j) ASSERT_EQ(y.at({b, j, i}), x.at({b, i, j}));
+}
+
+}  // namespace
+}  // namespace qkv::test
