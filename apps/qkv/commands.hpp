@@ -1,6 +1,7 @@
 // The subcommands of the qkv tool. Each parses nothing itself: main.cpp fills the options with CLI11.
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -13,5 +14,12 @@ struct DemoOptions {
 };
 const std::vector<std::string>& demo_sections();
 int run_demo(const DemoOptions& options, std::ostream& out);
+
+struct ApplyCommand {
+  std::string module_path, input_path, output_path, grad_output_path;
+  bool train = false;
+  uint64_t seed = 0;
+};
+int run_apply(const ApplyCommand& options);
 
 }  // namespace qkv::cli

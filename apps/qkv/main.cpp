@@ -25,6 +25,21 @@ int main(int argc, char** argv) {
   demo_cmd->add_flag("--color", force_color, "Colour the attention heat maps");
   demo_cmd->add_flag("--no-color", no_color, "Never use colour");
 
+  qkv::cli::ApplyCommand apply;
+  auto* apply_cmd = app.add_subcommand(
+      "apply", "Run a module stored in safetensors (PyTorch state-dict names, __metadata__ \"module\" and its "
+               "constructor arguments) on an input; write the output and, with --grad-output, every gradient");
+  apply_cmd->add_option("--module", apply.module_path, "Module file (.safetensors)")->required();
+  apply_cmd->add_option("--input", apply.input_path, "Input: .npy, or .safetensors with a tensor \"input\"")->required();
+  apply_cmd->add_option("--output", apply.output_path,
+                        "Result (.safetensors): \"output\", and with --grad-output \"grad.input\" and "
+                        "\"grad.<parameter>\"")
+      ->required();
+  apply_cmd->add_option("--grad-output", apply.grad_output_path,
+                        "dL/d(output): .npy, or .safetensors with a tensor \"grad_output\"");
+  auto* train_flag = apply_cmd->add_flag("--train", apply.train, "Training mode: dropout on");
+  apply_cmd->add_option("--seed", apply.seed, "Seed drawn from just before forward (dropout masks)")->needs(train_flag);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -37,6 +52,7 @@ int main(int argc, char** argv) {
       demo.color = !no_color && (force_color || isatty(STDOUT_FILENO));
       return qkv::cli::run_demo(demo, std::cout);
     }
+    if (*apply_cmd) return qkv::cli::run_apply(apply);
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "qkv: error: %s\n", e.what());
     return 1;

@@ -9,7 +9,9 @@
 // by rows; C = AV.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "qkv/nn/linear.hpp"
@@ -28,13 +30,12 @@ struct AttentionTrace {
   Tensor context;       // C = AV (.., T, d_out)
 };
 
-class SelfAttentionV1 : public Module {
+class SelfAttentionV1 : public UnaryModule {
  public:
   SelfAttentionV1(int64_t d_in, int64_t d_out, Generator& gen = default_generator());
 
   // x (T, d_in) or (B, T, d_in) → context (.., T, d_out)
-  Tensor forward(const Tensor& x) const { return trace(x).context; }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor forward(const Tensor& x) const override { return trace(x).context; }
   AttentionTrace trace(const Tensor& x) const;
 
   int64_t d_in, d_out;
@@ -42,12 +43,11 @@ class SelfAttentionV1 : public Module {
   std::string type_name() const override { return "SelfAttention_v1"; }
 };
 
-class SelfAttentionV2 : public Module {
+class SelfAttentionV2 : public UnaryModule {
  public:
   SelfAttentionV2(int64_t d_in, int64_t d_out, bool qkv_bias = false, Generator& gen = default_generator());
 
-  Tensor forward(const Tensor& x) const { return trace(x).context; }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor forward(const Tensor& x) const override { return trace(x).context; }
   AttentionTrace trace(const Tensor& x) const;
 
   int64_t d_in, d_out;
@@ -55,14 +55,13 @@ class SelfAttentionV2 : public Module {
   std::string type_name() const override { return "SelfAttention_v2"; }
 };
 
-class CausalAttention : public Module {
+class CausalAttention : public UnaryModule {
  public:
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false,
                   Generator& gen = default_generator());
 
   // x (B, T, d_in) or (T, d_in), T ≤ context_length → (.., T, d_out)
-  Tensor forward(const Tensor& x) const { return trace(x).context; }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor forward(const Tensor& x) const override { return trace(x).context; }
   // weights are the ones used for the context: after the mask, the softmax and (in training) dropout.
   AttentionTrace trace(const Tensor& x) const;
 
@@ -76,27 +75,25 @@ class CausalAttention : public Module {
   Generator* gen_;
 };
 
-class MultiHeadAttentionWrapper : public Module {
+class MultiHeadAttentionWrapper : public UnaryModule {
  public:
   MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                             bool qkv_bias = false, Generator& gen = default_generator());
 
   // x (B, T, d_in) → (B, T, num_heads · d_out)
-  Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor forward(const Tensor& x) const override;
 
   std::vector<std::unique_ptr<CausalAttention>> heads;
   std::string type_name() const override { return "MultiHeadAttentionWrapper"; }
 };
 
-class MultiHeadAttention : public Module {
+class MultiHeadAttention : public UnaryModule {
  public:
   MultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                      bool qkv_bias = false, Generator& gen = default_generator());
 
   // x (B, T, d_in) or (T, d_in) → (.., T, d_out)
-  Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor forward(const Tensor& x) const override;
   // The per-head weights (B, H, T, T) need the plain path; trace always takes it.
   AttentionTrace trace(const Tensor& x) const;
 
@@ -121,5 +118,16 @@ AttentionTrace scaled_dot_product_trace(Tensor queries, Tensor keys, Tensor valu
                                         Generator& gen = default_generator());
 // Checks a sequence length against a module's context_length (ShapeError naming both).
 void check_context_length(int64_t T, int64_t context_length, const char* layer);
+
+}  // namespace qkv::nn
+
+namespace qkv::nn {
+
+// Builds one of the book's classes from its Python name ("module": "MultiHeadAttention") and its
+// constructor arguments under their Python names, all as strings, as `qkv apply` finds them in a
+// safetensors file's __metadata__. Throws ValueError naming a missing or malformed argument.
+std::unique_ptr<UnaryModule> make_attention_module(const std::map<std::string, std::string>& arguments,
+                                                   Generator& gen = default_generator());
+const std::vector<std::string>& attention_module_names();
 
 }  // namespace qkv::nn

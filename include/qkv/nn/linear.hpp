@@ -7,13 +7,12 @@
 
 namespace qkv::nn {
 
-class Linear : public Module {
+class Linear : public UnaryModule {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator& gen = default_generator());
 
   // x (..., in) → (..., out)
-  Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor forward(const Tensor& x) const override;
 
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias

@@ -75,4 +75,11 @@ class Module {
   bool training_ = true;
 };
 
+// A module that maps one tensor to one tensor: Linear and every attention class.
+class UnaryModule : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+};
+
 }  // namespace qkv::nn

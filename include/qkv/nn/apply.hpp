@@ -1,0 +1,28 @@
+// Running a stored module on an input with gradients: the engine of `qkv apply`, which is how users
+// (and our parity tests) check qkv against PyTorch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/nn/module.hpp"
+
+namespace qkv::nn {
+
+// Reads a safetensors file holding one of the book's modules: __metadata__ "module" plus its constructor
+// arguments, and the state dict under PyTorch names. Throws IoError naming the file and the problem.
+std::unique_ptr<UnaryModule> load_attention_module(const std::string& path);
+
+struct ApplyOptions {
+  bool train = false;  // dropout on; the default generator is seeded with `seed` just before forward
+  uint64_t seed = 0;
+};
+
+// Forward, and with a defined grad_output also backward. Returns "output", then "grad.input" and
+// "grad.<parameter>" for every trainable parameter (zeros where the output does not depend on it).
+std::vector<std::pair<std::string, Tensor>> apply_module(UnaryModule& module, const Tensor& input,
+                                                         const Tensor& grad_output, const ApplyOptions& options);
+
+}  // namespace qkv::nn

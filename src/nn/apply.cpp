@@ -1,0 +1,53 @@
+// load_attention_module and apply_module (see qkv/nn/apply.hpp).
+#include "qkv/nn/apply.hpp"
+
+#include "qkv/io/safetensors.hpp"
+#include "qkv/nn/attention.hpp"
+#include "qkv/random.hpp"
+
+namespace qkv::nn {
+
+std::unique_ptr<UnaryModule> load_attention_module(const std::string& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  if (!file.metadata().count("module")) {
+    throw IoError(path + ": __metadata__ has no \"module\" entry; expected one of SelfAttention_v1, SelfAttention_v2, "
+                         "CausalAttention, MultiHeadAttentionWrapper, MultiHeadAttention");
+  }
+  try {
+    std::unique_ptr<UnaryModule> module = make_attention_module(file.metadata());
+    StateDict state;
+    for (const auto& info : file.tensors()) state.insert(info.name, file.tensor(info.name));
+    module->load_state_dict(state);
+    return module;
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    throw IoError(path + ": " + e.what());
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> apply_module(UnaryModule& module, const Tensor& input,
+                                                         const Tensor& grad_output, const ApplyOptions& options) {
+  module.train(options.train);
+  module.zero_grad();
+  Tensor x = input.clone();
+  const bool backward = grad_output.defined();
+  if (backward) x.requires_grad_(true);
+  if (options.train) manual_seed(options.seed);
+  Tensor output = module.forward(x);
+  std::vector<std::pair<std::string, Tensor>> result;
+  result.emplace_back("output", output.detach());
+  if (!backward) return result;
+  if (!(grad_output.shape() == output.shape())) {
+    throw ShapeError("grad_output has shape " + grad_output.shape().str() + " but the module's output has shape " +
+                     output.shape().str());
+  }
+  output.backward(grad_output);
+  result.emplace_back("grad.input", x.grad().defined() ? x.grad() : Tensor::zeros(x.shape()));
+  module.for_each_parameter([&](const std::string& name, Tensor& p) {
+    result.emplace_back("grad." + name, p.grad().defined() ? p.grad() : Tensor::zeros(p.shape()));
+  });
+  return result;
+}
+
+}  // namespace qkv::nn

@@ -1,0 +1,131 @@
+// End-to-end runs of the qkv tool: the demo prints the book's numbers, apply matches PyTorch, and
+// mistakes give a message and the documented exit code.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "helpers.hpp"
+#include "qkv/io/safetensors.hpp"
+
+namespace qkv::test {
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun run(const std::string& arguments) {
+  const std::string command = std::string(QKV_CLI) + " " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+
+TEST(Cli, DemoPrintsTheBooksNumbers) {
+  const CliRun r = run("demo --no-color");
+  ASSERT_EQ(r.code, 0) << r.out;
+  // SelfAttention_v1, seed 123: W_query, query_2, ω22, the weights of x², and the context vectors.
+  for (const char* expected : {"x1  0.2961  0.5166", "query_2 = [0.4306, 1.4551]", "ω₂₂ = 1.8524",
+                               "journey   0.1500   0.2264   0.2199   0.1311   0.0906   0.1820       1.0000",
+                               "Your     0.2996  0.8053", "step     0.2990  0.8040",
+                               // SelfAttention_v2, seed 789
+                               "c1   0.3161   0.4568   0.5118", "Your     -0.0739   0.0713", "step     -0.0754   0.0693"})
+    EXPECT_TRUE(contains(r.out, expected)) << "missing: " << expected;
+  EXPECT_TRUE(contains(r.out, "← cat now attends most to fat"));
+}
+
+TEST(Cli, DemoTrainingLossFalls) {
+  const CliRun r = run("demo --no-color --section train");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<double> losses;
+  const std::string marker = "   loss ";  // as in "step  10   loss 1.3716"
+  for (size_t at = r.out.find(marker); at != std::string::npos; at = r.out.find(marker, at + 1))
+    losses.push_back(std::stod(r.out.substr(at + marker.size())));
+  ASSERT_GE(losses.size(), 5u);
+  EXPECT_LT(losses.back(), losses.front() * 0.5);
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]);
+}
+
+TEST(Cli, HelpVersionAndUsageErrors) {
+  EXPECT_EQ(run("--help").code, 0);
+  EXPECT_EQ(run("demo --help").code, 0);
+  const CliRun version = run("--version");
+  EXPECT_EQ(version.code, 0);
+  EXPECT_TRUE(contains(version.out, kVersion));
+  const CliRun unknown = run("demo --frobnicate");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_TRUE(contains(unknown.out, "frobnicate")) << unknown.out;
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("no-such-command").code, 2);
+  EXPECT_EQ(run("demo --section nope").code, 2);
+}
+
+TEST(Cli, ApplyReproducesPyTorchOutputAndGradients) {
+  const std::string base = fixture("modules/mha_dropout");
+  const auto out_path = std::filesystem::temp_directory_path() / "qkv_cli_apply.safetensors";
+  const auto expected = io::SafetensorsFile::open(base + ".expected.safetensors");
+  const CliRun r = run("apply --module " + base + ".module.safetensors --input " + base + ".input.safetensors" +
+                    " --grad-output " + base + ".input.safetensors --output " + out_path.string() + " --train --seed " +
+                    expected.metadata().at("seed"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto got = io::SafetensorsFile::open(out_path.string());
+  ASSERT_EQ(got.tensors().size(), expected.tensors().size());
+  for (const auto& info : expected.tensors())
+    EXPECT_TRUE(all_close(got.tensor(info.name), expected.tensor(info.name))) << info.name;
+  std::filesystem::remove(out_path);
+}
+
+TEST(Cli, ApplyErrorsNameTheFileAndExitOne) {
+  const std::string base = fixture("modules/v1_book");
+  const std::string out = (std::filesystem::temp_directory_path() / "qkv_cli_never.safetensors").string();
+  CliRun r = run("apply --module " + base + ".module.safetensors --input " + fixture("modules/mha_t37.input.safetensors") +
+              " --output " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "mha_t37.input.safetensors")) << r.out;
+  EXPECT_TRUE(contains(r.out, "d_in = 3")) << r.out;
+  r = run("apply --module " + base + ".input.safetensors --input x.npy --output " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "no \"module\" entry")) << r.out;
+  r = run("apply --module /nonexistent.safetensors --input x.npy --output " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "/nonexistent.safetensors: cannot open")) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;  // one line
+  EXPECT_FALSE(std::filesystem::exists(out));
+  r = run("apply --module " + base + ".module.safetensors --input x.npy --output o.safetensors --seed 3");
+  EXPECT_EQ(r.code, 2) << r.out;  // --seed needs --train
+}
+
+}  // namespace
+}  // namespace qkv::test
+
+namespace qkv::test {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Readme, ShowsTheCompiledExampleVerbatimAndTheTwoCommands) {
+  const std::string root = std::string(QKV_FIXTURES) + "/../..";
+  const std::string readme = read_text(root + "/README.md");
+  const std::string example = read_text(root + "/tests/readme_example.cpp");
+  ASSERT_FALSE(example.empty());
+  EXPECT_NE(readme.find("```cpp\n" + example + "```"), std::string::npos)
+      << "README.md's C++ example differs from tests/readme_example.cpp";
+  EXPECT_NE(readme.find("scripts/run demo"), std::string::npos);
+  EXPECT_NE(readme.find("scripts/run test"), std::string::npos);
+  EXPECT_NE(read_text(root + "/.ci/run").find("scripts/run test"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qkv::test
