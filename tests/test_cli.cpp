@@ -41,6 +41,14 @@ TEST(Cli, DemoPrintsTheBooksNumbers) {
                                "c1   0.3161   0.4568   0.5118", "Your     -0.0739   0.0713", "step     -0.0754   0.0693"})
     EXPECT_TRUE(contains(r.out, expected)) << "missing: " << expected;
   EXPECT_TRUE(contains(r.out, "← cat now attends most to fat"));
+  // Causal weights (seed 789), dropout (seed 123), CausalAttention, the wrapper and MultiHeadAttention (seed 123).
+  for (const char* expected : {"journey   0.5517   0.4483   0.0000", "step      0.1935   0.1663   0.1666   0.1542   0.1666   0.1529",
+                               "0  2.0000  2.0000  0.0000  2.0000  2.0000  0.0000",
+                               "starts    0.7599   0.6194   0.6206   0.0000   0.0000   0.0000",
+                               "Your     -0.4519   0.2216", "step     -0.5299  -0.1081",
+                               "Your     -0.4519   0.2216   0.4772   0.1063", "step     -0.5299  -0.1081   0.5077   0.3493",
+                               "Your     0.3190  0.4858", "step     0.2575  0.4028"})
+    EXPECT_TRUE(contains(r.out, expected)) << "missing: " << expected;
 }
 
 TEST(Cli, DemoTrainingLossFalls) {

@@ -163,10 +163,84 @@ void section_train(std::ostream& out, const DemoOptions& options) {
          "the values decide what is passed along once attention is paid.\n";
 }
 
+Tensor journey_batch() {
+  const Tensor x = reshape(journey_inputs(), {1, 6, 3});
+  return concat({x, x}, 0);  // torch.stack((inputs, inputs)): batch of 2, shape (2, 6, 3)
+}
+
+void print_batch_row(std::ostream& out, const std::string& title, const Tensor& batched, const show::Style& style) {
+  out << "\n" << title << ", output shape " << batched.shape().str() << "; batch row 0:\n";
+  const Tensor first = reshape(batched, {batched.size(0), batched.size(1) * batched.size(2)});
+  out << show::matrix("context vectors", top_left(first, 1, batched.size(1) * batched.size(2)).view_as_shape(
+                                             {batched.size(1), batched.size(2)}),
+                      kJourney, dims("c", batched.size(2)), style);
+}
+
+void section_causal(std::ostream& out, const DemoOptions& options) {
+  heading(out, "4. Causal attention — a token may not look at the tokens after it");
+  const show::Style style{4, options.color};
+  manual_seed(789);
+  nn::SelfAttentionV2 attention(3, 2);
+  const nn::AttentionTrace t = attention.trace(journey_inputs());
+  out << "SelfAttention_v2 with seed 789 again. The scores above the diagonal become −∞ before the softmax,\n"
+         "so their weights are exactly 0 and every row still sums to 1:\n\n";
+  const Tensor masked = masked_fill(t.scores, causal_mask(6), -INFINITY);
+  out << show::matrix("Ω masked  (−inf = the future)", masked, kJourney, kJourney, style);
+  const Tensor weights = softmax(div(masked, std::sqrt(2.0f)));
+  out << "\n" << show::matrix("A = softmax(Ω_masked / √2)", weights, kJourney, kJourney, style, true);
+  out << "\n" << show::heatmap("What attends to what, causally", weights, kJourney, style);
+
+  manual_seed(123);
+  nn::CausalAttention causal(3, 2, 6, 0.0);
+  print_batch_row(out, "CausalAttention(3, 2, context_length=6, dropout=0.0), torch.manual_seed(123)",
+                  causal(journey_batch()), style);
+}
+
+void section_dropout(std::ostream& out, const DemoOptions& options) {
+  heading(out, "5. Dropout on the attention weights — only while training");
+  const show::Style style{4, options.color};
+  manual_seed(123);
+  const Tensor dropped = dropout(Tensor::ones({6, 6}), 0.5, true, default_generator());
+  out << "torch.manual_seed(123); Dropout(0.5) on a 6×6 matrix of ones: about half the entries become 0,\n"
+         "the rest are scaled by 1/(1 − 0.5) = 2 so the expected sum stays the same:\n\n";
+  out << show::matrix("dropout(ones(6, 6))", dropped, {}, {}, style);
+  manual_seed(789);
+  nn::SelfAttentionV2 attention(3, 2);
+  const Tensor scores = attention.trace(journey_inputs()).scores;
+  const Tensor weights = softmax(div(masked_fill(scores, causal_mask(6), -INFINITY), std::sqrt(2.0f)));
+  manual_seed(123);
+  out << "\nThe same on the causal weights of section 4, reseeded with 123 (as the book does):\n\n";
+  out << show::matrix("dropout(A_causal)", dropout(weights, 0.5, true, default_generator()), kJourney, kJourney, style,
+                      true);
+  out << "In eval() mode, or with dropout = 0, the weights pass through untouched and no random numbers are drawn.\n";
+}
+
+void section_mha(std::ostream& out, const DemoOptions& options) {
+  heading(out, "6. Multi-head attention");
+  const show::Style style{4, options.color};
+  manual_seed(123);
+  nn::MultiHeadAttentionWrapper wrapper(3, 2, 6, 0.0, 2);
+  out << "MultiHeadAttentionWrapper: two CausalAttention heads side by side, outputs concatenated.\n"
+         "Head 1 is the CausalAttention above (same seed, same draws); head 2 adds two more columns.\n";
+  print_batch_row(out, "MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2), seed 123", wrapper(journey_batch()), style);
+  manual_seed(123);
+  nn::MultiHeadAttention mha(3, 2, 6, 0.0, 2);
+  out << "\nMultiHeadAttention: one projection of width d_out split into 2 heads of head_dim = 1,\n"
+         "viewed as (B, H, T, D) = (2, 2, 6, 1), attended per head, merged back and passed through out_proj.\n";
+  const nn::AttentionTrace t = mha.trace(journey_batch());
+  print_batch_row(out, "MultiHeadAttention(3, 2, 6, 0.0, num_heads=2), seed 123", t.context, style);
+  for (int64_t h = 0; h < 2; ++h) {
+    const Tensor head = reshape(t.weights, {2 * 2 * 6, 6});
+    Tensor rows = Tensor::empty({6, 6});
+    std::copy_n(head.data() + h * 36, 36, rows.data());
+    out << "\n" << show::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, kJourney, style);
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& demo_sections() {
-  static const std::vector<std::string> sections = {"v1", "v2", "train"};
+  static const std::vector<std::string> sections = {"v1", "v2", "train", "causal", "dropout", "mha"};
   return sections;
 }
 
@@ -177,6 +251,9 @@ int run_demo(const DemoOptions& options, std::ostream& out) {
   if (chosen.count("v1")) section_v1(out, options);
   if (chosen.count("v2")) section_v2(out, options);
   if (chosen.count("train")) section_train(out, options);
+  if (chosen.count("causal")) section_causal(out, options);
+  if (chosen.count("dropout")) section_dropout(out, options);
+  if (chosen.count("mha")) section_mha(out, options);
   return 0;
 }
 
