@@ -83,4 +83,21 @@ Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
 // Joins tensors along `dim`; all other dimensions must agree.
 Tensor concat(const std::vector<Tensor>& tensors, int dim);
 
+// ---- fused attention ----
+
+struct AttentionConfig {
+  int64_t num_heads = 1;   // for rank-3 inputs (B, T, H·D): how many heads share the channel dimension
+  bool causal = false;     // key j visible to query i iff j ≤ i + (Tk − Tq)
+  double dropout_p = 0.0;  // on the attention weights, in training only
+  bool training = false;
+  Generator* generator = nullptr;  // dropout seed source (one draw per call); default_generator() if null
+  float scale = 0.0f;              // 0: 1/√D
+};
+
+// softmax(scale · QKᵀ + causal mask) V without materialising the T×T weights (kernels::attention_forward),
+// with the fused backward. q (B, Tq, H·D) and k, v (B, Tk, H·D) — read with strides, no transposes — or
+// all (B, H, T, D). The result has q's layout. Dropout masks come from a counter-based stream seeded by
+// one draw from the generator, so they differ from torch.nn.Dropout's (use the plain path for those).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config);
+
 }  // namespace qkv

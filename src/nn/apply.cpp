@@ -29,6 +29,8 @@ std::unique_ptr<UnaryModule> load_attention_module(const std::string& path) {
 std::vector<std::pair<std::string, Tensor>> apply_module(UnaryModule& module, const Tensor& input,
                                                          const Tensor& grad_output, const ApplyOptions& options) {
   module.train(options.train);
+  // In training, PyTorch's dropout masks come from its generator; only the plain path draws them that way.
+  module.set_attention_path(options.train ? AttentionPath::Plain : AttentionPath::Fused);
   module.zero_grad();
   Tensor x = input.clone();
   const bool backward = grad_output.defined();

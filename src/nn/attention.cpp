@@ -122,6 +122,31 @@ AttentionTrace CausalAttention::trace(const Tensor& x) const {
                                   is_training(), *gen_);
 }
 
+// The fused kernel on the projections as they come out of Linear: (B, T, H·D), no transposes.
+Tensor fused_causal_attention(const Tensor& queries, const Tensor& keys, const Tensor& values, int64_t heads,
+                              double dropout_p, bool training, Generator& gen) {
+  const bool unbatched = queries.rank() == 2;
+  auto batch = [&](const Tensor& t) { return unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t; };
+  AttentionConfig config;
+  config.num_heads = heads;
+  config.causal = true;
+  config.dropout_p = dropout_p;
+  config.training = training;
+  config.generator = &gen;
+  Tensor context = scaled_dot_product_attention(batch(queries), batch(keys), batch(values), config);
+  return unbatched ? reshape(context, queries.shape()) : context;
+}
+
+Tensor CausalAttention::forward(const Tensor& x) const {
+  if (attention_path() == AttentionPath::Plain) return trace(x).context;
+  check_attention_input(x, d_in, "CausalAttention");
+  check_context_length(x.size(-2), context_length, "CausalAttention");
+  Tensor keys = W_key(x);
+  Tensor queries = W_query(x);
+  Tensor values = W_value(x);
+  return fused_causal_attention(queries, keys, values, 1, dropout, is_training(), *gen_);
+}
+
 MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length,
                                                      double dropout, int64_t num_heads, bool qkv_bias,
                                                      Generator& gen) {
@@ -185,6 +210,14 @@ AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
   return t;
 }
 
-Tensor MultiHeadAttention::forward(const Tensor& x) const { return trace(x).context; }
+Tensor MultiHeadAttention::forward(const Tensor& x) const {
+  if (attention_path() == AttentionPath::Plain) return trace(x).context;
+  check_attention_input(x, d_in, "MultiHeadAttention");
+  check_context_length(x.size(-2), context_length, "MultiHeadAttention");
+  Tensor keys = W_key(x);  // (B, T, H·D): the kernel reads each head with strides
+  Tensor queries = W_query(x);
+  Tensor values = W_value(x);
+  return out_proj(fused_causal_attention(queries, keys, values, num_heads, dropout, is_training(), *gen_));
+}
 
 }  // namespace qkv::nn

@@ -76,6 +76,11 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
+void Module::set_attention_path(AttentionPath path) {
+  attention_path_ = path;
+  for (auto& [name, child] : children_) child->set_attention_path(path);
+}
+
 StateDict Module::state_dict() {
   StateDict out;
   walk("", [&](const std::string& name, Entry& e, bool) { out.insert(name, e.tensor); });

@@ -16,7 +16,9 @@ namespace qkv::nn {
 std::unique_ptr<UnaryModule> load_attention_module(const std::string& path);
 
 struct ApplyOptions {
-  bool train = false;  // dropout on; the default generator is seeded with `seed` just before forward
+  // Dropout on; the default generator is seeded with `seed` just before forward, and attention takes the
+  // plain path so the masks are torch.nn.Dropout's. In eval mode the fused kernel runs.
+  bool train = false;
   uint64_t seed = 0;
 };
 

@@ -61,7 +61,7 @@ class CausalAttention : public UnaryModule {
                   Generator& gen = default_generator());
 
   // x (B, T, d_in) or (T, d_in), T ≤ context_length → (.., T, d_out)
-  Tensor forward(const Tensor& x) const override { return trace(x).context; }
+  Tensor forward(const Tensor& x) const override;
   // weights are the ones used for the context: after the mask, the softmax and (in training) dropout.
   AttentionTrace trace(const Tensor& x) const;
 

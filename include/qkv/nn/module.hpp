@@ -26,6 +26,13 @@ class StateDict {
   std::vector<std::pair<std::string, Tensor>> entries_;
 };
 
+// How attention layers compute softmax(QKᵀ/√d)V:
+//   Fused  the tiled kernel (kernels::attention_forward): no T×T matrix, fast; dropout masks from a
+//          counter-based stream;
+//   Plain  the book's composition, materialising scores and weights; dropout masks identical to
+//          torch.nn.Dropout's for the same seed. trace() always takes this path.
+enum class AttentionPath { Fused, Plain };
+
 class Module {
  public:
   Module() = default;
@@ -44,6 +51,9 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // Sets the attention path of this module and every submodule (Fused by default).
+  void set_attention_path(AttentionPath path);
+  AttentionPath attention_path() const { return attention_path_; }
 
   // Parameters and persistent buffers.
   StateDict state_dict();
@@ -73,6 +83,7 @@ class Module {
   std::vector<Entry> buffers_;
   std::vector<std::pair<std::string, Module*>> children_;
   bool training_ = true;
+  AttentionPath attention_path_ = AttentionPath::Fused;
 };
 
 // A module that maps one tensor to one tensor: Linear and every attention class.

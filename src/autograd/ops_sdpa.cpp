@@ -1,0 +1,85 @@
+// The fused attention kernel as a differentiable op: forward saves the log-sum-exp per row, backward
+// recomputes the weights tile by tile (kernels::attention_backward).
+#include <string>
+
+#include "qkv/autograd.hpp"
+#include "qkv/kernels.hpp"
+#include "qkv/ops.hpp"
+#include "qkv/random.hpp"
+
+namespace qkv {
+
+namespace {
+
+struct Resolved {
+  kernels::AttentionDims dims;
+  kernels::AttentionLayout layout;
+};
+
+Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads) {
+  auto fail = [&](const std::string& why) {
+    throw ShapeError("scaled_dot_product_attention: " + why + " (q " + q.shape().str() + ", k " + k.shape().str() +
+                     ", v " + v.shape().str() + ")");
+  };
+  if (q.rank() != k.rank() || q.rank() != v.rank()) fail("q, k and v must have the same rank");
+  if (!(k.shape() == v.shape())) fail("k and v must have the same shape");
+  Resolved r;
+  auto& d = r.dims;
+  if (q.rank() == 3) {
+    if (num_heads <= 0) fail("num_heads must be positive");
+    if (q.size(2) % num_heads != 0) fail("the channel dimension is not divisible by num_heads = " + std::to_string(num_heads));
+    if (q.size(0) != k.size(0) || q.size(2) != k.size(2)) fail("batch and channel sizes of q and k differ");
+    d = {q.size(0), num_heads, q.size(1), k.size(1), q.size(2) / num_heads};
+    r.layout.q = r.layout.o = kernels::AttentionStrides::btc(d, d.Tq);
+    r.layout.k = r.layout.v = kernels::AttentionStrides::btc(d, d.Tk);
+  } else if (q.rank() == 4) {
+    if (q.size(0) != k.size(0) || q.size(1) != k.size(1) || q.size(3) != k.size(3)) {
+      fail("batch, head and head-dim sizes of q and k differ");
+    }
+    d = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+    r.layout.q = r.layout.o = kernels::AttentionStrides::bhtd(d, d.Tq);
+    r.layout.k = r.layout.v = kernels::AttentionStrides::bhtd(d, d.Tk);
+  } else {
+    fail("inputs must be (B, T, H·D) or (B, H, T, D)");
+  }
+  return r;
+}
+
+// out += src (same shape).
+void add_into(float* out, const Tensor& src) {
+  const float* s = src.data();
+  for (int64_t i = 0, n = src.numel(); i < n; ++i) out[i] += s[i];
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config) {
+  const Resolved r = resolve(q, k, v, config.num_heads);
+  if (!(config.dropout_p >= 0.0 && config.dropout_p <= 1.0)) {
+    throw ValueError("scaled_dot_product_attention: dropout must lie in [0, 1], got " + std::to_string(config.dropout_p));
+  }
+  kernels::AttentionOptions options;
+  options.causal = config.causal;
+  options.scale = config.scale;
+  if (config.training && config.dropout_p > 0.0) {
+    options.dropout_p = static_cast<float>(config.dropout_p);
+    options.seed = (config.generator ? *config.generator : default_generator()).next_u64();
+  }
+  Tensor out = Tensor::empty(q.shape());
+  Tensor lse = Tensor::empty({r.dims.B, r.dims.H, r.dims.Tq});
+  kernels::attention_forward(r.dims, r.layout, options, q.data(), k.data(), v.data(), out.data(), lse.data());
+  if (detail::needs_grad({&q, &k, &v})) {
+    detail::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
+                   [q, k, v, o = out.detach(), lse, r, options](const Tensor& dout) {
+                     Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
+                     kernels::attention_backward(r.dims, r.layout, options, q.data(), k.data(), v.data(), o.data(),
+                                                 lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+                     if (float* g = detail::grad_buffer(q)) add_into(g, dq);
+                     if (float* g = detail::grad_buffer(k)) add_into(g, dk);
+                     if (float* g = detail::grad_buffer(v)) add_into(g, dv);
+                   });
+  }
+  return out;
+}
+
+}  // namespace qkv

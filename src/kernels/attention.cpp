@@ -1,0 +1,624 @@
+// Fused scaled-dot-product attention, forward and backward, FlashAttention-2 style, on the CPU.
+// Not here: the autograd op that wraps it (autograd/ops_sdpa.cpp) or the plain materialised path
+// (nn/attention.cpp), which the tests compare this against.
+//
+// Blocking. Queries go in blocks of kBr rows, keys in blocks of kBc columns. Per (b, h) each thread packs
+// what it streams: Kᵀ (D × Tk_pad), V and K row-major padded to Dp = D rounded up to 16 columns, Q·scale
+// and dO padded to Dp. Every product is then one shape of GEMM, C (M × N) (+)= A (M × K) · B (K × N) with
+// B rows of 16 contiguous floats, done by one 6×16 register-blocked micro-kernel (12 AVX2 accumulators).
+//
+// Forward, per query block (thread-owned):
+//   S = Qs Kᵀ_j (Br × Bc);  m' = max(m, rowmax S);  P = exp(S − m');  l = l·e^(m−m') + rowsum P
+//   O = O·e^(m−m') + (P ∘ Z) V_j           (Z: dropout keep / (1 − p), or 1)
+//   finally O /= l and lse = m + log l.
+// Backward: with Di = rowsum(dO ∘ O), P = exp(S − lse), G = dO Vᵀ_j, dS = P ∘ (G ∘ Z − Di):
+//   pass 1, per key block (thread-owned):   dV_j = Σ_i (P∘Z)ᵀ dO_i,  dK_j = Σ_i dSᵀ Qs_i
+//   pass 2, per query block (thread-owned): dQ_i = scale · Σ_j dS K_j
+// Two passes recompute S and G once more than a shared-accumulator scheme would, and buy ownership: no
+// atomics, no reduction, and the same bits for any thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "qkv/kernels.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define QKV_ATTENTION_AVX2 1
+#endif
+
+namespace qkv::kernels {
+
+namespace {
+
+constexpr int64_t kBr = 48;  // query rows per block: 8 strips of the 6-row micro-kernel
+constexpr int64_t kBc = 64;  // keys per block: 4 strips of 16 columns
+constexpr int kMR = 6, kNR = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A float buffer aligned to 64 bytes, sized once per call and reused across blocks.
+class Scratch {
+ public:
+  float* get(size_t n) {
+    if (n > capacity_) {
+      release();
+      data_ = static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t(64)));
+      capacity_ = n;
+    }
+    return data_;
+  }
+  ~Scratch() { release(); }
+
+ private:
+  void release() {
+    if (data_) ::operator delete[](data_, std::align_val_t(64));
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  float* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// ---- the micro-kernel: C (MR × 16) (+)= A (MR × K) · B (K × 16) ----
+// A element (r, k) sits at A[r·lda + k·ak] (ak = 1 for row-major, lda = 1 for a transposed read);
+// B row k at B[k·ldb]. One broadcast of A per row and two B vectors per k feed 2·MR FMAs.
+
+#ifdef QKV_ATTENTION_AVX2
+template <int MR>
+inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb, float* C,
+                         int64_t ldc, bool accumulate) {
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = accumulate ? _mm256_loadu_ps(C + r * ldc) : _mm256_setzero_ps();
+    c1[r] = accumulate ? _mm256_loadu_ps(C + r * ldc + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(B + k * ldb);
+    const __m256 b1 = _mm256_loadu_ps(B + k * ldb + 8);
+    const float* a = A + k * ak;
+    for (int r = 0; r < MR; ++r) {
+      const __m256 ar = _mm256_broadcast_ss(a + r * lda);
+      c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(C + r * ldc, c0[r]);
+    _mm256_storeu_ps(C + r * ldc + 8, c1[r]);
+  }
+}
+#else
+template <int MR>
+inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb, float* C,
+                         int64_t ldc, bool accumulate) {
+  float acc[MR][kNR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < kNR; ++c) acc[r][c] = accumulate ? C[r * ldc + c] : 0.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    for (int r = 0; r < MR; ++r) {
+      const float a = A[r * lda + k * ak];
+      for (int c = 0; c < kNR; ++c) acc[r][c] += a * b[c];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < kNR; ++c) C[r * ldc + c] = acc[r][c];
+}
+#endif
+
+// C (M × N) (+)= A (M × K) · B (K × N); N a multiple of 16.
+void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
+                float* C, int64_t ldc, bool accumulate) {
+  for (int64_t n0 = 0; n0 < N; n0 += kNR) {
+    int64_t m0 = 0;
+    for (; m0 + kMR <= M; m0 += kMR)
+      micro_kernel<kMR>(K, A + m0 * lda, lda, ak, B + n0, ldb, C + m0 * ldc + n0, ldc, accumulate);
+    const float* a = A + m0 * lda;
+    float* c = C + m0 * ldc + n0;
+    switch (M - m0) {
+      case 5: micro_kernel<5>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
+      case 4: micro_kernel<4>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
+      case 3: micro_kernel<3>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
+      case 2: micro_kernel<2>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
+      case 1: micro_kernel<1>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
+      default: break;
+    }
+  }
+}
+
+// ---- exp over a row ----
+// e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 split in two parts; e^r by a degree-6
+// polynomial (Taylor, |r| ≤ ln2/2, relative error < 2e-7). −∞ gives exactly 0.
+
+#ifdef QKV_ATTENTION_AVX2
+inline __m256 exp_avx2(__m256 x) {
+  // Clamp to the normal range; the constant goes first so a NaN in x passes through (maxps/minps return
+  // their second operand when either is NaN) and the row turns NaN, as it would in PyTorch.
+  x = _mm256_max_ps(_mm256_set1_ps(-87.33f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(88.37f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+// y[j] = exp(x[j] − shift) for j < valid, 0 for valid ≤ j < n; returns Σ y. n is a multiple of 8.
+float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
+  int64_t j = 0;
+  float total = 0.0f;
+#ifdef QKV_ATTENTION_AVX2
+  __m256 sum = _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; j + 8 <= valid; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
+    _mm256_storeu_ps(y + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  for (float v : lanes) total += v;
+#endif
+  for (; j < valid; ++j) {
+    y[j] = std::exp(x[j] - shift);
+    total += y[j];
+  }
+  for (; j < n; ++j) y[j] = 0.0f;
+  return total;
+}
+
+float row_max(const float* x, int64_t n) {
+  float m = kNegInf;
+  int64_t j = 0;
+#ifdef QKV_ATTENTION_AVX2
+  if (n >= 8) {
+    __m256 v = _mm256_loadu_ps(x);
+    for (j = 8; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, v);
+    for (float l : lanes) m = std::max(m, l);
+  }
+#endif
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+void scale_row(float* x, int64_t n, float factor) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= factor;
+}
+
+// ---- dropout: Philox4x32-10 ----
+
+struct Philox {
+  static void round(uint32_t (&ctr)[4], const uint32_t (&key)[2]) {
+    const uint64_t p0 = uint64_t{0xD2511F53u} * ctr[0];
+    const uint64_t p1 = uint64_t{0xCD9E8D57u} * ctr[2];
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    ctr[0] = hi1 ^ ctr[1] ^ key[0];
+    ctr[1] = lo1;
+    ctr[2] = hi0 ^ ctr[3] ^ key[1];
+    ctr[3] = lo0;
+  }
+  // Four 32-bit outputs for counter (c0, c1, c2, 0) under key (seed).
+  static void generate(uint64_t seed, uint32_t c0, uint32_t c1, uint64_t c2, uint32_t (&out)[4]) {
+    uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+    uint32_t ctr[4] = {c0, c1, static_cast<uint32_t>(c2), static_cast<uint32_t>(c2 >> 32)};
+    for (int i = 0; i < 10; ++i) {
+      round(ctr, key);
+      key[0] += 0x9E3779B9u;
+      key[1] += 0xBB67AE85u;
+    }
+    std::memcpy(out, ctr, sizeof out);
+  }
+};
+
+uint32_t drop_threshold(float p) {  // keep iff random u32 ≥ threshold; P(keep) = 1 − p
+  const double t = static_cast<double>(p) * 4294967296.0;
+  return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+}
+
+// z[j] *= keep(bh, i, j0 + j) / (1 − p) for j < n.
+void apply_dropout_row(float* z, int64_t n, uint64_t seed, uint32_t threshold, float inv_keep, int64_t bh, int64_t i,
+                       int64_t j0) {
+  int64_t j = 0;
+  while (j < n) {
+    const int64_t col = j0 + j;
+    uint32_t bits[4];
+    Philox::generate(seed, static_cast<uint32_t>(col >> 2), static_cast<uint32_t>(i), static_cast<uint64_t>(bh), bits);
+    for (int64_t lane = col & 3; lane < 4 && j < n; ++lane, ++j) z[j] *= bits[lane] >= threshold ? inv_keep : 0.0f;
+  }
+}
+
+// ---- per-call setup shared by forward and backward ----
+
+struct Plan {
+  AttentionDims dims;
+  AttentionLayout layout;
+  AttentionOptions options;
+  float scale;
+  int64_t Dp, Tk_pad, q_blocks, k_blocks, offset;  // offset = Tk − Tq (causal diagonal shift)
+  bool dropout;
+  uint32_t threshold;
+  float inv_keep;
+
+  Plan(const AttentionDims& d, const AttentionLayout& l, const AttentionOptions& o) : dims(d), layout(l), options(o) {
+    scale = o.scale != 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(d.D, 1)));
+    Dp = round_up(std::max<int64_t>(d.D, 1), kNR);
+    Tk_pad = round_up(std::max<int64_t>(d.Tk, 1), kBc);
+    q_blocks = (d.Tq + kBr - 1) / kBr;
+    k_blocks = (d.Tk + kBc - 1) / kBc;
+    offset = d.Tk - d.Tq;
+    dropout = o.dropout_p > 0.0f;
+    threshold = drop_threshold(o.dropout_p);
+    inv_keep = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
+  }
+  int threads() const { return options.threads > 0 ? options.threads : omp_get_max_threads(); }
+  // Number of keys visible to query row i (absolute), counted from key 0.
+  int64_t visible(int64_t i) const {
+    return options.causal ? std::clamp<int64_t>(i + offset + 1, 0, dims.Tk) : dims.Tk;
+  }
+  const float* row(const float* base, const AttentionStrides& s, int64_t bh, int64_t t) const {
+    return base + (bh / dims.H) * s.batch + (bh % dims.H) * s.head + t * s.token;
+  }
+  float* row(float* base, const AttentionStrides& s, int64_t bh, int64_t t) const {
+    return base + (bh / dims.H) * s.batch + (bh % dims.H) * s.head + t * s.token;
+  }
+};
+
+// Kᵀ of one head: (D × Tk_pad), zero beyond Tk.
+void pack_transposed(const Plan& p, const float* src, const AttentionStrides& s, int64_t bh, float* dst) {
+  const int64_t D = p.dims.D, T = p.dims.Tk, ld = p.Tk_pad;
+  for (int64_t d = 0; d < D; ++d) std::fill(dst + d * ld + T, dst + (d + 1) * ld, 0.0f);
+  for (int64_t t0 = 0; t0 < T; t0 += 16)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t t = t0; t < std::min(T, t0 + 16); ++t) dst[d * ld + t] = p.row(src, s, bh, t)[d];
+}
+
+// Rows of one head: (rows_pad × Dp), values · factor, zero in the padding.
+void pack_rows(const Plan& p, const float* src, const AttentionStrides& s, int64_t bh, int64_t T, int64_t rows_pad,
+               float factor, float* dst) {
+  const int64_t D = p.dims.D, ld = p.Dp;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = p.row(src, s, bh, t);
+    for (int64_t d = 0; d < D; ++d) dst[t * ld + d] = r[d] * factor;
+    std::fill(dst + t * ld + D, dst + (t + 1) * ld, 0.0f);
+  }
+  std::fill(dst + T * ld, dst + rows_pad * ld, 0.0f);
+}
+
+// Items are (head, block) pairs ordered head-major; with a cyclic schedule every thread sees each head
+// as one run, so it packs each head once, and causal work (more keys for later blocks) balances.
+template <typename F>
+void parallel_items(int threads, int64_t heads, int64_t blocks, F&& body) {
+  const int64_t items = heads * blocks;
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t packed_head = -1;
+#pragma omp for schedule(static, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t bh = item / blocks;
+      body(bh, item % blocks, bh != packed_head);
+      packed_head = bh;
+    }
+  }
+}
+
+}  // namespace
+
+const char* attention_isa() {
+#ifdef QKV_ATTENTION_AVX2
+  return "avx2+fma";
+#else
+  return "portable";
+#endif
+}
+
+bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j) {
+  if (p <= 0.0f) return true;
+  uint32_t bits[4];
+  Philox::generate(seed, static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i), static_cast<uint64_t>(bh), bits);
+  return bits[j & 3] >= drop_threshold(p);
+}
+
+void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                       const float* q, const float* k, const float* v, float* o, float* lse) {
+  if (dims.B <= 0 || dims.H <= 0 || dims.Tq <= 0) return;
+  const Plan p(dims, layout, options);
+  const int64_t D = dims.D, Dp = p.Dp;
+  if (dims.Tk <= 0 || D <= 0) {  // nothing to attend to (Tk = 0: NaN rows) or nothing to carry (D = 0)
+    for (int64_t bh = 0; bh < dims.B * dims.H; ++bh)
+      for (int64_t i = 0; i < dims.Tq; ++i) {
+        std::fill_n(p.row(o, layout.o, bh, i), D, std::numeric_limits<float>::quiet_NaN());
+        lse[bh * dims.Tq + i] = dims.Tk <= 0 ? kNegInf : std::log(static_cast<float>(p.visible(i)));
+      }
+    return;
+  }
+  parallel_items(p.threads(), dims.B * dims.H, p.q_blocks, [&](int64_t bh, int64_t qb, bool new_head) {
+    thread_local Scratch kt_buf, v_buf, q_buf, s_buf, o_buf;
+    float* kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
+    float* vp = v_buf.get(static_cast<size_t>(p.Tk_pad * Dp));
+    if (new_head) {
+      pack_transposed(p, k, layout.k, bh, kt);
+      pack_rows(p, v, layout.v, bh, dims.Tk, p.Tk_pad, 1.0f, vp);
+    }
+    const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
+    float* qs = q_buf.get(static_cast<size_t>(kBr * Dp));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = p.row(q, layout.q, bh, q0 + r);
+      for (int64_t d = 0; d < D; ++d) qs[r * Dp + d] = src[d] * p.scale;
+    }
+    float* s = s_buf.get(static_cast<size_t>(kBr * kBc));
+    float* acc = o_buf.get(static_cast<size_t>(kBr * Dp));
+    std::fill_n(acc, rows * Dp, 0.0f);
+    float m[kBr], l[kBr];
+    std::fill_n(m, rows, kNegInf);
+    std::fill_n(l, rows, 0.0f);
+    const int64_t key_end = p.visible(q0 + rows - 1);  // keys beyond this are masked for every row
+    for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
+      const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
+      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0, p.Tk_pad, s, kBc, false);  // S = Qs Kᵀ
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sr = s + r * kBc;
+        const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
+        if (valid == 0) {
+          std::fill_n(sr, cols_pad, 0.0f);
+          continue;
+        }
+        const float m_new = std::max(m[r], row_max(sr, valid));
+        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
+        l[r] = l[r] * alpha + exp_row(sr, sr, valid, cols_pad, m_new);
+        if (p.dropout) apply_dropout_row(sr, valid, options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
+        if (alpha != 1.0f) scale_row(acc + r * Dp, Dp, alpha);
+        m[r] = m_new;
+      }
+      block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true);  // O += P V
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = p.row(o, layout.o, bh, q0 + r);
+      const float inv = 1.0f / l[r];  // l = 0 (no visible key) gives inf · 0 = NaN, as PyTorch does
+      for (int64_t d = 0; d < D; ++d) dst[d] = l[r] > 0.0f ? acc[r * Dp + d] * inv : std::numeric_limits<float>::quiet_NaN();
+      lse[bh * dims.Tq + q0 + r] = m[r] + std::log(l[r]);
+    }
+  });
+}
+
+namespace {
+
+// Per-head packs for the backward pass, owned by one thread.
+struct BackwardHead {
+  Scratch kt_buf, vt_buf, k_buf, qs_buf, do_buf;
+  float *kt, *vt, *kp, *qs, *dop;
+  void pack(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bh, bool need_k) {
+    const int64_t D = p.dims.D, Dp = p.Dp, Tq_pad = round_up(p.dims.Tq, kBr);
+    kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
+    vt = vt_buf.get(static_cast<size_t>(D * p.Tk_pad));
+    qs = qs_buf.get(static_cast<size_t>(Tq_pad * Dp));
+    dop = do_buf.get(static_cast<size_t>(Tq_pad * Dp));
+    pack_transposed(p, k, p.layout.k, bh, kt);
+    pack_transposed(p, v, p.layout.v, bh, vt);
+    pack_rows(p, q, p.layout.q, bh, p.dims.Tq, Tq_pad, p.scale, qs);
+    pack_rows(p, d_o, p.layout.o, bh, p.dims.Tq, Tq_pad, 1.0f, dop);
+    if (need_k) {
+      kp = k_buf.get(static_cast<size_t>(p.Tk_pad * Dp));
+      pack_rows(p, k, p.layout.k, bh, p.dims.Tk, p.Tk_pad, 1.0f, kp);
+    }
+  }
+};
+
+// For query block (q0, rows) × key block (k0, cols): P (or P∘Z when `dropped`) into pz and dS into ds,
+// both (rows × kBc), zero outside the visible region.
+void probabilities_and_dscores(const Plan& p, const BackwardHead& h, const float* lse_head, const float* delta_head,
+                               int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols, float* pz, float* ds) {
+  const int64_t D = p.dims.D, Dp = p.Dp, cols_pad = round_up(cols, kNR);
+  block_gemm(rows, cols_pad, D, h.qs + q0 * Dp, Dp, 1, h.kt + k0, p.Tk_pad, pz, kBc, false);   // S = Qs Kᵀ
+  block_gemm(rows, cols_pad, D, h.dop + q0 * Dp, Dp, 1, h.vt + k0, p.Tk_pad, ds, kBc, false);  // G = dO Vᵀ
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = q0 + r;
+    float* pr = pz + r * kBc;
+    float* dr = ds + r * kBc;
+    const int64_t valid = std::clamp<int64_t>(p.visible(i) - k0, 0, cols);
+    exp_row(pr, pr, valid, cols_pad, lse_head[i]);  // P = exp(S − lse)
+    if (p.dropout) {
+      apply_dropout_row(dr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // G ∘ Z
+      const float di = delta_head[i];
+      for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - di);
+      apply_dropout_row(pr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // P ∘ Z for dV
+    } else {
+      const float di = delta_head[i];
+      for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - di);
+    }
+    std::fill(dr + valid, dr + cols_pad, 0.0f);
+  }
+}
+
+}  // namespace
+
+void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                        const float* q, const float* k, const float* v, const float* o, const float* lse,
+                        const float* d_o, float* dq, float* dk, float* dv) {
+  if (dims.B <= 0 || dims.H <= 0) return;
+  const Plan p(dims, layout, options);
+  const int64_t D = dims.D, Dp = p.Dp, heads = dims.B * dims.H;
+  auto zero_rows = [&](float* base, const AttentionStrides& s, int64_t T) {
+    for (int64_t bh = 0; bh < heads; ++bh)
+      for (int64_t t = 0; t < T; ++t) std::fill_n(p.row(base, s, bh, t), D, 0.0f);
+  };
+  if (dims.Tq <= 0 || dims.Tk <= 0 || D <= 0) {
+    zero_rows(dq, layout.q, dims.Tq);
+    zero_rows(dk, layout.k, dims.Tk);
+    zero_rows(dv, layout.v, dims.Tk);
+    return;
+  }
+  // Di = rowsum(dO ∘ O), one per query row.
+  std::vector<float> delta(static_cast<size_t>(heads * dims.Tq));
+#pragma omp parallel for num_threads(p.threads()) schedule(static)
+  for (int64_t row = 0; row < heads * dims.Tq; ++row) {
+    const int64_t bh = row / dims.Tq, i = row % dims.Tq;
+    const float* a = p.row(d_o, layout.o, bh, i);
+    const float* b = p.row(o, layout.o, bh, i);
+    float acc = 0.0f;
+    for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
+    delta[static_cast<size_t>(row)] = acc;
+  }
+
+  // Pass 1: dK and dV, one key block per item.
+  parallel_items(p.threads(), heads, p.k_blocks, [&](int64_t bh, int64_t kb, bool new_head) {
+    thread_local BackwardHead head;
+    thread_local Scratch pz_buf, ds_buf, dk_buf, dv_buf;
+    if (new_head) head.pack(p, q, k, v, d_o, bh, false);
+    float* pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
+    float* ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
+    float* dk_acc = dk_buf.get(static_cast<size_t>(kBc * Dp));
+    float* dv_acc = dv_buf.get(static_cast<size_t>(kBc * Dp));
+    const int64_t k0 = kb * kBc, cols = std::min(kBc, dims.Tk - k0);
+    std::fill_n(dk_acc, cols * Dp, 0.0f);
+    std::fill_n(dv_acc, cols * Dp, 0.0f);
+    // The first query row that sees key k0: with causal, i + offset ≥ k0.
+    const int64_t first_row = options.causal ? std::max<int64_t>(0, k0 - p.offset) : 0;
+    for (int64_t q0 = first_row / kBr * kBr; q0 < dims.Tq; q0 += kBr) {
+      const int64_t rows = std::min(kBr, dims.Tq - q0);
+      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta.data() + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
+      block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true);  // dV += (P∘Z)ᵀ dO
+      block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true);   // dK += dSᵀ Qs
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      std::copy_n(dk_acc + j * Dp, D, p.row(dk, layout.k, bh, k0 + j));
+      std::copy_n(dv_acc + j * Dp, D, p.row(dv, layout.v, bh, k0 + j));
+    }
+  });
+
+  // Pass 2: dQ, one query block per item.
+  parallel_items(p.threads(), heads, p.q_blocks, [&](int64_t bh, int64_t qb, bool new_head) {
+    thread_local BackwardHead head;
+    thread_local Scratch pz_buf, ds_buf, dq_buf;
+    if (new_head) head.pack(p, q, k, v, d_o, bh, true);
+    float* pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
+    float* ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
+    float* dq_acc = dq_buf.get(static_cast<size_t>(kBr * Dp));
+    const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
+    std::fill_n(dq_acc, rows * Dp, 0.0f);
+    const int64_t key_end = p.visible(q0 + rows - 1);
+    for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
+      const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
+      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta.data() + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
+      block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc, Dp, true);  // dQ += dS K
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = p.row(dq, layout.q, bh, q0 + r);
+      for (int64_t d = 0; d < D; ++d) dst[d] = dq_acc[r * Dp + d] * p.scale;
+    }
+  });
+}
+
+// ---- the plain reference: scores and weights materialised, double precision ----
+
+namespace {
+struct ReferenceHead {
+  std::vector<double> weights;  // (Tq × Tk) after softmax, before dropout
+  std::vector<double> zmask;    // dropout factor per weight
+};
+
+ReferenceHead reference_weights(const Plan& p, const float* q, const float* k, int64_t bh) {
+  const auto& d = p.dims;
+  ReferenceHead h;
+  h.weights.assign(static_cast<size_t>(d.Tq * d.Tk), 0.0);
+  h.zmask.assign(static_cast<size_t>(d.Tq * d.Tk), 1.0);
+  for (int64_t i = 0; i < d.Tq; ++i) {
+    const int64_t visible = p.visible(i);
+    double mx = -std::numeric_limits<double>::infinity();
+    std::vector<double> s(static_cast<size_t>(d.Tk), 0.0);
+    for (int64_t j = 0; j < visible; ++j) {
+      double acc = 0.0;
+      for (int64_t e = 0; e < d.D; ++e) acc += static_cast<double>(p.row(q, p.layout.q, bh, i)[e]) * p.row(k, p.layout.k, bh, j)[e];
+      s[static_cast<size_t>(j)] = acc * p.scale;
+      mx = std::max(mx, s[static_cast<size_t>(j)]);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < visible; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+    for (int64_t j = 0; j < visible; ++j) {
+      h.weights[static_cast<size_t>(i * d.Tk + j)] = visible ? std::exp(s[static_cast<size_t>(j)] - mx) / sum : 0.0;
+      if (p.dropout)
+        h.zmask[static_cast<size_t>(i * d.Tk + j)] =
+            attention_dropout_keep(p.options.seed, p.options.dropout_p, bh, i, j) ? p.inv_keep : 0.0;
+    }
+  }
+  return h;
+}
+}  // namespace
+
+void attention_forward_reference(const AttentionDims& dims, const AttentionLayout& layout,
+                                 const AttentionOptions& options, const float* q, const float* k, const float* v,
+                                 float* o) {
+  const Plan p(dims, layout, options);
+  for (int64_t bh = 0; bh < dims.B * dims.H; ++bh) {
+    const ReferenceHead h = reference_weights(p, q, k, bh);
+    for (int64_t i = 0; i < dims.Tq; ++i)
+      for (int64_t e = 0; e < dims.D; ++e) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < dims.Tk; ++j) {
+          const size_t at = static_cast<size_t>(i * dims.Tk + j);
+          acc += h.weights[at] * h.zmask[at] * p.row(v, layout.v, bh, j)[e];
+        }
+        p.row(o, layout.o, bh, i)[e] = p.visible(i) ? static_cast<float>(acc) : std::numeric_limits<float>::quiet_NaN();
+      }
+  }
+}
+
+void attention_backward_reference(const AttentionDims& dims, const AttentionLayout& layout,
+                                  const AttentionOptions& options, const float* q, const float* k, const float* v,
+                                  const float* d_o, float* dq, float* dk, float* dv) {
+  const Plan p(dims, layout, options);
+  const int64_t Tq = dims.Tq, Tk = dims.Tk, D = dims.D;
+  for (int64_t bh = 0; bh < dims.B * dims.H; ++bh) {
+    const ReferenceHead h = reference_weights(p, q, k, bh);
+    std::vector<double> dq_h(static_cast<size_t>(Tq * D), 0.0), dk_h(static_cast<size_t>(Tk * D), 0.0),
+        dv_h(static_cast<size_t>(Tk * D), 0.0);
+    for (int64_t i = 0; i < Tq; ++i) {
+      // dA_ij = Z_ij · (dO_i · V_j);  dS_ij = A_ij (dA_ij − Σ_l A_il dA_il)
+      std::vector<double> da(static_cast<size_t>(Tk), 0.0);
+      double dot = 0.0;
+      for (int64_t j = 0; j < Tk; ++j) {
+        const size_t at = static_cast<size_t>(i * Tk + j);
+        double g = 0.0;
+        for (int64_t e = 0; e < D; ++e) g += static_cast<double>(p.row(d_o, layout.o, bh, i)[e]) * p.row(v, layout.v, bh, j)[e];
+        da[static_cast<size_t>(j)] = g * h.zmask[at];
+        dot += h.weights[at] * da[static_cast<size_t>(j)];
+        for (int64_t e = 0; e < D; ++e)
+          dv_h[static_cast<size_t>(j * D + e)] += h.weights[at] * h.zmask[at] * p.row(d_o, layout.o, bh, i)[e];
+      }
+      for (int64_t j = 0; j < Tk; ++j) {
+        const double dsij = h.weights[static_cast<size_t>(i * Tk + j)] * (da[static_cast<size_t>(j)] - dot) * p.scale;
+        for (int64_t e = 0; e < D; ++e) {
+          dq_h[static_cast<size_t>(i * D + e)] += dsij * p.row(k, layout.k, bh, j)[e];
+          dk_h[static_cast<size_t>(j * D + e)] += dsij * p.row(q, layout.q, bh, i)[e];
+        }
+      }
+    }
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t e = 0; e < D; ++e) p.row(dq, layout.q, bh, i)[e] = static_cast<float>(dq_h[static_cast<size_t>(i * D + e)]);
+    for (int64_t j = 0; j < Tk; ++j)
+      for (int64_t e = 0; e < D; ++e) {
+        p.row(dk, layout.k, bh, j)[e] = static_cast<float>(dk_h[static_cast<size_t>(j * D + e)]);
+        p.row(dv, layout.v, bh, j)[e] = static_cast<float>(dv_h[static_cast<size_t>(j * D + e)]);
+      }
+  }
+}
+
+}  // namespace qkv::kernels

@@ -1,0 +1,204 @@
+// The fused attention kernel against the plain materialised reference (double precision), over the shape
+// list of the issue: T = 1, T not a multiple of the tiles, D ∈ {1, 2, 16, 32, 64, 80, 128}, many and few
+// heads, causal and not, dropout on and off, both layouts, and Tq ≠ Tk (decoding with a cache).
+#include <omp.h>
+
+#include "helpers.hpp"
+#include "qkv/kernels.hpp"
+
+namespace qkv::test {
+namespace {
+
+struct Case {
+  int64_t B, H, Tq, Tk, D;
+  bool causal;
+  float dropout;
+  bool btc;  // (B, T, H·D) layout, else (B, H, T, D)
+};
+
+std::string name(const Case& c) {
+  return "B" + std::to_string(c.B) + "H" + std::to_string(c.H) + "Tq" + std::to_string(c.Tq) + "Tk" + std::to_string(c.Tk) +
+         "D" + std::to_string(c.D) + (c.causal ? "_causal" : "") + (c.dropout > 0 ? "_dropout" : "") + (c.btc ? "_btc" : "_bhtd");
+}
+
+kernels::AttentionLayout layout_of(const Case& c, const kernels::AttentionDims& d) {
+  kernels::AttentionLayout l;
+  if (c.btc) {
+    l.q = l.o = kernels::AttentionStrides::btc(d, c.Tq);
+    l.k = l.v = kernels::AttentionStrides::btc(d, c.Tk);
+  } else {
+    l.q = l.o = kernels::AttentionStrides::bhtd(d, c.Tq);
+    l.k = l.v = kernels::AttentionStrides::bhtd(d, c.Tk);
+  }
+  return l;
+}
+
+// 1e-5 relative, plus 1e-5 of the tensor's scale (its largest |value|, at least 1: the inputs are N(0, 1), so a
+// gradient that is exactly 0 in theory, as dq is for T = 1, shows float rounding of about 1e-7).
+::testing::AssertionResult agree(const Tensor& fused, const Tensor& reference) {
+  double largest = 0;
+  for (float v : reference.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+  return all_close(fused, reference, 1e-5, 1e-5 * std::max(largest, 1.0));
+}
+
+class FusedVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FusedVsReference, ValuesAndAllGradientsAgree) {
+  const Case c = GetParam();
+  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D};
+  const auto layout = layout_of(c, d);
+  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1), k = random_tensor({c.B * c.H * c.Tk * c.D}, 2),
+               v = random_tensor({c.B * c.H * c.Tk * c.D}, 3), d_o = random_tensor({c.B * c.H * c.Tq * c.D}, 4);
+  kernels::AttentionOptions options{.causal = c.causal, .dropout_p = c.dropout, .seed = 1234};
+  Tensor o = Tensor::empty(q.shape()), o_ref = Tensor::empty(q.shape()), lse = Tensor::empty({c.B * c.H * c.Tq});
+  kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
+  kernels::attention_forward_reference(d, layout, options, q.data(), k.data(), v.data(), o_ref.data());
+  EXPECT_TRUE(agree(o, o_ref)) << "output";
+  Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
+  Tensor dq_ref = Tensor::empty(q.shape()), dk_ref = Tensor::empty(k.shape()), dv_ref = Tensor::empty(v.shape());
+  kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), d_o.data(),
+                              dq.data(), dk.data(), dv.data());
+  kernels::attention_backward_reference(d, layout, options, q.data(), k.data(), v.data(), d_o.data(), dq_ref.data(),
+                                        dk_ref.data(), dv_ref.data());
+  EXPECT_TRUE(agree(dq, dq_ref)) << "dq";
+  EXPECT_TRUE(agree(dk, dk_ref)) << "dk";
+  EXPECT_TRUE(agree(dv, dv_ref)) << "dv";
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (int64_t D : {1, 2, 16, 32, 64, 80, 128})
+    for (bool causal : {false, true}) out.push_back({1, 2, 37, 37, D, causal, 0.0f, true});
+  for (bool causal : {false, true})
+    for (float dropout : {0.0f, 0.3f})
+      for (bool btc : {false, true}) {
+        out.push_back({2, 3, 1, 1, 16, causal, dropout, btc});        // T = 1
+        out.push_back({2, 3, 130, 130, 24, causal, dropout, btc});    // T beyond two blocks, not a multiple
+        out.push_back({1, 1, 64, 64, 64, causal, dropout, btc});      // exactly one key block
+        out.push_back({3, 12, 49, 49, 8, causal, dropout, btc});      // B·H large, T = one query block + 1
+      }
+  out.push_back({1, 2, 1, 70, 32, true, 0.0f, true});    // decoding: one query against a cache of 70 keys
+  out.push_back({2, 2, 5, 90, 16, true, 0.2f, false});   // a chunk of 5 new queries against 90 keys
+  out.push_back({1, 1, 200, 33, 16, false, 0.0f, true}); // more queries than keys
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedVsReference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name(info.param); });
+
+TEST(FusedAttention, SameBitsForAnyThreadCount) {
+  const kernels::AttentionDims d{2, 3, 150, 150, 32};
+  const kernels::AttentionLayout layout{kernels::AttentionStrides::btc(d, 150), kernels::AttentionStrides::btc(d, 150),
+                                        kernels::AttentionStrides::btc(d, 150), kernels::AttentionStrides::btc(d, 150)};
+  const Tensor q = random_tensor({2 * 150 * 96}, 1), k = random_tensor({2 * 150 * 96}, 2), v = random_tensor({2 * 150 * 96}, 3);
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    kernels::AttentionOptions options{.causal = true, .dropout_p = 0.1f, .seed = 9, .threads = threads};
+    Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({900}), dq = Tensor::empty(q.shape()),
+           dk = Tensor::empty(q.shape()), dv = Tensor::empty(q.shape());
+    kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
+    kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(),
+                                dq.data(), dk.data(), dv.data());
+    std::vector<float> all = o.to_vector();
+    for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
+    results.push_back(all);
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+TEST(FusedAttention, DropoutKeepsAboutOneMinusP) {
+  int kept = 0;
+  for (int64_t i = 0; i < 100; ++i)
+    for (int64_t j = 0; j < 100; ++j) kept += kernels::attention_dropout_keep(5, 0.3f, 1, i, j);
+  EXPECT_NEAR(kept / 10000.0, 0.7, 0.02);
+  EXPECT_TRUE(kernels::attention_dropout_keep(5, 0.0f, 1, 2, 3));
+}
+
+}  // namespace
+}  // namespace qkv::test
+
+namespace qkv::test {
+namespace {
+
+std::vector<std::pair<std::string, Tensor>> run_with_path(nn::UnaryModule& m, const Tensor& x, const Tensor& g,
+                                                          nn::AttentionPath path) {
+  m.set_attention_path(path);
+  m.zero_grad();
+  Tensor input = x.clone().requires_grad_();
+  Tensor out = m(input);
+  out.backward(g);
+  std::vector<std::pair<std::string, Tensor>> result = {{"output", out.detach()}, {"grad.input", input.grad()}};
+  for (auto& [name, p] : m.named_parameters()) result.emplace_back("grad." + name, p.grad().clone());
+  return result;
+}
+
+TEST(FusedModules, CausalAndMultiHeadAgreeWithThePlainPath) {
+  manual_seed(3);
+  nn::MultiHeadAttention mha(24, 48, 80, 0.0, 4, true);
+  nn::CausalAttention causal(24, 16, 80, 0.0, true);
+  const Tensor x = random_tensor({3, 77, 24}, 5);
+  for (nn::UnaryModule* m : {static_cast<nn::UnaryModule*>(&mha), static_cast<nn::UnaryModule*>(&causal)}) {
+    const Tensor g = random_tensor(m->forward(x).shape(), 6);
+    const auto fused = run_with_path(*m, x, g, nn::AttentionPath::Fused);
+    const auto plain = run_with_path(*m, x, g, nn::AttentionPath::Plain);
+    ASSERT_EQ(fused.size(), plain.size());
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_TRUE(all_close(fused[i].second, plain[i].second, 1e-5, 1e-5)) << m->type_name() << " " << fused[i].first;
+  }
+}
+
+TEST(FusedModules, DropoutIsSeededAndOffInEval) {
+  Generator gen(11);
+  nn::MultiHeadAttention mha(8, 8, 16, 0.5, 2, false, gen);
+  const Tensor x = random_tensor({2, 16, 8}, 1);
+  mha.eval();
+  const Tensor a = mha(x), b = mha(x);
+  EXPECT_TRUE(all_close(a, b, 0, 0));
+  mha.train();
+  gen.manual_seed(4);
+  const Tensor c = mha(x);
+  gen.manual_seed(4);
+  const Tensor d = mha(x);
+  EXPECT_TRUE(all_close(c, d, 0, 0));       // same seed, same mask
+  EXPECT_FALSE(all_close(a, c, 1e-3, 1e-3));  // and dropout changed something
+}
+
+TEST(FusedOp, Gradcheck) {
+  AttentionConfig config;
+  config.num_heads = 2;
+  config.causal = true;
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], config); },
+                        {random_tensor({2, 5, 6}, 1), random_tensor({2, 5, 6}, 2), random_tensor({2, 5, 6}, 3)}));
+  AttentionConfig bhtd;
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], bhtd); },
+                        {random_tensor({1, 2, 4, 3}, 4), random_tensor({1, 2, 6, 3}, 5), random_tensor({1, 2, 6, 3}, 6)}));
+}
+
+// Documented behaviour (README "Fused attention"): NaN or ±Inf in q, k or v make the affected rows NaN, as in
+// PyTorch; T = 0 gives an empty result; D = 0 gives an empty result; nothing crashes.
+TEST(FusedOp, NaNInfAndEmptyShapes) {
+  AttentionConfig config;
+  config.causal = true;
+  Tensor q = random_tensor({1, 6, 4}, 1), k = random_tensor({1, 6, 4}, 2), v = random_tensor({1, 6, 4}, 3);
+  k.data()[3 * 4] = NAN;  // key of token 3: rows 3.. see it
+  Tensor out = scaled_dot_product_attention(q, k, v, config);
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t d = 0; d < 4; ++d) EXPECT_EQ(std::isnan(out.at({0, i, d})), i >= 3) << i << "," << d;
+  Tensor inf_q = random_tensor({1, 6, 4}, 1);
+  inf_q.data()[0] = INFINITY;
+  out = scaled_dot_product_attention(inf_q, random_tensor({1, 6, 4}, 2), v, config);
+  for (int64_t d = 0; d < 4; ++d) EXPECT_TRUE(std::isnan(out.at({0, 0, d})));
+  for (int64_t d = 0; d < 4; ++d) EXPECT_FALSE(std::isnan(out.at({0, 1, d})));
+  const Tensor empty = Tensor::zeros({2, 0, 8});
+  Tensor e = scaled_dot_product_attention(empty.clone().requires_grad_(), empty.clone().requires_grad_(),
+                                          empty.clone().requires_grad_(), config);
+  EXPECT_EQ(e.shape(), (Shape{2, 0, 8}));
+  const Tensor no_dim = Tensor::zeros({2, 5, 0});
+  EXPECT_EQ(scaled_dot_product_attention(no_dim, no_dim, no_dim, config).shape(), (Shape{2, 5, 0}));
+  config.num_heads = 3;
+  EXPECT_THROW(scaled_dot_product_attention(q, k, v, config), ShapeError);  // 4 channels, 3 heads
+}
+
+}  // namespace
+}  // namespace qkv::test
