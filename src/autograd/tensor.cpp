@@ -1,6 +1,8 @@
 // Tensor storage, construction, element access and printing. The tape walk lives in autograd.cpp.
 #include "qkv/tensor.hpp"
 
+#include "qkv/memory.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -75,8 +77,13 @@ namespace {
 // 64-byte alignment: a cache line, and what AVX2 loads like best.
 std::shared_ptr<float> allocate(int64_t n) {
   const size_t count = static_cast<size_t>(std::max<int64_t>(n, 1));
+  const int64_t bytes = static_cast<int64_t>(count * sizeof(float));
   float* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64)));
-  return std::shared_ptr<float>(p, [](float* q) { ::operator delete[](q, std::align_val_t(64)); });
+  memory::detail::on_allocate(bytes);
+  return std::shared_ptr<float>(p, [bytes](float* q) {
+    ::operator delete[](q, std::align_val_t(64));
+    memory::detail::on_free(bytes);
+  });
 }
 
 detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& impl) {

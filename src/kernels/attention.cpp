@@ -3,7 +3,7 @@
 // (nn/attention.cpp), which the tests compare this against.
 //
 // Blocking. Queries go in blocks of kBr rows, keys in blocks of kBc columns. Per (b, h) each thread packs
-// what it streams: Kᵀ (D × Tk_pad), V and K row-major padded to Dp = D rounded up to 16 columns, Q·scale
+// what it streams: Kᵀ in (D × kBc) blocks, V and K row-major padded to Dp = D rounded up to 16 columns, Q·scale
 // and dO padded to Dp. Every product is then one shape of GEMM, C (M × N) (+)= A (M × K) · B (K × N) with
 // B rows of 16 contiguous floats, done by one 6×16 register-blocked micro-kernel (12 AVX2 accumulators).
 //
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "qkv/kernels.hpp"
+#include "qkv/memory.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -46,11 +47,15 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // A float buffer aligned to 64 bytes, sized once per call and reused across blocks.
 class Scratch {
  public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   float* get(size_t n) {
     if (n > capacity_) {
       release();
       data_ = static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t(64)));
       capacity_ = n;
+      memory::detail::on_allocate(static_cast<int64_t>(n * sizeof(float)));
     }
     return data_;
   }
@@ -58,7 +63,10 @@ class Scratch {
 
  private:
   void release() {
-    if (data_) ::operator delete[](data_, std::align_val_t(64));
+    if (data_) {
+      ::operator delete[](data_, std::align_val_t(64));
+      memory::detail::on_free(static_cast<int64_t>(capacity_ * sizeof(float)));
+    }
     data_ = nullptr;
     capacity_ = 0;
   }
@@ -71,28 +79,55 @@ class Scratch {
 // B row k at B[k·ldb]. One broadcast of A per row and two B vectors per k feed 2·MR FMAs.
 
 #ifdef QKV_ATTENTION_AVX2
+// Accumulators are named variables, not an array: GCC keeps an array of __m256 on the stack and spills
+// every FMA result (measured: 37% of peak); twelve named registers stay in registers (the inner loop is
+// 2 loads, MR broadcasts and 2·MR FMAs).
 template <int MR>
 inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb, float* C,
                          int64_t ldc, bool accumulate) {
-  __m256 c0[MR], c1[MR];
-  for (int r = 0; r < MR; ++r) {
-    c0[r] = accumulate ? _mm256_loadu_ps(C + r * ldc) : _mm256_setzero_ps();
-    c1[r] = accumulate ? _mm256_loadu_ps(C + r * ldc + 8) : _mm256_setzero_ps();
+  static_assert(MR >= 1 && MR <= 6);
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#define QKV_ROW(r, x0, x1)                          \
+  if constexpr (MR > r) {                           \
+    if (accumulate) {                               \
+      x0 = _mm256_loadu_ps(C + r * ldc);            \
+      x1 = _mm256_loadu_ps(C + r * ldc + 8);        \
+    }                                               \
   }
+  QKV_ROW(0, c00, c01) QKV_ROW(1, c10, c11) QKV_ROW(2, c20, c21) QKV_ROW(3, c30, c31) QKV_ROW(4, c40, c41)
+  QKV_ROW(5, c50, c51)
+#undef QKV_ROW
+  const float* a0 = A;
+  const float* a1 = A + lda;
+  const float* a2 = A + 2 * lda;
+  const float* a3 = A + 3 * lda;
+  const float* a4 = A + 4 * lda;
+  const float* a5 = A + 5 * lda;
   for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(B + k * ldb);
-    const __m256 b1 = _mm256_loadu_ps(B + k * ldb + 8);
-    const float* a = A + k * ak;
-    for (int r = 0; r < MR; ++r) {
-      const __m256 ar = _mm256_broadcast_ss(a + r * lda);
-      c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
-    }
+    const __m256 b0 = _mm256_loadu_ps(B);
+    const __m256 b1 = _mm256_loadu_ps(B + 8);
+    B += ldb;
+    __m256 a;
+#define QKV_FMA(r, ar, x0, x1)                      \
+  if constexpr (MR > r) {                           \
+    a = _mm256_broadcast_ss(ar + k * ak);           \
+    x0 = _mm256_fmadd_ps(a, b0, x0);                \
+    x1 = _mm256_fmadd_ps(a, b1, x1);                \
   }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(C + r * ldc, c0[r]);
-    _mm256_storeu_ps(C + r * ldc + 8, c1[r]);
+    QKV_FMA(0, a0, c00, c01) QKV_FMA(1, a1, c10, c11) QKV_FMA(2, a2, c20, c21) QKV_FMA(3, a3, c30, c31)
+    QKV_FMA(4, a4, c40, c41) QKV_FMA(5, a5, c50, c51)
+#undef QKV_FMA
   }
+#define QKV_STORE(r, x0, x1)                        \
+  if constexpr (MR > r) {                           \
+    _mm256_storeu_ps(C + r * ldc, x0);              \
+    _mm256_storeu_ps(C + r * ldc + 8, x1);          \
+  }
+  QKV_STORE(0, c00, c01) QKV_STORE(1, c10, c11) QKV_STORE(2, c20, c21) QKV_STORE(3, c30, c31)
+  QKV_STORE(4, c40, c41) QKV_STORE(5, c50, c51)
+#undef QKV_STORE
+  (void)a1, (void)a2, (void)a3, (void)a4, (void)a5;
 }
 #else
 template <int MR>
@@ -282,13 +317,19 @@ struct Plan {
   }
 };
 
-// Kᵀ of one head: (D × Tk_pad), zero beyond Tk.
+// Kᵀ of one head, key block by key block: block j is (D × kBc) contiguous, zero beyond Tk. Whole-head
+// (D × Tk) rows would put the D rows a block reads a multiple of 4 KiB apart — one L1 set for all of them.
 void pack_transposed(const Plan& p, const float* src, const AttentionStrides& s, int64_t bh, float* dst) {
-  const int64_t D = p.dims.D, T = p.dims.Tk, ld = p.Tk_pad;
-  for (int64_t d = 0; d < D; ++d) std::fill(dst + d * ld + T, dst + (d + 1) * ld, 0.0f);
-  for (int64_t t0 = 0; t0 < T; t0 += 16)
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t t = t0; t < std::min(T, t0 + 16); ++t) dst[d * ld + t] = p.row(src, s, bh, t)[d];
+  const int64_t D = p.dims.D, T = p.dims.Tk;
+  for (int64_t k0 = 0; k0 < p.Tk_pad; k0 += kBc) {
+    float* block = dst + k0 * D;  // (k0 / kBc) · D · kBc
+    const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
+    for (int64_t t = 0; t < cols; ++t) {
+      const float* r = p.row(src, s, bh, k0 + t);
+      for (int64_t d = 0; d < D; ++d) block[d * kBc + t] = r[d];
+    }
+    for (int64_t d = 0; d < D; ++d) std::fill(block + d * kBc + cols, block + (d + 1) * kBc, 0.0f);
+  }
 }
 
 // Rows of one head: (rows_pad × Dp), values · factor, zero in the padding.
@@ -305,16 +346,19 @@ void pack_rows(const Plan& p, const float* src, const AttentionStrides& s, int64
 
 // Items are (head, block) pairs ordered head-major; with a cyclic schedule every thread sees each head
 // as one run, so it packs each head once, and causal work (more keys for later blocks) balances.
-template <typename F>
+// Each thread gets its own Workspace for the call (allocated once, freed at the end: no memory is held
+// between calls, and none is allocated inside the block loops).
+template <typename Workspace, typename F>
 void parallel_items(int threads, int64_t heads, int64_t blocks, F&& body) {
   const int64_t items = heads * blocks;
 #pragma omp parallel num_threads(threads)
   {
+    Workspace workspace;
     int64_t packed_head = -1;
 #pragma omp for schedule(static, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bh = item / blocks;
-      body(bh, item % blocks, bh != packed_head);
+      body(workspace, bh, item % blocks, bh != packed_head);
       packed_head = bh;
     }
   }
@@ -350,22 +394,24 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
       }
     return;
   }
-  parallel_items(p.threads(), dims.B * dims.H, p.q_blocks, [&](int64_t bh, int64_t qb, bool new_head) {
-    thread_local Scratch kt_buf, v_buf, q_buf, s_buf, o_buf;
-    float* kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
-    float* vp = v_buf.get(static_cast<size_t>(p.Tk_pad * Dp));
+  struct Workspace {
+    Scratch kt, v, q, s, o;
+  };
+  parallel_items<Workspace>(p.threads(), dims.B * dims.H, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
+    float* kt = ws.kt.get(static_cast<size_t>(D * p.Tk_pad));
+    float* vp = ws.v.get(static_cast<size_t>(p.Tk_pad * Dp));
     if (new_head) {
       pack_transposed(p, k, layout.k, bh, kt);
       pack_rows(p, v, layout.v, bh, dims.Tk, p.Tk_pad, 1.0f, vp);
     }
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
-    float* qs = q_buf.get(static_cast<size_t>(kBr * Dp));
+    float* qs = ws.q.get(static_cast<size_t>(kBr * Dp));
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = p.row(q, layout.q, bh, q0 + r);
       for (int64_t d = 0; d < D; ++d) qs[r * Dp + d] = src[d] * p.scale;
     }
-    float* s = s_buf.get(static_cast<size_t>(kBr * kBc));
-    float* acc = o_buf.get(static_cast<size_t>(kBr * Dp));
+    float* s = ws.s.get(static_cast<size_t>(kBr * kBc));
+    float* acc = ws.o.get(static_cast<size_t>(kBr * Dp));
     std::fill_n(acc, rows * Dp, 0.0f);
     float m[kBr], l[kBr];
     std::fill_n(m, rows, kNegInf);
@@ -373,7 +419,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     const int64_t key_end = p.visible(q0 + rows - 1);  // keys beyond this are masked for every row
     for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
-      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0, p.Tk_pad, s, kBc, false);  // S = Qs Kᵀ
+      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false);  // S = Qs Kᵀ
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = s + r * kBc;
         const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
@@ -427,8 +473,8 @@ struct BackwardHead {
 void probabilities_and_dscores(const Plan& p, const BackwardHead& h, const float* lse_head, const float* delta_head,
                                int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols, float* pz, float* ds) {
   const int64_t D = p.dims.D, Dp = p.Dp, cols_pad = round_up(cols, kNR);
-  block_gemm(rows, cols_pad, D, h.qs + q0 * Dp, Dp, 1, h.kt + k0, p.Tk_pad, pz, kBc, false);   // S = Qs Kᵀ
-  block_gemm(rows, cols_pad, D, h.dop + q0 * Dp, Dp, 1, h.vt + k0, p.Tk_pad, ds, kBc, false);  // G = dO Vᵀ
+  block_gemm(rows, cols_pad, D, h.qs + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false);   // S = Qs Kᵀ
+  block_gemm(rows, cols_pad, D, h.dop + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false);  // G = dO Vᵀ
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r;
     float* pr = pz + r * kBc;
@@ -467,7 +513,8 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     return;
   }
   // Di = rowsum(dO ∘ O), one per query row.
-  std::vector<float> delta(static_cast<size_t>(heads * dims.Tq));
+  Scratch delta_buf;
+  float* delta = delta_buf.get(static_cast<size_t>(heads * dims.Tq));
 #pragma omp parallel for num_threads(p.threads()) schedule(static)
   for (int64_t row = 0; row < heads * dims.Tq; ++row) {
     const int64_t bh = row / dims.Tq, i = row % dims.Tq;
@@ -475,18 +522,21 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     const float* b = p.row(o, layout.o, bh, i);
     float acc = 0.0f;
     for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
-    delta[static_cast<size_t>(row)] = acc;
+    delta[row] = acc;
   }
 
   // Pass 1: dK and dV, one key block per item.
-  parallel_items(p.threads(), heads, p.k_blocks, [&](int64_t bh, int64_t kb, bool new_head) {
-    thread_local BackwardHead head;
-    thread_local Scratch pz_buf, ds_buf, dk_buf, dv_buf;
+  struct KeyWorkspace {
+    BackwardHead head;
+    Scratch pz, ds, dk, dv;
+  };
+  parallel_items<KeyWorkspace>(p.threads(), heads, p.k_blocks, [&](KeyWorkspace& ws, int64_t bh, int64_t kb, bool new_head) {
+    BackwardHead& head = ws.head;
     if (new_head) head.pack(p, q, k, v, d_o, bh, false);
-    float* pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
-    float* ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
-    float* dk_acc = dk_buf.get(static_cast<size_t>(kBc * Dp));
-    float* dv_acc = dv_buf.get(static_cast<size_t>(kBc * Dp));
+    float* pz = ws.pz.get(static_cast<size_t>(kBr * kBc));
+    float* ds = ws.ds.get(static_cast<size_t>(kBr * kBc));
+    float* dk_acc = ws.dk.get(static_cast<size_t>(kBc * Dp));
+    float* dv_acc = ws.dv.get(static_cast<size_t>(kBc * Dp));
     const int64_t k0 = kb * kBc, cols = std::min(kBc, dims.Tk - k0);
     std::fill_n(dk_acc, cols * Dp, 0.0f);
     std::fill_n(dv_acc, cols * Dp, 0.0f);
@@ -494,7 +544,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     const int64_t first_row = options.causal ? std::max<int64_t>(0, k0 - p.offset) : 0;
     for (int64_t q0 = first_row / kBr * kBr; q0 < dims.Tq; q0 += kBr) {
       const int64_t rows = std::min(kBr, dims.Tq - q0);
-      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta.data() + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
+      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
       block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true);  // dV += (P∘Z)ᵀ dO
       block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true);   // dK += dSᵀ Qs
     }
@@ -505,19 +555,22 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   });
 
   // Pass 2: dQ, one query block per item.
-  parallel_items(p.threads(), heads, p.q_blocks, [&](int64_t bh, int64_t qb, bool new_head) {
-    thread_local BackwardHead head;
-    thread_local Scratch pz_buf, ds_buf, dq_buf;
+  struct QueryWorkspace {
+    BackwardHead head;
+    Scratch pz, ds, dq;
+  };
+  parallel_items<QueryWorkspace>(p.threads(), heads, p.q_blocks, [&](QueryWorkspace& ws, int64_t bh, int64_t qb, bool new_head) {
+    BackwardHead& head = ws.head;
     if (new_head) head.pack(p, q, k, v, d_o, bh, true);
-    float* pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
-    float* ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
-    float* dq_acc = dq_buf.get(static_cast<size_t>(kBr * Dp));
+    float* pz = ws.pz.get(static_cast<size_t>(kBr * kBc));
+    float* ds = ws.ds.get(static_cast<size_t>(kBr * kBc));
+    float* dq_acc = ws.dq.get(static_cast<size_t>(kBr * Dp));
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
     std::fill_n(dq_acc, rows * Dp, 0.0f);
     const int64_t key_end = p.visible(q0 + rows - 1);
     for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
-      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta.data() + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
+      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
       block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc, Dp, true);  // dQ += dS K
     }
     for (int64_t r = 0; r < rows; ++r) {

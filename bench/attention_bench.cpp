@@ -1,0 +1,255 @@
+// Attention benchmarks: the fused kernel against the plain materialised path, in one run, with GFLOP/s,
+// % of this machine's FMA peak (measured here, first, by a small AVX2 FMA loop), the ratio to the plain
+// path and the peak extra memory. `--smoke` runs every benchmark once on tiny shapes (CI).
+//
+// FLOPs: forward 4·B·H·T²·D (QKᵀ and PV), half of it causal; backward twice the forward.
+// Compare with PyTorch in the same session: tools/bench_compare.py.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include "qkv/kernels.hpp"
+#include "qkv/memory.hpp"
+#include "qkv/qkv.hpp"
+
+namespace {
+
+using qkv::Tensor;
+
+struct Shape4 {
+  int64_t B, H, T, D;
+  std::string str() const {
+    return "B" + std::to_string(B) + "H" + std::to_string(H) + "T" + std::to_string(T) + "D" + std::to_string(D);
+  }
+};
+
+std::map<int, double> g_peak_gflops;  // threads → measured FMA peak
+
+// 12 independent FMA chains per thread hide the 4-cycle latency on both FMA pipes.
+double measure_fma_peak(int threads, double seconds) {
+  double best = 0.0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int64_t iterations = static_cast<int64_t>(seconds * 2e8 / 3);
+    const auto start = std::chrono::steady_clock::now();
+    float sink = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+#if defined(__AVX2__) && defined(__FMA__)
+      __m256 acc[12];
+      for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+      const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+      for (int64_t it = 0; it < iterations; ++it)
+        for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+      float lanes[8];
+      __m256 total = acc[0];
+      for (int i = 1; i < 12; ++i) total = _mm256_add_ps(total, acc[i]);
+      _mm256_storeu_ps(lanes, total);
+      for (float l : lanes) sink += l;
+#else
+      float acc[12][8] = {};
+      for (int64_t it = 0; it < iterations; ++it)
+        for (int i = 0; i < 12; ++i)
+          for (int l = 0; l < 8; ++l) acc[i][l] = acc[i][l] * 0.999999f + 1e-7f;
+      for (auto& row : acc)
+        for (float v : row) sink += v;
+#endif
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    benchmark::DoNotOptimize(sink);
+    best = std::max(best, static_cast<double>(iterations) * 12 * 8 * 2 * threads / elapsed / 1e9);
+  }
+  return best;
+}
+
+void set_threads(int threads) {
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+double attention_flops(const Shape4& s, bool causal, bool backward) {
+  const double forward = 4.0 * s.B * s.H * static_cast<double>(s.T) * s.T * s.D * (causal ? 0.5 : 1.0);
+  return backward ? 3.0 * forward : forward;
+}
+
+void report(benchmark::State& state, double flops, int64_t extra_bytes) {
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["extra_MiB"] = static_cast<double>(extra_bytes) / (1024.0 * 1024.0);
+}
+
+// Fused: the autograd op on (B, T, H·D), as MultiHeadAttention calls it.
+void bm_fused(benchmark::State& state, Shape4 s, bool causal, bool backward, int threads) {
+  set_threads(threads);
+  qkv::Generator gen(1);
+  const qkv::Shape shape{s.B, s.T, s.H * s.D};
+  Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
+  const Tensor d_o = gen.randn(shape);
+  if (backward) q.requires_grad_(), k.requires_grad_(), v.requires_grad_();
+  qkv::AttentionConfig config;
+  config.num_heads = s.H;
+  config.causal = causal;
+  int64_t extra = 0;
+  for (auto _ : state) {
+    const int64_t base = qkv::memory::bytes_in_use();
+    qkv::memory::reset_peak();
+    Tensor out = qkv::scaled_dot_product_attention(q, k, v, config);
+    if (backward) out.backward(d_o);
+    benchmark::DoNotOptimize(out.data());
+    extra = qkv::memory::peak_bytes() - base;
+    if (backward) q.set_grad(Tensor()), k.set_grad(Tensor()), v.set_grad(Tensor());
+  }
+  report(state, attention_flops(s, causal, backward), extra);
+}
+
+// Plain: the book's composition on (B, H, T, D): QKᵀ, mask, softmax, ·V, each op materialised.
+void bm_plain(benchmark::State& state, Shape4 s, bool causal, bool backward, int threads) {
+  set_threads(threads);
+  qkv::Generator gen(1);
+  const qkv::Shape shape{s.B, s.H, s.T, s.D};
+  Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
+  const Tensor d_o = gen.randn(shape);
+  if (backward) q.requires_grad_(), k.requires_grad_(), v.requires_grad_();
+  const Tensor mask = qkv::causal_mask(s.T);
+  int64_t extra = 0;
+  for (auto _ : state) {
+    const int64_t base = qkv::memory::bytes_in_use();
+    qkv::memory::reset_peak();
+    Tensor scores = qkv::matmul(q, qkv::transpose(k, -2, -1));
+    if (causal) scores = qkv::masked_fill(scores, mask, -INFINITY);
+    Tensor out = qkv::matmul(qkv::softmax(qkv::div(scores, std::sqrt(static_cast<float>(s.D)))), v);
+    if (backward) out.backward(d_o);
+    benchmark::DoNotOptimize(out.data());
+    extra = qkv::memory::peak_bytes() - base;
+    if (backward) q.set_grad(Tensor()), k.set_grad(Tensor()), v.set_grad(Tensor());
+  }
+  report(state, attention_flops(s, causal, backward), extra);
+}
+
+// MultiHeadAttention(768 → 768, 12 heads, causal), forward + backward through every parameter and x.
+void bm_mha(benchmark::State& state, int64_t B, int64_t T, int64_t C, int64_t H, qkv::nn::AttentionPath path,
+            int threads) {
+  set_threads(threads);
+  qkv::Generator gen(2);
+  qkv::nn::MultiHeadAttention mha(C, C, T, 0.0, H, false, gen);
+  mha.set_attention_path(path);
+  Tensor x = gen.randn({B, T, C}).requires_grad_();
+  const Tensor g = gen.randn({B, T, C});
+  const double linear_flops = 2.0 * B * T * C * C * 4;
+  const double flops = 3.0 * (linear_flops + 4.0 * B * H * static_cast<double>(T) * T * (C / H) * 0.5);
+  int64_t extra = 0;
+  for (auto _ : state) {
+    const int64_t base = qkv::memory::bytes_in_use();
+    qkv::memory::reset_peak();
+    mha.zero_grad();
+    Tensor out = mha(x);
+    out.backward(g);
+    benchmark::DoNotOptimize(out.data());
+    extra = qkv::memory::peak_bytes() - base;
+    x.set_grad(Tensor());
+  }
+  report(state, flops, extra);
+}
+
+// Collects medians (or single runs in smoke mode) and prints the comparison table at the end.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  struct Result {
+    double ms = 0, gflops = 0, extra_mib = 0;
+  };
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
+      std::string name = run.benchmark_name();
+      for (const char* suffix : {"_median", "/min_time:", "/iterations:", "/repeats:", "/real_time"}) {
+        const size_t at = name.find(suffix);
+        if (at != std::string::npos) name.erase(at);
+      }
+      Result r;
+      r.ms = run.GetAdjustedRealTime() * (run.time_unit == benchmark::kMillisecond ? 1.0 : 1e-6);
+      if (auto it = run.counters.find("GFLOP/s"); it != run.counters.end()) r.gflops = it->second.value;
+      if (auto it = run.counters.find("extra_MiB"); it != run.counters.end()) r.extra_mib = it->second.value;
+      results_[name] = r;
+    }
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::printf("\nSummary (medians): fused vs plain, same run. FMA peak measured here: 1 thread %.1f GFLOP/s, "
+                "2 threads %.1f GFLOP/s. Kernel ISA: %s\n",
+                g_peak_gflops[1], g_peak_gflops[2], qkv::kernels::attention_isa());
+    std::printf("%-44s %9s %9s %7s %9s %8s %10s %10s\n", "benchmark", "fused ms", "GFLOP/s", "% peak", "plain ms",
+                "speedup", "fused MiB", "plain MiB");
+    for (const auto& [name, fused] : results_) {
+      if (name.rfind("fused/", 0) != 0) continue;
+      const std::string rest = name.substr(6);
+      const auto plain = results_.find("plain/" + rest);
+      const int threads = rest.find("threads:2") != std::string::npos ? 2 : 1;
+      const double peak = g_peak_gflops[threads];
+      std::printf("%-44s %9.2f %9.1f %6.1f%% %9.2f %7.2fx %10.1f %10.1f\n", rest.c_str(), fused.ms, fused.gflops,
+                  peak > 0 ? 100.0 * fused.gflops / peak : 0.0, plain != results_.end() ? plain->second.ms : 0.0,
+                  plain != results_.end() ? plain->second.ms / fused.ms : 0.0, fused.extra_mib,
+                  plain != results_.end() ? plain->second.extra_mib : 0.0);
+    }
+  }
+
+ private:
+  std::map<std::string, Result> results_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool smoke = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--smoke") == 0) smoke = true;
+    else args.push_back(argv[i]);
+  }
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+
+  for (int threads : {1, 2}) g_peak_gflops[threads] = measure_fma_peak(threads, smoke ? 0.01 : 0.3);
+
+  const std::vector<Shape4> shapes = smoke ? std::vector<Shape4>{{1, 2, 64, 16}}
+                                           : std::vector<Shape4>{{8, 12, 256, 64}, {4, 12, 1024, 64},
+                                                                 {1, 12, 2048, 64}, {1, 8, 4096, 64}};
+  auto configure = [&](benchmark::internal::Benchmark* b) {
+    b->Unit(benchmark::kMillisecond)->UseRealTime();
+    if (smoke) b->Iterations(1);
+    else b->Repetitions(3)->ReportAggregatesOnly(true)->MinTime(0.2);
+  };
+  for (const Shape4& s : shapes)
+    for (bool backward : {false, true})
+      for (bool causal : {false, true})
+        for (int threads : {1, 2}) {
+          const std::string tag = std::string(backward ? "fwd+bwd/" : "fwd/") + (causal ? "causal/" : "full/") +
+                                  s.str() + "/threads:" + std::to_string(threads);
+          configure(benchmark::RegisterBenchmark(("fused/" + tag).c_str(), bm_fused, s, causal, backward, threads));
+          configure(benchmark::RegisterBenchmark(("plain/" + tag).c_str(), bm_plain, s, causal, backward, threads));
+        }
+  const int64_t B = smoke ? 1 : 4, T = smoke ? 32 : 1024, C = smoke ? 48 : 768, H = 12;
+  for (int threads : {1, 2}) {
+    const std::string tag = "fwd+bwd/MultiHeadAttention_B" + std::to_string(B) + "T" + std::to_string(T) + "C" +
+                            std::to_string(C) + "H12/threads:" + std::to_string(threads);
+    configure(benchmark::RegisterBenchmark(("fused/" + tag).c_str(), bm_mha, B, T, C, H, qkv::nn::AttentionPath::Fused,
+                                           threads));
+    configure(benchmark::RegisterBenchmark(("plain/" + tag).c_str(), bm_mha, B, T, C, H, qkv::nn::AttentionPath::Plain,
+                                           threads));
+  }
+  SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
