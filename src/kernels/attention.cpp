@@ -148,23 +148,46 @@ inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, con
 }
 #endif
 
-// C (M × N) (+)= A (M × K) · B (K × N); N a multiple of 16.
+// The causal triangle inside one (query block × key block) tile: local query row r may see local key
+// column c iff c < r + diag. Products whose result or inputs are zero outside it skip that part, at the
+// granularity of the micro-kernel (6 rows, 16 columns), so diagonal tiles cost about half.
+enum class Trim {
+  None,
+  Columns,   // C = S-like (rows = queries, columns = keys): compute only columns < last row's limit
+  KEnd,      // C rows = queries, K = keys (P·V, dS·K): the sum stops at the last row's limit
+  KBegin,    // C rows = keys, K = queries (Pᵀ·dO, dSᵀ·Q): the sum starts at the first query that sees them
+};
+
+// C (M × N) (+)= A (M × K) · B (K × N); N a multiple of 16. A has row stride lda and column stride ak.
 void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
-                float* C, int64_t ldc, bool accumulate) {
-  for (int64_t n0 = 0; n0 < N; n0 += kNR) {
-    int64_t m0 = 0;
-    for (; m0 + kMR <= M; m0 += kMR)
-      micro_kernel<kMR>(K, A + m0 * lda, lda, ak, B + n0, ldb, C + m0 * ldc + n0, ldc, accumulate);
-    const float* a = A + m0 * lda;
+                float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0) {
+  auto strip = [&](int mr, int64_t m0, int64_t n0) {
+    int64_t k_begin = 0, k_end = K;
+    if (trim == Trim::KEnd) k_end = std::clamp<int64_t>(m0 + mr - 1 + diag, 0, K);
+    if (trim == Trim::KBegin) k_begin = std::clamp<int64_t>(m0 - diag + 1, 0, K);
+    if (trim == Trim::Columns && n0 >= m0 + mr - 1 + diag) {
+      if (!accumulate)  // nothing visible here: the caller reads only visible columns, but keep C defined
+        for (int r = 0; r < mr; ++r) std::fill_n(C + (m0 + r) * ldc + n0, kNR, 0.0f);
+      return;
+    }
+    const float* a = A + m0 * lda + k_begin * ak;
+    const float* b = B + k_begin * ldb + n0;
     float* c = C + m0 * ldc + n0;
-    switch (M - m0) {
-      case 5: micro_kernel<5>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
-      case 4: micro_kernel<4>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
-      case 3: micro_kernel<3>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
-      case 2: micro_kernel<2>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
-      case 1: micro_kernel<1>(K, a, lda, ak, B + n0, ldb, c, ldc, accumulate); break;
+    const int64_t k = std::max<int64_t>(k_end - k_begin, 0);
+    switch (mr) {
+      case 6: micro_kernel<6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 5: micro_kernel<5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 4: micro_kernel<4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 3: micro_kernel<3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 2: micro_kernel<2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 1: micro_kernel<1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
       default: break;
     }
+  };
+  for (int64_t n0 = 0; n0 < N; n0 += kNR) {
+    int64_t m0 = 0;
+    for (; m0 + kMR <= M; m0 += kMR) strip(kMR, m0, n0);
+    if (m0 < M) strip(static_cast<int>(M - m0), m0, n0);
   }
 }
 
@@ -419,7 +442,9 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     const int64_t key_end = p.visible(q0 + rows - 1);  // keys beyond this are masked for every row
     for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
-      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false);  // S = Qs Kᵀ
+      const Trim columns = options.causal ? Trim::Columns : Trim::None, k_end = options.causal ? Trim::KEnd : Trim::None;
+      const int64_t diag = q0 + p.offset - k0 + 1;  // local key c visible to local row r iff c < r + diag
+      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false, columns, diag);  // S = Qs Kᵀ
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = s + r * kBc;
         const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
@@ -434,7 +459,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
         if (alpha != 1.0f) scale_row(acc + r * Dp, Dp, alpha);
         m[r] = m_new;
       }
-      block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true);  // O += P V
+      block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true, k_end, diag);  // O += P V
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = p.row(o, layout.o, bh, q0 + r);
@@ -473,8 +498,10 @@ struct BackwardHead {
 void probabilities_and_dscores(const Plan& p, const BackwardHead& h, const float* lse_head, const float* delta_head,
                                int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols, float* pz, float* ds) {
   const int64_t D = p.dims.D, Dp = p.Dp, cols_pad = round_up(cols, kNR);
-  block_gemm(rows, cols_pad, D, h.qs + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false);   // S = Qs Kᵀ
-  block_gemm(rows, cols_pad, D, h.dop + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false);  // G = dO Vᵀ
+  const Trim columns = p.options.causal ? Trim::Columns : Trim::None;
+  const int64_t diag = q0 + p.offset - k0 + 1;
+  block_gemm(rows, cols_pad, D, h.qs + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false, columns, diag);   // S
+  block_gemm(rows, cols_pad, D, h.dop + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false, columns, diag);  // G = dO Vᵀ
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r;
     float* pr = pz + r * kBc;
@@ -545,8 +572,10 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     for (int64_t q0 = first_row / kBr * kBr; q0 < dims.Tq; q0 += kBr) {
       const int64_t rows = std::min(kBr, dims.Tq - q0);
       probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
-      block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true);  // dV += (P∘Z)ᵀ dO
-      block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true);   // dK += dSᵀ Qs
+      const Trim k_begin = options.causal ? Trim::KBegin : Trim::None;
+      const int64_t diag = q0 + p.offset - k0 + 1;
+      block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
+      block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);   // dK += dSᵀ Qs
     }
     for (int64_t j = 0; j < cols; ++j) {
       std::copy_n(dk_acc + j * Dp, D, p.row(dk, layout.k, bh, k0 + j));
@@ -571,7 +600,8 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
       probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
-      block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc, Dp, true);  // dQ += dS K
+      block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc, Dp, true,
+                 options.causal ? Trim::KEnd : Trim::None, q0 + p.offset - k0 + 1);  // dQ += dS K
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = p.row(dq, layout.q, bh, q0 + r);

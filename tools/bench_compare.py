@@ -1,0 +1,140 @@
+#!/usr/bin/python3
+"""qkv's fused attention next to PyTorch 1.13, measured in one session on this machine.
+
+  /usr/bin/python3 tools/bench_compare.py [--build build] [--quick] [--repeats 5]
+
+For every shape (B, H, T, D) of bench/attention_bench.cpp, causal and not, forward and forward+backward,
+1 and 2 threads, it times
+  - PyTorch: plain attention as the book writes it (Q Kᵀ, masked_fill, softmax, · V) on (B, H, T, D);
+  - qkv: the fused kernel (qkv_bench, Google Benchmark, JSON output),
+and the book's MultiHeadAttention module (768 → 768, 12 heads, causal, B = 4, T = 1024), forward + backward,
+against qkv's MultiHeadAttention. It prints medians and the speed-up, and the peak RSS of one causal
+forward+backward at (1, 8, 4096, 64) in a fresh process for each library.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_reference import MultiHeadAttention  # noqa: E402
+
+SHAPES = [(8, 12, 256, 64), (4, 12, 1024, 64), (1, 12, 2048, 64), (1, 8, 4096, 64)]
+
+
+def median_ms(fn, repeats):
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def torch_attention(shape, causal, backward, threads, repeats):
+    torch.set_num_threads(threads)
+    B, H, T, D = shape
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=backward) for _ in range(3))
+    d_o = torch.randn(B, H, T, D, generator=g)
+    mask = torch.triu(torch.ones(T, T), diagonal=1).bool()
+
+    def run():
+        scores = q @ k.transpose(2, 3)
+        if causal:
+            scores = scores.masked_fill(mask, -torch.inf)
+        out = torch.softmax(scores / D ** 0.5, dim=-1) @ v
+        if backward:
+            out.backward(d_o)
+            q.grad = k.grad = v.grad = None
+        return out
+
+    with torch.set_grad_enabled(backward):
+        return median_ms(run, repeats)
+
+
+def torch_mha(threads, repeats, B=4, T=1024, C=768, H=12):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    module = MultiHeadAttention(C, C, T, 0.0, H)
+    x = torch.randn(B, T, C, requires_grad=True)
+    grad = torch.randn(B, T, C)
+
+    def run():
+        module.zero_grad()
+        module(x).backward(grad)
+        x.grad = None
+
+    return median_ms(run, repeats)
+
+
+def qkv_results(build, quick, repeats):
+    command = [os.path.join(build, "bench", "qkv_bench"), "--benchmark_format=json",
+               f"--benchmark_repetitions={repeats}", "--benchmark_report_aggregates_only=true",
+               "--benchmark_filter=^fused/" + ("(fwd.*B4H12T1024D64|.*MultiHead)" if quick else "")]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    data = json.loads(out[out.index("{"):])
+    results = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"].split("/min_time")[0].split("/repeats")[0].split("/real_time")[0]
+        results[name] = b["real_time"] if b["time_unit"] == "ms" else b["real_time"] / 1e6
+    return results
+
+
+def peak_rss_torch(shape):
+    code = f"""
+import resource, torch
+B, H, T, D = {shape}
+q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
+mask = torch.triu(torch.ones(T, T), diagonal=1).bool()
+s = (q @ k.transpose(2, 3)).masked_fill(mask, -torch.inf)
+(torch.softmax(s / D ** 0.5, dim=-1) @ v).backward(torch.randn(B, H, T, D))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+    base = subprocess.run([sys.executable, "-c", "import torch, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"],
+                          check=True, capture_output=True, text=True).stdout
+    peak = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return float(peak), float(base)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "build"))
+    parser.add_argument("--quick", action="store_true", help="only (4, 12, 1024, 64) and the module")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    qkv = qkv_results(args.build, args.quick, args.repeats)
+    shapes = [(4, 12, 1024, 64)] if args.quick else SHAPES
+    print(f"{'benchmark':44} {'torch ms':>10} {'qkv ms':>10} {'speed-up':>9}")
+    for shape in shapes:
+        tag = "B{}H{}T{}D{}".format(*shape)
+        for backward in (False, True):
+            for causal in (False, True):
+                for threads in (1, 2):
+                    name = f"{'fwd+bwd' if backward else 'fwd'}/{'causal' if causal else 'full'}/{tag}/threads:{threads}"
+                    t = torch_attention(shape, causal, backward, threads, args.repeats)
+                    q = qkv.get("fused/" + name)
+                    print(f"{name:44} {t:10.2f} {q if q else float('nan'):10.2f} {t / q if q else float('nan'):8.2f}x")
+    for threads in (1, 2):
+        name = f"fwd+bwd/MultiHeadAttention_B4T1024C768H12/threads:{threads}"
+        t = torch_mha(threads, args.repeats)
+        q = qkv.get("fused/" + name)
+        print(f"{name:44} {t:10.2f} {q if q else float('nan'):10.2f} {t / q if q else float('nan'):8.2f}x")
+    rss_bin = os.path.join(args.build, "bench", "qkv_attention_rss")
+    print(subprocess.run([rss_bin, "1", "8", "4096", "64"], check=True, capture_output=True, text=True).stdout.strip())
+    peak, base = peak_rss_torch((1, 8, 4096, 64))
+    print(f"PyTorch (1,8,4096,64) causal fwd+bwd: peak RSS {peak:.1f} MiB ({base:.1f} MiB after import torch)")
+
+
+if __name__ == "__main__":
+    main()
