@@ -211,11 +211,13 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool smoke = false;
+  bool smoke = false, console = true;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--smoke") == 0) smoke = true;
     else args.push_back(argv[i]);
+    if (std::strncmp(argv[i], "--benchmark_format=", 19) == 0 && std::strcmp(argv[i], "--benchmark_format=console") != 0)
+      console = false;  // JSON or CSV for tools: Google Benchmark's own reporter, no summary table
   }
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
@@ -249,7 +251,8 @@ int main(int argc, char** argv) {
                                            threads));
   }
   SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
+  if (console) benchmark::RunSpecifiedBenchmarks(&reporter);
+  else benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
 }

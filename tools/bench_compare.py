@@ -14,7 +14,6 @@ forward+backward at (1, 8, 4096, 64) in a fresh process for each library.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -91,16 +90,19 @@ def qkv_results(build, quick, repeats):
 
 
 def peak_rss_torch(shape):
-    code = f"""
-import resource, torch
+    peak_fn = ("def peak():\n"
+               "    for line in open('/proc/self/status'):\n"
+               "        if line.startswith('VmHWM:'): return float(line.split()[1]) / 1024\n")
+    code = peak_fn + f"""
+import torch
 B, H, T, D = {shape}
 q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
 mask = torch.triu(torch.ones(T, T), diagonal=1).bool()
 s = (q @ k.transpose(2, 3)).masked_fill(mask, -torch.inf)
 (torch.softmax(s / D ** 0.5, dim=-1) @ v).backward(torch.randn(B, H, T, D))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+print(peak())
 """
-    base = subprocess.run([sys.executable, "-c", "import torch, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"],
+    base = subprocess.run([sys.executable, "-c", peak_fn + "import torch\nprint(peak())"],
                           check=True, capture_output=True, text=True).stdout
     peak = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return float(peak), float(base)
