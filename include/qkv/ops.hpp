@@ -83,6 +83,17 @@ Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
 // Joins tensors along `dim`; all other dimensions must agree.
 Tensor concat(const std::vector<Tensor>& tensors, int dim);
 
+// ---- GPT building blocks ----
+
+// Rows of weight (V, C) picked by token ids: ids has ids_shape (e.g. (B, T)), the result (…, C).
+// An id outside [0, V) is a ValueError naming it. Backward adds each row's gradient into its id's row.
+Tensor embedding(const Tensor& weight, std::span<const int64_t> ids, const Shape& ids_shape);
+// LayerNorm over the last dimension with the book's names: (x − mean) / √(var + eps) · scale + shift,
+// var biased (÷C). scale and shift are (C).
+Tensor layer_norm(const Tensor& x, const Tensor& scale, const Tensor& shift, float eps = 1e-5f);
+// GELU, tanh approximation (GPT-2's): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+Tensor gelu(const Tensor& x);
+
 // ---- fused attention ----
 
 struct AttentionConfig {

@@ -41,6 +41,11 @@ class Generator {
   Tensor rand(const Shape& shape);
   Tensor randn(const Shape& shape);
 
+  // A generator that draws nothing: its fills write zeros. For building a model whose weights a loader
+  // will overwrite (GPT-2's 1558M parameters would otherwise cost seconds of pointless sampling).
+  static Generator& no_init();
+  bool draws() const { return !no_init_; }
+
   // The full state (engine words, position, normal cache, seed), for checkpoints.
   std::vector<uint64_t> state() const;
   void set_state(const std::vector<uint64_t>& state);  // throws ValueError on a malformed state
@@ -53,6 +58,7 @@ class Generator {
   std::array<uint32_t, 624> words_{};
   int index_ = 624;
   std::optional<double> next_double_normal_;
+  bool no_init_ = false;
 };
 
 // The process-wide generator that modules draw their initial weights from, like torch's default one.

@@ -85,7 +85,9 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
   float* po = out.data();
   auto apply = [&](auto fn) {
     if (a.shape() == b.shape()) {
-      for (int64_t i = 0, n = out.numel(); i < n; ++i) po[i] = fn(pa[i], pb[i]);
+      const int64_t n = out.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) po[i] = fn(pa[i], pb[i]);
     } else {
       for_each_broadcast(out_shape, a.shape(), b.shape(), [&](int64_t o, int64_t ia, int64_t ib) { po[o] = fn(pa[ia], pb[ib]); });
     }
@@ -104,7 +106,7 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
       const float* g = dout.data();
       const float* pa = a.data();
       const float* pb = b.data();
-      for_each_broadcast(out_shape, a.shape(), b.shape(), [&](int64_t o, int64_t ia, int64_t ib) {
+      auto step = [&](int64_t o, int64_t ia, int64_t ib) {
         switch (op) {
           case BinaryOp::Add:
             if (da) da[ia] += g[o];
@@ -123,7 +125,14 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
             if (db) db[ib] -= g[o] * pa[ia] / (pb[ib] * pb[ib]);
             break;
         }
-      });
+      };
+      if (a.shape() == b.shape()) {  // the common case (residual connections): one index, in parallel
+        const int64_t n = dout.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+        for (int64_t i = 0; i < n; ++i) step(i, i, i);
+      } else {
+        for_each_broadcast(out_shape, a.shape(), b.shape(), step);
+      }
     });
   }
   return out;
@@ -241,7 +250,8 @@ Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int
                      logits.shape().str());
   }
   Tensor probs = Tensor::empty(logits.shape());
-  kernels::softmax_rows(logits.data(), probs.data(), rows, vocab);
+  std::vector<float> lse(static_cast<size_t>(rows));
+  kernels::softmax_rows_lse(logits.data(), probs.data(), lse.data(), rows, vocab);
   double total = 0.0;
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -251,12 +261,8 @@ Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int
       throw ValueError("cross_entropy: target " + std::to_string(target) + " at row " + std::to_string(r) +
                        " is outside [0, " + std::to_string(vocab) + ")");
     }
-    // −log p_target = logsumexp(z) − z_target, computed from the logits so a tiny p cannot underflow to 0.
-    const float* z = logits.data() + r * vocab;
-    const float max_z = *std::max_element(z, z + vocab);
-    double sum_exp = 0.0;
-    for (int64_t j = 0; j < vocab; ++j) sum_exp += std::exp(static_cast<double>(z[j]) - max_z);
-    total += max_z + std::log(sum_exp) - z[target];
+    // −log p_target = logsumexp(z) − z_target, from the logits so a tiny p cannot underflow to 0.
+    total += static_cast<double>(lse[static_cast<size_t>(r)]) - logits.data()[r * vocab + target];
     ++counted;
   }
   // All rows ignored: PyTorch returns NaN (0/0); so do we.
@@ -267,6 +273,7 @@ Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int
                    [logits, probs, kept = std::move(kept), ignore_index, rows, vocab, counted](const Tensor& dout) {
                      float* dz = detail::grad_buffer(logits);
                      const float scale = dout.item() / static_cast<float>(counted);
+#pragma omp parallel for schedule(static) if (rows * vocab > (1 << 16))
                      for (int64_t r = 0; r < rows; ++r) {
                        const int64_t target = kept[static_cast<size_t>(r)];
                        if (target == ignore_index) continue;

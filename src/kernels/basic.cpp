@@ -56,6 +56,25 @@ void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) {
   }
 }
 
+void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n) {
+#pragma omp parallel for schedule(static) if (rows * n > (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float max_value = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = std::exp(xr[j] - max_value);
+      yr[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+    lse[r] = max_value + std::log(sum);
+  }
+}
+
 void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     double max_value = -std::numeric_limits<double>::infinity();

@@ -26,6 +26,18 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, Genera
   }
 }
 
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, NoInit) {
+  require_positive(in_features, "Linear", "in_features");
+  require_positive(out_features, "Linear", "out_features");
+  weight = register_parameter("weight", Tensor::zeros({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", Tensor::zeros({out_features}));
+}
+
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+void Linear::tie_weight(const Tensor& shared) {
+  replace_parameter("weight", shared);
+  weight = shared;
+}
 
 }  // namespace qkv::nn

@@ -44,9 +44,26 @@ void Module::walk(const std::string& prefix,
 }
 
 void Module::for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn) {
+  std::vector<const void*> seen;
   walk("", [&](const std::string& name, Entry& e, bool is_parameter) {
-    if (is_parameter) fn(name, e.tensor);
+    if (!is_parameter) return;
+    if (std::find(seen.begin(), seen.end(), e.tensor.impl()) != seen.end()) return;
+    seen.push_back(e.tensor.impl());
+    fn(name, e.tensor);
   });
+}
+
+void Module::replace_parameter(const std::string& name, const Tensor& tensor) {
+  for (auto& e : parameters_) {
+    if (e.name != name) continue;
+    if (!(e.tensor.shape() == tensor.shape())) {
+      throw ShapeError("replace_parameter: " + name + " has shape " + e.tensor.shape().str() + ", the new tensor " +
+                       tensor.shape().str());
+    }
+    e.tensor = tensor;
+    return;
+  }
+  throw ValueError("replace_parameter: " + type_name() + " has no parameter '" + name + "'");
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() {

@@ -72,7 +72,17 @@ double Generator::normal_double() {
   return radius * std::cos(theta);
 }
 
+Generator& Generator::no_init() {
+  static Generator generator = [] {
+    Generator g;
+    g.no_init_ = true;
+    return g;
+  }();
+  return generator;
+}
+
 void Generator::uniform_(Tensor& t, double from, double to) {
+  if (no_init_) return t.fill_(0.0f);
   const float lo = static_cast<float>(from), hi = static_cast<float>(to);
   for (float& v : t.values()) v = uniform_float(lo, hi);
 }
@@ -153,6 +163,7 @@ void normal_fill_16(float* data, float mean, float std) {
 }  // namespace
 
 void Generator::normal_(Tensor& t, double mean, double std) {
+  if (no_init_) return t.fill_(0.0f);
   const int64_t n = t.numel();
   float* data = t.data();
   if (n < 16) {

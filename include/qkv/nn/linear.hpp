@@ -7,12 +7,18 @@
 
 namespace qkv::nn {
 
+// Tag for a layer whose weights the caller initialises (zeros until then; no random numbers drawn).
+struct NoInit {};
+
 class Linear : public UnaryModule {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator& gen = default_generator());
+  Linear(int64_t in_features, int64_t out_features, bool bias, NoInit);
 
   // x (..., in) → (..., out)
   Tensor forward(const Tensor& x) const override;
+  // Uses `shared` (e.g. a token embedding table, out × in) as this layer's weight: weight tying.
+  void tie_weight(const Tensor& shared);
 
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias

@@ -40,7 +40,8 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // Walks the trainable parameters depth-first in registration order, with dotted names.
+  // Walks the trainable parameters depth-first in registration order, with dotted names. A tensor shared by
+  // two names (tied weights) is visited once, under its first name, as PyTorch's named_parameters does.
   void for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn);
   std::vector<std::pair<std::string, Tensor>> named_parameters();
   std::vector<Tensor> parameters();
@@ -70,6 +71,8 @@ class Module {
   // A buffer is state that is not trained. `optional_on_load` buffers may be absent from a loaded dict.
   Tensor& register_buffer(std::string name, Tensor tensor, bool optional_on_load = false);
   void register_module(std::string name, Module& child);
+  // Makes the registered parameter `name` of this module be `tensor` (weight tying); the shapes must match.
+  void replace_parameter(const std::string& name, const Tensor& tensor);
 
  private:
   struct Entry {

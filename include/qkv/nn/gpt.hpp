@@ -1,0 +1,110 @@
+// The GPT model of the book's chapter 4, with its configuration names and state-dict names:
+//   tok_emb, pos_emb → dropout → trf_blocks.{i} (norm1 → att → dropout → +, norm2 → ff → dropout → +)
+//   → final_norm → out_head
+// Pre-LayerNorm blocks, MultiHeadAttention (causal, fused kernel), FeedForward (Linear 4× wide, tanh-GELU,
+// Linear). Optional weight tying (out_head.weight is tok_emb.weight, as in GPT-2).
+// Not here: training (train/), text (text/), loading Hugging Face GPT-2 files (model/gpt2.hpp).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/nn/attention.hpp"
+#include "qkv/nn/linear.hpp"
+#include "qkv/nn/module.hpp"
+#include "qkv/random.hpp"
+
+namespace qkv::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;
+  int64_t context_length = 1024;
+  int64_t emb_dim = 768;
+  int64_t n_heads = 12;
+  int64_t n_layers = 12;
+  double drop_rate = 0.1;
+  bool qkv_bias = false;
+  bool tie_weights = false;
+
+  void validate() const;  // ValueError naming the bad field
+  std::map<std::string, std::string> to_strings() const;
+  static GPTConfig from_strings(const std::map<std::string, std::string>& values);  // ValueError on a bad value
+  bool operator==(const GPTConfig&) const = default;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& gen = default_generator());
+  Tensor forward(std::span<const int64_t> ids, const Shape& ids_shape) const;
+  Tensor weight;  // (num, dim), standard normal like torch.nn.Embedding
+  std::string type_name() const override { return "Embedding"; }
+};
+
+class LayerNorm : public UnaryModule {
+ public:
+  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) const override;
+  Tensor scale, shift;  // the book's names (ones, zeros)
+  float eps;
+  std::string type_name() const override { return "LayerNorm"; }
+};
+
+class FeedForward : public UnaryModule {
+ public:
+  FeedForward(int64_t emb_dim, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) const override;  // Linear(C, 4C) → GELU → Linear(4C, C)
+  Linear fc, proj;                                   // "layers.0", "layers.2" (layers.1 is the GELU)
+  std::string type_name() const override { return "FeedForward"; }
+};
+
+class TransformerBlock : public UnaryModule {
+ public:
+  TransformerBlock(const GPTConfig& config, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) const override;
+  MultiHeadAttention att;
+  FeedForward ff;
+  LayerNorm norm1, norm2;
+  double drop_rate;
+  std::string type_name() const override { return "TransformerBlock"; }
+
+ private:
+  Generator* gen_;
+};
+
+// Keys and values of every layer for the tokens seen so far, so each new token costs O(T) attention
+// instead of a full forward pass. Sized once for (batch, context_length).
+struct KVCache {
+  std::vector<Tensor> keys, values;  // per layer (B, capacity, C)
+  int64_t batch = 0, capacity = 0, length = 0;
+};
+
+class GPTModel : public Module {
+ public:
+  explicit GPTModel(const GPTConfig& config, Generator& gen = default_generator());
+
+  // ids (B·T, row-major) → logits (B, T, vocab_size). T ≤ context_length, else ShapeError.
+  Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const;
+
+  // Inference with a cache: appends `tokens` new ids per batch row at positions cache.length…, returns the
+  // logits of the last new position (B, vocab_size). Throws ShapeError when the cache would overflow.
+  KVCache make_cache(int64_t batch) const;
+  Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const;
+
+  GPTConfig config;
+  Embedding tok_emb, pos_emb;
+  std::vector<std::unique_ptr<TransformerBlock>> trf_blocks;
+  LayerNorm final_norm;
+  Linear out_head;
+  std::string type_name() const override { return "GPTModel"; }
+
+ private:
+  Generator* gen_;
+};
+
+// Mean next-token cross-entropy of logits (B, T, V) against targets (B·T), ignoring ignore_index.
+Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
+
+}  // namespace qkv::nn

@@ -1,0 +1,18 @@
+// OpenAI's GPT-2 weights in Hugging Face's model.safetensors layout, loaded into GPTModel.
+// Hugging Face stores GPT-2's linear layers as Conv1D, weight [in, out]: c_attn.weight [C, 3C] holds Wq, Wk
+// and Wv side by side, so each third is split off and transposed into Linear's (out, in). The output
+// head is tied to wte. The configuration (124M, 355M, 774M, 1558M, or any other size) is read off the
+// tensor shapes; the head count from __metadata__ "n_head" if present, else from GPT-2's sizes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "qkv/nn/gpt.hpp"
+
+namespace qkv::nn {
+
+// Throws IoError naming the file and listing missing or unexpected tensors.
+std::unique_ptr<GPTModel> load_gpt2(const std::string& path);
+
+}  // namespace qkv::nn

@@ -1,0 +1,105 @@
+// load_gpt2: Hugging Face GPT-2 safetensors → GPTModel (see qkv/nn/gpt2.hpp).
+#include "qkv/nn/gpt2.hpp"
+
+#include <set>
+
+#include "qkv/io/safetensors.hpp"
+#include "qkv/ops.hpp"
+
+namespace qkv::nn {
+
+namespace {
+
+// dst (out, in) = columns [c0, c0 + out) of src [in, total]: a Conv1D slice, transposed.
+void copy_transposed_columns(const Tensor& src, int64_t c0, Tensor& dst) {
+  const int64_t in = src.size(0), total = src.size(1), out = dst.size(0);
+  for (int64_t r = 0; r < in; ++r)
+    for (int64_t c = 0; c < out; ++c) dst.data()[c * in + r] = src.data()[r * total + c0 + c];
+}
+
+}  // namespace
+
+std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  std::string prefix;
+  if (!file.contains("wte.weight") && file.contains("transformer.wte.weight")) prefix = "transformer.";
+  std::set<std::string> used;
+  auto get = [&](const std::string& name, const Shape& expected = Shape{}) {
+    if (!file.contains(prefix + name)) {
+      throw IoError(path + ": not a GPT-2 model.safetensors: missing tensor '" + prefix + name + "'");
+    }
+    used.insert(prefix + name);
+    Tensor t = file.tensor(prefix + name);
+    if (expected.rank() > 0 && !(t.shape() == expected)) {
+      throw IoError(path + ": tensor '" + prefix + name + "' has shape " + t.shape().str() + ", expected " +
+                    expected.str());
+    }
+    return t;
+  };
+  const Tensor wte = get("wte.weight"), wpe = get("wpe.weight");
+  GPTConfig config;
+  config.vocab_size = wte.size(0);
+  config.emb_dim = wte.size(1);
+  config.context_length = wpe.size(0);
+  config.n_layers = 0;
+  while (file.contains(prefix + "h." + std::to_string(config.n_layers) + ".ln_1.weight")) ++config.n_layers;
+  if (auto it = file.metadata().find("n_head"); it != file.metadata().end()) {
+    config.n_heads = std::stoll(it->second);
+  } else {
+    switch (config.emb_dim) {
+      case 768: config.n_heads = 12; break;   // 124M
+      case 1024: config.n_heads = 16; break;  // 355M
+      case 1280: config.n_heads = 20; break;  // 774M
+      case 1600: config.n_heads = 25; break;  // 1558M
+      default:
+        throw IoError(path + ": emb_dim " + std::to_string(config.emb_dim) +
+                      " is not a GPT-2 size; add __metadata__ \"n_head\" to say how many heads");
+    }
+  }
+  config.drop_rate = 0.0;
+  config.qkv_bias = true;
+  config.tie_weights = true;
+  try {
+    config.validate();
+  } catch (const ValueError& e) {
+    throw IoError(path + ": " + e.what());
+  }
+  auto model = std::make_unique<GPTModel>(config, Generator::no_init());
+  const int64_t C = config.emb_dim;
+  model->tok_emb.weight.copy_(wte);
+  model->pos_emb.weight.copy_(wpe);
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    TransformerBlock& block = *model->trf_blocks[static_cast<size_t>(i)];
+    block.norm1.scale.copy_(get(h + "ln_1.weight", {C}));
+    block.norm1.shift.copy_(get(h + "ln_1.bias", {C}));
+    const Tensor c_attn = get(h + "attn.c_attn.weight", {C, 3 * C}), c_attn_bias = get(h + "attn.c_attn.bias", {3 * C});
+    Linear* projections[] = {&block.att.W_query, &block.att.W_key, &block.att.W_value};
+    for (int part = 0; part < 3; ++part) {
+      copy_transposed_columns(c_attn, part * C, projections[part]->weight);
+      std::copy_n(c_attn_bias.data() + part * C, C, projections[part]->bias.data());
+    }
+    copy_transposed_columns(get(h + "attn.c_proj.weight", {C, C}), 0, block.att.out_proj.weight);
+    block.att.out_proj.bias.copy_(get(h + "attn.c_proj.bias", {C}));
+    block.norm2.scale.copy_(get(h + "ln_2.weight", {C}));
+    block.norm2.shift.copy_(get(h + "ln_2.bias", {C}));
+    copy_transposed_columns(get(h + "mlp.c_fc.weight", {C, 4 * C}), 0, block.ff.fc.weight);
+    block.ff.fc.bias.copy_(get(h + "mlp.c_fc.bias", {4 * C}));
+    copy_transposed_columns(get(h + "mlp.c_proj.weight", {4 * C, C}), 0, block.ff.proj.weight);
+    block.ff.proj.bias.copy_(get(h + "mlp.c_proj.bias", {C}));
+    // Buffers of older checkpoints: the causal mask, recomputed here.
+    for (const char* buffer : {"attn.bias", "attn.masked_bias"})
+      if (file.contains(prefix + h + buffer)) used.insert(prefix + h + buffer);
+  }
+  model->final_norm.scale.copy_(get("ln_f.weight", {C}));
+  model->final_norm.shift.copy_(get("ln_f.bias", {C}));
+  if (file.contains(prefix + "lm_head.weight")) used.insert(prefix + "lm_head.weight");  // tied to wte anyway
+  std::string unexpected;
+  for (const auto& info : file.tensors())
+    if (!used.count(info.name)) unexpected += (unexpected.empty() ? "" : ", ") + info.name;
+  if (!unexpected.empty()) throw IoError(path + ": unexpected tensors for GPT-2: " + unexpected);
+  model->eval();
+  return model;
+}
+
+}  // namespace qkv::nn

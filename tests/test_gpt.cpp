@@ -1,0 +1,132 @@
+// The GPT model against the book's PyTorch GPTModel (fixtures from tools/gpt_reference.py): same seed, same
+// weights; logits, loss and every parameter gradient; ten AdamW steps; GPT-2 weights in Hugging Face's layout;
+// and the KV cache against full forward passes.
+#include "helpers.hpp"
+#include "qkv/io/safetensors.hpp"
+#include "qkv/nn/gpt.hpp"
+#include "qkv/nn/gpt2.hpp"
+
+namespace qkv::test {
+namespace {
+
+class TinyGPT : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    file_ = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(fixture("gpt_tiny.safetensors")));
+    config_ = nn::GPTConfig::from_strings(file_->metadata());
+    ids_ = file_->int64s("ids");
+    targets_ = file_->int64s("targets");
+  }
+  std::unique_ptr<io::SafetensorsFile> file_;
+  nn::GPTConfig config_;
+  std::vector<int64_t> ids_, targets_;
+};
+
+TEST_F(TinyGPT, SameSeedGivesPyTorchsWeights) {
+  manual_seed(123);
+  nn::GPTModel model(config_);
+  const nn::StateDict state = model.state_dict();
+  int compared = 0;
+  for (const auto& [name, t] : state.entries()) {
+    ASSERT_TRUE(file_->contains("param." + name)) << name;
+    EXPECT_TRUE(all_close(t, file_->tensor("param." + name), 0, 0)) << name;
+    ++compared;
+  }
+  int in_file = 0;
+  for (const auto& info : file_->tensors()) in_file += info.name.rfind("param.", 0) == 0;
+  EXPECT_EQ(compared, in_file);  // the same state-dict names, masks included
+}
+
+TEST_F(TinyGPT, LogitsLossAndEveryGradientMatchPyTorch) {
+  manual_seed(123);
+  nn::GPTModel model(config_);
+  const Tensor logits = model.forward(ids_, 4, 16);
+  EXPECT_TRUE(all_close(logits, file_->tensor("logits"), 1e-4, 1e-5));
+  const Tensor loss = nn::language_model_loss(logits, targets_);
+  EXPECT_NEAR(loss.item(), file_->tensor("loss").item(), 1e-4 * std::fabs(file_->tensor("loss").item()));
+  loss.backward();
+  for (const auto& [name, p] : model.named_parameters()) {
+    // The gradient's own scale sets the absolute floor: 1e-4 of its largest entry, but at least 1e-7 — the key
+    // biases' gradients are exactly 0 in theory (a constant added to a whole row of scores), ~1e-10 in float.
+    const Tensor expected = file_->tensor("grad." + name);
+    double largest = 0;
+    for (float v : expected.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+    EXPECT_TRUE(all_close(p.grad(), expected, 1e-4, 1e-4 * std::max(largest, 1e-3))) << name;
+  }
+}
+
+TEST_F(TinyGPT, TenAdamWStepsGiveTheSameLosses) {
+  manual_seed(123);
+  nn::GPTModel model(config_);
+  optim::AdamW optimizer(model.named_parameters(), {.lr = 1e-3, .weight_decay = 0.1});
+  const Tensor expected = file_->tensor("adamw_losses");
+  for (int step = 0; step < 10; ++step) {
+    optimizer.zero_grad();
+    const Tensor loss = nn::language_model_loss(model.forward(ids_, 4, 16), targets_);
+    EXPECT_NEAR(loss.item(), expected.data()[step], 1e-4 * std::fabs(expected.data()[step])) << "step " << step;
+    loss.backward();
+    optimizer.step();
+  }
+}
+
+TEST_F(TinyGPT, ErrorsForBadInputs) {
+  nn::GPTModel model(config_);
+  std::vector<int64_t> too_long(4 * 17, 1);
+  EXPECT_THROW(model.forward(too_long, 4, 17), ShapeError);  // T > context_length
+  std::vector<int64_t> bad_id(16, 1);
+  bad_id[3] = 97;
+  EXPECT_THROW(model.forward(bad_id, 1, 16), ValueError);   // id outside the vocabulary
+  EXPECT_THROW(model.forward(bad_id, 2, 16), ShapeError);   // ids do not fill (2, 16)
+  nn::GPTConfig bad = config_;
+  bad.n_heads = 5;
+  EXPECT_THROW(nn::GPTModel{bad}, ValueError);
+}
+
+TEST_F(TinyGPT, WeightTyingSharesOneTensor) {
+  nn::GPTConfig tied = config_;
+  tied.tie_weights = true;
+  nn::GPTModel model(tied);
+  EXPECT_TRUE(model.out_head.weight.shares_storage_with(model.tok_emb.weight));
+  nn::GPTModel untied(config_);
+  EXPECT_EQ(untied.parameter_count() - model.parameter_count(), config_.vocab_size * config_.emb_dim);
+  const nn::StateDict state = model.state_dict();
+  EXPECT_NE(state.find("out_head.weight"), nullptr);  // listed under both names, as PyTorch does
+}
+
+TEST(GPT2Weights, HuggingFaceLayoutGivesPyTorchsLogits) {
+  auto model = nn::load_gpt2(fixture("gpt2_tiny_hf.safetensors"));
+  EXPECT_EQ(model->config.n_layers, 3);
+  EXPECT_EQ(model->config.n_heads, 4);
+  EXPECT_TRUE(model->config.tie_weights);
+  const auto expected = io::SafetensorsFile::open(fixture("gpt2_tiny_hf.expected.safetensors"));
+  const std::vector<int64_t> ids = expected.int64s("ids");
+  NoGradGuard no_grad;
+  EXPECT_TRUE(all_close(model->forward(ids, 2, 20), expected.tensor("logits"), 1e-4, 1e-5));
+  EXPECT_THROW(nn::load_gpt2(fixture("gpt_tiny.safetensors")), IoError);  // the book's names, not GPT-2's
+}
+
+TEST(KVCache, CachedDecodingEqualsFullForwardPasses) {
+  auto model = nn::load_gpt2(fixture("gpt2_tiny_hf.safetensors"));
+  const auto expected = io::SafetensorsFile::open(fixture("gpt2_tiny_hf.expected.safetensors"));
+  const std::vector<int64_t> ids = expected.int64s("ids");  // (2, 20)
+  NoGradGuard no_grad;
+  const Tensor full = model->forward(ids, 2, 20);
+  nn::KVCache cache = model->make_cache(2);
+  // A prompt of 7 tokens, then one token at a time.
+  std::vector<int64_t> prompt;
+  for (int b = 0; b < 2; ++b) prompt.insert(prompt.end(), ids.begin() + b * 20, ids.begin() + b * 20 + 7);
+  Tensor last = model->forward_cached(prompt, 2, 7, cache);
+  for (int64_t t = 7; t < 20; ++t) {
+    for (int b = 0; b < 2; ++b)
+      for (int64_t v = 0; v < 101; ++v)
+        ASSERT_NEAR(last.at({b, v}), full.at({b, t - 1, v}), 1e-4) << "position " << t - 1;
+    const std::vector<int64_t> next = {ids[static_cast<size_t>(t)], ids[static_cast<size_t>(20 + t)]};
+    last = model->forward_cached(next, 2, 1, cache);
+  }
+  EXPECT_EQ(cache.length, 20);
+  const std::vector<int64_t> more(2 * 5, 1);
+  EXPECT_THROW(model->forward_cached(more, 2, 5, cache), ShapeError);  // 25 > context_length 24
+}
+
+}  // namespace
+}  // namespace qkv::test
