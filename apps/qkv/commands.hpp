@@ -22,4 +22,11 @@ struct ApplyCommand {
 };
 int run_apply(const ApplyCommand& options);
 
+struct TokenizeCommand {
+  std::string tokenizer = "gpt2", vocab_dir;
+  bool no_special = false, replace_invalid = false;
+};
+int run_tokenize(const TokenizeCommand& options);
+int run_detokenize(const TokenizeCommand& options);
+
 }  // namespace qkv::cli

@@ -40,6 +40,17 @@ int main(int argc, char** argv) {
   auto* train_flag = apply_cmd->add_flag("--train", apply.train, "Training mode: dropout on");
   apply_cmd->add_option("--seed", apply.seed, "Seed drawn from just before forward (dropout masks)")->needs(train_flag);
 
+  qkv::cli::TokenizeCommand tokenize;
+  auto* tokenize_cmd = app.add_subcommand("tokenize", "Text on stdin → JSON token ids on stdout");
+  auto* detokenize_cmd = app.add_subcommand("detokenize", "JSON token ids on stdin → text on stdout");
+  for (auto* cmd : {tokenize_cmd, detokenize_cmd}) {
+    cmd->add_option("--tokenizer", tokenize.tokenizer, "gpt2 (byte-level BPE) or bytes")
+        ->check(CLI::IsMember({"gpt2", "bytes"}));
+    cmd->add_option("--vocab", tokenize.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  }
+  tokenize_cmd->add_flag("--no-special", tokenize.no_special, "Treat <|endoftext|> as plain text");
+  tokenize_cmd->add_flag("--replace-invalid", tokenize.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -53,6 +64,8 @@ int main(int argc, char** argv) {
       return qkv::cli::run_demo(demo, std::cout);
     }
     if (*apply_cmd) return qkv::cli::run_apply(apply);
+    if (*tokenize_cmd) return qkv::cli::run_tokenize(tokenize);
+    if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "qkv: error: %s\n", e.what());
     return 1;

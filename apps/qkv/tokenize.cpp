@@ -1,0 +1,39 @@
+// `qkv tokenize` (text on stdin → JSON ids on stdout) and `qkv detokenize` (JSON ids → text).
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "qkv/error.hpp"
+#include "qkv/text/tokenizer.hpp"
+
+namespace qkv::cli {
+
+int run_tokenize(const TokenizeCommand& options) {
+  const auto tokenizer = text::make_tokenizer(options.tokenizer, options.vocab_dir);
+  std::string input{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+  if (options.replace_invalid) input = text::replace_invalid_utf8(input);
+  const std::vector<int64_t> ids = tokenizer->encode(input, !options.no_special);
+  std::cout << nlohmann::json(ids).dump() << "\n";
+  return 0;
+}
+
+int run_detokenize(const TokenizeCommand& options) {
+  const auto tokenizer = text::make_tokenizer(options.tokenizer, options.vocab_dir);
+  nlohmann::json json;
+  try {
+    std::cin >> json;
+  } catch (const nlohmann::json::exception& e) {
+    throw ValueError(std::string("detokenize: stdin is not a JSON array of token ids: ") + e.what());
+  }
+  if (!json.is_array()) throw ValueError("detokenize: stdin must hold a JSON array of token ids, e.g. [15496, 995]");
+  std::vector<int64_t> ids;
+  for (const auto& v : json) {
+    if (!v.is_number_integer()) throw ValueError("detokenize: every element must be an integer token id");
+    ids.push_back(v.get<int64_t>());
+  }
+  std::cout << tokenizer->decode(ids);
+  return 0;
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,95 @@
+// Tokenizers (GPT-2 BPE and bytes), UTF-8 handling, and the sliding-window dataset.
+#include "helpers.hpp"
+#include "qkv/text/dataset.hpp"
+#include "qkv/text/tokenizer.hpp"
+
+namespace qkv::test {
+namespace {
+
+std::unique_ptr<text::Tokenizer> gpt2() {
+  const auto dir = text::find_gpt2_vocabulary();
+  if (!dir) ADD_FAILURE() << "GPT-2 vocabulary missing: run scripts/fetch-gpt2-vocab (scripts/run test does)";
+  return text::make_tokenizer("gpt2", dir.value_or(""));
+}
+
+TEST(GPT2Tokenizer, KnownIdsAndRoundTrip) {
+  const auto tok = gpt2();
+  EXPECT_EQ(tok->encode("Hello, world!"), (std::vector<int64_t>{15496, 11, 995, 0}));
+  EXPECT_EQ(tok->encode("Hello world<|endoftext|>"), (std::vector<int64_t>{15496, 995, 50256}));
+  EXPECT_NE(tok->encode("<|endoftext|>", false).size(), 1u);  // as plain text when specials are off
+  EXPECT_EQ(tok->vocab_size(), 50257);
+  const std::string text = "It's 2026 — naïve café 🤖\n\n  indented\tand tabs";
+  EXPECT_EQ(tok->decode(tok->encode(text)), text);
+}
+
+TEST(GPT2Tokenizer, InvalidUtf8IsAnErrorNamingTheByte) {
+  const auto tok = gpt2();
+  try {
+    tok->encode(std::string("ok\xC3\x28", 4));
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("invalid UTF-8 at byte 2"), std::string::npos) << e.what();
+  }
+  // Decoding half of a multi-byte character replaces the broken bytes with U+FFFD.
+  const std::vector<int64_t> ids = tok->encode("é");
+  ASSERT_EQ(ids.size(), 1u);  // "é" is a single token made of two bytes, so cut a split version by bytes:
+  const auto bytes = text::ByteTokenizer().encode("\xC3");
+  EXPECT_EQ(text::ByteTokenizer().decode(bytes), "\xEF\xBF\xBD");
+  EXPECT_THROW(tok->decode(std::vector<int64_t>{50257}), ValueError);
+}
+
+TEST(GPT2Tokenizer, MissingVocabularySaysHowToGetIt) {
+  try {
+    text::make_tokenizer("gpt2", "/nonexistent/dir");
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("scripts/fetch-gpt2-vocab"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(text::make_tokenizer("sentencepiece"), ValueError);
+}
+
+TEST(Utf8, ValidationAndReplacement) {
+  EXPECT_FALSE(text::first_invalid_utf8("plain ascii, é, 中, 🤖").has_value());
+  EXPECT_EQ(text::first_invalid_utf8("ab\xC0\xAF"), std::optional<size_t>(2));        // overlong
+  EXPECT_EQ(text::first_invalid_utf8("\xED\xA0\x80"), std::optional<size_t>(0));      // surrogate
+  EXPECT_EQ(text::first_invalid_utf8("x\xF4\x90\x80\x80"), std::optional<size_t>(1)); // above U+10FFFF
+  EXPECT_EQ(text::first_invalid_utf8("\xE4\xB8"), std::optional<size_t>(0));          // truncated
+  EXPECT_EQ(text::replace_invalid_utf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+}
+
+TEST(ByteTokenizer, RoundTripsEveryByte) {
+  text::ByteTokenizer tok;
+  std::string all;
+  for (int b = 0; b < 128; ++b) all += static_cast<char>(b);
+  EXPECT_EQ(tok.decode(tok.encode(all)), all);
+  EXPECT_EQ(tok.encode("A").at(0), 65);
+  EXPECT_THROW(tok.decode(std::vector<int64_t>{256}), ValueError);
+}
+
+TEST(Dataset, WindowsTargetsAndDeterministicBatches) {
+  std::vector<int64_t> ids(50);
+  for (int i = 0; i < 50; ++i) ids[static_cast<size_t>(i)] = i;
+  text::SlidingWindowDataset data(ids, 8, 4);
+  EXPECT_EQ(data.size(), (50 - 9) / 4 + 1);
+  std::vector<int64_t> in(8), out(8);
+  data.window(2, in.data(), out.data());
+  EXPECT_EQ(in.front(), 8);
+  EXPECT_EQ(out.front(), 9);
+  EXPECT_EQ(out.back(), 16);
+  text::DataLoader loader(data, 3, true, 42);
+  EXPECT_EQ(loader.batches_per_epoch(), data.size() / 3);
+  const text::Batch a = loader.batch(5), b = loader.batch(5);
+  EXPECT_EQ(a.inputs, b.inputs);  // a pure function of (seed, step)
+  text::DataLoader other(data, 3, true, 43);
+  bool differs = false;
+  for (int64_t s = 0; s < loader.batches_per_epoch(); ++s) differs = differs || other.batch(s).inputs != loader.batch(s).inputs;
+  EXPECT_TRUE(differs);
+  EXPECT_THROW(text::SlidingWindowDataset(std::vector<int64_t>(8, 1), 8, 1), ValueError);  // shorter than one window
+  EXPECT_THROW(text::DataLoader(data, 100, false, 0), ValueError);
+  const auto [train, validation] = text::split_tokens(ids, 0.9);
+  EXPECT_EQ(train.size(), 45u);
+  EXPECT_EQ(validation.front(), 45);
+}
+
+}  // namespace
+}  // namespace qkv::test
