@@ -5,7 +5,6 @@
 // FLOPs: forward 4·B·H·T²·D (QKᵀ and PV), half of it causal; backward twice the forward.
 // Compare with PyTorch in the same session: tools/bench_compare.py.
 #include <benchmark/benchmark.h>
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -74,10 +73,8 @@ double measure_fma_peak(int threads, double seconds) {
   return best;
 }
 
-void set_threads(int threads) {
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-}
+// qkv runs OpenBLAS single-threaded and splits every GEMM between OpenMP threads itself.
+void set_threads(int threads) { omp_set_num_threads(threads); }
 
 double attention_flops(const Shape4& s, bool causal, bool backward) {
   const double forward = 4.0 * s.B * s.H * static_cast<double>(s.T) * s.T * s.D * (causal ? 0.5 : 1.0);

@@ -14,6 +14,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// GELU, tanh form, elementwise over n values (parallel). gelu_backward adds g · GELU'(x) into dx.
+void gelu_forward(const float* x, float* y, int64_t n);
+void gelu_backward(const float* x, const float* g, float* dx, int64_t n);
+void gelu_reference(const float* x, float* y, int64_t n);
+
 // y (rows,n) = softmax of each row of x (rows,n), subtracting the row max first so exp cannot overflow.
 // A row of all -inf gives NaN, as in PyTorch. x and y may alias.
 void softmax_rows(const float* x, float* y, int64_t rows, int64_t n);
@@ -23,6 +28,15 @@ void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n);
 void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n);
 // dx (rows,n) += y ⊙ (dy − rowsum(dy ⊙ y)): the softmax Jacobian-vector product from the output y.
 void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n);
+
+// Inverted dropout with a counter-based mask: y[i] (+)= x[i] · keep(seed, i) / (1 − p), where keep is a pure
+// function of (seed, i) (murmur3's finalizer), so the backward pass regenerates the mask instead of storing
+// it. Parallel and vectorised; the result does not depend on the thread count.
+void hashed_dropout(const float* x, float* y, int64_t n, uint64_t seed, float p, bool accumulate);
+
+// out (cols) += Σ_r x (rows, cols): column sums, as bias gradients need. Rows go in fixed chunks summed in
+// order, so the result does not depend on the thread count.
+void add_column_sums(const float* x, float* out, int64_t rows, int64_t cols);
 
 // dst (batch, cols, rows) = transpose of each src (batch, rows, cols) matrix.
 void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols);
@@ -86,7 +100,7 @@ void attention_backward_reference(const AttentionDims& dims, const AttentionLayo
                                   const AttentionOptions& options, const float* q, const float* k, const float* v,
                                   const float* d_o, float* dq, float* dk, float* dv);
 
-// Whether dropout keeps weight (bh, i, j): Philox4x32-10 keyed by the seed, counter (j/4, i, bh).
+// Whether dropout keeps weight (bh, i, j): a counter-based hash (murmur3's finalizer) of (seed, bh, i, j).
 bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j);
 
 // Which micro-kernels this build uses: "avx2+fma" or "portable".

@@ -80,6 +80,10 @@ Tensor causal_mask(int64_t T);
 // Bernoulli draw per element from `gen`, in row-major order) and scale kept ones by 1/(1 − p). Outside
 // training, or with p = 0, the input passes through and no random numbers are drawn. p must lie in [0, 1].
 Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
+// Inverted dropout with a counter-based mask (kernels::hashed_dropout) seeded by one draw from `gen`: fast,
+// parallel, and the mask is regenerated in backward rather than stored. Its masks differ from
+// torch.nn.Dropout's; GPTModel uses it for the residual and embedding dropout.
+Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen);
 // Joins tensors along `dim`; all other dimensions must agree.
 Tensor concat(const std::vector<Tensor>& tensors, int dim);
 

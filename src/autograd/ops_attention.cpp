@@ -3,6 +3,7 @@
 #include <string>
 
 #include "qkv/autograd.hpp"
+#include "qkv/kernels.hpp"
 #include "qkv/ops.hpp"
 #include "qkv/random.hpp"
 
@@ -74,6 +75,21 @@ Tensor dropout(const Tensor& t, double p, bool training, Generator& gen) {
     detail::record(out, "DropoutBackward", {t}, [t, keep](const Tensor& dout) {
       float* dt = detail::grad_buffer(t);
       for (int64_t i = 0, n = t.numel(); i < n; ++i) dt[i] += dout.data()[i] * keep.data()[i];
+    });
+  }
+  return out;
+}
+
+Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen) {
+  if (!(p >= 0.0 && p <= 1.0)) throw ValueError("dropout: probability must lie in [0, 1], got " + std::to_string(p));
+  if (!training || p == 0.0 || t.numel() == 0) return t;
+  const uint64_t seed = gen.next_u64();
+  const float prob = static_cast<float>(p);
+  Tensor out = Tensor::empty(t.shape());
+  kernels::hashed_dropout(t.data(), out.data(), t.numel(), seed, prob, false);
+  if (detail::needs_grad({&t})) {
+    detail::record(out, "HashedDropoutBackward", {t}, [t, seed, prob](const Tensor& dout) {
+      kernels::hashed_dropout(dout.data(), detail::grad_buffer(t), t.numel(), seed, prob, true);
     });
   }
   return out;

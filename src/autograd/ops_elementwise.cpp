@@ -63,6 +63,14 @@ void for_each_broadcast(const Shape& out, const Shape& a, const Shape& b, F&& f)
 
 enum class BinaryOp { Add, Sub, Mul, Div };
 
+// b's shape is the trailing dimensions of a's (a bias or a position table repeated over leading dims).
+bool b_is_suffix(const Shape& a, const Shape& b) {
+  if (b.rank() > a.rank() || b.rank() == 0) return false;
+  for (int i = 1; i <= b.rank(); ++i)
+    if (a[-i] != b[-i]) return false;
+  return true;
+}
+
 const char* binary_name(BinaryOp op) {
   switch (op) {
     case BinaryOp::Add: return "add";
@@ -89,7 +97,15 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
       for (int64_t i = 0; i < n; ++i) po[i] = fn(pa[i], pb[i]);
     } else {
-      for_each_broadcast(out_shape, a.shape(), b.shape(), [&](int64_t o, int64_t ia, int64_t ib) { po[o] = fn(pa[ia], pb[ib]); });
+      const int64_t inner = b.numel();
+      if (b_is_suffix(a.shape(), b.shape()) && inner > 0) {  // (…, C) op (C) or (B, T, C) op (T, C): rows in parallel
+        const int64_t outer = a.numel() / inner;
+#pragma omp parallel for schedule(static) if (a.numel() > (1 << 16))
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) po[o * inner + i] = fn(pa[o * inner + i], pb[i]);
+      } else {
+        for_each_broadcast(out_shape, a.shape(), b.shape(), [&](int64_t o, int64_t ia, int64_t ib) { po[o] = fn(pa[ia], pb[ib]); });
+      }
     }
   };
   switch (op) {
@@ -130,6 +146,13 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
         const int64_t n = dout.numel();
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
         for (int64_t i = 0; i < n; ++i) step(i, i, i);
+      } else if (op == BinaryOp::Add && b_is_suffix(a.shape(), b.shape())) {  // residual + position table
+        const int64_t inner = b.numel(), outer = a.numel() / std::max<int64_t>(inner, 1);
+        if (da) {
+#pragma omp parallel for schedule(static) if (a.numel() > (1 << 16))
+          for (int64_t i = 0; i < a.numel(); ++i) da[i] += g[i];
+        }
+        if (db) kernels::add_column_sums(g, db, outer, inner);
       } else {
         for_each_broadcast(out_shape, a.shape(), b.shape(), step);
       }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "qkv/autograd.hpp"
+#include "qkv/kernels.hpp"
 #include "qkv/ops.hpp"
 
 namespace qkv {
@@ -121,31 +122,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& scale, const Tensor& shift, flo
   return out;
 }
 
-// gelu (tanh form): with u = k(x + 0.044715x³), t = tanh u, k = √(2/π):
-//   y = 0.5·x·(1 + t);  dy/dx = 0.5(1 + t) + 0.5·x·(1 − t²)·k·(1 + 3·0.044715·x²).
+// gelu: forward and backward are kernels::gelu_forward / gelu_backward (AVX2, parallel).
 Tensor gelu(const Tensor& x) {
-  constexpr float k = 0.7978845608028654f;  // √(2/π)
   Tensor out = Tensor::empty(x.shape());
-  const float* px = x.data();
-  float* y = out.data();
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = px[i];
-    y[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
-  }
+  kernels::gelu_forward(x.data(), out.data(), x.numel());
   if (detail::needs_grad({&x})) {
-    detail::record(out, "GeluBackward", {x}, [x, n](const Tensor& dout) {
-      float* dx = detail::grad_buffer(x);
-      const float* px = x.data();
-      const float* g = dout.data();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = px[i];
-        const float t = std::tanh(k * (v + 0.044715f * v * v * v));
-        const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[i] += g[i] * d;
-      }
+    detail::record(out, "GeluBackward", {x}, [x](const Tensor& dout) {
+      kernels::gelu_backward(x.data(), dout.data(), detail::grad_buffer(x), x.numel());
     });
   }
   return out;

@@ -1,4 +1,5 @@
 // matmul, linear, transpose, reshape: forward and backward side by side.
+#include <algorithm>
 #include <string>
 
 #include "qkv/autograd.hpp"
@@ -110,8 +111,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape);
   float* y = out.data();
   if (bias.defined()) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < out_features; ++j) y[r * out_features + j] = bias.data()[j];
+#pragma omp parallel for schedule(static) if (rows * out_features > (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias.data(), out_features, y + r * out_features);
   }
   kernels::gemm(false, true, rows, out_features, in, 1.0f, x.data(), in, weight.data(), in,
                 bias.defined() ? 1.0f : 0.0f, y, out_features);
@@ -122,11 +123,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                       in);
       if (float* dw = detail::grad_buffer(weight))
         kernels::gemm(true, false, out_features, in, rows, 1.0f, dout.data(), out_features, x.data(), in, 1.0f, dw, in);
-      if (float* db = detail::grad_buffer(bias)) {
-        const float* g = dout.data();
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < out_features; ++j) db[j] += g[r * out_features + j];
-      }
+      if (float* db = detail::grad_buffer(bias)) kernels::add_column_sums(dout.data(), db, rows, out_features);
     });
   }
   return out;

@@ -27,11 +27,8 @@
 
 #include "qkv/kernels.hpp"
 #include "qkv/memory.hpp"
+#include "simd.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define QKV_ATTENTION_AVX2 1
-#endif
 
 namespace qkv::kernels {
 
@@ -78,7 +75,7 @@ class Scratch {
 // A element (r, k) sits at A[r·lda + k·ak] (ak = 1 for row-major, lda = 1 for a transposed read);
 // B row k at B[k·ldb]. One broadcast of A per row and two B vectors per k feed 2·MR FMAs.
 
-#ifdef QKV_ATTENTION_AVX2
+#ifdef QKV_AVX2
 // Accumulators are named variables, not an array: GCC keeps an array of __m256 on the stack and spills
 // every FMA result (measured: 37% of peak); twelve named registers stay in registers (the inner loop is
 // 2 loads, MR broadcasts and 2·MR FMAs).
@@ -195,37 +192,16 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
 // e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 split in two parts; e^r by a degree-6
 // polynomial (Taylor, |r| ≤ ln2/2, relative error < 2e-7). −∞ gives exactly 0.
 
-#ifdef QKV_ATTENTION_AVX2
-inline __m256 exp_avx2(__m256 x) {
-  // Clamp to the normal range; the constant goes first so a NaN in x passes through (maxps/minps return
-  // their second operand when either is NaN) and the row turns NaN, as it would in PyTorch.
-  x = _mm256_max_ps(_mm256_set1_ps(-87.33f), x);
-  x = _mm256_min_ps(_mm256_set1_ps(88.37f), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-#endif
 
 // y[j] = exp(x[j] − shift) for j < valid, 0 for valid ≤ j < n; returns Σ y. n is a multiple of 8.
 float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
   int64_t j = 0;
   float total = 0.0f;
-#ifdef QKV_ATTENTION_AVX2
+#ifdef QKV_AVX2
   __m256 sum = _mm256_setzero_ps();
   const __m256 s = _mm256_set1_ps(shift);
   for (; j + 8 <= valid; j += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
+    const __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
     _mm256_storeu_ps(y + j, e);
     sum = _mm256_add_ps(sum, e);
   }
@@ -244,7 +220,7 @@ float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
 float row_max(const float* x, int64_t n) {
   float m = kNegInf;
   int64_t j = 0;
-#ifdef QKV_ATTENTION_AVX2
+#ifdef QKV_AVX2
   if (n >= 8) {
     __m256 v = _mm256_loadu_ps(x);
     for (j = 8; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
@@ -261,47 +237,48 @@ void scale_row(float* x, int64_t n, float factor) {
   for (int64_t j = 0; j < n; ++j) x[j] *= factor;
 }
 
-// ---- dropout: Philox4x32-10 ----
+// ---- dropout: a counter-based stream ----
+// The decision for weight (bh, i, j) is a pure function of (seed, bh, i, j): murmur3's 32-bit finalizer
+// over a per-row key and the column. The backward pass regenerates the mask instead of storing it, and 8
+// decisions cost a handful of AVX2 instructions.
 
-struct Philox {
-  static void round(uint32_t (&ctr)[4], const uint32_t (&key)[2]) {
-    const uint64_t p0 = uint64_t{0xD2511F53u} * ctr[0];
-    const uint64_t p1 = uint64_t{0xCD9E8D57u} * ctr[2];
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    ctr[0] = hi1 ^ ctr[1] ^ key[0];
-    ctr[1] = lo1;
-    ctr[2] = hi0 ^ ctr[3] ^ key[1];
-    ctr[3] = lo0;
-  }
-  // Four 32-bit outputs for counter (c0, c1, c2, 0) under key (seed).
-  static void generate(uint64_t seed, uint32_t c0, uint32_t c1, uint64_t c2, uint32_t (&out)[4]) {
-    uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
-    uint32_t ctr[4] = {c0, c1, static_cast<uint32_t>(c2), static_cast<uint32_t>(c2 >> 32)};
-    for (int i = 0; i < 10; ++i) {
-      round(ctr, key);
-      key[0] += 0x9E3779B9u;
-      key[1] += 0xBB67AE85u;
-    }
-    std::memcpy(out, ctr, sizeof out);
-  }
-};
-
-uint32_t drop_threshold(float p) {  // keep iff random u32 ≥ threshold; P(keep) = 1 − p
+uint32_t drop_threshold(float p) {  // keep iff hash ≥ threshold; P(keep) = 1 − p
   const double t = static_cast<double>(p) * 4294967296.0;
   return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+}
+
+uint32_t dropout_row_key(uint64_t seed, int64_t bh, int64_t i) {
+  const uint32_t key = simd::mix32(static_cast<uint32_t>(seed) ^ simd::mix32(static_cast<uint32_t>(seed >> 32) + 0x9E3779B9u));
+  const uint32_t row = simd::mix32(static_cast<uint32_t>(bh) * 0x85ebca6bu ^ simd::mix32(static_cast<uint32_t>(i) + 0x27d4eb2fu) ^
+                                   static_cast<uint32_t>(static_cast<uint64_t>(bh) >> 32));
+  return simd::mix32(key ^ row);
+}
+
+uint32_t dropout_hash(uint32_t row_key, int64_t j) {
+  return simd::mix32(row_key ^ (static_cast<uint32_t>(j) * 0x9E3779B9u));
 }
 
 // z[j] *= keep(bh, i, j0 + j) / (1 − p) for j < n.
 void apply_dropout_row(float* z, int64_t n, uint64_t seed, uint32_t threshold, float inv_keep, int64_t bh, int64_t i,
                        int64_t j0) {
+  const uint32_t row = dropout_row_key(seed, bh, i);
   int64_t j = 0;
-  while (j < n) {
-    const int64_t col = j0 + j;
-    uint32_t bits[4];
-    Philox::generate(seed, static_cast<uint32_t>(col >> 2), static_cast<uint32_t>(i), static_cast<uint64_t>(bh), bits);
-    for (int64_t lane = col & 3; lane < 4 && j < n; ++lane, ++j) z[j] *= bits[lane] >= threshold ? inv_keep : 0.0f;
+#ifdef QKV_AVX2
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i thr = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(threshold)), sign);
+  const __m256i golden = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
+  const __m256i key = _mm256_set1_epi32(static_cast<int>(row));
+  const __m256 scale = _mm256_set1_ps(inv_keep);
+  for (; j + 8 <= n; j += 8) {
+    const __m256i cols = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0 + j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i h = simd::mix32(_mm256_xor_si256(key, _mm256_mullo_epi32(cols, golden)));
+    // unsigned h < threshold, via signed compare after flipping the sign bits
+    const __m256 drop = _mm256_castsi256_ps(_mm256_cmpgt_epi32(thr, _mm256_xor_si256(h, sign)));
+    const __m256 factor = _mm256_andnot_ps(drop, scale);
+    _mm256_storeu_ps(z + j, _mm256_mul_ps(_mm256_loadu_ps(z + j), factor));
   }
+#endif
+  for (; j < n; ++j) z[j] *= dropout_hash(row, j0 + j) >= threshold ? inv_keep : 0.0f;
 }
 
 // ---- per-call setup shared by forward and backward ----
@@ -390,7 +367,7 @@ void parallel_items(int threads, int64_t heads, int64_t blocks, F&& body) {
 }  // namespace
 
 const char* attention_isa() {
-#ifdef QKV_ATTENTION_AVX2
+#ifdef QKV_AVX2
   return "avx2+fma";
 #else
   return "portable";
@@ -399,9 +376,7 @@ const char* attention_isa() {
 
 bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j) {
   if (p <= 0.0f) return true;
-  uint32_t bits[4];
-  Philox::generate(seed, static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i), static_cast<uint64_t>(bh), bits);
-  return bits[j & 3] >= drop_threshold(p);
+  return dropout_hash(dropout_row_key(seed, bh, i), j) >= drop_threshold(p);
 }
 
 void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,

@@ -107,8 +107,8 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, Generator& gen)
 
 // x + dropout(att(norm1(x))), then the same with ff and norm2.
 Tensor TransformerBlock::forward(const Tensor& x) const {
-  const Tensor attended = add(x, dropout(att(norm1(x)), drop_rate, is_training(), *gen_));
-  return add(attended, dropout(ff(norm2(attended)), drop_rate, is_training(), *gen_));
+  const Tensor attended = add(x, hashed_dropout(att(norm1(x)), drop_rate, is_training(), *gen_));
+  return add(attended, hashed_dropout(ff(norm2(attended)), drop_rate, is_training(), *gen_));
 }
 
 // ---- the model ----
@@ -147,7 +147,7 @@ Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t to
   for (int64_t t = 0; t < tokens; ++t) positions[static_cast<size_t>(t)] = t;
   // (B, T, C) + (T, C): the position embeddings broadcast over the batch.
   Tensor x = add(tok_emb.forward(ids, {batch, tokens}), pos_emb.forward(positions, {tokens}));
-  x = dropout(x, config.drop_rate, is_training(), *gen_);
+  x = hashed_dropout(x, config.drop_rate, is_training(), *gen_);
   for (const auto& block : trf_blocks) x = block->forward(x);
   return out_head(final_norm(x));
 }

@@ -114,7 +114,9 @@ void AdamW::step() {
     const float* g = grad.data();
     float* m = exp_avg_[i].data();
     float* v = exp_avg_sq_[i].data();
-    for (int64_t j = 0, n = p.numel(); j < n; ++j) {
+    const int64_t n = p.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t j = 0; j < n; ++j) {
       w[j] *= decay;
       m[j] = m[j] * b1 + one_minus_b1 * g[j];
       v[j] = v[j] * b2 + one_minus_b2 * g[j] * g[j];
