@@ -3,8 +3,11 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
 
@@ -28,5 +31,24 @@ struct TokenizeCommand {
 };
 int run_tokenize(const TokenizeCommand& options);
 int run_detokenize(const TokenizeCommand& options);
+
+struct TrainCommand {
+  train::TrainSettings settings;
+  std::map<std::string, std::string> overrides;  // settings given on the command line (they win over --resume's)
+  std::string text_path, out_dir = "runs/gpt", vocab_dir, resume;
+  bool replace_invalid = false;
+  std::string sample_prompt = "And God said";
+  int64_t sample_tokens = 60;
+};
+int run_train(const TrainCommand& options);
+
+struct GenerateCommand {
+  std::string checkpoint, gpt2_path, vocab_dir, prompt;
+  int64_t max_new_tokens = 100, top_k = 40;
+  double temperature = 0.8, top_p = 1.0;
+  uint64_t seed = 0;
+  bool greedy = false, no_cache = false;
+};
+int run_generate(const GenerateCommand& options);
 
 }  // namespace qkv::cli

@@ -51,6 +51,67 @@ int main(int argc, char** argv) {
   tokenize_cmd->add_flag("--no-special", tokenize.no_special, "Treat <|endoftext|> as plain text");
   tokenize_cmd->add_flag("--replace-invalid", tokenize.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
 
+  qkv::cli::TrainCommand train;
+  auto* train_cmd = app.add_subcommand(
+      "train", "Train a small GPT on a text (default: the King James Bible) with AdamW, warmup + cosine LR, "
+               "clipping, evaluation, checkpoints, a CSV and a PNG of the losses");
+  auto& ts = train.settings;
+  ts.model.vocab_size = 50257;
+  ts.model.context_length = 128;
+  ts.model.emb_dim = 192;
+  ts.model.n_heads = 6;
+  ts.model.n_layers = 4;
+  ts.model.drop_rate = 0.1;
+  // Each setting also remembers that it was given, so --resume can tell overrides from defaults.
+  std::vector<std::pair<CLI::Option*, std::string>> settings_options;
+  auto setting = [&](const char* flag, auto& target, const char* key, const char* help) {
+    settings_options.emplace_back(train_cmd->add_option(flag, target, help)->capture_default_str(), key);
+  };
+  train_cmd->add_option("--text", train.text_path, "UTF-8 text file to train on (default: bible -l80 gen1:1-rev22:21)");
+  train_cmd->add_option("--out", train.out_dir, "Output directory: checkpoint.safetensors, losses.csv, loss.png, sample.txt")
+      ->capture_default_str();
+  train_cmd->add_option("--resume", train.resume, "Continue exactly from a checkpoint (its settings, unless overridden)");
+  train_cmd->add_option("--vocab", train.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  train_cmd->add_flag("--replace-invalid", train.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+  setting("--tokenizer", ts.tokenizer, "tokenizer", "gpt2 or bytes");
+  setting("--vocab-size", ts.model.vocab_size, "vocab_size", "Model vocabulary (≥ the tokenizer's)");
+  setting("--context-length", ts.model.context_length, "context_length", "Tokens per training window");
+  setting("--emb-dim", ts.model.emb_dim, "emb_dim", "Embedding width");
+  setting("--n-heads", ts.model.n_heads, "n_heads", "Attention heads");
+  setting("--n-layers", ts.model.n_layers, "n_layers", "Transformer blocks");
+  setting("--drop-rate", ts.model.drop_rate, "drop_rate", "Dropout");
+  setting("--steps", ts.max_steps, "max_steps", "Optimiser steps");
+  setting("--batch-size", ts.batch_size, "batch_size", "Windows per step");
+  setting("--lr", ts.learning_rate, "learning_rate", "Peak learning rate");
+  setting("--min-lr", ts.min_learning_rate, "min_learning_rate", "Learning rate at the end of the cosine");
+  setting("--warmup", ts.warmup_steps, "warmup_steps", "Linear warmup steps");
+  setting("--weight-decay", ts.weight_decay, "weight_decay", "AdamW weight decay");
+  setting("--grad-clip", ts.grad_clip, "grad_clip", "Gradient norm clip (0: off)");
+  setting("--eval-every", ts.eval_every, "eval_every", "Evaluate every N steps (0: never)");
+  setting("--eval-batches", ts.eval_batches, "eval_batches", "Batches per evaluation");
+  setting("--checkpoint-every", ts.checkpoint_every, "checkpoint_every", "Checkpoint every N steps (0: only at the end)");
+  setting("--seed", ts.seed, "seed", "Seed for weights, dropout and data order");
+  train_cmd->add_option("--sample-prompt", train.sample_prompt, "Prompt for the sample printed at the end")->capture_default_str();
+  train_cmd->add_option("--sample-tokens", train.sample_tokens, "Length of that sample")->capture_default_str();
+  bool qkv_bias = false, tie = false;
+  auto* bias_flag = train_cmd->add_flag("--qkv-bias", qkv_bias, "Biases in the Q, K, V projections");
+  auto* tie_flag = train_cmd->add_flag("--tie-weights", tie, "Share the token embedding with the output head");
+
+  qkv::cli::GenerateCommand generate;
+  auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a checkpoint or GPT-2 weights");
+  auto* ckpt = generate_cmd->add_option("--checkpoint", generate.checkpoint, "A qkv train checkpoint");
+  auto* gpt2 = generate_cmd->add_option("--gpt2", generate.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
+  ckpt->excludes(gpt2);
+  generate_cmd->add_option("--prompt", generate.prompt, "Text to continue");
+  generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
+  generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  generate_cmd->add_option("--top-k", generate.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str();
+  generate_cmd->add_option("--top-p", generate.top_p, "Nucleus sampling threshold")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str();
+  generate_cmd->add_flag("--greedy", generate.greedy, "Always take the likeliest token");
+  generate_cmd->add_flag("--no-cache", generate.no_cache, "Recompute the whole context for every token (slow; for comparison)");
+  generate_cmd->add_option("--vocab", generate.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -65,6 +126,22 @@ int main(int argc, char** argv) {
     }
     if (*apply_cmd) return qkv::cli::run_apply(apply);
     if (*tokenize_cmd) return qkv::cli::run_tokenize(tokenize);
+    if (*train_cmd) {
+      ts.model.qkv_bias = qkv_bias;
+      ts.model.tie_weights = tie;
+      for (const auto& [option, key] : settings_options)
+        if (option->count()) train.overrides[key] = option->as<std::string>();
+      if (bias_flag->count()) train.overrides["qkv_bias"] = "true";
+      if (tie_flag->count()) train.overrides["tie_weights"] = "true";
+      return qkv::cli::run_train(train);
+    }
+    if (*generate_cmd) {
+      if (generate.checkpoint.empty() && generate.gpt2_path.empty()) {
+        std::fprintf(stderr, "qkv generate: give --checkpoint FILE or --gpt2 FILE\n");
+        return 2;
+      }
+      return qkv::cli::run_generate(generate);
+    }
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "qkv: error: %s\n", e.what());

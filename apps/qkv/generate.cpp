@@ -1,0 +1,60 @@
+// `qkv generate`: continue a prompt with a trained checkpoint or with GPT-2 weights (Hugging Face's
+// model.safetensors), streaming tokens as they come.
+#include <cstdio>
+#include <iostream>
+
+#include "commands.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/gpt2.hpp"
+#include "qkv/text/tokenizer.hpp"
+#include "qkv/train/trainer.hpp"
+
+namespace qkv::cli {
+
+int run_generate(const GenerateCommand& options) {
+  std::unique_ptr<nn::GPTModel> model;
+  std::string tokenizer_name = "gpt2";
+  if (!options.checkpoint.empty()) {
+    train::TrainSettings settings;
+    model = train::load_checkpoint_model(options.checkpoint, &settings);
+    tokenizer_name = settings.tokenizer;
+  } else {
+    model = nn::load_gpt2(options.gpt2_path);
+  }
+  const auto tokenizer = text::make_tokenizer(tokenizer_name, options.vocab_dir);
+  std::vector<int64_t> prompt = tokenizer->encode(options.prompt);
+  if (prompt.empty()) {
+    if (tokenizer->end_of_text() < 0) throw ValueError("the prompt is empty; give --prompt TEXT");
+    prompt.push_back(tokenizer->end_of_text());  // GPT-2 starts unconditional samples from <|endoftext|>
+  }
+  if (static_cast<int64_t>(prompt.size()) > model->config.context_length) {
+    std::fprintf(stderr, "qkv generate: the prompt has %zu tokens; only its last %lld (context_length) are used\n",
+                 prompt.size(), static_cast<long long>(model->config.context_length));
+  }
+  nn::SamplingOptions sampling;
+  sampling.max_new_tokens = options.max_new_tokens;
+  sampling.temperature = options.greedy ? 0.0 : options.temperature;
+  sampling.top_k = options.top_k;
+  sampling.top_p = options.top_p;
+  sampling.seed = options.seed;
+  sampling.use_cache = !options.no_cache;
+  sampling.stop_token = tokenizer->end_of_text();
+  std::cout << options.prompt << std::flush;
+  // Decode the whole continuation each time and print what is new, so multi-byte characters split across
+  // tokens come out whole.
+  std::vector<int64_t> produced;
+  std::string shown;
+  nn::generate(*model, prompt, sampling, [&](int64_t token) {
+    if (token == tokenizer->end_of_text()) return;
+    produced.push_back(token);
+    const std::string text = tokenizer->decode(produced);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+      std::cout << text.substr(shown.size()) << std::flush;
+      shown = text;
+    }
+  });
+  std::cout << "\n";
+  return 0;
+}
+
+}  // namespace qkv::cli

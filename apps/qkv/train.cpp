@@ -1,0 +1,257 @@
+// `qkv train`: train a small GPT on a text (default: the King James Bible from Debian's bible-kjv), with a
+// progress bar, a CSV of losses, a PNG loss plot, atomic checkpoints, exact --resume and Ctrl-C handling.
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "qkv/io/npy.hpp"
+#include "qkv/io/safetensors.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/text/tokenizer.hpp"
+#include "qkv/train/plot.hpp"
+#include "qkv/train/trainer.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted.store(true); }
+
+std::string read_corpus(const std::string& path) {
+  if (!path.empty()) {
+    const std::vector<std::byte> bytes = io::read_file(path);
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  // The default corpus: the King James Bible, as Debian's bible-kjv prints it.
+  FILE* pipe = popen("bible -l80 gen1:1-rev22:21 2>/dev/null", "r");
+  std::string text;
+  if (pipe) {
+    char buffer[65536];
+    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
+    const int status = pclose(pipe);
+    if (status != 0) text.clear();
+  }
+  if (text.empty()) {
+    throw IoError("the default corpus is the King James Bible from Debian's bible-kjv package, and `bible` did not "
+                  "run; install it (apt-get install bible-kjv) or pass --text FILE");
+  }
+  return text;
+}
+
+std::string format_duration(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  else std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+// A progress line on stderr: redrawn in place on a terminal, printed every few steps otherwise.
+class Progress {
+ public:
+  Progress(int64_t total, int64_t start) : total_(total), start_(start), tty_(isatty(STDERR_FILENO)) {}
+  void step(const train::StepReport& r) {
+    smoothed_ = smoothed_ == 0 ? r.tokens_per_second : 0.9 * smoothed_ + 0.1 * r.tokens_per_second;
+    elapsed_ += r.seconds;
+    const double eta = elapsed_ / static_cast<double>(r.step - start_) * static_cast<double>(total_ - r.step);
+    char line[256];
+    const int width = 30;
+    const int filled = static_cast<int>(width * r.step / std::max<int64_t>(total_, 1));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(width, '.');
+    std::snprintf(line, sizeof line, "[%s] step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", bar.c_str(),
+                  static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.learning_rate, smoothed_,
+                  format_duration(eta).c_str());
+    if (tty_) {
+      std::fprintf(stderr, "\r%s\x1b[K", line);
+    } else if (r.step == total_ || r.step % std::max<int64_t>(1, total_ / 25) == 0) {
+      std::fprintf(stderr, "%s\n", line);
+    }
+    std::fflush(stderr);
+  }
+  void message(const std::string& text) {
+    std::fprintf(stderr, tty_ ? "\r\x1b[K%s\n" : "%s\n", text.c_str());
+    std::fflush(stderr);
+  }
+
+ private:
+  int64_t total_, start_;
+  bool tty_;
+  double smoothed_ = 0, elapsed_ = 0;
+};
+
+struct CsvRow {
+  int64_t step;
+  double loss, lr, grad_norm, tokens_per_second;
+  double eval_train = NAN, eval_validation = NAN;
+};
+
+// Keeps the rows of an earlier run up to `step` (when resuming), so the file stays one consistent history.
+std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
+  std::vector<CsvRow> rows;
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    CsvRow r{};
+    std::string eval_train, eval_validation;
+    std::istringstream fields(line);
+    std::string f;
+    std::vector<std::string> v;
+    while (std::getline(fields, f, ',')) v.push_back(f);
+    if (v.size() < 5) continue;
+    r.step = std::stoll(v[0]);
+    r.loss = std::stod(v[1]), r.lr = std::stod(v[2]), r.grad_norm = std::stod(v[3]), r.tokens_per_second = std::stod(v[4]);
+    r.eval_train = v.size() > 5 && !v[5].empty() ? std::stod(v[5]) : NAN;
+    r.eval_validation = v.size() > 6 && !v[6].empty() ? std::stod(v[6]) : NAN;
+    if (r.step <= up_to_step) rows.push_back(r);
+  }
+  return rows;
+}
+
+void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) {
+  std::ostringstream csv;
+  csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss\n";
+  train::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
+      validation{"validation", {214, 39, 40}, {}};
+  for (const auto& r : rows) {
+    char line[256];
+    std::snprintf(line, sizeof line, "%lld,%.6f,%.6e,%.6f,%.1f,", static_cast<long long>(r.step), r.loss, r.lr,
+                  r.grad_norm, r.tokens_per_second);
+    csv << line;
+    if (!std::isnan(r.eval_train)) csv << r.eval_train << ',' << r.eval_validation;
+    else csv << ',';
+    csv << '\n';
+    train_series.points.emplace_back(static_cast<double>(r.step), r.loss);
+    if (!std::isnan(r.eval_train)) {
+      eval_series.points.emplace_back(static_cast<double>(r.step), r.eval_train);
+      validation.points.emplace_back(static_cast<double>(r.step), r.eval_validation);
+    }
+  }
+  const std::string text = csv.str();
+  io::write_file_atomically(out_dir + "/losses.csv",
+                            std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()), text.size()));
+  if (!rows.empty()) {
+    std::vector<train::Series> series = {train_series};
+    if (!eval_series.points.empty()) series.push_back(eval_series), series.push_back(validation);
+    train::plot_lines(out_dir + "/loss.png", "qkv train: cross-entropy loss", "step", "loss (nats)", series);
+  }
+}
+
+}  // namespace
+
+int run_train(const TrainCommand& options) {
+  namespace fs = std::filesystem;
+  train::TrainSettings settings = options.settings;
+  const std::string checkpoint = options.out_dir + "/checkpoint.safetensors";
+  if (!options.resume.empty()) {
+    // Resume with the checkpoint's settings; options given on the command line override them, and the
+    // trainer then names every difference that would make the run inexact.
+    train::TrainSettings stored = train::read_checkpoint_settings(options.resume);
+    for (const auto& [key, value] : options.overrides) {
+      auto strings = stored.to_strings();
+      strings[key] = value;
+      stored = train::TrainSettings::from_strings(strings);
+    }
+    settings = stored;
+  }
+  settings.validate();
+  std::error_code ec;
+  fs::create_directories(options.out_dir, ec);
+  if (ec) throw IoError(options.out_dir + ": cannot create the output directory: " + ec.message());
+
+  const auto tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
+  if (settings.model.vocab_size < tokenizer->vocab_size()) {
+    throw ValueError("vocab_size " + std::to_string(settings.model.vocab_size) + " is smaller than the " +
+                     tokenizer->name() + " tokenizer's " + std::to_string(tokenizer->vocab_size()));
+  }
+  std::string corpus = read_corpus(options.text_path);
+  if (corpus.empty()) {
+    throw ValueError((options.text_path.empty() ? std::string("the corpus") : options.text_path) +
+                     " is empty; give a text to train on");
+  }
+  if (options.replace_invalid) corpus = text::replace_invalid_utf8(corpus);
+  std::vector<int64_t> tokens;
+  try {
+    tokens = tokenizer->encode(corpus);
+  } catch (const ValueError& e) {
+    throw ValueError((options.text_path.empty() ? std::string("corpus") : options.text_path) + ": " + e.what());
+  }
+  std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
+               tokenizer->name().c_str());
+
+  train::Trainer trainer(settings, tokens);
+  if (!options.resume.empty()) trainer.resume(options.resume);
+  std::fprintf(stderr,
+               "model: %lld parameters (emb %lld, %lld layers, %lld heads, context %lld, vocab %lld); "
+               "batch %lld; steps %lld → %lld; outputs in %s\n",
+               static_cast<long long>(trainer.model().parameter_count()), static_cast<long long>(settings.model.emb_dim),
+               static_cast<long long>(settings.model.n_layers), static_cast<long long>(settings.model.n_heads),
+               static_cast<long long>(settings.model.context_length), static_cast<long long>(settings.model.vocab_size),
+               static_cast<long long>(settings.batch_size), static_cast<long long>(trainer.step()),
+               static_cast<long long>(settings.max_steps), options.out_dir.c_str());
+
+  std::vector<CsvRow> rows = options.resume.empty() ? std::vector<CsvRow>{} : read_csv(options.out_dir + "/losses.csv", trainer.step());
+  if (trainer.step() == 0) {
+    const double untrained = trainer.evaluate(true, settings.eval_batches);
+    std::fprintf(stderr, "untrained validation loss %.4f (ln vocab = %.4f)\n", untrained,
+                 std::log(static_cast<double>(settings.model.vocab_size)));
+  }
+  Progress progress(settings.max_steps, trainer.step());
+  g_interrupted.store(false);
+  auto previous = std::signal(SIGINT, on_interrupt);
+  auto save = [&](int64_t step) {
+    trainer.save_checkpoint(checkpoint);
+    write_outputs(options.out_dir, rows);
+    (void)step;
+  };
+  trainer.run([&](const train::StepReport& r) {
+                rows.push_back({r.step, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second});
+                progress.step(r);
+              },
+              [&](const train::EvalReport& e) {
+                if (!rows.empty() && rows.back().step == e.step) {
+                  rows.back().eval_train = e.train_loss;
+                  rows.back().eval_validation = e.validation_loss;
+                }
+                char line[160];
+                std::snprintf(line, sizeof line, "step %lld: train loss %.4f, validation loss %.4f",
+                              static_cast<long long>(e.step), e.train_loss, e.validation_loss);
+                progress.message(line);
+              },
+              save, &g_interrupted);
+  std::signal(SIGINT, previous);
+  save(trainer.step());
+  if (g_interrupted.load()) {
+    progress.message("interrupted at step " + std::to_string(trainer.step()) + "; checkpoint saved to " + checkpoint +
+                     "; continue with: qkv train --resume " + checkpoint + " --out " + options.out_dir);
+    return 130;
+  }
+  progress.message("done: " + checkpoint + ", " + options.out_dir + "/losses.csv, " + options.out_dir + "/loss.png");
+
+  // A sample, so you can see what it learned.
+  nn::SamplingOptions sampling;
+  sampling.max_new_tokens = options.sample_tokens;
+  sampling.temperature = 0.8;
+  sampling.top_k = 40;
+  sampling.seed = settings.seed;
+  sampling.stop_token = tokenizer->end_of_text();
+  const std::vector<int64_t> prompt = tokenizer->encode(options.sample_prompt);
+  trainer.model().eval();
+  const std::vector<int64_t> produced = nn::generate(trainer.model(), prompt, sampling);
+  const std::string sample = options.sample_prompt + tokenizer->decode(produced);
+  std::cout << "sample (temperature 0.8, top-k 40):\n" << sample << "\n";
+  std::ofstream(options.out_dir + "/sample.txt") << sample << "\n";
+  return 0;
+}
+
+}  // namespace qkv::cli

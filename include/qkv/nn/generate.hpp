@@ -1,0 +1,32 @@
+// Text generation from a GPTModel: greedy or sampled (temperature, top-k, top-p), with a KV cache so each
+// new token costs one position's work instead of a full forward pass.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "qkv/nn/gpt.hpp"
+
+namespace qkv::nn {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;  // 0: greedy (argmax)
+  int64_t top_k = 0;         // 0: all tokens
+  double top_p = 1.0;        // nucleus: the smallest set of tokens whose probability reaches top_p
+  uint64_t seed = 0;
+  bool use_cache = true;
+  int64_t stop_token = -1;   // e.g. <|endoftext|>; −1: never stop early
+};
+
+// Returns the new tokens (not the prompt). A prompt longer than context_length keeps its last
+// context_length tokens (documented truncation); when the cache fills up, it is refilled from the last
+// context_length / 2 tokens, so generation can run past context_length. on_token sees each new token.
+std::vector<int64_t> generate(const GPTModel& model, std::vector<int64_t> prompt, const SamplingOptions& options,
+                              const std::function<void(int64_t token)>& on_token = {});
+
+// Picks a token from one row of logits (V) as `options` say, drawing from `gen`.
+int64_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options, Generator& gen);
+
+}  // namespace qkv::nn

@@ -1,0 +1,98 @@
+// Training a GPTModel on token ids: AdamW, linear warmup then cosine decay, gradient clipping, evaluation
+// on a validation split, and checkpoints that resume exactly (weights, optimiser state, step, the
+// dropout generator's state, and the settings, in one safetensors file written atomically).
+// Not here: reading text or drawing progress (the CLI does), plotting (plot.hpp).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/nn/gpt.hpp"
+#include "qkv/optim.hpp"
+#include "qkv/text/dataset.hpp"
+
+namespace qkv::train {
+
+struct TrainSettings {
+  nn::GPTConfig model;
+  int64_t batch_size = 8;
+  int64_t max_steps = 500;
+  int64_t warmup_steps = 50;
+  double learning_rate = 1e-3;
+  double min_learning_rate = 1e-4;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0: no clipping
+  double train_fraction = 0.9;
+  int64_t eval_every = 50;
+  int64_t eval_batches = 10;
+  int64_t checkpoint_every = 100;  // 0: only at the end (and on interruption)
+  uint64_t seed = 123;
+  std::string tokenizer = "gpt2";
+
+  void validate() const;  // ValueError naming the bad setting
+  std::map<std::string, std::string> to_strings() const;
+  static TrainSettings from_strings(const std::map<std::string, std::string>& values);
+};
+
+// Linear warmup to learning_rate over warmup_steps, then cosine decay to min_learning_rate at max_steps.
+double learning_rate_at(const TrainSettings& settings, int64_t step);
+
+// Scales all gradients so their joint L2 norm is at most max_norm (torch.nn.utils.clip_grad_norm_);
+// returns the norm before clipping.
+double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm);
+
+struct StepReport {
+  int64_t step = 0;  // 1-based: the number of optimiser steps taken
+  double loss = 0, learning_rate = 0, grad_norm = 0, tokens_per_second = 0, seconds = 0;
+};
+struct EvalReport {
+  int64_t step = 0;
+  double train_loss = 0, validation_loss = 0;
+};
+
+// The settings stored in a checkpoint (IoError if the file is not a qkv training checkpoint).
+TrainSettings read_checkpoint_settings(const std::string& path);
+// The model of a checkpoint, in eval mode, for generation.
+std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr);
+
+class Trainer {
+ public:
+  // Splits `tokens` into training and validation windows of context_length; ValueError if either part is
+  // shorter than one window. The model is made from settings.model and the seed.
+  Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens);
+
+  // Restores weights, optimiser state, step and generator from a checkpoint. IoError if the file is not a
+  // qkv checkpoint; ValueError listing every setting that differs from this run's (a checkpoint from
+  // another configuration).
+  void resume(const std::string& checkpoint_path);
+  // Atomically writes the checkpoint (temp file, fsync, rename).
+  void save_checkpoint(const std::string& path) const;
+
+  // Trains until max_steps, or until *stop becomes true (checked between steps). Returns the last step.
+  int64_t run(const std::function<void(const StepReport&)>& on_step, const std::function<void(const EvalReport&)>& on_eval,
+              const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop);
+
+  // Mean loss over up to `batches` batches of the training or validation windows (no dropout, no grad).
+  double evaluate(bool validation, int64_t batches);
+
+  int64_t step() const { return step_; }
+  nn::GPTModel& model() { return *model_; }
+  const TrainSettings& settings() const { return settings_; }
+
+ private:
+  TrainSettings settings_;
+  Generator generator_;  // weights at construction, then dropout
+  std::unique_ptr<nn::GPTModel> model_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<text::SlidingWindowDataset> train_data_, validation_data_;
+  std::unique_ptr<text::DataLoader> train_loader_, validation_loader_;
+  int64_t step_ = 0;
+  uint64_t settings_fingerprint_ = 0;  // of the token ids: a resumed run must see the same text
+};
+
+}  // namespace qkv::train

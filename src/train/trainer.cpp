@@ -1,0 +1,293 @@
+// The training loop and its checkpoints (see qkv/train/trainer.hpp).
+#include "qkv/train/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <numbers>
+
+#include "qkv/autograd.hpp"
+#include "qkv/io/safetensors.hpp"
+
+namespace qkv::train {
+
+namespace {
+
+constexpr const char* kFormat = "qkv-gpt-checkpoint-1";
+
+// FNV-1a over the token ids: a resumed run must train on the same text.
+uint64_t fingerprint(const std::vector<int64_t>& tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t t : tokens) {
+    h ^= static_cast<uint64_t>(t);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string number(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+void TrainSettings::validate() const {
+  model.validate();
+  auto positive = [](int64_t v, const char* name) {
+    if (v < 1) throw ValueError(std::string(name) + " must be at least 1, got " + std::to_string(v));
+  };
+  positive(batch_size, "batch size");
+  positive(max_steps, "steps");
+  if (warmup_steps < 0 || eval_every < 0 || eval_batches < 0 || checkpoint_every < 0) {
+    throw ValueError("warmup, eval-every, eval-batches and checkpoint-every must not be negative");
+  }
+  if (!(learning_rate > 0) || !(min_learning_rate >= 0) || min_learning_rate > learning_rate) {
+    throw ValueError("learning rates must satisfy 0 ≤ min-lr ≤ lr and lr > 0");
+  }
+  if (!(weight_decay >= 0) || !(grad_clip >= 0)) throw ValueError("weight decay and grad clip must not be negative");
+  if (!(train_fraction > 0 && train_fraction < 1)) throw ValueError("train fraction must lie in (0, 1)");
+  if (tokenizer != "gpt2" && tokenizer != "bytes") throw ValueError("tokenizer must be gpt2 or bytes");
+}
+
+std::map<std::string, std::string> TrainSettings::to_strings() const {
+  std::map<std::string, std::string> out = model.to_strings();
+  out["batch_size"] = std::to_string(batch_size);
+  out["max_steps"] = std::to_string(max_steps);
+  out["warmup_steps"] = std::to_string(warmup_steps);
+  out["learning_rate"] = number(learning_rate);
+  out["min_learning_rate"] = number(min_learning_rate);
+  out["weight_decay"] = number(weight_decay);
+  out["grad_clip"] = number(grad_clip);
+  out["train_fraction"] = number(train_fraction);
+  out["eval_every"] = std::to_string(eval_every);
+  out["eval_batches"] = std::to_string(eval_batches);
+  out["checkpoint_every"] = std::to_string(checkpoint_every);
+  out["seed"] = std::to_string(seed);
+  out["tokenizer"] = tokenizer;
+  return out;
+}
+
+TrainSettings TrainSettings::from_strings(const std::map<std::string, std::string>& values) {
+  TrainSettings s;
+  s.model = nn::GPTConfig::from_strings(values);
+  auto get = [&](const char* key) -> const std::string& {
+    auto it = values.find(key);
+    if (it == values.end()) throw ValueError(std::string("checkpoint settings lack \"") + key + "\"");
+    return it->second;
+  };
+  auto integer = [&](const char* key) { return static_cast<int64_t>(std::strtoll(get(key).c_str(), nullptr, 10)); };
+  auto real = [&](const char* key) { return std::strtod(get(key).c_str(), nullptr); };
+  s.batch_size = integer("batch_size");
+  s.max_steps = integer("max_steps");
+  s.warmup_steps = integer("warmup_steps");
+  s.learning_rate = real("learning_rate");
+  s.min_learning_rate = real("min_learning_rate");
+  s.weight_decay = real("weight_decay");
+  s.grad_clip = real("grad_clip");
+  s.train_fraction = real("train_fraction");
+  s.eval_every = integer("eval_every");
+  s.eval_batches = integer("eval_batches");
+  s.checkpoint_every = integer("checkpoint_every");
+  s.seed = std::strtoull(get("seed").c_str(), nullptr, 10);
+  s.tokenizer = get("tokenizer");
+  s.validate();
+  return s;
+}
+
+double learning_rate_at(const TrainSettings& s, int64_t step) {
+  if (step < s.warmup_steps) return s.learning_rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  const double span = static_cast<double>(std::max<int64_t>(1, s.max_steps - s.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  return s.min_learning_rate + 0.5 * (s.learning_rate - s.min_learning_rate) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm) {
+  double total = 0.0;
+  for (const auto& [name, p] : parameters) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    for (float v : g.values()) total += static_cast<double>(v) * v;
+  }
+  const double norm = std::sqrt(total);
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (max_norm > 0 && coefficient < 1.0) {
+    for (const auto& [name, p] : parameters) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      for (float& v : g.values()) v *= static_cast<float>(coefficient);
+    }
+  }
+  return norm;
+}
+
+TrainSettings read_checkpoint_settings(const std::string& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  if (!file.metadata().count("format") || file.metadata().at("format") != kFormat) {
+    throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + kFormat + "\")");
+  }
+  try {
+    return TrainSettings::from_strings(file.metadata());
+  } catch (const ValueError& e) {
+    throw IoError(path + ": " + e.what());
+  }
+}
+
+std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings_out) {
+  const TrainSettings settings = read_checkpoint_settings(path);
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  auto model = std::make_unique<nn::GPTModel>(settings.model, Generator::no_init());
+  for (auto& [name, p] : model->named_parameters()) {
+    if (!file.contains("model." + name)) throw IoError(path + ": missing tensor model." + name);
+    const Tensor stored = file.tensor("model." + name);
+    if (!(stored.shape() == p.shape())) {
+      throw IoError(path + ": model." + name + " has shape " + stored.shape().str() + ", the configuration needs " +
+                    p.shape().str());
+    }
+    p.copy_(stored);
+  }
+  model->eval();
+  if (settings_out) *settings_out = settings;
+  return model;
+}
+
+Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens) : settings_(settings), generator_(settings.seed) {
+  settings_.validate();
+  for (int64_t id : tokens) {
+    if (id < 0 || id >= settings_.model.vocab_size) {
+      throw ValueError("token id " + std::to_string(id) + " does not fit vocab_size " + std::to_string(settings_.model.vocab_size));
+    }
+  }
+  auto [train_ids, validation_ids] = text::split_tokens(tokens, settings_.train_fraction);
+  const int64_t T = settings_.model.context_length;
+  try {
+    train_data_ = std::make_unique<text::SlidingWindowDataset>(std::move(train_ids), T, T);
+  } catch (const ValueError& e) {
+    throw ValueError(std::string("training split: ") + e.what());
+  }
+  try {
+    validation_data_ = std::make_unique<text::SlidingWindowDataset>(std::move(validation_ids), T, T);
+  } catch (const ValueError& e) {
+    throw ValueError(std::string("validation split (the last ") + number(100 * (1 - settings_.train_fraction)) +
+                     "% of the text): " + e.what());
+  }
+  train_loader_ = std::make_unique<text::DataLoader>(*train_data_, settings_.batch_size, true, settings_.seed);
+  validation_loader_ = std::make_unique<text::DataLoader>(
+      *validation_data_, std::min<int64_t>(settings_.batch_size, validation_data_->size()), false, settings_.seed);
+  model_ = std::make_unique<nn::GPTModel>(settings_.model, generator_);
+  optimizer_ = std::make_unique<optim::AdamW>(
+      model_->named_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .weight_decay = settings_.weight_decay});
+  std::vector<int64_t> all = train_data_->ids();
+  all.insert(all.end(), validation_data_->ids().begin(), validation_data_->ids().end());
+  settings_fingerprint_ = fingerprint(all);
+}
+
+void Trainer::save_checkpoint(const std::string& path) const {
+  std::vector<io::TensorData> tensors;
+  for (const auto& [name, p] : model_->named_parameters()) tensors.push_back(io::TensorData::from_tensor("model." + name, p));
+  optimizer_->for_each_state(
+      [&](const std::string& name, Tensor& t) { tensors.push_back(io::TensorData::from_tensor("optimizer." + name, t)); });
+  const std::vector<uint64_t> state = generator_.state();
+  std::vector<int64_t> words(state.begin(), state.end());
+  tensors.push_back(io::TensorData::from_int64s("rng.state", words));
+  std::map<std::string, std::string> metadata = settings_.to_strings();
+  metadata["format"] = kFormat;
+  metadata["step"] = std::to_string(step_);
+  metadata["data_fingerprint"] = std::to_string(settings_fingerprint_);
+  io::save_safetensors(path, tensors, metadata);
+}
+
+void Trainer::resume(const std::string& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  if (!file.metadata().count("format") || file.metadata().at("format") != kFormat) {
+    throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + kFormat + "\")");
+  }
+  // Every setting must match, except that a run may be extended with more steps.
+  const auto mine = settings_.to_strings();
+  std::string mismatches;
+  for (const auto& [key, value] : mine) {
+    if (key == "max_steps") continue;
+    auto it = file.metadata().find(key);
+    const std::string theirs = it == file.metadata().end() ? "(missing)" : it->second;
+    if (theirs != value) mismatches += "\n  " + key + ": checkpoint " + theirs + ", this run " + value;
+  }
+  if (file.metadata().count("data_fingerprint") && file.metadata().at("data_fingerprint") != std::to_string(settings_fingerprint_)) {
+    mismatches += "\n  text: the checkpoint was trained on different text (token fingerprint differs)";
+  }
+  if (!mismatches.empty()) {
+    throw ValueError(path + " comes from another configuration; it differs in:" + mismatches +
+                     "\nResume with the same settings and text (qkv train --resume takes them from the checkpoint "
+                     "unless you override them).");
+  }
+  nn::StateDict state;
+  for (const auto& [name, p] : model_->named_parameters()) {
+    if (!file.contains("model." + name)) throw IoError(path + ": missing tensor model." + name);
+    state.insert(name, file.tensor("model." + name));
+  }
+  const nn::StateDict current = model_->state_dict();
+  for (const auto& [name, t] : current.entries())
+    if (!state.find(name)) state.insert(name, t.clone());  // buffers (masks) and tied aliases come from the model
+  try {
+    model_->load_state_dict(state);
+  } catch (const Error& e) {
+    throw IoError(path + ": " + e.what());
+  }
+  optimizer_->ensure_state();
+  optimizer_->for_each_state([&](const std::string& name, Tensor& t) {
+    if (!file.contains("optimizer." + name)) throw IoError(path + ": missing tensor optimizer." + name);
+    const Tensor stored = file.tensor("optimizer." + name);
+    if (!(stored.shape() == t.shape())) throw IoError(path + ": optimizer." + name + " has the wrong shape");
+    t.copy_(stored);
+  });
+  const std::vector<int64_t> words = file.int64s("rng.state");
+  generator_.set_state(std::vector<uint64_t>(words.begin(), words.end()));
+  step_ = std::stoll(file.metadata().at("step"));
+  optimizer_->set_step_count(step_);
+}
+
+double Trainer::evaluate(bool validation, int64_t batches) {
+  NoGradGuard no_grad;
+  model_->eval();
+  text::DataLoader fixed(validation ? *validation_data_ : *train_data_,
+                         std::min<int64_t>(settings_.batch_size, (validation ? validation_data_ : train_data_)->size()),
+                         false, settings_.seed);
+  const int64_t n = std::min<int64_t>(std::max<int64_t>(batches, 1), fixed.batches_per_epoch());
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const text::Batch b = fixed.batch(i);
+    total += nn::language_model_loss(model_->forward(b.inputs, b.batch, b.tokens), b.targets).item();
+  }
+  model_->train();
+  return total / static_cast<double>(n);
+}
+
+int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
+                     const std::function<void(const EvalReport&)>& on_eval,
+                     const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop) {
+  model_->train();
+  const auto parameters = model_->named_parameters();
+  while (step_ < settings_.max_steps && !(stop && stop->load())) {
+    const auto start = std::chrono::steady_clock::now();
+    const double lr = learning_rate_at(settings_, step_);
+    optimizer_->set_lr(lr);
+    const text::Batch batch = train_loader_->batch(step_);
+    optimizer_->zero_grad();
+    const Tensor loss = nn::language_model_loss(model_->forward(batch.inputs, batch.batch, batch.tokens), batch.targets);
+    loss.backward();
+    const double norm = clip_grad_norm(parameters, settings_.grad_clip);
+    optimizer_->step();
+    ++step_;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (on_step) {
+      on_step({step_, loss.item(), lr, norm, static_cast<double>(batch.batch * batch.tokens) / seconds, seconds});
+    }
+    if (settings_.eval_every > 0 && (step_ % settings_.eval_every == 0 || step_ == settings_.max_steps) && on_eval) {
+      on_eval({step_, evaluate(false, settings_.eval_batches), evaluate(true, settings_.eval_batches)});
+    }
+    if (settings_.checkpoint_every > 0 && step_ % settings_.checkpoint_every == 0 && on_checkpoint) on_checkpoint(step_);
+  }
+  return step_;
+}
+
+}  // namespace qkv::train
