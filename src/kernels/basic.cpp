@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "qkv/kernels.hpp"
+#include "simd.hpp"
 
 namespace qkv::kernels {
 
@@ -106,13 +107,26 @@ void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_
     float max_value = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
     float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t j = 0;
+#ifdef QKV_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 shift = _mm256_set1_ps(max_value);
+    for (; j + 8 <= n; j += 8) {
+      const __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(xr + j), shift));
+      _mm256_storeu_ps(yr + j, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc);
+    for (float l : lanes) sum += l;
+#endif
+    for (; j < n; ++j) {
       const float e = std::exp(xr[j] - max_value);
       yr[j] = e;
       sum += e;
     }
     const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+    for (j = 0; j < n; ++j) yr[j] *= inv;
     lse[r] = max_value + std::log(sum);
   }
 }
