@@ -37,6 +37,7 @@ struct TrainCommand {
   std::map<std::string, std::string> overrides;  // settings given on the command line (they win over --resume's)
   std::string text_path, out_dir = "runs/gpt", vocab_dir, resume;
   bool replace_invalid = false;
+  int64_t stop_at = 0;  // checkpoint and stop after this step (0: run to the end)
   std::string sample_prompt = "And God said";
   int64_t sample_tokens = 60;
 };

@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
   setting("--eval-batches", ts.eval_batches, "eval_batches", "Batches per evaluation");
   setting("--checkpoint-every", ts.checkpoint_every, "checkpoint_every", "Checkpoint every N steps (0: only at the end)");
   setting("--seed", ts.seed, "seed", "Seed for weights, dropout and data order");
+  train_cmd->add_option("--stop-at", train.stop_at,
+                        "Checkpoint and stop after this step, to continue later with --resume (a run in chunks)");
   train_cmd->add_option("--sample-prompt", train.sample_prompt, "Prompt for the sample printed at the end")->capture_default_str();
   train_cmd->add_option("--sample-tokens", train.sample_tokens, "Length of that sample")->capture_default_str();
   bool qkv_bias = false, tie = false;

@@ -108,9 +108,10 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
     std::string f;
     std::vector<std::string> v;
     while (std::getline(fields, f, ',')) v.push_back(f);
-    if (v.size() < 5) continue;
+    if (v.size() < 5 || v[0].empty()) continue;
+    auto number = [](const std::string& x) { return x.empty() ? NAN : std::stod(x); };
     r.step = std::stoll(v[0]);
-    r.loss = std::stod(v[1]), r.lr = std::stod(v[2]), r.grad_norm = std::stod(v[3]), r.tokens_per_second = std::stod(v[4]);
+    r.loss = number(v[1]), r.lr = number(v[2]), r.grad_norm = number(v[3]), r.tokens_per_second = number(v[4]);
     r.eval_train = v.size() > 5 && !v[5].empty() ? std::stod(v[5]) : NAN;
     r.eval_validation = v.size() > 6 && !v[6].empty() ? std::stod(v[6]) : NAN;
     if (r.step <= up_to_step) rows.push_back(r);
@@ -125,13 +126,14 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
       validation{"validation", {214, 39, 40}, {}};
   for (const auto& r : rows) {
     char line[256];
-    std::snprintf(line, sizeof line, "%lld,%.6f,%.6e,%.6f,%.1f,", static_cast<long long>(r.step), r.loss, r.lr,
-                  r.grad_norm, r.tokens_per_second);
+    if (std::isnan(r.loss)) std::snprintf(line, sizeof line, "%lld,,,,,", static_cast<long long>(r.step));  // before training
+    else std::snprintf(line, sizeof line, "%lld,%.6f,%.6e,%.6f,%.1f,", static_cast<long long>(r.step), r.loss, r.lr,
+                       r.grad_norm, r.tokens_per_second);
     csv << line;
     if (!std::isnan(r.eval_train)) csv << r.eval_train << ',' << r.eval_validation;
     else csv << ',';
     csv << '\n';
-    train_series.points.emplace_back(static_cast<double>(r.step), r.loss);
+    if (!std::isnan(r.loss)) train_series.points.emplace_back(static_cast<double>(r.step), r.loss);
     if (!std::isnan(r.eval_train)) {
       eval_series.points.emplace_back(static_cast<double>(r.step), r.eval_train);
       validation.points.emplace_back(static_cast<double>(r.step), r.eval_validation);
@@ -205,6 +207,7 @@ int run_train(const TrainCommand& options) {
     const double untrained = trainer.evaluate(true, settings.eval_batches);
     std::fprintf(stderr, "untrained validation loss %.4f (ln vocab = %.4f)\n", untrained,
                  std::log(static_cast<double>(settings.model.vocab_size)));
+    rows.push_back({0, NAN, NAN, NAN, NAN, trainer.evaluate(false, settings.eval_batches), untrained});
   }
   Progress progress(settings.max_steps, trainer.step());
   g_interrupted.store(false);
@@ -214,9 +217,11 @@ int run_train(const TrainCommand& options) {
     write_outputs(options.out_dir, rows);
     (void)step;
   };
+  std::atomic<bool> reached_stop{false};
   trainer.run([&](const train::StepReport& r) {
                 rows.push_back({r.step, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second});
                 progress.step(r);
+                if (options.stop_at > 0 && r.step >= options.stop_at) reached_stop.store(true), g_interrupted.store(true);
               },
               [&](const train::EvalReport& e) {
                 if (!rows.empty() && rows.back().step == e.step) {
@@ -231,6 +236,11 @@ int run_train(const TrainCommand& options) {
               save, &g_interrupted);
   std::signal(SIGINT, previous);
   save(trainer.step());
+  if (reached_stop.load()) {
+    progress.message("stopped at step " + std::to_string(trainer.step()) + " as asked (--stop-at); checkpoint saved to " +
+                     checkpoint + "; continue with: qkv train --resume " + checkpoint + " --out " + options.out_dir);
+    return 0;
+  }
   if (g_interrupted.load()) {
     progress.message("interrupted at step " + std::to_string(trainer.step()) + "; checkpoint saved to " + checkpoint +
                      "; continue with: qkv train --resume " + checkpoint + " --out " + options.out_dir);

@@ -1,0 +1,159 @@
+// End-to-end runs of `qkv train` and `qkv generate` on small texts: the loss falls, outputs appear, a resumed
+// run repeats an uninterrupted one exactly, Ctrl-C saves a checkpoint, and every bad input gets a clear
+// message and exit code with nothing lost.
+#include <sys/wait.h>
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+
+#include "helpers.hpp"
+
+namespace qkv::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result qkv_run(const std::string& arguments, const std::string& prefix = "") {
+  const std::string command = prefix + std::string(QKV_CLI) + " " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+class TrainCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("qkv_train_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A few thousand characters of varied English: enough windows for a byte-level model.
+    std::ofstream text(dir_ / "text.txt");
+    for (int i = 0; i < 40; ++i)
+      text << "In the beginning was the word, and the word was with the cat; the fat cat sat on the mat " << i
+           << ". Then the dog ran after the cat, and the bird sang in the tree.\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // A tiny byte-level model: fast enough for the sanitizer build.
+  std::string tiny(const std::string& out, int steps) const {
+    return "train --text " + (dir_ / "text.txt").string() + " --tokenizer bytes --vocab-size 256 --context-length 32 "
+           "--emb-dim 32 --n-heads 2 --n-layers 1 --batch-size 4 --eval-every 10 --eval-batches 2 --sample-tokens 20 "
+           "--lr 3e-3 --warmup 5 --steps " + std::to_string(steps) + " --out " + (dir_ / out).string();
+  }
+  std::vector<std::string> loss_rows(const std::string& out) const {
+    std::vector<std::string> rows;
+    std::istringstream csv(read(dir_ / out / "losses.csv"));
+    std::string line;
+    std::getline(csv, line);
+    while (std::getline(csv, line)) {
+      // step, train loss, and the eval columns: the parts a resumed run must reproduce exactly
+      std::vector<std::string> f;
+      std::istringstream fields(line);
+      for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
+      rows.push_back(f[0] + "," + f[1] + "," + (f.size() > 5 ? f[5] : "") + "," + (f.size() > 6 ? f[6] : ""));
+    }
+    return rows;
+  }
+  fs::path dir_;
+};
+
+TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
+  const Result r = qkv_run(tiny("run", 60));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "untrained validation loss"));
+  EXPECT_TRUE(contains(r.out, "sample (temperature 0.8, top-k 40):"));
+  for (const char* f : {"checkpoint.safetensors", "losses.csv", "loss.png", "sample.txt"}) EXPECT_TRUE(fs::exists(dir_ / "run" / f)) << f;
+  EXPECT_EQ(read(dir_ / "run" / "loss.png").substr(0, 4), "\x89PNG");
+  const auto rows = loss_rows("run");
+  ASSERT_EQ(rows.size(), 61u);  // step 0 (the untrained evaluation) and 60 steps
+  const double first_val = std::stod(rows[0].substr(rows[0].rfind(',') + 1));
+  const double last_val = std::stod(rows[60].substr(rows[60].rfind(',') + 1));
+  EXPECT_LT(last_val, first_val - 0.3) << "validation loss should fall: " << first_val << " → " << last_val;
+  const Result g = qkv_run("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+                           " --prompt 'the cat' --max-new-tokens 20 --seed 3");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.out.rfind("the cat", 0), 0u) << g.out;
+  const Result greedy = qkv_run("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+                                " --prompt 'the cat' --max-new-tokens 20 --greedy");
+  const Result greedy_no_cache = qkv_run("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+                                         " --prompt 'the cat' --max-new-tokens 20 --greedy --no-cache");
+  EXPECT_EQ(greedy.out, greedy_no_cache.out);  // the KV cache changes the cost, not the tokens
+}
+
+TEST_F(TrainCli, ResumeRepeatsAnUninterruptedRunExactly) {
+  ASSERT_EQ(qkv_run(tiny("straight", 20)).code, 0);
+  const Result first = qkv_run(tiny("split", 20) + " --stop-at 7");  // mid-schedule, between evaluations
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_TRUE(contains(first.out, "stopped at step 7")) << first.out;
+  const Result resumed = qkv_run("train --resume " + (dir_ / "split" / "checkpoint.safetensors").string() + " --text " +
+                                 (dir_ / "text.txt").string() + " --out " + (dir_ / "split").string() + " --sample-tokens 5");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(loss_rows("split"), loss_rows("straight"));
+}
+
+TEST_F(TrainCli, CtrlCSavesACheckpointAndExits130) {
+  const Result r = qkv_run(tiny("interrupted", 1000000), "timeout --preserve-status -s INT 4 ");
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_TRUE(contains(r.out, "interrupted at step")) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "interrupted" / "checkpoint.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "interrupted" / "checkpoint.safetensors.tmp"));
+}
+
+TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
+  ASSERT_EQ(qkv_run(tiny("kept", 10)).code, 0);
+  const std::string checkpoint = (dir_ / "kept" / "checkpoint.safetensors").string();
+  const std::string before = read(checkpoint);
+  std::ofstream(dir_ / "empty.txt").close();
+  std::ofstream(dir_ / "short.txt") << "too short";
+  std::ofstream(dir_ / "bad.txt") << "valid text, then \xff\xfe invalid bytes and more text";
+  struct Case {
+    std::string args, expect;
+    int code;
+  };
+  const std::string shape = " --tokenizer bytes --vocab-size 256 --context-length 32 --emb-dim 32 --n-layers 1 --out " +
+                             (dir_ / "kept").string();
+  const std::string base = shape + " --n-heads 2 --steps 2";
+  const std::vector<Case> cases = {
+      {"train --text " + (dir_ / "empty.txt").string() + base, "is empty", 1},
+      {"train --text " + (dir_ / "short.txt").string() + base, "fewer than one window", 1},
+      {"train --text " + (dir_ / "bad.txt").string() + " --out " + (dir_ / "kept").string(), "invalid UTF-8 at byte 17", 1},
+      {"train --vocab /nonexistent --text " + (dir_ / "text.txt").string(), "scripts/fetch-gpt2-vocab", 1},
+      {"train --resume " + checkpoint + " --emb-dim 64 --text " + (dir_ / "text.txt").string() + " --out " + (dir_ / "kept").string(),
+       "emb_dim: checkpoint 32, this run 64", 1},
+      {"train --text /nonexistent.txt" + base, "/nonexistent.txt: cannot open", 1},
+      {"train --steps 0 --n-heads 2 --text " + (dir_ / "text.txt").string() + shape, "steps must be at least 1", 1},
+      {"train --n-heads 5 --steps 2 --text " + (dir_ / "text.txt").string() + shape, "not divisible by n_heads", 1},
+      {"train --lr abc", "lr", 2},
+      {"generate --prompt hi", "give --checkpoint FILE or --gpt2 FILE", 2},
+      {"generate --checkpoint " + (dir_ / "text.txt").string(), "text.txt", 1},
+      {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
+  };
+  for (const Case& c : cases) {
+    const Result r = qkv_run(c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, c.expect)) << c.args << "\n" << r.out;
+  }
+  EXPECT_EQ(read(checkpoint), before);  // no failed run touched the saved checkpoint
+  // A prompt longer than context_length is cut to its last context_length tokens, with a notice.
+  const Result long_prompt = qkv_run("generate --checkpoint " + checkpoint + " --max-new-tokens 3 --prompt '" + std::string(100, 'a') + "'");
+  EXPECT_EQ(long_prompt.code, 0) << long_prompt.out;
+  EXPECT_TRUE(contains(long_prompt.out, "only its last 32 (context_length) are used")) << long_prompt.out;
+}
+
+}  // namespace
+}  // namespace qkv::test
