@@ -60,8 +60,12 @@ def qkv_results(build, repeats):
                f"--benchmark_repetitions={repeats}", "--benchmark_report_aggregates_only=true"]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     data = json.loads(out[out.index("{"):])
-    return {b["run_name"].split("/repeats")[0].split("/real_time")[0]: b for b in data["benchmarks"]
-            if b.get("aggregate_name") == "median"}
+    results = {}
+    for b in data["benchmarks"]:
+        name = b["run_name"].split("/iterations")[0].split("/repeats")[0].split("/real_time")[0]
+        if b.get("aggregate_name", "median") == "median":  # single-run benchmarks have no aggregate
+            results[name] = b
+    return results
 
 
 def main():

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
 #include <numbers>
 
@@ -104,19 +105,34 @@ double learning_rate_at(const TrainSettings& s, int64_t step) {
 }
 
 double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm) {
+  // Σ g² per parameter in fixed chunks (parallel, summed in order: the same for any thread count).
+  constexpr int64_t kChunk = 1 << 16;
   double total = 0.0;
   for (const auto& [name, p] : parameters) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    for (float v : g.values()) total += static_cast<double>(v) * v;
+    const float* v = g.data();
+    const int64_t n = g.numel(), chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double acc = 0.0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) acc += static_cast<double>(v[i]) * v[i];
+      partial[static_cast<size_t>(c)] = acc;
+    }
+    for (double x : partial) total += x;
   }
   const double norm = std::sqrt(total);
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1.0) {
+    const float factor = static_cast<float>(coefficient);
     for (const auto& [name, p] : parameters) {
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      for (float& v : g.values()) v *= static_cast<float>(coefficient);
+      float* v = g.data();
+      const int64_t n = g.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) v[i] *= factor;
     }
   }
   return norm;
