@@ -2,6 +2,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 
 #include <cmath>
 #include <functional>
@@ -15,6 +19,21 @@ namespace qkv::test {
 inline std::string fixture(const std::string& name) { return std::string(QKV_FIXTURES) + "/" + name; }
 
 // Every element satisfies |a − e| ≤ atol + rtol·|e|; reports the first few offenders.
+// Runs the qkv command-line tool (stdout and stderr together), optionally behind a prefix such as `timeout`.
+struct CliResult {
+  int code;
+  std::string out;
+};
+inline CliResult run_cli(const std::string& arguments, const std::string& prefix = "") {
+  const std::string command = prefix + std::string(QKV_CLI) + " " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
 inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol = 1e-5,
                                             double atol = 1e-6) {
   if (!actual.defined() || !expected.defined()) return ::testing::AssertionFailure() << "undefined tensor";

@@ -13,25 +13,10 @@
 namespace qkv::test {
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-CliRun run(const std::string& arguments) {
-  const std::string command = std::string(QKV_CLI) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
 
 TEST(Cli, DemoPrintsTheBooksNumbers) {
-  const CliRun r = run("demo --no-color");
+  const CliResult r = run_cli("demo --no-color");
   ASSERT_EQ(r.code, 0) << r.out;
   // SelfAttention_v1, seed 123: W_query, query_2, ω22, the weights of x², and the context vectors.
   for (const char* expected : {"x1  0.2961  0.5166", "query_2 = [0.4306, 1.4551]", "ω₂₂ = 1.8524",
@@ -52,7 +37,7 @@ TEST(Cli, DemoPrintsTheBooksNumbers) {
 }
 
 TEST(Cli, DemoTrainingLossFalls) {
-  const CliRun r = run("demo --no-color --section train");
+  const CliResult r = run_cli("demo --no-color --section train");
   ASSERT_EQ(r.code, 0) << r.out;
   std::vector<double> losses;
   const std::string marker = "   loss ";  // as in "step  10   loss 1.3716"
@@ -64,24 +49,24 @@ TEST(Cli, DemoTrainingLossFalls) {
 }
 
 TEST(Cli, HelpVersionAndUsageErrors) {
-  EXPECT_EQ(run("--help").code, 0);
-  EXPECT_EQ(run("demo --help").code, 0);
-  const CliRun version = run("--version");
+  EXPECT_EQ(run_cli("--help").code, 0);
+  EXPECT_EQ(run_cli("demo --help").code, 0);
+  const CliResult version = run_cli("--version");
   EXPECT_EQ(version.code, 0);
   EXPECT_TRUE(contains(version.out, kVersion));
-  const CliRun unknown = run("demo --frobnicate");
+  const CliResult unknown = run_cli("demo --frobnicate");
   EXPECT_EQ(unknown.code, 2);
   EXPECT_TRUE(contains(unknown.out, "frobnicate")) << unknown.out;
-  EXPECT_EQ(run("").code, 2);
-  EXPECT_EQ(run("no-such-command").code, 2);
-  EXPECT_EQ(run("demo --section nope").code, 2);
+  EXPECT_EQ(run_cli("").code, 2);
+  EXPECT_EQ(run_cli("no-such-command").code, 2);
+  EXPECT_EQ(run_cli("demo --section nope").code, 2);
 }
 
 TEST(Cli, ApplyReproducesPyTorchOutputAndGradients) {
   const std::string base = fixture("modules/mha_dropout");
   const auto out_path = std::filesystem::temp_directory_path() / "qkv_cli_apply.safetensors";
   const auto expected = io::SafetensorsFile::open(base + ".expected.safetensors");
-  const CliRun r = run("apply --module " + base + ".module.safetensors --input " + base + ".input.safetensors" +
+  const CliResult r = run_cli("apply --module " + base + ".module.safetensors --input " + base + ".input.safetensors" +
                     " --grad-output " + base + ".input.safetensors --output " + out_path.string() + " --train --seed " +
                     expected.metadata().at("seed"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -95,20 +80,20 @@ TEST(Cli, ApplyReproducesPyTorchOutputAndGradients) {
 TEST(Cli, ApplyErrorsNameTheFileAndExitOne) {
   const std::string base = fixture("modules/v1_book");
   const std::string out = (std::filesystem::temp_directory_path() / "qkv_cli_never.safetensors").string();
-  CliRun r = run("apply --module " + base + ".module.safetensors --input " + fixture("modules/mha_t37.input.safetensors") +
+  CliResult r = run_cli("apply --module " + base + ".module.safetensors --input " + fixture("modules/mha_t37.input.safetensors") +
               " --output " + out);
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "mha_t37.input.safetensors")) << r.out;
   EXPECT_TRUE(contains(r.out, "d_in = 3")) << r.out;
-  r = run("apply --module " + base + ".input.safetensors --input x.npy --output " + out);
+  r = run_cli("apply --module " + base + ".input.safetensors --input x.npy --output " + out);
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "no \"module\" entry")) << r.out;
-  r = run("apply --module /nonexistent.safetensors --input x.npy --output " + out);
+  r = run_cli("apply --module /nonexistent.safetensors --input x.npy --output " + out);
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "/nonexistent.safetensors: cannot open")) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;  // one line
   EXPECT_FALSE(std::filesystem::exists(out));
-  r = run("apply --module " + base + ".module.safetensors --input x.npy --output o.safetensors --seed 3");
+  r = run_cli("apply --module " + base + ".module.safetensors --input x.npy --output o.safetensors --seed 3");
   EXPECT_EQ(r.code, 2) << r.out;  // --seed needs --train
 }
 

@@ -14,21 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result qkv_run(const std::string& arguments, const std::string& prefix = "") {
-  const std::string command = prefix + std::string(QKV_CLI) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 std::string read(const fs::path& p) {
@@ -73,7 +58,7 @@ class TrainCli : public ::testing::Test {
 };
 
 TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
-  const Result r = qkv_run(tiny("run", 60));
+  const CliResult r = run_cli(tiny("run", 60));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "untrained validation loss"));
   EXPECT_TRUE(contains(r.out, "sample (temperature 0.8, top-k 40):"));
@@ -84,30 +69,30 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   const double first_val = std::stod(rows[0].substr(rows[0].rfind(',') + 1));
   const double last_val = std::stod(rows[60].substr(rows[60].rfind(',') + 1));
   EXPECT_LT(last_val, first_val - 0.3) << "validation loss should fall: " << first_val << " → " << last_val;
-  const Result g = qkv_run("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+  const CliResult g = run_cli("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
                            " --prompt 'the cat' --max-new-tokens 20 --seed 3");
   ASSERT_EQ(g.code, 0) << g.out;
   EXPECT_EQ(g.out.rfind("the cat", 0), 0u) << g.out;
-  const Result greedy = qkv_run("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+  const CliResult greedy = run_cli("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
                                 " --prompt 'the cat' --max-new-tokens 20 --greedy");
-  const Result greedy_no_cache = qkv_run("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+  const CliResult greedy_no_cache = run_cli("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
                                          " --prompt 'the cat' --max-new-tokens 20 --greedy --no-cache");
   EXPECT_EQ(greedy.out, greedy_no_cache.out);  // the KV cache changes the cost, not the tokens
 }
 
 TEST_F(TrainCli, ResumeRepeatsAnUninterruptedRunExactly) {
-  ASSERT_EQ(qkv_run(tiny("straight", 20)).code, 0);
-  const Result first = qkv_run(tiny("split", 20) + " --stop-at 7");  // mid-schedule, between evaluations
+  ASSERT_EQ(run_cli(tiny("straight", 20)).code, 0);
+  const CliResult first = run_cli(tiny("split", 20) + " --stop-at 7");  // mid-schedule, between evaluations
   ASSERT_EQ(first.code, 0) << first.out;
   EXPECT_TRUE(contains(first.out, "stopped at step 7")) << first.out;
-  const Result resumed = qkv_run("train --resume " + (dir_ / "split" / "checkpoint.safetensors").string() + " --text " +
+  const CliResult resumed = run_cli("train --resume " + (dir_ / "split" / "checkpoint.safetensors").string() + " --text " +
                                  (dir_ / "text.txt").string() + " --out " + (dir_ / "split").string() + " --sample-tokens 5");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_EQ(loss_rows("split"), loss_rows("straight"));
 }
 
 TEST_F(TrainCli, CtrlCSavesACheckpointAndExits130) {
-  const Result r = qkv_run(tiny("interrupted", 1000000), "timeout --preserve-status -s INT 4 ");
+  const CliResult r = run_cli(tiny("interrupted", 1000000), "timeout --preserve-status -s INT 4 ");
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_TRUE(contains(r.out, "interrupted at step")) << r.out;
   EXPECT_TRUE(fs::exists(dir_ / "interrupted" / "checkpoint.safetensors"));
@@ -115,7 +100,7 @@ TEST_F(TrainCli, CtrlCSavesACheckpointAndExits130) {
 }
 
 TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
-  ASSERT_EQ(qkv_run(tiny("kept", 10)).code, 0);
+  ASSERT_EQ(run_cli(tiny("kept", 10)).code, 0);
   const std::string checkpoint = (dir_ / "kept" / "checkpoint.safetensors").string();
   const std::string before = read(checkpoint);
   std::ofstream(dir_ / "empty.txt").close();
@@ -144,13 +129,13 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
       {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
   };
   for (const Case& c : cases) {
-    const Result r = qkv_run(c.args);
+    const CliResult r = run_cli(c.args);
     EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, c.expect)) << c.args << "\n" << r.out;
   }
   EXPECT_EQ(read(checkpoint), before);  // no failed run touched the saved checkpoint
   // A prompt longer than context_length is cut to its last context_length tokens, with a notice.
-  const Result long_prompt = qkv_run("generate --checkpoint " + checkpoint + " --max-new-tokens 3 --prompt '" + std::string(100, 'a') + "'");
+  const CliResult long_prompt = run_cli("generate --checkpoint " + checkpoint + " --max-new-tokens 3 --prompt '" + std::string(100, 'a') + "'");
   EXPECT_EQ(long_prompt.code, 0) << long_prompt.out;
   EXPECT_TRUE(contains(long_prompt.out, "only its last 32 (context_length) are used")) << long_prompt.out;
 }

@@ -23,8 +23,8 @@ void gelu_reference(const float* x, float* y, int64_t n);
 // A row of all -inf gives NaN, as in PyTorch. x and y may alias.
 void softmax_rows(const float* x, float* y, int64_t rows, int64_t n);
 void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n);
-// As softmax_rows, also writing each row's log-sum-exp (max + log Σ exp(x − max)) to lse (rows). Rows in
-// parallel (OpenMP); the result does not depend on the thread count.
+// As softmax_rows, also writing each row's log-sum-exp (max + log Σ exp(x − max)) to lse (rows) unless lse
+// is null. Rows in parallel (OpenMP); the result does not depend on the thread count.
 void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n);
 // dx (rows,n) += y ⊙ (dy − rowsum(dy ⊙ y)): the softmax Jacobian-vector product from the output y.
 void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n);

@@ -188,32 +188,10 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
   }
 }
 
-// ---- exp over a row ----
-// e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 split in two parts; e^r by a degree-6
-// polynomial (Taylor, |r| ≤ ln2/2, relative error < 2e-7). −∞ gives exactly 0.
-
-
-// y[j] = exp(x[j] − shift) for j < valid, 0 for valid ≤ j < n; returns Σ y. n is a multiple of 8.
+// y[j] = exp(x[j] − shift) for j < valid, 0 for valid ≤ j < n; returns Σ y.
 float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
-  int64_t j = 0;
-  float total = 0.0f;
-#ifdef QKV_AVX2
-  __m256 sum = _mm256_setzero_ps();
-  const __m256 s = _mm256_set1_ps(shift);
-  for (; j + 8 <= valid; j += 8) {
-    const __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
-    _mm256_storeu_ps(y + j, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  for (float v : lanes) total += v;
-#endif
-  for (; j < valid; ++j) {
-    y[j] = std::exp(x[j] - shift);
-    total += y[j];
-  }
-  for (; j < n; ++j) y[j] = 0.0f;
+  const float total = simd::exp_shifted_sum(x, y, valid, shift);
+  std::fill(y + valid, y + n, 0.0f);
   return total;
 }
 
@@ -242,11 +220,6 @@ void scale_row(float* x, int64_t n, float factor) {
 // over a per-row key and the column. The backward pass regenerates the mask instead of storing it, and 8
 // decisions cost a handful of AVX2 instructions.
 
-uint32_t drop_threshold(float p) {  // keep iff hash ≥ threshold; P(keep) = 1 − p
-  const double t = static_cast<double>(p) * 4294967296.0;
-  return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
-}
-
 uint32_t dropout_row_key(uint64_t seed, int64_t bh, int64_t i) {
   const uint32_t key = simd::mix32(static_cast<uint32_t>(seed) ^ simd::mix32(static_cast<uint32_t>(seed >> 32) + 0x9E3779B9u));
   const uint32_t row = simd::mix32(static_cast<uint32_t>(bh) * 0x85ebca6bu ^ simd::mix32(static_cast<uint32_t>(i) + 0x27d4eb2fu) ^
@@ -254,31 +227,10 @@ uint32_t dropout_row_key(uint64_t seed, int64_t bh, int64_t i) {
   return simd::mix32(key ^ row);
 }
 
-uint32_t dropout_hash(uint32_t row_key, int64_t j) {
-  return simd::mix32(row_key ^ (static_cast<uint32_t>(j) * 0x9E3779B9u));
-}
-
 // z[j] *= keep(bh, i, j0 + j) / (1 − p) for j < n.
 void apply_dropout_row(float* z, int64_t n, uint64_t seed, uint32_t threshold, float inv_keep, int64_t bh, int64_t i,
                        int64_t j0) {
-  const uint32_t row = dropout_row_key(seed, bh, i);
-  int64_t j = 0;
-#ifdef QKV_AVX2
-  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-  const __m256i thr = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(threshold)), sign);
-  const __m256i golden = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
-  const __m256i key = _mm256_set1_epi32(static_cast<int>(row));
-  const __m256 scale = _mm256_set1_ps(inv_keep);
-  for (; j + 8 <= n; j += 8) {
-    const __m256i cols = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0 + j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i h = simd::mix32(_mm256_xor_si256(key, _mm256_mullo_epi32(cols, golden)));
-    // unsigned h < threshold, via signed compare after flipping the sign bits
-    const __m256 drop = _mm256_castsi256_ps(_mm256_cmpgt_epi32(thr, _mm256_xor_si256(h, sign)));
-    const __m256 factor = _mm256_andnot_ps(drop, scale);
-    _mm256_storeu_ps(z + j, _mm256_mul_ps(_mm256_loadu_ps(z + j), factor));
-  }
-#endif
-  for (; j < n; ++j) z[j] *= dropout_hash(row, j0 + j) >= threshold ? inv_keep : 0.0f;
+  simd::apply_keep(z, z, n, dropout_row_key(seed, bh, i), static_cast<uint32_t>(j0), threshold, inv_keep, false);
 }
 
 // ---- per-call setup shared by forward and backward ----
@@ -301,7 +253,7 @@ struct Plan {
     k_blocks = (d.Tk + kBc - 1) / kBc;
     offset = d.Tk - d.Tq;
     dropout = o.dropout_p > 0.0f;
-    threshold = drop_threshold(o.dropout_p);
+    threshold = simd::drop_threshold(o.dropout_p);
     inv_keep = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
   }
   int threads() const { return options.threads > 0 ? options.threads : omp_get_max_threads(); }
@@ -376,7 +328,7 @@ const char* attention_isa() {
 
 bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j) {
   if (p <= 0.0f) return true;
-  return dropout_hash(dropout_row_key(seed, bh, i), j) >= drop_threshold(p);
+  return simd::keep_hash(dropout_row_key(seed, bh, i), static_cast<uint32_t>(j)) >= simd::drop_threshold(p);
 }
 
 void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,

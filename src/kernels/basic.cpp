@@ -81,23 +81,7 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   }
 }
 
-void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float* yr = y + r * n;
-    float max_value = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
-    // std::max skips a NaN, but the NaN still reaches `sum`, so the whole row becomes NaN as in PyTorch.
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float e = std::exp(xr[j] - max_value);
-      yr[j] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
-  }
-}
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) { softmax_rows_lse(x, y, nullptr, rows, n); }
 
 void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static) if (rows * n > (1 << 16))
@@ -106,28 +90,11 @@ void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_
     float* yr = y + r * n;
     float max_value = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
-    float sum = 0.0f;
-    int64_t j = 0;
-#ifdef QKV_AVX2
-    __m256 acc = _mm256_setzero_ps();
-    const __m256 shift = _mm256_set1_ps(max_value);
-    for (; j + 8 <= n; j += 8) {
-      const __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(xr + j), shift));
-      _mm256_storeu_ps(yr + j, e);
-      acc = _mm256_add_ps(acc, e);
-    }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc);
-    for (float l : lanes) sum += l;
-#endif
-    for (; j < n; ++j) {
-      const float e = std::exp(xr[j] - max_value);
-      yr[j] = e;
-      sum += e;
-    }
+    // std::max skips a NaN, but the NaN still reaches the sum, so the whole row becomes NaN as in PyTorch.
+    const float sum = simd::exp_shifted_sum(xr, yr, n, max_value);
     const float inv = 1.0f / sum;
-    for (j = 0; j < n; ++j) yr[j] *= inv;
-    lse[r] = max_value + std::log(sum);
+    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+    if (lse) lse[r] = max_value + std::log(sum);
   }
 }
 

@@ -2,6 +2,7 @@
 // every user keeps a scalar path for other CPUs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -56,6 +57,65 @@ inline uint32_t mix32(uint32_t h) {
   h ^= h >> 13;
   h *= 0xc2b2ae35u;
   return h ^ (h >> 16);
+}
+
+// y[j] = exp(x[j] − shift) for j < n (x and y may alias); returns Σ y.
+inline float exp_shifted_sum(const float* x, float* y, int64_t n, float shift) {
+  int64_t j = 0;
+  float total = 0.0f;
+#ifdef QKV_AVX2
+  __m256 sum = _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
+    _mm256_storeu_ps(y + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  for (float v : lanes) total += v;
+#endif
+  for (; j < n; ++j) {
+    y[j] = std::exp(x[j] - shift);
+    total += y[j];
+  }
+  return total;
+}
+
+// ---- counter-based dropout decisions, shared by the attention kernel and tensor dropout ----
+// Element `index` under `key` is kept iff keep_hash(key, index) ≥ threshold, so P(keep) = 1 − p.
+
+inline uint32_t drop_threshold(float p) {
+  const double t = static_cast<double>(p) * 4294967296.0;
+  return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+}
+
+inline uint32_t keep_hash(uint32_t key, uint32_t index) { return mix32(key ^ (index * 0x9E3779B9u)); }
+
+// x[i] · (kept(first + i) ? scale : 0) for i < n, written to y (accumulated into y when `accumulate`).
+inline void apply_keep(const float* x, float* y, int64_t n, uint32_t key, uint32_t first, uint32_t threshold, float scale,
+                       bool accumulate) {
+  int64_t i = 0;
+#ifdef QKV_AVX2
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i thr = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(threshold)), sign);
+  const __m256i golden = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
+  const __m256i k = _mm256_set1_epi32(static_cast<int>(key));
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first + static_cast<uint32_t>(i))),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i h = mix32(_mm256_xor_si256(k, _mm256_mullo_epi32(idx, golden)));
+    // unsigned h < threshold, via a signed compare after flipping the sign bits
+    const __m256 drop = _mm256_castsi256_ps(_mm256_cmpgt_epi32(thr, _mm256_xor_si256(h, sign)));
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_andnot_ps(drop, s));
+    _mm256_storeu_ps(y + i, accumulate ? _mm256_add_ps(_mm256_loadu_ps(y + i), v) : v);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float v = keep_hash(key, first + static_cast<uint32_t>(i)) >= threshold ? x[i] * scale : 0.0f;
+    y[i] = accumulate ? y[i] + v : v;
+  }
 }
 
 }  // namespace qkv::kernels::simd
