@@ -113,6 +113,14 @@ TEST(Tape, GradientsAccumulateWhenATensorIsUsedTwice) {
   EXPECT_TRUE(all_close(x.grad(), Tensor::zeros({2})));
 }
 
+TEST(Tape, ASecondBackwardThroughAFreedGraphIsAnError) {
+  Tensor x = Tensor::from({2.0f}, {1}).requires_grad_();
+  Tensor y = sum(mul(x, x));
+  y.backward();
+  EXPECT_THROW(y.backward(), ValueError);
+  EXPECT_TRUE(all_close(x.grad(), Tensor::from({4.0f}, {1})));  // the first pass's gradient is intact
+}
+
 TEST(Tape, NoGradGuardRecordsNothing) {
   Tensor x = Tensor::ones({2}).requires_grad_();
   {

@@ -125,6 +125,7 @@ struct TensorImpl {
   bool requires_grad = false;
   Tensor grad;
   std::shared_ptr<Node> node;  // set for results of recorded ops
+  bool graph_released = false; // backward() has run through this tensor's node and freed it
 };
 
 }  // namespace detail

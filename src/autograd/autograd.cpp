@@ -82,6 +82,10 @@ void Tensor::backward(const Tensor& grad_output) const {
     throw ValueError("backward(): this tensor does not require grad; no input of its computation had "
                      "requires_grad_() set, or it was computed under NoGradGuard");
   }
+  if (impl()->graph_released) {
+    throw ValueError("backward(): the graph behind this tensor was already freed by an earlier backward(); "
+                     "compute the result again before calling backward a second time");
+  }
   if (!(grad_output.shape() == shape())) {
     throw ShapeError("backward(): grad_output has shape " + grad_output.shape().str() + " but the tensor has shape " +
                      shape().str());
@@ -97,6 +101,7 @@ void Tensor::backward(const Tensor& grad_output) const {
     detail::TensorImpl* impl = it->impl();
     if (impl->node) {  // a leaf has no node: its gradient stays for the caller
       std::shared_ptr<detail::Node> node = std::move(impl->node);  // frees the graph as we go
+      impl->graph_released = true;
       if (impl->grad.defined()) node->backward(impl->grad);
       impl->grad = Tensor();  // non-leaf gradients are not kept (as in PyTorch)
     }
