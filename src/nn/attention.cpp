@@ -64,13 +64,6 @@ SelfAttentionV2::SelfAttentionV2(int64_t d_in_, int64_t d_out_, bool qkv_bias, G
   register_module("W_value", W_value);
 }
 
-AttentionTrace SelfAttentionV2::trace(const Tensor& x) const {
-  check_attention_input(x, d_in, "SelfAttention_v2");
-  Tensor keys = W_key(x);
-  Tensor queries = W_query(x);
-  Tensor values = W_value(x);
-  return scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values));
-}
 
 void check_context_length(int64_t T, int64_t context_length, const char* layer) {
   if (T > context_length) {
@@ -81,6 +74,23 @@ void check_context_length(int64_t T, int64_t context_length, const char* layer) 
 }
 
 namespace {
+struct Projections {
+  Tensor queries, keys, values;
+};
+
+// Checks x against the layer (and its context_length, when it has one) and projects it with the three
+// Linear layers, keys first as the book does. Every Linear-based class's trace and forward start here.
+Projections project(const Tensor& x, const Linear& W_query, const Linear& W_key, const Linear& W_value, int64_t d_in,
+                    int64_t context_length, const char* layer) {
+  check_attention_input(x, d_in, layer);
+  if (context_length > 0) check_context_length(x.size(-2), context_length, layer);
+  Projections p;
+  p.keys = W_key(x);
+  p.queries = W_query(x);
+  p.values = W_value(x);
+  return p;
+}
+
 void check_dropout(double p, const char* layer) {
   if (!(p >= 0.0 && p <= 1.0)) {
     throw ValueError(std::string(layer) + ": dropout must lie in [0, 1], got " + std::to_string(p));
@@ -112,14 +122,15 @@ CausalAttention::CausalAttention(int64_t d_in_, int64_t d_out_, int64_t context_
   mask = register_buffer("mask", causal_mask(context_length), /*optional_on_load=*/true);
 }
 
+AttentionTrace SelfAttentionV2::trace(const Tensor& x) const {
+  Projections p = project(x, W_query, W_key, W_value, d_in, 0, "SelfAttention_v2");
+  return scaled_dot_product_trace(std::move(p.queries), std::move(p.keys), std::move(p.values));
+}
+
 AttentionTrace CausalAttention::trace(const Tensor& x) const {
-  check_attention_input(x, d_in, "CausalAttention");
-  check_context_length(x.size(-2), context_length, "CausalAttention");
-  Tensor keys = W_key(x);
-  Tensor queries = W_query(x);
-  Tensor values = W_value(x);
-  return scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values), /*causal=*/true, dropout,
-                                  is_training(), *gen_);
+  Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "CausalAttention");
+  return scaled_dot_product_trace(std::move(p.queries), std::move(p.keys), std::move(p.values), /*causal=*/true,
+                                  dropout, is_training(), *gen_);
 }
 
 // The fused kernel on the projections as they come out of Linear: (B, T, H·D), no transposes.
@@ -139,12 +150,8 @@ Tensor fused_causal_attention(const Tensor& queries, const Tensor& keys, const T
 
 Tensor CausalAttention::forward(const Tensor& x) const {
   if (attention_path() == AttentionPath::Plain) return trace(x).context;
-  check_attention_input(x, d_in, "CausalAttention");
-  check_context_length(x.size(-2), context_length, "CausalAttention");
-  Tensor keys = W_key(x);
-  Tensor queries = W_query(x);
-  Tensor values = W_value(x);
-  return fused_causal_attention(queries, keys, values, 1, dropout, is_training(), *gen_);
+  const Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "CausalAttention");
+  return fused_causal_attention(p.queries, p.keys, p.values, 1, dropout, is_training(), *gen_);
 }
 
 MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length,
@@ -194,14 +201,13 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_in_, int64_t d_out_, int64_t co
 }
 
 AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
-  check_attention_input(input, d_in, "MultiHeadAttention");
-  check_context_length(input.size(-2), context_length, "MultiHeadAttention");
+  const Projections p = project(input, W_query, W_key, W_value, d_in, context_length, "MultiHeadAttention");
   const bool unbatched = input.rank() == 2;
   const Tensor x = unbatched ? reshape(input, {1, input.size(0), input.size(1)}) : input;
-  Tensor keys = split_heads(W_key(x), num_heads, head_dim);        // (B, H, T, D)
-  Tensor queries = split_heads(W_query(x), num_heads, head_dim);
-  Tensor values = split_heads(W_value(x), num_heads, head_dim);
-  AttentionTrace t = scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values), true, dropout,
+  auto heads = [&](const Tensor& t) {  // (B, T, d_out) → (B, H, T, D)
+    return split_heads(unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t, num_heads, head_dim);
+  };
+  AttentionTrace t = scaled_dot_product_trace(heads(p.queries), heads(p.keys), heads(p.values), true, dropout,
                                               is_training(), *gen_);
   // (B, H, T, D) → (B, T, H, D) → (B, T, d_out), then the output projection.
   Tensor merged = reshape(transpose(t.context, 1, 2), {x.size(0), x.size(1), d_out});
@@ -212,12 +218,9 @@ AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
 
 Tensor MultiHeadAttention::forward(const Tensor& x) const {
   if (attention_path() == AttentionPath::Plain) return trace(x).context;
-  check_attention_input(x, d_in, "MultiHeadAttention");
-  check_context_length(x.size(-2), context_length, "MultiHeadAttention");
-  Tensor keys = W_key(x);  // (B, T, H·D): the kernel reads each head with strides
-  Tensor queries = W_query(x);
-  Tensor values = W_value(x);
-  return out_proj(fused_causal_attention(queries, keys, values, num_heads, dropout, is_training(), *gen_));
+  // (B, T, H·D) as Linear gives it: the kernel reads each head with strides.
+  const Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "MultiHeadAttention");
+  return out_proj(fused_causal_attention(p.queries, p.keys, p.values, num_heads, dropout, is_training(), *gen_));
 }
 
 }  // namespace qkv::nn
