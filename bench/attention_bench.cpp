@@ -21,7 +21,7 @@
 #endif
 
 #include "qkv/kernels.hpp"
-#include "qkv/memory.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "qkv/qkv.hpp"
 
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "qkv/kernels.hpp"
-#include "qkv/random.hpp"
-#include "qkv/tensor.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/core/tensor.hpp"
 
 // VmHWM from /proc/self/status: the peak resident set of this process image. (getrusage's ru_maxrss
 // survives exec, so a child of a large process would report its parent's peak.)

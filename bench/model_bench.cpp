@@ -11,7 +11,7 @@
 
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
-#include "qkv/optim.hpp"
+#include "qkv/train/optim.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/trainer.hpp"
 

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "qkv/qkv.hpp"
-#include "qkv/show.hpp"
+#include "qkv/viz/show.hpp"
 
 namespace qkv::cli {
 
@@ -37,35 +37,35 @@ std::vector<std::string> dims(const char* prefix, int64_t n) {
 
 // Prints every intermediate of one forward pass with token labels.
 void walk_through(std::ostream& out, const nn::AttentionTrace& t, const Tensor& x, const DemoOptions& options) {
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   const int64_t d_out = t.queries.size(-1);
   const auto cols = dims("c", d_out);
-  out << "\n" << show::matrix("Q = X·Wq   queries", t.queries, kJourney, cols, style);
-  out << "\n" << show::matrix("K = X·Wk   keys", t.keys, kJourney, cols, style);
-  out << "\n" << show::matrix("V = X·Wv   values", t.values, kJourney, cols, style);
-  out << "\n" << show::matrix("Ω = Q·Kᵀ   attention scores (row i: how query i matches every key)", t.scores, kJourney,
+  out << "\n" << viz::matrix("Q = X·Wq   queries", t.queries, kJourney, cols, style);
+  out << "\n" << viz::matrix("K = X·Wk   keys", t.keys, kJourney, cols, style);
+  out << "\n" << viz::matrix("V = X·Wv   values", t.values, kJourney, cols, style);
+  out << "\n" << viz::matrix("Ω = Q·Kᵀ   attention scores (row i: how query i matches every key)", t.scores, kJourney,
                               kJourney, style);
   out << "\n"
-      << show::matrix("A = softmax(Ω / √" + std::to_string(d_out) + ")   attention weights, by rows", t.weights,
+      << viz::matrix("A = softmax(Ω / √" + std::to_string(d_out) + ")   attention weights, by rows", t.weights,
                       kJourney, kJourney, style, /*row_sums=*/true);
-  out << "\n" << show::heatmap("What attends to what", t.weights, kJourney, style);
-  out << "\n" << show::matrix("C = A·V   context vectors", t.context, kJourney, cols, style);
+  out << "\n" << viz::heatmap("What attends to what", t.weights, kJourney, style);
+  out << "\n" << viz::matrix("C = A·V   context vectors", t.context, kJourney, cols, style);
   (void)x;
 }
 
 void section_v1(std::ostream& out, const DemoOptions& options) {
   heading(out, "1. SelfAttention_v1 — raw parameter matrices, torch.manual_seed(123)");
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   const Tensor x = journey_inputs();
   out << "Input: \"Your journey starts with one step\", one 3-d embedding per token (n = 6, d = 3).\n\n";
-  out << show::matrix("X   input embeddings", x, kJourney, dims("x", 3), style);
+  out << viz::matrix("X   input embeddings", x, kJourney, dims("x", 3), style);
 
   manual_seed(123);
   nn::SelfAttentionV1 attention(3, 2);
   out << "\nThree trainable d×c = 3×2 matrices, drawn with torch.rand in the order query, key, value:\n\n";
-  out << show::matrix("Wq  W_query", attention.W_query, dims("x", 3), dims("c", 2), style) << "\n";
-  out << show::matrix("Wk  W_key", attention.W_key, dims("x", 3), dims("c", 2), style) << "\n";
-  out << show::matrix("Wv  W_value", attention.W_value, dims("x", 3), dims("c", 2), style);
+  out << viz::matrix("Wq  W_query", attention.W_query, dims("x", 3), dims("c", 2), style) << "\n";
+  out << viz::matrix("Wk  W_key", attention.W_key, dims("x", 3), dims("c", 2), style) << "\n";
+  out << viz::matrix("Wv  W_value", attention.W_value, dims("x", 3), dims("c", 2), style);
 
   const nn::AttentionTrace t = attention.trace(x);
   walk_through(out, t, x, options);
@@ -77,26 +77,26 @@ void section_v1(std::ostream& out, const DemoOptions& options) {
   out << line << "attention weights of x²:\n";
   std::vector<float> row;
   for (int64_t j = 0; j < 6; ++j) row.push_back(t.weights.at({1, j}));
-  out << show::bars(row, kJourney);
+  out << viz::bars(row, kJourney);
 }
 
 void section_v2(std::ostream& out, const DemoOptions& options) {
   heading(out, "2. SelfAttention_v2 — nn.Linear projections, torch.manual_seed(789)");
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   const Tensor x = journey_inputs();
   manual_seed(789);
   nn::SelfAttentionV2 attention(3, 2);
   out << "Linear stores its weight as (out, in) = 2×3 and computes x·Wᵀ, so Wq below is W_query.weight.\n"
          "nn.Linear's initialisation (kaiming-uniform) gives smaller, centred weights than torch.rand.\n\n";
-  out << show::matrix("W_query.weight", attention.W_query.weight, dims("c", 2), dims("x", 3), style) << "\n";
-  out << show::matrix("W_key.weight", attention.W_key.weight, dims("c", 2), dims("x", 3), style) << "\n";
-  out << show::matrix("W_value.weight", attention.W_value.weight, dims("c", 2), dims("x", 3), style);
+  out << viz::matrix("W_query.weight", attention.W_query.weight, dims("c", 2), dims("x", 3), style) << "\n";
+  out << viz::matrix("W_key.weight", attention.W_key.weight, dims("c", 2), dims("x", 3), style) << "\n";
+  out << viz::matrix("W_value.weight", attention.W_value.weight, dims("c", 2), dims("x", 3), style);
   walk_through(out, attention.trace(x), x, options);
 }
 
 void section_train(std::ostream& out, const DemoOptions& options) {
   heading(out, "3. Training Wq, Wk, Wv — make \"cat\" attend to \"fat\"");
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   const std::vector<std::string> tokens = {"the", "fat", "cat", "sat", "on", "the", "mat"};
   // Fixed embeddings: one random 4-d vector per distinct word (seed 123), looked up per token, so both
   // "the" get the same vector, as a real embedding table would give them.
@@ -113,7 +113,7 @@ void section_train(std::ostream& out, const DemoOptions& options) {
   const int64_t cat = 2, fat = 1;
   out << "Sentence: \"the fat cat sat on the mat\"; fixed 4-d embeddings; SelfAttention_v1(4, 4).\n"
          "Loss: −log A[cat, fat], the cross-entropy of cat's attention row against the key \"fat\".\n\n";
-  out << show::matrix("X   embeddings (fixed)", x, tokens, dims("x", d), style);
+  out << viz::matrix("X   embeddings (fixed)", x, tokens, dims("x", d), style);
 
   auto cat_row = [&]() {
     NoGradGuard no_grad;
@@ -123,7 +123,7 @@ void section_train(std::ostream& out, const DemoOptions& options) {
     return row;
   };
   const std::vector<float> before = cat_row();
-  out << "\nBefore training, \"cat\" attends to:\n" << show::bars(before, tokens);
+  out << "\nBefore training, \"cat\" attends to:\n" << viz::bars(before, tokens);
 
   optim::AdamW optimizer(attention.named_parameters(), {.lr = 0.05});
   std::vector<int64_t> targets(tokens.size(), -100);  // only cat's row has a target; the rest are ignored
@@ -154,7 +154,7 @@ void section_train(std::ostream& out, const DemoOptions& options) {
     optimizer.step();
   }
   const std::vector<float> after = cat_row();
-  out << "\nAfter " << step << " steps, \"cat\" attends to:\n" << show::bars(after, tokens);
+  out << "\nAfter " << step << " steps, \"cat\" attends to:\n" << viz::bars(after, tokens);
   float change = 0.0f;
   for (int64_t i = 0; i < attention.W_value.numel(); ++i)
     change = std::max(change, std::fabs(attention.W_value.data()[i] - w_value_before.data()[i]));
@@ -168,27 +168,27 @@ Tensor journey_batch() {
   return concat({x, x}, 0);  // torch.stack((inputs, inputs)): batch of 2, shape (2, 6, 3)
 }
 
-void print_batch_row(std::ostream& out, const std::string& title, const Tensor& batched, const show::Style& style) {
+void print_batch_row(std::ostream& out, const std::string& title, const Tensor& batched, const viz::Style& style) {
   out << "\n" << title << ", output shape " << batched.shape().str() << "; batch row 0:\n";
   const Tensor first = reshape(batched, {batched.size(0), batched.size(1) * batched.size(2)});
-  out << show::matrix("context vectors", top_left(first, 1, batched.size(1) * batched.size(2)).view_as_shape(
+  out << viz::matrix("context vectors", top_left(first, 1, batched.size(1) * batched.size(2)).view_as_shape(
                                              {batched.size(1), batched.size(2)}),
                       kJourney, dims("c", batched.size(2)), style);
 }
 
 void section_causal(std::ostream& out, const DemoOptions& options) {
   heading(out, "4. Causal attention — a token may not look at the tokens after it");
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   manual_seed(789);
   nn::SelfAttentionV2 attention(3, 2);
   const nn::AttentionTrace t = attention.trace(journey_inputs());
   out << "SelfAttention_v2 with seed 789 again. The scores above the diagonal become −∞ before the softmax,\n"
          "so their weights are exactly 0 and every row still sums to 1:\n\n";
   const Tensor masked = masked_fill(t.scores, causal_mask(6), -INFINITY);
-  out << show::matrix("Ω masked  (−inf = the future)", masked, kJourney, kJourney, style);
+  out << viz::matrix("Ω masked  (−inf = the future)", masked, kJourney, kJourney, style);
   const Tensor weights = softmax(div(masked, std::sqrt(2.0f)));
-  out << "\n" << show::matrix("A = softmax(Ω_masked / √2)", weights, kJourney, kJourney, style, true);
-  out << "\n" << show::heatmap("What attends to what, causally", weights, kJourney, style);
+  out << "\n" << viz::matrix("A = softmax(Ω_masked / √2)", weights, kJourney, kJourney, style, true);
+  out << "\n" << viz::heatmap("What attends to what, causally", weights, kJourney, style);
 
   manual_seed(123);
   nn::CausalAttention causal(3, 2, 6, 0.0);
@@ -198,26 +198,26 @@ void section_causal(std::ostream& out, const DemoOptions& options) {
 
 void section_dropout(std::ostream& out, const DemoOptions& options) {
   heading(out, "5. Dropout on the attention weights — only while training");
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   manual_seed(123);
   const Tensor dropped = dropout(Tensor::ones({6, 6}), 0.5, true, default_generator());
   out << "torch.manual_seed(123); Dropout(0.5) on a 6×6 matrix of ones: about half the entries become 0,\n"
          "the rest are scaled by 1/(1 − 0.5) = 2 so the expected sum stays the same:\n\n";
-  out << show::matrix("dropout(ones(6, 6))", dropped, {}, {}, style);
+  out << viz::matrix("dropout(ones(6, 6))", dropped, {}, {}, style);
   manual_seed(789);
   nn::SelfAttentionV2 attention(3, 2);
   const Tensor scores = attention.trace(journey_inputs()).scores;
   const Tensor weights = softmax(div(masked_fill(scores, causal_mask(6), -INFINITY), std::sqrt(2.0f)));
   manual_seed(123);
   out << "\nThe same on the causal weights of section 4, reseeded with 123 (as the book does):\n\n";
-  out << show::matrix("dropout(A_causal)", dropout(weights, 0.5, true, default_generator()), kJourney, kJourney, style,
+  out << viz::matrix("dropout(A_causal)", dropout(weights, 0.5, true, default_generator()), kJourney, kJourney, style,
                       true);
   out << "In eval() mode, or with dropout = 0, the weights pass through untouched and no random numbers are drawn.\n";
 }
 
 void section_mha(std::ostream& out, const DemoOptions& options) {
   heading(out, "6. Multi-head attention");
-  const show::Style style{4, options.color};
+  const viz::Style style{4, options.color};
   manual_seed(123);
   nn::MultiHeadAttentionWrapper wrapper(3, 2, 6, 0.0, 2);
   out << "MultiHeadAttentionWrapper: two CausalAttention heads side by side, outputs concatenated.\n"
@@ -233,7 +233,7 @@ void section_mha(std::ostream& out, const DemoOptions& options) {
     const Tensor head = reshape(t.weights, {2 * 2 * 6, 6});
     Tensor rows = Tensor::empty({6, 6});
     std::copy_n(head.data() + h * 36, 36, rows.data());
-    out << "\n" << show::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, kJourney, style);
+    out << "\n" << viz::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, kJourney, style);
   }
 }
 

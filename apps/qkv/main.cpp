@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "commands.hpp"
-#include "qkv/error.hpp"
+#include "qkv/core/error.hpp"
 #include "qkv/version.hpp"
 
 int main(int argc, char** argv) {

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "qkv/error.hpp"
+#include "qkv/core/error.hpp"
 #include "qkv/text/tokenizer.hpp"
 
 namespace qkv::cli {

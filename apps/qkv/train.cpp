@@ -12,11 +12,11 @@
 #include <sstream>
 
 #include "commands.hpp"
-#include "qkv/io/npy.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/text/tokenizer.hpp"
-#include "qkv/train/plot.hpp"
+#include "qkv/viz/plot.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
@@ -122,7 +122,7 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
 void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) {
   std::ostringstream csv;
   csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss\n";
-  train::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
+  viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
       validation{"validation", {214, 39, 40}, {}};
   for (const auto& r : rows) {
     char line[256];
@@ -143,9 +143,9 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
   io::write_file_atomically(out_dir + "/losses.csv",
                             std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()), text.size()));
   if (!rows.empty()) {
-    std::vector<train::Series> series = {train_series};
+    std::vector<viz::Series> series = {train_series};
     if (!eval_series.points.empty()) series.push_back(eval_series), series.push_back(validation);
-    train::plot_lines(out_dir + "/loss.png", "qkv train: cross-entropy loss", "step", "loss (nats)", series);
+    viz::plot_lines(out_dir + "/loss.png", "qkv train: cross-entropy loss", "step", "loss (nats)", series);
   }
 }
 

@@ -1,109 +1,14 @@
-// Kernels: pure compute on raw float pointers. No allocation in hot loops, no graph, no I/O.
-// Each fast kernel has a plain scalar reference beside it (suffix _reference) that the tests compare
-// against. Layouts are row-major; every comment states the shapes.
+// Kernels: pure compute on raw float pointers. No allocation in hot loops, no graph, no I/O. Every fast
+// kernel has a plain scalar reference (suffix _reference) that tests/test_kernel_table.cpp compares it with.
+// Layouts are row-major; every comment states the shapes. This header gathers the kernel headers.
+// Threads: kernels use OpenMP (OMP_NUM_THREADS or omp_set_num_threads); OpenBLAS runs single-threaded inside
+// qkv. Calls on disjoint outputs may run concurrently.
 #pragma once
 
-#include <cstdint>
-
-namespace qkv::kernels {
-
-// C (M,N) = alpha * op(A) @ op(B) + beta * C, op(X) = X or Xᵀ. A is (M,K) or, transposed, (K,M);
-// B is (K,N) or (N,K). lda/ldb/ldc are row strides. OpenBLAS sgemm does the work.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-
-// GELU, tanh form, elementwise over n values (parallel). gelu_backward adds g · GELU'(x) into dx.
-void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* x, const float* g, float* dx, int64_t n);
-void gelu_reference(const float* x, float* y, int64_t n);
-
-// y (rows,n) = softmax of each row of x (rows,n), subtracting the row max first so exp cannot overflow.
-// A row of all -inf gives NaN, as in PyTorch. x and y may alias.
-void softmax_rows(const float* x, float* y, int64_t rows, int64_t n);
-void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n);
-// As softmax_rows, also writing each row's log-sum-exp (max + log Σ exp(x − max)) to lse (rows) unless lse
-// is null. Rows in parallel (OpenMP); the result does not depend on the thread count.
-void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n);
-// dx (rows,n) += y ⊙ (dy − rowsum(dy ⊙ y)): the softmax Jacobian-vector product from the output y.
-void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n);
-
-// Inverted dropout with a counter-based mask: y[i] (+)= x[i] · keep(seed, i) / (1 − p), where keep is a pure
-// function of (seed, i) (murmur3's finalizer), so the backward pass regenerates the mask instead of storing
-// it. Parallel and vectorised; the result does not depend on the thread count.
-void hashed_dropout(const float* x, float* y, int64_t n, uint64_t seed, float p, bool accumulate);
-
-// out (cols) += Σ_r x (rows, cols): column sums, as bias gradients need. Rows go in fixed chunks summed in
-// order, so the result does not depend on the thread count.
-void add_column_sums(const float* x, float* out, int64_t rows, int64_t cols);
-
-// dst (batch, cols, rows) = transpose of each src (batch, rows, cols) matrix.
-void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols);
-
-}  // namespace qkv::kernels
-
-namespace qkv::kernels {
-
-// ---- fused scaled-dot-product attention (FlashAttention-2 style) ----
-//
-// For every batch b and head h:  O = softmax(scale · Q Kᵀ + mask) V, with optional dropout on the
-// softmax weights. Q is (Tq, D), K and V are (Tk, D), O is (Tq, D); the rows of each are D contiguous
-// floats, and where they sit is given by strides, so the projections' (B, T, H·D) layout is read
-// directly (token stride H·D, head stride D) as well as (B, H, T, D) (token stride D, head stride T·D).
-//
-// The forward pass never stores a Tq×Tk matrix: it walks key blocks with an online softmax and keeps
-// one log-sum-exp per query row. The backward pass recomputes the probabilities tile by tile from that
-// log-sum-exp. Threads own output rows (query blocks for O and dQ, key blocks for dK and dV); there
-// are no atomics, and results do not depend on the number of threads.
-
-struct AttentionDims {
-  int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
-};
-
-// Strides in floats between consecutive batches, heads and tokens of one tensor.
-struct AttentionStrides {
-  int64_t batch = 0, head = 0, token = 0;
-  // (B, T, H·D): the layout Linear projections produce.
-  static AttentionStrides btc(const AttentionDims& d, int64_t T) { return {T * d.H * d.D, d.D, d.H * d.D}; }
-  // (B, H, T, D)
-  static AttentionStrides bhtd(const AttentionDims& d, int64_t T) { return {d.H * T * d.D, T * d.D, d.D}; }
-};
-
-struct AttentionOptions {
-  bool causal = false;     // key j is visible to query i iff j ≤ i + (Tk − Tq)
-  float scale = 0.0f;      // 0 means 1/√D
-  float dropout_p = 0.0f;  // on the softmax weights; kept ones are scaled by 1/(1 − p)
-  uint64_t seed = 0;       // dropout stream: element (b·H + h, i, j) is a pure function of the seed
-  int threads = 0;         // 0: OpenMP's default
-};
-
-struct AttentionLayout {
-  AttentionStrides q, k, v, o;  // dQ, dK, dV, dO use the strides of Q, K, V, O
-};
-
-// o: (Tq, D) rows per (b, h); lse: (B, H, Tq) contiguous, natural-log log-sum-exp of the scaled scores.
-// A query row with no visible key (only when Tq > Tk with causal) gets NaN, like PyTorch.
-void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
-                       const float* q, const float* k, const float* v, float* o, float* lse);
-// Writes (overwrites) dq, dk, dv from dO, using the forward's o and lse.
-void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
-                        const float* q, const float* k, const float* v, const float* o, const float* lse,
-                        const float* d_o, float* dq, float* dk, float* dv);
-
-// The plain composition, materialising scores and weights, in double: the reference the fused kernel
-// is tested against. Same arguments; dropout uses the same keep decisions (attention_dropout_keep).
-void attention_forward_reference(const AttentionDims& dims, const AttentionLayout& layout,
-                                 const AttentionOptions& options, const float* q, const float* k, const float* v,
-                                 float* o);
-void attention_backward_reference(const AttentionDims& dims, const AttentionLayout& layout,
-                                  const AttentionOptions& options, const float* q, const float* k, const float* v,
-                                  const float* d_o, float* dq, float* dk, float* dv);
-
-// Whether dropout keeps weight (bh, i, j): a counter-based hash (murmur3's finalizer) of (seed, bh, i, j).
-bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j);
-
-// Which micro-kernels this build uses: "avx2+fma" or "portable".
-const char* attention_isa();
-
-}  // namespace qkv::kernels
+#include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/optim.hpp"
+#include "qkv/kernels/softmax.hpp"
+#include "qkv/kernels/transformer.hpp"

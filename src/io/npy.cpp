@@ -7,7 +7,7 @@
 #include <fstream>
 #include <limits>
 
-#include "qkv/io/safetensors.hpp"
+#include "qkv/io/file.hpp"
 
 namespace qkv::io {
 
@@ -101,17 +101,6 @@ class DictReader {
 };
 
 }  // namespace
-
-std::vector<std::byte> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0);
-  std::vector<std::byte> bytes(static_cast<size_t>(std::max<std::streamoff>(size, 0)));
-  if (!bytes.empty() && !in.read(reinterpret_cast<char*>(bytes.data()), size)) fail(path, "read failed");
-  return bytes;
-}
 
 Tensor parse_npy(const std::vector<std::byte>& bytes, const std::string& label) {
   static const unsigned char kMagic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};

@@ -1,6 +1,8 @@
 // safetensors reading with the reference implementation's checks, and atomic writing.
 #include "qkv/io/safetensors.hpp"
 
+#include "qkv/io/file.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -326,34 +328,6 @@ TensorData TensorData::from_int64s(std::string name, std::span<const int64_t> va
   const auto* p = reinterpret_cast<const std::byte*>(values.data());
   d.bytes.assign(p, p + values.size() * sizeof(int64_t));
   return d;
-}
-
-void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
-  const std::string temp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(path + ": cannot create " + temp + ": " + std::strerror(errno));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(temp.c_str());
-      throw IoError(path + ": write failed: " + why);
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(temp.c_str());
-    throw IoError(path + ": cannot flush to disk: " + why);
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(temp.c_str());
-    throw IoError(path + ": cannot move the new file into place: " + why);
-  }
 }
 
 void save_safetensors(const std::string& path, const std::vector<TensorData>& tensors,

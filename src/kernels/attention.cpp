@@ -25,8 +25,8 @@
 #include <new>
 #include <vector>
 
-#include "qkv/kernels.hpp"
-#include "qkv/memory.hpp"
+#include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "simd.hpp"
 
 

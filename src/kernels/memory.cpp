@@ -1,5 +1,5 @@
-// Allocation counters (see qkv/memory.hpp).
-#include "qkv/memory.hpp"
+// Allocation counters (see qkv/kernels/memory.hpp).
+#include "qkv/kernels/memory.hpp"
 
 #include <atomic>
 

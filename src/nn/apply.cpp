@@ -3,7 +3,7 @@
 
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/attention.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::nn {
 

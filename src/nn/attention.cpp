@@ -4,7 +4,8 @@
 #include <cmath>
 #include <string>
 
-#include "qkv/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 
@@ -51,14 +52,31 @@ AttentionTrace SelfAttentionV1::trace(const Tensor& x) const {
   return scaled_dot_product_trace(std::move(queries), std::move(keys), std::move(values));
 }
 
+AttentionArgs AttentionArgs::validated(const char* layer) const {
+  require_positive(d_in, layer, "d_in");
+  require_positive(d_out, layer, "d_out");
+  require_positive(num_heads, layer, "num_heads");
+  if (context_length < 0) require_positive(context_length, layer, "context_length");
+  if (!(dropout >= 0.0 && dropout <= 1.0)) {
+    throw ValueError(std::string(layer) + ": dropout must lie in [0, 1], got " + std::to_string(dropout));
+  }
+  if (d_out % num_heads != 0) {
+    throw ValueError(std::string(layer) + ": d_out = " + std::to_string(d_out) + " is not divisible by num_heads = " +
+                     std::to_string(num_heads) + "; choose d_out as a multiple of num_heads");
+  }
+  return *this;
+}
+
 SelfAttentionV2::SelfAttentionV2(int64_t d_in_, int64_t d_out_, bool qkv_bias, Generator& gen)
-    : d_in(d_in_),
-      d_out(d_out_),
-      W_query((require_positive(d_in_, "SelfAttention_v2", "d_in"),
-               require_positive(d_out_, "SelfAttention_v2", "d_out"), d_in_),
-              d_out_, qkv_bias, gen),
-      W_key(d_in_, d_out_, qkv_bias, gen),
-      W_value(d_in_, d_out_, qkv_bias, gen) {
+    : SelfAttentionV2(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .qkv_bias = qkv_bias}.validated("SelfAttention_v2"),
+                      gen) {}
+
+SelfAttentionV2::SelfAttentionV2(const AttentionArgs& a, Generator& gen)
+    : d_in(a.d_in),
+      d_out(a.d_out),
+      W_query(a.d_in, a.d_out, a.qkv_bias, gen),
+      W_key(a.d_in, a.d_out, a.qkv_bias, gen),
+      W_value(a.d_in, a.d_out, a.qkv_bias, gen) {
   register_module("W_query", W_query);
   register_module("W_key", W_key);
   register_module("W_value", W_value);
@@ -91,12 +109,6 @@ Projections project(const Tensor& x, const Linear& W_query, const Linear& W_key,
   return p;
 }
 
-void check_dropout(double p, const char* layer) {
-  if (!(p >= 0.0 && p <= 1.0)) {
-    throw ValueError(std::string(layer) + ": dropout must lie in [0, 1], got " + std::to_string(p));
-  }
-}
-
 // (B, T, H·D) → (B, H, T, D): the book's .view(b, T, H, D).transpose(1, 2).
 Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
   return transpose(reshape(x, {x.size(0), x.size(1), heads, head_dim}), 1, 2);
@@ -105,21 +117,25 @@ Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
 
 CausalAttention::CausalAttention(int64_t d_in_, int64_t d_out_, int64_t context_length_, double dropout_,
                                  bool qkv_bias, Generator& gen)
-    : d_in(d_in_),
-      d_out(d_out_),
-      context_length(context_length_),
-      dropout(dropout_),
-      W_query((require_positive(d_in_, "CausalAttention", "d_in"), require_positive(d_out_, "CausalAttention", "d_out"),
-               require_positive(context_length_, "CausalAttention", "context_length"),
-               check_dropout(dropout_, "CausalAttention"), d_in_),
-              d_out_, qkv_bias, gen),
-      W_key(d_in_, d_out_, qkv_bias, gen),
-      W_value(d_in_, d_out_, qkv_bias, gen),
+    : CausalAttention(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .context_length = std::max<int64_t>(context_length_, -1),
+                                    .dropout = dropout_, .qkv_bias = qkv_bias}
+                          .validated("CausalAttention"),
+                      gen) {}
+
+CausalAttention::CausalAttention(const AttentionArgs& a, Generator& gen)
+    : d_in(a.d_in),
+      d_out(a.d_out),
+      context_length(a.context_length),
+      dropout(a.dropout),
+      W_query(a.d_in, a.d_out, a.qkv_bias, gen),
+      W_key(a.d_in, a.d_out, a.qkv_bias, gen),
+      W_value(a.d_in, a.d_out, a.qkv_bias, gen),
       gen_(&gen) {
   register_module("W_query", W_query);
   register_module("W_key", W_key);
   register_module("W_value", W_value);
-  mask = register_buffer("mask", causal_mask(context_length), /*optional_on_load=*/true);
+  register_derived_buffer("mask", Shape{context_length, context_length},
+                          [n = context_length] { return causal_mask(n); });
 }
 
 AttentionTrace SelfAttentionV2::trace(const Tensor& x) const {
@@ -133,6 +149,7 @@ AttentionTrace CausalAttention::trace(const Tensor& x) const {
                                   dropout, is_training(), *gen_);
 }
 
+namespace {
 // The fused kernel on the projections as they come out of Linear: (B, T, H·D), no transposes.
 Tensor fused_causal_attention(const Tensor& queries, const Tensor& keys, const Tensor& values, int64_t heads,
                               double dropout_p, bool training, Generator& gen) {
@@ -147,6 +164,7 @@ Tensor fused_causal_attention(const Tensor& queries, const Tensor& keys, const T
   Tensor context = scaled_dot_product_attention(batch(queries), batch(keys), batch(values), config);
   return unbatched ? reshape(context, queries.shape()) : context;
 }
+}  // namespace
 
 Tensor CausalAttention::forward(const Tensor& x) const {
   if (attention_path() == AttentionPath::Plain) return trace(x).context;
@@ -172,32 +190,29 @@ Tensor MultiHeadAttentionWrapper::forward(const Tensor& x) const {
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_in_, int64_t d_out_, int64_t context_length_, double dropout_,
                                        int64_t num_heads_, bool qkv_bias, Generator& gen)
-    : d_in(d_in_),
-      d_out(d_out_),
-      context_length(context_length_),
-      num_heads(num_heads_),
-      head_dim(num_heads_ > 0 ? d_out_ / num_heads_ : 0),
-      dropout(dropout_),
-      W_query((require_positive(d_in_, "MultiHeadAttention", "d_in"),
-               require_positive(d_out_, "MultiHeadAttention", "d_out"),
-               require_positive(context_length_, "MultiHeadAttention", "context_length"),
-               require_positive(num_heads_, "MultiHeadAttention", "num_heads"),
-               check_dropout(dropout_, "MultiHeadAttention"),
-               d_out_ % num_heads_ != 0
-                   ? throw ValueError("MultiHeadAttention: d_out = " + std::to_string(d_out_) +
-                                      " is not divisible by num_heads = " + std::to_string(num_heads_) +
-                                      "; choose d_out as a multiple of num_heads")
-                   : d_in_),
-              d_out_, qkv_bias, gen),
-      W_key(d_in_, d_out_, qkv_bias, gen),
-      W_value(d_in_, d_out_, qkv_bias, gen),
-      out_proj(d_out_, d_out_, true, gen),
+    : MultiHeadAttention(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .context_length = std::max<int64_t>(context_length_, -1),
+                                       .dropout = dropout_, .num_heads = num_heads_, .qkv_bias = qkv_bias}
+                             .validated("MultiHeadAttention"),
+                         gen) {}
+
+MultiHeadAttention::MultiHeadAttention(const AttentionArgs& a, Generator& gen)
+    : d_in(a.d_in),
+      d_out(a.d_out),
+      context_length(a.context_length),
+      num_heads(a.num_heads),
+      head_dim(a.d_out / a.num_heads),
+      dropout(a.dropout),
+      W_query(a.d_in, a.d_out, a.qkv_bias, gen),
+      W_key(a.d_in, a.d_out, a.qkv_bias, gen),
+      W_value(a.d_in, a.d_out, a.qkv_bias, gen),
+      out_proj(a.d_out, a.d_out, true, gen),
       gen_(&gen) {
   register_module("W_query", W_query);
   register_module("W_key", W_key);
   register_module("W_value", W_value);
   register_module("out_proj", out_proj);
-  mask = register_buffer("mask", causal_mask(context_length), /*optional_on_load=*/true);
+  register_derived_buffer("mask", Shape{context_length, context_length},
+                          [n = context_length] { return causal_mask(n); });
 }
 
 AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
@@ -216,11 +231,54 @@ AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
   return t;
 }
 
-Tensor MultiHeadAttention::forward(const Tensor& x) const {
-  if (attention_path() == AttentionPath::Plain) return trace(x).context;
+KVCacheLayer MultiHeadAttention::make_cache(int64_t batch) const {
+  require_positive(batch, "MultiHeadAttention::make_cache", "batch");
+  return {Tensor::zeros({batch, context_length, d_out}), Tensor::zeros({batch, context_length, d_out})};
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& x, const AttentionStep& step) const {
+  if (attention_path() == AttentionPath::Plain && !step.cache && !step.record) return trace(x).context;
   // (B, T, H·D) as Linear gives it: the kernel reads each head with strides.
   const Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "MultiHeadAttention");
-  return out_proj(fused_causal_attention(p.queries, p.keys, p.values, num_heads, dropout, is_training(), *gen_));
+  const bool unbatched = x.rank() == 2;
+  auto batch = [&](const Tensor& t) { return unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t; };
+  AttentionConfig config;
+  config.num_heads = num_heads;
+  config.causal = true;
+  config.dropout_p = dropout;
+  config.training = is_training();
+  config.generator = gen_;
+  Tensor lse;
+  if (step.record) config.lse = &lse;
+  Tensor queries = batch(p.queries), keys = batch(p.keys), values = batch(p.values);
+  if (step.cache) {
+    // Append this call's keys and values at [position, position + T), then attend over everything so far.
+    KVCacheLayer& cache = *step.cache;
+    const int64_t B = queries.size(0), T = queries.size(1), capacity = cache.keys.size(1);
+    if (!(cache.keys.shape() == Shape{B, capacity, d_out})) {
+      throw ShapeError("MultiHeadAttention: the KV cache holds " + cache.keys.shape().str() + ", not (" +
+                       std::to_string(B) + ", capacity, " + std::to_string(d_out) + ")");
+    }
+    if (step.position < 0 || step.position + T > capacity) {
+      throw ShapeError("MultiHeadAttention: " + std::to_string(step.position + T) + " tokens exceed the KV cache's " +
+                       std::to_string(capacity));
+    }
+    NoGradGuard no_grad;
+    write_tokens(keys, cache.keys, step.position);
+    write_tokens(values, cache.values, step.position);
+    keys = cache.keys;
+    values = cache.values;
+    config.kv_tokens = step.position + T;
+  }
+  Tensor context = scaled_dot_product_attention(queries, keys, values, config);
+  if (step.record) {
+    step.record->queries = queries.detach();
+    step.record->keys = keys.detach();
+    step.record->kv_tokens = config.kv_tokens > 0 ? config.kv_tokens : keys.size(1);
+    step.record->lse = lse;
+  }
+  if (unbatched) context = reshape(context, p.queries.shape());
+  return out_proj(context);
 }
 
 }  // namespace qkv::nn

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "qkv/autograd.hpp"
+#include "qkv/core/autograd.hpp"
 
 namespace qkv::nn {
 

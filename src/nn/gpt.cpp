@@ -4,9 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "qkv/autograd.hpp"
-#include "qkv/kernels.hpp"
-#include "qkv/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 
@@ -106,8 +105,8 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, Generator& gen)
 }
 
 // x + dropout(att(norm1(x))), then the same with ff and norm2.
-Tensor TransformerBlock::forward(const Tensor& x) const {
-  const Tensor attended = add(x, hashed_dropout(att(norm1(x)), drop_rate, is_training(), *gen_));
+Tensor TransformerBlock::forward(const Tensor& x, const AttentionStep& step) const {
+  const Tensor attended = add(x, hashed_dropout(att.forward(norm1(x), step), drop_rate, is_training(), *gen_));
   return add(attended, hashed_dropout(ff(norm2(attended)), drop_rate, is_training(), *gen_));
 }
 
@@ -134,21 +133,41 @@ GPTModel::GPTModel(const GPTConfig& c, Generator& gen)
   if (c.tie_weights) out_head.tie_weight(tok_emb.weight);
 }
 
-Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const {
+std::unique_ptr<GPTModel> GPTModel::uninitialised(const GPTConfig& config, uint64_t seed) {
+  auto generator = std::make_shared<Generator>(Generator::drawing_nothing(seed));
+  auto model = std::make_unique<GPTModel>(config, *generator);
+  generator->set_drawing(true);  // from now on it serves dropout, like any generator
+  model->owned_generator_ = std::move(generator);
+  return model;
+}
+
+// Token embeddings plus the position embeddings of positions [position, position + tokens), then dropout.
+Tensor GPTModel::embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const {
   if (batch <= 0 || tokens <= 0 || batch * tokens != static_cast<int64_t>(ids.size())) {
     throw ShapeError("GPTModel: " + std::to_string(ids.size()) + " token ids do not form a (" + std::to_string(batch) +
                      ", " + std::to_string(tokens) + ") batch");
   }
-  if (tokens > config.context_length) {
-    throw ShapeError("GPTModel: a sequence of " + std::to_string(tokens) + " tokens is longer than context_length = " +
-                     std::to_string(config.context_length) + "; use at most the last context_length tokens");
+  if (position + tokens > config.context_length) {
+    throw ShapeError("GPTModel: a sequence of " + std::to_string(position + tokens) +
+                     " tokens is longer than context_length = " + std::to_string(config.context_length) +
+                     "; use at most the last context_length tokens");
   }
   std::vector<int64_t> positions(static_cast<size_t>(tokens));
-  for (int64_t t = 0; t < tokens; ++t) positions[static_cast<size_t>(t)] = t;
+  for (int64_t t = 0; t < tokens; ++t) positions[static_cast<size_t>(t)] = position + t;
   // (B, T, C) + (T, C): the position embeddings broadcast over the batch.
-  Tensor x = add(tok_emb.forward(ids, {batch, tokens}), pos_emb.forward(positions, {tokens}));
-  x = hashed_dropout(x, config.drop_rate, is_training(), *gen_);
-  for (const auto& block : trf_blocks) x = block->forward(x);
+  const Tensor x = add(tok_emb.forward(ids, {batch, tokens}), pos_emb.forward(positions, {tokens}));
+  return hashed_dropout(x, config.drop_rate, is_training(), *gen_);
+}
+
+Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                         std::vector<AttentionStep::Record>* records) const {
+  Tensor x = embed(ids, batch, tokens, 0);
+  if (records) records->assign(trf_blocks.size(), {});
+  for (size_t i = 0; i < trf_blocks.size(); ++i) {
+    AttentionStep step;
+    if (records) step.record = &(*records)[i];
+    x = trf_blocks[i]->forward(x, step);
+  }
   return out_head(final_norm(x));
 }
 
@@ -156,55 +175,24 @@ KVCache GPTModel::make_cache(int64_t batch) const {
   KVCache cache;
   cache.batch = batch;
   cache.capacity = config.context_length;
-  for (int64_t i = 0; i < config.n_layers; ++i) {
-    cache.keys.push_back(Tensor::zeros({batch, cache.capacity, config.emb_dim}));
-    cache.values.push_back(Tensor::zeros({batch, cache.capacity, config.emb_dim}));
-  }
+  for (const auto& block : trf_blocks) cache.layers.push_back(block->att.make_cache(batch));
   return cache;
 }
 
-// The same computation as forward() for the new positions only, attending over the cached keys and
-// values: per layer, project the new tokens, append their K and V, and run the fused kernel with
-// Tq = new tokens and Tk = all tokens so far (its causal mask shifts by Tk − Tq).
+// The same computation as forward() for the new positions only: every block appends their keys and values
+// to its cache layer and attends over all tokens so far (TransformerBlock::forward with a cache).
 Tensor GPTModel::forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const {
   NoGradGuard no_grad;
-  const int64_t C = config.emb_dim, H = config.n_heads, start = cache.length;
-  if (batch != cache.batch || batch * tokens != static_cast<int64_t>(ids.size()) || tokens <= 0) {
-    throw ShapeError("GPTModel::forward_cached: ids do not form a (" + std::to_string(cache.batch) + ", T) batch");
+  if (batch != cache.batch) {
+    throw ShapeError("GPTModel::forward_cached: a batch of " + std::to_string(batch) + " rows for a cache made for " +
+                     std::to_string(cache.batch));
   }
-  if (start + tokens > cache.capacity) {
-    throw ShapeError("GPTModel::forward_cached: " + std::to_string(start + tokens) +
-                     " tokens exceed context_length = " + std::to_string(cache.capacity));
-  }
-  std::vector<int64_t> positions(static_cast<size_t>(tokens));
-  for (int64_t t = 0; t < tokens; ++t) positions[static_cast<size_t>(t)] = start + t;
-  Tensor x = add(tok_emb.forward(ids, {batch, tokens}), pos_emb.forward(positions, {tokens}));
-  const kernels::AttentionDims dims{batch, H, tokens, start + tokens, C / H};
-  kernels::AttentionLayout layout;
-  layout.q = layout.o = kernels::AttentionStrides::btc(dims, tokens);
-  layout.k = layout.v = {cache.capacity * C, C / H, C};
-  Tensor lse = Tensor::empty({batch, H, tokens});
-  for (size_t layer = 0; layer < trf_blocks.size(); ++layer) {
-    const TransformerBlock& block = *trf_blocks[layer];
-    const Tensor h = block.norm1(x);
-    const Tensor q = block.att.W_query(h), k = block.att.W_key(h), v = block.att.W_value(h);
-    for (int64_t b = 0; b < batch; ++b) {
-      std::copy_n(k.data() + b * tokens * C, tokens * C, cache.keys[layer].data() + (b * cache.capacity + start) * C);
-      std::copy_n(v.data() + b * tokens * C, tokens * C, cache.values[layer].data() + (b * cache.capacity + start) * C);
-    }
-    Tensor context = Tensor::empty(q.shape());
-    kernels::AttentionOptions options;
-    options.causal = true;
-    kernels::attention_forward(dims, layout, options, q.data(), cache.keys[layer].data(), cache.values[layer].data(),
-                               context.data(), lse.data());
-    x = add(x, block.att.out_proj(context));
-    x = add(x, block.ff(block.norm2(x)));
-  }
+  const int64_t start = cache.length;
+  Tensor x = embed(ids, batch, tokens, start);
+  for (size_t i = 0; i < trf_blocks.size(); ++i) x = trf_blocks[i]->forward(x, {&cache.layers[i], start});
   cache.length = start + tokens;
   // Only the last position's logits are needed to pick the next token.
-  Tensor last = Tensor::empty({batch, C});
-  for (int64_t b = 0; b < batch; ++b) std::copy_n(x.data() + (b * tokens + tokens - 1) * C, C, last.data() + b * C);
-  return out_head(final_norm(last));
+  return out_head(final_norm(select_token(x, tokens - 1)));
 }
 
 Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index) {

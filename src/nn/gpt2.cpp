@@ -4,7 +4,7 @@
 #include <set>
 
 #include "qkv/io/safetensors.hpp"
-#include "qkv/ops.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 
@@ -64,7 +64,7 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
   } catch (const ValueError& e) {
     throw IoError(path + ": " + e.what());
   }
-  auto model = std::make_unique<GPTModel>(config, Generator::no_init());
+  auto model = GPTModel::uninitialised(config);
   const int64_t C = config.emb_dim;
   model->tok_emb.weight.copy_(wte);
   model->pos_emb.weight.copy_(wpe);

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "qkv/ops.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv::nn {
 

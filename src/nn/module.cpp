@@ -32,6 +32,10 @@ Tensor& Module::register_buffer(std::string name, Tensor tensor, bool optional_o
   return buffers_.back().tensor;
 }
 
+void Module::register_derived_buffer(std::string name, const Shape& shape, std::function<Tensor()> make) {
+  buffers_.push_back({std::move(name), Tensor(), true, std::move(make), shape});
+}
+
 void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }
 
 // PyTorch's order: a module's own parameters, then its own buffers... per module, recursing into
@@ -98,9 +102,12 @@ void Module::set_attention_path(AttentionPath path) {
   for (auto& [name, child] : children_) child->set_attention_path(path);
 }
 
-StateDict Module::state_dict() {
+StateDict Module::state_dict(bool with_derived) {
   StateDict out;
-  walk("", [&](const std::string& name, Entry& e, bool) { out.insert(name, e.tensor); });
+  walk("", [&](const std::string& name, Entry& e, bool) {
+    if (!e.make) out.insert(name, e.tensor);
+    else if (with_derived) out.insert(name, e.make());
+  });
   return out;
 }
 
@@ -113,9 +120,9 @@ void Module::load_state_dict(const StateDict& state) {
     const Tensor* source = state.find(name);
     if (!source) {
       if (!e.optional_on_load) missing.push_back(name);
-    } else if (!(source->shape() == e.tensor.shape())) {
-      mismatched.push_back(name + ": expected " + e.tensor.shape().str() + ", got " + source->shape().str());
-    } else {
+    } else if (const Shape& expected = e.make ? e.shape : e.tensor.shape(); !(source->shape() == expected)) {
+      mismatched.push_back(name + ": expected " + expected.str() + ", got " + source->shape().str());
+    } else if (!e.make) {  // a derived buffer is checked, not copied: it is recomputed from the configuration
       copies.emplace_back(e.tensor, source);
     }
   });

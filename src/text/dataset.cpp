@@ -5,8 +5,8 @@
 #include <numeric>
 #include <string>
 
-#include "qkv/error.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/error.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::text {
 

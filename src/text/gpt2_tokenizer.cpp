@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
-#include "qkv/error.hpp"
-#include "qkv/io/npy.hpp"
+#include "qkv/core/error.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/text/tokenizer.hpp"
 
 namespace qkv::text {

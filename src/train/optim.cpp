@@ -1,8 +1,10 @@
 // SGD and AdamW, following PyTorch 1.13's single-tensor update code line by line (float tensors,
 // double hyper-parameters rounded to float where PyTorch passes them as scalars).
-#include "qkv/optim.hpp"
+#include "qkv/train/optim.hpp"
 
 #include <cmath>
+
+#include "qkv/kernels/optim.hpp"
 
 namespace qkv::optim {
 
@@ -38,28 +40,17 @@ void SGD::for_each_state(const std::function<void(const std::string&, Tensor&)>&
 }
 
 void SGD::step() {
-  const float lr = static_cast<float>(options_.lr), wd = static_cast<float>(options_.weight_decay);
-  const float momentum = static_cast<float>(options_.momentum);
-  const float keep = static_cast<float>(1.0 - options_.dampening);
+  kernels::SGDStep step{static_cast<float>(options_.lr), static_cast<float>(options_.weight_decay),
+                        static_cast<float>(options_.momentum), static_cast<float>(1.0 - options_.dampening),
+                        options_.nesterov, false};
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Tensor& p = parameters_[i].second;
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
-    float* w = p.data();
-    const float* g = grad.data();
-    const int64_t n = p.numel();
-    const bool first = !momentum_buffers_[i].defined() || steps_ == 0;
-    if (momentum != 0.0f && !momentum_buffers_[i].defined()) momentum_buffers_[i] = Tensor::zeros(p.shape());
-    float* buf = momentum != 0.0f ? momentum_buffers_[i].data() : nullptr;
-    for (int64_t j = 0; j < n; ++j) {
-      float d = g[j];
-      if (wd != 0.0f) d += wd * w[j];
-      if (buf) {
-        buf[j] = first ? d : buf[j] * momentum + keep * d;  // the first step copies d (PyTorch clones it)
-        d = options_.nesterov ? d + momentum * buf[j] : buf[j];
-      }
-      w[j] -= lr * d;
-    }
+    step.first = !momentum_buffers_[i].defined() || steps_ == 0;
+    if (step.momentum != 0.0f && !momentum_buffers_[i].defined()) momentum_buffers_[i] = Tensor::zeros(p.shape());
+    kernels::sgd_update(p.data(), grad.data(), step.momentum != 0.0f ? momentum_buffers_[i].data() : nullptr, p.numel(),
+                        step);
   }
   ++steps_;
 }
@@ -97,32 +88,21 @@ void AdamW::step() {
   const double t = static_cast<double>(steps_);
   const double bias_correction1 = 1.0 - std::pow(options_.beta1, t);
   const double bias_correction2 = 1.0 - std::pow(options_.beta2, t);
-  const float step_size = static_cast<float>(options_.lr / bias_correction1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float decay = static_cast<float>(1.0 - options_.lr * options_.weight_decay);
-  const float b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
-  const float one_minus_b1 = static_cast<float>(1.0 - options_.beta1);
-  const float one_minus_b2 = static_cast<float>(1.0 - options_.beta2);
-  const float eps = static_cast<float>(options_.eps);
+  const kernels::AdamWStep step{static_cast<float>(1.0 - options_.lr * options_.weight_decay),
+                                 static_cast<float>(options_.beta1),
+                                 static_cast<float>(options_.beta2),
+                                 static_cast<float>(1.0 - options_.beta1),
+                                 static_cast<float>(1.0 - options_.beta2),
+                                 static_cast<float>(options_.lr / bias_correction1),
+                                 static_cast<float>(std::sqrt(bias_correction2)),
+                                 static_cast<float>(options_.eps)};
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Tensor& p = parameters_[i].second;
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
     if (!exp_avg_[i].defined()) exp_avg_[i] = Tensor::zeros(p.shape());
     if (!exp_avg_sq_[i].defined()) exp_avg_sq_[i] = Tensor::zeros(p.shape());
-    float* w = p.data();
-    const float* g = grad.data();
-    float* m = exp_avg_[i].data();
-    float* v = exp_avg_sq_[i].data();
-    const int64_t n = p.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t j = 0; j < n; ++j) {
-      w[j] *= decay;
-      m[j] = m[j] * b1 + one_minus_b1 * g[j];
-      v[j] = v[j] * b2 + one_minus_b2 * g[j] * g[j];
-      const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
-      w[j] -= step_size * (m[j] / denom);
-    }
+    kernels::adamw_update(p.data(), grad.data(), exp_avg_[i].data(), exp_avg_sq_[i].data(), p.numel(), step);
   }
 }
 

@@ -7,8 +7,9 @@
 #include <cstdlib>
 #include <numbers>
 
-#include "qkv/autograd.hpp"
+#include "qkv/core/autograd.hpp"
 #include "qkv/io/safetensors.hpp"
+#include "qkv/kernels/optim.hpp"
 
 namespace qkv::train {
 
@@ -105,34 +106,18 @@ double learning_rate_at(const TrainSettings& s, int64_t step) {
 }
 
 double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm) {
-  // Σ g² per parameter in fixed chunks (parallel, summed in order: the same for any thread count).
-  constexpr int64_t kChunk = 1 << 16;
+  // Σ g² per parameter in fixed chunks (kernels::sum_of_squares: the same for any thread count).
   double total = 0.0;
   for (const auto& [name, p] : parameters) {
     const Tensor g = p.grad();
-    if (!g.defined()) continue;
-    const float* v = g.data();
-    const int64_t n = g.numel(), chunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      double acc = 0.0;
-      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) acc += static_cast<double>(v[i]) * v[i];
-      partial[static_cast<size_t>(c)] = acc;
-    }
-    for (double x : partial) total += x;
+    if (g.defined()) total += kernels::sum_of_squares(g.data(), g.numel());
   }
   const double norm = std::sqrt(total);
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1.0) {
-    const float factor = static_cast<float>(coefficient);
     for (const auto& [name, p] : parameters) {
       Tensor g = p.grad();
-      if (!g.defined()) continue;
-      float* v = g.data();
-      const int64_t n = g.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-      for (int64_t i = 0; i < n; ++i) v[i] *= factor;
+      if (g.defined()) kernels::scale(g.data(), g.numel(), static_cast<float>(coefficient));
     }
   }
   return norm;
@@ -153,7 +138,7 @@ TrainSettings read_checkpoint_settings(const std::string& path) {
 std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings_out) {
   const TrainSettings settings = read_checkpoint_settings(path);
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  auto model = std::make_unique<nn::GPTModel>(settings.model, Generator::no_init());
+  auto model = nn::GPTModel::uninitialised(settings.model, settings.seed);
   for (auto& [name, p] : model->named_parameters()) {
     if (!file.contains("model." + name)) throw IoError(path + ": missing tensor model." + name);
     const Tensor stored = file.tensor("model." + name);
@@ -241,7 +226,7 @@ void Trainer::resume(const std::string& path) {
     if (!file.contains("model." + name)) throw IoError(path + ": missing tensor model." + name);
     state.insert(name, file.tensor("model." + name));
   }
-  const nn::StateDict current = model_->state_dict();
+  const nn::StateDict current = model_->state_dict(/*with_derived=*/false);
   for (const auto& [name, t] : current.entries())
     if (!state.find(name)) state.insert(name, t.clone());  // buffers (masks) and tied aliases come from the model
   try {

@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
+#include "qkv/io/file.hpp"
 
 namespace qkv::io {
 
@@ -15,8 +16,5 @@ Tensor load_npy(const std::string& path);
 Tensor parse_npy(const std::vector<std::byte>& bytes, const std::string& label = "<memory>");
 // Writes version 1.0, '<f4', C order, header padded to 64 bytes; atomically.
 void save_npy(const std::string& path, const Tensor& t);
-
-// Reads a whole file; throws IoError naming it.
-std::vector<std::byte> read_file(const std::string& path);
 
 }  // namespace qkv::io

@@ -1,7 +1,7 @@
 // safetensors: read (memory-mapped, validated like the reference implementation) and write (atomically).
 // Format: u64 little-endian header length N, N bytes of UTF-8 JSON {name: {dtype, shape, data_offsets}},
 // optional "__metadata__" {string: string}, then the byte buffer the offsets point into.
-// Not here: what the tensors mean (state dicts: nn/module.hpp; checkpoints: train/checkpoint.hpp).
+// Not here: what the tensors mean (state dicts: nn/module.hpp; checkpoints: train/trainer.hpp); whole-file reads and atomic writes: io/file.hpp.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv::io {
 
@@ -74,8 +74,5 @@ void save_safetensors(const std::string& path, const std::vector<TensorData>& te
 // Convenience: float32 tensors.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-
-// Writes `bytes` to `path` atomically (temp file, fsync, rename). Throws IoError.
-void write_file_atomically(const std::string& path, std::span<const std::byte> bytes);
 
 }  // namespace qkv::io

@@ -16,7 +16,7 @@
 
 #include "qkv/nn/linear.hpp"
 #include "qkv/nn/module.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::nn {
 
@@ -28,6 +28,36 @@ struct AttentionTrace {
   Tensor scores;        // Ω = QKᵀ (.., T, T), before scaling
   Tensor weights;       // A = softmax(Ω / √d_out) (.., T, T); rows sum to 1
   Tensor context;       // C = AV (.., T, d_out)
+};
+
+// The book's constructor arguments, checked once (each class uses the ones it has).
+struct AttentionArgs {
+  int64_t d_in = 0, d_out = 0;
+  int64_t context_length = 0;  // 0: the class has no causal mask (SelfAttention_v1/_v2)
+  double dropout = 0.0;
+  int64_t num_heads = 1;
+  bool qkv_bias = false;
+  // This, or ValueError naming `layer` and the bad argument: sizes must be positive, dropout in [0, 1] and
+  // d_out a multiple of num_heads.
+  AttentionArgs validated(const char* layer) const;
+};
+
+// Keys and values of one attention layer for the tokens seen so far: (B, capacity, d_out) each.
+struct KVCacheLayer {
+  Tensor keys, values;
+};
+
+// What one attention call may do besides attending: append to a KV cache (generation), and hand back what
+// the weights can be recomputed from (pictures of attention: kernels::attention_probabilities).
+struct AttentionStep {
+  KVCacheLayer* cache = nullptr;  // x holds the tokens at positions [position, position + T)
+  int64_t position = 0;
+  struct Record {
+    Tensor queries;        // (B, T, d_out) as projected
+    Tensor keys;           // (B, Tk, d_out): with a cache, the cache buffer, of which kv_tokens rows are filled
+    int64_t kv_tokens = 0;
+    Tensor lse;            // (B, H, T): log-sum-exp of each query row's scaled scores
+  }* record = nullptr;
 };
 
 class SelfAttentionV1 : public UnaryModule {
@@ -53,6 +83,9 @@ class SelfAttentionV2 : public UnaryModule {
   int64_t d_in, d_out;
   Linear W_query, W_key, W_value;  // created in this order, as in the book
   std::string type_name() const override { return "SelfAttention_v2"; }
+
+ private:
+  SelfAttentionV2(const AttentionArgs& args, Generator& gen);
 };
 
 class CausalAttention : public UnaryModule {
@@ -68,10 +101,12 @@ class CausalAttention : public UnaryModule {
   int64_t d_in, d_out, context_length;
   double dropout;
   Linear W_query, W_key, W_value;
-  Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The book's "mask" buffer (1 above the diagonal) is never read: the mask is computed where it is needed.
+  // It appears in the state dict, as in PyTorch, and is made only when a state dict is written.
   std::string type_name() const override { return "CausalAttention"; }
 
  private:
+  CausalAttention(const AttentionArgs& args, Generator& gen);
   Generator* gen_;
 };
 
@@ -93,17 +128,23 @@ class MultiHeadAttention : public UnaryModule {
                      bool qkv_bias = false, Generator& gen = default_generator());
 
   // x (B, T, d_in) or (T, d_in) → (.., T, d_out)
-  Tensor forward(const Tensor& x) const override;
-  // The per-head weights (B, H, T, T) need the plain path; trace always takes it.
+  Tensor forward(const Tensor& x) const override { return forward(x, {}); }
+  // The same, appending to a KV cache and/or recording what the weights can be recomputed from (fused path;
+  // with a cache, no gradient is recorded). The one forward of this class: training, generation and the
+  // pictures of attention all come here.
+  Tensor forward(const Tensor& x, const AttentionStep& step) const;
+  // The per-head weights (B, H, T, T) materialised by the plain path; trace always takes it.
   AttentionTrace trace(const Tensor& x) const;
+  // An empty cache for `batch` rows of up to context_length tokens.
+  KVCacheLayer make_cache(int64_t batch) const;
 
   int64_t d_in, d_out, context_length, num_heads, head_dim;
   double dropout;
   Linear W_query, W_key, W_value, out_proj;
-  Tensor mask;
   std::string type_name() const override { return "MultiHeadAttention"; }
 
  private:
+  MultiHeadAttention(const AttentionArgs& args, Generator& gen);
   Generator* gen_;
 };
 

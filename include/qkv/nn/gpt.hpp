@@ -15,7 +15,7 @@
 #include "qkv/nn/attention.hpp"
 #include "qkv/nn/linear.hpp"
 #include "qkv/nn/module.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::nn {
 
@@ -63,7 +63,9 @@ class FeedForward : public UnaryModule {
 class TransformerBlock : public UnaryModule {
  public:
   TransformerBlock(const GPTConfig& config, Generator& gen = default_generator());
-  Tensor forward(const Tensor& x) const override;
+  Tensor forward(const Tensor& x) const override { return forward(x, {}); }
+  // With a KV cache and/or a record of the attention (see AttentionStep).
+  Tensor forward(const Tensor& x, const AttentionStep& step) const;
   MultiHeadAttention att;
   FeedForward ff;
   LayerNorm norm1, norm2;
@@ -77,7 +79,7 @@ class TransformerBlock : public UnaryModule {
 // Keys and values of every layer for the tokens seen so far, so each new token costs O(T) attention
 // instead of a full forward pass. Sized once for (batch, context_length).
 struct KVCache {
-  std::vector<Tensor> keys, values;  // per layer (B, capacity, C)
+  std::vector<KVCacheLayer> layers;  // per layer (B, capacity, C)
   int64_t batch = 0, capacity = 0, length = 0;
 };
 
@@ -85,8 +87,14 @@ class GPTModel : public Module {
  public:
   explicit GPTModel(const GPTConfig& config, Generator& gen = default_generator());
 
-  // ids (B·T, row-major) → logits (B, T, vocab_size). T ≤ context_length, else ShapeError.
-  Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const;
+  // A model whose weights a loader will overwrite: nothing is drawn (the parameters start as zeros). It owns
+  // its dropout generator (seeded with `seed`), so models made this way share no state.
+  static std::unique_ptr<GPTModel> uninitialised(const GPTConfig& config, uint64_t seed = 0);
+
+  // ids (B·T, row-major) → logits (B, T, vocab_size). T ≤ context_length, else ShapeError. With `records`,
+  // each layer's attention leaves what its weights can be recomputed from (one record per layer).
+  Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                 std::vector<AttentionStep::Record>* records = nullptr) const;
 
   // Inference with a cache: appends `tokens` new ids per batch row at positions cache.length…, returns the
   // logits of the last new position (B, vocab_size). Throws ShapeError when the cache would overflow.
@@ -101,6 +109,8 @@ class GPTModel : public Module {
   std::string type_name() const override { return "GPTModel"; }
 
  private:
+  Tensor embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const;
+  std::shared_ptr<Generator> owned_generator_;  // set by uninitialised()
   Generator* gen_;
 };
 

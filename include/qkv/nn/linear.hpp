@@ -3,7 +3,7 @@
 #pragma once
 
 #include "qkv/nn/module.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::nn {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv::nn {
 
@@ -56,8 +56,9 @@ class Module {
   void set_attention_path(AttentionPath path);
   AttentionPath attention_path() const { return attention_path_; }
 
-  // Parameters and persistent buffers.
-  StateDict state_dict();
+  // Parameters and persistent buffers. Derived buffers (the causal masks) are made here, on demand, unless
+  // with_derived is false.
+  StateDict state_dict(bool with_derived = true);
   // Strict: every parameter must be present with its shape and nothing unknown may be given; the error
   // lists all missing keys, unexpected keys and shape mismatches at once. Optional buffers (the causal
   // mask) are accepted when present and checked for shape.
@@ -70,6 +71,9 @@ class Module {
   Tensor& register_parameter(std::string name, Tensor tensor);
   // A buffer is state that is not trained. `optional_on_load` buffers may be absent from a loaded dict.
   Tensor& register_buffer(std::string name, Tensor tensor, bool optional_on_load = false);
+  // A buffer that is a pure function of the configuration and never read by forward (PyTorch's causal "mask"):
+  // nothing is stored; state_dict() calls `make`, and load_state_dict accepts it when present with `shape`.
+  void register_derived_buffer(std::string name, const Shape& shape, std::function<Tensor()> make);
   void register_module(std::string name, Module& child);
   // Makes the registered parameter `name` of this module be `tensor` (weight tying); the shapes must match.
   void replace_parameter(const std::string& name, const Tensor& tensor);
@@ -79,6 +83,8 @@ class Module {
     std::string name;
     Tensor tensor;
     bool optional_on_load = false;
+    std::function<Tensor()> make;  // derived buffers: tensor stays undefined
+    Shape shape;
   };
   void walk(const std::string& prefix, const std::function<void(const std::string&, Entry&, bool is_parameter)>& fn);
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "qkv/nn/gpt.hpp"
-#include "qkv/optim.hpp"
+#include "qkv/train/optim.hpp"
 #include "qkv/text/dataset.hpp"
 
 namespace qkv::train {

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
-namespace qkv::show {
+namespace qkv::viz {
 
 struct Style {
   int decimals = 4;
@@ -30,4 +30,4 @@ std::string heatmap(const std::string& title, const Tensor& weights, const std::
 // One row of weights as horizontal bars, one line per key.
 std::string bars(const std::vector<float>& values, const std::vector<std::string>& labels, int width = 40);
 
-}  // namespace qkv::show
+}  // namespace qkv::viz

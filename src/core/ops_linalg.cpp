@@ -2,9 +2,10 @@
 #include <algorithm>
 #include <string>
 
-#include "qkv/autograd.hpp"
-#include "qkv/kernels.hpp"
-#include "qkv/ops.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/gemm.hpp"
+#include "qkv/core/ops.hpp"
 
 namespace qkv {
 
@@ -110,10 +111,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape[-1] = out_features;
   Tensor out = Tensor::empty(out_shape);
   float* y = out.data();
-  if (bias.defined()) {
-#pragma omp parallel for schedule(static) if (rows * out_features > (1 << 16))
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias.data(), out_features, y + r * out_features);
-  }
+  if (bias.defined()) kernels::copy_rows(bias.data(), 0, y, out_features, rows, out_features, false);  // y = bias
   kernels::gemm(false, true, rows, out_features, in, 1.0f, x.data(), in, weight.data(), in,
                 bias.defined() ? 1.0f : 0.0f, y, out_features);
   if (detail::needs_grad({&x, &weight, &bias})) {
@@ -137,22 +135,7 @@ void swap_dims(const float* src, float* dst, const Shape& s, int d0, int d1, boo
   for (int i = 0; i < d0; ++i) outer *= s[i];
   for (int i = d0 + 1; i < d1; ++i) mid *= s[i];
   for (int i = d1 + 1; i < s.rank(); ++i) inner *= s[i];
-  const int64_t n0 = s[d0], n1 = s[d1];
-  if (!accumulate && mid == 1 && inner == 1) {
-    kernels::transpose_batched(src, dst, outer, n0, n1);
-    return;
-  }
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < n0; ++i)
-      for (int64_t m = 0; m < mid; ++m)
-        for (int64_t j = 0; j < n1; ++j) {
-          const float* from = src + (((o * n0 + i) * mid + m) * n1 + j) * inner;
-          float* to = dst + (((o * n1 + j) * mid + m) * n0 + i) * inner;
-          if (accumulate)
-            for (int64_t e = 0; e < inner; ++e) to[e] += from[e];
-          else
-            for (int64_t e = 0; e < inner; ++e) to[e] = from[e];
-        }
+  kernels::swap_axes(src, dst, outer, s[d0], mid, s[d1], inner, accumulate);
 }
 }  // namespace
 
@@ -176,9 +159,7 @@ Tensor reshape(const Tensor& t, const Shape& shape) {
   Tensor out = t.view_as_shape(shape);
   if (detail::needs_grad({&t})) {
     detail::record(out, "ReshapeBackward", {t}, [t](const Tensor& dout) {
-      float* dt = detail::grad_buffer(t);
-      const float* g = dout.data();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) dt[i] += g[i];
+      kernels::accumulate(detail::grad_buffer(t), dout.data(), t.numel());
     });
   }
   return out;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/error.hpp"
+#include "qkv/core/error.hpp"
 
 namespace qkv {
 

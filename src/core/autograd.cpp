@@ -1,9 +1,11 @@
 // The tape walk: topological order over recorded nodes, then each node's backward in reverse.
 // Gradients accumulate (+=) so a tensor used twice gets both contributions, as in micrograd.
-#include "qkv/autograd.hpp"
+#include "qkv/core/autograd.hpp"
 
 #include <algorithm>
 #include <unordered_set>
+
+#include "qkv/kernels/elementwise.hpp"
 
 namespace qkv {
 
@@ -92,9 +94,7 @@ void Tensor::backward(const Tensor& grad_output) const {
   }
   std::vector<Tensor> order = detail::topo_sort(*this);
   // Seed: dL/d(root) += grad_output.
-  float* root_grad = detail::grad_buffer(*this);
-  const float* seed = grad_output.data();
-  for (int64_t i = 0, n = numel(); i < n; ++i) root_grad[i] += seed[i];
+  kernels::accumulate(detail::grad_buffer(*this), grad_output.data(), numel());
 
   NoGradGuard no_grad;  // backward closures compute with plain kernels; nothing they do is recorded
   for (auto it = order.rbegin(); it != order.rend(); ++it) {

@@ -1,7 +1,7 @@
 // Tensor storage, construction, element access and printing. The tape walk lives in autograd.cpp.
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
-#include "qkv/memory.hpp"
+#include "qkv/kernels/memory.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -15,14 +15,6 @@
 #include <sstream>
 
 namespace qkv {
-
-namespace detail {
-void check_failed(const char* file, int line, const char* condition, const std::string& message) {
-  std::fprintf(stderr, "qkv internal error at %s:%d: check `%s` failed: %s\n", file, line, condition,
-               message.c_str());
-  std::abort();
-}
-}  // namespace detail
 
 // ---- Shape ----
 

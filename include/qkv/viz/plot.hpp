@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace qkv::train {
+namespace qkv::viz {
 
 struct Series {
   std::string name;                               // lower-case letters, digits, spaces, ".-()="
@@ -19,4 +19,4 @@ struct Series {
 void plot_lines(const std::string& path, const std::string& title, const std::string& x_label,
                 const std::string& y_label, const std::vector<Series>& series, int width = 800, int height = 480);
 
-}  // namespace qkv::train
+}  // namespace qkv::viz

@@ -1,12 +1,12 @@
-// Labelled matrices and shaded attention grids (see qkv/show.hpp).
-#include "qkv/show.hpp"
+// Labelled matrices and shaded attention grids (see qkv/viz/show.hpp).
+#include "qkv/viz/show.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
-namespace qkv::show {
+namespace qkv::viz {
 
 namespace {
 std::string fmt(float v, int decimals) {
@@ -126,4 +126,4 @@ std::string bars(const std::vector<float>& values, const std::vector<std::string
   return os.str();
 }
 
-}  // namespace qkv::show
+}  // namespace qkv::viz

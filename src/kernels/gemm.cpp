@@ -1,14 +1,10 @@
-// GEMM (through OpenBLAS), row softmax and batched transpose, each beside its scalar reference.
+// GEMM through OpenBLAS, split between OpenMP threads by output slices, beside its scalar reference.
+#include "qkv/kernels/gemm.hpp"
+
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <vector>
-
-#include "qkv/kernels.hpp"
-#include "simd.hpp"
 
 namespace qkv::kernels {
 
@@ -78,75 +74,6 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
       const float prior = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
       C[i * ldc + j] = static_cast<float>(alpha * acc) + prior;
     }
-  }
-}
-
-void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) { softmax_rows_lse(x, y, nullptr, rows, n); }
-
-void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n) {
-#pragma omp parallel for schedule(static) if (rows * n > (1 << 16))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float* yr = y + r * n;
-    float max_value = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
-    // std::max skips a NaN, but the NaN still reaches the sum, so the whole row becomes NaN as in PyTorch.
-    const float sum = simd::exp_shifted_sum(xr, yr, n, max_value);
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
-    if (lse) lse[r] = max_value + std::log(sum);
-  }
-}
-
-void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    double max_value = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < n; ++j) max_value = std::max<double>(max_value, x[r * n + j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(x[r * n + j]) - max_value);
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] = static_cast<float>(std::exp(x[r * n + j] - max_value) / sum);
-  }
-}
-
-void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = y + r * n;
-    const float* dyr = dy + r * n;
-    float* dxr = dx + r * n;
-    float dot = 0.0f;
-    for (int64_t j = 0; j < n; ++j) dot += yr[j] * dyr[j];
-    for (int64_t j = 0; j < n; ++j) dxr[j] += yr[j] * (dyr[j] - dot);
-  }
-}
-
-void add_column_sums(const float* x, float* out, int64_t rows, int64_t cols) {
-  constexpr int64_t kChunk = 64;
-  const int64_t chunks = (rows + kChunk - 1) / kChunk;
-  if (chunks <= 1) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[c] += x[r * cols + c];
-    return;
-  }
-  std::vector<float> partial(static_cast<size_t>(chunks * cols), 0.0f);
-#pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
-  for (int64_t k = 0; k < chunks; ++k) {
-    float* p = partial.data() + k * cols;
-    for (int64_t r = k * kChunk; r < std::min(rows, (k + 1) * kChunk); ++r)
-      for (int64_t c = 0; c < cols; ++c) p[c] += x[r * cols + c];
-  }
-  for (int64_t k = 0; k < chunks; ++k)
-    for (int64_t c = 0; c < cols; ++c) out[c] += partial[static_cast<size_t>(k * cols + c)];
-}
-
-void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols) {
-  constexpr int64_t kBlock = 32;  // tiles keep both the read and the write side in cache
-  for (int64_t b = 0; b < batch; ++b) {
-    const float* s = src + b * rows * cols;
-    float* d = dst + b * rows * cols;
-    for (int64_t i0 = 0; i0 < rows; i0 += kBlock)
-      for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
-        for (int64_t i = i0; i < std::min(rows, i0 + kBlock); ++i)
-          for (int64_t j = j0; j < std::min(cols, j0 + kBlock); ++j) d[j * rows + i] = s[i * cols + j];
   }
 }
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv::optim {
 

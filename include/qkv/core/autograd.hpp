@@ -7,7 +7,7 @@
 #include <functional>
 #include <initializer_list>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv {
 

@@ -6,7 +6,7 @@
 #include <numbers>
 #include <string>
 
-#include "qkv/random.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv {
 
@@ -72,13 +72,10 @@ double Generator::normal_double() {
   return radius * std::cos(theta);
 }
 
-Generator& Generator::no_init() {
-  static Generator generator = [] {
-    Generator g;
-    g.no_init_ = true;
-    return g;
-  }();
-  return generator;
+Generator Generator::drawing_nothing(uint64_t seed) {
+  Generator g(seed);
+  g.no_init_ = true;
+  return g;
 }
 
 void Generator::uniform_(Tensor& t, double from, double to) {

@@ -2,10 +2,10 @@
 #include <cmath>
 #include <string>
 
-#include "qkv/autograd.hpp"
-#include "qkv/kernels.hpp"
-#include "qkv/ops.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/kernels/elementwise.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv {
 
@@ -20,20 +20,11 @@ Tensor masked_fill(const Tensor& t, const Tensor& mask, float value) {
   }
   const int64_t inner = mask.numel();
   const int64_t outer = inner ? t.numel() / inner : 0;
-  Tensor out = t.clone();
-  const float* m = mask.data();
-  float* y = out.data();
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < inner; ++i)
-      if (m[i] != 0.0f) y[o * inner + i] = value;
+  Tensor out = Tensor::empty(t.shape());
+  kernels::masked_fill(t.data(), mask.data(), value, out.data(), outer, inner);
   if (detail::needs_grad({&t})) {
     detail::record(out, "MaskedFillBackward", {t}, [t, mask, outer, inner](const Tensor& dout) {
-      float* dt = detail::grad_buffer(t);
-      const float* g = dout.data();
-      const float* m = mask.data();
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t i = 0; i < inner; ++i)
-          if (m[i] == 0.0f) dt[o * inner + i] += g[o * inner + i];
+      kernels::masked_fill_backward(mask.data(), dout.data(), detail::grad_buffer(t), outer, inner);
     });
   }
   return out;
@@ -45,15 +36,13 @@ Tensor top_left(const Tensor& t, int64_t rows, int64_t cols) {
                      t.shape().str());
   }
   Tensor out = Tensor::empty({rows, cols});
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out.data()[r * cols + c] = t.data()[r * t.size(1) + c];
+  kernels::copy_rows(t.data(), t.size(1), out.data(), cols, rows, cols, false);
   return out;
 }
 
 Tensor causal_mask(int64_t T) {
-  Tensor mask = Tensor::zeros({T, T});
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = i + 1; j < T; ++j) mask.data()[i * T + j] = 1.0f;
+  Tensor mask = Tensor::empty({T, T});
+  kernels::causal_mask(mask.data(), T);
   return mask;
 }
 
@@ -66,15 +55,15 @@ Tensor dropout(const Tensor& t, double p, bool training, Generator& gen) {
     keep.fill_(0.0f);
   } else {
     gen.bernoulli_(keep, 1.0 - p);
-    const float scale = 1.0f / static_cast<float>(1.0 - p);  // PyTorch divides the mask by (1 − p) in float
-    for (float& k : keep.values()) k *= scale;
+    // PyTorch divides the mask by (1 − p) in float.
+    kernels::unary_forward(kernels::UnaryOp::MulScalar, 1.0f / static_cast<float>(1.0 - p), keep.data(), keep.data(),
+                           keep.numel());
   }
   Tensor out = Tensor::empty(t.shape());
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) out.data()[i] = t.data()[i] * keep.data()[i];
+  kernels::multiply(t.data(), keep.data(), out.data(), t.numel(), false);
   if (detail::needs_grad({&t})) {
     detail::record(out, "DropoutBackward", {t}, [t, keep](const Tensor& dout) {
-      float* dt = detail::grad_buffer(t);
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) dt[i] += dout.data()[i] * keep.data()[i];
+      kernels::multiply(dout.data(), keep.data(), detail::grad_buffer(t), t.numel(), true);
     });
   }
   return out;
@@ -92,6 +81,27 @@ Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen) 
       kernels::hashed_dropout(dout.data(), detail::grad_buffer(t), t.numel(), seed, prob, true);
     });
   }
+  return out;
+}
+
+void write_tokens(const Tensor& src, Tensor& dst, int64_t position) {
+  if (src.rank() != 3 || dst.rank() != 3 || src.size(0) != dst.size(0) || src.size(2) != dst.size(2) || position < 0 ||
+      position + src.size(1) > dst.size(1)) {
+    throw ShapeError("write_tokens: cannot write " + src.shape().str() + " into " + dst.shape().str() + " at token " +
+                     std::to_string(position));
+  }
+  const int64_t T = src.size(1), C = src.size(2), capacity = dst.size(1);
+  for (int64_t b = 0; b < src.size(0); ++b)
+    kernels::copy_rows(src.data() + b * T * C, C, dst.data() + (b * capacity + position) * C, C, T, C, false);
+}
+
+Tensor select_token(const Tensor& x, int64_t t) {
+  if (x.rank() != 3 || t < 0 || t >= x.size(1)) {
+    throw ShapeError("select_token: no token " + std::to_string(t) + " in " + x.shape().str());
+  }
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  Tensor out = Tensor::empty({B, C});
+  kernels::copy_rows(x.data() + t * C, T * C, out.data(), C, B, C, false);
   return out;
 }
 
@@ -117,8 +127,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int dim) {
   int64_t at = 0;
   for (const Tensor& t : tensors) {
     const int64_t w = t.size(d) * inner;
-    for (int64_t o = 0; o < outer; ++o)
-      std::copy_n(t.data() + o * w, w, out.data() + o * total * inner + at);
+    kernels::copy_rows(t.data(), w, out.data() + at, total * inner, outer, w, false);
     widths.push_back(w);
     at += w;
   }
@@ -130,8 +139,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int dim) {
       for (size_t k = 0; k < tensors.size(); ++k) {
         const int64_t w = widths[k];
         if (float* dt = detail::grad_buffer(tensors[k]))
-          for (int64_t o = 0; o < outer; ++o)
-            for (int64_t i = 0; i < w; ++i) dt[o * w + i] += dout.data()[o * total * inner + at + i];
+          kernels::copy_rows(dout.data() + at, total * inner, dt, w, outer, w, true);
         at += w;
       }
     });

@@ -1,5 +1,5 @@
 // plot_lines: rasterise a line chart into RGB pixels and encode it with libpng.
-#include "qkv/train/plot.hpp"
+#include "qkv/viz/plot.hpp"
 
 #include <png.h>
 
@@ -9,10 +9,10 @@
 #include <cstring>
 #include <map>
 
-#include "qkv/error.hpp"
-#include "qkv/io/safetensors.hpp"
+#include "qkv/core/error.hpp"
+#include "qkv/io/file.hpp"
 
-namespace qkv::train {
+namespace qkv::viz {
 
 namespace {
 
@@ -167,4 +167,4 @@ void plot_lines(const std::string& path, const std::string& title, const std::st
   write_png(path, width, height, c.pixels());
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::viz

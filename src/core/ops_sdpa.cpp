@@ -2,10 +2,11 @@
 // recomputes the weights tile by tile (kernels::attention_backward).
 #include <string>
 
-#include "qkv/autograd.hpp"
-#include "qkv/kernels.hpp"
-#include "qkv/ops.hpp"
-#include "qkv/random.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/elementwise.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv {
 
@@ -16,7 +17,7 @@ struct Resolved {
   kernels::AttentionLayout layout;
 };
 
-Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads) {
+Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads, int64_t kv_tokens) {
   auto fail = [&](const std::string& why) {
     throw ShapeError("scaled_dot_product_attention: " + why + " (q " + q.shape().str() + ", k " + k.shape().str() +
                      ", v " + v.shape().str() + ")");
@@ -31,7 +32,7 @@ Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_
     if (q.size(0) != k.size(0) || q.size(2) != k.size(2)) fail("batch and channel sizes of q and k differ");
     d = {q.size(0), num_heads, q.size(1), k.size(1), q.size(2) / num_heads};
     r.layout.q = r.layout.o = kernels::AttentionStrides::btc(d, d.Tq);
-    r.layout.k = r.layout.v = kernels::AttentionStrides::btc(d, d.Tk);
+    r.layout.k = r.layout.v = kernels::AttentionStrides::btc(d, d.Tk);  // strides of the whole buffer
   } else if (q.rank() == 4) {
     if (q.size(0) != k.size(0) || q.size(1) != k.size(1) || q.size(3) != k.size(3)) {
       fail("batch, head and head-dim sizes of q and k differ");
@@ -42,19 +43,17 @@ Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_
   } else {
     fail("inputs must be (B, T, H·D) or (B, H, T, D)");
   }
+  if (kv_tokens < 0 || kv_tokens > d.Tk) {
+    fail("kv_tokens = " + std::to_string(kv_tokens) + " is outside [0, " + std::to_string(d.Tk) + "]");
+  }
+  if (kv_tokens > 0) d.Tk = kv_tokens;
   return r;
-}
-
-// out += src (same shape).
-void add_into(float* out, const Tensor& src) {
-  const float* s = src.data();
-  for (int64_t i = 0, n = src.numel(); i < n; ++i) out[i] += s[i];
 }
 
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config) {
-  const Resolved r = resolve(q, k, v, config.num_heads);
+  const Resolved r = resolve(q, k, v, config.num_heads, config.kv_tokens);
   if (!(config.dropout_p >= 0.0 && config.dropout_p <= 1.0)) {
     throw ValueError("scaled_dot_product_attention: dropout must lie in [0, 1], got " + std::to_string(config.dropout_p));
   }
@@ -68,15 +67,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Tensor out = Tensor::empty(q.shape());
   Tensor lse = Tensor::empty({r.dims.B, r.dims.H, r.dims.Tq});
   kernels::attention_forward(r.dims, r.layout, options, q.data(), k.data(), v.data(), out.data(), lse.data());
+  if (config.lse) *config.lse = lse;
   if (detail::needs_grad({&q, &k, &v})) {
+    if (config.kv_tokens > 0 && config.kv_tokens < (q.rank() == 3 ? k.size(1) : k.size(2))) {
+      throw ValueError("scaled_dot_product_attention: a partly filled key/value cache is for inference; run it "
+                       "under NoGradGuard");
+    }
     detail::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
                    [q, k, v, o = out.detach(), lse, r, options](const Tensor& dout) {
                      Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
                      kernels::attention_backward(r.dims, r.layout, options, q.data(), k.data(), v.data(), o.data(),
                                                  lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
-                     if (float* g = detail::grad_buffer(q)) add_into(g, dq);
-                     if (float* g = detail::grad_buffer(k)) add_into(g, dk);
-                     if (float* g = detail::grad_buffer(v)) add_into(g, dv);
+                     if (float* g = detail::grad_buffer(q)) kernels::accumulate(g, dq.data(), dq.numel());
+                     if (float* g = detail::grad_buffer(k)) kernels::accumulate(g, dk.data(), dk.numel());
+                     if (float* g = detail::grad_buffer(v)) kernels::accumulate(g, dv.data(), dv.numel());
                    });
   }
   return out;

@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv {
 
@@ -84,6 +84,11 @@ Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
 // parallel, and the mask is regenerated in backward rather than stored. Its masks differ from
 // torch.nn.Dropout's; GPTModel uses it for the residual and embedding dropout.
 Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen);
+// Copies src (B, T, C) into dst (B, capacity, C) at tokens [position, position + T): filling a KV cache.
+// Records no gradient.
+void write_tokens(const Tensor& src, Tensor& dst, int64_t position);
+// Token t of every batch row of x (B, T, C), as (B, C). Records no gradient.
+Tensor select_token(const Tensor& x, int64_t t);
 // Joins tensors along `dim`; all other dimensions must agree.
 Tensor concat(const std::vector<Tensor>& tensors, int dim);
 
@@ -107,6 +112,12 @@ struct AttentionConfig {
   bool training = false;
   Generator* generator = nullptr;  // dropout seed source (one draw per call); default_generator() if null
   float scale = 0.0f;              // 0: 1/√D
+  // Only the first kv_tokens tokens of k and v take part (0: all of them). A KV cache keeps keys and values
+  // in (B, capacity, H·D) buffers and attends over the filled part; such a call records no gradient.
+  int64_t kv_tokens = 0;
+  // If set, receives the log-sum-exp of every query row's scaled scores, (B, H, Tq): with q and k it gives
+  // the attention weights back without storing them (kernels::attention_probabilities).
+  Tensor* lse = nullptr;
 };
 
 // softmax(scale · QKᵀ + causal mask) V without materialising the T×T weights (kernels::attention_forward),

@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "qkv/tensor.hpp"
+#include "qkv/core/tensor.hpp"
 
 namespace qkv {
 
@@ -41,9 +41,12 @@ class Generator {
   Tensor rand(const Shape& shape);
   Tensor randn(const Shape& shape);
 
-  // A generator that draws nothing: its fills write zeros. For building a model whose weights a loader
-  // will overwrite (GPT-2's 1558M parameters would otherwise cost seconds of pointless sampling).
-  static Generator& no_init();
+  // A generator whose tensor fills (uniform_, normal_, rand, randn) write zeros and draw nothing, for building
+  // a model whose weights a loader will overwrite (GPT-2's 1558M parameters would otherwise cost seconds of
+  // pointless sampling). Single draws (next_u32, …) work as usual. set_drawing(true) makes it an ordinary
+  // generator again.
+  static Generator drawing_nothing(uint64_t seed = 0);
+  void set_drawing(bool on) { no_init_ = !on; }
   bool draws() const { return !no_init_; }
 
   // The full state (engine words, position, normal cache, seed), for checkpoints.
@@ -62,6 +65,8 @@ class Generator {
 };
 
 // The process-wide generator that modules draw their initial weights from, like torch's default one.
+// Threads: a Generator is not synchronised. The default generator belongs to the thread that builds modules
+// (as in PyTorch); code that builds modules on several threads passes each its own Generator.
 Generator& default_generator();
 void manual_seed(uint64_t seed);  // default_generator().manual_seed(seed)
 

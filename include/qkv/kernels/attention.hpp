@@ -1,0 +1,71 @@
+// The fused scaled-dot-product attention kernel (FlashAttention-2 style) and its double-precision reference.
+// Pure compute on raw float pointers; the autograd op in core/ops_sdpa.cpp wraps it. Thread-safe: calls may run
+// concurrently on different outputs.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels {
+
+// ---- fused scaled-dot-product attention (FlashAttention-2 style) ----
+//
+// For every batch b and head h:  O = softmax(scale · Q Kᵀ + mask) V, with optional dropout on the
+// softmax weights. Q is (Tq, D), K and V are (Tk, D), O is (Tq, D); the rows of each are D contiguous
+// floats, and where they sit is given by strides, so the projections' (B, T, H·D) layout is read
+// directly (token stride H·D, head stride D) as well as (B, H, T, D) (token stride D, head stride T·D).
+//
+// The forward pass never stores a Tq×Tk matrix: it walks key blocks with an online softmax and keeps
+// one log-sum-exp per query row. The backward pass recomputes the probabilities tile by tile from that
+// log-sum-exp. Threads own output rows (query blocks for O and dQ, key blocks for dK and dV); there
+// are no atomics, and results do not depend on the number of threads.
+
+struct AttentionDims {
+  int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
+};
+
+// Strides in floats between consecutive batches, heads and tokens of one tensor.
+struct AttentionStrides {
+  int64_t batch = 0, head = 0, token = 0;
+  // (B, T, H·D): the layout Linear projections produce.
+  static AttentionStrides btc(const AttentionDims& d, int64_t T) { return {T * d.H * d.D, d.D, d.H * d.D}; }
+  // (B, H, T, D)
+  static AttentionStrides bhtd(const AttentionDims& d, int64_t T) { return {d.H * T * d.D, T * d.D, d.D}; }
+};
+
+struct AttentionOptions {
+  bool causal = false;     // key j is visible to query i iff j ≤ i + (Tk − Tq)
+  float scale = 0.0f;      // 0 means 1/√D
+  float dropout_p = 0.0f;  // on the softmax weights; kept ones are scaled by 1/(1 − p)
+  uint64_t seed = 0;       // dropout stream: element (b·H + h, i, j) is a pure function of the seed
+  int threads = 0;         // 0: OpenMP's default
+};
+
+struct AttentionLayout {
+  AttentionStrides q, k, v, o;  // dQ, dK, dV, dO use the strides of Q, K, V, O
+};
+
+// o: (Tq, D) rows per (b, h); lse: (B, H, Tq) contiguous, natural-log log-sum-exp of the scaled scores.
+// A query row with no visible key (only when Tq > Tk with causal) gets NaN, like PyTorch.
+void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                       const float* q, const float* k, const float* v, float* o, float* lse);
+// Writes (overwrites) dq, dk, dv from dO, using the forward's o and lse.
+void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                        const float* q, const float* k, const float* v, const float* o, const float* lse,
+                        const float* d_o, float* dq, float* dk, float* dv);
+
+// The plain composition, materialising scores and weights, in double: the reference the fused kernel
+// is tested against. Same arguments; dropout uses the same keep decisions (attention_dropout_keep).
+void attention_forward_reference(const AttentionDims& dims, const AttentionLayout& layout,
+                                 const AttentionOptions& options, const float* q, const float* k, const float* v,
+                                 float* o);
+void attention_backward_reference(const AttentionDims& dims, const AttentionLayout& layout,
+                                  const AttentionOptions& options, const float* q, const float* k, const float* v,
+                                  const float* d_o, float* dq, float* dk, float* dv);
+
+// Whether dropout keeps weight (bh, i, j): a counter-based hash (murmur3's finalizer) of (seed, bh, i, j).
+bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j);
+
+// Which micro-kernels this build uses: "avx2+fma" or "portable".
+const char* attention_isa();
+
+}  // namespace qkv::kernels

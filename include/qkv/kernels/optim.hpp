@@ -1,0 +1,32 @@
+// Optimiser updates and gradient-norm pieces over flat float arrays, beside scalar references. One pass over
+// parameter, gradient and state; parallel and vectorised, and elementwise, so the result does not depend on
+// the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels {
+
+// One AdamW step (PyTorch 1.13's single-tensor rule, in float):
+//   w ← w·decay;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  w ← w − step_size · m / (√v / bc2_sqrt + eps)
+struct AdamWStep {
+  float decay, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, bc2_sqrt, eps;
+};
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
+void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
+
+// One SGD step (torch.optim.SGD): d = g + wd·w; with momentum buf = first ? d : buf·μ + (1 − dampening)·d and
+// d = nesterov ? d + μ·buf : buf; then w ← w − lr·d. buf may be null (no momentum).
+struct SGDStep {
+  float lr, weight_decay, momentum, keep;  // keep = 1 − dampening
+  bool nesterov, first;
+};
+void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& s);
+
+// Σ x² in double, summed over fixed chunks in order (the same for any thread count).
+double sum_of_squares(const float* x, int64_t n);
+double sum_of_squares_reference(const float* x, int64_t n);
+// x ← x · factor.
+void scale(float* x, int64_t n, float factor);
+
+}  // namespace qkv::kernels

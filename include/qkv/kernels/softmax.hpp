@@ -1,0 +1,33 @@
+// Row softmax and cross-entropy over rows of logits, each beside a scalar reference (suffix _reference).
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels {
+
+// y (rows,n) = softmax of each row of x (rows,n), subtracting the row max first so exp cannot overflow.
+// A row of all -inf gives NaN, as in PyTorch. x and y may alias. Rows in parallel.
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t n);
+void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n);
+// As softmax_rows, also writing each row's log-sum-exp (max + log Σ exp(x − max)) to lse (rows) unless lse
+// is null.
+void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n);
+// dx (rows,n) += y ⊙ (dy − rowsum(dy ⊙ y)): the softmax Jacobian-vector product from the output y.
+void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n);
+void softmax_rows_backward_reference(const float* y, const float* dy, float* dx, int64_t rows, int64_t n);
+
+// Cross-entropy of logits (rows, V) against targets (rows); rows whose target is ignore_index are skipped.
+// Writes probs (rows, V) = softmax(logits) and returns Σ over counted rows of logsumexp(z) − z[target]
+// (in double), with *counted the number of counted rows. A target outside [0, V) (and not ignore_index) is
+// reported through *bad_row (its index, else −1) without reading out of bounds; the caller raises the error.
+double cross_entropy_forward(const float* logits, const int64_t* targets, float* probs, int64_t rows, int64_t V,
+                             int64_t ignore_index, int64_t* counted, int64_t* bad_row);
+double cross_entropy_forward_reference(const float* logits, const int64_t* targets, int64_t rows, int64_t V,
+                                       int64_t ignore_index, int64_t* counted);
+// dlogits (rows, V) += scale · (probs − onehot(target)) for counted rows.
+void cross_entropy_backward(const float* probs, const int64_t* targets, float* dlogits, int64_t rows, int64_t V,
+                            int64_t ignore_index, float scale);
+void cross_entropy_backward_reference(const float* logits, const int64_t* targets, float* dlogits, int64_t rows,
+                                      int64_t V, int64_t ignore_index, float scale);
+
+}  // namespace qkv::kernels

@@ -1,0 +1,74 @@
+// Optimiser updates and gradient norms over flat arrays (see qkv/kernels/optim.hpp).
+#include "qkv/kernels/optim.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "parallel.hpp"
+
+namespace qkv::kernels {
+
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+  // One pass: each element's four values are read and written once; the loop vectorises (no branches).
+#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+  for (int64_t j = 0; j < n; ++j) {
+    const float wj = w[j] * s.decay;
+    const float mj = m[j] * s.beta1 + s.one_minus_beta1 * g[j];
+    const float vj = v[j] * s.beta2 + s.one_minus_beta2 * g[j] * g[j];
+    m[j] = mj;
+    v[j] = vj;
+    w[j] = wj - s.step_size * (mj / (std::sqrt(vj) / s.bc2_sqrt + s.eps));
+  }
+}
+
+void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+  for (int64_t j = 0; j < n; ++j) {
+    w[j] *= s.decay;
+    m[j] = m[j] * s.beta1 + s.one_minus_beta1 * g[j];
+    v[j] = v[j] * s.beta2 + s.one_minus_beta2 * g[j] * g[j];
+    const float denom = std::sqrt(v[j]) / s.bc2_sqrt + s.eps;
+    w[j] -= s.step_size * (m[j] / denom);
+  }
+}
+
+void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& s) {
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
+  for (int64_t j = 0; j < n; ++j) {
+    float d = g[j];
+    if (s.weight_decay != 0.0f) d += s.weight_decay * w[j];
+    if (buf) {
+      buf[j] = s.first ? d : buf[j] * s.momentum + s.keep * d;  // the first step copies d (PyTorch clones it)
+      d = s.nesterov ? d + s.momentum * buf[j] : buf[j];
+    }
+    w[j] -= s.lr * d;
+  }
+}
+
+double sum_of_squares(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double acc = 0.0;
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) acc += static_cast<double>(x[i]) * x[i];
+    partial[static_cast<size_t>(c)] = acc;
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+double sum_of_squares_reference(const float* x, int64_t n) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  return total;
+}
+
+void scale(float* x, int64_t n, float factor) {
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+}  // namespace qkv::kernels

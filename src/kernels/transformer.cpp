@@ -1,0 +1,212 @@
+// Layer norm, embedding and GELU kernels (see qkv/kernels/transformer.hpp), each beside its reference.
+// GELU (tanh form) with AVX2: y = 0.5·x·(1 + tanh u), u = k(x + 0.044715·x³), k = √(2/π);
+// dy/dx = 0.5(1 + t) + 0.5·x·(1 − t²)·k·(1 + 3·0.044715·x²).
+#include "qkv/kernels/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "parallel.hpp"
+#include "simd.hpp"
+
+namespace qkv::kernels {
+
+namespace {
+constexpr float kK = 0.7978845608028654f, kC = 0.044715f;
+constexpr int64_t kChunkRows = 64;  // reduction chunk for dscale/dshift: independent of the thread count
+}  // namespace
+
+void gelu_reference(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    y[i] = static_cast<float>(0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+  }
+}
+
+void gelu_forward(const float* x, float* y, int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t i = b * 256;
+    const int64_t end = std::min(n, i + 256);
+#ifdef QKV_AVX2
+    for (; i + 8 <= end; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+      const __m256 t = simd::tanh(_mm256_mul_ps(_mm256_set1_ps(kK), _mm256_fmadd_ps(_mm256_set1_ps(kC), v3, v)));
+      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), t)));
+    }
+#endif
+    for (; i < end; ++i) {
+      const float v = x[i];
+      y[i] = 0.5f * v * (1.0f + std::tanh(kK * (v + kC * v * v * v)));
+    }
+  }
+}
+
+void gelu_backward(const float* x, const float* g, float* dx, int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t i = b * 256;
+    const int64_t end = std::min(n, i + 256);
+#ifdef QKV_AVX2
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= end; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 v2 = _mm256_mul_ps(v, v);
+      const __m256 t = simd::tanh(_mm256_mul_ps(_mm256_set1_ps(kK), _mm256_fmadd_ps(_mm256_set1_ps(kC), _mm256_mul_ps(v2, v), v)));
+      const __m256 left = _mm256_mul_ps(half, _mm256_add_ps(one, t));
+      const __m256 sech2 = _mm256_fnmadd_ps(t, t, one);
+      const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(kK), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kC), v2, one));
+      const __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, v), sech2), inner, left);
+      _mm256_storeu_ps(dx + i, _mm256_fmadd_ps(_mm256_loadu_ps(g + i), d, _mm256_loadu_ps(dx + i)));
+    }
+#endif
+    for (; i < end; ++i) {
+      const float v = x[i];
+      const float t = std::tanh(kK * (v + kC * v * v * v));
+      const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kK * (1.0f + 3.0f * kC * v * v);
+      dx[i] += g[i] * d;
+    }
+  }
+}
+
+void gelu_backward_reference(const float* x, const float* g, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i], k = 0.7978845608028654, c = 0.044715;
+    const double t = std::tanh(k * (v + c * v * v * v));
+    const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * c * v * v);
+    dx[i] += static_cast<float>(g[i] * d);
+  }
+}
+
+// ---- layer norm ----
+
+void layer_norm_forward(const float* x, const float* scale, const float* shift, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float m = 0.0f;
+    for (int64_t c = 0; c < C; ++c) m += xr[c];
+    m /= static_cast<float>(C);
+    float v = 0.0f;
+    for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+    v /= static_cast<float>(C);
+    const float s = 1.0f / std::sqrt(v + eps);
+    for (int64_t c = 0; c < C; ++c) y[r * C + c] = (xr[c] - m) * s * scale[c] + shift[c];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+void layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dy,
+                         float* dx, float* dscale, float* dshift, int64_t rows, int64_t C) {
+  if (dx) {
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * C;
+      const float* gr = dy + r * C;
+      float mean_d = 0.0f, mean_dx = 0.0f;
+      for (int64_t c = 0; c < C; ++c) {
+        const float d = gr[c] * scale[c];
+        mean_d += d;
+        mean_dx += d * (xr[c] - mean[r]) * rstd[r];
+      }
+      mean_d /= static_cast<float>(C);
+      mean_dx /= static_cast<float>(C);
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - mean[r]) * rstd[r];
+        dx[r * C + c] += rstd[r] * (gr[c] * scale[c] - mean_d - xhat * mean_dx);
+      }
+    }
+  }
+  if (!dscale && !dshift) return;
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  std::vector<float> partial(static_cast<size_t>(chunks * 2 * C), 0.0f);
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
+  for (int64_t k = 0; k < chunks; ++k) {
+    float* ps = partial.data() + k * 2 * C;
+    for (int64_t r = k * kChunkRows; r < std::min(rows, (k + 1) * kChunkRows); ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        ps[c] += dy[r * C + c] * (x[r * C + c] - mean[r]) * rstd[r];
+        ps[C + c] += dy[r * C + c];
+      }
+  }
+  for (int64_t k = 0; k < chunks; ++k)
+    for (int64_t c = 0; c < C; ++c) {
+      if (dscale) dscale[c] += partial[static_cast<size_t>(k * 2 * C + c)];
+      if (dshift) dshift[c] += partial[static_cast<size_t>(k * 2 * C + C + c)];
+    }
+}
+
+void layer_norm_forward_reference(const float* x, const float* scale, const float* shift, float* y, int64_t rows,
+                                  int64_t C, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = 0; c < C; ++c) m += x[r * C + c];
+    m /= static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) v += (x[r * C + c] - m) * (x[r * C + c] - m);
+    v /= static_cast<double>(C);
+    const double s = 1.0 / std::sqrt(v + eps);
+    for (int64_t c = 0; c < C; ++c) y[r * C + c] = static_cast<float>((x[r * C + c] - m) * s * scale[c] + shift[c]);
+  }
+}
+
+void layer_norm_backward_reference(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
+                                   float* dshift, int64_t rows, int64_t C, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = 0; c < C; ++c) m += x[r * C + c];
+    m /= static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) v += (x[r * C + c] - m) * (x[r * C + c] - m);
+    v /= static_cast<double>(C);
+    const double s = 1.0 / std::sqrt(v + eps);
+    double mean_d = 0.0, mean_dx = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = static_cast<double>(dy[r * C + c]) * scale[c];
+      mean_d += d;
+      mean_dx += d * (x[r * C + c] - m) * s;
+    }
+    mean_d /= static_cast<double>(C);
+    mean_dx /= static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const double xhat = (x[r * C + c] - m) * s;
+      if (dx) dx[r * C + c] += static_cast<float>(s * (static_cast<double>(dy[r * C + c]) * scale[c] - mean_d - xhat * mean_dx));
+      if (dscale) dscale[c] += static_cast<float>(dy[r * C + c] * xhat);
+      if (dshift) dshift[c] += dy[r * C + c];
+    }
+  }
+}
+
+// ---- embedding ----
+
+void embedding_forward(const float* weight, const int64_t* ids, int64_t n, int64_t C, float* y) {
+#pragma omp parallel for schedule(static) if (worth_parallel(n * C))
+  for (int64_t i = 0; i < n; ++i) std::copy_n(weight + ids[i] * C, C, y + i * C);
+}
+
+void embedding_backward(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight) {
+  // Threads own column slices of dweight and walk every id in order: no two threads touch one float, and each
+  // float is summed in id order whatever the thread count.
+  constexpr int64_t kSlice = 64;
+  const int64_t slices = (C + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static) if (worth_parallel(n * C) && slices > 1)
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = dweight + ids[i] * C;
+      const float* src = g + i * C;
+      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  }
+}
+
+void embedding_backward_reference(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < C; ++c) dweight[ids[i] * C + c] += g[i * C + c];
+}
+
+}  // namespace qkv::kernels
