@@ -89,6 +89,13 @@ TEST_F(TrainCli, ResumeRepeatsAnUninterruptedRunExactly) {
                                  (dir_ / "text.txt").string() + " --out " + (dir_ / "split").string() + " --sample-tokens 5");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_EQ(loss_rows("split"), loss_rows("straight"));
+  // Optimisation settings may change on resume; both together, applied before validation (lr 5e-5 alone would
+  // be below the stored min-lr).
+  const CliResult lowered = run_cli("train --resume " + (dir_ / "split" / "checkpoint.safetensors").string() + " --text " +
+                                 (dir_ / "text.txt").string() + " --out " + (dir_ / "split").string() +
+                                 " --steps 22 --lr 5e-5 --min-lr 1e-5 --sample-tokens 5");
+  ASSERT_EQ(lowered.code, 0) << lowered.out;
+  EXPECT_TRUE(contains(lowered.out, "changed on resume: learning_rate: checkpoint 0.003, this run 5e-05")) << lowered.out;
 }
 
 TEST_F(TrainCli, CtrlCSavesACheckpointAndExits130) {

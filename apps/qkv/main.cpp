@@ -62,42 +62,43 @@ int main(int argc, char** argv) {
   ts.model.n_heads = 6;
   ts.model.n_layers = 4;
   ts.model.drop_rate = 0.1;
-  // Each setting also remembers that it was given, so --resume can tell overrides from defaults.
-  std::vector<std::pair<CLI::Option*, std::string>> settings_options;
-  auto setting = [&](const char* flag, auto& target, const char* key, const char* help) {
-    settings_options.emplace_back(train_cmd->add_option(flag, target, help)->capture_default_str(), key);
-  };
   train_cmd->add_option("--text", train.text_path, "UTF-8 text file to train on (default: bible -l80 gen1:1-rev22:21)");
   train_cmd->add_option("--out", train.out_dir, "Output directory: checkpoint.safetensors, losses.csv, loss.png, sample.txt")
       ->capture_default_str();
   train_cmd->add_option("--resume", train.resume, "Continue exactly from a checkpoint (its settings, unless overridden)");
   train_cmd->add_option("--vocab", train.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
   train_cmd->add_flag("--replace-invalid", train.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
-  setting("--tokenizer", ts.tokenizer, "tokenizer", "gpt2 or bytes");
-  setting("--vocab-size", ts.model.vocab_size, "vocab_size", "Model vocabulary (≥ the tokenizer's)");
-  setting("--context-length", ts.model.context_length, "context_length", "Tokens per training window");
-  setting("--emb-dim", ts.model.emb_dim, "emb_dim", "Embedding width");
-  setting("--n-heads", ts.model.n_heads, "n_heads", "Attention heads");
-  setting("--n-layers", ts.model.n_layers, "n_layers", "Transformer blocks");
-  setting("--drop-rate", ts.model.drop_rate, "drop_rate", "Dropout");
-  setting("--steps", ts.max_steps, "max_steps", "Optimiser steps");
-  setting("--batch-size", ts.batch_size, "batch_size", "Windows per step");
-  setting("--lr", ts.learning_rate, "learning_rate", "Peak learning rate");
-  setting("--min-lr", ts.min_learning_rate, "min_learning_rate", "Learning rate at the end of the cosine");
-  setting("--warmup", ts.warmup_steps, "warmup_steps", "Linear warmup steps");
-  setting("--weight-decay", ts.weight_decay, "weight_decay", "AdamW weight decay");
-  setting("--grad-clip", ts.grad_clip, "grad_clip", "Gradient norm clip (0: off)");
-  setting("--eval-every", ts.eval_every, "eval_every", "Evaluate every N steps (0: never)");
-  setting("--eval-batches", ts.eval_batches, "eval_batches", "Batches per evaluation");
-  setting("--checkpoint-every", ts.checkpoint_every, "checkpoint_every", "Checkpoint every N steps (0: only at the end)");
-  setting("--seed", ts.seed, "seed", "Seed for weights, dropout and data order");
+  // Every model and training setting comes from one table (train_settings_schema): its flag, help, default
+  // and parser. What the command line gives is kept as text and applied to the defaults or, with --resume, to
+  // the checkpoint's settings; then everything is parsed and validated once.
+  std::map<std::string, std::string> given_values;
+  std::vector<std::pair<CLI::Option*, std::string>> settings_options;
+  for (const auto& setting : qkv::train::train_settings_schema()) {
+    if (!setting.flag) continue;
+    std::string& target = given_values[setting.key];
+    CLI::Option* option;
+    if (setting.is_flag) {
+      option = train_cmd->add_flag(setting.flag, setting.help);
+    } else {
+      option = train_cmd->add_option(setting.flag, target, setting.help)->default_str(setting.get(ts));
+      option->check(CLI::Validator(
+          [&setting](std::string& text) -> std::string {
+            qkv::train::TrainSettings scratch;
+            try {
+              setting.set(scratch, text);
+            } catch (const qkv::Error& e) {
+              return e.what();
+            }
+            return "";
+          },
+          "VALUE"));
+    }
+    settings_options.emplace_back(option, setting.key);
+  }
   train_cmd->add_option("--stop-at", train.stop_at,
                         "Checkpoint and stop after this step, to continue later with --resume (a run in chunks)");
   train_cmd->add_option("--sample-prompt", train.sample_prompt, "Prompt for the sample printed at the end")->capture_default_str();
   train_cmd->add_option("--sample-tokens", train.sample_tokens, "Length of that sample")->capture_default_str();
-  bool qkv_bias = false, tie = false;
-  auto* bias_flag = train_cmd->add_flag("--qkv-bias", qkv_bias, "Biases in the Q, K, V projections");
-  auto* tie_flag = train_cmd->add_flag("--tie-weights", tie, "Share the token embedding with the output head");
 
   qkv::cli::GenerateCommand generate;
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a checkpoint or GPT-2 weights");
@@ -129,12 +130,8 @@ int main(int argc, char** argv) {
     if (*apply_cmd) return qkv::cli::run_apply(apply);
     if (*tokenize_cmd) return qkv::cli::run_tokenize(tokenize);
     if (*train_cmd) {
-      ts.model.qkv_bias = qkv_bias;
-      ts.model.tie_weights = tie;
       for (const auto& [option, key] : settings_options)
-        if (option->count()) train.overrides[key] = option->as<std::string>();
-      if (bias_flag->count()) train.overrides["qkv_bias"] = "true";
-      if (tie_flag->count()) train.overrides["tie_weights"] = "true";
+        if (option->count()) train.overrides[key] = option->get_expected_min() == 0 ? "true" : given_values[key];
       return qkv::cli::run_train(train);
     }
     if (*generate_cmd) {

@@ -153,20 +153,18 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
 
 int run_train(const TrainCommand& options) {
   namespace fs = std::filesystem;
-  train::TrainSettings settings = options.settings;
   const std::string checkpoint = options.out_dir + "/checkpoint.safetensors";
+  // The defaults, or with --resume the checkpoint's settings; what the command line gives overrides them as
+  // text, and the whole is parsed and validated once.
+  std::map<std::string, std::string> strings = options.settings.to_strings();
+  train::TrainSettings stored;
+  if (!options.resume.empty()) strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
+  for (const auto& [key, value] : options.overrides) strings[key] = value;
+  const train::TrainSettings settings = train::TrainSettings::from_strings(strings);
   if (!options.resume.empty()) {
-    // Resume with the checkpoint's settings; options given on the command line override them, and the
-    // trainer then names every difference that would make the run inexact.
-    train::TrainSettings stored = train::read_checkpoint_settings(options.resume);
-    for (const auto& [key, value] : options.overrides) {
-      auto strings = stored.to_strings();
-      strings[key] = value;
-      stored = train::TrainSettings::from_strings(strings);
-    }
-    settings = stored;
+    for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
+      std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
   }
-  settings.validate();
   std::error_code ec;
   fs::create_directories(options.out_dir, ec);
   if (ec) throw IoError(options.out_dir + ": cannot create the output directory: " + ec.message());

@@ -24,42 +24,26 @@ void GPTConfig::validate() const {
   if (!(drop_rate >= 0.0 && drop_rate < 1.0)) throw ValueError("GPTConfig: drop_rate must lie in [0, 1)");
 }
 
-std::map<std::string, std::string> GPTConfig::to_strings() const {
-  char rate[32];
-  std::snprintf(rate, sizeof rate, "%.17g", drop_rate);
-  return {{"vocab_size", std::to_string(vocab_size)}, {"context_length", std::to_string(context_length)},
-          {"emb_dim", std::to_string(emb_dim)},       {"n_heads", std::to_string(n_heads)},
-          {"n_layers", std::to_string(n_layers)},     {"drop_rate", rate},
-          {"qkv_bias", qkv_bias ? "true" : "false"},  {"tie_weights", tie_weights ? "true" : "false"}};
+const std::vector<Setting<GPTConfig>>& gpt_config_schema() {
+  using settings::field;
+  static const std::vector<Setting<GPTConfig>> schema = {
+      field("vocab_size", "--vocab-size", "Model vocabulary (at least the tokenizer's)", &GPTConfig::vocab_size),
+      field("context_length", "--context-length", "Tokens per training window (the longest context)",
+            &GPTConfig::context_length),
+      field("emb_dim", "--emb-dim", "Embedding width", &GPTConfig::emb_dim),
+      field("n_heads", "--n-heads", "Attention heads", &GPTConfig::n_heads),
+      field("n_layers", "--n-layers", "Transformer blocks", &GPTConfig::n_layers),
+      field("drop_rate", "--drop-rate", "Dropout", &GPTConfig::drop_rate),
+      field("qkv_bias", "--qkv-bias", "Biases in the Q, K, V projections", &GPTConfig::qkv_bias),
+      field("tie_weights", "--tie-weights", "Share the token embedding with the output head", &GPTConfig::tie_weights),
+  };
+  return schema;
 }
 
+std::map<std::string, std::string> GPTConfig::to_strings() const { return settings::to_strings(gpt_config_schema(), *this); }
+
 GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& values) {
-  GPTConfig c;
-  auto get = [&](const char* key) -> const std::string& {
-    auto it = values.find(key);
-    if (it == values.end()) throw ValueError(std::string("GPT configuration lacks \"") + key + "\"");
-    return it->second;
-  };
-  auto integer = [&](const char* key) {
-    const std::string& v = get(key);
-    char* end = nullptr;
-    const long long n = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end) throw ValueError(std::string("GPT configuration: ") + key + " = \"" + v + "\" is not an integer");
-    return static_cast<int64_t>(n);
-  };
-  auto flag = [&](const char* key) {
-    const std::string& v = get(key);
-    if (v != "true" && v != "false") throw ValueError(std::string("GPT configuration: ") + key + " must be true or false");
-    return v == "true";
-  };
-  c.vocab_size = integer("vocab_size");
-  c.context_length = integer("context_length");
-  c.emb_dim = integer("emb_dim");
-  c.n_heads = integer("n_heads");
-  c.n_layers = integer("n_layers");
-  c.drop_rate = std::strtod(get("drop_rate").c_str(), nullptr);
-  c.qkv_bias = flag("qkv_bias");
-  c.tie_weights = flag("tie_weights");
+  const GPTConfig c = settings::from_strings(gpt_config_schema(), values, GPTConfig{}, "GPT configuration");
   c.validate();
   return c;
 }

@@ -1,7 +1,7 @@
 // The book's attention classes by Python name, built from string arguments (safetensors metadata).
-#include <cstdlib>
 #include <string>
 
+#include "qkv/core/settings.hpp"
 #include "qkv/nn/attention.hpp"
 
 namespace qkv::nn {
@@ -17,27 +17,12 @@ class Arguments {
     if (it == values_.end()) throw ValueError("module metadata lacks the argument \"" + key + "\"");
     return it->second;
   }
-  int64_t integer(const std::string& key) const {
-    const std::string& v = text(key);
-    char* end = nullptr;
-    const long long n = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0') throw ValueError("module argument \"" + key + "\" = \"" + v + "\" is not an integer");
-    return n;
-  }
-  double real(const std::string& key) const {
-    const std::string& v = text(key);
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0') throw ValueError("module argument \"" + key + "\" = \"" + v + "\" is not a number");
-    return x;
-  }
+  // The same checked parsers as every other setting (qkv/core/settings.hpp).
+  int64_t integer(const std::string& key) const { return parse_int(text(key), "module argument " + key); }
+  double real(const std::string& key) const { return parse_real(text(key), "module argument " + key); }
   bool flag(const std::string& key, bool fallback) const {
     auto it = values_.find(key);
-    if (it == values_.end()) return fallback;
-    const std::string& v = it->second;
-    if (v == "true" || v == "True" || v == "1") return true;
-    if (v == "false" || v == "False" || v == "0") return false;
-    throw ValueError("module argument \"" + key + "\" = \"" + v + "\" is not true or false");
+    return it == values_.end() ? fallback : parse_bool(it->second, "module argument " + key);
   }
 
  private:

@@ -27,83 +27,8 @@ uint64_t fingerprint(const std::vector<int64_t>& tokens) {
   return h;
 }
 
-std::string number(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 }  // namespace
-
-void TrainSettings::validate() const {
-  model.validate();
-  auto positive = [](int64_t v, const char* name) {
-    if (v < 1) throw ValueError(std::string(name) + " must be at least 1, got " + std::to_string(v));
-  };
-  positive(batch_size, "batch size");
-  positive(max_steps, "steps");
-  if (warmup_steps < 0 || eval_every < 0 || eval_batches < 0 || checkpoint_every < 0) {
-    throw ValueError("warmup, eval-every, eval-batches and checkpoint-every must not be negative");
-  }
-  if (!(learning_rate > 0) || !(min_learning_rate >= 0) || min_learning_rate > learning_rate) {
-    throw ValueError("learning rates must satisfy 0 ≤ min-lr ≤ lr and lr > 0");
-  }
-  if (!(weight_decay >= 0) || !(grad_clip >= 0)) throw ValueError("weight decay and grad clip must not be negative");
-  if (!(train_fraction > 0 && train_fraction < 1)) throw ValueError("train fraction must lie in (0, 1)");
-  if (tokenizer != "gpt2" && tokenizer != "bytes") throw ValueError("tokenizer must be gpt2 or bytes");
-}
-
-std::map<std::string, std::string> TrainSettings::to_strings() const {
-  std::map<std::string, std::string> out = model.to_strings();
-  out["batch_size"] = std::to_string(batch_size);
-  out["max_steps"] = std::to_string(max_steps);
-  out["warmup_steps"] = std::to_string(warmup_steps);
-  out["learning_rate"] = number(learning_rate);
-  out["min_learning_rate"] = number(min_learning_rate);
-  out["weight_decay"] = number(weight_decay);
-  out["grad_clip"] = number(grad_clip);
-  out["train_fraction"] = number(train_fraction);
-  out["eval_every"] = std::to_string(eval_every);
-  out["eval_batches"] = std::to_string(eval_batches);
-  out["checkpoint_every"] = std::to_string(checkpoint_every);
-  out["seed"] = std::to_string(seed);
-  out["tokenizer"] = tokenizer;
-  return out;
-}
-
-TrainSettings TrainSettings::from_strings(const std::map<std::string, std::string>& values) {
-  TrainSettings s;
-  s.model = nn::GPTConfig::from_strings(values);
-  auto get = [&](const char* key) -> const std::string& {
-    auto it = values.find(key);
-    if (it == values.end()) throw ValueError(std::string("checkpoint settings lack \"") + key + "\"");
-    return it->second;
-  };
-  auto integer = [&](const char* key) { return static_cast<int64_t>(std::strtoll(get(key).c_str(), nullptr, 10)); };
-  auto real = [&](const char* key) { return std::strtod(get(key).c_str(), nullptr); };
-  s.batch_size = integer("batch_size");
-  s.max_steps = integer("max_steps");
-  s.warmup_steps = integer("warmup_steps");
-  s.learning_rate = real("learning_rate");
-  s.min_learning_rate = real("min_learning_rate");
-  s.weight_decay = real("weight_decay");
-  s.grad_clip = real("grad_clip");
-  s.train_fraction = real("train_fraction");
-  s.eval_every = integer("eval_every");
-  s.eval_batches = integer("eval_batches");
-  s.checkpoint_every = integer("checkpoint_every");
-  s.seed = std::strtoull(get("seed").c_str(), nullptr, 10);
-  s.tokenizer = get("tokenizer");
-  s.validate();
-  return s;
-}
-
-double learning_rate_at(const TrainSettings& s, int64_t step) {
-  if (step < s.warmup_steps) return s.learning_rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
-  const double span = static_cast<double>(std::max<int64_t>(1, s.max_steps - s.warmup_steps));
-  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
-  return s.min_learning_rate + 0.5 * (s.learning_rate - s.min_learning_rate) * (1.0 + std::cos(std::numbers::pi * progress));
-}
 
 double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm) {
   // Σ g² per parameter in fixed chunks (kernels::sum_of_squares: the same for any thread count).
@@ -170,7 +95,7 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
   try {
     validation_data_ = std::make_unique<text::SlidingWindowDataset>(std::move(validation_ids), T, T);
   } catch (const ValueError& e) {
-    throw ValueError(std::string("validation split (the last ") + number(100 * (1 - settings_.train_fraction)) +
+    throw ValueError(std::string("validation split (the last ") + format_real(100 * (1 - settings_.train_fraction)) +
                      "% of the text): " + e.what());
   }
   train_loader_ = std::make_unique<text::DataLoader>(*train_data_, settings_.batch_size, true, settings_.seed);
@@ -204,15 +129,16 @@ void Trainer::resume(const std::string& path) {
   if (!file.metadata().count("format") || file.metadata().at("format") != kFormat) {
     throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + kFormat + "\")");
   }
-  // Every setting must match, except that a run may be extended with more steps.
-  const auto mine = settings_.to_strings();
-  std::string mismatches;
-  for (const auto& [key, value] : mine) {
-    if (key == "max_steps") continue;
-    auto it = file.metadata().find(key);
-    const std::string theirs = it == file.metadata().end() ? "(missing)" : it->second;
-    if (theirs != value) mismatches += "\n  " + key + ": checkpoint " + theirs + ", this run " + value;
+  // Settings that shape the model or the data must match; optimisation settings (steps, learning rates,
+  // evaluation and checkpoint intervals) may be changed on resume.
+  TrainSettings stored;
+  try {
+    stored = TrainSettings::from_strings(file.metadata());
+  } catch (const ValueError& e) {
+    throw IoError(path + ": " + e.what());
   }
+  std::string mismatches;
+  for (const std::string& d : settings_differences(stored, settings_, /*must_match=*/true)) mismatches += "\n  " + d;
   if (file.metadata().count("data_fingerprint") && file.metadata().at("data_fingerprint") != std::to_string(settings_fingerprint_)) {
     mismatches += "\n  text: the checkpoint was trained on different text (token fingerprint differs)";
   }
@@ -243,7 +169,9 @@ void Trainer::resume(const std::string& path) {
   });
   const std::vector<int64_t> words = file.int64s("rng.state");
   generator_.set_state(std::vector<uint64_t>(words.begin(), words.end()));
-  step_ = std::stoll(file.metadata().at("step"));
+  const int64_t step = parse_int(file.metadata().count("step") ? file.metadata().at("step") : "", path + ": step");
+  if (step < 0) throw IoError(path + ": step = " + std::to_string(step) + " is negative; the checkpoint is corrupt");
+  step_ = step;
   optimizer_->set_step_count(step_);
 }
 

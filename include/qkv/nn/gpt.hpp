@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/core/settings.hpp"
 #include "qkv/nn/attention.hpp"
 #include "qkv/nn/linear.hpp"
 #include "qkv/nn/module.hpp"
@@ -30,10 +31,14 @@ struct GPTConfig {
   bool tie_weights = false;
 
   void validate() const;  // ValueError naming the bad field
+  // The book's names as strings (gpt_config_schema); from_strings parses with checks, then validates.
   std::map<std::string, std::string> to_strings() const;
   static GPTConfig from_strings(const std::map<std::string, std::string>& values);  // ValueError on a bad value
   bool operator==(const GPTConfig&) const = default;
 };
+
+// Every GPTConfig field once: its key (the book's name), command-line flag and help.
+const std::vector<Setting<GPTConfig>>& gpt_config_schema();
 
 class Embedding : public Module {
  public:

@@ -14,33 +14,10 @@
 
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/optim.hpp"
+#include "qkv/train/settings.hpp"
 #include "qkv/text/dataset.hpp"
 
 namespace qkv::train {
-
-struct TrainSettings {
-  nn::GPTConfig model;
-  int64_t batch_size = 8;
-  int64_t max_steps = 500;
-  int64_t warmup_steps = 50;
-  double learning_rate = 1e-3;
-  double min_learning_rate = 1e-4;
-  double weight_decay = 0.1;
-  double grad_clip = 1.0;  // 0: no clipping
-  double train_fraction = 0.9;
-  int64_t eval_every = 50;
-  int64_t eval_batches = 10;
-  int64_t checkpoint_every = 100;  // 0: only at the end (and on interruption)
-  uint64_t seed = 123;
-  std::string tokenizer = "gpt2";
-
-  void validate() const;  // ValueError naming the bad setting
-  std::map<std::string, std::string> to_strings() const;
-  static TrainSettings from_strings(const std::map<std::string, std::string>& values);
-};
-
-// Linear warmup to learning_rate over warmup_steps, then cosine decay to min_learning_rate at max_steps.
-double learning_rate_at(const TrainSettings& settings, int64_t step);
 
 // Scales all gradients so their joint L2 norm is at most max_norm (torch.nn.utils.clip_grad_norm_);
 // returns the norm before clipping.

@@ -1,0 +1,85 @@
+// The training settings' schema, validation and learning-rate schedule (see qkv/train/settings.hpp).
+#include "qkv/train/settings.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace qkv::train {
+
+const std::vector<Setting<TrainSettings>>& train_settings_schema() {
+  using settings::field;
+  static const std::vector<Setting<TrainSettings>> schema = [] {
+    std::vector<Setting<TrainSettings>> s;
+    for (const auto& m : nn::gpt_config_schema()) s.push_back(settings::nested(&TrainSettings::model, m));
+    const bool may_change = false;
+    s.push_back(field("batch_size", "--batch-size", "Windows per step", &TrainSettings::batch_size));
+    s.push_back(field("max_steps", "--steps", "Optimiser steps", &TrainSettings::max_steps, may_change));
+    s.push_back(field("warmup_steps", "--warmup", "Linear warmup steps", &TrainSettings::warmup_steps, may_change));
+    s.push_back(field("learning_rate", "--lr", "Peak learning rate", &TrainSettings::learning_rate, may_change));
+    s.push_back(field("min_learning_rate", "--min-lr", "Learning rate at the end of the cosine",
+                      &TrainSettings::min_learning_rate, may_change));
+    s.push_back(field("weight_decay", "--weight-decay", "AdamW weight decay", &TrainSettings::weight_decay, may_change));
+    s.push_back(field("grad_clip", "--grad-clip", "Gradient norm clip (0: off)", &TrainSettings::grad_clip, may_change));
+    s.push_back(field("train_fraction", "--train-fraction", "Share of the text to train on (the rest validates)",
+                      &TrainSettings::train_fraction));
+    s.push_back(field("eval_every", "--eval-every", "Evaluate every N steps (0: never)", &TrainSettings::eval_every,
+                      may_change));
+    s.push_back(field("eval_batches", "--eval-batches", "Batches per evaluation", &TrainSettings::eval_batches,
+                      may_change));
+    s.push_back(field("checkpoint_every", "--checkpoint-every", "Checkpoint every N steps (0: only at the end)",
+                      &TrainSettings::checkpoint_every, may_change));
+    s.push_back(field("seed", "--seed", "Seed for weights, dropout and data order", &TrainSettings::seed));
+    s.push_back(field("tokenizer", "--tokenizer", "gpt2 or bytes", &TrainSettings::tokenizer));
+    return s;
+  }();
+  return schema;
+}
+
+void TrainSettings::validate() const {
+  model.validate();
+  auto positive = [](int64_t v, const char* name) {
+    if (v < 1) throw ValueError(std::string(name) + " must be at least 1, got " + std::to_string(v));
+  };
+  positive(batch_size, "batch size");
+  positive(max_steps, "steps");
+  if (warmup_steps < 0 || eval_every < 0 || eval_batches < 0 || checkpoint_every < 0) {
+    throw ValueError("warmup, eval-every, eval-batches and checkpoint-every must not be negative");
+  }
+  if (!(learning_rate > 0) || !(min_learning_rate >= 0) || min_learning_rate > learning_rate) {
+    throw ValueError("learning rates must satisfy 0 ≤ min-lr ≤ lr and lr > 0");
+  }
+  if (!(weight_decay >= 0) || !(grad_clip >= 0)) throw ValueError("weight decay and grad clip must not be negative");
+  if (!(train_fraction > 0 && train_fraction < 1)) throw ValueError("train fraction must lie in (0, 1)");
+  if (tokenizer != "gpt2" && tokenizer != "bytes") throw ValueError("tokenizer must be gpt2 or bytes");
+}
+
+std::map<std::string, std::string> TrainSettings::to_strings() const {
+  return settings::to_strings(train_settings_schema(), *this);
+}
+
+TrainSettings TrainSettings::from_strings(const std::map<std::string, std::string>& values) {
+  const TrainSettings s = settings::from_strings(train_settings_schema(), values, TrainSettings{}, "the settings");
+  s.validate();
+  return s;
+}
+
+std::vector<std::string> settings_differences(const TrainSettings& checkpoint, const TrainSettings& run, bool must_match) {
+  std::vector<std::string> out;
+  for (const auto& s : train_settings_schema()) {
+    if (s.must_match != must_match) continue;
+    const std::string theirs = s.get(checkpoint), mine = s.get(run);
+    if (theirs != mine) out.push_back(std::string(s.key) + ": checkpoint " + theirs + ", this run " + mine);
+  }
+  return out;
+}
+
+double learning_rate_at(const TrainSettings& s, int64_t step) {
+  if (step < s.warmup_steps) return s.learning_rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  const double span = static_cast<double>(std::max<int64_t>(1, s.max_steps - s.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  return s.min_learning_rate + 0.5 * (s.learning_rate - s.min_learning_rate) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+
+}  // namespace qkv::train
