@@ -1,4 +1,4 @@
-// Every differentiable op against central differences, plus the tape's own rules.
+// The tape's own rules, shape errors and NaN handling (the ops' gradient checks: test_kernel_table.cpp).
 #include "helpers.hpp"
 
 namespace qkv::test {
@@ -6,90 +6,7 @@ namespace {
 
 using Inputs = std::vector<Tensor>;
 
-TEST(Gradcheck, Matmul2D) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
-                        {random_tensor({3, 4}, 1), random_tensor({4, 5}, 2)}));
-}
-
-TEST(Gradcheck, MatmulBatched) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
-                        {random_tensor({2, 3, 3, 4}, 1), random_tensor({2, 3, 4, 2}, 2)}));
-}
-
-TEST(Gradcheck, MatmulSharedWeight) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
-                        {random_tensor({2, 5, 3}, 1), random_tensor({3, 4}, 2)}));
-}
-
-TEST(Gradcheck, MatmulSharedLeft) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
-                        {random_tensor({3, 4}, 1), random_tensor({2, 4, 2}, 2)}));
-}
-
-TEST(Gradcheck, LinearWithAndWithoutBias) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return linear(x[0], x[1], x[2]); },
-                        {random_tensor({2, 3, 4}, 1), random_tensor({5, 4}, 2), random_tensor({5}, 3)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return linear(x[0], x[1], Tensor()); },
-                        {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2)}));
-}
-
-TEST(Gradcheck, TransposeLastTwoAndMiddle) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return transpose(x[0], -2, -1); }, {random_tensor({2, 3, 4}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return transpose(x[0], 1, 2); }, {random_tensor({2, 3, 4, 5}, 1)}));
-}
-
-TEST(Gradcheck, ArithmeticWithBroadcasting) {
-  const Inputs same = {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 4}, 2)};
-  const Inputs row = {random_tensor({2, 3, 4}, 1), random_tensor({4}, 2)};
-  const Inputs column = {random_tensor({2, 3, 1}, 1), random_tensor({1, 3, 4}, 2)};
-  for (const Inputs& in : {same, row, column}) {
-    EXPECT_TRUE(gradcheck([](const Inputs& x) { return add(x[0], x[1]); }, in));
-    EXPECT_TRUE(gradcheck([](const Inputs& x) { return sub(x[0], x[1]); }, in));
-    EXPECT_TRUE(gradcheck([](const Inputs& x) { return mul(x[0], x[1]); }, in));
-  }
-  Tensor denominator = random_tensor({4}, 3);
-  for (float& v : denominator.values()) v = 1.5f + std::fabs(v);  // keep away from 0
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return div(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), denominator}));
-}
-
-TEST(Gradcheck, ScalarArithmeticExpLog) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return (x[0] * 3.0f + 1.0f) / 2.0f - 0.5f; }, {random_tensor({5}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return exp(neg(x[0])); }, {random_tensor({5}, 1)}));
-  Tensor positive = random_tensor({5}, 2);
-  for (float& v : positive.values()) v = 1.0f + std::fabs(v);
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return log(x[0]); }, {positive}));
-}
-
-TEST(Gradcheck, Reductions) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return sum(x[0]); }, {random_tensor({2, 3}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return sum(x[0], 1, true); }, {random_tensor({2, 3, 4}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return mean(x[0]); }, {random_tensor({2, 3}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return mean(x[0], 0); }, {random_tensor({2, 3, 4}, 1)}));
-}
-
-TEST(Gradcheck, SoftmaxAndReshape) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return softmax(x[0]); }, {random_tensor({3, 6}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return reshape(x[0], {3, -1}); }, {random_tensor({2, 3, 2}, 1)}));
-}
-
-TEST(Gradcheck, CrossEntropyWithIgnoredRows) {
-  const std::vector<int64_t> targets = {2, -100, 0, 4};
-  EXPECT_TRUE(gradcheck([&](const Inputs& x) { return cross_entropy(x[0], targets); }, {random_tensor({4, 5}, 1)}));
-}
-
-TEST(Gradcheck, MaskedFillConcatDropout) {
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return softmax(masked_fill(x[0], causal_mask(4), -INFINITY)); },
-                        {random_tensor({2, 4, 4}, 1)}));
-  EXPECT_TRUE(gradcheck([](const Inputs& x) { return concat({x[0], x[1]}, -1); },
-                        {random_tensor({2, 3, 2}, 1), random_tensor({2, 3, 4}, 2)}));
-  // The same seed before each evaluation: the same mask, so the function is deterministic.
-  EXPECT_TRUE(gradcheck(
-      [](const Inputs& x) {
-        Generator gen(7);
-        return dropout(x[0], 0.4, true, gen);
-      },
-      {random_tensor({4, 5}, 1)}));
-}
+// The gradient checks of every op are one table: tests/test_kernel_table.cpp.
 
 TEST(CrossEntropy, ValueMatchesHandComputation) {
   const Tensor logits = Tensor::from({1.0f, 2.0f, 3.0f, 0.0f, 0.0f, 0.0f}, {2, 3});

@@ -16,21 +16,25 @@ namespace {
 }
 }  // namespace
 
-int64_t parse_int(std::string_view text, const std::string& what) {
-  int64_t v = 0;
+namespace {
+template <typename T>
+T parse_integer(std::string_view text, const std::string& what, const char* kind, const char* range) {
+  T v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range) bad(text, what, "an integer in range (at most 9223372036854775807)");
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) bad(text, what, "an integer");
+  if (ec == std::errc::result_out_of_range) bad(text, what, range);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) bad(text, what, kind);
   return v;
+}
+}  // namespace
+
+int64_t parse_int(std::string_view text, const std::string& what) {
+  return parse_integer<int64_t>(text, what, "an integer", "an integer in range (at most 9223372036854775807)");
 }
 
 uint64_t parse_uint(std::string_view text, const std::string& what) {
   if (!text.empty() && text[0] == '-') bad(text, what, "a non-negative integer");
-  uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range) bad(text, what, "an integer in range (at most 18446744073709551615)");
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) bad(text, what, "a non-negative integer");
-  return v;
+  return parse_integer<uint64_t>(text, what, "a non-negative integer",
+                                 "an integer in range (at most 18446744073709551615)");
 }
 
 double parse_real(std::string_view text, const std::string& what) {

@@ -479,18 +479,26 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     delta[row] = acc;
   }
 
-  // Pass 1: dK and dV, one key block per item.
-  struct KeyWorkspace {
+  // Per thread: the head's packs, the P and dS tiles, and up to two accumulators.
+  struct Workspace {
     BackwardHead head;
-    Scratch pz, ds, dk, dv;
+    Scratch pz_buf, ds_buf, acc_a, acc_b;
+    float *pz, *ds;
+    void begin(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bh,
+               bool new_head, bool need_k) {
+      if (new_head) head.pack(p, q, k, v, d_o, bh, need_k);
+      pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
+      ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
+    }
   };
-  parallel_items<KeyWorkspace>(p.threads(), heads, p.k_blocks, [&](KeyWorkspace& ws, int64_t bh, int64_t kb, bool new_head) {
-    BackwardHead& head = ws.head;
-    if (new_head) head.pack(p, q, k, v, d_o, bh, false);
-    float* pz = ws.pz.get(static_cast<size_t>(kBr * kBc));
-    float* ds = ws.ds.get(static_cast<size_t>(kBr * kBc));
-    float* dk_acc = ws.dk.get(static_cast<size_t>(kBc * Dp));
-    float* dv_acc = ws.dv.get(static_cast<size_t>(kBc * Dp));
+
+  // Pass 1: dK and dV, one key block per item.
+  parallel_items<Workspace>(p.threads(), heads, p.k_blocks, [&](Workspace& ws, int64_t bh, int64_t kb, bool new_head) {
+    ws.begin(p, q, k, v, d_o, bh, new_head, false);
+    const BackwardHead& head = ws.head;
+    float *pz = ws.pz, *ds = ws.ds;
+    float* dk_acc = ws.acc_a.get(static_cast<size_t>(kBc * Dp));
+    float* dv_acc = ws.acc_b.get(static_cast<size_t>(kBc * Dp));
     const int64_t k0 = kb * kBc, cols = std::min(kBc, dims.Tk - k0);
     std::fill_n(dk_acc, cols * Dp, 0.0f);
     std::fill_n(dv_acc, cols * Dp, 0.0f);
@@ -511,16 +519,11 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   });
 
   // Pass 2: dQ, one query block per item.
-  struct QueryWorkspace {
-    BackwardHead head;
-    Scratch pz, ds, dq;
-  };
-  parallel_items<QueryWorkspace>(p.threads(), heads, p.q_blocks, [&](QueryWorkspace& ws, int64_t bh, int64_t qb, bool new_head) {
-    BackwardHead& head = ws.head;
-    if (new_head) head.pack(p, q, k, v, d_o, bh, true);
-    float* pz = ws.pz.get(static_cast<size_t>(kBr * kBc));
-    float* ds = ws.ds.get(static_cast<size_t>(kBr * kBc));
-    float* dq_acc = ws.dq.get(static_cast<size_t>(kBr * Dp));
+  parallel_items<Workspace>(p.threads(), heads, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
+    ws.begin(p, q, k, v, d_o, bh, new_head, true);
+    const BackwardHead& head = ws.head;
+    float *pz = ws.pz, *ds = ws.ds;
+    float* dq_acc = ws.acc_a.get(static_cast<size_t>(kBr * Dp));
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
     std::fill_n(dq_acc, rows * Dp, 0.0f);
     const int64_t key_end = p.visible(q0 + rows - 1);

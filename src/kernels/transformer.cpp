@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "parallel.hpp"
@@ -24,12 +25,18 @@ void gelu_reference(const float* x, float* y, int64_t n) {
   }
 }
 
-void gelu_forward(const float* x, float* y, int64_t n) {
+namespace {
+// body(begin, end) over blocks of 256 values, the blocks split between threads.
+template <typename Body>
+void for_blocks(int64_t n, Body&& body) {
   const int64_t blocks = (n + 255) / 256;
 #pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t b = 0; b < blocks; ++b) {
-    int64_t i = b * 256;
-    const int64_t end = std::min(n, i + 256);
+  for (int64_t b = 0; b < blocks; ++b) body(b * 256, std::min(n, b * 256 + 256));
+}
+}  // namespace
+
+void gelu_forward(const float* x, float* y, int64_t n) {
+  for_blocks(n, [&](int64_t i, int64_t end) {
 #ifdef QKV_AVX2
     for (; i + 8 <= end; i += 8) {
       const __m256 v = _mm256_loadu_ps(x + i);
@@ -42,15 +49,11 @@ void gelu_forward(const float* x, float* y, int64_t n) {
       const float v = x[i];
       y[i] = 0.5f * v * (1.0f + std::tanh(kK * (v + kC * v * v * v)));
     }
-  }
+  });
 }
 
 void gelu_backward(const float* x, const float* g, float* dx, int64_t n) {
-  const int64_t blocks = (n + 255) / 256;
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t b = 0; b < blocks; ++b) {
-    int64_t i = b * 256;
-    const int64_t end = std::min(n, i + 256);
+  for_blocks(n, [&](int64_t i, int64_t end) {
 #ifdef QKV_AVX2
     const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= end; i += 8) {
@@ -70,7 +73,7 @@ void gelu_backward(const float* x, const float* g, float* dx, int64_t n) {
       const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kK * (1.0f + 3.0f * kC * v * v);
       dx[i] += g[i] * d;
     }
-  }
+  });
 }
 
 void gelu_backward_reference(const float* x, const float* g, float* dx, int64_t n) {
@@ -142,15 +145,22 @@ void layer_norm_backward(const float* x, const float* scale, const float* mean, 
     }
 }
 
+namespace {
+// Mean and 1/√(var + eps) of one row, in double.
+std::pair<double, double> moments(const float* x, int64_t C, float eps) {
+  double m = 0.0, v = 0.0;
+  for (int64_t c = 0; c < C; ++c) m += x[c];
+  m /= static_cast<double>(C);
+  for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+  v /= static_cast<double>(C);
+  return {m, 1.0 / std::sqrt(v + eps)};
+}
+}  // namespace
+
 void layer_norm_forward_reference(const float* x, const float* scale, const float* shift, float* y, int64_t rows,
                                   int64_t C, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
-    double m = 0.0, v = 0.0;
-    for (int64_t c = 0; c < C; ++c) m += x[r * C + c];
-    m /= static_cast<double>(C);
-    for (int64_t c = 0; c < C; ++c) v += (x[r * C + c] - m) * (x[r * C + c] - m);
-    v /= static_cast<double>(C);
-    const double s = 1.0 / std::sqrt(v + eps);
+    const auto [m, s] = moments(x + r * C, C, eps);
     for (int64_t c = 0; c < C; ++c) y[r * C + c] = static_cast<float>((x[r * C + c] - m) * s * scale[c] + shift[c]);
   }
 }
@@ -158,12 +168,7 @@ void layer_norm_forward_reference(const float* x, const float* scale, const floa
 void layer_norm_backward_reference(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
                                    float* dshift, int64_t rows, int64_t C, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
-    double m = 0.0, v = 0.0;
-    for (int64_t c = 0; c < C; ++c) m += x[r * C + c];
-    m /= static_cast<double>(C);
-    for (int64_t c = 0; c < C; ++c) v += (x[r * C + c] - m) * (x[r * C + c] - m);
-    v /= static_cast<double>(C);
-    const double s = 1.0 / std::sqrt(v + eps);
+    const auto [m, s] = moments(x + r * C, C, eps);
     double mean_d = 0.0, mean_dx = 0.0;
     for (int64_t c = 0; c < C; ++c) {
       const double d = static_cast<double>(dy[r * C + c]) * scale[c];

@@ -56,7 +56,7 @@ AttentionArgs AttentionArgs::validated(const char* layer) const {
   require_positive(d_in, layer, "d_in");
   require_positive(d_out, layer, "d_out");
   require_positive(num_heads, layer, "num_heads");
-  if (context_length < 0) require_positive(context_length, layer, "context_length");
+  if (causal) require_positive(context_length, layer, "context_length");
   if (!(dropout >= 0.0 && dropout <= 1.0)) {
     throw ValueError(std::string(layer) + ": dropout must lie in [0, 1], got " + std::to_string(dropout));
   }
@@ -67,13 +67,10 @@ AttentionArgs AttentionArgs::validated(const char* layer) const {
   return *this;
 }
 
-SelfAttentionV2::SelfAttentionV2(int64_t d_in_, int64_t d_out_, bool qkv_bias, Generator& gen)
-    : SelfAttentionV2(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .qkv_bias = qkv_bias}.validated("SelfAttention_v2"),
-                      gen) {}
-
-SelfAttentionV2::SelfAttentionV2(const AttentionArgs& a, Generator& gen)
+ProjectedAttention::ProjectedAttention(const AttentionArgs& a, Generator& gen)
     : d_in(a.d_in),
       d_out(a.d_out),
+      context_length(a.causal ? a.context_length : 0),
       W_query(a.d_in, a.d_out, a.qkv_bias, gen),
       W_key(a.d_in, a.d_out, a.qkv_bias, gen),
       W_value(a.d_in, a.d_out, a.qkv_bias, gen) {
@@ -82,6 +79,20 @@ SelfAttentionV2::SelfAttentionV2(const AttentionArgs& a, Generator& gen)
   register_module("W_value", W_value);
 }
 
+ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) const {
+  const std::string layer = type_name();
+  check_attention_input(x, d_in, layer.c_str());
+  if (context_length > 0) check_context_length(x.size(-2), context_length, layer.c_str());
+  Projections p;
+  p.keys = W_key(x);
+  p.queries = W_query(x);
+  p.values = W_value(x);
+  return p;
+}
+
+SelfAttentionV2::SelfAttentionV2(int64_t d_in_, int64_t d_out_, bool qkv_bias, Generator& gen)
+    : ProjectedAttention(
+          AttentionArgs{.d_in = d_in_, .d_out = d_out_, .qkv_bias = qkv_bias}.validated("SelfAttention_v2"), gen) {}
 
 void check_context_length(int64_t T, int64_t context_length, const char* layer) {
   if (T > context_length) {
@@ -92,23 +103,6 @@ void check_context_length(int64_t T, int64_t context_length, const char* layer) 
 }
 
 namespace {
-struct Projections {
-  Tensor queries, keys, values;
-};
-
-// Checks x against the layer (and its context_length, when it has one) and projects it with the three
-// Linear layers, keys first as the book does. Every Linear-based class's trace and forward start here.
-Projections project(const Tensor& x, const Linear& W_query, const Linear& W_key, const Linear& W_value, int64_t d_in,
-                    int64_t context_length, const char* layer) {
-  check_attention_input(x, d_in, layer);
-  if (context_length > 0) check_context_length(x.size(-2), context_length, layer);
-  Projections p;
-  p.keys = W_key(x);
-  p.queries = W_query(x);
-  p.values = W_value(x);
-  return p;
-}
-
 // (B, T, H·D) → (B, H, T, D): the book's .view(b, T, H, D).transpose(1, 2).
 Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
   return transpose(reshape(x, {x.size(0), x.size(1), heads, head_dim}), 1, 2);
@@ -117,34 +111,23 @@ Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
 
 CausalAttention::CausalAttention(int64_t d_in_, int64_t d_out_, int64_t context_length_, double dropout_,
                                  bool qkv_bias, Generator& gen)
-    : CausalAttention(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .context_length = std::max<int64_t>(context_length_, -1),
-                                    .dropout = dropout_, .qkv_bias = qkv_bias}
-                          .validated("CausalAttention"),
-                      gen) {}
-
-CausalAttention::CausalAttention(const AttentionArgs& a, Generator& gen)
-    : d_in(a.d_in),
-      d_out(a.d_out),
-      context_length(a.context_length),
-      dropout(a.dropout),
-      W_query(a.d_in, a.d_out, a.qkv_bias, gen),
-      W_key(a.d_in, a.d_out, a.qkv_bias, gen),
-      W_value(a.d_in, a.d_out, a.qkv_bias, gen),
+    : ProjectedAttention(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .causal = true, .context_length = context_length_,
+                                       .dropout = dropout_, .qkv_bias = qkv_bias}
+                             .validated("CausalAttention"),
+                         gen),
+      dropout(dropout_),
       gen_(&gen) {
-  register_module("W_query", W_query);
-  register_module("W_key", W_key);
-  register_module("W_value", W_value);
   register_derived_buffer("mask", Shape{context_length, context_length},
                           [n = context_length] { return causal_mask(n); });
 }
 
 AttentionTrace SelfAttentionV2::trace(const Tensor& x) const {
-  Projections p = project(x, W_query, W_key, W_value, d_in, 0, "SelfAttention_v2");
+  Projections p = project(x);
   return scaled_dot_product_trace(std::move(p.queries), std::move(p.keys), std::move(p.values));
 }
 
 AttentionTrace CausalAttention::trace(const Tensor& x) const {
-  Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "CausalAttention");
+  Projections p = project(x);
   return scaled_dot_product_trace(std::move(p.queries), std::move(p.keys), std::move(p.values), /*causal=*/true,
                                   dropout, is_training(), *gen_);
 }
@@ -168,7 +151,7 @@ Tensor fused_causal_attention(const Tensor& queries, const Tensor& keys, const T
 
 Tensor CausalAttention::forward(const Tensor& x) const {
   if (attention_path() == AttentionPath::Plain) return trace(x).context;
-  const Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "CausalAttention");
+  const Projections p = project(x);
   return fused_causal_attention(p.queries, p.keys, p.values, 1, dropout, is_training(), *gen_);
 }
 
@@ -190,33 +173,22 @@ Tensor MultiHeadAttentionWrapper::forward(const Tensor& x) const {
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_in_, int64_t d_out_, int64_t context_length_, double dropout_,
                                        int64_t num_heads_, bool qkv_bias, Generator& gen)
-    : MultiHeadAttention(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .context_length = std::max<int64_t>(context_length_, -1),
+    : ProjectedAttention(AttentionArgs{.d_in = d_in_, .d_out = d_out_, .causal = true, .context_length = context_length_,
                                        .dropout = dropout_, .num_heads = num_heads_, .qkv_bias = qkv_bias}
                              .validated("MultiHeadAttention"),
-                         gen) {}
-
-MultiHeadAttention::MultiHeadAttention(const AttentionArgs& a, Generator& gen)
-    : d_in(a.d_in),
-      d_out(a.d_out),
-      context_length(a.context_length),
-      num_heads(a.num_heads),
-      head_dim(a.d_out / a.num_heads),
-      dropout(a.dropout),
-      W_query(a.d_in, a.d_out, a.qkv_bias, gen),
-      W_key(a.d_in, a.d_out, a.qkv_bias, gen),
-      W_value(a.d_in, a.d_out, a.qkv_bias, gen),
-      out_proj(a.d_out, a.d_out, true, gen),
+                         gen),
+      num_heads(num_heads_),
+      head_dim(d_out_ / num_heads_),
+      dropout(dropout_),
+      out_proj(d_out_, d_out_, true, gen),
       gen_(&gen) {
-  register_module("W_query", W_query);
-  register_module("W_key", W_key);
-  register_module("W_value", W_value);
   register_module("out_proj", out_proj);
   register_derived_buffer("mask", Shape{context_length, context_length},
                           [n = context_length] { return causal_mask(n); });
 }
 
 AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
-  const Projections p = project(input, W_query, W_key, W_value, d_in, context_length, "MultiHeadAttention");
+  const Projections p = project(input);
   const bool unbatched = input.rank() == 2;
   const Tensor x = unbatched ? reshape(input, {1, input.size(0), input.size(1)}) : input;
   auto heads = [&](const Tensor& t) {  // (B, T, d_out) → (B, H, T, D)
@@ -239,7 +211,7 @@ KVCacheLayer MultiHeadAttention::make_cache(int64_t batch) const {
 Tensor MultiHeadAttention::forward(const Tensor& x, const AttentionStep& step) const {
   if (attention_path() == AttentionPath::Plain && !step.cache && !step.record) return trace(x).context;
   // (B, T, H·D) as Linear gives it: the kernel reads each head with strides.
-  const Projections p = project(x, W_query, W_key, W_value, d_in, context_length, "MultiHeadAttention");
+  const Projections p = project(x);
   const bool unbatched = x.rank() == 2;
   auto batch = [&](const Tensor& t) { return unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t; };
   AttentionConfig config;

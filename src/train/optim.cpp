@@ -20,7 +20,7 @@ void Optimizer::zero_grad() {
   for (auto& [name, p] : parameters_) p.zero_grad();
 }
 
-SGD::SGD(NamedTensors parameters, SGDOptions options) : Optimizer(std::move(parameters)), options_(options) {
+SGD::SGD(NamedTensors parameters, SGDOptions options) : OptimizerWithOptions(std::move(parameters), options) {
   if (options_.lr < 0) throw ValueError("SGD: learning rate must be >= 0, got " + std::to_string(options_.lr));
   if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0)) {
     throw ValueError("SGD: Nesterov momentum requires a momentum > 0 and zero dampening");
@@ -55,7 +55,7 @@ void SGD::step() {
   ++steps_;
 }
 
-AdamW::AdamW(NamedTensors parameters, AdamWOptions options) : Optimizer(std::move(parameters)), options_(options) {
+AdamW::AdamW(NamedTensors parameters, AdamWOptions options) : OptimizerWithOptions(std::move(parameters), options) {
   if (options_.lr < 0) throw ValueError("AdamW: learning rate must be >= 0, got " + std::to_string(options_.lr));
   if (options_.beta1 < 0 || options_.beta1 >= 1 || options_.beta2 < 0 || options_.beta2 >= 1) {
     throw ValueError("AdamW: betas must lie in [0, 1)");

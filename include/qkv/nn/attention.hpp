@@ -33,12 +33,13 @@ struct AttentionTrace {
 // The book's constructor arguments, checked once (each class uses the ones it has).
 struct AttentionArgs {
   int64_t d_in = 0, d_out = 0;
-  int64_t context_length = 0;  // 0: the class has no causal mask (SelfAttention_v1/_v2)
+  bool causal = false;         // the class has a causal mask of context_length (CausalAttention, MultiHead…)
+  int64_t context_length = 0;
   double dropout = 0.0;
   int64_t num_heads = 1;
   bool qkv_bias = false;
-  // This, or ValueError naming `layer` and the bad argument: sizes must be positive, dropout in [0, 1] and
-  // d_out a multiple of num_heads.
+  // This, or ValueError naming `layer` and the bad argument: sizes (and, when causal, context_length) must be
+  // positive, dropout in [0, 1] and d_out a multiple of num_heads.
   AttentionArgs validated(const char* layer) const;
 };
 
@@ -73,22 +74,33 @@ class SelfAttentionV1 : public UnaryModule {
   std::string type_name() const override { return "SelfAttention_v1"; }
 };
 
-class SelfAttentionV2 : public UnaryModule {
+// The three nn.Linear projections that SelfAttention_v2, CausalAttention and MultiHeadAttention share, created
+// in the book's order (query, key, value), and the one place their input is checked and projected.
+class ProjectedAttention : public UnaryModule {
+ public:
+  int64_t d_in, d_out;
+  int64_t context_length;  // 0: no causal mask (SelfAttention_v2)
+  Linear W_query, W_key, W_value;
+
+ protected:
+  ProjectedAttention(const AttentionArgs& args, Generator& gen);
+  struct Projections {
+    Tensor queries, keys, values;  // (.., T, d_out)
+  };
+  // Checks x (and T ≤ context_length), then K = x Wkᵀ, Q = x Wqᵀ, V = x Wvᵀ, keys first as the book does.
+  Projections project(const Tensor& x) const;
+};
+
+class SelfAttentionV2 : public ProjectedAttention {
  public:
   SelfAttentionV2(int64_t d_in, int64_t d_out, bool qkv_bias = false, Generator& gen = default_generator());
 
   Tensor forward(const Tensor& x) const override { return trace(x).context; }
   AttentionTrace trace(const Tensor& x) const;
-
-  int64_t d_in, d_out;
-  Linear W_query, W_key, W_value;  // created in this order, as in the book
   std::string type_name() const override { return "SelfAttention_v2"; }
-
- private:
-  SelfAttentionV2(const AttentionArgs& args, Generator& gen);
 };
 
-class CausalAttention : public UnaryModule {
+class CausalAttention : public ProjectedAttention {
  public:
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false,
                   Generator& gen = default_generator());
@@ -98,15 +110,12 @@ class CausalAttention : public UnaryModule {
   // weights are the ones used for the context: after the mask, the softmax and (in training) dropout.
   AttentionTrace trace(const Tensor& x) const;
 
-  int64_t d_in, d_out, context_length;
   double dropout;
-  Linear W_query, W_key, W_value;
   // The book's "mask" buffer (1 above the diagonal) is never read: the mask is computed where it is needed.
   // It appears in the state dict, as in PyTorch, and is made only when a state dict is written.
   std::string type_name() const override { return "CausalAttention"; }
 
  private:
-  CausalAttention(const AttentionArgs& args, Generator& gen);
   Generator* gen_;
 };
 
@@ -122,7 +131,7 @@ class MultiHeadAttentionWrapper : public UnaryModule {
   std::string type_name() const override { return "MultiHeadAttentionWrapper"; }
 };
 
-class MultiHeadAttention : public UnaryModule {
+class MultiHeadAttention : public ProjectedAttention {
  public:
   MultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                      bool qkv_bias = false, Generator& gen = default_generator());
@@ -138,13 +147,12 @@ class MultiHeadAttention : public UnaryModule {
   // An empty cache for `batch` rows of up to context_length tokens.
   KVCacheLayer make_cache(int64_t batch) const;
 
-  int64_t d_in, d_out, context_length, num_heads, head_dim;
+  int64_t num_heads, head_dim;
   double dropout;
-  Linear W_query, W_key, W_value, out_proj;
+  Linear out_proj;
   std::string type_name() const override { return "MultiHeadAttention"; }
 
  private:
-  MultiHeadAttention(const AttentionArgs& args, Generator& gen);
   Generator* gen_;
 };
 

@@ -34,6 +34,20 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
+// The part every optimiser with an options struct shares: the learning rate lives in options().lr.
+template <typename Options>
+class OptimizerWithOptions : public Optimizer {
+ public:
+  OptimizerWithOptions(NamedTensors parameters, Options options)
+      : Optimizer(std::move(parameters)), options_(options) {}
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override { options_.lr = lr; }
+  const Options& options() const { return options_; }
+
+ protected:
+  Options options_;
+};
+
 struct SGDOptions {
   double lr = 1e-3;
   double momentum = 0.0;
@@ -42,17 +56,14 @@ struct SGDOptions {
   bool nesterov = false;
 };
 
-class SGD : public Optimizer {
+class SGD : public OptimizerWithOptions<SGDOptions> {
  public:
   SGD(NamedTensors parameters, SGDOptions options);
   void step() override;
-  double lr() const override { return options_.lr; }
-  void set_lr(double lr) override { options_.lr = lr; }
   void for_each_state(const std::function<void(const std::string&, Tensor&)>& fn) override;
   void ensure_state() override;
 
  private:
-  SGDOptions options_;
   std::vector<Tensor> momentum_buffers_;
 };
 
@@ -64,17 +75,14 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
-class AdamW : public Optimizer {
+class AdamW : public OptimizerWithOptions<AdamWOptions> {
  public:
   AdamW(NamedTensors parameters, AdamWOptions options);
   void step() override;
-  double lr() const override { return options_.lr; }
-  void set_lr(double lr) override { options_.lr = lr; }
   void for_each_state(const std::function<void(const std::string&, Tensor&)>& fn) override;
   void ensure_state() override;
 
  private:
-  AdamWOptions options_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
 };
 

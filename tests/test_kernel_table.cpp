@@ -1,0 +1,329 @@
+// One table drives the kernel tests and one the gradient checks (ggml's test-backend-ops, gemma.cpp's count ×
+// misalignment sweep): adding a kernel or an op is adding a row.
+//   Kernels: every fast kernel against its scalar reference for n = 0…17 and odd sizes, at three pointer
+//            misalignments (0, 1 and 3 floats past a 64-byte boundary), so vector bodies and scalar tails
+//            both run.
+//   Ops:     every differentiable op against central differences (the loss summed in double).
+#include <functional>
+#include <numeric>
+
+#include "helpers.hpp"
+#include "qkv/kernels.hpp"
+
+namespace qkv::test {
+namespace {
+
+// n random floats starting `misalign` floats into a fresh buffer.
+class Buffer {
+ public:
+  Buffer(int64_t n, int misalign, uint64_t seed, float scale = 1.0f, float shift = 0.0f)
+      : storage_(static_cast<size_t>(n + 8)), data_(storage_.data() + misalign), n_(n) {
+    Generator gen(seed);
+    for (int64_t i = 0; i < n; ++i) data_[i] = (gen.uniform_float(-1.0f, 1.0f)) * scale + shift;
+  }
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  std::vector<float> copy() const { return {data_, data_ + n_}; }
+
+ private:
+  std::vector<float> storage_;
+  float* data_;
+  int64_t n_;
+};
+
+::testing::AssertionResult close(const float* got, const float* want, int64_t n, double rtol, double atol) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(g) && std::isnan(w)) continue;
+    if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w)))
+      return ::testing::AssertionFailure() << "element " << i << ": " << g << " vs reference " << w;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct KernelCase {
+  const char* name;
+  std::function<::testing::AssertionResult(int64_t n, int misalign)> check;
+};
+
+kernels::Broadcast same_shape(int64_t rows, int64_t n) {
+  kernels::Broadcast b;
+  b.dims = {1, 1, rows, n};
+  b.a_stride = b.b_stride = {0, 0, n, 1};
+  return b;
+}
+
+std::vector<KernelCase> kernel_cases() {
+  using namespace kernels;
+  std::vector<KernelCase> cases;
+  cases.push_back({"softmax_rows", [](int64_t n, int m) {
+                     Buffer x(3 * n, m, 1, 8.0f), y(3 * n, m, 2), r(3 * n, m, 3);
+                     softmax_rows(x.data(), y.data(), 3, n);
+                     softmax_rows_reference(x.data(), r.data(), 3, n);
+                     return close(y.data(), r.data(), 3 * n, 1e-5, 1e-7);
+                   }});
+  cases.push_back({"softmax_rows_backward", [](int64_t n, int m) {
+                     Buffer x(3 * n, m, 1, 4.0f), y(3 * n, m, 2), g(3 * n, m, 3), d(3 * n, m, 4);
+                     softmax_rows(x.data(), y.data(), 3, n);
+                     std::vector<float> want = d.copy();
+                     softmax_rows_backward(y.data(), g.data(), d.data(), 3, n);
+                     softmax_rows_backward_reference(y.data(), g.data(), want.data(), 3, n);
+                     return close(d.data(), want.data(), 3 * n, 1e-5, 1e-6);
+                   }});
+  cases.push_back({"cross_entropy", [](int64_t n, int m) {
+                     const int64_t V = n + 1, rows = 4;
+                     Buffer z(rows * V, m, 1, 5.0f), p(rows * V, m, 2), d(rows * V, m, 3);
+                     const std::vector<int64_t> targets = {0, -100, V - 1, V / 2};
+                     int64_t counted = 0, bad = 0, counted_ref = 0;
+                     const double loss = cross_entropy_forward(z.data(), targets.data(), p.data(), rows, V, -100, &counted, &bad);
+                     const double want = cross_entropy_forward_reference(z.data(), targets.data(), rows, V, -100, &counted_ref);
+                     if (bad != -1 || counted != 3 || counted_ref != 3 || std::fabs(loss - want) > 1e-5 * (1 + std::fabs(want)))
+                       return ::testing::AssertionFailure() << "loss " << loss << " vs " << want;
+                     std::vector<float> dwant = d.copy();
+                     cross_entropy_backward(p.data(), targets.data(), d.data(), rows, V, -100, 0.25f);
+                     cross_entropy_backward_reference(z.data(), targets.data(), dwant.data(), rows, V, -100, 0.25f);
+                     return close(d.data(), dwant.data(), rows * V, 1e-5, 1e-6);
+                   }});
+  for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
+    cases.push_back({"binary", [op](int64_t n, int m) {
+                       // three layouts: the same shape, a suffix (bias) and a general broadcast (column × row)
+                       Broadcast suffix = same_shape(3, n), outer;
+                       suffix.b_stride = {0, 0, 0, 1};
+                       outer.dims = {1, 1, 3, n};
+                       outer.a_stride = {0, 0, 1, 0};
+                       outer.b_stride = {0, 0, 0, 1};
+                       for (const Broadcast& view : {same_shape(3, n), suffix, outer}) {
+                         Buffer a(3 * n, m, 1, 1.0f, 2.0f), b(3 * n, m, 2, 1.0f, 2.0f), g(3 * n, m, 3);
+                         Buffer o(3 * n, m, 4), r(3 * n, m, 5), da(3 * n, m, 6), db(3 * n, m, 7);
+                         binary_forward(op, view, a.data(), b.data(), o.data());
+                         binary_forward_reference(op, view, a.data(), b.data(), r.data());
+                         if (auto ok = close(o.data(), r.data(), 3 * n, 1e-6, 1e-7); !ok) return ok;
+                         std::vector<float> da_want = da.copy(), db_want = db.copy();
+                         binary_backward(op, view, a.data(), b.data(), g.data(), da.data(), db.data());
+                         binary_backward_reference(op, view, a.data(), b.data(), g.data(), da_want.data(), db_want.data());
+                         if (auto ok = close(da.data(), da_want.data(), 3 * n, 1e-5, 1e-6); !ok) return ok;
+                         if (auto ok = close(db.data(), db_want.data(), 3 * n, 1e-5, 1e-5); !ok) return ok;
+                       }
+                       return ::testing::AssertionSuccess();
+                     }});
+  }
+  cases.push_back({"unary", [](int64_t n, int m) {
+                     for (UnaryOp op : {UnaryOp::AddScalar, UnaryOp::MulScalar, UnaryOp::DivScalar, UnaryOp::Neg,
+                                        UnaryOp::Exp, UnaryOp::Log}) {
+                       Buffer x(n, m, 1, 1.0f, 2.0f), y(n, m, 2), r(n, m, 3);
+                       unary_forward(op, 1.5f, x.data(), y.data(), n);
+                       unary_forward_reference(op, 1.5f, x.data(), r.data(), n);
+                       if (auto ok = close(y.data(), r.data(), n, 1e-6, 1e-7); !ok) return ok;
+                     }
+                     return ::testing::AssertionSuccess();
+                   }});
+  cases.push_back({"sum_middle and add_column_sums", [](int64_t n, int m) {
+                     Buffer x(2 * n * 5, m, 1), o(2 * 5, m, 2), r(2 * 5, m, 3);
+                     sum_middle(x.data(), o.data(), 2, n, 5);
+                     sum_middle_reference(x.data(), r.data(), 2, n, 5);
+                     if (auto ok = close(o.data(), r.data(), 10, 1e-5, 1e-5); !ok) return ok;
+                     Buffer big(200 * n, m, 4), c(n, m, 5);
+                     std::vector<float> want = c.copy();
+                     add_column_sums(big.data(), c.data(), 200, n);
+                     add_column_sums_reference(big.data(), want.data(), 200, n);
+                     return close(c.data(), want.data(), n, 1e-5, 1e-5);
+                   }});
+  cases.push_back({"transpose_batched", [](int64_t n, int m) {
+                     Buffer x(2 * n * 37, m, 1), y(2 * n * 37, m, 2), r(2 * n * 37, m, 3);
+                     transpose_batched(x.data(), y.data(), 2, n, 37);
+                     transpose_batched_reference(x.data(), r.data(), 2, n, 37);
+                     return close(y.data(), r.data(), 2 * n * 37, 0, 0);
+                   }});
+  cases.push_back({"hashed_dropout forward and backward", [](int64_t n, int m) {
+                     Buffer x(n, m, 1), y(n, m, 2), r(n, m, 3);
+                     hashed_dropout(x.data(), y.data(), n, 12345, 0.3f, false);
+                     hashed_dropout_reference(x.data(), r.data(), n, 12345, 0.3f, false);
+                     if (auto ok = close(y.data(), r.data(), n, 0, 0); !ok) return ok;
+                     // backward: the same mask, accumulated into the gradient
+                     Buffer g(n, m, 4), dx(n, m, 5);
+                     std::vector<float> want = dx.copy();
+                     hashed_dropout(g.data(), dx.data(), n, 12345, 0.3f, true);
+                     hashed_dropout_reference(g.data(), want.data(), n, 12345, 0.3f, true);
+                     return close(dx.data(), want.data(), n, 1e-6, 1e-6);  // the same keeps; y + x·s may fuse
+                   }});
+  cases.push_back({"gelu forward and backward", [](int64_t n, int m) {
+                     Buffer x(n, m, 1, 6.0f), y(n, m, 2), r(n, m, 3), g(n, m, 4), dx(n, m, 5);
+                     gelu_forward(x.data(), y.data(), n);
+                     gelu_reference(x.data(), r.data(), n);
+                     // tanh u = 1 − 2/(e^{2u} + 1) in float: ~1e-7 absolute near 0, so y is absolute-accurate
+                     if (auto ok = close(y.data(), r.data(), n, 2e-6, 1e-6); !ok) return ok;
+                     std::vector<float> want = dx.copy();
+                     gelu_backward(x.data(), g.data(), dx.data(), n);
+                     gelu_backward_reference(x.data(), g.data(), want.data(), n);
+                     return close(dx.data(), want.data(), n, 1e-5, 5e-6);  // 1 + t cancels for x ≪ 0
+                   }});
+  cases.push_back({"layer_norm forward and backward", [](int64_t n, int m) {
+                     const int64_t rows = 5, C = n + 1;
+                     Buffer x(rows * C, m, 1, 2.0f, 0.5f), w(C, m, 2), b(C, m, 3), y(rows * C, m, 4), r(rows * C, m, 5);
+                     Buffer mean(rows, m, 6), rstd(rows, m, 7), g(rows * C, m, 8), dx(rows * C, m, 9), dw(C, m, 10), db(C, m, 11);
+                     layer_norm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
+                     layer_norm_forward_reference(x.data(), w.data(), b.data(), r.data(), rows, C, 1e-5f);
+                     if (auto ok = close(y.data(), r.data(), rows * C, 1e-4, 1e-5); !ok) return ok;
+                     std::vector<float> dx_want = dx.copy(), dw_want = dw.copy(), db_want = db.copy();
+                     layer_norm_backward(x.data(), w.data(), mean.data(), rstd.data(), g.data(), dx.data(), dw.data(), db.data(), rows, C);
+                     layer_norm_backward_reference(x.data(), w.data(), g.data(), dx_want.data(), dw_want.data(), db_want.data(), rows, C, 1e-5f);
+                     if (auto ok = close(dx.data(), dx_want.data(), rows * C, 1e-3, 1e-4); !ok) return ok;
+                     if (auto ok = close(dw.data(), dw_want.data(), C, 1e-4, 1e-5); !ok) return ok;
+                     return close(db.data(), db_want.data(), C, 1e-5, 1e-6);
+                   }});
+  cases.push_back({"embedding backward", [](int64_t n, int m) {
+                     const int64_t V = 7, C = n + 1;
+                     std::vector<int64_t> ids(13);
+                     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % V);
+                     Buffer g(13 * C, m, 1), dw(V * C, m, 2), y(13 * C, m, 3), w(V * C, m, 4);
+                     std::vector<float> want = dw.copy();
+                     embedding_backward(ids.data(), 13, C, g.data(), dw.data());
+                     embedding_backward_reference(ids.data(), 13, C, g.data(), want.data());
+                     if (auto ok = close(dw.data(), want.data(), V * C, 0, 0); !ok) return ok;
+                     embedding_forward(w.data(), ids.data(), 13, C, y.data());
+                     for (int64_t i = 0; i < 13; ++i)
+                       if (auto ok = close(y.data() + i * C, w.data() + ids[static_cast<size_t>(i)] * C, C, 0, 0); !ok) return ok;
+                     return ::testing::AssertionSuccess();
+                   }});
+  cases.push_back({"adamw_update and sum_of_squares", [](int64_t n, int m) {
+                     Buffer w(n, m, 1), g(n, m, 2), mo(n, m, 3, 0.1f), v(n, m, 4, 0.1f, 0.2f);
+                     std::vector<float> w2 = w.copy(), m2 = mo.copy(), v2 = v.copy();
+                     const AdamWStep s{0.999f, 0.9f, 0.999f, 0.1f, 0.001f, 1e-3f, 0.05f, 1e-8f};
+                     adamw_update(w.data(), g.data(), mo.data(), v.data(), n, s);
+                     adamw_update_reference(w2.data(), g.data(), m2.data(), v2.data(), n, s);
+                     if (auto ok = close(w.data(), w2.data(), n, 0, 0); !ok) return ok;
+                     if (auto ok = close(v.data(), v2.data(), n, 0, 0); !ok) return ok;
+                     const double a = sum_of_squares(g.data(), n), b = sum_of_squares_reference(g.data(), n);
+                     return std::fabs(a - b) <= 1e-12 * (1 + b) ? ::testing::AssertionSuccess()
+                                                                : ::testing::AssertionFailure() << a << " vs " << b;
+                   }});
+  cases.push_back({"gemm", [](int64_t n, int m) {
+                     for (bool ta : {false, true})
+                       for (bool tb : {false, true}) {
+                         const int64_t M = n, N = 7, K = n + 2;
+                         Buffer A(M * K, m, 1), B(K * N, m, 2), C(M * N, m, 3);
+                         std::vector<float> R = C.copy();
+                         gemm(ta, tb, M, N, K, 0.5f, A.data(), ta ? M : K, B.data(), tb ? K : N, 1.5f, C.data(), N);
+                         gemm_reference(ta, tb, M, N, K, 0.5f, A.data(), ta ? M : K, B.data(), tb ? K : N, 1.5f, R.data(), N);
+                         if (auto ok = close(C.data(), R.data(), M * N, 1e-5, 1e-5); !ok) return ok;
+                       }
+                     return ::testing::AssertionSuccess();
+                   }});
+  cases.push_back({"attention forward and backward", [](int64_t n, int m) {
+                     if (n == 0) return ::testing::AssertionSuccess();  // T = 0 has its own tests
+                     const AttentionDims d{1, 2, n, n, 5};
+                     AttentionLayout l;
+                     l.q = l.k = l.v = l.o = AttentionStrides::bhtd(d, n);
+                     AttentionOptions o;
+                     o.causal = n % 2 == 0;
+                     const int64_t size = 2 * n * 5;
+                     Buffer q(size, m, 1), k(size, m, 2), v(size, m, 3), out(size, m, 4), ref(size, m, 5), lse(2 * n, m, 6);
+                     attention_forward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data());
+                     attention_forward_reference(d, l, o, q.data(), k.data(), v.data(), ref.data());
+                     if (auto ok = close(out.data(), ref.data(), size, 1e-5, 1e-6); !ok) return ok;
+                     Buffer g(size, m, 7), dq(size, m, 8), dk(size, m, 9), dv(size, m, 10), rq(size, m, 11), rk(size, m, 12), rv(size, m, 13);
+                     attention_backward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(), dv.data());
+                     attention_backward_reference(d, l, o, q.data(), k.data(), v.data(), g.data(), rq.data(), rk.data(), rv.data());
+                     for (auto [a, b] : {std::pair{dq.data(), rq.data()}, {dk.data(), rk.data()}, {dv.data(), rv.data()}})
+                       if (auto ok = close(a, b, size, 1e-4, 1e-5); !ok) return ok;
+                     return ::testing::AssertionSuccess();
+                   }});
+  return cases;
+}
+
+void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.name; }
+
+class KernelTable : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(KernelTable, MatchesItsReferenceForEverySizeAndMisalignment) {
+  std::vector<int64_t> sizes(18);
+  std::iota(sizes.begin(), sizes.end(), 0);
+  for (int64_t odd : {31, 33, 127, 257, 1023}) sizes.push_back(odd);
+  for (int64_t n : sizes)
+    for (int misalign : {0, 1, 3}) EXPECT_TRUE(GetParam().check(n, misalign)) << GetParam().name << " n=" << n << " misalign=" << misalign;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, KernelTable, ::testing::ValuesIn(kernel_cases()),
+                         [](const ::testing::TestParamInfo<KernelCase>& info) {
+                           std::string name;
+                           for (char c : std::string(info.param.name)) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return name + "_" + std::to_string(info.index);
+                         });
+
+// ---- every differentiable op, against central differences ----
+
+using Inputs = std::vector<Tensor>;
+struct OpCase {
+  const char* name;
+  std::function<Tensor(const Inputs&)> f;
+  std::vector<Tensor> inputs;
+};
+
+Tensor positive(const Shape& s, uint64_t seed) {
+  Tensor t = random_tensor(s, seed);
+  for (float& v : t.values()) v = 1.5f + std::fabs(v);  // away from 0 for log and division
+  return t;
+}
+
+std::vector<OpCase> op_cases() {
+  const std::vector<int64_t> targets = {2, -100, 0, 4};
+  const std::vector<int64_t> ids = {3, 0, 3, 1, 4, 3};
+  AttentionConfig causal_heads;
+  causal_heads.num_heads = 2;
+  causal_heads.causal = true;
+  AttentionConfig bhtd;
+  return {
+      {"matmul 2-D", [](const Inputs& x) { return matmul(x[0], x[1]); }, {random_tensor({3, 4}, 1), random_tensor({4, 5}, 2)}},
+      {"matmul batched", [](const Inputs& x) { return matmul(x[0], x[1]); }, {random_tensor({2, 3, 3, 4}, 1), random_tensor({2, 3, 4, 2}, 2)}},
+      {"matmul shared right", [](const Inputs& x) { return matmul(x[0], x[1]); }, {random_tensor({2, 5, 3}, 1), random_tensor({3, 4}, 2)}},
+      {"matmul shared left", [](const Inputs& x) { return matmul(x[0], x[1]); }, {random_tensor({3, 4}, 1), random_tensor({2, 4, 2}, 2)}},
+      {"linear", [](const Inputs& x) { return linear(x[0], x[1], x[2]); }, {random_tensor({2, 3, 4}, 1), random_tensor({5, 4}, 2), random_tensor({5}, 3)}},
+      {"linear without bias", [](const Inputs& x) { return linear(x[0], x[1], Tensor()); }, {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2)}},
+      {"transpose last two", [](const Inputs& x) { return transpose(x[0], -2, -1); }, {random_tensor({2, 3, 4}, 1)}},
+      {"transpose middle", [](const Inputs& x) { return transpose(x[0], 1, 2); }, {random_tensor({2, 3, 4, 5}, 1)}},
+      {"reshape", [](const Inputs& x) { return reshape(x[0], {3, -1}); }, {random_tensor({2, 3, 2}, 1)}},
+      {"add same", [](const Inputs& x) { return add(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 4}, 2)}},
+      {"add row", [](const Inputs& x) { return add(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), random_tensor({4}, 2)}},
+      {"sub column×row", [](const Inputs& x) { return sub(x[0], x[1]); }, {random_tensor({2, 3, 1}, 1), random_tensor({1, 3, 4}, 2)}},
+      {"sub row", [](const Inputs& x) { return sub(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), random_tensor({3, 4}, 2)}},
+      {"mul same", [](const Inputs& x) { return mul(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 4}, 2)}},
+      {"mul row", [](const Inputs& x) { return mul(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), random_tensor({4}, 2)}},
+      {"mul column×row", [](const Inputs& x) { return mul(x[0], x[1]); }, {random_tensor({2, 3, 1}, 1), random_tensor({1, 3, 4}, 2)}},
+      {"div row", [](const Inputs& x) { return div(x[0], x[1]); }, {random_tensor({2, 3, 4}, 1), positive({4}, 3)}},
+      {"scalar arithmetic", [](const Inputs& x) { return (x[0] * 3.0f + 1.0f) / 2.0f - 0.5f; }, {random_tensor({5}, 1)}},
+      {"neg and exp", [](const Inputs& x) { return exp(neg(x[0])); }, {random_tensor({5}, 1)}},
+      {"log", [](const Inputs& x) { return log(x[0]); }, {positive({5}, 2)}},
+      {"sum all", [](const Inputs& x) { return sum(x[0]); }, {random_tensor({2, 3}, 1)}},
+      {"sum dim", [](const Inputs& x) { return sum(x[0], 1, true); }, {random_tensor({2, 3, 4}, 1)}},
+      {"mean all", [](const Inputs& x) { return mean(x[0]); }, {random_tensor({2, 3}, 1)}},
+      {"mean dim", [](const Inputs& x) { return mean(x[0], 0); }, {random_tensor({2, 3, 4}, 1)}},
+      {"softmax", [](const Inputs& x) { return softmax(x[0]); }, {random_tensor({3, 6}, 1)}},
+      {"softmax tail of 11", [](const Inputs& x) { return softmax(x[0]); }, {random_tensor({2, 11}, 4, 3.0f)}},
+      {"cross_entropy with ignored rows", [targets](const Inputs& x) { return cross_entropy(x[0], targets); }, {random_tensor({4, 5}, 1)}},
+      {"masked_fill then softmax", [](const Inputs& x) { return softmax(masked_fill(x[0], causal_mask(4), -INFINITY)); }, {random_tensor({2, 4, 4}, 1)}},
+      {"concat", [](const Inputs& x) { return concat({x[0], x[1]}, -1); }, {random_tensor({2, 3, 2}, 1), random_tensor({2, 3, 4}, 2)}},
+      {"dropout (torch masks)", [](const Inputs& x) { Generator gen(7); return dropout(x[0], 0.4, true, gen); }, {random_tensor({4, 5}, 1)}},
+      {"hashed_dropout", [](const Inputs& x) { Generator gen(7); return hashed_dropout(x[0], 0.4, true, gen); }, {random_tensor({4, 9}, 1)}},
+      {"embedding", [ids](const Inputs& x) { return embedding(x[0], ids, Shape{2, 3}); }, {random_tensor({5, 4}, 1)}},
+      {"layer_norm", [](const Inputs& x) { return layer_norm(x[0], x[1], x[2]); }, {random_tensor({3, 7}, 1), positive({7}, 2), random_tensor({7}, 3)}},
+      {"gelu", [](const Inputs& x) { return gelu(x[0]); }, {random_tensor({3, 11}, 1, 2.0f)}},
+      {"scaled_dot_product_attention (B,T,H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal_heads); },
+       {random_tensor({2, 5, 6}, 1), random_tensor({2, 5, 6}, 2), random_tensor({2, 5, 6}, 3)}},
+      {"scaled_dot_product_attention (B,H,T,D)", [bhtd](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bhtd); },
+       {random_tensor({1, 2, 4, 3}, 1), random_tensor({1, 2, 6, 3}, 2), random_tensor({1, 2, 6, 3}, 3)}},
+  };
+}
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+class OpTable : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpTable, GradientMatchesCentralDifferences) {
+  EXPECT_TRUE(gradcheck(GetParam().f, GetParam().inputs)) << GetParam().name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::ValuesIn(op_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) { return "op" + std::to_string(info.index); });
+
+}  // namespace
+}  // namespace qkv::test
