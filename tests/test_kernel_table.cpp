@@ -101,8 +101,9 @@ std::vector<KernelCase> kernel_cases() {
                          std::vector<float> da_want = da.copy(), db_want = db.copy();
                          binary_backward(op, view, a.data(), b.data(), g.data(), da.data(), db.data());
                          binary_backward_reference(op, view, a.data(), b.data(), g.data(), da_want.data(), db_want.data());
-                         if (auto ok = close(da.data(), da_want.data(), 3 * n, 1e-5, 1e-6); !ok) return ok;
-                         if (auto ok = close(db.data(), db_want.data(), 3 * n, 1e-5, 1e-5); !ok) return ok;
+                         // a stretched operand sums up to n terms: fused multiply-adds may round differently
+                         if (auto ok = close(da.data(), da_want.data(), 3 * n, 1e-5, 1e-4); !ok) return ok;
+                         if (auto ok = close(db.data(), db_want.data(), 3 * n, 1e-5, 1e-4); !ok) return ok;
                        }
                        return ::testing::AssertionSuccess();
                      }});

@@ -36,7 +36,7 @@ std::vector<std::string> dims(const char* prefix, int64_t n) {
 }
 
 // Prints every intermediate of one forward pass with token labels.
-void walk_through(std::ostream& out, const nn::AttentionTrace& t, const Tensor& x, const DemoOptions& options) {
+void walk_through(std::ostream& out, const nn::AttentionTrace& t, const DemoOptions& options) {
   const viz::Style style{4, options.color};
   const int64_t d_out = t.queries.size(-1);
   const auto cols = dims("c", d_out);
@@ -50,7 +50,6 @@ void walk_through(std::ostream& out, const nn::AttentionTrace& t, const Tensor& 
                       kJourney, kJourney, style, /*row_sums=*/true);
   out << "\n" << viz::heatmap("What attends to what", t.weights, kJourney, style);
   out << "\n" << viz::matrix("C = A·V   context vectors", t.context, kJourney, cols, style);
-  (void)x;
 }
 
 void section_v1(std::ostream& out, const DemoOptions& options) {
@@ -68,7 +67,7 @@ void section_v1(std::ostream& out, const DemoOptions& options) {
   out << viz::matrix("Wv  W_value", attention.W_value, dims("x", 3), dims("c", 2), style);
 
   const nn::AttentionTrace t = attention.trace(x);
-  walk_through(out, t, x, options);
+  walk_through(out, t, options);
 
   // The numbers the book prints on the way, for x² = "journey".
   char line[256];
@@ -91,7 +90,7 @@ void section_v2(std::ostream& out, const DemoOptions& options) {
   out << viz::matrix("W_query.weight", attention.W_query.weight, dims("c", 2), dims("x", 3), style) << "\n";
   out << viz::matrix("W_key.weight", attention.W_key.weight, dims("c", 2), dims("x", 3), style) << "\n";
   out << viz::matrix("W_value.weight", attention.W_value.weight, dims("c", 2), dims("x", 3), style);
-  walk_through(out, attention.trace(x), x, options);
+  walk_through(out, attention.trace(x), options);
 }
 
 void section_train(std::ostream& out, const DemoOptions& options) {

@@ -210,10 +210,9 @@ int run_train(const TrainCommand& options) {
   Progress progress(settings.max_steps, trainer.step());
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_interrupt);
-  auto save = [&](int64_t step) {
+  auto save = [&](int64_t /*step*/) {
     trainer.save_checkpoint(checkpoint);
     write_outputs(options.out_dir, rows);
-    (void)step;
   };
   std::atomic<bool> reached_stop{false};
   trainer.run([&](const train::StepReport& r) {

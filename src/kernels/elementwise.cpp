@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.hpp"
@@ -78,9 +79,22 @@ void for_each(const Broadcast& s, F&& f) {
       }
 }
 
+// Calls f with the op as a compile-time constant, so each loop body is specialised and vectorises.
+template <typename F>
+void dispatch(BinaryOp op, F&& f) {
+  switch (op) {
+    case BinaryOp::Add: return f(std::integral_constant<BinaryOp, BinaryOp::Add>{});
+    case BinaryOp::Sub: return f(std::integral_constant<BinaryOp, BinaryOp::Sub>{});
+    case BinaryOp::Mul: return f(std::integral_constant<BinaryOp, BinaryOp::Mul>{});
+    case BinaryOp::Div: return f(std::integral_constant<BinaryOp, BinaryOp::Div>{});
+  }
+}
+
 }  // namespace
 
-void binary_forward(BinaryOp op, const Broadcast& s, const float* a, const float* b, float* out) {
+namespace {
+template <BinaryOp op>
+void binary_forward_impl(const Broadcast& s, const float* a, const float* b, float* out) {
   const int64_t n = s.numel();
   const bool a_full = contiguous(s.a_stride, s.dims);
   if (a_full && contiguous(s.b_stride, s.dims)) {  // same shapes: one flat loop
@@ -99,6 +113,8 @@ void binary_forward(BinaryOp op, const Broadcast& s, const float* a, const float
   for_each(s, [&](int64_t o, int64_t ia, int64_t ib) { out[o] = apply(op, a[ia], b[ib]); });
 }
 
+}  // namespace
+
 void binary_forward_reference(BinaryOp op, const Broadcast& s, const float* a, const float* b, float* out) {
   for_each(s, [&](int64_t o, int64_t ia, int64_t ib) {
     const double x = a[ia], y = b[ib];
@@ -107,8 +123,9 @@ void binary_forward_reference(BinaryOp op, const Broadcast& s, const float* a, c
   });
 }
 
-void binary_backward(BinaryOp op, const Broadcast& s, const float* a, const float* b, const float* g, float* da,
-                     float* db) {
+namespace {
+template <BinaryOp op>
+void binary_backward_impl(const Broadcast& s, const float* a, const float* b, const float* g, float* da, float* db) {
   const int64_t n = s.numel();
   const bool a_full = contiguous(s.a_stride, s.dims), b_full = contiguous(s.b_stride, s.dims);
   if (a_full && b_full) {  // the common case (residual connections): one index, in parallel
@@ -138,6 +155,17 @@ void binary_backward(BinaryOp op, const Broadcast& s, const float* a, const floa
     if (da) da[ia] += grad_a(op, g[o], a[ia], b[ib]);
     if (db) db[ib] += grad_b(op, g[o], a[ia], b[ib]);
   });
+}
+
+}  // namespace
+
+void binary_forward(BinaryOp op, const Broadcast& s, const float* a, const float* b, float* out) {
+  dispatch(op, [&](auto c) { binary_forward_impl<c()>(s, a, b, out); });
+}
+
+void binary_backward(BinaryOp op, const Broadcast& s, const float* a, const float* b, const float* g, float* da,
+                     float* db) {
+  dispatch(op, [&](auto c) { binary_backward_impl<c()>(s, a, b, g, da, db); });
 }
 
 void binary_backward_reference(BinaryOp op, const Broadcast& s, const float* a, const float* b, const float* g,
@@ -175,14 +203,36 @@ inline float derivative(UnaryOp op, float s, float x, float y) {
 }
 }  // namespace
 
-void unary_forward(UnaryOp op, float s, const float* x, float* y, int64_t n) {
+namespace {
+template <UnaryOp op>
+void unary_forward_impl(float s, const float* x, float* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) y[i] = unary(op, s, x[i]);
 }
+template <UnaryOp op>
+void unary_backward_impl(float s, const float* x, const float* y, const float* g, float* dx, int64_t n) {
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) dx[i] += g[i] * derivative(op, s, x[i], y[i]);
+}
+template <typename F>
+void dispatch(UnaryOp op, F&& f) {
+  switch (op) {
+    case UnaryOp::AddScalar: return f(std::integral_constant<UnaryOp, UnaryOp::AddScalar>{});
+    case UnaryOp::MulScalar: return f(std::integral_constant<UnaryOp, UnaryOp::MulScalar>{});
+    case UnaryOp::DivScalar: return f(std::integral_constant<UnaryOp, UnaryOp::DivScalar>{});
+    case UnaryOp::Neg: return f(std::integral_constant<UnaryOp, UnaryOp::Neg>{});
+    case UnaryOp::Exp: return f(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
+    case UnaryOp::Log: return f(std::integral_constant<UnaryOp, UnaryOp::Log>{});
+  }
+}
+}  // namespace
+
+void unary_forward(UnaryOp op, float s, const float* x, float* y, int64_t n) {
+  dispatch(op, [&](auto c) { unary_forward_impl<c()>(s, x, y, n); });
+}
 
 void unary_backward(UnaryOp op, float s, const float* x, const float* y, const float* g, float* dx, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dx[i] += g[i] * derivative(op, s, x[i], y ? y[i] : 0.0f);
+  dispatch(op, [&](auto c) { unary_backward_impl<c()>(s, x, y, g, dx, n); });
 }
 
 void unary_forward_reference(UnaryOp op, float s, const float* x, float* y, int64_t n) {

@@ -97,7 +97,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const AttentionStep& step) con
 // ---- the model ----
 
 GPTModel::GPTModel(const GPTConfig& c, Generator& gen)
-    : config((c.validate(), c)),
+    : config(c.validated()),
       tok_emb(c.vocab_size, c.emb_dim, gen),
       pos_emb(c.context_length, c.emb_dim, gen),
       final_norm(c.emb_dim),

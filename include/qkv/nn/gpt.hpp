@@ -3,7 +3,7 @@
 //   → final_norm → out_head
 // Pre-LayerNorm blocks, MultiHeadAttention (causal, fused kernel), FeedForward (Linear 4× wide, tanh-GELU,
 // Linear). Optional weight tying (out_head.weight is tok_emb.weight, as in GPT-2).
-// Not here: training (train/), text (text/), loading Hugging Face GPT-2 files (model/gpt2.hpp).
+// Not here: training (train/), text (text/), loading Hugging Face GPT-2 files (nn/gpt2.hpp).
 #pragma once
 
 #include <map>
@@ -31,6 +31,10 @@ struct GPTConfig {
   bool tie_weights = false;
 
   void validate() const;  // ValueError naming the bad field
+  GPTConfig validated() const {
+    validate();
+    return *this;
+  }
   // The book's names as strings (gpt_config_schema); from_strings parses with checks, then validates.
   std::map<std::string, std::string> to_strings() const;
   static GPTConfig from_strings(const std::map<std::string, std::string>& values);  // ValueError on a bad value

@@ -1,6 +1,6 @@
 // Pictures of tensors for people learning how attention works: matrices labelled with their tokens
 // and shape, and a shaded grid of who attends to whom. Plain text; ANSI colour only when asked.
-// Not here: plots of training curves (train/plot.hpp).
+// Not here: plots of training curves (viz/plot.hpp).
 #pragma once
 
 #include <string>
