@@ -130,3 +130,51 @@ TEST(KVCache, CachedDecodingEqualsFullForwardPasses) {
 
 }  // namespace
 }  // namespace qkv::test
+
+namespace qkv::test {
+namespace {
+
+// What a trained GPT attends to, from the fused path (q, k and the saved log-sum-exp), against PyTorch's
+// materialised weights for the same model and tokens.
+TEST(AttentionMaps, FusedPathWeightsEqualPyTorchs) {
+  const auto file = io::SafetensorsFile::open(fixture("gpt_tiny_attention.safetensors"));
+  manual_seed(123);
+  nn::GPTModel model(nn::GPTConfig::from_strings(file.metadata()));
+  model.eval();
+  const std::vector<int64_t> ids = file.int64s("ids");
+  const Tensor maps = model.attention_maps(ids, {}, {});
+  EXPECT_TRUE(all_close(maps, file.tensor("attention"), 1e-5, 1e-6));
+  // A selection: layer 2, heads 4 and 1 (0-based 1; 3, 0), in that order.
+  const Tensor some = model.attention_maps(ids, {1}, {3, 0});
+  ASSERT_EQ(some.shape(), (Shape{1, 2, 16, 16}));
+  const Tensor all = file.tensor("attention");
+  for (int64_t i = 0; i < 16 * 16; ++i) {
+    EXPECT_NEAR(some.data()[i], all.data()[(1 * 4 + 3) * 256 + i], 1e-5);
+    EXPECT_NEAR(some.data()[256 + i], all.data()[(1 * 4 + 0) * 256 + i], 1e-5);
+  }
+  EXPECT_THROW(model.attention_maps(ids, {2}, {}), ValueError);  // the model has 2 layers
+  EXPECT_THROW(model.attention_maps(ids, {}, {4}), ValueError);  // and 4 heads
+}
+
+// The recomputed weights equal the plain path's materialised softmax, over several tiles (T = 150, D = 16).
+TEST(AttentionMaps, RecomputedWeightsEqualThePlainPath) {
+  manual_seed(5);
+  nn::MultiHeadAttention mha(24, 32, 200, 0.0, 2);
+  mha.eval();
+  const Tensor x = random_tensor({2, 150, 24}, 3);
+  const Tensor plain = mha.trace(x).weights;  // (B, H, T, T)
+  nn::AttentionStep::Record record;
+  nn::AttentionStep step;
+  step.record = &record;
+  const Tensor fused = mha.forward(x, step);
+  EXPECT_TRUE(all_close(fused, mha.trace(x).context, 1e-5, 1e-6));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 2; ++h) {
+      const Tensor w = mha.weights(record, b, h);
+      const Tensor expected = Tensor::from(std::span<const float>(plain.data() + (b * 2 + h) * 150 * 150, 150 * 150), {150, 150});
+      EXPECT_TRUE(all_close(w, expected, 1e-5, 1e-7)) << "b " << b << " h " << h;
+    }
+}
+
+}  // namespace
+}  // namespace qkv::test

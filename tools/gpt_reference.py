@@ -7,6 +7,7 @@ Writes
   gpt_tiny.safetensors      a tiny GPT (2 layers, 4 heads, emb 32, vocab 97, T 16, batch 4) made with
                             torch.manual_seed(123): its state dict, inputs, targets, logits, loss, every
                             parameter gradient, and the losses of 10 AdamW steps;
+  gpt_tiny_attention.safetensors  that model's attention weights (layers, heads, T, T) for its first sequence;
   gpt2_tiny_hf.safetensors  a tiny model of GPT-2's shape under Hugging Face's names (Conv1D c_attn
                             [in, out], tied wte), plus token ids and the logits PyTorch gives for them.
 """
@@ -104,6 +105,10 @@ def tiny_parity(out_dir):
     targets = torch.randint(0, cfg["vocab_size"], (4, 16), generator=g)
     targets[0, :3] = -100  # ignored positions
     logits = model(ids)
+    # What every head of every layer attends to, for the first sequence: (layers, heads, T, T).
+    maps = torch.stack([block.att.last_weights[0] for block in model.trf_blocks])
+    save_safetensors(os.path.join(out_dir, "gpt_tiny_attention.safetensors"), {"ids": ids[0], "attention": maps},
+                     config_strings(cfg, False))
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
     loss.backward()
     tensors.update({"ids": ids, "targets": targets, "logits": logits.detach(), "loss": loss.detach().reshape(1)})

@@ -86,4 +86,23 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return out;
 }
 
+Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, const AttentionConfig& config, int64_t b,
+                         int64_t h) {
+  const Resolved r = resolve(q, k, k, config.num_heads, config.kv_tokens);
+  if (!(lse.shape() == Shape{r.dims.B, r.dims.H, r.dims.Tq})) {
+    throw ShapeError("attention_weights: lse has shape " + lse.shape().str() + ", expected (" + std::to_string(r.dims.B) +
+                     ", " + std::to_string(r.dims.H) + ", " + std::to_string(r.dims.Tq) + ") from the same forward call");
+  }
+  if (b < 0 || b >= r.dims.B || h < 0 || h >= r.dims.H) {
+    throw ShapeError("attention_weights: no batch row " + std::to_string(b) + " / head " + std::to_string(h) + " in " +
+                     std::to_string(r.dims.B) + " rows of " + std::to_string(r.dims.H) + " heads");
+  }
+  kernels::AttentionOptions options;
+  options.causal = config.causal;
+  options.scale = config.scale;
+  Tensor out = Tensor::empty({r.dims.Tq, r.dims.Tk});
+  kernels::attention_probabilities(r.dims, r.layout, options, q.data(), k.data(), lse.data(), b, h, out.data());
+  return out;
+}
+
 }  // namespace qkv

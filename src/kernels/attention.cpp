@@ -397,6 +397,50 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
   });
 }
 
+void attention_probabilities(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                             const float* q, const float* k, const float* lse, int64_t b, int64_t h, float* out) {
+  if (dims.Tq <= 0 || dims.Tk <= 0) return;
+  const Plan p(dims, layout, options);
+  const int64_t D = dims.D, Dp = p.Dp, bh = b * dims.H + h, Tk = dims.Tk;
+  if (D <= 0) {  // every score is 0: uniform over the visible keys
+    for (int64_t i = 0; i < dims.Tq; ++i)
+      for (int64_t j = 0; j < Tk; ++j) out[i * Tk + j] = j < p.visible(i) ? std::exp(-lse[bh * dims.Tq + i]) : 0.0f;
+    return;
+  }
+  Scratch kt_buf;
+  float* kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
+  pack_transposed(p, k, layout.k, bh, kt);
+  const float* lse_head = lse + bh * dims.Tq;
+#pragma omp parallel num_threads(p.threads())
+  {
+    Scratch qs_buf, s_buf;
+    float* qs = qs_buf.get(static_cast<size_t>(kBr * Dp));
+    float* s = s_buf.get(static_cast<size_t>(kBr * kBc));
+#pragma omp for schedule(static, 1)
+    for (int64_t qb = 0; qb < p.q_blocks; ++qb) {
+      const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = p.row(q, layout.q, bh, q0 + r);
+        for (int64_t d = 0; d < D; ++d) qs[r * Dp + d] = src[d] * p.scale;
+      }
+      for (int64_t k0 = 0; k0 < Tk; k0 += kBc) {
+        const int64_t cols = std::min(kBc, Tk - k0), cols_pad = round_up(cols, kNR);
+        const int64_t diag = q0 + p.offset - k0 + 1;
+        if (options.causal && rows - 1 + diag <= 0) {  // the whole tile is in the future of every row
+          for (int64_t r = 0; r < rows; ++r) std::fill_n(out + (q0 + r) * Tk + k0, cols, 0.0f);
+          continue;
+        }
+        block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false,
+                   options.causal ? Trim::Columns : Trim::None, diag);  // S = Qs Kᵀ
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
+          exp_row(s + r * kBc, out + (q0 + r) * Tk + k0, valid, cols, lse_head[q0 + r]);  // P = exp(S − lse)
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 // Per-head packs for the backward pass, owned by one thread.

@@ -253,4 +253,13 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const AttentionStep& step) c
   return out_proj(context);
 }
 
+Tensor MultiHeadAttention::weights(const AttentionStep::Record& record, int64_t b, int64_t h) const {
+  if (!record.lse.defined()) throw ValueError("MultiHeadAttention::weights: the record is empty; run forward with it first");
+  AttentionConfig config;
+  config.num_heads = num_heads;
+  config.causal = true;
+  config.kv_tokens = record.kv_tokens;
+  return attention_weights(record.queries, record.keys, record.lse, config, b, h);
+}
+
 }  // namespace qkv::nn

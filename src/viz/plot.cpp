@@ -1,7 +1,5 @@
-// plot_lines: rasterise a line chart into RGB pixels and encode it with libpng.
+// plot_lines: a line chart drawn on a Canvas (canvas.hpp) and saved as PNG.
 #include "qkv/viz/plot.hpp"
-
-#include <png.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,71 +8,11 @@
 #include <map>
 
 #include "qkv/core/error.hpp"
-#include "qkv/io/file.hpp"
+#include "canvas.hpp"
 
 namespace qkv::viz {
 
 namespace {
-
-// 5×7 glyphs, one byte per row, bit 4 = leftmost pixel.
-const std::map<char, std::array<unsigned char, 7>>& font() {
-  static const std::map<char, std::array<unsigned char, 7>> glyphs = {
-      {'0', {14, 17, 19, 21, 25, 17, 14}}, {'1', {4, 12, 4, 4, 4, 4, 14}},   {'2', {14, 17, 1, 2, 4, 8, 31}},
-      {'3', {30, 1, 1, 14, 1, 1, 30}},     {'4', {2, 6, 10, 18, 31, 2, 2}},  {'5', {31, 16, 30, 1, 1, 17, 14}},
-      {'6', {6, 8, 16, 30, 17, 17, 14}},   {'7', {31, 1, 2, 4, 8, 8, 8}},    {'8', {14, 17, 17, 14, 17, 17, 14}},
-      {'9', {14, 17, 17, 15, 1, 2, 12}},   {'.', {0, 0, 0, 0, 0, 12, 12}},   {'-', {0, 0, 0, 31, 0, 0, 0}},
-      {'=', {0, 0, 31, 0, 31, 0, 0}},      {'(', {2, 4, 8, 8, 8, 4, 2}},     {')', {8, 4, 2, 2, 2, 4, 8}},
-      {' ', {0, 0, 0, 0, 0, 0, 0}},        {'a', {0, 0, 14, 1, 15, 17, 15}}, {'c', {0, 0, 14, 16, 16, 17, 14}},
-      {'d', {1, 1, 13, 19, 17, 17, 15}},   {'e', {0, 0, 14, 17, 31, 16, 14}}, {'g', {0, 15, 17, 17, 15, 1, 14}},
-      {'i', {4, 0, 12, 4, 4, 4, 14}},      {'k', {16, 16, 18, 20, 24, 20, 18}}, {'l', {12, 4, 4, 4, 4, 4, 14}},
-      {'n', {0, 0, 22, 25, 17, 17, 17}},   {'o', {0, 0, 14, 17, 17, 17, 14}}, {'p', {0, 0, 30, 17, 30, 16, 16}},
-      {'r', {0, 0, 22, 25, 16, 16, 16}},   {'s', {0, 0, 15, 16, 14, 1, 30}}, {'t', {8, 8, 28, 8, 8, 9, 6}},
-      {'u', {0, 0, 17, 17, 17, 19, 13}},   {'v', {0, 0, 17, 17, 17, 10, 4}}, {'x', {0, 0, 17, 10, 4, 10, 17}},
-      {'y', {0, 0, 17, 17, 15, 1, 14}},    {'m', {0, 0, 26, 21, 21, 17, 17}}, {'h', {16, 16, 22, 25, 17, 17, 17}},
-      {'b', {16, 16, 22, 25, 17, 17, 30}}, {'f', {6, 9, 8, 28, 8, 8, 8}},    {'w', {0, 0, 17, 17, 21, 21, 10}},
-      {'/', {1, 1, 2, 4, 8, 16, 16}},      {'q', {0, 0, 15, 17, 15, 1, 1}},  {'z', {0, 0, 31, 2, 4, 8, 31}},
-      {'j', {2, 0, 6, 2, 2, 18, 12}},      {',', {0, 0, 0, 0, 12, 4, 8}},    {':', {0, 12, 12, 0, 12, 12, 0}},
-  };
-  return glyphs;
-}
-
-class Canvas {
- public:
-  Canvas(int w, int h) : w_(w), h_(h), pixels_(static_cast<size_t>(w * h * 3), 255) {}
-  void set(int x, int y, std::array<unsigned char, 3> c) {
-    if (x < 0 || y < 0 || x >= w_ || y >= h_) return;
-    std::memcpy(&pixels_[static_cast<size_t>((y * w_ + x) * 3)], c.data(), 3);
-  }
-  void rect(int x0, int y0, int x1, int y1, std::array<unsigned char, 3> c) {
-    for (int y = y0; y <= y1; ++y)
-      for (int x = x0; x <= x1; ++x) set(x, y, c);
-  }
-  void line(double x0, double y0, double x1, double y1, std::array<unsigned char, 3> c, int thickness) {
-    const int steps = static_cast<int>(std::max(std::fabs(x1 - x0), std::fabs(y1 - y0))) + 1;
-    for (int i = 0; i <= steps; ++i) {
-      const double t = static_cast<double>(i) / steps;
-      const int x = static_cast<int>(std::lround(x0 + t * (x1 - x0))), y = static_cast<int>(std::lround(y0 + t * (y1 - y0)));
-      rect(x - thickness / 2, y - thickness / 2, x + (thickness - 1) / 2, y + (thickness - 1) / 2, c);
-    }
-  }
-  // Text at (x, y) top-left, scale 2: 12 px per character.
-  void text(int x, int y, const std::string& s, std::array<unsigned char, 3> c = {40, 40, 40}) {
-    for (char ch : s) {
-      auto it = font().find(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
-      if (it != font().end())
-        for (int row = 0; row < 7; ++row)
-          for (int col = 0; col < 5; ++col)
-            if (it->second[static_cast<size_t>(row)] & (16 >> col)) rect(x + col * 2, y + row * 2, x + col * 2 + 1, y + row * 2 + 1, c);
-      x += 12;
-    }
-  }
-  static int text_width(const std::string& s) { return static_cast<int>(s.size()) * 12; }
-  const std::vector<unsigned char>& pixels() const { return pixels_; }
-
- private:
-  int w_, h_;
-  std::vector<unsigned char> pixels_;
-};
 
 std::string tick_label(double v, double step) {
   char buf[32];
@@ -90,31 +28,6 @@ double nice_step(double range, int target) {
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (m * magnitude >= raw) return m * magnitude;
   return 10 * magnitude;
-}
-
-void write_png(const std::string& path, int w, int h, const std::vector<unsigned char>& rgb) {
-  char* buffer = nullptr;
-  size_t size = 0;
-  FILE* memory = open_memstream(&buffer, &size);
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  png_infop info = png_create_info_struct(png);
-  if (!memory || !png || !info || setjmp(png_jmpbuf(png))) {
-    png_destroy_write_struct(&png, &info);
-    if (memory) fclose(memory);
-    free(buffer);
-    throw IoError(path + ": could not encode the PNG");
-  }
-  png_init_io(png, memory);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(w), static_cast<png_uint_32>(h), 8, PNG_COLOR_TYPE_RGB,
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  for (int y = 0; y < h; ++y) png_write_row(png, const_cast<png_bytep>(&rgb[static_cast<size_t>(y * w * 3)]));
-  png_write_end(png, nullptr);
-  png_destroy_write_struct(&png, &info);
-  fclose(memory);
-  std::vector<std::byte> bytes(reinterpret_cast<std::byte*>(buffer), reinterpret_cast<std::byte*>(buffer) + size);
-  free(buffer);
-  io::write_file_atomically(path, bytes);
 }
 
 }  // namespace
@@ -164,7 +77,7 @@ void plot_lines(const std::string& path, const std::string& title, const std::st
     c.text(lx + 28, legend_y, s.name);
     legend_y += 22;
   }
-  write_png(path, width, height, c.pixels());
+  c.save_png(path);
 }
 
 }  // namespace qkv::viz

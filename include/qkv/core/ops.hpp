@@ -126,4 +126,10 @@ struct AttentionConfig {
 // one draw from the generator, so they differ from torch.nn.Dropout's (use the plain path for those).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config);
 
+// The attention weights (Tq, Tk) of head h of batch row b, recomputed from q and k (as given to
+// scaled_dot_product_attention with the same config) and the log-sum-exp that call saved (config.lse):
+// exp(scale·q·kᵀ − lse) where visible, 0 elsewhere, before dropout. Costs one QKᵀ for that head; no gradient.
+Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, const AttentionConfig& config, int64_t b,
+                         int64_t h);
+
 }  // namespace qkv

@@ -48,6 +48,11 @@ struct AttentionLayout {
 // A query row with no visible key (only when Tq > Tk with causal) gets NaN, like PyTorch.
 void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
                        const float* q, const float* k, const float* v, float* o, float* lse);
+// The attention weights of one head, recomputed from q, k and the forward's lse instead of stored:
+// out (Tq × Tk, row stride Tk) = exp(scale · q_i · k_j − lse_i) where key j is visible to query i, 0 elsewhere
+// (before dropout). Memory is O(Tq·Tk) for the asked head only; rows in parallel.
+void attention_probabilities(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                             const float* q, const float* k, const float* lse, int64_t b, int64_t h, float* out);
 // Writes (overwrites) dq, dk, dv from dO, using the forward's o and lse.
 void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
                         const float* q, const float* k, const float* v, const float* o, const float* lse,

@@ -146,6 +146,8 @@ class MultiHeadAttention : public ProjectedAttention {
   AttentionTrace trace(const Tensor& x) const;
   // An empty cache for `batch` rows of up to context_length tokens.
   KVCacheLayer make_cache(int64_t batch) const;
+  // Head h's attention weights (T, Tk) for batch row b, recomputed from a record of forward(x, {.record}).
+  Tensor weights(const AttentionStep::Record& record, int64_t b, int64_t h) const;
 
   int64_t num_heads, head_dim;
   double dropout;

@@ -105,6 +105,11 @@ class GPTModel : public Module {
   Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                  std::vector<AttentionStep::Record>* records = nullptr) const;
 
+  // What one sequence's tokens attend to: the weights of the chosen layers and heads (0-based; empty = all),
+  // (layers, heads, T, T), from the fused path — one forward pass through the blocks records q, k and the
+  // log-sum-exp per layer, and only the chosen heads' weights are recomputed. No gradient, no output head.
+  Tensor attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers, std::vector<int64_t> heads) const;
+
   // Inference with a cache: appends `tokens` new ids per batch row at positions cache.length…, returns the
   // logits of the last new position (B, vocab_size). Throws ShapeError when the cache would overflow.
   KVCache make_cache(int64_t batch) const;

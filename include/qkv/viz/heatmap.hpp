@@ -1,0 +1,52 @@
+// Pictures of attention weights as PNG heatmaps: one matrix with its token labels on both axes, a colour bar,
+// the viridis colour map (perceptually uniform, colour-blind safe) and, up to 16×16, each cell's value; a grid
+// of small multiples (layers × heads); and animations of a matrix changing (GIF). Part of qkv::viz, which
+// links libpng and giflib; the rest of qkv links neither.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "qkv/core/tensor.hpp"
+
+namespace qkv::viz {
+
+struct HeatmapStyle {
+  std::string title;                                // the matrix's name; its shape is appended, e.g. "(6×6)"
+  std::vector<std::string> row_labels, col_labels;  // queries (rows) and keys (columns); empty: 1, 2, …
+  std::string row_axis = "query", col_axis = "key";
+  double vmax = 0.0;     // the colour scale runs 0 … vmax; 0: the matrix's largest finite value
+  int show_values = -1;  // print each cell's value: -1 when the matrix is at most 16×16, 0 never, 1 always
+  std::string caption;   // a line under the title (e.g. "step 12, loss 0.41")
+};
+
+// Writes a (rows, cols) matrix (or one with leading dimensions of size 1) as a PNG, atomically. ValueError for
+// another shape; IoError if the file cannot be written.
+void heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style);
+
+struct HeatmapPanel {
+  std::string label;  // e.g. "layer 2, head 5"
+  Tensor weights;     // (T, T)
+};
+
+// Small multiples: the panels in a grid of `columns` per row (heads across, layers down), each labelled, one
+// colour bar for all (0 … vmax, or the largest value of all panels), the tokens along the first panel's axes.
+void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
+                      int columns, const std::vector<std::string>& labels, double vmax = 0.0);
+
+// Frames of one heatmap as it changes (every training step, say), saved as a looping GIF. All frames share
+// the style's labels and colour scale (vmax 0 means 1: attention weights).
+class HeatmapAnimation {
+ public:
+  explicit HeatmapAnimation(HeatmapStyle style);
+  void add_frame(const Tensor& weights, const std::string& caption);
+  size_t frames() const { return frames_.size(); }
+  // delay_cs: each frame's display time in 1/100 s; the last frame stays for 2 s. Atomically.
+  void save_gif(const std::string& path, int delay_cs = 10) const;
+
+ private:
+  HeatmapStyle style_;
+  std::vector<std::pair<Tensor, std::string>> frames_;
+};
+
+}  // namespace qkv::viz
