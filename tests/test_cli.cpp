@@ -23,7 +23,7 @@ TEST(Cli, DemoPrintsTheBooksNumbers) {
                                "journey   0.1500   0.2264   0.2199   0.1311   0.0906   0.1820       1.0000",
                                "Your     0.2996  0.8053", "step     0.2990  0.8040",
                                // SelfAttention_v2, seed 789
-                               "c1   0.3161   0.4568   0.5118", "Your     -0.0739   0.0713", "step     -0.0754   0.0693"})
+                               "x1   0.3161  -0.1683", "Your     -0.0739   0.0713", "step     -0.0754   0.0693"})
     EXPECT_TRUE(contains(r.out, expected)) << "missing: " << expected;
   EXPECT_TRUE(contains(r.out, "← cat now attends most to fat"));
   // Causal weights (seed 789), dropout (seed 123), CausalAttention, the wrapper and MultiHeadAttention (seed 123).

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,9 +12,21 @@
 
 namespace qkv::cli {
 
+// A mistake on the command line found after parsing (a bad combination, an input that does not fit): exit 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct DemoOptions {
   std::vector<std::string> sections;  // empty: all
   bool color = false;
+  std::string png_dir;                // draw every weight matrix there (PNG) and the training (GIF)
+  std::string sentence;               // the learner's own words, one random embedding per distinct word
+  bool sentence_given = false;
+  std::string embeddings, tokens;     // or embeddings from a .npy (T × d_in), one token per row
+  int64_t d_in = 0, d_out = 0;        // 0: the defaults (3 and 2)
+  std::optional<uint64_t> seed;       // for the learner's input (default 123)
 };
 const std::vector<std::string>& demo_sections();
 int run_demo(const DemoOptions& options, std::ostream& out);

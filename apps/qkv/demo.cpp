@@ -1,12 +1,18 @@
-// `qkv demo`: the seed article's worked example, step by step, generated from the book's seeds.
+// `qkv demo`: the article's worked example, step by step, generated from the book's seeds — or the same steps on
+// the learner's own sentence or embeddings. With --png, every weight matrix it prints is also drawn.
 #include "commands.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 
+#include "qkv/io/npy.hpp"
 #include "qkv/qkv.hpp"
+#include "qkv/viz/heatmap.hpp"
 #include "qkv/viz/show.hpp"
 
 namespace qkv::cli {
@@ -14,6 +20,8 @@ namespace qkv::cli {
 namespace {
 
 const std::vector<std::string> kJourney = {"Your", "journey", "starts", "with", "one", "step"};
+constexpr int64_t kMaxTokens = 32;  // the matrices must fit a terminal
+constexpr int64_t kMaxWidth = 64;   // d_in and d_out
 
 // The book's 3-dimensional embeddings of "Your journey starts with one step" (section 3.3).
 Tensor journey_inputs() {
@@ -23,6 +31,95 @@ Tensor journey_inputs() {
                             {0.22f, 0.58f, 0.33f},
                             {0.77f, 0.25f, 0.10f},
                             {0.05f, 0.80f, 0.55f}});
+}
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+// One random vector per distinct word, in order of first appearance (seeded like torch: randn(words, d)), looked
+// up per token, so a repeated word gets the same embedding, as an embedding table would give it.
+Tensor word_embeddings(const std::vector<std::string>& tokens, int64_t d, Generator& gen) {
+  std::map<std::string, int64_t> vocab;
+  for (const auto& w : tokens) vocab.emplace(w, static_cast<int64_t>(vocab.size()));
+  std::vector<std::string> order(vocab.size());
+  for (const auto& w : tokens)
+    if (order[static_cast<size_t>(vocab[w])].empty()) order[static_cast<size_t>(vocab[w])] = w;
+  const Tensor table = gen.randn({static_cast<int64_t>(vocab.size()), d});
+  Tensor x = Tensor::empty({static_cast<int64_t>(tokens.size()), d});
+  for (size_t i = 0; i < tokens.size(); ++i)
+    for (int64_t j = 0; j < d; ++j) x.data()[static_cast<int64_t>(i) * d + j] = table.at({vocab[tokens[i]], j});
+  return x;
+}
+
+// What every section runs on.
+struct Input {
+  bool book = true;  // the book's sentence and numbers
+  std::vector<std::string> tokens;
+  Tensor x;          // (T, d_in)
+  int64_t d_in = 3, d_out = 2;
+  uint64_t seed = 123;
+  std::string how;   // a sentence saying where X came from
+};
+
+Input resolve_input(const DemoOptions& o) {
+  Input in;
+  in.seed = o.seed.value_or(123);
+  if (o.d_out != 0) in.d_out = o.d_out;
+  if (o.d_in != 0) in.d_in = o.d_in;
+  if (in.d_in < 1 || in.d_in > kMaxWidth || in.d_out < 1 || in.d_out > kMaxWidth) {
+    throw UsageError("--d-in and --d-out must lie in 1…" + std::to_string(kMaxWidth) + " (got " + std::to_string(in.d_in) +
+                     " and " + std::to_string(in.d_out) + ")");
+  }
+  if (in.d_out % 2 != 0) {
+    throw UsageError("--d-out " + std::to_string(in.d_out) + " is not divisible by num_heads = 2 (the multi-head "
+                     "section splits d_out between two heads); choose an even --d-out");
+  }
+  if (!o.embeddings.empty()) {
+    in.book = false;
+    in.tokens = split_words(o.tokens);
+    if (in.tokens.empty()) throw UsageError("--embeddings needs --tokens \"w1 w2 …\": one word per row of the array");
+    Tensor x = io::load_npy(o.embeddings);
+    if (x.rank() != 2) throw UsageError(o.embeddings + ": needs a 2-D array (tokens × d_in), got shape " + x.shape().str());
+    if (x.size(0) != static_cast<int64_t>(in.tokens.size())) {
+      throw UsageError(o.embeddings + " has " + std::to_string(x.size(0)) + " rows but --tokens names " +
+                       std::to_string(in.tokens.size()) + " tokens; give one token per row");
+    }
+    if (o.d_in != 0 && o.d_in != x.size(1)) {
+      throw UsageError("--d-in " + std::to_string(o.d_in) + " differs from the " + std::to_string(x.size(1)) +
+                       " columns of " + o.embeddings);
+    }
+    in.d_in = x.size(1);
+    if (in.d_in > kMaxWidth) throw UsageError(o.embeddings + ": at most " + std::to_string(kMaxWidth) + " columns");
+    for (float v : x.values())
+      if (!std::isfinite(v)) throw UsageError(o.embeddings + ": holds NaN or infinite values; give finite embeddings");
+    in.x = x;
+    in.how = "embeddings from " + o.embeddings;
+  } else if (o.sentence_given) {
+    in.book = false;
+    in.tokens = split_words(o.sentence);
+    if (in.tokens.empty()) throw UsageError("--sentence is empty; give at least one word, e.g. --sentence \"the fat cat\"");
+    Generator gen(in.seed);
+    in.x = word_embeddings(in.tokens, in.d_in, gen);
+    in.how = "one random " + std::to_string(in.d_in) + "-d vector per distinct word, drawn with randn after "
+             "torch.manual_seed(" + std::to_string(in.seed) + ")";
+  } else {
+    if (o.d_in != 0 || o.d_out != 0) {
+      throw UsageError("--d-in and --d-out go with --sentence or --embeddings; the book's example is 3 → 2");
+    }
+    in.tokens = kJourney;
+    in.x = journey_inputs();
+    in.how = "the book's 3-d embeddings";
+  }
+  if (static_cast<int64_t>(in.tokens.size()) > kMaxTokens) {
+    throw UsageError("the demo shows at most " + std::to_string(kMaxTokens) + " tokens (their matrices must fit a "
+                     "screen); got " + std::to_string(in.tokens.size()));
+  }
+  if (!in.book && in.tokens.size() < 2) throw UsageError("give at least two tokens, so one can attend to another");
+  return in;
 }
 
 void heading(std::ostream& out, const std::string& title) {
@@ -35,204 +132,357 @@ std::vector<std::string> dims(const char* prefix, int64_t n) {
   return out;
 }
 
-// Prints every intermediate of one forward pass with token labels.
-void walk_through(std::ostream& out, const nn::AttentionTrace& t, const DemoOptions& options) {
+// Writes a heatmap into --png DIR (when given) and says where.
+class Pictures {
+ public:
+  explicit Pictures(const std::string& dir) : dir_(dir) {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) throw IoError(dir_ + ": cannot create the picture directory: " + ec.message());
+  }
+  bool on() const { return !dir_.empty(); }
+  void heatmap(std::ostream& out, const std::string& file, const std::string& title, const Tensor& weights,
+               const std::vector<std::string>& tokens, double vmax = 0.0) {
+    if (!on()) return;
+    viz::HeatmapStyle style;
+    style.title = title;
+    style.row_labels = style.col_labels = tokens;
+    style.vmax = vmax;
+    viz::heatmap_png(dir_ + "/" + file, weights, style);
+    out << "  [picture: " << dir_ << "/" << file << "]\n";
+  }
+  std::string path(const std::string& file) const { return dir_ + "/" + file; }
+
+ private:
+  std::string dir_;
+};
+
+double entropy_bits(const Tensor& row) {
+  double h = 0.0;
+  for (float p : row.values())
+    if (p > 0) h -= p * std::log2(static_cast<double>(p));
+  return h;
+}
+
+Tensor row_of(const Tensor& m, int64_t r) {
+  return Tensor::from(std::span<const float>(m.data() + r * m.size(1), static_cast<size_t>(m.size(1))), {1, m.size(1)});
+}
+
+// Prints every intermediate of one forward pass with token labels, counting the five products and the transpose.
+void walk_through(std::ostream& out, const nn::AttentionTrace& t, const Input& in, const DemoOptions& options) {
   const viz::Style style{4, options.color};
   const int64_t d_out = t.queries.size(-1);
   const auto cols = dims("c", d_out);
-  out << "\n" << viz::matrix("Q = X·Wq   queries", t.queries, kJourney, cols, style);
-  out << "\n" << viz::matrix("K = X·Wk   keys", t.keys, kJourney, cols, style);
-  out << "\n" << viz::matrix("V = X·Wv   values", t.values, kJourney, cols, style);
-  out << "\n" << viz::matrix("Ω = Q·Kᵀ   attention scores (row i: how query i matches every key)", t.scores, kJourney,
-                              kJourney, style);
-  out << "\n"
-      << viz::matrix("A = softmax(Ω / √" + std::to_string(d_out) + ")   attention weights, by rows", t.weights,
-                      kJourney, kJourney, style, /*row_sums=*/true);
-  out << "\n" << viz::heatmap("What attends to what", t.weights, kJourney, style);
-  out << "\n" << viz::matrix("C = A·V   context vectors", t.context, kJourney, cols, style);
+  const auto& tok = in.tokens;
+  out << "\n" << viz::matrix("Q = X·Wq   queries            (matrix product 1 of 5)", t.queries, tok, cols, style);
+  out << "\n" << viz::matrix("K = X·Wk   keys               (matrix product 2 of 5)", t.keys, tok, cols, style);
+  out << "\n" << viz::matrix("V = X·Wv   values             (matrix product 3 of 5)", t.values, tok, cols, style);
+  out << "\n" << viz::matrix("Kᵀ   keys transposed (the one transpose): a column per token", transpose(t.keys, -2, -1),
+                             cols, tok, style);
+  out << "\n" << viz::matrix("Ω = Q·Kᵀ   attention scores   (matrix product 4 of 5; row i: query i against every key)",
+                             t.scores, tok, tok, style);
+  const std::string root = "√" + std::to_string(d_out);
+  out << "\n" << viz::matrix("Ω / " + root + "   scaled scores (c = d_out = " + std::to_string(d_out) + ")",
+                             div(t.scores, std::sqrt(static_cast<float>(d_out))), tok, tok, style);
+  out << "\n" << viz::matrix("A = softmax(Ω / " + root + ")   attention weights, by rows", t.weights, tok, tok, style,
+                             /*row_sums=*/true);
+  out << "\n" << viz::heatmap("What attends to what", t.weights, tok, style);
+  out << "\n" << viz::matrix("C = A·V   context vectors    (matrix product 5 of 5)", t.context, tok, cols, style);
+  out << "\nFive matrix products and one transpose: every token's context vector mixes in the values of the\n"
+         "tokens it attends to, in the proportions of its row of A.\n";
 }
 
-void section_v1(std::ostream& out, const DemoOptions& options) {
-  heading(out, "1. SelfAttention_v1 — raw parameter matrices, torch.manual_seed(123)");
-  const viz::Style style{4, options.color};
-  const Tensor x = journey_inputs();
-  out << "Input: \"Your journey starts with one step\", one 3-d embedding per token (n = 6, d = 3).\n\n";
-  out << viz::matrix("X   input embeddings", x, kJourney, dims("x", 3), style);
-
-  manual_seed(123);
-  nn::SelfAttentionV1 attention(3, 2);
-  out << "\nThree trainable d×c = 3×2 matrices, drawn with torch.rand in the order query, key, value:\n\n";
-  out << viz::matrix("Wq  W_query", attention.W_query, dims("x", 3), dims("c", 2), style) << "\n";
-  out << viz::matrix("Wk  W_key", attention.W_key, dims("x", 3), dims("c", 2), style) << "\n";
-  out << viz::matrix("Wv  W_value", attention.W_value, dims("x", 3), dims("c", 2), style);
-
-  const nn::AttentionTrace t = attention.trace(x);
-  walk_through(out, t, options);
-
-  // The numbers the book prints on the way, for x² = "journey".
-  char line[256];
-  std::snprintf(line, sizeof line, "\nThe book, token 2 (\"journey\"): query_2 = [%.4f, %.4f];  ω₂₂ = %.4f\n",
-                t.queries.at({1, 0}), t.queries.at({1, 1}), t.scores.at({1, 1}));
-  out << line << "attention weights of x²:\n";
-  std::vector<float> row;
-  for (int64_t j = 0; j < 6; ++j) row.push_back(t.weights.at({1, j}));
-  out << viz::bars(row, kJourney);
+// Why divide by √c: the same scores with and without the scaling, at a width where it matters.
+void scaling_illustration(std::ostream& out, uint64_t seed) {
+  const int64_t c = 64, T = 6;
+  Generator gen(seed);
+  const Tensor q = gen.randn({T, c}), k = gen.randn({T, c});
+  const Tensor scores = matmul(q, transpose(k, -2, -1));
+  const Tensor raw = softmax(scores), scaled = softmax(div(scores, std::sqrt(static_cast<float>(c))));
+  const viz::Style style{4, false};
+  out << "\nWhy divide by √c? With c = " << c << ", random queries and keys give scores whose spread grows like √c = "
+      << std::sqrt(static_cast<double>(c)) << ".\nThe same scores of query 1, softmaxed without and with the scaling:\n\n";
+  out << viz::matrix("softmax(ω₁)        without scaling", row_of(raw, 0), {"weights"}, dims("k", T), style);
+  out << viz::matrix("softmax(ω₁ / √64)  with scaling", row_of(scaled, 0), {"weights"}, dims("k", T), style);
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "entropy: %.2f bits without scaling, %.2f bits with it (%.2f bits = all %lld keys alike).\n",
+                entropy_bits(row_of(raw, 0)), entropy_bits(row_of(scaled, 0)), std::log2(static_cast<double>(T)),
+                static_cast<long long>(T));
+  out << line
+      << "Unscaled, the softmax is nearly a step function: almost all weight on one key, so its gradient almost\n"
+         "vanishes and training stalls; dividing by √c keeps the scores' spread near 1 whatever the width.\n";
 }
 
-void section_v2(std::ostream& out, const DemoOptions& options) {
-  heading(out, "2. SelfAttention_v2 — nn.Linear projections, torch.manual_seed(789)");
+void section_v1(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "1. SelfAttention_v1 — raw parameter matrices, torch.manual_seed(" + std::to_string(in.book ? 123 : in.seed) + ")");
   const viz::Style style{4, options.color};
-  const Tensor x = journey_inputs();
-  manual_seed(789);
-  nn::SelfAttentionV2 attention(3, 2);
-  out << "Linear stores its weight as (out, in) = 2×3 and computes x·Wᵀ, so Wq below is W_query.weight.\n"
-         "nn.Linear's initialisation (kaiming-uniform) gives smaller, centred weights than torch.rand.\n\n";
-  out << viz::matrix("W_query.weight", attention.W_query.weight, dims("c", 2), dims("x", 3), style) << "\n";
-  out << viz::matrix("W_key.weight", attention.W_key.weight, dims("c", 2), dims("x", 3), style) << "\n";
-  out << viz::matrix("W_value.weight", attention.W_value.weight, dims("c", 2), dims("x", 3), style);
-  walk_through(out, attention.trace(x), options);
-}
+  const int64_t T = static_cast<int64_t>(in.tokens.size());
+  if (in.book) {
+    out << "Input: \"Your journey starts with one step\", one 3-d embedding per token (n = 6, d = 3).\n\n";
+  } else {
+    out << "Input: \"" << [&] { std::string s; for (const auto& w : in.tokens) s += (s.empty() ? "" : " ") + w; return s; }()
+        << "\", n = " << T << " tokens, d = " << in.d_in << ": " << in.how << ".\n\n";
+  }
+  out << viz::matrix("X   input embeddings", in.x, in.tokens, dims("x", in.d_in), style);
 
-void section_train(std::ostream& out, const DemoOptions& options) {
-  heading(out, "3. Training Wq, Wk, Wv — make \"cat\" attend to \"fat\"");
-  const viz::Style style{4, options.color};
-  const std::vector<std::string> tokens = {"the", "fat", "cat", "sat", "on", "the", "mat"};
-  // Fixed embeddings: one random 4-d vector per distinct word (seed 123), looked up per token, so both
-  // "the" get the same vector, as a real embedding table would give them.
-  manual_seed(123);
-  const int64_t d = 4;
-  std::map<std::string, int64_t> vocab;
-  for (const auto& w : tokens) vocab.emplace(w, static_cast<int64_t>(vocab.size()));
-  const Tensor table = default_generator().randn({static_cast<int64_t>(vocab.size()), d});
-  Tensor x = Tensor::empty({static_cast<int64_t>(tokens.size()), d});
-  for (size_t i = 0; i < tokens.size(); ++i)
-    for (int64_t j = 0; j < d; ++j) x.data()[static_cast<int64_t>(i) * d + j] = table.at({vocab[tokens[i]], j});
+  manual_seed(in.book ? 123 : in.seed);
+  nn::SelfAttentionV1 attention(in.d_in, in.d_out);
+  out << "\nThree trainable d×c = " << in.d_in << "×" << in.d_out
+      << " matrices, drawn with torch.rand in the order query, key, value:\n\n";
+  out << viz::matrix("Wq  W_query", attention.W_query, dims("x", in.d_in), dims("c", in.d_out), style) << "\n";
+  out << viz::matrix("Wk  W_key", attention.W_key, dims("x", in.d_in), dims("c", in.d_out), style) << "\n";
+  out << viz::matrix("Wv  W_value", attention.W_value, dims("x", in.d_in), dims("c", in.d_out), style);
 
-  nn::SelfAttentionV1 attention(d, d);
-  const int64_t cat = 2, fat = 1;
-  out << "Sentence: \"the fat cat sat on the mat\"; fixed 4-d embeddings; SelfAttention_v1(4, 4).\n"
-         "Loss: −log A[cat, fat], the cross-entropy of cat's attention row against the key \"fat\".\n\n";
-  out << viz::matrix("X   embeddings (fixed)", x, tokens, dims("x", d), style);
-
-  auto cat_row = [&]() {
-    NoGradGuard no_grad;
-    const Tensor weights = attention.trace(x).weights;
+  const nn::AttentionTrace t = attention.trace(in.x);
+  walk_through(out, t, in, options);
+  pictures.heatmap(out, "01-v1-A.png", "SelfAttention_v1: A = softmax(QK^T / sqrt(" + std::to_string(in.d_out) + "))",
+                   t.weights, in.tokens);
+  if (in.book) {
+    // The numbers the book prints on the way, for x⁽²⁾ = "journey".
+    char line[256];
+    std::snprintf(line, sizeof line, "\nThe book, token 2 (\"journey\"): query_2 = [%.4f, %.4f];  ω₂₂ = %.4f\n",
+                  t.queries.at({1, 0}), t.queries.at({1, 1}), t.scores.at({1, 1}));
+    out << line << "attention weights of x⁽²⁾:\n";
     std::vector<float> row;
-    for (int64_t j = 0; j < weights.size(1); ++j) row.push_back(weights.at({cat, j}));
+    for (int64_t j = 0; j < T; ++j) row.push_back(t.weights.at({1, j}));
+    out << viz::bars(row, in.tokens);
+  }
+  scaling_illustration(out, in.seed);
+}
+
+void section_v2(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  const uint64_t seed = in.book ? 789 : in.seed;
+  heading(out, "2. SelfAttention_v2 — nn.Linear projections, torch.manual_seed(" + std::to_string(seed) + ")");
+  const viz::Style style{4, options.color};
+  manual_seed(seed);
+  nn::SelfAttentionV2 attention(in.d_in, in.d_out);
+  out << "Linear stores its weight as (out, in) = " << in.d_out << "×" << in.d_in
+      << " and computes x·Wᵀ, so the Wq of Q = X·Wq is W_query.weightᵀ (" << in.d_in << "×" << in.d_out
+      << ").\nnn.Linear's initialisation (kaiming-uniform) gives smaller, centred weights than torch.rand.\n\n";
+  out << viz::matrix("Wq = W_query.weightᵀ", transpose(attention.W_query.weight, 0, 1), dims("x", in.d_in),
+                     dims("c", in.d_out), style) << "\n";
+  out << viz::matrix("Wk = W_key.weightᵀ", transpose(attention.W_key.weight, 0, 1), dims("x", in.d_in),
+                     dims("c", in.d_out), style) << "\n";
+  out << viz::matrix("Wv = W_value.weightᵀ", transpose(attention.W_value.weight, 0, 1), dims("x", in.d_in),
+                     dims("c", in.d_out), style);
+  const nn::AttentionTrace t = attention.trace(in.x);
+  walk_through(out, t, in, options);
+  pictures.heatmap(out, "02-v2-A.png", "SelfAttention_v2: A = softmax(QK^T / sqrt(" + std::to_string(in.d_out) + "))",
+                   t.weights, in.tokens);
+}
+
+// Which token learns to attend to which: the book's cat → fat, or the user's last token → first token.
+struct TrainSetup {
+  std::vector<std::string> tokens;
+  Tensor x;
+  int64_t query, key;
+  int64_t d;
+};
+
+TrainSetup train_setup(const Input& in) {
+  if (in.book) {
+    TrainSetup s;
+    s.tokens = {"the", "fat", "cat", "sat", "on", "the", "mat"};
+    s.d = 4;
+    // Fixed embeddings: one random 4-d vector per distinct word (seed 123); Wq, Wk, Wv are drawn next.
+    manual_seed(123);
+    s.x = word_embeddings(s.tokens, s.d, default_generator());
+    s.query = 2;
+    s.key = 1;
+    return s;
+  }
+  TrainSetup s{in.tokens, in.x, static_cast<int64_t>(in.tokens.size()) - 1, 0, in.d_in};
+  for (size_t i = 0; i < in.tokens.size(); ++i) {  // "cat" and "fat" if the sentence has them
+    if (in.tokens[i] == "cat") s.query = static_cast<int64_t>(i);
+    if (in.tokens[i] == "fat") s.key = static_cast<int64_t>(i);
+  }
+  if (s.query == s.key) s.key = s.query == 0 ? 1 : 0;
+  return s;
+}
+
+void section_train(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  TrainSetup s = train_setup(in);
+  const std::string& qname = s.tokens[static_cast<size_t>(s.query)];
+  const std::string& kname = s.tokens[static_cast<size_t>(s.key)];
+  heading(out, "3. Training Wq, Wk, Wv — make \"" + qname + "\" attend to \"" + kname + "\"");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(s.tokens.size());
+  if (!in.book) manual_seed(in.seed);  // the book's run continues from the embedding table's draws
+  nn::SelfAttentionV1 attention(s.d, s.d);
+  if (in.book) {
+    out << "Sentence: \"the fat cat sat on the mat\"; fixed 4-d embeddings; SelfAttention_v1(4, 4).\n";
+  } else {
+    out << "Your input, SelfAttention_v1(" << s.d << ", " << s.d << "), starting from torch.manual_seed(" << in.seed << ").\n";
+  }
+  out << "Loss: −log A[" << qname << ", " << kname << "], the cross-entropy of " << qname
+      << "'s attention row against the key \"" << kname << "\".\n\n";
+  out << viz::matrix("X   embeddings (fixed)", s.x, s.tokens, dims("x", s.d), style);
+
+  auto weights_now = [&]() {
+    NoGradGuard no_grad;
+    return attention.trace(s.x).weights;
+  };
+  auto query_row = [&](const Tensor& w) {
+    std::vector<float> row;
+    for (int64_t j = 0; j < T; ++j) row.push_back(w.at({s.query, j}));
     return row;
   };
-  const std::vector<float> before = cat_row();
-  out << "\nBefore training, \"cat\" attends to:\n" << viz::bars(before, tokens);
+  const Tensor before = weights_now();
+  out << "\nBefore training, \"" << qname << "\" attends to:\n" << viz::bars(query_row(before), s.tokens);
+  pictures.heatmap(out, "03-train-A-before.png", "Before training: A", before, s.tokens, 1.0);
+  viz::HeatmapStyle anim_style;
+  anim_style.title = "Training: \"" + qname + "\" learns to attend to \"" + kname + "\"";
+  anim_style.row_labels = anim_style.col_labels = s.tokens;
+  viz::HeatmapAnimation animation(anim_style);
 
   optim::AdamW optimizer(attention.named_parameters(), {.lr = 0.05});
-  std::vector<int64_t> targets(tokens.size(), -100);  // only cat's row has a target; the rest are ignored
-  targets[cat] = fat;
+  std::vector<int64_t> targets(static_cast<size_t>(T), -100);  // only the query's row has a target
+  targets[static_cast<size_t>(s.query)] = s.key;
   out << "\nAdamW, lr = 0.05:\n";
   const Tensor w_value_before = attention.W_value.clone();
   int step = 0;
-  float loss_value = 0.0f;
   for (; step <= 500; ++step) {
     optimizer.zero_grad();
-    const nn::AttentionTrace t = attention.trace(x);
-    const float scale = std::sqrt(static_cast<float>(d));
-    const Tensor loss = cross_entropy(div(t.scores, scale), targets);
-    loss_value = loss.item();
-    const float attention_to_fat = t.weights.at({cat, fat});
-    int best = 0;
-    for (int64_t j = 1; j < t.weights.size(1); ++j)
-      if (t.weights.at({cat, j}) > t.weights.at({cat, best})) best = static_cast<int>(j);
-    const bool done = best == fat && attention_to_fat >= 0.5f;
-    if (step < 5 || step % 10 == 0 || done) {
-      char line[160];
-      std::snprintf(line, sizeof line, "  step %3d   loss %.4f   A[cat, fat] = %.4f%s\n", step, loss_value,
-                    attention_to_fat, done ? "   ← cat now attends most to fat" : "");
-      out << line;
+    const nn::AttentionTrace t = attention.trace(s.x);
+    const Tensor loss = cross_entropy(div(t.scores, std::sqrt(static_cast<float>(s.d))), targets);
+    const float attention_to_key = t.weights.at({s.query, s.key});
+    int64_t best = 0;
+    for (int64_t j = 1; j < T; ++j)
+      if (t.weights.at({s.query, j}) > t.weights.at({s.query, best})) best = j;
+    const bool done = best == s.key && attention_to_key >= 0.5f;
+    char line[200];
+    std::snprintf(line, sizeof line, "  step %3d   loss %.4f   A[%s, %s] = %.4f%s\n", step, loss.item(), qname.c_str(),
+                  kname.c_str(), attention_to_key, done ? ("   ← " + qname + " now attends most to " + kname).c_str() : "");
+    if (step < 5 || step % 10 == 0 || done) out << line;
+    if (pictures.on()) {
+      char caption[120];
+      std::snprintf(caption, sizeof caption, "step %d   loss %.3f   A[%s, %s] = %.2f", step, loss.item(),
+                    qname.c_str(), kname.c_str(), attention_to_key);
+      animation.add_frame(t.weights.detach(), caption);
     }
     if (done) break;
     loss.backward();
     optimizer.step();
   }
-  const std::vector<float> after = cat_row();
-  out << "\nAfter " << step << " steps, \"cat\" attends to:\n" << viz::bars(after, tokens);
+  const Tensor after = weights_now();
+  out << "\nAfter " << step << " steps, \"" << qname << "\" attends to:\n" << viz::bars(query_row(after), s.tokens);
+  pictures.heatmap(out, "03-train-A-after.png", "After " + std::to_string(step) + " steps: A", after, s.tokens, 1.0);
+  if (pictures.on()) {
+    animation.save_gif(pictures.path("03-train-A-steps.gif"), 12);
+    out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", one frame per step]\n";
+  }
   float change = 0.0f;
   for (int64_t i = 0; i < attention.W_value.numel(); ++i)
     change = std::max(change, std::fabs(attention.W_value.data()[i] - w_value_before.data()[i]));
-  out << "\nW_value changed by at most " << change
+  out << "\n" << (change == 0.0f ? std::string("W_value did not change")
+                                 : "W_value changed by at most " + std::to_string(change))
       << ": the loss looks only at who attends to whom, which Wq and Wk decide;\n"
          "the values decide what is passed along once attention is paid.\n";
 }
 
-Tensor journey_batch() {
-  const Tensor x = reshape(journey_inputs(), {1, 6, 3});
-  return concat({x, x}, 0);  // torch.stack((inputs, inputs)): batch of 2, shape (2, 6, 3)
+Tensor batch_of_two(const Tensor& x) {
+  const Tensor one = reshape(x, {1, x.size(0), x.size(1)});
+  return concat({one, one}, 0);  // torch.stack((inputs, inputs)): batch of 2
 }
 
-void print_batch_row(std::ostream& out, const std::string& title, const Tensor& batched, const viz::Style& style) {
+void print_batch_row(std::ostream& out, const std::string& title, const Tensor& batched, const Input& in,
+                     const viz::Style& style) {
   out << "\n" << title << ", output shape " << batched.shape().str() << "; batch row 0:\n";
   const Tensor first = reshape(batched, {batched.size(0), batched.size(1) * batched.size(2)});
   out << viz::matrix("context vectors", top_left(first, 1, batched.size(1) * batched.size(2)).view_as_shape(
-                                             {batched.size(1), batched.size(2)}),
-                      kJourney, dims("c", batched.size(2)), style);
+                                            {batched.size(1), batched.size(2)}),
+                     in.tokens, dims("c", batched.size(2)), style);
 }
 
-void section_causal(std::ostream& out, const DemoOptions& options) {
+Tensor causal_weights(const Tensor& scores, int64_t d_out) {
+  return softmax(div(masked_fill(scores, causal_mask(scores.size(0)), -INFINITY), std::sqrt(static_cast<float>(d_out))));
+}
+
+void section_causal(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
   heading(out, "4. Causal attention — a token may not look at the tokens after it");
   const viz::Style style{4, options.color};
-  manual_seed(789);
-  nn::SelfAttentionV2 attention(3, 2);
-  const nn::AttentionTrace t = attention.trace(journey_inputs());
-  out << "SelfAttention_v2 with seed 789 again. The scores above the diagonal become −∞ before the softmax,\n"
-         "so their weights are exactly 0 and every row still sums to 1:\n\n";
-  const Tensor masked = masked_fill(t.scores, causal_mask(6), -INFINITY);
-  out << viz::matrix("Ω masked  (−inf = the future)", masked, kJourney, kJourney, style);
-  const Tensor weights = softmax(div(masked, std::sqrt(2.0f)));
-  out << "\n" << viz::matrix("A = softmax(Ω_masked / √2)", weights, kJourney, kJourney, style, true);
-  out << "\n" << viz::heatmap("What attends to what, causally", weights, kJourney, style);
-
-  manual_seed(123);
-  nn::CausalAttention causal(3, 2, 6, 0.0);
-  print_batch_row(out, "CausalAttention(3, 2, context_length=6, dropout=0.0), torch.manual_seed(123)",
-                  causal(journey_batch()), style);
+  const int64_t T = static_cast<int64_t>(in.tokens.size());
+  manual_seed(in.book ? 789 : in.seed);
+  nn::SelfAttentionV2 attention(in.d_in, in.d_out);
+  const nn::AttentionTrace t = attention.trace(in.x);
+  out << "SelfAttention_v2 with seed " << (in.book ? 789 : in.seed)
+      << " again. The scores above the diagonal become −∞ before the softmax,\nso their weights are exactly 0 and every "
+         "row still sums to 1:\n\n";
+  const Tensor masked = masked_fill(t.scores, causal_mask(T), -INFINITY);
+  out << viz::matrix("Ω masked  (−inf = the future)", masked, in.tokens, in.tokens, style);
+  const Tensor weights = causal_weights(t.scores, in.d_out);
+  out << "\n" << viz::matrix("A = softmax(Ω_masked / √" + std::to_string(in.d_out) + ")", weights, in.tokens, in.tokens,
+                             style, true);
+  out << "\n" << viz::heatmap("What attends to what, causally", weights, in.tokens, style);
+  pictures.heatmap(out, "04-causal-A.png", "Causal: A = softmax(masked QK^T / sqrt(" + std::to_string(in.d_out) + "))",
+                   weights, in.tokens);
+  manual_seed(in.book ? 123 : in.seed);
+  nn::CausalAttention causal(in.d_in, in.d_out, T, 0.0);
+  print_batch_row(out, "CausalAttention(" + std::to_string(in.d_in) + ", " + std::to_string(in.d_out) +
+                           ", context_length=" + std::to_string(T) + ", dropout=0.0), torch.manual_seed(" +
+                           std::to_string(in.book ? 123 : in.seed) + ")",
+                  causal(batch_of_two(in.x)), in, style);
 }
 
-void section_dropout(std::ostream& out, const DemoOptions& options) {
+void section_dropout(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
   heading(out, "5. Dropout on the attention weights — only while training");
   const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size());
   manual_seed(123);
-  const Tensor dropped = dropout(Tensor::ones({6, 6}), 0.5, true, default_generator());
-  out << "torch.manual_seed(123); Dropout(0.5) on a 6×6 matrix of ones: about half the entries become 0,\n"
-         "the rest are scaled by 1/(1 − 0.5) = 2 so the expected sum stays the same:\n\n";
-  out << viz::matrix("dropout(ones(6, 6))", dropped, {}, {}, style);
-  manual_seed(789);
-  nn::SelfAttentionV2 attention(3, 2);
-  const Tensor scores = attention.trace(journey_inputs()).scores;
-  const Tensor weights = softmax(div(masked_fill(scores, causal_mask(6), -INFINITY), std::sqrt(2.0f)));
+  const Tensor dropped = dropout(Tensor::ones({T, T}), 0.5, true, default_generator());
+  out << "torch.manual_seed(123); Dropout(0.5) on a " << T << "×" << T
+      << " matrix of ones: about half the entries become 0,\nthe rest are scaled by 1/(1 − 0.5) = 2 so the expected sum "
+         "stays the same:\n\n";
+  out << viz::matrix("dropout(ones(" + std::to_string(T) + ", " + std::to_string(T) + "))", dropped, {}, {}, style);
+  manual_seed(in.book ? 789 : in.seed);
+  nn::SelfAttentionV2 attention(in.d_in, in.d_out);
+  const Tensor weights = causal_weights(attention.trace(in.x).scores, in.d_out);
   manual_seed(123);
   out << "\nThe same on the causal weights of section 4, reseeded with 123 (as the book does):\n\n";
-  out << viz::matrix("dropout(A_causal)", dropout(weights, 0.5, true, default_generator()), kJourney, kJourney, style,
-                      true);
+  const Tensor dropped_weights = dropout(weights, 0.5, true, default_generator());
+  out << viz::matrix("dropout(A_causal)", dropped_weights, in.tokens, in.tokens, style, true);
+  pictures.heatmap(out, "05-dropout-A.png", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens);
   out << "In eval() mode, or with dropout = 0, the weights pass through untouched and no random numbers are drawn.\n";
 }
 
-void section_mha(std::ostream& out, const DemoOptions& options) {
+void section_mha(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
   heading(out, "6. Multi-head attention");
   const viz::Style style{4, options.color};
-  manual_seed(123);
-  nn::MultiHeadAttentionWrapper wrapper(3, 2, 6, 0.0, 2);
+  const int64_t T = static_cast<int64_t>(in.tokens.size());
+  const uint64_t seed = in.book ? 123 : in.seed;
+  const std::string args = std::to_string(in.d_in) + ", " + std::to_string(in.d_out) + ", " + std::to_string(T) + ", 0.0";
+  manual_seed(seed);
+  nn::MultiHeadAttentionWrapper wrapper(in.d_in, in.d_out, T, 0.0, 2);
   out << "MultiHeadAttentionWrapper: two CausalAttention heads side by side, outputs concatenated.\n"
-         "Head 1 is the CausalAttention above (same seed, same draws); head 2 adds two more columns.\n";
-  print_batch_row(out, "MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2), seed 123", wrapper(journey_batch()), style);
-  manual_seed(123);
-  nn::MultiHeadAttention mha(3, 2, 6, 0.0, 2);
-  out << "\nMultiHeadAttention: one projection of width d_out split into 2 heads of head_dim = 1,\n"
-         "viewed as (B, H, T, D) = (2, 2, 6, 1), attended per head, merged back and passed through out_proj.\n";
-  const nn::AttentionTrace t = mha.trace(journey_batch());
-  print_batch_row(out, "MultiHeadAttention(3, 2, 6, 0.0, num_heads=2), seed 123", t.context, style);
+         "Head 1 is the CausalAttention above (same seed, same draws); head 2 adds " << in.d_out << " more columns.\n";
+  const Tensor batch = batch_of_two(in.x);
+  print_batch_row(out, "MultiHeadAttentionWrapper(" + args + ", num_heads=2), seed " + std::to_string(seed), wrapper(batch),
+                  in, style);
+  for (size_t h = 0; h < wrapper.heads.size(); ++h) {
+    const Tensor w = wrapper.heads[h]->trace(in.x).weights;
+    pictures.heatmap(out, "06-wrapper-head" + std::to_string(h + 1) + ".png",
+                     "MultiHeadAttentionWrapper, head " + std::to_string(h + 1) + ": A", w, in.tokens);
+  }
+  manual_seed(seed);
+  nn::MultiHeadAttention mha(in.d_in, in.d_out, T, 0.0, 2);
+  out << "\nMultiHeadAttention: one projection of width d_out split into 2 heads of head_dim = " << in.d_out / 2
+      << ",\nviewed as (B, H, T, D) = (2, 2, " << T << ", " << in.d_out / 2
+      << "), attended per head, merged back and passed through out_proj.\n";
+  const nn::AttentionTrace t = mha.trace(batch);
+  print_batch_row(out, "MultiHeadAttention(" + args + ", num_heads=2), seed " + std::to_string(seed), t.context, in, style);
+  std::vector<viz::HeatmapPanel> panels;
   for (int64_t h = 0; h < 2; ++h) {
-    const Tensor head = reshape(t.weights, {2 * 2 * 6, 6});
-    Tensor rows = Tensor::empty({6, 6});
-    std::copy_n(head.data() + h * 36, 36, rows.data());
-    out << "\n" << viz::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, kJourney, style);
+    const Tensor rows = Tensor::from(std::span<const float>(t.weights.data() + h * T * T, static_cast<size_t>(T * T)), {T, T});
+    out << "\n" << viz::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, in.tokens, style);
+    pictures.heatmap(out, "06-mha-head" + std::to_string(h + 1) + ".png",
+                     "MultiHeadAttention, head " + std::to_string(h + 1) + ": A", rows, in.tokens);
+    panels.push_back({"head " + std::to_string(h + 1), rows});
+  }
+  if (pictures.on()) {
+    viz::heatmap_grid_png(pictures.path("06-mha-heads.png"), "MultiHeadAttention: both heads", panels, 2, in.tokens);
+    out << "  [picture: " << pictures.path("06-mha-heads.png") << "]\n";
   }
 }
 
@@ -244,15 +494,17 @@ const std::vector<std::string>& demo_sections() {
 }
 
 int run_demo(const DemoOptions& options, std::ostream& out) {
+  const Input input = resolve_input(options);
+  Pictures pictures(options.png_dir);
   const auto& wanted = options.sections.empty() ? demo_sections() : options.sections;
   std::set<std::string> chosen(wanted.begin(), wanted.end());
   out << "qkv " << kVersion << " — trainable self-attention, step by step (Raschka, LLMs from Scratch, §3.4)\n";
-  if (chosen.count("v1")) section_v1(out, options);
-  if (chosen.count("v2")) section_v2(out, options);
-  if (chosen.count("train")) section_train(out, options);
-  if (chosen.count("causal")) section_causal(out, options);
-  if (chosen.count("dropout")) section_dropout(out, options);
-  if (chosen.count("mha")) section_mha(out, options);
+  if (chosen.count("v1")) section_v1(out, input, options, pictures);
+  if (chosen.count("v2")) section_v2(out, input, options, pictures);
+  if (chosen.count("train")) section_train(out, input, options, pictures);
+  if (chosen.count("causal")) section_causal(out, input, options, pictures);
+  if (chosen.count("dropout")) section_dropout(out, input, options, pictures);
+  if (chosen.count("mha")) section_mha(out, input, options, pictures);
   return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.hpp"
@@ -11,19 +12,33 @@
 #include "qkv/version.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"qkv — trainable self-attention, from the seed's Q = XWq, K = XWk, V = XWv to a small GPT.\n"
+  CLI::App app{"qkv — trainable self-attention, from the article's Q = XWq, K = XWk, V = XWv to a small GPT.\n"
                "Run `qkv demo` for the worked example, `qkv <command> --help` for any command."};
   app.set_version_flag("--version", std::string("qkv ") + qkv::kVersion);
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Print help for every command");
 
   qkv::cli::DemoOptions demo;
-  auto* demo_cmd = app.add_subcommand("demo", "Walk through the seed's example (the book's numbers), then train");
+  auto* demo_cmd = app.add_subcommand(
+      "demo", "Walk through the article's example (the book's numbers), or your own sentence, then train");
   demo_cmd->add_option("--section", demo.sections, "Show only these sections (repeatable)")
       ->check(CLI::IsMember(qkv::cli::demo_sections()));
   bool force_color = false, no_color = false;
-  demo_cmd->add_flag("--color", force_color, "Colour the attention heat maps");
-  demo_cmd->add_flag("--no-color", no_color, "Never use colour");
+  auto* color_flag = demo_cmd->add_flag("--color", force_color, "Colour the attention grids (default: on a terminal, "
+                                                                 "unless NO_COLOR is set)");
+  demo_cmd->add_flag("--no-color", no_color, "Never use colour")->excludes(color_flag);
+  demo_cmd->add_option("--png", demo.png_dir,
+                       "Also draw every weight matrix as a PNG heatmap in DIR, and the training as a GIF");
+  auto* sentence_opt = demo_cmd->add_option("--sentence", demo.sentence,
+                                            "Your own sentence: one random embedding per distinct word (like the book)");
+  auto* embeddings_opt = demo_cmd->add_option("--embeddings", demo.embeddings,
+                                              "Your own embeddings: a .npy array of (tokens × d_in), with --tokens");
+  auto* tokens_opt = demo_cmd->add_option("--tokens", demo.tokens, "The tokens of --embeddings' rows, space-separated");
+  embeddings_opt->needs(tokens_opt)->excludes(sentence_opt);
+  tokens_opt->needs(embeddings_opt);
+  demo_cmd->add_option("--d-in", demo.d_in, "Embedding width for --sentence (default 3)");
+  demo_cmd->add_option("--d-out", demo.d_out, "Query/key/value width c (default 2; even: two heads share it)");
+  demo_cmd->add_option("--seed", demo.seed, "Seed for your input's embeddings and weights (default 123)");
 
   qkv::cli::ApplyCommand apply;
   auto* apply_cmd = app.add_subcommand(
@@ -124,7 +139,11 @@ int main(int argc, char** argv) {
 
   try {
     if (*demo_cmd) {
-      demo.color = !no_color && (force_color || isatty(STDOUT_FILENO));
+      // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.
+      const char* no_color_env = std::getenv("NO_COLOR");
+      const bool env_off = no_color_env && *no_color_env;
+      demo.color = !no_color && (force_color || (!env_off && isatty(STDOUT_FILENO)));
+      demo.sentence_given = sentence_opt->count() > 0;
       return qkv::cli::run_demo(demo, std::cout);
     }
     if (*apply_cmd) return qkv::cli::run_apply(apply);
@@ -142,6 +161,9 @@ int main(int argc, char** argv) {
       return qkv::cli::run_generate(generate);
     }
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
+  } catch (const qkv::cli::UsageError& e) {
+    std::fprintf(stderr, "qkv: usage error: %s\n", e.what());
+    return 2;
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "qkv: error: %s\n", e.what());
     return 1;

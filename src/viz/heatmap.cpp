@@ -97,7 +97,7 @@ int cell_size(int64_t n, bool values) {
   return static_cast<int>(std::clamp<int64_t>(768 / std::max<int64_t>(n, 1), 2, 48));
 }
 
-Canvas draw_heatmap(const Tensor& input, const HeatmapStyle& style) {
+Canvas draw_heatmap(const Tensor& input, const HeatmapStyle& style, HeatmapGeometry* geometry = nullptr) {
   const Tensor m = as_matrix(input, "heatmap");
   const int64_t rows = m.size(0), cols = m.size(1);
   const bool values = style.show_values == 1 || (style.show_values == -1 && rows <= 16 && cols <= 16);
@@ -131,13 +131,16 @@ Canvas draw_heatmap(const Tensor& input, const HeatmapStyle& style) {
   c.text_up(8, top + grid_h / 2 + Canvas::text_width(style.row_axis, kScale) / 2, style.row_axis, kMuted, kScale);
   c.text(left + grid_w / 2 - Canvas::text_width(style.col_axis, kScale) / 2, c.height() - 28, style.col_axis, kMuted, kScale);
   colour_bar(c, left + grid_w + 20, top, std::max(grid_h, 60), vmax);
+  if (geometry) *geometry = {c.width(), c.height(), left, top, cell};
   return c;
 }
 
 }  // namespace
 
-void heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style) {
-  draw_heatmap(weights, style).save_png(path);
+HeatmapGeometry heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style) {
+  HeatmapGeometry geometry;
+  draw_heatmap(weights, style, &geometry).save_png(path);
+  return geometry;
 }
 
 void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,

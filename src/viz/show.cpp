@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "canvas.hpp"
+
 namespace qkv::viz {
 
 namespace {
@@ -69,13 +71,29 @@ std::string matrix(const std::string& title, const Tensor& input, const std::vec
   return os.str();
 }
 
+namespace {
+// The xterm-256 colour nearest to an RGB colour, from the 6×6×6 cube (levels 0, 95, 135, 175, 215, 255).
+int xterm_colour(Rgb c) {
+  auto level = [](int v) {
+    static const int kLevels[] = {0, 95, 135, 175, 215, 255};
+    int best = 0;
+    for (int i = 1; i < 6; ++i)
+      if (std::abs(kLevels[i] - v) < std::abs(kLevels[best] - v)) best = i;
+    return best;
+  };
+  return 16 + 36 * level(c[0]) + 6 * level(c[1]) + level(c[2]);
+}
+}  // namespace
+
 std::string heatmap(const std::string& title, const Tensor& weights, const std::vector<std::string>& labels,
                     const Style& style) {
   const Tensor m = as_matrix(weights);
   const int64_t rows = m.size(0), cols = m.size(1);
   const auto rl = labels_or_numbers(labels, rows, "");
   const auto cl = labels_or_numbers(labels, cols, "");
-  static const char* kShades[] = {" ", "░", "▒", "▓", "█"};
+  // Eight shades, from nothing to a full block: more ink = more attention. With colour, the background is the
+  // viridis map of the PNG pictures (dark purple = 0, yellow = the largest weight).
+  static const char* kShades[] = {" ", "·", "░", "░", "▒", "▒", "▓", "█"};
   size_t label_width = 0;
   for (const auto& l : rl) label_width = std::max(label_width, l.size());
   // Shades are relative to the largest weight in the grid, so nearly uniform rows still show structure.
@@ -84,23 +102,27 @@ std::string heatmap(const std::string& title, const Tensor& weights, const std::
     if (!std::isnan(m.data()[i])) largest = std::max(largest, m.data()[i]);
   const float unit = largest > 0.0f ? largest : 1.0f;
   std::ostringstream os;
-  os << title << "  (rows: queries, columns: keys; darker = more attention; █ = "
+  os << title << "  (rows: queries, columns: keys; each cell shows its weight; "
+     << (style.color ? "brighter (yellow) = more attention" : "denser shade = more attention") << "; max = "
      << fmt(largest, style.decimals) << ")\n";
-  // Column headers: first letters stacked would be hard to read; number the columns and list them.
+  // Column headers: numbers, listed below with their tokens (stacked words would be hard to read).
   os << std::string(label_width, ' ') << " ";
-  for (int64_t c = 0; c < cols; ++c) os << pad_left(std::to_string(c + 1), 3);
+  for (int64_t c = 0; c < cols; ++c) os << pad_left(std::to_string(c + 1), 5);
   os << '\n';
   for (int64_t r = 0; r < rows; ++r) {
     os << pad_right(rl[static_cast<size_t>(r)], label_width) << " ";
     for (int64_t c = 0; c < cols; ++c) {
       const float v = m.data()[r * cols + c];
-      const float clamped = std::isnan(v) ? 0.0f : std::clamp(v / unit, 0.0f, 1.0f);
+      const float t = std::isnan(v) ? 0.0f : std::clamp(v / unit, 0.0f, 1.0f);
+      // ".43" or "1.0": the weight itself, so cells and heads with close shades still read differently
+      std::string value = std::isnan(v) ? "nan" : v >= 0.995f ? "1.0" : fmt(v, 2).substr(v < 0 ? 0 : 1);
+      if (value.size() > 3) value = value.substr(0, 3);
       if (style.color) {
-        const int level = 232 + static_cast<int>(std::lround(clamped * 23.0f));  // ANSI grey ramp
-        os << " \x1b[48;5;" << level << "m  \x1b[0m";
+        const Rgb bg = viridis(t);
+        os << " \x1b[48;5;" << xterm_colour(bg) << ";38;5;" << (t > 0.6f ? 16 : 231) << "m" << pad_left(value, 4)
+           << "\x1b[0m";
       } else {
-        const int idx = std::clamp(static_cast<int>(std::lround(clamped * 4.0f)), 0, 4);
-        os << ' ' << kShades[idx] << kShades[idx];
+        os << ' ' << kShades[std::clamp(static_cast<int>(std::lround(t * 7.0f)), 0, 7)] << pad_left(value, 3);
       }
     }
     os << '\n';

@@ -20,9 +20,14 @@ struct HeatmapStyle {
   std::string caption;   // a line under the title (e.g. "step 12, loss 0.41")
 };
 
+// Where the cells landed: cell (r, c) covers x ∈ [left + c·cell, left + (c+1)·cell), y likewise from top.
+struct HeatmapGeometry {
+  int width = 0, height = 0, left = 0, top = 0, cell = 0;
+};
+
 // Writes a (rows, cols) matrix (or one with leading dimensions of size 1) as a PNG, atomically. ValueError for
 // another shape; IoError if the file cannot be written.
-void heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style);
+HeatmapGeometry heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style);
 
 struct HeatmapPanel {
   std::string label;  // e.g. "layer 2, head 5"

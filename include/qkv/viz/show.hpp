@@ -23,7 +23,8 @@ struct Style {
 std::string matrix(const std::string& title, const Tensor& m, const std::vector<std::string>& row_labels,
                    const std::vector<std::string>& col_labels, const Style& style = {}, bool row_sums = false);
 
-// Attention weights (T,T) as a grid of shades from ' ' (0) to '█' (1), rows = queries, columns = keys.
+// Attention weights (T,T) as a grid, rows = queries, columns = keys: each cell shows its weight (".43") beside
+// a shade from ' ' (0) to '█' (the largest weight), or, with style.color, on a viridis background (ANSI).
 std::string heatmap(const std::string& title, const Tensor& weights, const std::vector<std::string>& labels,
                     const Style& style = {});
 
