@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "helpers.hpp"
+#include "qkv/io/safetensors.hpp"
 
 namespace qkv::test {
 namespace {
@@ -145,6 +146,75 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
   const CliResult long_prompt = run_cli("generate --checkpoint " + checkpoint + " --max-new-tokens 3 --prompt '" + std::string(100, 'a') + "'");
   EXPECT_EQ(long_prompt.code, 0) << long_prompt.out;
   EXPECT_TRUE(contains(long_prompt.out, "only its last 32 (context_length) are used")) << long_prompt.out;
+}
+
+}  // namespace
+}  // namespace qkv::test
+
+namespace qkv::test {
+namespace {
+
+// `qkv attention` on a tiny trained model: every file, the weights' rows sum to 1, mistakes exit 2, and the HTML
+// page renders in headless Chromium (Debian's chromium, which scripts/run test installs).
+TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
+  ASSERT_EQ(run_cli(tiny("model", 30)).code, 0);
+  const std::string checkpoint = (dir_ / "model" / "checkpoint.safetensors").string();
+  const fs::path out = dir_ / "attention";
+  const CliResult r = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the fat cat' --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* f : {"attention-grid.png", "layer01-head01.png", "layer01-head02.png", "attention.safetensors", "attention.html"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  const auto file = io::SafetensorsFile::open((out / "attention.safetensors").string());
+  const Tensor maps = file.tensor("attention");
+  ASSERT_EQ(maps.shape(), (Shape{1, 2, 11, 11}));  // "the fat cat" is 11 bytes
+  for (int64_t row = 0; row < 2 * 11; ++row) {
+    double total = 0;
+    for (int64_t j = 0; j < 11; ++j) total += maps.data()[row * 11 + j];
+    EXPECT_NEAR(total, 1.0, 1e-5);
+    for (int64_t j = row % 11 + 1; j < 11; ++j) EXPECT_EQ(maps.data()[row * 11 + j], 0.0f) << "causal: no weight on the future";
+  }
+  // Chosen heads, in the order given; mistakes are usage errors.
+  const CliResult one = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the cat' --heads 2 --out " + (dir_ / "one").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_EQ(io::SafetensorsFile::open((dir_ / "one" / "attention.safetensors").string()).metadata().at("heads"), "2");
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--prompt the --heads 3", "the model has heads 1…2"},
+           {"--prompt the --layers 0", "the model has layers 1…1"},
+           {"--prompt ''", "the prompt is empty"},
+           {"--prompt '" + std::string(40, 'x') + "'", "reads at most 32"}}) {
+    const CliResult bad = run_cli("attention --checkpoint " + checkpoint + " --out " + (dir_ / "bad").string() + " " + args);
+    EXPECT_EQ(bad.code, 2) << args << "\n" << bad.out;
+    EXPECT_NE(bad.out.find(expect), std::string::npos) << args << "\n" << bad.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad" / "attention.html"));
+  EXPECT_EQ(run_cli("attention --prompt hi").code, 2);
+
+  // The page in a real browser: pinned on token 7 ('c') of layer 1, head 2, it draws one line per key that token
+  // attends to (weight ≥ 0.01), with the weights of attention.safetensors.
+  const std::string profile = (dir_ / "chromium-profile").string();
+  const CliResult dom = run_cli("", "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+                                    "--disable-background-networking --disable-component-update --disable-sync "
+                                    "--user-data-dir=" + profile + " --dump-dom 'file://" + (out / "attention.html").string() +
+                                    "#layer=1&head=2&token=7' 2>/dev/null; true ");
+  ASSERT_NE(dom.out.find("<svg"), std::string::npos)
+      << "headless chromium did not render the page (is Debian's chromium installed? scripts/run test installs it):\n"
+      << dom.out.substr(0, 500);
+  int lines = 0, checked = 0;
+  for (size_t at = dom.out.find("<line"); at != std::string::npos; at = dom.out.find("<line", at + 1)) {
+    ++lines;
+    const std::string tag = dom.out.substr(at, dom.out.find('>', at) - at);
+    EXPECT_NE(tag.find("data-query=\"7\""), std::string::npos) << tag;
+    EXPECT_NE(tag.find("data-head=\"2\""), std::string::npos) << tag;
+    const size_t k = tag.find("data-key=\"") + 10, w = tag.find("data-weight=\"") + 13;
+    const int64_t key = std::stoll(tag.substr(k));
+    EXPECT_NEAR(std::stod(tag.substr(w)), maps.data()[(1 * 11 + 7) * 11 + key], 0.5 / 255 + 1e-3) << tag;
+    ++checked;
+  }
+  int expected_lines = 0;
+  for (int64_t j = 0; j < 11; ++j) expected_lines += maps.data()[(1 * 11 + 7) * 11 + j] >= 0.01f;
+  EXPECT_GT(lines, 0);
+  EXPECT_EQ(lines, expected_lines);
+  EXPECT_NE(dom.out.find("in layer 1 attends most to"), std::string::npos);
 }
 
 }  // namespace

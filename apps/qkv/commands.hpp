@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "qkv/nn/gpt.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
@@ -55,6 +57,21 @@ struct TrainCommand {
   int64_t sample_tokens = 60;
 };
 int run_train(const TrainCommand& options);
+
+// A GPT from a qkv checkpoint or a Hugging Face GPT-2 model.safetensors (exactly one given), in eval mode.
+struct LoadedModel {
+  std::unique_ptr<nn::GPTModel> model;
+  std::string tokenizer;    // "gpt2" or "bytes"
+  std::string description;  // for titles: "checkpoint runs/gpt/checkpoint.safetensors"
+};
+LoadedModel load_model(const std::string& checkpoint, const std::string& gpt2_path);
+
+struct AttentionCommand {
+  std::string checkpoint, gpt2_path, vocab_dir, prompt, out_dir = "attention";
+  std::vector<int64_t> layers, heads;  // 1-based; empty: all
+  bool per_head_png = true;
+};
+int run_attention(const AttentionCommand& options);
 
 struct GenerateCommand {
   std::string checkpoint, gpt2_path, vocab_dir, prompt;

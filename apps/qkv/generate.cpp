@@ -11,17 +11,26 @@
 
 namespace qkv::cli {
 
-int run_generate(const GenerateCommand& options) {
-  std::unique_ptr<nn::GPTModel> model;
-  std::string tokenizer_name = "gpt2";
-  if (!options.checkpoint.empty()) {
+LoadedModel load_model(const std::string& checkpoint, const std::string& gpt2_path) {
+  LoadedModel loaded;
+  if (!checkpoint.empty()) {
     train::TrainSettings settings;
-    model = train::load_checkpoint_model(options.checkpoint, &settings);
-    tokenizer_name = settings.tokenizer;
+    loaded.model = train::load_checkpoint_model(checkpoint, &settings);
+    loaded.tokenizer = settings.tokenizer;
+    loaded.description = "checkpoint " + checkpoint;
   } else {
-    model = nn::load_gpt2(options.gpt2_path);
+    loaded.model = nn::load_gpt2(gpt2_path);
+    loaded.tokenizer = "gpt2";
+    loaded.description = "GPT-2 weights " + gpt2_path;
   }
-  const auto tokenizer = text::make_tokenizer(tokenizer_name, options.vocab_dir);
+  loaded.model->eval();
+  return loaded;
+}
+
+int run_generate(const GenerateCommand& options) {
+  LoadedModel loaded = load_model(options.checkpoint, options.gpt2_path);
+  std::unique_ptr<nn::GPTModel>& model = loaded.model;
+  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.vocab_dir);
   std::vector<int64_t> prompt = tokenizer->encode(options.prompt);
   if (prompt.empty()) {
     if (tokenizer->end_of_text() < 0) throw ValueError("the prompt is empty; give --prompt TEXT");

@@ -130,6 +130,20 @@ int main(int argc, char** argv) {
   generate_cmd->add_flag("--no-cache", generate.no_cache, "Recompute the whole context for every token (slow; for comparison)");
   generate_cmd->add_option("--vocab", generate.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 
+  qkv::cli::AttentionCommand attention;
+  auto* attention_cmd = app.add_subcommand(
+      "attention", "What a GPT attends to for a prompt: a layers × heads grid, a heatmap per head, the weights "
+                   "(attention.safetensors) and an interactive attention.html");
+  auto* att_ckpt = attention_cmd->add_option("--checkpoint", attention.checkpoint, "A qkv train checkpoint");
+  auto* att_gpt2 = attention_cmd->add_option("--gpt2", attention.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
+  att_ckpt->excludes(att_gpt2);
+  attention_cmd->add_option("--prompt", attention.prompt, "The text whose attention to show")->required();
+  attention_cmd->add_option("--layers", attention.layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
+  attention_cmd->add_option("--heads", attention.heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
+  attention_cmd->add_option("--out", attention.out_dir, "Output directory")->capture_default_str();
+  attention_cmd->add_flag("--no-head-png{false}", attention.per_head_png, "Skip the per-head PNGs (grid, data and HTML only)");
+  attention_cmd->add_option("--vocab", attention.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -161,6 +175,13 @@ int main(int argc, char** argv) {
       return qkv::cli::run_generate(generate);
     }
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
+    if (*attention_cmd) {
+      if (attention.checkpoint.empty() && attention.gpt2_path.empty()) {
+        std::fprintf(stderr, "qkv attention: give --checkpoint FILE or --gpt2 FILE\n");
+        return 2;
+      }
+      return qkv::cli::run_attention(attention);
+    }
   } catch (const qkv::cli::UsageError& e) {
     std::fprintf(stderr, "qkv: usage error: %s\n", e.what());
     return 2;

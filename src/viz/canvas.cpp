@@ -197,6 +197,7 @@ void save_gif_frames(const std::string& path, const std::vector<Canvas>& frames,
   std::vector<GifColorType> colors(256);
   for (size_t i = 0; i < 256; ++i) colors[i] = {palette[i][0], palette[i][1], palette[i][2]};
   ColorMapObject* map = GifMakeMapObject(256, colors.data());
+  EGifSetGifVersion(gif, true);  // GIF89a: frame delays and looping
   bool ok = map && EGifPutScreenDesc(gif, w, h, 8, 0, map) == GIF_OK;
   // NETSCAPE2.0: loop forever.
   static const GifByteType kNetscape[] = {'N', 'E', 'T', 'S', 'C', 'A', 'P', 'E', '2', '.', '0'};

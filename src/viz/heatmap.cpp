@@ -143,9 +143,10 @@ HeatmapGeometry heatmap_png(const std::string& path, const Tensor& weights, cons
   return geometry;
 }
 
-void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
-                      int columns, const std::vector<std::string>& labels, double vmax) {
-  if (panels.empty()) throw ValueError(path + ": a grid of heatmaps needs at least one panel");
+namespace {
+Canvas draw_grid(const std::string& title, const std::string& caption, const std::vector<HeatmapPanel>& panels,
+                 int columns, const std::vector<std::string>& labels, double vmax) {
+  if (panels.empty()) throw ValueError("a grid of heatmaps needs at least one panel");
   columns = std::max(1, std::min<int>(columns, static_cast<int>(panels.size())));
   std::vector<Tensor> mats;
   double largest = 0.0;
@@ -161,11 +162,13 @@ void heatmap_grid_png(const std::string& path, const std::string& title, const s
   const int label_h = Canvas::text_height(kScale) + 8, gap = 24;
   const bool token_text = cell >= 7 && !labels.empty();
   const int axis = token_text ? static_cast<int>(longest(labels)) * 6 + 8 : 0;  // scale-1 token labels
-  const int left = 20 + axis, top = 16 + Canvas::text_height(kScale) + 16;
+  const int caption_h = caption.empty() ? 0 : Canvas::text_height(kScale) + 8;
+  const int left = 20 + axis, top = 16 + Canvas::text_height(kScale) + 16 + caption_h;
   const int width = left + columns * (panel + gap) + 100;
   const int height = top + rows * (panel + label_h + gap) + 10;
   Canvas c(std::max(width, Canvas::text_width(title, kScale) + 40), height);
   c.text(20, 16, title, kInk, kScale);
+  if (!caption.empty()) c.text(20, 16 + Canvas::text_height(kScale) + 8, caption, kMuted, kScale);
   for (size_t i = 0; i < mats.size(); ++i) {
     const int gx = static_cast<int>(i) % columns, gy = static_cast<int>(i) / columns;
     const int x = left + gx * (panel + gap), y = top + gy * (panel + label_h + gap);
@@ -179,7 +182,21 @@ void heatmap_grid_png(const std::string& path, const std::string& title, const s
     }
   }
   colour_bar(c, left + columns * (panel + gap), top + label_h, std::max(panel, 60), vmax);
-  c.save_png(path);
+  return c;
+}
+}  // namespace
+
+void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
+                      int columns, const std::vector<std::string>& labels, double vmax) {
+  draw_grid(title, "", panels, columns, labels, vmax).save_png(path);
+}
+
+void heatmap_grid_gif(const std::string& path, const std::string& title,
+                      const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
+                      const std::vector<std::string>& labels, double vmax, int delay_cs) {
+  std::vector<Canvas> canvases;
+  for (const auto& [panels, caption] : frames) canvases.push_back(draw_grid(title, caption.empty() ? " " : caption, panels, columns, labels, vmax));
+  save_gif_frames(path, canvases, delay_cs, 200);
 }
 
 HeatmapAnimation::HeatmapAnimation(HeatmapStyle style) : style_(std::move(style)) {

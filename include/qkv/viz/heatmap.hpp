@@ -39,6 +39,12 @@ struct HeatmapPanel {
 void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
                       int columns, const std::vector<std::string>& labels, double vmax = 0.0);
 
+// The same grid as it changes (attention snapshots during training), one frame per (panels, caption), as a looping
+// GIF; vmax 0 means 1. Every frame must have the same panels' shapes.
+void heatmap_grid_gif(const std::string& path, const std::string& title,
+                      const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
+                      const std::vector<std::string>& labels, double vmax = 1.0, int delay_cs = 50);
+
 // Frames of one heatmap as it changes (every training step, say), saved as a looping GIF. All frames share
 // the style's labels and colour scale (vmax 0 means 1: attention weights).
 class HeatmapAnimation {

@@ -1,0 +1,62 @@
+// `qkv attention`: what a trained GPT attends to for a prompt — a layers × heads grid, a heatmap per head, the
+// weights as safetensors and an interactive HTML page, all from the fused path (weights recomputed per head).
+#include <chrono>
+#include <cstdio>
+
+#include "commands.hpp"
+#include "qkv/text/tokenizer.hpp"
+#include "qkv/viz/report.hpp"
+
+namespace qkv::cli {
+
+namespace {
+// 1-based numbers from the command line → 0-based indices, each checked against the model.
+std::vector<int64_t> indices(const std::vector<int64_t>& numbers, int64_t count, const char* what) {
+  std::vector<int64_t> out;
+  for (int64_t n : numbers) {
+    if (n < 1 || n > count) {
+      throw UsageError(std::string("--") + what + "s " + std::to_string(n) + ": the model has " + what + "s 1…" +
+                       std::to_string(count));
+    }
+    out.push_back(n - 1);
+  }
+  return out;
+}
+}  // namespace
+
+int run_attention(const AttentionCommand& options) {
+  const auto start = std::chrono::steady_clock::now();
+  LoadedModel loaded = load_model(options.checkpoint, options.gpt2_path);
+  const nn::GPTModel& model = *loaded.model;
+  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.vocab_dir);
+  const std::vector<int64_t> ids = tokenizer->encode(options.prompt);
+  if (ids.empty()) throw UsageError("the prompt is empty; give --prompt TEXT");
+  if (static_cast<int64_t>(ids.size()) > model.config.context_length) {
+    throw UsageError("the prompt has " + std::to_string(ids.size()) + " tokens but the model reads at most " +
+                     std::to_string(model.config.context_length) + " (context_length); shorten it");
+  }
+  for (int64_t id : ids) {
+    if (id >= model.config.vocab_size) {
+      throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                       std::to_string(model.config.vocab_size) + "; was it trained with another tokenizer?");
+    }
+  }
+  viz::AttentionReport report;
+  report.title = loaded.description + ", prompt \"" + options.prompt + "\"";
+  report.token_ids = ids;
+  for (int64_t id : ids) report.tokens.push_back(tokenizer->decode(std::vector<int64_t>{id}));
+  const std::vector<int64_t> layers = indices(options.layers, model.config.n_layers, "layer");
+  const std::vector<int64_t> heads = indices(options.heads, model.config.n_heads, "head");
+  report.maps = model.attention_maps(ids, layers, heads);
+  for (int64_t l = 0; l < report.maps.size(0); ++l) report.layers.push_back(layers.empty() ? l + 1 : layers[static_cast<size_t>(l)] + 1);
+  for (int64_t h = 0; h < report.maps.size(1); ++h) report.heads.push_back(heads.empty() ? h + 1 : heads[static_cast<size_t>(h)] + 1);
+  const auto written = viz::write_attention_report(options.out_dir, report, options.per_head_png);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "qkv attention: %zu tokens, %zu layers × %zu heads → %zu files in %s (%.2f s)\n", ids.size(),
+               report.layers.size(), report.heads.size(), written.size(), options.out_dir.c_str(), seconds);
+  std::fprintf(stderr, "  open %s/attention.html in a browser; %s/attention-grid.png shows every head\n",
+               options.out_dir.c_str(), options.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,32 @@
+// What a GPT attends to, written out for people and for programs: a grid of every chosen layer × head, one
+// heatmap per head, the weights themselves (attention.safetensors, (layers, heads, T, T)) and a self-contained
+// HTML page (no network, the data inline) in which hovering or clicking a token shows what it attends to in each
+// layer and head, in the style of bertviz's head view.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qkv/core/tensor.hpp"
+
+namespace qkv::viz {
+
+struct AttentionReport {
+  std::string title;                  // what model, e.g. "checkpoint runs/gpt/checkpoint.safetensors"
+  std::vector<std::string> tokens;    // the T tokens as text
+  std::vector<int64_t> token_ids;     // and as ids
+  std::vector<int64_t> layers, heads;  // 1-based numbers of maps' first two dimensions
+  Tensor maps;                        // (layers, heads, T, T): row i = what token i attends to
+};
+
+// Writes into `dir` (created if needed), each file atomically: attention-grid.png, layerLL-headHH.png per head
+// (unless per_head_png is false), attention.safetensors and attention.html. Returns the paths written.
+std::vector<std::string> write_attention_report(const std::string& dir, const AttentionReport& report,
+                                                bool per_head_png = true);
+
+// A token as a short ASCII label for the PNG font: a leading space becomes '_', other bytes outside printable
+// ASCII '?' ("Ġthe" style tokens stay readable).
+std::string ascii_label(const std::string& token);
+
+}  // namespace qkv::viz
