@@ -159,6 +159,43 @@ void bm_mha(benchmark::State& state, int64_t B, int64_t T, int64_t C, int64_t H,
   report(state, flops, extra);
 }
 
+// The attention weights of one head, recomputed from q, k and the forward's log-sum-exp (what qkv attention
+// draws), against that head's share of the fused forward pass (reported as head_share/…: the whole forward / H).
+void bm_maps(benchmark::State& state, Shape4 s, int threads) {
+  set_threads(threads);
+  qkv::Generator gen(1);
+  const qkv::Shape shape{s.B, s.T, s.H * s.D};
+  const Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
+  qkv::AttentionConfig config;
+  config.num_heads = s.H;
+  config.causal = true;
+  Tensor lse;
+  config.lse = &lse;
+  qkv::scaled_dot_product_attention(q, k, v, config);
+  for (auto _ : state) {
+    Tensor w = qkv::attention_weights(q, k, lse, config, 0, 0);
+    benchmark::DoNotOptimize(w.data());
+  }
+  report(state, 2.0 * s.T * s.T * s.D * 0.5, 0);
+}
+
+void bm_head_share(benchmark::State& state, Shape4 s, int threads) {
+  set_threads(threads);
+  qkv::Generator gen(1);
+  const qkv::Shape shape{s.B, s.T, s.H * s.D};
+  const Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
+  qkv::AttentionConfig config;
+  config.num_heads = s.H;
+  config.causal = true;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    Tensor out = qkv::scaled_dot_product_attention(q, k, v, config);
+    benchmark::DoNotOptimize(out.data());
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / s.H);
+  }
+  report(state, attention_flops(s, true, false) / s.H, 0);
+}
+
 // Collects medians (or single runs in smoke mode) and prints the comparison table at the end.
 class SummaryReporter : public benchmark::ConsoleReporter {
  public:
@@ -188,6 +225,13 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                 g_peak_gflops[1], g_peak_gflops[2], qkv::kernels::attention_isa());
     std::printf("%-44s %9s %9s %7s %9s %8s %10s %10s\n", "benchmark", "fused ms", "GFLOP/s", "% peak", "plain ms",
                 "speedup", "fused MiB", "plain MiB");
+    for (const auto& [name, maps] : results_) {
+      if (name.rfind("maps/", 0) != 0) continue;
+      const auto share = results_.find("head_share/" + name.substr(5));
+      if (share == results_.end()) continue;
+      std::printf("recomputing one head's weights %-30s %8.3f ms; that head's share of the fused forward %8.3f ms: %.2fx\n",
+                  name.substr(5).c_str(), maps.ms, share->second.ms, maps.ms / share->second.ms);
+    }
     for (const auto& [name, fused] : results_) {
       if (name.rfind("fused/", 0) != 0) continue;
       const std::string rest = name.substr(6);
@@ -246,6 +290,15 @@ int main(int argc, char** argv) {
                                            threads));
     configure(benchmark::RegisterBenchmark(("plain/" + tag).c_str(), bm_mha, B, T, C, H, qkv::nn::AttentionPath::Plain,
                                            threads));
+  }
+  const Shape4 probe = smoke ? Shape4{1, 2, 64, 16} : Shape4{1, 12, 1024, 64};
+  for (int threads : {1, 2}) {
+    const std::string tag = "causal/" + probe.str() + "/threads:" + std::to_string(threads);
+    configure(benchmark::RegisterBenchmark(("maps/" + tag).c_str(), bm_maps, probe, threads));
+    auto* share = benchmark::RegisterBenchmark(("head_share/" + tag).c_str(), bm_head_share, probe, threads);
+    share->Unit(benchmark::kMillisecond)->UseManualTime();
+    if (smoke) share->Iterations(1);
+    else share->Repetitions(3)->ReportAggregatesOnly(true)->MinTime(0.2);
   }
   SummaryReporter reporter;
   if (console) benchmark::RunSpecifiedBenchmarks(&reporter);

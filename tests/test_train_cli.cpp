@@ -59,9 +59,12 @@ class TrainCli : public ::testing::Test {
 };
 
 TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
-  const CliResult r = run_cli(tiny("run", 60));
+  const CliResult r = run_cli(tiny("run", 60) + " --attention-every 20 --attention-prompt 'the fat cat'");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "untrained validation loss"));
+  // Attention snapshots of the probe: steps 0, 20, 40, 60 and an animation over them.
+  for (const char* f : {"step-000000.png", "step-000020.png", "step-000060.png", "attention.gif"})
+    EXPECT_TRUE(fs::exists(dir_ / "run" / "attention" / f)) << f;
   EXPECT_TRUE(contains(r.out, "sample (temperature 0.8, top-k 40):"));
   for (const char* f : {"checkpoint.safetensors", "losses.csv", "loss.png", "sample.txt"}) EXPECT_TRUE(fs::exists(dir_ / "run" / f)) << f;
   EXPECT_EQ(read(dir_ / "run" / "loss.png").substr(0, 4), "\x89PNG");

@@ -53,6 +53,8 @@ struct TrainCommand {
   std::string text_path, out_dir = "runs/gpt", vocab_dir, resume;
   bool replace_invalid = false;
   int64_t stop_at = 0;  // checkpoint and stop after this step (0: run to the end)
+  int64_t attention_every = 0;  // snapshot the probe's attention maps every N steps (0: never)
+  std::string attention_prompt;  // the probe (default: the first 24 tokens of the text)
   std::string sample_prompt = "And God said";
   int64_t sample_tokens = 60;
 };

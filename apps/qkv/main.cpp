@@ -112,6 +112,12 @@ int main(int argc, char** argv) {
   }
   train_cmd->add_option("--stop-at", train.stop_at,
                         "Checkpoint and stop after this step, to continue later with --resume (a run in chunks)");
+  train_cmd->add_option("--attention-every", train.attention_every,
+                        "Every N steps, save the attention maps of a probe prompt (OUT/attention/step-N.png, and an "
+                        "animation over the run, OUT/attention/attention.gif)")
+      ->check(CLI::NonNegativeNumber);
+  train_cmd->add_option("--attention-prompt", train.attention_prompt,
+                        "The probe for --attention-every (default: the first 24 tokens of the text)");
   train_cmd->add_option("--sample-prompt", train.sample_prompt, "Prompt for the sample printed at the end")->capture_default_str();
   train_cmd->add_option("--sample-tokens", train.sample_tokens, "Length of that sample")->capture_default_str();
 

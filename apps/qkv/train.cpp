@@ -16,7 +16,9 @@
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/text/tokenizer.hpp"
+#include "qkv/viz/heatmap.hpp"
 #include "qkv/viz/plot.hpp"
+#include "qkv/viz/report.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
@@ -207,6 +209,49 @@ int run_train(const TrainCommand& options) {
                  std::log(static_cast<double>(settings.model.vocab_size)));
     rows.push_back({0, NAN, NAN, NAN, NAN, trainer.evaluate(false, settings.eval_batches), untrained});
   }
+  // Attention snapshots of a fixed probe while training: watch the heads form.
+  std::vector<int64_t> probe;
+  std::vector<std::string> probe_labels;
+  std::vector<std::pair<std::vector<viz::HeatmapPanel>, std::string>> snapshots;
+  const std::string attention_dir = options.out_dir + "/attention";
+  if (options.attention_every > 0) {
+    probe = options.attention_prompt.empty()
+                ? std::vector<int64_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 24))
+                : tokenizer->encode(options.attention_prompt);
+    if (probe.empty()) throw UsageError("--attention-prompt is empty; give a few words to watch");
+    const int64_t ctx = settings.model.context_length;
+    if (static_cast<int64_t>(probe.size()) > ctx) {
+      throw UsageError("--attention-prompt has " + std::to_string(probe.size()) + " tokens; the model reads at most " +
+                       std::to_string(ctx) + " (--context-length)");
+    }
+    for (int64_t id : probe) probe_labels.push_back(viz::ascii_label(tokenizer->decode(std::vector<int64_t>{id})));
+  }
+  auto snapshot = [&](int64_t step) {
+    nn::GPTModel& model = trainer.model();
+    const bool was_training = model.is_training();
+    model.eval();
+    const Tensor maps = model.attention_maps(probe, {}, {});
+    model.train(was_training);
+    const int64_t L = maps.size(0), H = maps.size(1), T = maps.size(2);
+    std::vector<viz::HeatmapPanel> panels;
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < H; ++h)
+        panels.push_back({"L" + std::to_string(l + 1) + " H" + std::to_string(h + 1),
+                          Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T})});
+    char name[64];
+    std::snprintf(name, sizeof name, "/step-%06lld.png", static_cast<long long>(step));
+    std::filesystem::create_directories(attention_dir);
+    viz::heatmap_grid_png(attention_dir + name, "Attention at step " + std::to_string(step) + " (layers x heads)", panels,
+                          static_cast<int>(H), probe_labels, 1.0);
+    snapshots.emplace_back(std::move(panels), "step " + std::to_string(step));
+  };
+  auto save_animation = [&] {
+    if (snapshots.size() < 2) return;
+    viz::heatmap_grid_gif(attention_dir + "/attention.gif", "Attention while training (layers x heads)", snapshots,
+                          static_cast<int>(snapshots.front().first.size() / settings.model.n_layers), probe_labels, 1.0, 40);
+  };
+  if (options.attention_every > 0 && trainer.step() == 0) snapshot(0);
+
   Progress progress(settings.max_steps, trainer.step());
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_interrupt);
@@ -219,6 +264,8 @@ int run_train(const TrainCommand& options) {
                 rows.push_back({r.step, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second});
                 progress.step(r);
                 if (options.stop_at > 0 && r.step >= options.stop_at) reached_stop.store(true), g_interrupted.store(true);
+                if (options.attention_every > 0 && (r.step % options.attention_every == 0 || r.step == settings.max_steps))
+                  snapshot(r.step);
               },
               [&](const train::EvalReport& e) {
                 if (!rows.empty() && rows.back().step == e.step) {
@@ -233,6 +280,7 @@ int run_train(const TrainCommand& options) {
               save, &g_interrupted);
   std::signal(SIGINT, previous);
   save(trainer.step());
+  save_animation();
   if (reached_stop.load()) {
     progress.message("stopped at step " + std::to_string(trainer.step()) + " as asked (--stop-at); checkpoint saved to " +
                      checkpoint + "; continue with: qkv train --resume " + checkpoint + " --out " + options.out_dir);
