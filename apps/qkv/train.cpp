@@ -191,6 +191,7 @@ int run_train(const TrainCommand& options) {
   std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
                tokenizer->name().c_str());
 
+  if (!options.resume.empty()) train::check_checkpoint(options.resume, stored);  // before anything is allocated
   train::Trainer trainer(settings, tokens);
   if (!options.resume.empty()) trainer.resume(options.resume);
   std::fprintf(stderr,

@@ -30,6 +30,18 @@ Shape::Shape(std::span<const int64_t> dims) {
     if (dims[i] < 0) throw ShapeError("negative dimension " + std::to_string(dims[i]) + " in a shape");
     dims_[i] = dims[i];
   }
+  // The element count must fit (and stay addressable in bytes): checked once here, so numel() cannot overflow.
+  int64_t n = 1;
+  bool zero = false;
+  for (int i = 0; i < rank_; ++i) zero = zero || dims_[static_cast<size_t>(i)] == 0;
+  for (int i = 0; i < rank_ && !zero; ++i) {
+    const int64_t d = dims_[static_cast<size_t>(i)];
+    if (n > kMaxElements / d) {
+      throw ShapeError("shape " + str() + " has more than " + std::to_string(kMaxElements) +
+                       " elements; no tensor can be that large");
+    }
+    n *= d;
+  }
 }
 
 int64_t Shape::numel() const {
@@ -69,8 +81,13 @@ namespace {
 // 64-byte alignment: a cache line, and what AVX2 loads like best.
 std::shared_ptr<float> allocate(int64_t n) {
   const size_t count = static_cast<size_t>(std::max<int64_t>(n, 1));
+  // A size that passed the shape check may still exceed this machine's memory: say so as a user error.
+  float* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
+  if (!p) {
+    throw ValueError("cannot allocate a tensor of " + std::to_string(count) + " floats (" +
+                     std::to_string(count * sizeof(float) >> 20) + " MiB): not enough memory; use smaller sizes");
+  }
   const int64_t bytes = static_cast<int64_t>(count * sizeof(float));
-  float* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64)));
   memory::detail::on_allocate(bytes);
   return std::shared_ptr<float>(p, [bytes](float* q) {
     ::operator delete[](q, std::align_val_t(64));

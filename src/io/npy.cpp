@@ -180,7 +180,7 @@ void save_npy(const std::string& path, const Tensor& t) {
                                   static_cast<unsigned char>(dict.size() & 0xff), static_cast<unsigned char>(dict.size() >> 8)};
   std::memcpy(file.data(), prefix, 10);
   std::memcpy(file.data() + 10, dict.data(), dict.size());
-  std::memcpy(file.data() + 10 + dict.size(), t.data(), static_cast<size_t>(t.numel()) * 4);
+  if (t.numel() > 0) std::memcpy(file.data() + 10 + dict.size(), t.data(), static_cast<size_t>(t.numel()) * 4);
   write_file_atomically(path, file);
 }
 

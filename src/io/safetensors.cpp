@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -266,12 +267,12 @@ void SafetensorsFile::validate(const std::byte* file, size_t size) {
     if (expected > buffer_size) fail(label, "tensor data runs past the end of the file: the file is truncated");
     fail(label, std::to_string(buffer_size - expected) + " trailing bytes after the last tensor");
   }
+  for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
-  for (const auto& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& info) const {
@@ -289,13 +290,32 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   const std::byte* p = data_ + info->begin;
   float* dst = out.data();
   const int64_t n = info->numel();
-  if (info->dtype == DType::F32) {
+  if (n == 0) {
+    // nothing to convert
+  } else if (info->dtype == DType::F32) {
     std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
   } else {
     const size_t step = dtype_size(info->dtype);
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element(p + static_cast<size_t>(i) * step, info->dtype));
   }
   return out;
+}
+
+Tensor SafetensorsFile::weights(const std::string& name) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(label_, "has no tensor '" + name + "'");
+  if (info->dtype != DType::F32 && info->dtype != DType::F16 && info->dtype != DType::BF16 && info->dtype != DType::F64) {
+    fail(label_, "tensor '" + name + "' is " + dtype_name(info->dtype) + "; weights must be F32, F16, BF16 or F64");
+  }
+  Tensor t = tensor(name);
+  const float* v = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    if (!std::isfinite(v[i])) {
+      fail(label_, "tensor '" + name + "' holds a non-finite value at element " + std::to_string(i) +
+                       " (NaN, Inf, or a double beyond float's range); the weights are corrupt");
+    }
+  }
+  return t;
 }
 
 std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {
@@ -305,7 +325,17 @@ std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {
   const std::byte* p = data_ + info->begin;
   const size_t step = dtype_size(info->dtype);
   for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = info->dtype == DType::I64 ? load<int64_t>(p + i * step) : static_cast<int64_t>(element(p + i * step, info->dtype));
+    if (info->dtype == DType::I64) {
+      out[i] = load<int64_t>(p + i * step);
+      continue;
+    }
+    const double v = element(p + i * step, info->dtype);
+    // Only whole numbers that int64 holds: casting NaN or 1e300 would be undefined.
+    if (!(v >= -9.2233720368547758e18 && v < 9.2233720368547758e18) || v != std::trunc(v)) {
+      fail(label_, "tensor '" + name + "' element " + std::to_string(i) + " = " + std::to_string(v) +
+                       " is not a whole number in int64's range");
+    }
+    out[i] = static_cast<int64_t>(v);
   }
   return out;
 }
@@ -315,8 +345,10 @@ TensorData TensorData::from_tensor(std::string name, const Tensor& t) {
   d.name = std::move(name);
   d.dtype = DType::F32;
   d.shape.assign(t.shape().dims().begin(), t.shape().dims().end());
-  const auto* p = reinterpret_cast<const std::byte*>(t.data());
-  d.bytes.assign(p, p + t.numel() * static_cast<int64_t>(sizeof(float)));
+  if (t.numel() > 0) {  // an empty tensor has no bytes to copy (and its data pointer is not to be read)
+    const auto* p = reinterpret_cast<const std::byte*>(t.data());
+    d.bytes.assign(p, p + t.numel() * static_cast<int64_t>(sizeof(float)));
+  }
   return d;
 }
 
@@ -325,8 +357,10 @@ TensorData TensorData::from_int64s(std::string name, std::span<const int64_t> va
   d.name = std::move(name);
   d.dtype = DType::I64;
   d.shape = {static_cast<int64_t>(values.size())};
-  const auto* p = reinterpret_cast<const std::byte*>(values.data());
-  d.bytes.assign(p, p + values.size() * sizeof(int64_t));
+  if (!values.empty()) {
+    const auto* p = reinterpret_cast<const std::byte*>(values.data());
+    d.bytes.assign(p, p + values.size() * sizeof(int64_t));
+  }
   return d;
 }
 
@@ -349,7 +383,7 @@ void save_safetensors(const std::string& path, const std::vector<TensorData>& te
   std::memcpy(file.data() + 8, text.data(), text.size());
   size_t at = 8 + text.size();
   for (const auto& t : tensors) {
-    std::memcpy(file.data() + at, t.bytes.data(), t.bytes.size());
+    if (!t.bytes.empty()) std::memcpy(file.data() + at, t.bytes.data(), t.bytes.size());
     at += t.bytes.size();
   }
   write_file_atomically(path, file);

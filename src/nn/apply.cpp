@@ -14,9 +14,20 @@ std::unique_ptr<UnaryModule> load_attention_module(const std::string& path) {
                          "CausalAttention, MultiHeadAttentionWrapper, MultiHeadAttention");
   }
   try {
+    // The arguments must describe the tensors the file holds: checked before the module is built, so a few bytes
+    // of metadata cannot make qkv allocate a huge layer.
+    int64_t held = 0;
+    for (const auto& info : file.tensors())
+      if (info.name != "mask" && info.name.find(".mask") == std::string::npos) held += info.numel();
+    const int64_t needed = attention_parameter_count(file.metadata());
+    if (needed != held) {
+      throw IoError(path + ": its metadata describes a " + file.metadata().at("module") + " with " + std::to_string(needed) +
+                    " parameters, but the file holds " + std::to_string(held) + " values; the arguments do not "
+                    "match the weights");
+    }
     std::unique_ptr<UnaryModule> module = make_attention_module(file.metadata());
     StateDict state;
-    for (const auto& info : file.tensors()) state.insert(info.name, file.tensor(info.name));
+    for (const auto& info : file.tensors()) state.insert(info.name, file.weights(info.name));
     module->load_state_dict(state);
     return module;
   } catch (const IoError&) {

@@ -23,6 +23,62 @@ void GPTConfig::validate() const {
                      std::to_string(n_heads));
   }
   if (!(drop_rate >= 0.0 && drop_rate < 1.0)) throw ValueError("GPTConfig: drop_rate must lie in [0, 1)");
+  (void)parameter_count();  // overflow, or beyond any machine, is a ValueError here
+}
+
+namespace {
+int64_t checked_product(std::initializer_list<int64_t> factors) {
+  int64_t n = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(n, f, &n) || n > kMaxElements) {
+      throw ValueError("GPTConfig: the sizes are too large (a weight matrix would exceed " +
+                       std::to_string(kMaxElements) + " elements); choose smaller vocab_size, emb_dim or context_length");
+    }
+  return n;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> GPTConfig::parameter_shapes() const {
+  const int64_t C = emb_dim;
+  checked_product({vocab_size, C});
+  checked_product({context_length, C});
+  checked_product({4, C, C});
+  std::vector<std::pair<std::string, Shape>> out = {{"tok_emb.weight", {vocab_size, C}}, {"pos_emb.weight", {context_length, C}}};
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const std::string b = "trf_blocks." + std::to_string(i) + ".";
+    for (const char* w : {"W_query", "W_key", "W_value"}) {
+      out.push_back({b + "att." + w + ".weight", {C, C}});
+      if (qkv_bias) out.push_back({b + "att." + w + ".bias", {C}});
+    }
+    out.push_back({b + "att.out_proj.weight", {C, C}});
+    out.push_back({b + "att.out_proj.bias", {C}});
+    out.push_back({b + "ff.layers.0.weight", {4 * C, C}});
+    out.push_back({b + "ff.layers.0.bias", {4 * C}});
+    out.push_back({b + "ff.layers.2.weight", {C, 4 * C}});
+    out.push_back({b + "ff.layers.2.bias", {C}});
+    out.push_back({b + "norm1.scale", {C}});
+    out.push_back({b + "norm1.shift", {C}});
+    out.push_back({b + "norm2.scale", {C}});
+    out.push_back({b + "norm2.shift", {C}});
+  }
+  out.push_back({"final_norm.scale", {C}});
+  out.push_back({"final_norm.shift", {C}});
+  if (!tie_weights) out.push_back({"out_head.weight", {vocab_size, C}});
+  return out;
+}
+
+int64_t GPTConfig::parameter_count() const {
+  const int64_t C = emb_dim;
+  // per layer: Wq, Wk, Wv, out_proj (4C²), the feed-forward (8C²), their biases and two layer norms.
+  const int64_t per_layer = checked_product({12, C, C}) + (qkv_bias ? 3 : 0) * C + 13 * C;
+  const int64_t outside = checked_product({vocab_size, C}) * (tie_weights ? 1 : 2) + checked_product({context_length, C}) + 2 * C;
+  int64_t total = 0;
+  if (__builtin_mul_overflow(per_layer, n_layers, &total) || __builtin_add_overflow(total, outside, &total) ||
+      total > kMaxElements) {
+    throw ValueError("GPTConfig: " + std::to_string(n_layers) + " layers of emb_dim " + std::to_string(C) +
+                     " are more parameters than any machine holds; choose fewer or smaller layers");
+  }
+  return total;
 }
 
 const std::vector<Setting<GPTConfig>>& gpt_config_schema() {

@@ -5,6 +5,7 @@
 
 #include "qkv/io/safetensors.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/core/settings.hpp"
 
 namespace qkv::nn {
 
@@ -29,7 +30,7 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
       throw IoError(path + ": not a GPT-2 model.safetensors: missing tensor '" + prefix + name + "'");
     }
     used.insert(prefix + name);
-    Tensor t = file.tensor(prefix + name);
+    Tensor t = file.weights(prefix + name);
     if (expected.rank() > 0 && !(t.shape() == expected)) {
       throw IoError(path + ": tensor '" + prefix + name + "' has shape " + t.shape().str() + ", expected " +
                     expected.str());
@@ -37,6 +38,10 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
     return t;
   };
   const Tensor wte = get("wte.weight"), wpe = get("wpe.weight");
+  if (wte.rank() != 2 || wpe.rank() != 2 || wte.size(1) != wpe.size(1)) {
+    throw IoError(path + ": wte.weight " + wte.shape().str() + " and wpe.weight " + wpe.shape().str() +
+                  " must be (vocab, C) and (context, C) with the same C");
+  }
   GPTConfig config;
   config.vocab_size = wte.size(0);
   config.emb_dim = wte.size(1);
@@ -44,7 +49,11 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
   config.n_layers = 0;
   while (file.contains(prefix + "h." + std::to_string(config.n_layers) + ".ln_1.weight")) ++config.n_layers;
   if (auto it = file.metadata().find("n_head"); it != file.metadata().end()) {
-    config.n_heads = std::stoll(it->second);
+    try {
+      config.n_heads = parse_int(it->second, "__metadata__ n_head");
+    } catch (const ValueError& e) {
+      throw IoError(path + ": " + e.what());
+    }
   } else {
     switch (config.emb_dim) {
       case 768: config.n_heads = 12; break;   // 124M
@@ -64,8 +73,25 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
   } catch (const ValueError& e) {
     throw IoError(path + ": " + e.what());
   }
-  auto model = GPTModel::uninitialised(config);
+  // Every layer's tensors with their shapes, checked before the model is allocated: a small file listing many
+  // empty layers must not make qkv build a large model.
   const int64_t C = config.emb_dim;
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    const std::string h = prefix + "h." + std::to_string(i) + ".";
+    const std::pair<const char*, Shape> expected[] = {
+        {"ln_1.weight", {C}}, {"ln_1.bias", {C}}, {"attn.c_attn.weight", {C, 3 * C}}, {"attn.c_attn.bias", {3 * C}},
+        {"attn.c_proj.weight", {C, C}}, {"attn.c_proj.bias", {C}}, {"ln_2.weight", {C}}, {"ln_2.bias", {C}},
+        {"mlp.c_fc.weight", {C, 4 * C}}, {"mlp.c_fc.bias", {4 * C}}, {"mlp.c_proj.weight", {4 * C, C}}, {"mlp.c_proj.bias", {C}}};
+    for (const auto& [name, shape] : expected) {
+      const io::TensorInfo* info = file.find(h + name);
+      if (!info) throw IoError(path + ": not a GPT-2 model.safetensors: missing tensor '" + h + name + "'");
+      if (!(Shape(std::span<const int64_t>(info->shape)) == shape)) {
+        throw IoError(path + ": tensor '" + h + name + "' has shape " + Shape(std::span<const int64_t>(info->shape)).str() +
+                      ", expected " + shape.str());
+      }
+    }
+  }
+  auto model = GPTModel::uninitialised(config);
   model->tok_emb.weight.copy_(wte);
   model->pos_emb.weight.copy_(wpe);
   for (int64_t i = 0; i < config.n_layers; ++i) {

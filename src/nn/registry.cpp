@@ -37,6 +37,26 @@ const std::vector<std::string>& attention_module_names() {
   return names;
 }
 
+int64_t attention_parameter_count(const std::map<std::string, std::string>& arguments) {
+  const Arguments a(arguments);
+  const std::string& kind = a.text("module");
+  auto product = [](std::initializer_list<int64_t> factors) {
+    int64_t n = 1;
+    for (int64_t f : factors)
+      if (f < 0 || __builtin_mul_overflow(n, f, &n) || n > kMaxElements)
+        throw ValueError("module arguments describe more parameters than any machine holds");
+    return n;
+  };
+  const int64_t d_in = a.integer("d_in"), d_out = a.integer("d_out");
+  const int64_t bias = a.flag("qkv_bias", false) ? d_out : 0;
+  const int64_t projections = 3 * product({d_in, d_out}) + 3 * bias;  // Wq, Wk, Wv
+  if (kind == "SelfAttention_v1") return 3 * product({d_in, d_out});
+  if (kind == "SelfAttention_v2" || kind == "CausalAttention") return projections;
+  if (kind == "MultiHeadAttentionWrapper") return product({a.integer("num_heads"), projections});
+  if (kind == "MultiHeadAttention") return projections + product({d_out, d_out}) + d_out;
+  return 0;  // unknown: make_attention_module says so
+}
+
 std::unique_ptr<UnaryModule> make_attention_module(const std::map<std::string, std::string>& arguments,
                                                    Generator& gen) {
   const Arguments a(arguments);

@@ -60,19 +60,41 @@ TrainSettings read_checkpoint_settings(const std::string& path) {
   }
 }
 
+namespace {
+// Every tensor the configuration implies is in the file with its shape — checked before anything is allocated,
+// so a small file cannot make qkv build a huge model from its metadata alone.
+void check_tensors(const io::SafetensorsFile& file, const TrainSettings& settings, bool with_optimizer) {
+  const std::string& path = file.path();
+  auto expect = [&](const std::string& name, const Shape& shape) {
+    const io::TensorInfo* info = file.find(name);
+    if (!info) throw IoError(path + ": missing tensor " + name + "; the checkpoint is incomplete or not from qkv train");
+    if (!(Shape(std::span<const int64_t>(info->shape)) == shape)) {
+      throw IoError(path + ": " + name + " has shape " + Shape(std::span<const int64_t>(info->shape)).str() +
+                    ", but the checkpoint's own settings need " + shape.str());
+    }
+  };
+  for (const auto& [name, shape] : settings.model.parameter_shapes()) {
+    expect("model." + name, shape);
+    if (with_optimizer) {
+      expect("optimizer.exp_avg." + name, shape);
+      expect("optimizer.exp_avg_sq." + name, shape);
+    }
+  }
+  if (with_optimizer) expect("rng.state", Shape{628});
+}
+}  // namespace
+
+void check_checkpoint(const std::string& path, const TrainSettings& settings) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  check_tensors(file, settings, true);
+}
+
 std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings_out) {
   const TrainSettings settings = read_checkpoint_settings(path);
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  check_tensors(file, settings, false);
   auto model = nn::GPTModel::uninitialised(settings.model, settings.seed);
-  for (auto& [name, p] : model->named_parameters()) {
-    if (!file.contains("model." + name)) throw IoError(path + ": missing tensor model." + name);
-    const Tensor stored = file.tensor("model." + name);
-    if (!(stored.shape() == p.shape())) {
-      throw IoError(path + ": model." + name + " has shape " + stored.shape().str() + ", the configuration needs " +
-                    p.shape().str());
-    }
-    p.copy_(stored);
-  }
+  for (auto& [name, p] : model->named_parameters()) p.copy_(file.weights("model." + name));
   model->eval();
   if (settings_out) *settings_out = settings;
   return model;
@@ -150,7 +172,7 @@ void Trainer::resume(const std::string& path) {
   nn::StateDict state;
   for (const auto& [name, p] : model_->named_parameters()) {
     if (!file.contains("model." + name)) throw IoError(path + ": missing tensor model." + name);
-    state.insert(name, file.tensor("model." + name));
+    state.insert(name, file.weights("model." + name));
   }
   const nn::StateDict current = model_->state_dict(/*with_derived=*/false);
   for (const auto& [name, t] : current.entries())
@@ -163,7 +185,7 @@ void Trainer::resume(const std::string& path) {
   optimizer_->ensure_state();
   optimizer_->for_each_state([&](const std::string& name, Tensor& t) {
     if (!file.contains("optimizer." + name)) throw IoError(path + ": missing tensor optimizer." + name);
-    const Tensor stored = file.tensor("optimizer." + name);
+    const Tensor stored = file.weights("optimizer." + name);
     if (!(stored.shape() == t.shape())) throw IoError(path + ": optimizer." + name + " has the wrong shape");
     t.copy_(stored);
   });

@@ -19,6 +19,8 @@
 namespace qkv {
 
 inline constexpr int kMaxRank = 4;
+// The most elements one tensor may have (2⁴⁰ floats = 4 TiB): a shape beyond it is a ShapeError, never an overflow.
+inline constexpr int64_t kMaxElements = int64_t{1} << 40;
 
 // The sizes of a tensor's dimensions, outermost first. Rank 0 is a scalar.
 class Shape {

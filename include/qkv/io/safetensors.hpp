@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
@@ -45,7 +46,12 @@ class SafetensorsFile {
   // The named tensor converted to float32 (from F32, F16, BF16, F64 or an integer type).
   // Throws IoError if it is missing ("... has no tensor 'x'") or has more than 4 dimensions.
   Tensor tensor(const std::string& name) const;
-  std::vector<int64_t> int64s(const std::string& name) const;  // integer or float tensor as int64
+  // Weights: as tensor(), but only from a floating-point dtype and only finite values (IoError naming the tensor
+  // and the first bad value otherwise), so a file cannot slip NaN, Inf, booleans or bytes into a model.
+  Tensor weights(const std::string& name) const;
+  // An integer tensor (or a float one holding whole numbers) as int64; IoError for NaN, fractions or values
+  // outside int64.
+  std::vector<int64_t> int64s(const std::string& name) const;
 
  private:
   struct Mapping;
@@ -54,6 +60,7 @@ class SafetensorsFile {
   std::string label_;
   std::map<std::string, std::string> metadata_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> index_;  // name → position in tensors_: lookups are O(1)
   void validate(const std::byte* file, size_t size);
 };
 

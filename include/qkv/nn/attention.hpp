@@ -180,5 +180,8 @@ namespace qkv::nn {
 std::unique_ptr<UnaryModule> make_attention_module(const std::map<std::string, std::string>& arguments,
                                                    Generator& gen = default_generator());
 const std::vector<std::string>& attention_module_names();
+// How many trainable numbers that module would hold, from the same arguments, without building it (ValueError
+// on overflow): a loader compares it with what the file holds before allocating.
+int64_t attention_parameter_count(const std::map<std::string, std::string>& arguments);
 
 }  // namespace qkv::nn

@@ -31,6 +31,10 @@ struct GPTConfig {
   bool tie_weights = false;
 
   void validate() const;  // ValueError naming the bad field
+  // Every parameter's state-dict name and shape, in registration order (tied: no out_head.weight), computed
+  // without building the model, so a loader can check a file before allocating anything.
+  std::vector<std::pair<std::string, Shape>> parameter_shapes() const;
+  int64_t parameter_count() const;  // ValueError if it does not fit int64
   GPTConfig validated() const {
     validate();
     return *this;

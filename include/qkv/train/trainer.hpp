@@ -34,7 +34,10 @@ struct EvalReport {
 
 // The settings stored in a checkpoint (IoError if the file is not a qkv training checkpoint).
 TrainSettings read_checkpoint_settings(const std::string& path);
-// The model of a checkpoint, in eval mode, for generation.
+// IoError unless the checkpoint holds every tensor its settings imply (weights, AdamW's moments, the generator),
+// with their shapes; nothing is allocated. Run it before building a Trainer to resume from the file.
+void check_checkpoint(const std::string& path, const TrainSettings& settings);
+// The model of a checkpoint, in eval mode, for generation; every tensor is checked before the model is built.
 std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr);
 
 class Trainer {
