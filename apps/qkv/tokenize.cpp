@@ -20,11 +20,12 @@ int run_tokenize(const TokenizeCommand& options) {
 
 int run_detokenize(const TokenizeCommand& options) {
   const auto tokenizer = text::make_tokenizer(options.tokenizer, options.vocab_dir);
+  const std::string input{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
   nlohmann::json json;
   try {
-    std::cin >> json;
+    json = nlohmann::json::parse(input);  // the whole input: text after the array is an error too
   } catch (const nlohmann::json::exception& e) {
-    throw ValueError(std::string("detokenize: stdin is not a JSON array of token ids: ") + e.what());
+    throw ValueError(std::string("detokenize: stdin is not one JSON array of token ids: ") + printable(e.what()));
   }
   if (!json.is_array()) throw ValueError("detokenize: stdin must hold a JSON array of token ids, e.g. [15496, 995]");
   std::vector<int64_t> ids;

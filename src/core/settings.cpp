@@ -12,7 +12,7 @@ namespace qkv {
 
 namespace {
 [[noreturn]] void bad(std::string_view text, const std::string& what, const char* kind) {
-  throw ValueError(what + " = \"" + std::string(text) + "\" is not " + kind);
+  throw ValueError(what + " = \"" + printable(text) + "\" is not " + kind);
 }
 }  // namespace
 

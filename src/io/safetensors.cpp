@@ -202,7 +202,7 @@ void SafetensorsFile::validate(const std::byte* file, size_t size) {
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
-    fail(label, std::string("header is not valid UTF-8 JSON: ") + e.what());
+    fail(label, std::string("header is not valid UTF-8 JSON: ") + printable(e.what()));
   }
   if (!duplicate.empty()) fail(label, "header lists the key '" + duplicate + "' twice");
   if (!json.is_object()) fail(label, "header must be a JSON object");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <queue>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -66,6 +67,7 @@ std::string missing_files_message(const std::string& directory) {
 struct GPT2Tokenizer::State {
   std::array<std::string, 256> byte_encoder;
   std::unordered_map<std::string, unsigned char> byte_decoder;  // stand-in character → byte
+  std::vector<std::string> token_bytes;                         // id → the bytes it stands for (checked at load)
   std::unordered_map<std::string, int64_t> encoder;             // token (stand-in string) → id
   std::vector<std::string> decoder;                             // id → token
   std::unordered_map<std::string, int> ranks;                   // "first second" → merge rank
@@ -77,43 +79,61 @@ struct GPT2Tokenizer::State {
     if (regex) pcre2_code_free(regex);
   }
 
-  // Byte-pair merges of one pre-token given as stand-in characters, lowest rank first, all occurrences
-  // of the chosen pair at once (encoder.py's bpe()).
+  // Byte-pair merges of one pre-token given as stand-in characters: repeatedly the lowest-ranked adjacent pair,
+  // leftmost first (encoder.py's bpe(): a merge's parts always rank below it, so merging one occurrence at a
+  // time in rank order equals merging all occurrences of a pair per pass). A heap of candidate pairs over a linked
+  // list of symbols makes it O(n log n) in the word's length — a 100 KB run of letters takes milliseconds, not the
+  // quadratic scan's seconds.
   std::vector<int64_t> bpe(const std::string& word) const {
-    std::vector<std::string> parts;
+    struct Symbol {
+      std::string text;
+      int prev, next;
+      bool alive = true;
+    };
+    std::vector<Symbol> symbols;
     for (size_t i = 0; i < word.size();) {
       const unsigned char c = static_cast<unsigned char>(word[i]);
       const size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : 3;
-      parts.push_back(word.substr(i, n));
+      const int at = static_cast<int>(symbols.size());
+      symbols.push_back({word.substr(i, n), at - 1, at + 1});
       i += n;
     }
-    while (parts.size() > 1) {
-      int best = INT_MAX;
-      size_t best_at = 0;
-      for (size_t i = 0; i + 1 < parts.size(); ++i) {
-        auto it = ranks.find(parts[i] + ' ' + parts[i + 1]);
-        if (it != ranks.end() && it->second < best) best = it->second, best_at = i;
-      }
-      if (best == INT_MAX) break;
-      const std::string first = parts[best_at], second = parts[best_at + 1];
-      std::vector<std::string> merged;
-      merged.reserve(parts.size());
-      for (size_t i = 0; i < parts.size();) {
-        if (i + 1 < parts.size() && parts[i] == first && parts[i + 1] == second) {
-          merged.push_back(first + second);
-          i += 2;
-        } else {
-          merged.push_back(parts[i]);
-          ++i;
-        }
-      }
-      parts = std::move(merged);
+    if (!symbols.empty()) symbols.back().next = -1;
+    struct Candidate {
+      int rank, left;
+      std::string left_text, right_text;  // what the pair was when pushed: stale entries are skipped
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    std::string key;
+    auto push = [&](int left) {
+      if (left < 0 || symbols[static_cast<size_t>(left)].next < 0) return;
+      const Symbol& a = symbols[static_cast<size_t>(left)];
+      const Symbol& b = symbols[static_cast<size_t>(a.next)];
+      key.assign(a.text).append(1, ' ').append(b.text);
+      auto it = ranks.find(key);
+      if (it != ranks.end()) heap.push({it->second, left, a.text, b.text});
+    };
+    for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) push(i);
+    while (!heap.empty()) {
+      const Candidate top = heap.top();
+      heap.pop();
+      Symbol& a = symbols[static_cast<size_t>(top.left)];
+      if (!a.alive || a.next < 0 || a.text != top.left_text) continue;
+      Symbol& b = symbols[static_cast<size_t>(a.next)];
+      if (b.text != top.right_text) continue;
+      a.text += b.text;
+      b.alive = false;
+      a.next = b.next;
+      if (b.next >= 0) symbols[static_cast<size_t>(b.next)].prev = top.left;
+      push(a.prev);
+      push(top.left);
     }
     std::vector<int64_t> ids;
-    ids.reserve(parts.size());
-    for (const auto& p : parts) {
-      auto it = encoder.find(p);
-      QKV_CHECK(it != encoder.end(), "a BPE merge produced a token missing from encoder.json: " + p);
+    for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[static_cast<size_t>(i)].next) {
+      auto it = encoder.find(symbols[static_cast<size_t>(i)].text);
+      // load() checked that every byte stand-in is in encoder.json and that every merge's result is too.
+      QKV_CHECK(it != encoder.end(), "a BPE merge produced a token missing from encoder.json");
       ids.push_back(it->second);
     }
     return ids;
@@ -141,7 +161,7 @@ struct GPT2Tokenizer::State {
       std::vector<int64_t> ids = bpe(word);
       out.insert(out.end(), ids.begin(), ids.end());
       std::lock_guard lock(cache_mutex);
-      if (cache.size() < 1'000'000) cache.emplace(std::move(word), std::move(ids));
+      if (cache.size() < 1'000'000 && word.size() <= 256) cache.emplace(std::move(word), std::move(ids));  // words, not runs
     }
   }
 };
@@ -162,12 +182,12 @@ std::unique_ptr<GPT2Tokenizer> GPT2Tokenizer::load(const std::string& directory)
   try {
     json = nlohmann::json::parse(reinterpret_cast<const char*>(raw.data()), reinterpret_cast<const char*>(raw.data()) + raw.size());
   } catch (const nlohmann::json::exception& e) {
-    throw IoError(encoder_path.string() + ": not valid JSON: " + e.what());
+    throw IoError(encoder_path.string() + ": not valid JSON: " + printable(e.what()));
   }
   if (!json.is_object()) throw IoError(encoder_path.string() + ": expected a JSON object of token → id");
   for (auto it = json.begin(); it != json.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > 10'000'000) {
-      throw IoError(encoder_path.string() + ": the id of token \"" + it.key() + "\" is not a valid integer");
+      throw IoError(encoder_path.string() + ": the id of token \"" + printable(it.key()) + "\" is not a valid integer");
     }
     const int64_t id = it.value().get<int64_t>();
     state->encoder[it.key()] = id;
@@ -176,6 +196,34 @@ std::unique_ptr<GPT2Tokenizer> GPT2Tokenizer::load(const std::string& directory)
   }
   if (state->decoder.size() <= 50256 || state->decoder[50256] != kEndOfText) {
     throw IoError(encoder_path.string() + ": this is not GPT-2's encoder.json (<|endoftext|> is not id 50256)");
+  }
+  // The vocabulary is user input: every id used, every byte reachable, every token made of byte stand-ins.
+  for (int b = 0; b < 256; ++b) {
+    if (!state->encoder.count(state->byte_encoder[static_cast<size_t>(b)])) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", b);
+      throw IoError(encoder_path.string() + ": lacks the token for byte " + hex + "; every byte needs one");
+    }
+  }
+  state->token_bytes.resize(state->decoder.size());
+  for (size_t id = 0; id < state->decoder.size(); ++id) {
+    const std::string& token = state->decoder[id];
+    if (token.empty()) throw IoError(encoder_path.string() + ": id " + std::to_string(id) + " has no token; ids must run 0…N−1 without gaps");
+    if (static_cast<int64_t>(id) == 50256) {
+      state->token_bytes[id] = token;
+      continue;
+    }
+    for (size_t i = 0; i < token.size();) {
+      const unsigned char c = static_cast<unsigned char>(token[i]);
+      const size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : 3;
+      auto it = state->byte_decoder.find(token.substr(i, n));
+      if (it == state->byte_decoder.end()) {
+        throw IoError(encoder_path.string() + ": token \"" + printable(token) + "\" (id " + std::to_string(id) +
+                      ") is not made of GPT-2's byte stand-ins");
+      }
+      state->token_bytes[id] += static_cast<char>(it->second);
+      i += n;
+    }
   }
 
   std::ifstream merges(merges_path);
@@ -188,8 +236,14 @@ std::unique_ptr<GPT2Tokenizer> GPT2Tokenizer::load(const std::string& directory)
     if (space == std::string::npos || space == 0 || space + 1 >= line.size()) {
       throw IoError(merges_path.string() + ":" + std::to_string(line_number) + ": expected \"first second\"");
     }
+    const std::string first = line.substr(0, space), second = line.substr(space + 1);
+    if (!state->encoder.count(first) || !state->encoder.count(second) || !state->encoder.count(first + second)) {
+      throw IoError(merges_path.string() + ":" + std::to_string(line_number) + ": the merge \"" + printable(line) +
+                    "\" uses or makes a token that encoder.json lacks");
+    }
     state->ranks.emplace(line, rank++);
   }
+  if (state->ranks.empty()) throw IoError(merges_path.string() + ": holds no merges; this is not GPT-2's vocab.bpe");
 
   int error = 0;
   PCRE2_SIZE error_offset = 0;
@@ -228,19 +282,7 @@ std::string GPT2Tokenizer::decode(std::span<const int64_t> ids) const {
   for (int64_t id : ids) {
     if (id < 0 || id >= vocab_size()) throw ValueError("decode: token id " + std::to_string(id) + " is outside [0, " +
                                                         std::to_string(vocab_size()) + ")");
-    const std::string& token = state_->decoder[static_cast<size_t>(id)];
-    if (id == end_of_text()) {
-      bytes += token;
-      continue;
-    }
-    for (size_t i = 0; i < token.size();) {
-      const unsigned char c = static_cast<unsigned char>(token[i]);
-      const size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : 3;
-      auto it = state_->byte_decoder.find(token.substr(i, n));
-      QKV_CHECK(it != state_->byte_decoder.end(), "every GPT-2 token is made of byte stand-ins");
-      bytes += static_cast<char>(it->second);
-      i += n;
-    }
+    bytes += state_->token_bytes[static_cast<size_t>(id)];  // checked at load: made of byte stand-ins
   }
   return replace_invalid_utf8(bytes);
 }

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace qkv {
 
@@ -31,6 +32,10 @@ class IoError : public Error {
  public:
   using Error::Error;
 };
+
+// Text taken from a file or a command line, made safe to print in a message: bytes outside printable ASCII
+// (control characters, escape sequences, invalid UTF-8) become \xNN, and very long text is cut with "…".
+std::string printable(std::string_view text, size_t max_length = 200);
 
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* condition, const std::string& message);
