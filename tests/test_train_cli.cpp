@@ -105,7 +105,7 @@ TEST_F(TrainCli, ResumeRepeatsAnUninterruptedRunExactly) {
 TEST_F(TrainCli, CtrlCSavesACheckpointAndExits130) {
   const CliResult r = run_cli(tiny("interrupted", 1000000), "timeout --preserve-status -s INT 4 ");
   EXPECT_EQ(r.code, 130) << r.out;
-  EXPECT_TRUE(contains(r.out, "interrupted at step")) << r.out;
+  EXPECT_TRUE(contains(r.out, "interrupted (Ctrl-C) at step")) << r.out;
   EXPECT_TRUE(fs::exists(dir_ / "interrupted" / "checkpoint.safetensors"));
   EXPECT_FALSE(fs::exists(dir_ / "interrupted" / "checkpoint.safetensors.tmp"));
 }
@@ -121,19 +121,26 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
     std::string args, expect;
     int code;
   };
-  const std::string shape = " --tokenizer bytes --vocab-size 256 --context-length 32 --emb-dim 32 --n-layers 1 --out " +
+  const std::string shape = " --tokenizer bytes --vocab-size 256 --context-length 32 --emb-dim 32 --n-layers 1 --overwrite --out " +
                              (dir_ / "kept").string();
   const std::string base = shape + " --n-heads 2 --steps 2";
   const std::vector<Case> cases = {
       {"train --text " + (dir_ / "empty.txt").string() + base, "is empty", 1},
       {"train --text " + (dir_ / "short.txt").string() + base, "fewer than one window", 1},
-      {"train --text " + (dir_ / "bad.txt").string() + " --out " + (dir_ / "kept").string(), "invalid UTF-8 at byte 17", 1},
-      {"train --vocab /nonexistent --text " + (dir_ / "text.txt").string(), "scripts/fetch-gpt2-vocab", 1},
+      {"train --text " + (dir_ / "bad.txt").string() + " --overwrite --out " + (dir_ / "kept").string(), "invalid UTF-8 at byte 17", 1},
+      {"train --text " + (dir_ / "text.txt").string() + " --out " + (dir_ / "kept").string(), "already holds a run", 2},
+      {"train --vocab /nonexistent --overwrite --text " + (dir_ / "text.txt").string(), "scripts/fetch-gpt2-vocab", 1},
       {"train --resume " + checkpoint + " --emb-dim 64 --text " + (dir_ / "text.txt").string() + " --out " + (dir_ / "kept").string(),
        "emb_dim: checkpoint 32, this run 64", 1},
       {"train --text /nonexistent.txt" + base, "/nonexistent.txt: cannot open", 1},
-      {"train --steps 0 --n-heads 2 --text " + (dir_ / "text.txt").string() + shape, "steps must be at least 1", 1},
-      {"train --n-heads 5 --steps 2 --text " + (dir_ / "text.txt").string() + shape, "not divisible by n_heads", 1},
+      {"train --steps 0 --n-heads 2 --text " + (dir_ / "text.txt").string() + shape, "steps must be at least 1", 2},
+      {"train --n-heads 5 --steps 2 --text " + (dir_ / "text.txt").string() + shape, "not divisible by n_heads", 2},
+      {"train --vocab-size 2147483648 --emb-dim 2147483648 --n-heads 2 --tokenizer bytes --overwrite --out " + (dir_ / "kept").string() +
+           " --text " + (dir_ / "text.txt").string(), "too large", 2},
+      {"train --emb-dim 16384 --n-layers 96 --n-heads 2 --tokenizer bytes --overwrite --out " + (dir_ / "kept").string() +
+           " --text " + (dir_ / "text.txt").string(), "GiB", 2},
+      {"train --lr inf --text " + (dir_ / "text.txt").string() + shape, "finite", 2},
+      {"train --seed -1 --text " + (dir_ / "text.txt").string() + shape, "non-negative", 2},
       {"train --lr abc", "lr", 2},
       {"generate --prompt hi", "give --checkpoint FILE or --gpt2 FILE", 2},
       {"generate --checkpoint " + (dir_ / "text.txt").string(), "text.txt", 1},

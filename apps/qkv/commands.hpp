@@ -55,7 +55,8 @@ struct TrainCommand {
   int64_t stop_at = 0;  // checkpoint and stop after this step (0: run to the end)
   int64_t attention_every = 0;  // snapshot the probe's attention maps every N steps (0: never)
   std::string attention_prompt;  // the probe (default: the first 24 tokens of the text)
-  std::string sample_prompt = "And God said";
+  bool overwrite = false;     // replace a run already in out_dir
+  std::string sample_prompt;  // empty: the first words of the text
   int64_t sample_tokens = 60;
 };
 int run_train(const TrainCommand& options);
@@ -80,7 +81,7 @@ struct GenerateCommand {
   int64_t max_new_tokens = 100, top_k = 40;
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 0;
-  bool greedy = false, no_cache = false;
+  bool greedy = false, no_cache = false, replace_invalid = false;
 };
 int run_generate(const GenerateCommand& options);
 

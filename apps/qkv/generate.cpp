@@ -31,7 +31,8 @@ int run_generate(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.checkpoint, options.gpt2_path);
   std::unique_ptr<nn::GPTModel>& model = loaded.model;
   const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.vocab_dir);
-  std::vector<int64_t> prompt = tokenizer->encode(options.prompt);
+  std::vector<int64_t> prompt =
+      tokenizer->encode(options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt);
   if (prompt.empty()) {
     if (tokenizer->end_of_text() < 0) throw ValueError("the prompt is empty; give --prompt TEXT");
     prompt.push_back(tokenizer->end_of_text());  // GPT-2 starts unconditional samples from <|endoftext|>

@@ -4,14 +4,35 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <iterator>
 
 #include "commands.hpp"
 #include "qkv/core/error.hpp"
+#include "qkv/core/settings.hpp"
 #include "qkv/version.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+// 0 if everything written to standard output reached it; otherwise a message and 1 (a full disk, a closed pipe:
+// `qkv tokenize > /dev/full` must not report success).
+int check_stdout(int code) {
+  std::cout.flush();
+  if (std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "qkv: error: cannot write to standard output (%s)\n", std::strerror(errno ? errno : EIO));
+    return code == 0 ? 1 : code;
+  }
+  return code;
+}
+}  // namespace
+
+int run(int argc, char** argv);
+
+int main(int argc, char** argv) { return check_stdout(run(argc, argv)); }
+
+int run(int argc, char** argv) {
   CLI::App app{"qkv — trainable self-attention, from the article's Q = XWq, K = XWk, V = XWv to a small GPT.\n"
                "Run `qkv demo` for the worked example, `qkv <command> --help` for any command."};
   app.set_version_flag("--version", std::string("qkv ") + qkv::kVersion);
@@ -118,7 +139,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   train_cmd->add_option("--attention-prompt", train.attention_prompt,
                         "The probe for --attention-every (default: the first 24 tokens of the text)");
-  train_cmd->add_option("--sample-prompt", train.sample_prompt, "Prompt for the sample printed at the end")->capture_default_str();
+  train_cmd->add_option("--sample-prompt", train.sample_prompt,
+                        "Prompt for the sample printed at the end (default: the first words of the text)");
+  train_cmd->add_flag("--overwrite", train.overwrite, "Start over in an --out that already holds a run");
   train_cmd->add_option("--sample-tokens", train.sample_tokens, "Length of that sample")->capture_default_str();
 
   qkv::cli::GenerateCommand generate;
@@ -126,12 +149,60 @@ int main(int argc, char** argv) {
   auto* ckpt = generate_cmd->add_option("--checkpoint", generate.checkpoint, "A qkv train checkpoint");
   auto* gpt2 = generate_cmd->add_option("--gpt2", generate.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
   ckpt->excludes(gpt2);
-  generate_cmd->add_option("--prompt", generate.prompt, "Text to continue");
-  generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
-  generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
-  generate_cmd->add_option("--top-k", generate.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str();
-  generate_cmd->add_option("--top-p", generate.top_p, "Nucleus sampling threshold")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str();
+  auto* prompt_opt = generate_cmd->add_option("--prompt", generate.prompt, "Text to continue (default: standard input, "
+                                                                         "when it is not a terminal)");
+  // Numbers are checked whole and in range (a NaN or a negative count is a usage error, never a silent default).
+  const auto finite_at_least = [](double low, const char* what) {
+    return CLI::Validator(
+        [low, what](std::string& text) -> std::string {
+          try {
+            const double v = qkv::parse_real(text, what);
+            return v >= low ? "" : std::string(what) + " must be at least " + qkv::format_real(low);
+          } catch (const qkv::Error& e) {
+            return e.what();
+          }
+        },
+        "NUMBER");
+  };
+  const auto count = [](const char* what) {
+    return CLI::Validator(
+        [what](std::string& text) -> std::string {
+          try {
+            return qkv::parse_int(text, what) >= 0 ? "" : std::string(what) + " must not be negative";
+          } catch (const qkv::Error& e) {
+            return e.what();
+          }
+        },
+        "COUNT");
+  };
+  generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str()
+      ->check(count("--max-new-tokens"));
+  generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0: greedy)")->capture_default_str()
+      ->check(finite_at_least(0.0, "--temperature"));
+  generate_cmd->add_option("--top-k", generate.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str()
+      ->check(count("--top-k"));
+  generate_cmd->add_option("--top-p", generate.top_p, "Nucleus sampling threshold, in (0, 1]")->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              const double v = qkv::parse_real(text, "--top-p");
+              return v > 0.0 && v <= 1.0 ? "" : "--top-p must lie in (0, 1]";
+            } catch (const qkv::Error& e) {
+              return e.what();
+            }
+          },
+          "P"));
+  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str()->check(CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          qkv::parse_uint(text, "--seed");
+          return "";
+        } catch (const qkv::Error& e) {
+          return e.what();
+        }
+      },
+      "SEED"));
+  generate_cmd->add_flag("--replace-invalid", generate.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
   generate_cmd->add_flag("--greedy", generate.greedy, "Always take the likeliest token");
   generate_cmd->add_flag("--no-cache", generate.no_cache, "Recompute the whole context for every token (slow; for comparison)");
   generate_cmd->add_option("--vocab", generate.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
@@ -150,6 +221,21 @@ int main(int argc, char** argv) {
   attention_cmd->add_flag("--no-head-png{false}", attention.per_head_png, "Skip the per-head PNGs (grid, data and HTML only)");
   attention_cmd->add_option("--vocab", attention.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 
+  // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
+  // required").
+  if (argc >= 2 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "qkv: unknown command '%s'; the commands are: %s (qkv --help)\n",
+                   qkv::printable(argv[1]).c_str(), names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -177,6 +263,9 @@ int main(int argc, char** argv) {
       if (generate.checkpoint.empty() && generate.gpt2_path.empty()) {
         std::fprintf(stderr, "qkv generate: give --checkpoint FILE or --gpt2 FILE\n");
         return 2;
+      }
+      if (!prompt_opt->count() && !isatty(STDIN_FILENO)) {  // echo "text" | qkv generate …
+        generate.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
       }
       return qkv::cli::run_generate(generate);
     }

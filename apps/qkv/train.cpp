@@ -1,10 +1,17 @@
 // `qkv train`: train a small GPT on a text (default: the King James Bible from Debian's bible-kjv), with a
 // progress bar, a CSV of losses, a PNG loss plot, atomic checkpoints, exact --resume and Ctrl-C handling.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <csignal>
+#include <signal.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,7 +33,61 @@ namespace qkv::cli {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int) { g_interrupted.store(true); }
+std::atomic<int> g_signal{0};
+// SIGINT (Ctrl-C), SIGTERM (kill, schedulers) and SIGHUP (a closed terminal) all end the run the same way: the
+// current step finishes, a checkpoint is written, and the exit code says which signal it was (128 + number).
+extern "C" void on_interrupt(int signal) {
+  g_signal.store(signal);
+  g_interrupted.store(true);
+}
+
+// The model, its gradients and AdamW's two moments take 16 bytes per parameter; refuse what cannot fit.
+void check_memory(const train::TrainSettings& settings) {
+  const double bytes = 16.0 * static_cast<double>(settings.model.parameter_count());
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (physical > 0 && bytes > physical) {
+    char message[256];
+    std::snprintf(message, sizeof message,
+                  "the model has %lld parameters; training needs at least %.1f GiB (weights, gradients and AdamW's "
+                  "moments) but this machine has %.1f GiB; choose smaller sizes",
+                  static_cast<long long>(settings.model.parameter_count()), bytes / (1 << 30), physical / (1 << 30));
+    throw UsageError(message);
+  }
+}
+
+// The output directory, checked before any training: it can be created and written, no other run writes to it
+// (a lock held for the run), and an existing run in it is kept unless --resume or --overwrite says otherwise.
+// Temporary files of killed runs are cleaned up.
+int g_lock_fd = -1;
+void prepare_output_directory(const TrainCommand& options, const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(options.out_dir, ec);
+  if (ec) throw IoError(options.out_dir + ": cannot create the output directory: " + ec.message());
+  const std::string lock_path = options.out_dir + "/.qkv-train.lock";
+  g_lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (g_lock_fd < 0) {
+    throw IoError(options.out_dir + ": cannot write there (" + std::strerror(errno) + "); choose another --out");
+  }
+  if (::flock(g_lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {0};
+    (void)!::pread(g_lock_fd, pid, sizeof pid - 1, 0);
+    throw IoError(options.out_dir + ": another qkv train (pid " + std::string(pid) + ") is writing there; wait for it "
+                  "or choose another --out");
+  }
+  const std::string me = std::to_string(getpid());
+  if (::ftruncate(g_lock_fd, 0) != 0 || ::pwrite(g_lock_fd, me.data(), me.size(), 0) < 0) {
+    throw IoError(options.out_dir + ": cannot write there (" + std::string(std::strerror(errno)) + "); choose another --out");
+  }
+  if (options.resume.empty() && !options.overwrite && fs::exists(checkpoint)) {
+    throw UsageError(options.out_dir + " already holds a run (" + checkpoint + "); continue it with --resume " +
+                     checkpoint + ", start over with --overwrite, or choose another --out");
+  }
+  if (const int stale = io::remove_stale_temporaries(checkpoint); stale > 0)
+    std::fprintf(stderr, "qkv train: removed %d temporary file(s) left by an interrupted run\n", stale);
+  io::remove_stale_temporaries(options.out_dir + "/losses.csv");
+  io::remove_stale_temporaries(options.out_dir + "/loss.png");
+}
 
 std::string read_corpus(const std::string& path) {
   if (!path.empty()) {
@@ -49,6 +110,13 @@ std::string read_corpus(const std::string& path) {
   return text;
 }
 
+int terminal_columns() {
+  struct winsize size {};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  if (const char* env = std::getenv("COLUMNS"); env && std::atoi(env) > 0) return std::atoi(env);
+  return 80;
+}
+
 std::string format_duration(double seconds) {
   const long s = std::lround(std::max(0.0, seconds));
   char buf[32];
@@ -65,18 +133,22 @@ class Progress {
     smoothed_ = smoothed_ == 0 ? r.tokens_per_second : 0.9 * smoothed_ + 0.1 * r.tokens_per_second;
     elapsed_ += r.seconds;
     const double eta = elapsed_ / static_cast<double>(r.step - start_) * static_cast<double>(total_ - r.step);
-    char line[256];
-    const int width = 30;
-    const int filled = static_cast<int>(width * r.step / std::max<int64_t>(total_, 1));
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar.resize(width, '.');
-    std::snprintf(line, sizeof line, "[%s] step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", bar.c_str(),
+    char text[200];
+    std::snprintf(text, sizeof text, " step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s",
                   static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.learning_rate, smoothed_,
                   format_duration(eta).c_str());
+    // The bar takes what the terminal's width leaves, so the line never wraps (80 columns: a 10-wide bar).
+    const int columns = terminal_columns();
+    const int width = std::clamp(columns - 3 - static_cast<int>(std::strlen(text)), 0, 30);
+    const int filled = static_cast<int>(width * r.step / std::max<int64_t>(total_, 1));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(static_cast<size_t>(width), '.');
+    std::string line = width > 0 ? "[" + bar + "]" + text : std::string(text + 1);
+    if (static_cast<int>(line.size()) >= columns) line.resize(static_cast<size_t>(std::max(columns - 1, 10)));
     if (tty_) {
-      std::fprintf(stderr, "\r%s\x1b[K", line);
+      std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
     } else if (r.step == total_ || r.step % std::max<int64_t>(1, total_ / 25) == 0) {
-      std::fprintf(stderr, "%s\n", line);
+      std::fprintf(stderr, "%s\n", line.c_str());
     }
     std::fflush(stderr);
   }
@@ -162,19 +234,28 @@ int run_train(const TrainCommand& options) {
   train::TrainSettings stored;
   if (!options.resume.empty()) strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
   for (const auto& [key, value] : options.overrides) strings[key] = value;
-  const train::TrainSettings settings = train::TrainSettings::from_strings(strings);
+  // The model's vocabulary follows the tokenizer unless given: bytes → 256, gpt2 → 50,257.
+  if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
+    strings["vocab_size"] = "256";
+  }
+  train::TrainSettings settings;
+  try {
+    settings = train::TrainSettings::from_strings(strings);
+  } catch (const ValueError& e) {
+    throw UsageError(e.what());  // the values came from the command line (the checkpoint's were valid)
+  }
   if (!options.resume.empty()) {
     for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
       std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
   }
-  std::error_code ec;
-  fs::create_directories(options.out_dir, ec);
-  if (ec) throw IoError(options.out_dir + ": cannot create the output directory: " + ec.message());
+  check_memory(settings);
+  prepare_output_directory(options, checkpoint);
 
   const auto tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
   if (settings.model.vocab_size < tokenizer->vocab_size()) {
-    throw ValueError("vocab_size " + std::to_string(settings.model.vocab_size) + " is smaller than the " +
-                     tokenizer->name() + " tokenizer's " + std::to_string(tokenizer->vocab_size()));
+    throw UsageError("vocab_size " + std::to_string(settings.model.vocab_size) + " is smaller than the " +
+                     tokenizer->name() + " tokenizer's " + std::to_string(tokenizer->vocab_size()) +
+                     "; give --vocab-size " + std::to_string(tokenizer->vocab_size()) + " or leave it out");
   }
   std::string corpus = read_corpus(options.text_path);
   if (corpus.empty()) {
@@ -255,42 +336,65 @@ int run_train(const TrainCommand& options) {
 
   Progress progress(settings.max_steps, trainer.step());
   g_interrupted.store(false);
-  auto previous = std::signal(SIGINT, on_interrupt);
+  g_signal.store(0);
+  struct sigaction action {}, previous[3];
+  action.sa_handler = on_interrupt;
+  sigemptyset(&action.sa_mask);
+  const int signals[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; ++i) sigaction(signals[i], &action, &previous[i]);
+  // losses.csv and loss.png first, then the checkpoint: a kill between the two leaves rows past the checkpoint's
+  // step, which a resume drops (read_csv keeps rows up to the checkpoint's step), never a gap.
   auto save = [&](int64_t /*step*/) {
-    trainer.save_checkpoint(checkpoint);
     write_outputs(options.out_dir, rows);
+    trainer.save_checkpoint(checkpoint);
   };
+  // The command that continues this run, as typed: the same text, vocabulary and output folder.
+  std::string continue_with = "qkv train --resume " + checkpoint + " --out " + options.out_dir;
+  if (!options.text_path.empty()) continue_with += " --text " + options.text_path;
+  if (!options.vocab_dir.empty()) continue_with += " --vocab " + options.vocab_dir;
+  if (options.replace_invalid) continue_with += " --replace-invalid";
   std::atomic<bool> reached_stop{false};
-  trainer.run([&](const train::StepReport& r) {
-                rows.push_back({r.step, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second});
-                progress.step(r);
-                if (options.stop_at > 0 && r.step >= options.stop_at) reached_stop.store(true), g_interrupted.store(true);
-                if (options.attention_every > 0 && (r.step % options.attention_every == 0 || r.step == settings.max_steps))
-                  snapshot(r.step);
-              },
-              [&](const train::EvalReport& e) {
-                if (!rows.empty() && rows.back().step == e.step) {
-                  rows.back().eval_train = e.train_loss;
-                  rows.back().eval_validation = e.validation_loss;
-                }
-                char line[160];
-                std::snprintf(line, sizeof line, "step %lld: train loss %.4f, validation loss %.4f",
-                              static_cast<long long>(e.step), e.train_loss, e.validation_loss);
-                progress.message(line);
-              },
-              save, &g_interrupted);
-  std::signal(SIGINT, previous);
+  try {
+    trainer.run([&](const train::StepReport& r) {
+                  rows.push_back({r.step, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second});
+                  progress.step(r);
+                  if (options.stop_at > 0 && r.step >= options.stop_at) reached_stop.store(true), g_interrupted.store(true);
+                  if (options.attention_every > 0 && (r.step % options.attention_every == 0 || r.step == settings.max_steps))
+                    snapshot(r.step);
+                },
+                [&](const train::EvalReport& e) {
+                  if (!rows.empty() && rows.back().step == e.step) {
+                    rows.back().eval_train = e.train_loss;
+                    rows.back().eval_validation = e.validation_loss;
+                  }
+                  char line[160];
+                  std::snprintf(line, sizeof line, "step %lld: train loss %.4f, validation loss %.4f",
+                                static_cast<long long>(e.step), e.train_loss, e.validation_loss);
+                  progress.message(line);
+                },
+                save, &g_interrupted);
+  } catch (const train::TrainingDiverged& e) {
+    for (int i = 0; i < 3; ++i) sigaction(signals[i], &previous[i], nullptr);
+    // The weights did not take the bad step; the last checkpoint on disk is untouched.
+    throw ValueError(std::string(e.what()) + (std::filesystem::exists(checkpoint) ? "; the last checkpoint, " + checkpoint +
+                                                                                         ", is intact"
+                                                                                   : "; no checkpoint was written") +
+                     ". Lower --lr (or raise --warmup) and train again");
+  }
+  for (int i = 0; i < 3; ++i) sigaction(signals[i], &previous[i], nullptr);
   save(trainer.step());
   save_animation();
   if (reached_stop.load()) {
     progress.message("stopped at step " + std::to_string(trainer.step()) + " as asked (--stop-at); checkpoint saved to " +
-                     checkpoint + "; continue with: qkv train --resume " + checkpoint + " --out " + options.out_dir);
+                     checkpoint + "; continue with: " + continue_with);
     return 0;
   }
   if (g_interrupted.load()) {
-    progress.message("interrupted at step " + std::to_string(trainer.step()) + "; checkpoint saved to " + checkpoint +
-                     "; continue with: qkv train --resume " + checkpoint + " --out " + options.out_dir);
-    return 130;
+    const int signal = g_signal.load();
+    progress.message("interrupted (" + std::string(signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "Ctrl-C") +
+                     ") at step " + std::to_string(trainer.step()) + "; checkpoint saved to " + checkpoint +
+                     "; continue with: " + continue_with);
+    return 128 + (signal ? signal : SIGINT);
   }
   progress.message("done: " + checkpoint + ", " + options.out_dir + "/losses.csv, " + options.out_dir + "/loss.png");
 
@@ -301,10 +405,15 @@ int run_train(const TrainCommand& options) {
   sampling.top_k = 40;
   sampling.seed = settings.seed;
   sampling.stop_token = tokenizer->end_of_text();
-  const std::vector<int64_t> prompt = tokenizer->encode(options.sample_prompt);
+  // The prompt: --sample-prompt, else the first words of the text (a Bible verse means nothing to other texts).
+  std::string sample_prompt = options.sample_prompt;
+  if (sample_prompt.empty()) {
+    sample_prompt = tokenizer->decode(std::vector<int64_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 4)));
+  }
+  const std::vector<int64_t> prompt = tokenizer->encode(sample_prompt);
   trainer.model().eval();
   const std::vector<int64_t> produced = nn::generate(trainer.model(), prompt, sampling);
-  const std::string sample = options.sample_prompt + tokenizer->decode(produced);
+  const std::string sample = sample_prompt + tokenizer->decode(produced);
   std::cout << "sample (temperature 0.8, top-k 40):\n" << sample << "\n";
   std::ofstream(options.out_dir + "/sample.txt") << sample << "\n";
   return 0;

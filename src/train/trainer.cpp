@@ -225,8 +225,17 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     const text::Batch batch = train_loader_->batch(step_);
     optimizer_->zero_grad();
     const Tensor loss = nn::language_model_loss(model_->forward(batch.inputs, batch.batch, batch.tokens), batch.targets);
+    const float loss_value = loss.item();
+    if (!std::isfinite(loss_value)) {
+      throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the loss is " + std::to_string(loss_value) +
+                             " (the training diverged); stopped before applying the step");
+    }
     loss.backward();
     const double norm = clip_grad_norm(parameters, settings_.grad_clip);
+    if (!std::isfinite(norm)) {
+      throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the gradient norm is " + std::to_string(norm) +
+                             " (the training diverged); stopped before applying the step");
+    }
     optimizer_->step();
     ++step_;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -23,6 +23,12 @@ namespace qkv::train {
 // returns the norm before clipping.
 double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm);
 
+// The loss or the gradient became NaN or infinite: the step was not applied (the weights are the last good ones).
+class TrainingDiverged : public Error {
+ public:
+  using Error::Error;
+};
+
 struct StepReport {
   int64_t step = 0;  // 1-based: the number of optimiser steps taken
   double loss = 0, learning_rate = 0, grad_norm = 0, tokens_per_second = 0, seconds = 0;
@@ -53,7 +59,8 @@ class Trainer {
   // Atomically writes the checkpoint (temp file, fsync, rename).
   void save_checkpoint(const std::string& path) const;
 
-  // Trains until max_steps, or until *stop becomes true (checked between steps). Returns the last step.
+  // Trains until max_steps, or until *stop becomes true (checked between steps). Returns the last step. A
+  // non-finite loss or gradient norm throws TrainingDiverged before the optimiser touches the weights.
   int64_t run(const std::function<void(const StepReport&)>& on_step, const std::function<void(const EvalReport&)>& on_eval,
               const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop);
 
