@@ -121,8 +121,12 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
   model->final_norm.shift.copy_(get("ln_f.bias", {C}));
   if (file.contains(prefix + "lm_head.weight")) used.insert(prefix + "lm_head.weight");  // tied to wte anyway
   std::string unexpected;
-  for (const auto& info : file.tensors())
-    if (!used.count(info.name)) unexpected += (unexpected.empty() ? "" : ", ") + info.name;
+  int extra = 0;
+  for (const auto& info : file.tensors()) {
+    if (used.count(info.name)) continue;
+    if (++extra <= 10) unexpected += (unexpected.empty() ? "" : ", ") + printable(info.name);
+  }
+  if (extra > 10) unexpected += " and " + std::to_string(extra - 10) + " more";
   if (!unexpected.empty()) throw IoError(path + ": unexpected tensors for GPT-2: " + unexpected);
   model->eval();
   return model;
