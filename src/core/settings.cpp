@@ -44,7 +44,7 @@ double parse_real(std::string_view text, const std::string& what) {
   errno = 0;
   const double v = std::strtod(s.c_str(), &end);
   if (*end != '\0') bad(text, what, "a number");
-  if (!std::isfinite(v) || errno == ERANGE && std::fabs(v) > 1.0) bad(text, what, "a finite number");
+  if (!std::isfinite(v) || (errno == ERANGE && std::fabs(v) > 1.0)) bad(text, what, "a finite number");
   return v;
 }
 

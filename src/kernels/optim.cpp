@@ -11,7 +11,7 @@ namespace qkv::kernels {
 
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
   // One pass: each element's four values are read and written once; the loop vectorises (no branches).
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
   for (int64_t j = 0; j < n; ++j) {
     const float wj = w[j] * s.decay;
     const float mj = m[j] * s.beta1 + s.one_minus_beta1 * g[j];
