@@ -150,6 +150,25 @@ TEST_F(Hostile, GPT2FilesWithEmptyLayersAreRefusedBeforeAllocating) {
   }
 }
 
+TEST_F(Hostile, GPT2MetadataAndLongPositionTables) {
+  const auto file = io::SafetensorsFile::open(fixture("gpt2_tiny_hf.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& info : file.tensors()) tensors.emplace_back(info.name, file.tensor(info.name));
+  auto metadata = file.metadata();
+  metadata["n_head"] = "4junk";
+  io::save_safetensors(path("junk.safetensors"), tensors, metadata);
+  EXPECT_THROW(nn::load_gpt2(path("junk.safetensors")), IoError);
+  // A 20000-long wpe: the model's memory follows the file (no 20000² causal masks), under a 1.5 GB address limit.
+  const int64_t C = file.tensor("wte.weight").size(1);
+  for (auto& [name, t] : tensors)
+    if (name == "wpe.weight") t = Tensor::zeros({20000, C});
+  io::save_safetensors(path("long.safetensors"), tensors, file.metadata());
+  const CliResult r = run_cli("generate --gpt2 " + path("long.safetensors") + " --prompt hi --max-new-tokens 2 >/dev/null 2>&1; " +
+                              std::string(QKV_CLI) + " attention --gpt2 " + path("long.safetensors") + " --prompt '!' --out " + path("att"),
+                              "ulimit -v 1500000; ");
+  EXPECT_TRUE(fs::exists(path("att/attention.safetensors"))) << r.out;
+}
+
 TEST_F(Hostile, VocabulariesAreUserInput) {
   const auto found = text::find_gpt2_vocabulary();
   ASSERT_TRUE(found) << "GPT-2's vocabulary is needed (scripts/fetch-gpt2-vocab)";
@@ -159,7 +178,7 @@ TEST_F(Hostile, VocabulariesAreUserInput) {
     std::string json{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     if (!encoder_edit.empty()) {
       const size_t at = json.find(encoder_edit);
-      if (at != std::string::npos) json.replace(at, encoder_edit.size(), encoder_edit == "\"!\": 0" ? "\"\\u00e9\\u00e9\": 0" : "\"xyz\": 0");
+      if (at != std::string::npos) json.replace(at, encoder_edit.size(), encoder_edit == "\"!\": 0" ? "\"\\u00e9\\u00e9\": 0" : "\"\\u4e00\": 262");
     }
     std::ofstream(dir_ / name / "encoder.json") << json;
     if (merges == "<copy>") fs::copy_file(*found + "/vocab.bpe", dir_ / name / "vocab.bpe");
@@ -168,6 +187,7 @@ TEST_F(Hostile, VocabulariesAreUserInput) {
   };
   // A byte token replaced: '!' (byte 0x21) is missing.
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("no_byte", "\"!\": 0", "<copy>")), IoError);
+  EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("non_byte", "\"\\u0120the\": 262", "<copy>")), IoError);  // "一" is no byte
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("empty_merges", "", "")), IoError);
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("bad_merge", "", "#version: 0.2\nzz qq\n")), IoError);
   // The real one still loads, and a 100 KB run of letters encodes and decodes back (the BPE is O(n log n)).
@@ -251,6 +271,11 @@ TEST_F(Hostile, CommandLineNumbersAndStreams) {
   const CliResult unknown = run_cli("trian");
   EXPECT_EQ(unknown.code, 2);
   EXPECT_TRUE(contains(unknown.out, "unknown command 'trian'")) << unknown.out;
+  // A cut or edited losses.csv does not stop a resume.
+  std::ofstream(path("run/losses.csv"), std::ios::app) << "garbage,row\n3junk,1,2,3,4\n";
+  const CliResult resumed = run_cli("train --resume " + path("run/checkpoint.safetensors") + " --text " + path("text.txt") +
+                                    " --out " + path("run") + " --steps 3");
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
   // A FIFO as --text is read like a file.
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
   const std::string writer = "cat " + path("text.txt") + " > " + path("fifo") + " &";

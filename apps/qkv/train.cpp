@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/generate.hpp"
@@ -183,11 +184,23 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
     std::vector<std::string> v;
     while (std::getline(fields, f, ',')) v.push_back(f);
     if (v.size() < 5 || v[0].empty()) continue;
-    auto number = [](const std::string& x) { return x.empty() ? NAN : std::stod(x); };
-    r.step = std::stoll(v[0]);
+    // A row that does not parse (the file was edited or cut by a kill) is skipped, not fatal: the checkpoint is
+    // what resumes the run; the CSV is its history.
+    auto number = [](const std::string& x) {
+      try {
+        return x.empty() ? NAN : parse_real(x, "losses.csv");
+      } catch (const Error&) {
+        return static_cast<double>(NAN);
+      }
+    };
+    try {
+      r.step = parse_int(v[0], "losses.csv step");
+    } catch (const Error&) {
+      continue;
+    }
     r.loss = number(v[1]), r.lr = number(v[2]), r.grad_norm = number(v[3]), r.tokens_per_second = number(v[4]);
-    r.eval_train = v.size() > 5 && !v[5].empty() ? std::stod(v[5]) : NAN;
-    r.eval_validation = v.size() > 6 && !v[6].empty() ? std::stod(v[6]) : NAN;
+    r.eval_train = v.size() > 5 ? number(v[5]) : NAN;
+    r.eval_validation = v.size() > 6 ? number(v[6]) : NAN;
     if (r.step <= up_to_step) rows.push_back(r);
   }
   return rows;

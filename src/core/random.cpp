@@ -207,9 +207,18 @@ std::vector<uint64_t> Generator::state() const {
 }
 
 void Generator::set_state(const std::vector<uint64_t>& s) {
-  if (s.size() != 628 || s[1] > 624 || s[2] > 1) {
-    throw ValueError("Generator::set_state: malformed state (" + std::to_string(s.size()) +
-                     " words; expected 628 from Generator::state())");
+  if (s.size() != 628) {
+    throw ValueError("Generator::set_state: the state has " + std::to_string(s.size()) +
+                     " words; Generator::state() writes 628 (seed, position, normal cache, 624 engine words)");
+  }
+  if (s[1] > 624 || s[2] > 1) {
+    throw ValueError("Generator::set_state: the state's position (" + std::to_string(s[1]) + ", at most 624) or cache "
+                     "flag (" + std::to_string(s[2]) + ", 0 or 1) is out of range: the state is corrupt");
+  }
+  for (size_t i = 4; i < 628; ++i) {
+    if (s[i] > 0xffffffffull) {
+      throw ValueError("Generator::set_state: engine word " + std::to_string(i - 4) + " does not fit 32 bits: the state is corrupt");
+    }
   }
   seed_ = s[0];
   index_ = static_cast<int>(s[1]);

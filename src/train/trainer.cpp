@@ -190,7 +190,11 @@ void Trainer::resume(const std::string& path) {
     t.copy_(stored);
   });
   const std::vector<int64_t> words = file.int64s("rng.state");
-  generator_.set_state(std::vector<uint64_t>(words.begin(), words.end()));
+  try {
+    generator_.set_state(std::vector<uint64_t>(words.begin(), words.end()));
+  } catch (const ValueError& e) {
+    throw IoError(path + ": rng.state: " + e.what());
+  }
   const int64_t step = parse_int(file.metadata().count("step") ? file.metadata().at("step") : "", path + ": step");
   if (step < 0) throw IoError(path + ": step = " + std::to_string(step) + " is negative; the checkpoint is corrupt");
   step_ = step;

@@ -40,7 +40,9 @@ void plot_lines(const std::string& path, const std::string& title, const std::st
       if (!std::isfinite(x) || !std::isfinite(y)) continue;
       x_min = std::min(x_min, x), x_max = std::max(x_max, x), y_min = std::min(y_min, y), y_max = std::max(y_max, y);
     }
-  if (!std::isfinite(x_min)) throw ValueError("plot: no finite points to draw");
+  if (!std::isfinite(x_min)) {
+    throw ValueError(path + ": there is no finite value to plot (every point is NaN or infinite; did the run diverge?)");
+  }
   if (x_max == x_min) x_max = x_min + 1;
   if (y_max == y_min) y_max = y_min + 1;
   const double y_step = nice_step(y_max - y_min, 6), x_step = nice_step(x_max - x_min, 8);
