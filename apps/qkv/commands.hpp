@@ -59,7 +59,7 @@ struct TrainCommand {
   std::string sample_prompt;  // empty: the first words of the text
   int64_t sample_tokens = 60;
 };
-int run_train(const TrainCommand& options);
+int run_train(const TrainCommand& options, train::Communicator& comm);
 
 // A GPT from a qkv checkpoint or a Hugging Face GPT-2 model.safetensors (exactly one given), in eval mode.
 struct LoadedModel {

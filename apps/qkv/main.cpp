@@ -257,7 +257,33 @@ int run(int argc, char** argv) {
     if (*train_cmd) {
       for (const auto& [option, key] : settings_options)
         if (option->count()) train.overrides[key] = option->get_expected_min() == 0 ? "true" : given_values[key];
-      return qkv::cli::run_train(train);
+      // Under mpirun (more than one process) the processes train one model together; MPI starts here.
+      if (qkv::train::launched_world_size() > 1) {
+        if (!qkv::train::built_with_mpi()) {
+          std::fprintf(stderr, "qkv train: started by mpirun with %d processes, but this qkv was built without MPI; "
+                               "install Open MPI (apt-get install libopenmpi-dev openmpi-bin), rebuild, or run "
+                               "without mpirun\n", qkv::train::launched_world_size());
+          return 2;
+        }
+        auto comm = qkv::train::make_mpi_communicator(&argc, &argv);
+        try {
+          return qkv::cli::run_train(train, *comm);
+        } catch (const qkv::train::CollectiveError& e) {  // every process knows: one message, no abort
+          if (comm->rank() == 0) std::fprintf(stderr, "qkv train: error: %s\n", e.what());
+          return 1;
+        } catch (const qkv::cli::UsageError& e) {
+          std::fprintf(stderr, "qkv (process %d of %d): usage error: %s\n", comm->rank(), comm->size(), e.what());
+          if (comm->size() > 1) comm->abort_all(2);
+          return 2;
+        } catch (const std::exception& e) {
+          // One process failed on its own (a write, a read): stop every process, naming this one.
+          std::fprintf(stderr, "qkv (process %d of %d): error: %s\n", comm->rank(), comm->size(), e.what());
+          if (comm->size() > 1) comm->abort_all(1);
+          return 1;
+        }
+      }
+      qkv::train::SingleProcess single;
+      return qkv::cli::run_train(train, single);
     }
     if (*generate_cmd) {
       if (generate.checkpoint.empty() && generate.gpt2_path.empty()) {

@@ -129,8 +129,10 @@ std::string format_duration(double seconds) {
 // A progress line on stderr: redrawn in place on a terminal, printed every few steps otherwise.
 class Progress {
  public:
-  Progress(int64_t total, int64_t start) : total_(total), start_(start), tty_(isatty(STDERR_FILENO)) {}
+  Progress(int64_t total, int64_t start, bool shown = true)
+      : total_(total), start_(start), tty_(isatty(STDERR_FILENO)), shown_(shown) {}
   void step(const train::StepReport& r) {
+    if (!shown_) return;
     smoothed_ = smoothed_ == 0 ? r.tokens_per_second : 0.9 * smoothed_ + 0.1 * r.tokens_per_second;
     elapsed_ += r.seconds;
     const double eta = elapsed_ / static_cast<double>(r.step - start_) * static_cast<double>(total_ - r.step);
@@ -154,13 +156,14 @@ class Progress {
     std::fflush(stderr);
   }
   void message(const std::string& text) {
+    if (!shown_) return;
     std::fprintf(stderr, tty_ ? "\r\x1b[K%s\n" : "%s\n", text.c_str());
     std::fflush(stderr);
   }
 
  private:
   int64_t total_, start_;
-  bool tty_;
+  bool tty_, shown_;
   double smoothed_ = 0, elapsed_ = 0;
 };
 
@@ -168,6 +171,7 @@ struct CsvRow {
   int64_t step;
   double loss, lr, grad_norm, tokens_per_second;
   double eval_train = NAN, eval_validation = NAN;
+  double communication = 0;  // seconds summing gradients across processes
 };
 
 // Keeps the rows of an earlier run up to `step` (when resuming), so the file stays one consistent history.
@@ -201,6 +205,7 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
     r.loss = number(v[1]), r.lr = number(v[2]), r.grad_norm = number(v[3]), r.tokens_per_second = number(v[4]);
     r.eval_train = v.size() > 5 ? number(v[5]) : NAN;
     r.eval_validation = v.size() > 6 ? number(v[6]) : NAN;
+    r.communication = v.size() > 7 && !v[7].empty() ? number(v[7]) : 0.0;
     if (r.step <= up_to_step) rows.push_back(r);
   }
   return rows;
@@ -208,7 +213,7 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
 
 void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) {
   std::ostringstream csv;
-  csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss\n";
+  csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss,communication_seconds\n";
   viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
       validation{"validation", {214, 39, 40}, {}};
   for (const auto& r : rows) {
@@ -219,7 +224,9 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
     csv << line;
     if (!std::isnan(r.eval_train)) csv << r.eval_train << ',' << r.eval_validation;
     else csv << ',';
-    csv << '\n';
+    char communication[32];
+    std::snprintf(communication, sizeof communication, ",%.4f", r.communication);
+    csv << (std::isnan(r.loss) ? "," : communication) << '\n';
     if (!std::isnan(r.loss)) train_series.points.emplace_back(static_cast<double>(r.step), r.loss);
     if (!std::isnan(r.eval_train)) {
       eval_series.points.emplace_back(static_cast<double>(r.step), r.eval_train);
@@ -238,9 +245,17 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
 
 }  // namespace
 
-int run_train(const TrainCommand& options) {
+int run_train(const TrainCommand& options, train::Communicator& comm) {
   namespace fs = std::filesystem;
   const std::string checkpoint = options.out_dir + "/checkpoint.safetensors";
+  // Under mpirun every process runs this; process 0 alone writes files and talks. A problem while setting up
+  // (a missing text on one machine, say) stops every process with a message naming the process.
+  const bool lead = comm.rank() == 0;
+  train::TrainSettings settings;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::vector<int64_t> tokens;
+  std::unique_ptr<train::Trainer> trainer_owner;
+  auto setup = [&] {
   // The defaults, or with --resume the checkpoint's settings; what the command line gives overrides them as
   // text, and the whole is parsed and validated once.
   std::map<std::string, std::string> strings = options.settings.to_strings();
@@ -251,20 +266,19 @@ int run_train(const TrainCommand& options) {
   if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
     strings["vocab_size"] = "256";
   }
-  train::TrainSettings settings;
   try {
     settings = train::TrainSettings::from_strings(strings);
   } catch (const ValueError& e) {
     throw UsageError(e.what());  // the values came from the command line (the checkpoint's were valid)
   }
-  if (!options.resume.empty()) {
+  if (!options.resume.empty() && lead) {
     for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
       std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
   }
   check_memory(settings);
-  prepare_output_directory(options, checkpoint);
+  if (lead) prepare_output_directory(options, checkpoint);
 
-  const auto tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
+  tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
   if (settings.model.vocab_size < tokenizer->vocab_size()) {
     throw UsageError("vocab_size " + std::to_string(settings.model.vocab_size) + " is smaller than the " +
                      tokenizer->name() + " tokenizer's " + std::to_string(tokenizer->vocab_size()) +
@@ -276,32 +290,51 @@ int run_train(const TrainCommand& options) {
                      " is empty; give a text to train on");
   }
   if (options.replace_invalid) corpus = text::replace_invalid_utf8(corpus);
-  std::vector<int64_t> tokens;
   try {
     tokens = tokenizer->encode(corpus);
   } catch (const ValueError& e) {
     throw ValueError((options.text_path.empty() ? std::string("corpus") : options.text_path) + ": " + e.what());
   }
-  std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
-               tokenizer->name().c_str());
-
+  if (lead) {
+    std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
+                 tokenizer->name().c_str());
+  }
   if (!options.resume.empty()) train::check_checkpoint(options.resume, stored);  // before anything is allocated
-  train::Trainer trainer(settings, tokens);
-  if (!options.resume.empty()) trainer.resume(options.resume);
-  std::fprintf(stderr,
+  trainer_owner = std::make_unique<train::Trainer>(settings, tokens, &comm);
+  if (!options.resume.empty()) trainer_owner->resume(options.resume);
+  };
+  if (comm.size() == 1) {
+    setup();
+  } else {
+    std::string problem;
+    try {
+      setup();
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    comm.agree(problem);  // every process stops if any could not start, naming it
+  }
+  train::Trainer& trainer = *trainer_owner;
+  if (lead) std::fprintf(stderr,
                "model: %lld parameters (emb %lld, %lld layers, %lld heads, context %lld, vocab %lld); "
                "batch %lld; steps %lld → %lld; outputs in %s\n",
                static_cast<long long>(trainer.model().parameter_count()), static_cast<long long>(settings.model.emb_dim),
                static_cast<long long>(settings.model.n_layers), static_cast<long long>(settings.model.n_heads),
                static_cast<long long>(settings.model.context_length), static_cast<long long>(settings.model.vocab_size),
-               static_cast<long long>(settings.batch_size), static_cast<long long>(trainer.step()),
+               static_cast<long long>(trainer.global_batch()), static_cast<long long>(trainer.step()),
                static_cast<long long>(settings.max_steps), options.out_dir.c_str());
+  if (lead && comm.size() > 1) {
+    std::fprintf(stderr, "data parallel: %d processes × batch %lld × grad-accum %lld = %lld windows per step\n", comm.size(),
+                 static_cast<long long>(settings.batch_size), static_cast<long long>(settings.grad_accum),
+                 static_cast<long long>(trainer.global_batch()));
+  }
 
   std::vector<CsvRow> rows = options.resume.empty() ? std::vector<CsvRow>{} : read_csv(options.out_dir + "/losses.csv", trainer.step());
   if (trainer.step() == 0) {
     const double untrained = trainer.evaluate(true, settings.eval_batches);
-    std::fprintf(stderr, "untrained validation loss %.4f (ln vocab = %.4f)\n", untrained,
-                 std::log(static_cast<double>(settings.model.vocab_size)));
+    if (lead)
+      std::fprintf(stderr, "untrained validation loss %.4f (ln vocab = %.4f)\n", untrained,
+                   std::log(static_cast<double>(settings.model.vocab_size)));
     rows.push_back({0, NAN, NAN, NAN, NAN, trainer.evaluate(false, settings.eval_batches), untrained});
   }
   // Attention snapshots of a fixed probe while training: watch the heads form.
@@ -345,9 +378,9 @@ int run_train(const TrainCommand& options) {
     viz::heatmap_grid_gif(attention_dir + "/attention.gif", "Attention while training (layers x heads)", snapshots,
                           static_cast<int>(snapshots.front().first.size() / settings.model.n_layers), probe_labels, 1.0, 40);
   };
-  if (options.attention_every > 0 && trainer.step() == 0) snapshot(0);
+  if (options.attention_every > 0 && trainer.step() == 0 && lead) snapshot(0);
 
-  Progress progress(settings.max_steps, trainer.step());
+  Progress progress(settings.max_steps, trainer.step(), lead);
   g_interrupted.store(false);
   g_signal.store(0);
   struct sigaction action {}, previous[3];
@@ -358,6 +391,7 @@ int run_train(const TrainCommand& options) {
   // losses.csv and loss.png first, then the checkpoint: a kill between the two leaves rows past the checkpoint's
   // step, which a resume drops (read_csv keeps rows up to the checkpoint's step), never a gap.
   auto save = [&](int64_t /*step*/) {
+    if (!lead) return;  // one writer
     write_outputs(options.out_dir, rows);
     trainer.save_checkpoint(checkpoint);
   };
@@ -370,9 +404,11 @@ int run_train(const TrainCommand& options) {
   try {
     trainer.run([&](const train::StepReport& r) {
                   rows.push_back({r.step, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second});
+                  rows.back().communication = r.communication_seconds;
                   progress.step(r);
                   if (options.stop_at > 0 && r.step >= options.stop_at) reached_stop.store(true), g_interrupted.store(true);
-                  if (options.attention_every > 0 && (r.step % options.attention_every == 0 || r.step == settings.max_steps))
+                  if (lead && options.attention_every > 0 &&
+                      (r.step % options.attention_every == 0 || r.step == settings.max_steps))
                     snapshot(r.step);
                 },
                 [&](const train::EvalReport& e) {
@@ -396,7 +432,7 @@ int run_train(const TrainCommand& options) {
   }
   for (int i = 0; i < 3; ++i) sigaction(signals[i], &previous[i], nullptr);
   save(trainer.step());
-  save_animation();
+  if (lead) save_animation();
   if (reached_stop.load()) {
     progress.message("stopped at step " + std::to_string(trainer.step()) + " as asked (--stop-at); checkpoint saved to " +
                      checkpoint + "; continue with: " + continue_with);
@@ -410,6 +446,7 @@ int run_train(const TrainCommand& options) {
     return 128 + (signal ? signal : SIGINT);
   }
   progress.message("done: " + checkpoint + ", " + options.out_dir + "/losses.csv, " + options.out_dir + "/loss.png");
+  if (!lead) return 0;
 
   // A sample, so you can see what it learned.
   nn::SamplingOptions sampling;

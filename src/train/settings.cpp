@@ -13,7 +13,12 @@ const std::vector<Setting<TrainSettings>>& train_settings_schema() {
     std::vector<Setting<TrainSettings>> s;
     for (const auto& m : nn::gpt_config_schema()) s.push_back(settings::nested(&TrainSettings::model, m));
     const bool may_change = false;
-    s.push_back(field("batch_size", "--batch-size", "Windows per step", &TrainSettings::batch_size));
+    // The global batch (ranks × batch_size × grad_accum) must stay the same on resume; how it is split may change.
+    s.push_back(field("batch_size", "--batch-size", "Windows per micro-batch on each process", &TrainSettings::batch_size,
+                      may_change));
+    s.push_back(field("grad_accum", "--grad-accum",
+                      "Micro-batches per optimiser step on each process (the global batch is ranks × batch × this)",
+                      &TrainSettings::grad_accum, may_change));
     s.push_back(field("max_steps", "--steps", "Optimiser steps", &TrainSettings::max_steps, may_change));
     s.push_back(field("warmup_steps", "--warmup", "Linear warmup steps", &TrainSettings::warmup_steps, may_change));
     s.push_back(field("learning_rate", "--lr", "Peak learning rate", &TrainSettings::learning_rate, may_change));
@@ -42,6 +47,7 @@ void TrainSettings::validate() const {
     if (v < 1) throw ValueError(std::string(name) + " must be at least 1, got " + std::to_string(v));
   };
   positive(batch_size, "batch size");
+  positive(grad_accum, "grad accum");
   positive(max_steps, "steps");
   if (warmup_steps < 0 || eval_every < 0 || eval_batches < 0 || checkpoint_every < 0) {
     throw ValueError("warmup, eval-every, eval-batches and checkpoint-every must not be negative");
@@ -58,7 +64,9 @@ std::map<std::string, std::string> TrainSettings::to_strings() const {
   return settings::to_strings(train_settings_schema(), *this);
 }
 
-TrainSettings TrainSettings::from_strings(const std::map<std::string, std::string>& values) {
+TrainSettings TrainSettings::from_strings(const std::map<std::string, std::string>& given) {
+  std::map<std::string, std::string> values = given;
+  values.emplace("grad_accum", "1");  // checkpoints from before gradient accumulation
   const TrainSettings s = settings::from_strings(train_settings_schema(), values, TrainSettings{}, "the settings");
   s.validate();
   return s;

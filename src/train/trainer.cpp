@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/kernels/optim.hpp"
 
@@ -100,8 +101,10 @@ std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, Tra
   return model;
 }
 
-Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens) : settings_(settings), generator_(settings.seed) {
+Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator)
+    : settings_(settings), generator_(settings.seed), comm_(communicator ? communicator : &single_) {
   settings_.validate();
+  world_ = comm_->size();
   for (int64_t id : tokens) {
     if (id < 0 || id >= settings_.model.vocab_size) {
       throw ValueError("token id " + std::to_string(id) + " does not fit vocab_size " + std::to_string(settings_.model.vocab_size));
@@ -120,7 +123,14 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
     throw ValueError(std::string("validation split (the last ") + format_real(100 * (1 - settings_.train_fraction)) +
                      "% of the text): " + e.what());
   }
-  train_loader_ = std::make_unique<text::DataLoader>(*train_data_, settings_.batch_size, true, settings_.seed);
+  // The loader hands out whole global batches; each process takes its micro-batches from them (run()).
+  try {
+    train_loader_ = std::make_unique<text::DataLoader>(*train_data_, global_batch(), true, settings_.seed);
+  } catch (const ValueError& e) {
+    throw ValueError(std::string("training split: ") + e.what() + " (the global batch is " + std::to_string(world_) +
+                     " process(es) × batch " + std::to_string(settings_.batch_size) + " × grad-accum " +
+                     std::to_string(settings_.grad_accum) + ")");
+  }
   validation_loader_ = std::make_unique<text::DataLoader>(
       *validation_data_, std::min<int64_t>(settings_.batch_size, validation_data_->size()), false, settings_.seed);
   model_ = std::make_unique<nn::GPTModel>(settings_.model, generator_);
@@ -142,6 +152,8 @@ void Trainer::save_checkpoint(const std::string& path) const {
   std::map<std::string, std::string> metadata = settings_.to_strings();
   metadata["format"] = kFormat;
   metadata["step"] = std::to_string(step_);
+  metadata["world_size"] = std::to_string(world_);
+  metadata["global_batch"] = std::to_string(global_batch());
   metadata["data_fingerprint"] = std::to_string(settings_fingerprint_);
   io::save_safetensors(path, tensors, metadata);
 }
@@ -163,6 +175,17 @@ void Trainer::resume(const std::string& path) {
   for (const std::string& d : settings_differences(stored, settings_, /*must_match=*/true)) mismatches += "\n  " + d;
   if (file.metadata().count("data_fingerprint") && file.metadata().at("data_fingerprint") != std::to_string(settings_fingerprint_)) {
     mismatches += "\n  text: the checkpoint was trained on different text (token fingerprint differs)";
+  }
+  // The global batch must be the same (how it is split between processes and micro-batches may change).
+  const int64_t stored_world = file.metadata().count("world_size") ? parse_int(file.metadata().at("world_size"), path + ": world_size") : 1;
+  const int64_t stored_global = stored_world * stored.batch_size * stored.grad_accum;
+  if (stored_global != global_batch()) {
+    mismatches += "\n  global batch: checkpoint " + std::to_string(stored_world) + " process(es) × batch " +
+                  std::to_string(stored.batch_size) + " × grad-accum " + std::to_string(stored.grad_accum) + " = " +
+                  std::to_string(stored_global) + " windows, this run " + std::to_string(world_) + " × " +
+                  std::to_string(settings_.batch_size) + " × " + std::to_string(settings_.grad_accum) + " = " +
+                  std::to_string(global_batch()) + "; choose --batch-size and --grad-accum so that processes × batch × "
+                  "accum = " + std::to_string(stored_global);
   }
   if (!mismatches.empty()) {
     throw ValueError(path + " comes from another configuration; it differs in:" + mismatches +
@@ -217,25 +240,82 @@ double Trainer::evaluate(bool validation, int64_t batches) {
   return total / static_cast<double>(n);
 }
 
+namespace {
+// The dropout seed of micro-batch `slice` of optimiser step `step`: the same whichever process runs it.
+uint64_t slice_seed(uint64_t seed, int64_t step, int64_t slice) {
+  uint64_t h = seed ^ 0x9E3779B97F4A7C15ull;
+  for (uint64_t v : {static_cast<uint64_t>(step), static_cast<uint64_t>(slice)}) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  }
+  return h;
+}
+}  // namespace
+
 int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
                      const std::function<void(const EvalReport&)>& on_eval,
                      const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop) {
   model_->train();
   const auto parameters = model_->named_parameters();
-  while (step_ < settings_.max_steps && !(stop && stop->load())) {
+  const int64_t B = settings_.batch_size, K = settings_.grad_accum, slices = world_ * K;
+  const float share = 1.0f / static_cast<float>(slices);  // each micro-batch's part of the mean loss
+  while (step_ < settings_.max_steps && !comm_->any(stop && stop->load())) {
     const auto start = std::chrono::steady_clock::now();
     const double lr = learning_rate_at(settings_, step_);
     optimizer_->set_lr(lr);
-    const text::Batch batch = train_loader_->batch(step_);
+    const text::Batch global = train_loader_->batch(step_);
+    const int64_t T = global.tokens;
     optimizer_->zero_grad();
-    const Tensor loss = nn::language_model_loss(model_->forward(batch.inputs, batch.batch, batch.tokens), batch.targets);
-    const float loss_value = loss.item();
-    if (!std::isfinite(loss_value)) {
-      throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the loss is " + std::to_string(loss_value) +
+    double local[2] = {0.0, 0.0};  // Σ micro-batch losses, count of non-finite ones
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t slice = k * world_ + comm_->rank();
+      const std::span<const int64_t> inputs(global.inputs.data() + slice * B * T, static_cast<size_t>(B * T));
+      const std::span<const int64_t> targets(global.targets.data() + slice * B * T, static_cast<size_t>(B * T));
+      generator_.manual_seed(slice_seed(settings_.seed, step_, slice));
+      Tensor loss = nn::language_model_loss(model_->forward(inputs, B, T), targets);
+      const float value = loss.item();
+      local[0] += value;
+      if (!std::isfinite(value)) {
+        local[1] += 1;
+        continue;
+      }
+      if (slices > 1) loss = mul(loss, share);
+      loss.backward();
+    }
+    comm_->sum(local, 2);
+    if (local[1] > 0) {
+      throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the loss is " + std::to_string(local[0] / slices) +
                              " (the training diverged); stopped before applying the step");
     }
-    loss.backward();
-    const double norm = clip_grad_norm(parameters, settings_.grad_clip);
+    double communication = 0.0;
+    if (world_ > 1) {  // Σ gradients over processes, in rank order, through one flat buffer
+      const auto began = std::chrono::steady_clock::now();
+      int64_t total = 0;
+      for (const auto& [name, p] : parameters) total += p.numel();
+      flat_gradients_.resize(static_cast<size_t>(total));
+      int64_t at = 0;
+      for (const auto& [name, p] : parameters) {
+        const Tensor g = p.grad();
+        if (g.defined()) std::copy_n(g.data(), g.numel(), flat_gradients_.data() + at);
+        else std::fill_n(flat_gradients_.data() + at, p.numel(), 0.0f);
+        at += p.numel();
+      }
+      comm_->sum(flat_gradients_.data(), total);
+      at = 0;
+      for (const auto& [name, p] : parameters) {
+        Tensor g = p.grad();
+        if (!g.defined()) {
+          g = Tensor::zeros(p.shape());
+          Tensor handle = p;  // a handle to the same parameter
+          handle.set_grad(g);
+        }
+        std::copy_n(flat_gradients_.data() + at, p.numel(), g.data());
+        at += p.numel();
+      }
+      communication = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    }
+    const double norm = clip_grad_norm(parameters, settings_.grad_clip);  // the same on every process
     if (!std::isfinite(norm)) {
       throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the gradient norm is " + std::to_string(norm) +
                              " (the training diverged); stopped before applying the step");
@@ -244,7 +324,8 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     ++step_;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (on_step) {
-      on_step({step_, loss.item(), lr, norm, static_cast<double>(batch.batch * batch.tokens) / seconds, seconds});
+      on_step({step_, local[0] / static_cast<double>(slices), lr, norm,
+               static_cast<double>(global_batch() * T) / seconds, seconds, communication});
     }
     if (settings_.eval_every > 0 && (step_ % settings_.eval_every == 0 || step_ == settings_.max_steps) && on_eval) {
       on_eval({step_, evaluate(false, settings_.eval_batches), evaluate(true, settings_.eval_batches)});

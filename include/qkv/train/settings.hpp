@@ -14,7 +14,8 @@ namespace qkv::train {
 
 struct TrainSettings {
   nn::GPTConfig model;
-  int64_t batch_size = 8;
+  int64_t batch_size = 8;   // windows per micro-batch on each process
+  int64_t grad_accum = 1;   // micro-batches per optimiser step on each process: global batch = ranks × batch × accum
   int64_t max_steps = 500;
   int64_t warmup_steps = 50;
   double learning_rate = 1e-3;

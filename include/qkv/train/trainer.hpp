@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qkv/nn/gpt.hpp"
+#include "qkv/train/communicator.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/train/settings.hpp"
 #include "qkv/text/dataset.hpp"
@@ -32,6 +33,7 @@ class TrainingDiverged : public Error {
 struct StepReport {
   int64_t step = 0;  // 1-based: the number of optimiser steps taken
   double loss = 0, learning_rate = 0, grad_norm = 0, tokens_per_second = 0, seconds = 0;
+  double communication_seconds = 0;  // summing gradients across processes (0 in one process)
 };
 struct EvalReport {
   int64_t step = 0;
@@ -50,7 +52,13 @@ class Trainer {
  public:
   // Splits `tokens` into training and validation windows of context_length; ValueError if either part is
   // shorter than one window. The model is made from settings.model and the seed.
-  Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens);
+  //
+  // Data parallelism: with a communicator of N processes, every process holds the whole model and optimiser,
+  // each optimiser step takes a global batch of N × batch_size × grad_accum windows, micro-batch s of it goes to
+  // process s mod N, gradients are summed in rank order (Communicator::sum) and averaged, and every process takes
+  // the same step. Each micro-batch's dropout is seeded by (seed, step, s), so the same global batch trains the
+  // same way however it is split. Without a communicator: one process.
+  Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator = nullptr);
 
   // Restores weights, optimiser state, step and generator from a checkpoint. IoError if the file is not a
   // qkv checkpoint; ValueError listing every setting that differs from this run's (a checkpoint from
@@ -68,6 +76,7 @@ class Trainer {
   double evaluate(bool validation, int64_t batches);
 
   int64_t step() const { return step_; }
+  int64_t global_batch() const { return world_ * settings_.batch_size * settings_.grad_accum; }
   nn::GPTModel& model() { return *model_; }
   const TrainSettings& settings() const { return settings_; }
 
@@ -80,6 +89,10 @@ class Trainer {
   std::unique_ptr<text::DataLoader> train_loader_, validation_loader_;
   int64_t step_ = 0;
   uint64_t settings_fingerprint_ = 0;  // of the token ids: a resumed run must see the same text
+  SingleProcess single_;
+  Communicator* comm_;
+  int64_t world_ = 1;
+  std::vector<float> flat_gradients_;  // one buffer for the cross-process sum
 };
 
 }  // namespace qkv::train

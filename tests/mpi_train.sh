@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Data-parallel qkv train under mpirun (ctest, when qkv is built with MPI):
+#  1. the same global batch trains the same way: 1 process × grad-accum 4, 2 × 2 and 4 × 1 (losses to 1e-5);
+#  2. a run resumes with another number of processes when the global batch is the same, and says why not when not;
+#  3. a process that cannot read its text stops every process with a message naming it.
+# Usage: mpi_train.sh QKV_BINARY SCRATCH_DIR
+set -euo pipefail
+qkv=$1
+dir=$2
+rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
+for i in $(seq 60); do echo "In the beginning was the word; the fat cat sat on the mat $i. Then the dog ran after the cat."; done > text.txt
+mpi=(mpirun --oversubscribe -x OMP_NUM_THREADS=1)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+common=(--text text.txt --tokenizer bytes --context-length 32 --emb-dim 32 --n-heads 2 --n-layers 1 --drop-rate 0.1
+        --batch-size 2 --steps 20 --eval-every 0 --sample-tokens 4 --lr 3e-3 --warmup 2)
+losses() { cut -d, -f2 "$1/losses.csv" | tail -n +3; }
+same() {  # two loss columns equal to 1e-5 relative
+  paste -d' ' <(losses "$1") <(losses "$2") | awk -v a="$1" -v b="$2" '
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1)) { print a " and " b " differ at row " NR ": " $1 " vs " $2; bad = 1 } }
+    END { if (NR != 20) { print a ": " NR " rows, expected 20"; bad = 1 } exit bad }'
+}
+OMP_NUM_THREADS=1 "$qkv" train "${common[@]}" --grad-accum 4 --out one >/dev/null 2>&1
+"${mpi[@]}" -np 2 "$qkv" train "${common[@]}" --grad-accum 2 --out two >/dev/null 2>&1
+"${mpi[@]}" -np 4 "$qkv" train "${common[@]}" --grad-accum 1 --out four >/dev/null 2>&1
+same one two
+same one four
+echo "equivalence: 1 x 4, 2 x 2 and 4 x 1 give the same 20 losses (dropout 0.1 included)"
+
+# Stop at step 8 on 2 processes, continue on 1 process with grad-accum 4: the same as the straight run.
+"${mpi[@]}" -np 2 "$qkv" train "${common[@]}" --grad-accum 2 --stop-at 8 --out split >/dev/null 2>&1
+OMP_NUM_THREADS=1 "$qkv" train --resume split/checkpoint.safetensors --text text.txt --grad-accum 4 --out split \
+  --sample-tokens 4 >/dev/null 2>&1
+same one split
+echo "resume: 2 processes to step 8, then 1 process to step 20, equals the straight run"
+if OMP_NUM_THREADS=1 "$qkv" train --resume split/checkpoint.safetensors --text text.txt --grad-accum 2 --steps 30 \
+     --out split > refused.txt 2>&1; then
+  echo "a resume with another global batch was accepted"; exit 1
+fi
+grep -q "global batch: checkpoint 1 process(es) × batch 2 × grad-accum 4 = 8 windows" refused.txt || { cat refused.txt; exit 1; }
+echo "resume with another global batch: refused with the reason"
+
+# Process 1 cannot read its text: every process stops, the message names it, no checkpoint appears.
+set +e
+"${mpi[@]}" -np 2 bash -c 'T=text.txt; [ "${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" = 1 ] && T=/nonexistent/text.txt;
+  exec "$0" train --text "$T" --tokenizer bytes --context-length 32 --emb-dim 32 --n-heads 2 --n-layers 1 --steps 3 --out failed' \
+  "$qkv" > failed.txt 2>&1
+code=$?
+set -e
+[[ $code -ne 0 ]] || { echo "a failing process did not fail the run"; exit 1; }
+grep -q "rank 1: /nonexistent/text.txt: cannot open" failed.txt || { cat failed.txt; exit 1; }
+[[ ! -e failed/checkpoint.safetensors ]] || { echo "a checkpoint was written"; exit 1; }
+echo "a failing process: every process stopped, naming rank 1"
+echo "mpi: all passed"
