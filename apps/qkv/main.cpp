@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "qkv/core/error.hpp"
 #include "qkv/core/settings.hpp"
+#include "qkv/kernels/threads.hpp"
 #include "qkv/version.hpp"
 
 namespace {
@@ -38,6 +39,11 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", std::string("qkv ") + qkv::kVersion);
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Print help for every command");
+  // --threads N anywhere on the line (qkv train --threads 2): the subcommands pass it up to here.
+  int threads = 0;
+  app.add_option("--threads", threads, "Threads for qkv's kernels (default: OMP_NUM_THREADS, else all cores)")
+      ->check(CLI::Range(1, 1024));
+  app.fallthrough();
 
   qkv::cli::DemoOptions demo;
   auto* demo_cmd = app.add_subcommand(
@@ -243,6 +249,7 @@ int run(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
+  if (threads > 0) qkv::set_num_threads(threads);
   try {
     if (*demo_cmd) {
       // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.

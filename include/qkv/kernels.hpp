@@ -11,4 +11,5 @@
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/optim.hpp"
 #include "qkv/kernels/softmax.hpp"
+#include "qkv/kernels/threads.hpp"
 #include "qkv/kernels/transformer.hpp"

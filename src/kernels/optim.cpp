@@ -10,12 +10,14 @@
 namespace qkv::kernels {
 
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
-  // One pass: each element's four values are read and written once; the loop vectorises (no branches).
+  // One pass: each element's four values are read and written once; the loop vectorises (no branches). The
+  // gradient scale is applied as the gradient is read (x · 1 = x, so an unclipped step is unchanged).
 #pragma omp parallel for schedule(static) if (worth_parallel(n))
   for (int64_t j = 0; j < n; ++j) {
+    const float gj = g[j] * s.grad_scale;
     const float wj = w[j] * s.decay;
-    const float mj = m[j] * s.beta1 + s.one_minus_beta1 * g[j];
-    const float vj = v[j] * s.beta2 + s.one_minus_beta2 * g[j] * g[j];
+    const float mj = m[j] * s.beta1 + s.one_minus_beta1 * gj;
+    const float vj = v[j] * s.beta2 + s.one_minus_beta2 * gj * gj;
     m[j] = mj;
     v[j] = vj;
     w[j] = wj - s.step_size * (mj / (std::sqrt(vj) / s.bc2_sqrt + s.eps));
@@ -24,9 +26,10 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const
 
 void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
   for (int64_t j = 0; j < n; ++j) {
+    const float gj = g[j] * s.grad_scale;
     w[j] *= s.decay;
-    m[j] = m[j] * s.beta1 + s.one_minus_beta1 * g[j];
-    v[j] = v[j] * s.beta2 + s.one_minus_beta2 * g[j] * g[j];
+    m[j] = m[j] * s.beta1 + s.one_minus_beta1 * gj;
+    v[j] = v[j] * s.beta2 + s.one_minus_beta2 * gj * gj;
     const float denom = std::sqrt(v[j]) / s.bc2_sqrt + s.eps;
     w[j] -= s.step_size * (m[j] / denom);
   }
@@ -35,7 +38,7 @@ void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_
 void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& s) {
 #pragma omp parallel for schedule(static) if (worth_parallel(n))
   for (int64_t j = 0; j < n; ++j) {
-    float d = g[j];
+    float d = g[j] * s.grad_scale;
     if (s.weight_decay != 0.0f) d += s.weight_decay * w[j];
     if (buf) {
       buf[j] = s.first ? d : buf[j] * s.momentum + s.keep * d;  // the first step copies d (PyTorch clones it)

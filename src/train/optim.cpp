@@ -42,7 +42,8 @@ void SGD::for_each_state(const std::function<void(const std::string&, Tensor&)>&
 void SGD::step() {
   kernels::SGDStep step{static_cast<float>(options_.lr), static_cast<float>(options_.weight_decay),
                         static_cast<float>(options_.momentum), static_cast<float>(1.0 - options_.dampening),
-                        options_.nesterov, false};
+                        options_.nesterov, false, gradient_scale_};
+  gradient_scale_ = 1.0f;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Tensor& p = parameters_[i].second;
     const Tensor grad = p.grad();
@@ -95,7 +96,9 @@ void AdamW::step() {
                                  static_cast<float>(1.0 - options_.beta2),
                                  static_cast<float>(options_.lr / bias_correction1),
                                  static_cast<float>(std::sqrt(bias_correction2)),
-                                 static_cast<float>(options_.eps)};
+                                 static_cast<float>(options_.eps),
+                                 gradient_scale_};
+  gradient_scale_ = 1.0f;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Tensor& p = parameters_[i].second;
     const Tensor grad = p.grad();

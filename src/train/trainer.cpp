@@ -31,14 +31,23 @@ uint64_t fingerprint(const std::vector<int64_t>& tokens) {
 
 }  // namespace
 
-double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm) {
+double gradient_norm(const std::vector<std::pair<std::string, Tensor>>& parameters) {
   // Σ g² per parameter in fixed chunks (kernels::sum_of_squares: the same for any thread count).
   double total = 0.0;
   for (const auto& [name, p] : parameters) {
     const Tensor g = p.grad();
     if (g.defined()) total += kernels::sum_of_squares(g.data(), g.numel());
   }
-  const double norm = std::sqrt(total);
+  return std::sqrt(total);
+}
+
+float clip_coefficient(double norm, double max_norm) {
+  const double coefficient = max_norm / (norm + 1e-6);
+  return max_norm > 0 && coefficient < 1.0 ? static_cast<float>(coefficient) : 1.0f;
+}
+
+double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm) {
+  const double norm = gradient_norm(parameters);
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1.0) {
     for (const auto& [name, p] : parameters) {
@@ -315,11 +324,14 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       }
       communication = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     }
-    const double norm = clip_grad_norm(parameters, settings_.grad_clip);  // the same on every process
+    // The norm is a read-only pre-pass; the clipping factor is applied inside AdamW's one sweep over parameter,
+    // gradient and moments instead of a pass of its own. The same on every process.
+    const double norm = gradient_norm(parameters);
     if (!std::isfinite(norm)) {
       throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the gradient norm is " + std::to_string(norm) +
                              " (the training diverged); stopped before applying the step");
     }
+    optimizer_->set_gradient_scale(clip_coefficient(norm, settings_.grad_clip));
     optimizer_->step();
     ++step_;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

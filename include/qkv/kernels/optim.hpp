@@ -8,9 +8,11 @@
 namespace qkv::kernels {
 
 // One AdamW step (PyTorch 1.13's single-tensor rule, in float):
+//   g ← g·grad_scale (gradient clipping, when not 1);
 //   w ← w·decay;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  w ← w − step_size · m / (√v / bc2_sqrt + eps)
 struct AdamWStep {
   float decay, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, bc2_sqrt, eps;
+  float grad_scale = 1.0f;
 };
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
 void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
@@ -20,6 +22,7 @@ void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_
 struct SGDStep {
   float lr, weight_decay, momentum, keep;  // keep = 1 − dampening
   bool nesterov, first;
+  float grad_scale = 1.0f;  // gradient clipping folded into the sweep
 };
 void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& s);
 

@@ -23,6 +23,8 @@ class Optimizer {
   virtual double lr() const = 0;
   virtual void set_lr(double lr) = 0;
   int64_t step_count() const { return steps_; }
+  // The next step() uses every gradient times `scale` (gradient clipping folded into the update's one pass).
+  void set_gradient_scale(float scale) { gradient_scale_ = scale; }
   void set_step_count(int64_t steps) { steps_ = steps; }
   // Every state tensor, named "<state>.<parameter name>"; created on first use, so call after step()
   // or after ensure_state() when loading a checkpoint.
@@ -32,6 +34,7 @@ class Optimizer {
  protected:
   NamedTensors parameters_;
   int64_t steps_ = 0;
+  float gradient_scale_ = 1.0f;  // reset to 1 after each step
 };
 
 // The part every optimiser with an options struct shares: the learning rate lives in options().lr.

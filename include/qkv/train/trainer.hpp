@@ -20,6 +20,10 @@
 
 namespace qkv::train {
 
+// The joint L2 norm of all gradients, and the factor torch.nn.utils.clip_grad_norm_ would scale them by
+// (max_norm / (norm + 1e-6) when that is below 1, else 1; 1 when max_norm is 0).
+double gradient_norm(const std::vector<std::pair<std::string, Tensor>>& parameters);
+float clip_coefficient(double norm, double max_norm);
 // Scales all gradients so their joint L2 norm is at most max_norm (torch.nn.utils.clip_grad_norm_);
 // returns the norm before clipping.
 double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& parameters, double max_norm);
