@@ -17,6 +17,29 @@
 #include "qkv/version.hpp"
 
 namespace {
+// A CLI11 check that runs one of qkv's parsers (and an extra condition), so a bad number is a usage error that
+// says what is wrong.
+template <typename Parse>
+CLI::Validator checked(const char* name, Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& text) -> std::string {
+        try {
+          return parse(text);
+        } catch (const qkv::Error& e) {
+          return e.what();
+        }
+      },
+      name);
+}
+
+// --checkpoint FILE | --gpt2 FILE, and --vocab DIR: the model options of generate and attention.
+void add_model_options(CLI::App* command, std::string& checkpoint, std::string& gpt2_path, std::string& vocab_dir) {
+  auto* ckpt = command->add_option("--checkpoint", checkpoint, "A qkv train checkpoint");
+  auto* gpt2 = command->add_option("--gpt2", gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
+  ckpt->excludes(gpt2);
+  command->add_option("--vocab", vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+}
+
 // 0 if everything written to standard output reached it; otherwise a message and 1 (a full disk, a closed pipe:
 // `qkv tokenize > /dev/full` must not report success).
 int check_stdout(int code) {
@@ -123,17 +146,11 @@ int run(int argc, char** argv) {
       option = train_cmd->add_flag(setting.flag, setting.help);
     } else {
       option = train_cmd->add_option(setting.flag, target, setting.help)->default_str(setting.get(ts));
-      option->check(CLI::Validator(
-          [&setting](std::string& text) -> std::string {
-            qkv::train::TrainSettings scratch;
-            try {
-              setting.set(scratch, text);
-            } catch (const qkv::Error& e) {
-              return e.what();
-            }
-            return "";
-          },
-          "VALUE"));
+      option->check(checked("VALUE", [&setting](const std::string& text) {
+        qkv::train::TrainSettings scratch;
+        setting.set(scratch, text);
+        return std::string();
+      }));
     }
     settings_options.emplace_back(option, setting.key);
   }
@@ -152,80 +169,47 @@ int run(int argc, char** argv) {
 
   qkv::cli::GenerateCommand generate;
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a checkpoint or GPT-2 weights");
-  auto* ckpt = generate_cmd->add_option("--checkpoint", generate.checkpoint, "A qkv train checkpoint");
-  auto* gpt2 = generate_cmd->add_option("--gpt2", generate.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
-  ckpt->excludes(gpt2);
+  add_model_options(generate_cmd, generate.checkpoint, generate.gpt2_path, generate.vocab_dir);
   auto* prompt_opt = generate_cmd->add_option("--prompt", generate.prompt, "Text to continue (default: standard input, "
                                                                          "when it is not a terminal)");
   // Numbers are checked whole and in range (a NaN or a negative count is a usage error, never a silent default).
-  const auto finite_at_least = [](double low, const char* what) {
-    return CLI::Validator(
-        [low, what](std::string& text) -> std::string {
-          try {
-            const double v = qkv::parse_real(text, what);
-            return v >= low ? "" : std::string(what) + " must be at least " + qkv::format_real(low);
-          } catch (const qkv::Error& e) {
-            return e.what();
-          }
-        },
-        "NUMBER");
-  };
   const auto count = [](const char* what) {
-    return CLI::Validator(
-        [what](std::string& text) -> std::string {
-          try {
-            return qkv::parse_int(text, what) >= 0 ? "" : std::string(what) + " must not be negative";
-          } catch (const qkv::Error& e) {
-            return e.what();
-          }
-        },
-        "COUNT");
+    return checked("COUNT", [what](const std::string& text) {
+      return qkv::parse_int(text, what) >= 0 ? std::string() : std::string(what) + " must not be negative";
+    });
   };
   generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str()
       ->check(count("--max-new-tokens"));
   generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0: greedy)")->capture_default_str()
-      ->check(finite_at_least(0.0, "--temperature"));
+      ->check(checked("NUMBER", [](const std::string& text) {
+        return qkv::parse_real(text, "--temperature") >= 0 ? std::string() : "--temperature must be at least 0";
+      }));
   generate_cmd->add_option("--top-k", generate.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str()
       ->check(count("--top-k"));
   generate_cmd->add_option("--top-p", generate.top_p, "Nucleus sampling threshold, in (0, 1]")->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              const double v = qkv::parse_real(text, "--top-p");
-              return v > 0.0 && v <= 1.0 ? "" : "--top-p must lie in (0, 1]";
-            } catch (const qkv::Error& e) {
-              return e.what();
-            }
-          },
-          "P"));
-  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str()->check(CLI::Validator(
-      [](std::string& text) -> std::string {
-        try {
-          qkv::parse_uint(text, "--seed");
-          return "";
-        } catch (const qkv::Error& e) {
-          return e.what();
-        }
-      },
-      "SEED"));
+      ->check(checked("P", [](const std::string& text) {
+        const double v = qkv::parse_real(text, "--top-p");
+        return v > 0.0 && v <= 1.0 ? std::string() : "--top-p must lie in (0, 1]";
+      }));
+  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str()
+      ->check(checked("SEED", [](const std::string& text) {
+        qkv::parse_uint(text, "--seed");
+        return std::string();
+      }));
   generate_cmd->add_flag("--replace-invalid", generate.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
   generate_cmd->add_flag("--greedy", generate.greedy, "Always take the likeliest token");
   generate_cmd->add_flag("--no-cache", generate.no_cache, "Recompute the whole context for every token (slow; for comparison)");
-  generate_cmd->add_option("--vocab", generate.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 
   qkv::cli::AttentionCommand attention;
   auto* attention_cmd = app.add_subcommand(
       "attention", "What a GPT attends to for a prompt: a layers × heads grid, a heatmap per head, the weights "
                    "(attention.safetensors) and an interactive attention.html");
-  auto* att_ckpt = attention_cmd->add_option("--checkpoint", attention.checkpoint, "A qkv train checkpoint");
-  auto* att_gpt2 = attention_cmd->add_option("--gpt2", attention.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
-  att_ckpt->excludes(att_gpt2);
+  add_model_options(attention_cmd, attention.checkpoint, attention.gpt2_path, attention.vocab_dir);
   attention_cmd->add_option("--prompt", attention.prompt, "The text whose attention to show")->required();
   attention_cmd->add_option("--layers", attention.layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--heads", attention.heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--out", attention.out_dir, "Output directory")->capture_default_str();
   attention_cmd->add_flag("--no-head-png{false}", attention.per_head_png, "Skip the per-head PNGs (grid, data and HTML only)");
-  attention_cmd->add_option("--vocab", attention.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 
   // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
   // required").

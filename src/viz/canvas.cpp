@@ -102,27 +102,33 @@ void Canvas::line(double x0, double y0, double x1, double y1, Rgb c, int thickne
   }
 }
 
-void Canvas::text(int x, int y, const std::string& s, Rgb c, int scale) {
-  for (char ch : s) {
-    const unsigned char u = static_cast<unsigned char>(ch);
+namespace {
+// Calls pixel(glyph index in s, col, row) for every lit pixel of every glyph of s.
+template <typename Pixel>
+void for_each_glyph_pixel(const std::string& s, Pixel&& pixel) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char u = static_cast<unsigned char>(s[i]);
     const unsigned char* glyph = kFont[(u >= 32 && u <= 126 ? u : '?') - 32];
     for (int row = 0; row < 7; ++row)
       for (int col = 0; col < 5; ++col)
-        if (glyph[row] & (16 >> col)) rect(x + col * scale, y + row * scale, x + col * scale + scale - 1, y + row * scale + scale - 1, c);
-    x += 6 * scale;
+        if (glyph[row] & (16 >> col)) pixel(static_cast<int>(i), col, row);
   }
+}
+}  // namespace
+
+void Canvas::text(int x, int y, const std::string& s, Rgb c, int scale) {
+  for_each_glyph_pixel(s, [&](int i, int col, int row) {
+    const int px = x + (i * 6 + col) * scale, py = y + row * scale;
+    rect(px, py, px + scale - 1, py + scale - 1, c);
+  });
 }
 
 void Canvas::text_up(int x, int y, const std::string& s, Rgb c, int scale) {
-  for (char ch : s) {
-    const unsigned char u = static_cast<unsigned char>(ch);
-    const unsigned char* glyph = kFont[(u >= 32 && u <= 126 ? u : '?') - 32];
-    // glyph pixel (col, row) goes to (x + row, y − col): a quarter turn counter-clockwise
-    for (int row = 0; row < 7; ++row)
-      for (int col = 0; col < 5; ++col)
-        if (glyph[row] & (16 >> col)) rect(x + row * scale, y - col * scale - scale + 1, x + row * scale + scale - 1, y - col * scale, c);
-    y -= 6 * scale;
-  }
+  // glyph pixel (col, row) goes to (x + row, y − col): a quarter turn counter-clockwise
+  for_each_glyph_pixel(s, [&](int i, int col, int row) {
+    const int px = x + row * scale, py = y - (i * 6 + col) * scale;
+    rect(px, py - scale + 1, px + scale - 1, py, c);
+  });
 }
 
 void Canvas::save_png(const std::string& path) const {
