@@ -161,19 +161,27 @@ void bm_mha(benchmark::State& state, int64_t B, int64_t T, int64_t C, int64_t H,
 
 // The attention weights of one head, recomputed from q, k and the forward's log-sum-exp (what qkv attention
 // draws), against that head's share of the fused forward pass (reported as head_share/…: the whole forward / H).
+// Causal q, k, v in the projections' (B, T, H·D) layout and the config that reads them.
+struct CausalInputs {
+  Tensor q, k, v;
+  qkv::AttentionConfig config;
+  explicit CausalInputs(Shape4 s) {
+    qkv::Generator gen(1);
+    const qkv::Shape shape{s.B, s.T, s.H * s.D};
+    q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
+    config.num_heads = s.H;
+    config.causal = true;
+  }
+};
+
 void bm_maps(benchmark::State& state, Shape4 s, int threads) {
   set_threads(threads);
-  qkv::Generator gen(1);
-  const qkv::Shape shape{s.B, s.T, s.H * s.D};
-  const Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
-  qkv::AttentionConfig config;
-  config.num_heads = s.H;
-  config.causal = true;
+  CausalInputs in(s);
   Tensor lse;
-  config.lse = &lse;
-  qkv::scaled_dot_product_attention(q, k, v, config);
+  in.config.lse = &lse;
+  qkv::scaled_dot_product_attention(in.q, in.k, in.v, in.config);
   for (auto _ : state) {
-    Tensor w = qkv::attention_weights(q, k, lse, config, 0, 0);
+    Tensor w = qkv::attention_weights(in.q, in.k, lse, in.config, 0, 0);
     benchmark::DoNotOptimize(w.data());
   }
   report(state, 2.0 * s.T * s.T * s.D * 0.5, 0);
@@ -181,15 +189,10 @@ void bm_maps(benchmark::State& state, Shape4 s, int threads) {
 
 void bm_head_share(benchmark::State& state, Shape4 s, int threads) {
   set_threads(threads);
-  qkv::Generator gen(1);
-  const qkv::Shape shape{s.B, s.T, s.H * s.D};
-  const Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
-  qkv::AttentionConfig config;
-  config.num_heads = s.H;
-  config.causal = true;
+  const CausalInputs in(s);
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    Tensor out = qkv::scaled_dot_product_attention(q, k, v, config);
+    Tensor out = qkv::scaled_dot_product_attention(in.q, in.k, in.v, in.config);
     benchmark::DoNotOptimize(out.data());
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / s.H);
   }
