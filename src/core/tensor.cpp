@@ -45,6 +45,9 @@ Shape::Shape(std::span<const int64_t> dims) {
 }
 
 int64_t Shape::numel() const {
+  // A zero anywhere makes it 0 before the others are multiplied ((2³², 2³¹, 0) must not overflow on the way).
+  for (int i = 0; i < rank_; ++i)
+    if (dims_[static_cast<size_t>(i)] == 0) return 0;
   int64_t n = 1;
   for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
   return n;
