@@ -12,7 +12,7 @@ bible -l80 gen1:1-rev22:21 > "$work/kjv.txt"
 mpi=(mpirun --oversubscribe)
 [[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
 # The default configuration (21M parameters, GPT-2 vocabulary, context 128), 30 steps of 8 windows.
-default=(--text "$work/kjv.txt" --steps 30 --eval-every 0 --checkpoint-every 0 --sample-tokens 1 --batch-size 8)
+default=(--text "$work/kjv.txt" --steps 30 --eval-every 0 --checkpoint-every 0 --sample-tokens 1)
 rate() {  # median tokens/s of steps 6… in losses.csv
   tail -n +8 "$1/losses.csv" | cut -d, -f5 | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
 }
@@ -22,9 +22,9 @@ comm_share() {  # median of communication seconds / step seconds (tokens/s → s
 }
 declare -a one two ranks
 for r in $(seq "$repeats"); do
-  OMP_NUM_THREADS=1 "$qkv" train "${default[@]}" --out "$work/a$r" >/dev/null 2>&1
+  OMP_NUM_THREADS=1 "$qkv" train "${default[@]}" --batch-size 8 --out "$work/a$r" >/dev/null 2>&1
   one+=("$(rate "$work/a$r")")
-  OMP_NUM_THREADS=2 "$qkv" train "${default[@]}" --out "$work/b$r" >/dev/null 2>&1
+  OMP_NUM_THREADS=2 "$qkv" train "${default[@]}" --batch-size 8 --out "$work/b$r" >/dev/null 2>&1
   two+=("$(rate "$work/b$r")")
   "${mpi[@]}" -np 2 -x OMP_NUM_THREADS=1 "$qkv" train "${default[@]}" --batch-size 4 --out "$work/c$r" >/dev/null 2>&1
   ranks+=("$(rate "$work/c$r")")

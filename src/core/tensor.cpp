@@ -244,6 +244,19 @@ Tensor Tensor::view_as_shape(const Shape& new_shape) const {
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::view_at(int64_t offset, const Shape& new_shape) const {
+  auto& src = checked(impl_);
+  if (offset < 0 || offset + new_shape.numel() > src.shape.numel()) {
+    throw ShapeError("view_at: " + new_shape.str() + " at element " + std::to_string(offset) + " does not fit in " +
+                     src.shape.str());
+  }
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = src.storage;
+  impl->ptr = src.ptr + offset;
+  impl->shape = new_shape;
+  return Tensor(std::move(impl));
+}
+
 bool Tensor::shares_storage_with(const Tensor& other) const {
   return impl_ && other.impl_ && impl_->storage == other.impl_->storage;
 }

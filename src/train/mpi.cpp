@@ -1,6 +1,6 @@
-// The MPI communicator (see qkv/train/communicator.hpp). Sums are deterministic: each chunk is gathered to rank 0,
-// added there in rank order, and broadcast back — the same bits for a given world size, whatever MPI's own
-// reduction algorithms would choose. Built only when CMake finds MPI; otherwise make_mpi_communicator says so.
+// The MPI communicator (see qkv/train/communicator.hpp). Sums are deterministic: every element is added in rank
+// order by the rank that owns its shard — the same bits for a given world size, whatever MPI's own reduction
+// algorithms would choose. Built only when CMake finds MPI; otherwise make_mpi_communicator says so.
 #include "qkv/train/communicator.hpp"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "qkv/core/error.hpp"
+#include "qkv/kernels/elementwise.hpp"
 
 #ifdef QKV_HAVE_MPI
 #include <mpi.h>
@@ -58,23 +59,42 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  // A deterministic all-reduce by shards: each piece of the buffer is cut into one shard per rank; every rank
+  // sends shard r to rank r (MPI_Alltoall), rank r adds the N copies of its shard in rank order, and the summed
+  // shards are gathered back everywhere (MPI_Allgather). Each rank moves 2·(N−1)/N of the buffer and does 1/N of
+  // the adding — half of what gathering everything to rank 0 costs with two ranks — and the order of the
+  // additions is fixed, so the bits do not depend on MPI's algorithms.
   template <typename T>
   void ordered_sum(T* values, int64_t n, MPI_Datatype type) {
     if (size_ == 1 || n == 0) return;
-    constexpr int64_t kChunk = int64_t{1} << 20;  // 4 MiB of floats per round: bounded extra memory on rank 0
-    std::vector<T> gathered(rank_ == 0 ? static_cast<size_t>(kChunk * size_) : 0);
-    for (int64_t first = 0; first < n; first += kChunk) {
-      const int count = static_cast<int>(std::min(kChunk, n - first));
-      T* chunk = values + first;
-      MPI_Gather(chunk, count, type, gathered.data(), count, type, 0, MPI_COMM_WORLD);
-      if (rank_ == 0) {
-        for (int r = 1; r < size_; ++r) {  // rank order: ((v0 + v1) + v2) + …
-          const T* other = gathered.data() + static_cast<size_t>(r) * count;
-          for (int i = 0; i < count; ++i) chunk[i] += other[i];
-        }
+    constexpr int64_t kShard = int64_t{1} << 20;  // floats per shard (4 MiB): bounded scratch, large messages
+    const int64_t piece = kShard * size_;
+    std::vector<T> received(static_cast<size_t>(piece)), mine(static_cast<size_t>(kShard));
+    for (int64_t first = 0; first < n; first += piece) {
+      const int64_t count = std::min(piece, n - first);
+      const int shard = static_cast<int>((count + size_ - 1) / size_);  // the last piece may be short: pad
+      T* data = values + first;
+      std::vector<T> padded;
+      if (static_cast<int64_t>(shard) * size_ != count) {
+        padded.assign(static_cast<size_t>(shard) * size_, T(0));
+        std::copy_n(data, count, padded.data());
       }
-      MPI_Bcast(chunk, count, type, 0, MPI_COMM_WORLD);
+      T* send = padded.empty() ? data : padded.data();
+      MPI_Alltoall(send, shard, type, received.data(), shard, type, MPI_COMM_WORLD);
+      add_in_rank_order(received.data(), mine.data(), shard);
+      MPI_Allgather(mine.data(), shard, type, send, shard, type, MPI_COMM_WORLD);
+      if (!padded.empty()) std::copy_n(padded.data(), count, data);
     }
+  }
+  // mine = ((copy 0 + copy 1) + copy 2) + …: the N received copies of this rank's shard, in rank order.
+  void add_in_rank_order(const float* received, float* mine, int shard) const {
+    std::copy_n(received, shard, mine);
+    for (int r = 1; r < size_; ++r) kernels::accumulate(mine, received + static_cast<size_t>(r) * shard, shard);
+  }
+  void add_in_rank_order(const double* received, double* mine, int shard) const {
+    std::copy_n(received, shard, mine);
+    for (int r = 1; r < size_; ++r)
+      for (int i = 0; i < shard; ++i) mine[i] += received[static_cast<size_t>(r) * shard + i];
   }
   int rank_ = 0, size_ = 1;
 };

@@ -268,6 +268,18 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
   model_->train();
   const auto parameters = model_->named_parameters();
   const int64_t B = settings_.batch_size, K = settings_.grad_accum, slices = world_ * K;
+  if (world_ > 1 && !gradient_arena_.defined()) {
+    // Every gradient a view into one buffer, so the cross-process sum reads and writes it in place (no copies).
+    int64_t total = 0;
+    for (const auto& [name, p] : parameters) total += p.numel();
+    gradient_arena_ = Tensor::zeros({total});
+    int64_t at = 0;
+    for (const auto& [name, p] : parameters) {
+      Tensor handle = p;
+      handle.set_grad(gradient_arena_.view_at(at, p.shape()));
+      at += p.numel();
+    }
+  }
   const float share = 1.0f / static_cast<float>(slices);  // each micro-batch's part of the mean loss
   while (step_ < settings_.max_steps && !comm_->any(stop && stop->load())) {
     const auto start = std::chrono::steady_clock::now();
@@ -298,30 +310,9 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
                              " (the training diverged); stopped before applying the step");
     }
     double communication = 0.0;
-    if (world_ > 1) {  // Σ gradients over processes, in rank order, through one flat buffer
+    if (world_ > 1) {  // Σ gradients over processes, in rank order, in place: they live in one buffer
       const auto began = std::chrono::steady_clock::now();
-      int64_t total = 0;
-      for (const auto& [name, p] : parameters) total += p.numel();
-      flat_gradients_.resize(static_cast<size_t>(total));
-      int64_t at = 0;
-      for (const auto& [name, p] : parameters) {
-        const Tensor g = p.grad();
-        if (g.defined()) std::copy_n(g.data(), g.numel(), flat_gradients_.data() + at);
-        else std::fill_n(flat_gradients_.data() + at, p.numel(), 0.0f);
-        at += p.numel();
-      }
-      comm_->sum(flat_gradients_.data(), total);
-      at = 0;
-      for (const auto& [name, p] : parameters) {
-        Tensor g = p.grad();
-        if (!g.defined()) {
-          g = Tensor::zeros(p.shape());
-          Tensor handle = p;  // a handle to the same parameter
-          handle.set_grad(g);
-        }
-        std::copy_n(flat_gradients_.data() + at, p.numel(), g.data());
-        at += p.numel();
-      }
+      comm_->sum(gradient_arena_.data(), gradient_arena_.numel());
       communication = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     }
     // The norm is a read-only pre-pass; the clipping factor is applied inside AdamW's one sweep over parameter,

@@ -100,6 +100,9 @@ class Tensor {
   // A tensor of another shape over the same storage (numel must match). No history: ops.hpp's reshape
   // is the differentiable form.
   Tensor view_as_shape(const Shape& shape) const;
+  // A tensor of `shape` over this one's storage from element `offset` on (ShapeError unless it fits inside):
+  // one allocation carved into many tensors, such as every gradient of a model in one buffer.
+  Tensor view_at(int64_t offset, const Shape& shape) const;
   bool shares_storage_with(const Tensor& other) const;
 
   // For ops and the tape (detail).

@@ -96,7 +96,7 @@ class Trainer {
   SingleProcess single_;
   Communicator* comm_;
   int64_t world_ = 1;
-  std::vector<float> flat_gradients_;  // one buffer for the cross-process sum
+  Tensor gradient_arena_;  // with several processes: every parameter's gradient, one after another
 };
 
 }  // namespace qkv::train
