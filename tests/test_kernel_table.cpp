@@ -135,6 +135,15 @@ std::vector<KernelCase> kernel_cases() {
                      transpose_batched_reference(x.data(), r.data(), 2, n, 37);
                      return close(y.data(), r.data(), 2 * n * 37, 0, 0);
                    }});
+  cases.push_back({"transpose_strided (a column slice)", [](int64_t n, int m) {
+                     const int64_t rows = 37, stride = n + 5;
+                     Buffer x(rows * stride, m, 1), y(n * rows, m, 2);
+                     transpose_strided(x.data() + 3, rows, n, stride, y.data());
+                     std::vector<float> want(static_cast<size_t>(n * rows));
+                     for (int64_t r = 0; r < rows; ++r)
+                       for (int64_t c = 0; c < n; ++c) want[static_cast<size_t>(c * rows + r)] = x.data()[r * stride + 3 + c];
+                     return close(y.data(), want.data(), n * rows, 0, 0);
+                   }});
   cases.push_back({"hashed_dropout forward and backward", [](int64_t n, int m) {
                      Buffer x(n, m, 1), y(n, m, 2), r(n, m, 3);
                      hashed_dropout(x.data(), y.data(), n, 12345, 0.3f, false);

@@ -95,6 +95,16 @@ void write_tokens(const Tensor& src, Tensor& dst, int64_t position) {
     kernels::copy_rows(src.data() + b * T * C, C, dst.data() + (b * capacity + position) * C, C, T, C, false);
 }
 
+Tensor transpose_columns(const Tensor& m, int64_t first, int64_t count) {
+  if (m.rank() != 2 || first < 0 || count < 0 || first + count > m.size(1)) {
+    throw ShapeError("transpose_columns: no columns " + std::to_string(first) + "…" + std::to_string(first + count) +
+                     " in " + m.shape().str());
+  }
+  Tensor out = Tensor::empty({count, m.size(0)});
+  kernels::transpose_strided(m.data() + first, m.size(0), count, m.size(1), out.data());
+  return out;
+}
+
 Tensor select_token(const Tensor& x, int64_t t) {
   if (x.rank() != 3 || t < 0 || t >= x.size(1)) {
     throw ShapeError("select_token: no token " + std::to_string(t) + " in " + x.shape().str());

@@ -361,6 +361,15 @@ void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows
   }
 }
 
+void transpose_strided(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst) {
+  constexpr int64_t kBlock = 32;
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * cols))
+  for (int64_t c0 = 0; c0 < cols; c0 += kBlock)
+    for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
+      for (int64_t c = c0; c < std::min(cols, c0 + kBlock); ++c)
+        for (int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r) dst[c * rows + r] = src[r * src_stride + c];
+}
+
 void transpose_batched_reference(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t i = 0; i < rows; ++i)

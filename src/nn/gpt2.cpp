@@ -13,9 +13,7 @@ namespace {
 
 // dst (out, in) = columns [c0, c0 + out) of src [in, total]: a Conv1D slice, transposed.
 void copy_transposed_columns(const Tensor& src, int64_t c0, Tensor& dst) {
-  const int64_t in = src.size(0), total = src.size(1), out = dst.size(0);
-  for (int64_t r = 0; r < in; ++r)
-    for (int64_t c = 0; c < out; ++c) dst.data()[c * in + r] = src.data()[r * total + c0 + c];
+  dst.copy_(transpose_columns(src, c0, dst.size(0)));
 }
 
 }  // namespace

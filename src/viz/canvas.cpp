@@ -52,17 +52,22 @@ constexpr Rgb kViridisAnchors[10] = {{68, 1, 84},    {72, 40, 120},  {62, 74, 13
 }  // namespace
 
 Rgb viridis(double t) {
+  // The kViridisLevels colours, computed once.
+  static const std::array<Rgb, kViridisLevels> table = [] {
+    std::array<Rgb, kViridisLevels> out{};
+    for (int level = 0; level < kViridisLevels; ++level) {
+      const double x = static_cast<double>(level) / (kViridisLevels - 1) * 9.0;
+      const int i = std::min(8, static_cast<int>(x));
+      const double f = x - i;
+      for (int k = 0; k < 3; ++k)
+        out[static_cast<size_t>(level)][static_cast<size_t>(k)] = static_cast<unsigned char>(std::lround(
+            kViridisAnchors[i][static_cast<size_t>(k)] * (1 - f) + kViridisAnchors[i + 1][static_cast<size_t>(k)] * f));
+    }
+    return out;
+  }();
   if (!(t >= 0.0)) t = 0.0;  // NaN too
   t = std::min(t, 1.0);
-  const double level = std::round(t * (kViridisLevels - 1)) / (kViridisLevels - 1);
-  const double x = level * 9.0;
-  const int i = std::min(8, static_cast<int>(x));
-  const double f = x - i;
-  Rgb c;
-  for (int k = 0; k < 3; ++k)
-    c[static_cast<size_t>(k)] = static_cast<unsigned char>(
-        std::lround(kViridisAnchors[i][static_cast<size_t>(k)] * (1 - f) + kViridisAnchors[i + 1][static_cast<size_t>(k)] * f));
-  return c;
+  return table[static_cast<size_t>(std::lround(t * (kViridisLevels - 1)))];
 }
 
 Canvas::Canvas(int width, int height, Rgb background)

@@ -87,6 +87,8 @@ Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen);
 // Copies src (B, T, C) into dst (B, capacity, C) at tokens [position, position + T): filling a KV cache.
 // Records no gradient.
 void write_tokens(const Tensor& src, Tensor& dst, int64_t position);
+// Columns [first, first + count) of a 2-D m (rows, cols), transposed: (count, rows). Records no gradient.
+Tensor transpose_columns(const Tensor& m, int64_t first, int64_t count);
 // Token t of every batch row of x (B, T, C), as (B, C). Records no gradient.
 Tensor select_token(const Tensor& x, int64_t t);
 // Joins tensors along `dim`; all other dimensions must agree.

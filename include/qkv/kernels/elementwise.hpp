@@ -73,6 +73,10 @@ void causal_mask(float* mask, int64_t T);
 // dst (batch, cols, rows) = transpose of each src (batch, rows, cols) matrix.
 void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols);
 void transpose_batched_reference(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols);
+// dst (cols, rows) = the transpose of a (rows × cols) block of src whose rows are src_stride floats apart:
+// a column slice of a wider matrix (GPT-2's fused c_attn), in cache-sized tiles.
+void transpose_strided(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst);
+
 // Viewed as (outer, n0, mid, n1, inner), dst is (outer, n1, mid, n0, inner): dimensions n0 and n1 swapped;
 // dst (+)= the swapped src.
 void swap_axes(const float* src, float* dst, int64_t outer, int64_t n0, int64_t mid, int64_t n1, int64_t inner,
