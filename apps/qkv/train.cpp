@@ -256,52 +256,52 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   std::vector<int64_t> tokens;
   std::unique_ptr<train::Trainer> trainer_owner;
   auto setup = [&] {
-  // The defaults, or with --resume the checkpoint's settings; what the command line gives overrides them as
-  // text, and the whole is parsed and validated once.
-  std::map<std::string, std::string> strings = options.settings.to_strings();
-  train::TrainSettings stored;
-  if (!options.resume.empty()) strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
-  for (const auto& [key, value] : options.overrides) strings[key] = value;
-  // The model's vocabulary follows the tokenizer unless given: bytes → 256, gpt2 → 50,257.
-  if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
-    strings["vocab_size"] = "256";
-  }
-  try {
-    settings = train::TrainSettings::from_strings(strings);
-  } catch (const ValueError& e) {
-    throw UsageError(e.what());  // the values came from the command line (the checkpoint's were valid)
-  }
-  if (!options.resume.empty() && lead) {
-    for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
-      std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
-  }
-  check_memory(settings);
-  if (lead) prepare_output_directory(options, checkpoint);
+    // The defaults, or with --resume the checkpoint's settings; what the command line gives overrides them as
+    // text, and the whole is parsed and validated once.
+    std::map<std::string, std::string> strings = options.settings.to_strings();
+    train::TrainSettings stored;
+    if (!options.resume.empty()) strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
+    for (const auto& [key, value] : options.overrides) strings[key] = value;
+    // The model's vocabulary follows the tokenizer unless given: bytes → 256, gpt2 → 50,257.
+    if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
+      strings["vocab_size"] = "256";
+    }
+    try {
+      settings = train::TrainSettings::from_strings(strings);
+    } catch (const ValueError& e) {
+      throw UsageError(e.what());  // the values came from the command line (the checkpoint's were valid)
+    }
+    if (!options.resume.empty() && lead) {
+      for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
+        std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
+    }
+    check_memory(settings);
+    if (lead) prepare_output_directory(options, checkpoint);
 
-  tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
-  if (settings.model.vocab_size < tokenizer->vocab_size()) {
-    throw UsageError("vocab_size " + std::to_string(settings.model.vocab_size) + " is smaller than the " +
-                     tokenizer->name() + " tokenizer's " + std::to_string(tokenizer->vocab_size()) +
-                     "; give --vocab-size " + std::to_string(tokenizer->vocab_size()) + " or leave it out");
-  }
-  std::string corpus = read_corpus(options.text_path);
-  if (corpus.empty()) {
-    throw ValueError((options.text_path.empty() ? std::string("the corpus") : options.text_path) +
-                     " is empty; give a text to train on");
-  }
-  if (options.replace_invalid) corpus = text::replace_invalid_utf8(corpus);
-  try {
-    tokens = tokenizer->encode(corpus);
-  } catch (const ValueError& e) {
-    throw ValueError((options.text_path.empty() ? std::string("corpus") : options.text_path) + ": " + e.what());
-  }
-  if (lead) {
-    std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
-                 tokenizer->name().c_str());
-  }
-  if (!options.resume.empty()) train::check_checkpoint(options.resume, stored);  // before anything is allocated
-  trainer_owner = std::make_unique<train::Trainer>(settings, tokens, &comm);
-  if (!options.resume.empty()) trainer_owner->resume(options.resume);
+    tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
+    if (settings.model.vocab_size < tokenizer->vocab_size()) {
+      throw UsageError("vocab_size " + std::to_string(settings.model.vocab_size) + " is smaller than the " +
+                       tokenizer->name() + " tokenizer's " + std::to_string(tokenizer->vocab_size()) +
+                       "; give --vocab-size " + std::to_string(tokenizer->vocab_size()) + " or leave it out");
+    }
+    std::string corpus = read_corpus(options.text_path);
+    if (corpus.empty()) {
+      throw ValueError((options.text_path.empty() ? std::string("the corpus") : options.text_path) +
+                       " is empty; give a text to train on");
+    }
+    if (options.replace_invalid) corpus = text::replace_invalid_utf8(corpus);
+    try {
+      tokens = tokenizer->encode(corpus);
+    } catch (const ValueError& e) {
+      throw ValueError((options.text_path.empty() ? std::string("corpus") : options.text_path) + ": " + e.what());
+    }
+    if (lead) {
+      std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
+                   tokenizer->name().c_str());
+    }
+    if (!options.resume.empty()) train::check_checkpoint(options.resume, stored);  // before anything is allocated
+    trainer_owner = std::make_unique<train::Trainer>(settings, tokens, &comm);
+    if (!options.resume.empty()) trainer_owner->resume(options.resume);
   };
   if (comm.size() == 1) {
     setup();
