@@ -1,7 +1,7 @@
 // Autograd: a dynamic tape at tensor granularity, micrograd's idea applied to tensors.
 // Every differentiable op records a Node (its inputs and a backward closure) on its output; backward()
 // sorts the nodes topologically and runs the closures in reverse, accumulating gradients with +=.
-// Not here: the ops themselves (ops.hpp); each op's backward sits beside its forward in src/autograd/.
+// Not here: the ops themselves (ops.hpp); each op's backward sits beside its forward in src/core/ops_*.cpp.
 #pragma once
 
 #include <functional>

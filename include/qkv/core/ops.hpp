@@ -1,5 +1,5 @@
 // Differentiable operations on Tensors. Each records itself on the tape when an input requires grad;
-// its backward sits beside its forward in src/autograd/. Shapes are checked on every call: a mismatch
+// its backward sits beside its forward in src/core/ops_*.cpp. Shapes are checked on every call: a mismatch
 // throws ShapeError naming the op and both shapes.
 #pragma once
 
