@@ -8,7 +8,7 @@
 //            blocks of 16 (j with j+8), the tail block redrawn and recomputed, with the Cephes log and
 //            sincos polynomials PyTorch's AVX2 kernel uses (bit-exact on this machine's python3-torch);
 //   bernoulli per element, a 53-bit double uniform u, and the result is u < p.
-// Not here: counter-based random streams for the fused attention kernel (kernels.hpp).
+// Not here: counter-based random streams for dropout in the kernels (kernels/attention.hpp, kernels/elementwise.hpp).
 #pragma once
 
 #include <array>
