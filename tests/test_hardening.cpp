@@ -197,6 +197,16 @@ TEST_F(Hostile, VocabulariesAreUserInput) {
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("no_byte", "\"!\": 0", "<copy>")), IoError);
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("non_byte", "\"\\u0120the\": 262", "<copy>")), IoError);  // "一" is no byte
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("empty_merges", "", "")), IoError);
+  // An id far beyond the number of tokens (found by fuzz_vocab: it sized two tables by it, ~390 MB from 20 bytes).
+  fs::create_directories(dir_ / "huge_id");
+  std::ofstream(dir_ / "huge_id" / "encoder.json") << R"({"!": 0, "a": 9999999})";
+  std::ofstream(dir_ / "huge_id" / "vocab.bpe") << "#version: 0.2\n";
+  try {
+    text::GPT2Tokenizer::load((dir_ / "huge_id").string());
+    FAIL() << "accepted";
+  } catch (const IoError& e) {
+    EXPECT_TRUE(contains(e.what(), "not an integer in 0…1")) << e.what();
+  }
   EXPECT_THROW(text::GPT2Tokenizer::load(copy_with("bad_merge", "", "#version: 0.2\nzz qq\n")), IoError);
   // The real one still loads, and a 100 KB run of letters encodes and decodes back (the BPE is O(n log n)).
   const auto tok = text::GPT2Tokenizer::load(*found);

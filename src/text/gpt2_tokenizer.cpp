@@ -186,8 +186,12 @@ std::unique_ptr<GPT2Tokenizer> GPT2Tokenizer::load(const std::string& directory)
   }
   if (!json.is_object()) throw IoError(encoder_path.string() + ": expected a JSON object of token → id");
   for (auto it = json.begin(); it != json.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > 10'000'000) {
-      throw IoError(encoder_path.string() + ": the id of token \"" + printable(it.key()) + "\" is not a valid integer");
+    // Ids run 0…N−1 for N tokens: a larger id is an error before anything is sized by it (a 20-byte file with
+    // the id 9999999 would otherwise allocate two tables of ten million strings).
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+        it.value().get<int64_t>() >= static_cast<int64_t>(json.size())) {
+      throw IoError(encoder_path.string() + ": the id of token \"" + printable(it.key()) + "\" is not an integer in 0…" +
+                    std::to_string(json.size() - 1) + " (ids number the " + std::to_string(json.size()) + " tokens)");
     }
     const int64_t id = it.value().get<int64_t>();
     state->encoder[it.key()] = id;
