@@ -23,12 +23,12 @@ const Tensor* StateDict::find(const std::string& name) const {
 
 Tensor& Module::register_parameter(std::string name, Tensor tensor) {
   tensor.requires_grad_(true);
-  parameters_.push_back({std::move(name), std::move(tensor), false});
+  parameters_.push_back({std::move(name), std::move(tensor), false, nullptr, Shape{}});
   return parameters_.back().tensor;
 }
 
 Tensor& Module::register_buffer(std::string name, Tensor tensor, bool optional_on_load) {
-  buffers_.push_back({std::move(name), std::move(tensor), optional_on_load});
+  buffers_.push_back({std::move(name), std::move(tensor), optional_on_load, nullptr, Shape{}});
   return buffers_.back().tensor;
 }
 
