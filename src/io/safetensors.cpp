@@ -72,7 +72,9 @@ T load(const std::byte* p) {
   return v;
 }
 
-double element(const std::byte* p, DType dtype) {
+}  // namespace
+
+double element_value(const std::byte* p, DType dtype) {
   switch (dtype) {
     case DType::F64: return load<double>(p);
     case DType::F32: return load<float>(p);
@@ -92,8 +94,6 @@ double element(const std::byte* p, DType dtype) {
   }
   return 0.0;
 }
-
-}  // namespace
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -296,7 +296,7 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
     std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
   } else {
     const size_t step = dtype_size(info->dtype);
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element(p + static_cast<size_t>(i) * step, info->dtype));
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element_value(p + static_cast<size_t>(i) * step, info->dtype));
   }
   return out;
 }
@@ -329,7 +329,7 @@ std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {
       out[i] = load<int64_t>(p + i * step);
       continue;
     }
-    const double v = element(p + i * step, info->dtype);
+    const double v = element_value(p + i * step, info->dtype);
     // Only whole numbers that int64 holds: casting NaN or 1e300 would be undefined.
     if (!(v >= -9.2233720368547758e18 && v < 9.2233720368547758e18) || v != std::trunc(v)) {
       fail(label_, "tensor '" + name + "' element " + std::to_string(i) + " = " + std::to_string(v) +

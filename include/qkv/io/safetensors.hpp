@@ -20,6 +20,8 @@ namespace qkv::io {
 enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
 const char* dtype_name(DType dtype);  // "F32"
 size_t dtype_size(DType dtype);
+// One element of `dtype` at p (little-endian) as a double: exact for every dtype but I64 beyond 2^53.
+double element_value(const std::byte* p, DType dtype);
 
 struct TensorInfo {
   std::string name;
