@@ -25,6 +25,9 @@ const std::vector<Setting<TrainSettings>>& train_settings_schema() {
     s.push_back(field("min_learning_rate", "--min-lr", "Learning rate at the end of the cosine",
                       &TrainSettings::min_learning_rate, may_change));
     s.push_back(field("weight_decay", "--weight-decay", "AdamW weight decay", &TrainSettings::weight_decay, may_change));
+    s.push_back(field("adam_beta1", "--adam-beta1", "AdamW's β1", &TrainSettings::adam_beta1, may_change));
+    s.push_back(field("adam_beta2", "--adam-beta2", "AdamW's β2", &TrainSettings::adam_beta2, may_change));
+    s.push_back(field("adam_eps", "--adam-eps", "AdamW's ε", &TrainSettings::adam_eps, may_change));
     s.push_back(field("grad_clip", "--grad-clip", "Gradient norm clip (0: off)", &TrainSettings::grad_clip, may_change));
     s.push_back(field("train_fraction", "--train-fraction", "Share of the text to train on (the rest validates)",
                       &TrainSettings::train_fraction));
@@ -56,6 +59,9 @@ void TrainSettings::validate() const {
     throw ValueError("learning rates must satisfy 0 ≤ min-lr ≤ lr and lr > 0");
   }
   if (!(weight_decay >= 0) || !(grad_clip >= 0)) throw ValueError("weight decay and grad clip must not be negative");
+  if (!(adam_beta1 >= 0 && adam_beta1 < 1) || !(adam_beta2 >= 0 && adam_beta2 < 1) || !(adam_eps > 0)) {
+    throw ValueError("AdamW needs 0 ≤ β1, β2 < 1 and ε > 0");
+  }
   if (!(train_fraction > 0 && train_fraction < 1)) throw ValueError("train fraction must lie in (0, 1)");
   if (tokenizer != "gpt2" && tokenizer != "bytes") throw ValueError("tokenizer must be gpt2 or bytes");
 }
@@ -66,7 +72,11 @@ std::map<std::string, std::string> TrainSettings::to_strings() const {
 
 TrainSettings TrainSettings::from_strings(const std::map<std::string, std::string>& given) {
   std::map<std::string, std::string> values = given;
-  values.emplace("grad_accum", "1");  // checkpoints from before gradient accumulation
+  // Checkpoints from before gradient accumulation and AdamW's β and ε were settings.
+  values.emplace("grad_accum", "1");
+  values.emplace("adam_beta1", "0.9");
+  values.emplace("adam_beta2", "0.999");
+  values.emplace("adam_eps", "1e-08");
   const TrainSettings s = settings::from_strings(train_settings_schema(), values, TrainSettings{}, "the settings");
   s.validate();
   return s;

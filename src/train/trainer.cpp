@@ -144,27 +144,66 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
       *validation_data_, std::min<int64_t>(settings_.batch_size, validation_data_->size()), false, settings_.seed);
   model_ = std::make_unique<nn::GPTModel>(settings_.model, generator_);
   optimizer_ = std::make_unique<optim::AdamW>(
-      model_->named_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .weight_decay = settings_.weight_decay});
+      model_->named_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .beta1 = settings_.adam_beta1, .beta2 = settings_.adam_beta2,
+                                                .eps = settings_.adam_eps, .weight_decay = settings_.weight_decay});
   std::vector<int64_t> all = train_data_->ids();
   all.insert(all.end(), validation_data_->ids().begin(), validation_data_->ids().end());
   settings_fingerprint_ = fingerprint(all);
 }
 
-void Trainer::save_checkpoint(const std::string& path) const {
+void write_checkpoint(const std::string& path, nn::GPTModel& model,
+                      const std::function<void(const std::function<void(const std::string&, Tensor&)>&)>& for_each_state,
+                      const TrainSettings& settings, int64_t step, const std::vector<uint64_t>& rng_state,
+                      const std::map<std::string, std::string>& extra_metadata) {
   std::vector<io::TensorData> tensors;
-  for (const auto& [name, p] : model_->named_parameters()) tensors.push_back(io::TensorData::from_tensor("model." + name, p));
-  optimizer_->for_each_state(
-      [&](const std::string& name, Tensor& t) { tensors.push_back(io::TensorData::from_tensor("optimizer." + name, t)); });
-  const std::vector<uint64_t> state = generator_.state();
-  std::vector<int64_t> words(state.begin(), state.end());
+  for (const auto& [name, p] : model.named_parameters()) tensors.push_back(io::TensorData::from_tensor("model." + name, p));
+  for_each_state([&](const std::string& name, Tensor& t) { tensors.push_back(io::TensorData::from_tensor("optimizer." + name, t)); });
+  std::vector<int64_t> words(rng_state.begin(), rng_state.end());
   tensors.push_back(io::TensorData::from_int64s("rng.state", words));
-  std::map<std::string, std::string> metadata = settings_.to_strings();
+  std::map<std::string, std::string> metadata = settings.to_strings();
   metadata["format"] = kFormat;
-  metadata["step"] = std::to_string(step_);
-  metadata["world_size"] = std::to_string(world_);
-  metadata["global_batch"] = std::to_string(global_batch());
-  metadata["data_fingerprint"] = std::to_string(settings_fingerprint_);
+  metadata["step"] = std::to_string(step);
+  for (const auto& [k, v] : extra_metadata) metadata[k] = v;
   io::save_safetensors(path, tensors, metadata);
+}
+
+void Trainer::save_checkpoint(const std::string& path) const {
+  write_checkpoint(path, *model_, [&](const auto& fn) { optimizer_->for_each_state(fn); }, settings_, step_, generator_.state(),
+                   {{"world_size", std::to_string(world_)}, {"global_batch", std::to_string(global_batch())},
+                    {"data_fingerprint", std::to_string(settings_fingerprint_)}});
+}
+
+void Trainer::resume_from(const ModelFile& file) {
+  const std::string& label = file.description;
+  if (!(file.model->config == settings_.model)) {
+    std::string diff;
+    const auto theirs = file.model->config.to_strings(), mine = settings_.model.to_strings();
+    for (const auto& [k, v] : theirs)
+      if (k != "drop_rate" && mine.at(k) != v) diff += "\n  " + k + ": file " + v + ", this run " + mine.at(k);
+    if (!diff.empty()) throw ValueError(label + " holds another model than this run's settings:" + diff);
+  }
+  auto source = file.model->named_parameters();
+  auto target = model_->named_parameters();
+  for (size_t i = 0; i < target.size(); ++i) target[i].second.copy_(source[i].second);
+  step_ = 0;
+  if (file.optimizer) {
+    optimizer_->ensure_state();
+    optimizer_->for_each_state([&](const std::string& name, Tensor& t) {
+      const bool first = name.rfind("exp_avg.", 0) == 0;
+      const std::string param = name.substr(first ? 8 : 11);
+      const auto& moments = first ? file.optimizer->exp_avg : file.optimizer->exp_avg_sq;
+      if (auto it = moments.find(param); it != moments.end()) t.copy_(it->second);
+    });
+    step_ = file.optimizer->step;
+  }
+  optimizer_->set_step_count(step_);
+  if (!file.rng_state.empty()) {
+    try {
+      generator_.set_state(file.rng_state);
+    } catch (const ValueError& e) {
+      throw IoError(label + ": qkv_rng_state: " + e.what());
+    }
+  }
 }
 
 void Trainer::resume(const std::string& path) {

@@ -21,6 +21,7 @@ struct TrainSettings {
   double learning_rate = 1e-3;
   double min_learning_rate = 1e-4;
   double weight_decay = 0.1;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;  // AdamW's (PyTorch's defaults)
   double grad_clip = 1.0;  // 0: no clipping
   double train_fraction = 0.9;
   int64_t eval_every = 50;

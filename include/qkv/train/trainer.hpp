@@ -14,6 +14,7 @@
 
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/communicator.hpp"
+#include "qkv/train/model_file.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/train/settings.hpp"
 #include "qkv/text/dataset.hpp"
@@ -52,6 +53,13 @@ void check_checkpoint(const std::string& path, const TrainSettings& settings);
 // The model of a checkpoint, in eval mode, for generation; every tensor is checked before the model is built.
 std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr);
 
+// Writes a qkv checkpoint from its parts (what Trainer::save_checkpoint and qkv convert write): every parameter,
+// every optimiser state tensor ("exp_avg.<name>", "exp_avg_sq.<name>"), the generator and the settings; atomically.
+void write_checkpoint(const std::string& path, nn::GPTModel& model,
+                      const std::function<void(const std::function<void(const std::string&, Tensor&)>&)>& for_each_state,
+                      const TrainSettings& settings, int64_t step, const std::vector<uint64_t>& rng_state,
+                      const std::map<std::string, std::string>& extra_metadata = {});
+
 class Trainer {
  public:
   // Splits `tokens` into training and validation windows of context_length; ValueError if either part is
@@ -68,6 +76,10 @@ class Trainer {
   // qkv checkpoint; ValueError listing every setting that differs from this run's (a checkpoint from
   // another configuration).
   void resume(const std::string& checkpoint_path);
+  // Continues from a model file of another kind (a book model_and_optimizer.pth, a .pth or safetensors state dict):
+  // its weights, and when it has them its AdamW moments and step and its generator. The model must be this run's
+  // (ValueError listing the differences); the settings stay this run's.
+  void resume_from(const ModelFile& file);
   // Atomically writes the checkpoint (temp file, fsync, rename).
   void save_checkpoint(const std::string& path) const;
 

@@ -1,0 +1,149 @@
+// Model files by content: the book's .pth and safetensors state dicts with their configuration, exact continuation
+// of the book's training from model_and_optimizer.pth, and the writers read back.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "helpers.hpp"
+#include "qkv/train/model_file.hpp"
+#include "qkv/train/trainer.hpp"
+
+namespace qkv::test {
+namespace {
+
+std::string pth(const std::string& name) { return fixture("pth/" + name); }
+
+train::ConfigHint config_json() { return {pth("config.json"), 0, ""}; }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_weights(nn::GPTModel& model, const std::string& prefix = "state.") {
+  const io::SafetensorsFile expected = io::SafetensorsFile::open(pth("expected.safetensors"));
+  for (const auto& [name, p] : model.named_parameters()) {
+    const Tensor e = expected.tensor(prefix + name);
+    ASSERT_EQ(p.shape(), e.shape()) << name;
+    EXPECT_EQ(std::memcmp(p.data(), e.data(), p.numel() * sizeof(float)), 0) << name;
+  }
+}
+
+TEST(ModelFile, DetectsEachFormatByContent) {
+  EXPECT_EQ(train::detect_model_format(pth("model.pth")), train::ModelFormat::Pth);
+  EXPECT_EQ(train::detect_model_format(pth("model.safetensors")), train::ModelFormat::BookSafetensors);
+  EXPECT_EQ(train::detect_model_format(fixture("gpt2_tiny_hf.safetensors")), train::ModelFormat::HuggingFaceGPT2);
+  EXPECT_NE(error_of([] { train::detect_model_format(fixture("optim.safetensors")); }).find("not a GPT model"), std::string::npos);
+}
+
+TEST(ModelFile, BookPthAndSafetensorsWithTheBooksConfig) {
+  for (const char* name : {"model.pth", "model.safetensors"}) {
+    train::ModelFile f = train::load_model_file(pth(name), config_json());
+    EXPECT_EQ(f.model->config.n_heads, 4);
+    EXPECT_EQ(f.model->config.context_length, 16);
+    EXPECT_FALSE(f.model->config.qkv_bias);
+    EXPECT_EQ(f.tokenizer, "bytes");  // a vocabulary of 256
+    expect_weights(*f.model);
+  }
+}
+
+TEST(ModelFile, InfersTheShapesAndAsksForTheHeads) {
+  const std::string message = error_of([] { train::load_model_file(pth("model.pth")); });
+  EXPECT_NE(message.find("--n-heads"), std::string::npos) << message;
+  EXPECT_NE(message.find("--config"), std::string::npos) << message;
+  train::ModelFile f = train::load_model_file(pth("model.pth"), {"", 4, ""});
+  EXPECT_EQ(f.model->config.vocab_size, 256);
+  EXPECT_EQ(f.model->config.n_layers, 2);
+  // A configuration that contradicts the tensors is named with the tensor that says otherwise.
+  const std::string wrong = error_of([] { train::load_model_file(pth("model.pth"), {"gpt2-small", 0, ""}); });
+  EXPECT_NE(wrong.find("emb_dim = 768"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("tok_emb.weight"), std::string::npos) << wrong;
+  EXPECT_NE(error_of([] { train::load_model_file(pth("model.pth"), {"gpt2-tiny", 0, ""}); }).find("neither a preset"),
+            std::string::npos);
+}
+
+TEST(ModelFile, ReadsPythonStyleConfigurations) {
+  const auto values = train::read_config_hint(pth("config.json"));  // True/False, # comments, a trailing comma
+  EXPECT_EQ(values.at("qkv_bias"), "false");
+  EXPECT_EQ(values.at("drop_rate"), "0");
+  EXPECT_EQ(values.at("n_heads"), "4");
+  const std::string path = ::testing::TempDir() + "qkv_config.py";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("GPT_CONFIG_124M = {\n 'vocab_size': 50257, 'qkv_bias': True, 'n_heads': 12,\n}\n", f);
+  std::fclose(f);
+  EXPECT_EQ(train::read_config_hint(path).at("qkv_bias"), "true");
+  f = std::fopen(path.c_str(), "w");
+  std::fputs("{\"emb_dims\": 768}", f);
+  std::fclose(f);
+  EXPECT_NE(error_of([&] { train::read_config_hint(path); }).find("unknown configuration key \"emb_dims\""), std::string::npos);
+}
+
+// The book's notebook stopped after 3 AdamW steps and saved model_and_optimizer.pth; PyTorch's next 5 steps on
+// the fixture's batches gave continue.losses. qkv, resuming from the file, must take the same 5 steps.
+TEST(ModelFile, ContinuesTheBooksTrainingExactly) {
+  train::ModelFile f = train::load_model_file(pth("model_and_optimizer.pth"), config_json());
+  ASSERT_TRUE(f.optimizer.has_value());
+  const io::SafetensorsFile expected = io::SafetensorsFile::open(pth("expected.safetensors"));
+  EXPECT_EQ(f.optimizer->step, expected.int64s("step")[0]);
+  EXPECT_DOUBLE_EQ(f.optimizer->options.lr, 4e-4);
+  EXPECT_DOUBLE_EQ(f.optimizer->options.weight_decay, 0.1);
+  nn::GPTModel& model = *f.model;
+  expect_weights(model);
+  optim::AdamW adamw(model.named_parameters(), f.optimizer->options);
+  adamw.ensure_state();
+  adamw.for_each_state([&](const std::string& name, Tensor& t) {
+    const bool first = name.rfind("exp_avg.", 0) == 0;
+    const std::string param = name.substr(first ? 8 : 11);
+    const Tensor& source = (first ? f.optimizer->exp_avg : f.optimizer->exp_avg_sq).at(param);
+    const Tensor e = expected.tensor(name);
+    EXPECT_EQ(std::memcmp(source.data(), e.data(), e.numel() * sizeof(float)), 0) << name;
+    t.copy_(source);
+  });
+  adamw.set_step_count(f.optimizer->step);
+  model.train();
+  const std::vector<int64_t> inputs = expected.int64s("continue.inputs"), targets = expected.int64s("continue.targets");
+  const Tensor losses = expected.tensor("continue.losses");
+  const int64_t B = 2, T = 16;
+  for (int64_t s = 0; s < 5; ++s) {
+    adamw.zero_grad();
+    const std::span<const int64_t> x(inputs.data() + s * B * T, B * T), y(targets.data() + s * B * T, B * T);
+    Tensor loss = nn::language_model_loss(model.forward(x, B, T), y);
+    loss.backward();
+    adamw.step();
+    EXPECT_NEAR(loss.item(), losses.data()[s], 1e-5) << "step " << s + 4;
+  }
+}
+
+TEST(ModelFile, WritersReadBack) {
+  const std::string dir = ::testing::TempDir();
+  train::ModelFile f = train::load_model_file(pth("model_and_optimizer.pth"), config_json());
+  train::save_book_pth(dir + "qkv_model.pth", *f.model);
+  train::save_book_safetensors(dir + "qkv_model.safetensors", *f.model);
+  for (const char* name : {"qkv_model.pth", "qkv_model.safetensors"}) {
+    train::ModelFile back = train::load_model_file(dir + name, {"", 4, ""});
+    expect_weights(*back.model);
+  }
+  train::TrainSettings settings;
+  settings.model = f.model->config;
+  settings.tokenizer = "bytes";
+  settings.learning_rate = 4e-4;
+  std::vector<uint64_t> rng = Generator(5).state();
+  train::save_book_pth_with_optimizer(dir + "qkv_both.pth", *f.model, *f.optimizer, settings, rng);
+  train::ModelFile back = train::load_model_file(dir + "qkv_both.pth");  // its config and settings travel with it
+  expect_weights(*back.model);
+  ASSERT_TRUE(back.optimizer && back.settings);
+  EXPECT_EQ(back.optimizer->step, f.optimizer->step);
+  EXPECT_EQ(back.settings->to_strings(), settings.to_strings());
+  EXPECT_EQ(back.rng_state, rng);
+  EXPECT_EQ(back.tokenizer, "bytes");
+  for (const auto& [name, t] : f.optimizer->exp_avg_sq) {
+    EXPECT_EQ(std::memcmp(t.data(), back.optimizer->exp_avg_sq.at(name).data(), t.numel() * sizeof(float)), 0) << name;
+  }
+}
+
+}  // namespace
+}  // namespace qkv::test
