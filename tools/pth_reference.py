@@ -20,6 +20,7 @@ fits (vocab 256):
   hostile/*.pth              files that must be refused, and hostile/expected.json: file → words the refusal names
 """
 import argparse
+import ast
 import io
 import json
 import os
@@ -254,7 +255,7 @@ def make_hostile(out):
 def check_written(directory, fixtures):
     """What qkv wrote, read by PyTorch: weights_only for the state dict, the book's GPTModel loading it."""
     with open(os.path.join(directory, "config.json")) as f:
-        cfg = json.load(f)
+        cfg = ast.literal_eval(f.read())  # the book's dict, Python syntax
     sd = torch.load(os.path.join(directory, "model.pth"), weights_only=True)
     model = GPTModel(cfg)
     model.load_state_dict(sd)  # strict: every key, every shape

@@ -26,9 +26,9 @@ std::vector<int64_t> indices(const std::vector<int64_t>& numbers, int64_t count,
 
 int run_attention(const AttentionCommand& options) {
   const auto start = std::chrono::steady_clock::now();
-  LoadedModel loaded = load_model(options.checkpoint, options.gpt2_path);
+  LoadedModel loaded = load_model(options.model);
   const nn::GPTModel& model = *loaded.model;
-  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.vocab_dir);
+  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.model.vocab_dir);
   const std::vector<int64_t> ids = tokenizer->encode(options.prompt);
   if (ids.empty()) throw UsageError("the prompt is empty; give --prompt TEXT");
   if (static_cast<int64_t>(ids.size()) > model.config.context_length) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qkv/nn/gpt.hpp"
+#include "qkv/train/model_file.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
@@ -51,6 +52,7 @@ struct TrainCommand {
   train::TrainSettings settings;
   std::map<std::string, std::string> overrides;  // settings given on the command line (they win over --resume's)
   std::string text_path, out_dir = "runs/gpt", vocab_dir, resume;
+  std::string resume_config;  // --config for a .pth or book safetensors given to --resume
   bool replace_invalid = false;
   int64_t stop_at = 0;  // checkpoint and stop after this step (0: run to the end)
   int64_t attention_every = 0;  // snapshot the probe's attention maps every N steps (0: never)
@@ -61,28 +63,56 @@ struct TrainCommand {
 };
 int run_train(const TrainCommand& options, train::Communicator& comm);
 
-// A GPT from a qkv checkpoint or a Hugging Face GPT-2 model.safetensors (exactly one given), in eval mode.
+// Where a model comes from: --checkpoint FILE (a qkv checkpoint, a .pth, a book-named or Hugging Face safetensors
+// file; told apart by content) or --gpt2 FILE, and for a book state dict its configuration (--config, --n-heads)
+// and the tokenizer (--tokenizer).
+struct ModelOptions {
+  std::string checkpoint, gpt2_path, vocab_dir;
+  train::ConfigHint hint;
+  std::string path() const { return checkpoint.empty() ? gpt2_path : checkpoint; }
+};
+
+// The model (in eval mode), its tokenizer name and a description for titles.
 struct LoadedModel {
   std::unique_ptr<nn::GPTModel> model;
   std::string tokenizer;    // "gpt2" or "bytes"
   std::string description;  // for titles: "checkpoint runs/gpt/checkpoint.safetensors"
 };
-LoadedModel load_model(const std::string& checkpoint, const std::string& gpt2_path);
+LoadedModel load_model(const ModelOptions& options);
 
 struct AttentionCommand {
-  std::string checkpoint, gpt2_path, vocab_dir, prompt, out_dir = "attention";
+  ModelOptions model;
+  std::string prompt, out_dir = "attention";
   std::vector<int64_t> layers, heads;  // 1-based; empty: all
   bool per_head_png = true;
 };
 int run_attention(const AttentionCommand& options);
 
 struct GenerateCommand {
-  std::string checkpoint, gpt2_path, vocab_dir, prompt;
+  ModelOptions model;
+  std::string prompt;
   int64_t max_new_tokens = 100, top_k = 40;
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
 };
 int run_generate(const GenerateCommand& options);
+
+struct EvalCommand {
+  ModelOptions model;
+  std::string text_path;        // "-": standard input
+  int64_t context = 0;          // 0: the model's context_length
+  int64_t stride = 0;           // 0: the context (windows that do not overlap)
+  int64_t batch_size = 0;       // 0: as many windows as keep the logits under 256 MiB
+  bool json = false, replace_invalid = false;
+};
+int run_eval(const EvalCommand& options);
+
+struct ConvertCommand {
+  std::string input, output, to;  // to: pth, safetensors, checkpoint, gpt2 (empty: from the output's extension)
+  train::ConfigHint hint;
+  bool weights_only = false;
+};
+int run_convert(const ConvertCommand& options);
 
 }  // namespace qkv::cli

@@ -11,26 +11,20 @@
 
 namespace qkv::cli {
 
-LoadedModel load_model(const std::string& checkpoint, const std::string& gpt2_path) {
-  LoadedModel loaded;
-  if (!checkpoint.empty()) {
-    train::TrainSettings settings;
-    loaded.model = train::load_checkpoint_model(checkpoint, &settings);
-    loaded.tokenizer = settings.tokenizer;
-    loaded.description = "checkpoint " + checkpoint;
-  } else {
-    loaded.model = nn::load_gpt2(gpt2_path);
-    loaded.tokenizer = "gpt2";
-    loaded.description = "GPT-2 weights " + gpt2_path;
+LoadedModel load_model(const ModelOptions& options) {
+  if (options.checkpoint.empty() && options.gpt2_path.empty()) throw UsageError("give --checkpoint FILE or --gpt2 FILE");
+  train::ModelFile file = train::load_model_file(options.path(), options.hint);
+  if (!options.gpt2_path.empty() && file.format != train::ModelFormat::HuggingFaceGPT2) {
+    std::fprintf(stderr, "qkv: note: %s is a %s, not Hugging Face GPT-2 weights; read as such (--checkpoint takes any)\n",
+                 options.gpt2_path.c_str(), train::model_format_name(file.format));
   }
-  loaded.model->eval();
-  return loaded;
+  return {std::move(file.model), file.tokenizer, file.description};
 }
 
 int run_generate(const GenerateCommand& options) {
-  LoadedModel loaded = load_model(options.checkpoint, options.gpt2_path);
+  LoadedModel loaded = load_model(options.model);
   std::unique_ptr<nn::GPTModel>& model = loaded.model;
-  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.vocab_dir);
+  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.model.vocab_dir);
   std::vector<int64_t> prompt =
       tokenizer->encode(options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt);
   if (prompt.empty()) {

@@ -32,12 +32,24 @@ CLI::Validator checked(const char* name, Parse parse) {
       name);
 }
 
-// --checkpoint FILE | --gpt2 FILE, and --vocab DIR: the model options of generate and attention.
-void add_model_options(CLI::App* command, std::string& checkpoint, std::string& gpt2_path, std::string& vocab_dir) {
-  auto* ckpt = command->add_option("--checkpoint", checkpoint, "A qkv train checkpoint");
-  auto* gpt2 = command->add_option("--gpt2", gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
+// The model options of generate, attention and eval: --checkpoint FILE | --gpt2 FILE, the configuration of a book
+// state dict (--config, --n-heads), --tokenizer and --vocab DIR.
+void add_model_options(CLI::App* command, qkv::cli::ModelOptions& m) {
+  auto* ckpt = command->add_option("--checkpoint", m.checkpoint,
+                                   "The model: a qkv checkpoint, a PyTorch .pth (the book's model.pth or "
+                                   "model_and_optimizer.pth), or a safetensors state dict (book or Hugging Face names)");
+  auto* gpt2 = command->add_option("--gpt2", m.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
   ckpt->excludes(gpt2);
-  command->add_option("--vocab", vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  command->add_option("--config", m.hint.config,
+                      "For a book state dict: the book's configuration dict as a JSON file (GPT_CONFIG_124M; Python's "
+                      "True/False accepted) or a preset: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl");
+  command->add_option("--n-heads", m.hint.n_heads, "For a book state dict: its attention heads (the one setting its "
+                                                   "tensors do not show)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--tokenizer", m.hint.tokenizer, "gpt2 or bytes (default: the checkpoint's; for a .pth, bytes "
+                                                       "when the vocabulary is 256, else gpt2)")
+      ->check(CLI::IsMember({"gpt2", "bytes"}));
+  command->add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 }
 
 // 0 if everything written to standard output reached it; otherwise a message and 1 (a full disk, a closed pipe:
@@ -130,7 +142,13 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--text", train.text_path, "UTF-8 text file to train on (default: bible -l80 gen1:1-rev22:21)");
   train_cmd->add_option("--out", train.out_dir, "Output directory: checkpoint.safetensors, losses.csv, loss.png, sample.txt")
       ->capture_default_str();
-  train_cmd->add_option("--resume", train.resume, "Continue exactly from a checkpoint (its settings, unless overridden)");
+  train_cmd->add_option("--resume", train.resume,
+                        "Continue from a checkpoint: qkv's (exactly, with its settings unless overridden), or the "
+                        "book's model_and_optimizer.pth (its weights, AdamW state and learning rate), or a state dict "
+                        "(.pth or safetensors: fine-tune from its weights)");
+  train_cmd->add_option("--config", train.resume_config,
+                        "With --resume of a book state dict: the book's configuration (JSON file or gpt2-small|medium|"
+                        "large|xl)");
   train_cmd->add_option("--vocab", train.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
   train_cmd->add_flag("--replace-invalid", train.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
   // Every model and training setting comes from one table (train_settings_schema): its flag, help, default
@@ -169,7 +187,7 @@ int run(int argc, char** argv) {
 
   qkv::cli::GenerateCommand generate;
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a checkpoint or GPT-2 weights");
-  add_model_options(generate_cmd, generate.checkpoint, generate.gpt2_path, generate.vocab_dir);
+  add_model_options(generate_cmd, generate.model);
   auto* prompt_opt = generate_cmd->add_option("--prompt", generate.prompt, "Text to continue (default: standard input, "
                                                                          "when it is not a terminal)");
   // Numbers are checked whole and in range (a NaN or a negative count is a usage error, never a silent default).
@@ -204,12 +222,46 @@ int run(int argc, char** argv) {
   auto* attention_cmd = app.add_subcommand(
       "attention", "What a GPT attends to for a prompt: a layers × heads grid, a heatmap per head, the weights "
                    "(attention.safetensors) and an interactive attention.html");
-  add_model_options(attention_cmd, attention.checkpoint, attention.gpt2_path, attention.vocab_dir);
+  add_model_options(attention_cmd, attention.model);
   attention_cmd->add_option("--prompt", attention.prompt, "The text whose attention to show")->required();
   attention_cmd->add_option("--layers", attention.layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--heads", attention.heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--out", attention.out_dir, "Output directory")->capture_default_str();
   attention_cmd->add_flag("--no-head-png{false}", attention.per_head_png, "Skip the per-head PNGs (grid, data and HTML only)");
+
+  qkv::cli::EvalCommand eval;
+  auto* eval_cmd = app.add_subcommand(
+      "eval", "Loss and perplexity of a model on a text, in sliding windows (each token predicted once, with as "
+              "much context as --stride leaves)");
+  add_model_options(eval_cmd, eval.model);
+  eval_cmd->add_option("--text", eval.text_path, "UTF-8 text to score (- for standard input)")->required();
+  eval_cmd->add_option("--context", eval.context, "Window length (default: the model's context_length)")
+      ->check(CLI::PositiveNumber);
+  eval_cmd->add_option("--stride", eval.stride, "Tokens between window starts (default: the window length; smaller "
+                                                "gives each token more context and costs more)")
+      ->check(CLI::PositiveNumber);
+  eval_cmd->add_option("--batch-size", eval.batch_size, "Windows per forward pass (default: what keeps the logits "
+                                                        "under 256 MiB)")
+      ->check(CLI::PositiveNumber);
+  eval_cmd->add_flag("--json", eval.json, "Print one JSON object (loss, perplexity, tokens, tokens/s …) on stdout");
+  eval_cmd->add_flag("--replace-invalid", eval.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+
+  qkv::cli::ConvertCommand convert;
+  auto* convert_cmd = app.add_subcommand(
+      "convert", "Convert a model between PyTorch .pth, book-named safetensors, qkv checkpoints and Hugging Face "
+                 "GPT-2 safetensors, where nothing is lost (it refuses, saying what would be, otherwise)");
+  convert_cmd->add_option("input", convert.input, "The model file (any format qkv reads)")->required();
+  convert_cmd->add_option("output", convert.output, "The file to write")->required();
+  convert_cmd->add_option("--to", convert.to, "pth, safetensors (book names), checkpoint (qkv) or gpt2 (Hugging "
+                                              "Face); default: .pth/.pt → pth, otherwise safetensors")
+      ->check(CLI::IsMember({"pth", "safetensors", "checkpoint", "gpt2"}));
+  convert_cmd->add_option("--config", convert.hint.config, "For a book state dict: its configuration (JSON or a preset)");
+  convert_cmd->add_option("--n-heads", convert.hint.n_heads, "For a book state dict: its attention heads")
+      ->check(CLI::PositiveNumber);
+  convert_cmd->add_option("--tokenizer", convert.hint.tokenizer, "gpt2 or bytes, for a qkv checkpoint made from a "
+                                                                 "state dict")
+      ->check(CLI::IsMember({"gpt2", "bytes"}));
+  convert_cmd->add_flag("--weights-only", convert.weights_only, "Keep only the weights (drop optimizer state)");
 
   // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
   // required").
@@ -277,21 +329,15 @@ int run(int argc, char** argv) {
       return qkv::cli::run_train(train, single);
     }
     if (*generate_cmd) {
-      if (generate.checkpoint.empty() && generate.gpt2_path.empty()) {
-        std::fprintf(stderr, "qkv generate: give --checkpoint FILE or --gpt2 FILE\n");
-        return 2;
-      }
       if (!prompt_opt->count() && !isatty(STDIN_FILENO)) {  // echo "text" | qkv generate …
         generate.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
       }
       return qkv::cli::run_generate(generate);
     }
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
+    if (*eval_cmd) return qkv::cli::run_eval(eval);
+    if (*convert_cmd) return qkv::cli::run_convert(convert);
     if (*attention_cmd) {
-      if (attention.checkpoint.empty() && attention.gpt2_path.empty()) {
-        std::fprintf(stderr, "qkv attention: give --checkpoint FILE or --gpt2 FILE\n");
-        return 2;
-      }
       return qkv::cli::run_attention(attention);
     }
   } catch (const qkv::cli::UsageError& e) {

@@ -2,7 +2,6 @@
 // progress bar, a CSV of losses, a PNG loss plot, atomic checkpoints, exact --resume and Ctrl-C handling.
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "progress.hpp"
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
@@ -60,7 +60,7 @@ void check_memory(const train::TrainSettings& settings) {
 // (a lock held for the run), and an existing run in it is kept unless --resume or --overwrite says otherwise.
 // Temporary files of killed runs are cleaned up.
 int g_lock_fd = -1;
-void prepare_output_directory(const TrainCommand& options, const std::string& checkpoint) {
+void prepare_output_directory(const TrainCommand& options, const std::string& checkpoint, bool resuming_qkv_checkpoint) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(options.out_dir, ec);
@@ -80,7 +80,7 @@ void prepare_output_directory(const TrainCommand& options, const std::string& ch
   if (::ftruncate(g_lock_fd, 0) != 0 || ::pwrite(g_lock_fd, me.data(), me.size(), 0) < 0) {
     throw IoError(options.out_dir + ": cannot write there (" + std::string(std::strerror(errno)) + "); choose another --out");
   }
-  if (options.resume.empty() && !options.overwrite && fs::exists(checkpoint)) {
+  if (!resuming_qkv_checkpoint && !options.overwrite && fs::exists(checkpoint)) {
     throw UsageError(options.out_dir + " already holds a run (" + checkpoint + "); continue it with --resume " +
                      checkpoint + ", start over with --overwrite, or choose another --out");
   }
@@ -111,28 +111,11 @@ std::string read_corpus(const std::string& path) {
   return text;
 }
 
-int terminal_columns() {
-  struct winsize size {};
-  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
-  if (const char* env = std::getenv("COLUMNS"); env && std::atoi(env) > 0) return std::atoi(env);
-  return 80;
-}
-
-std::string format_duration(double seconds) {
-  const long s = std::lround(std::max(0.0, seconds));
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
-  else std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
-  return buf;
-}
-
-// A progress line on stderr: redrawn in place on a terminal, printed every few steps otherwise.
+// The training's progress line: step, loss, learning rate, tokens/s and the time left.
 class Progress {
  public:
-  Progress(int64_t total, int64_t start, bool shown = true)
-      : total_(total), start_(start), tty_(isatty(STDERR_FILENO)), shown_(shown) {}
+  Progress(int64_t total, int64_t start, bool shown = true) : total_(total), start_(start), line_(shown) {}
   void step(const train::StepReport& r) {
-    if (!shown_) return;
     smoothed_ = smoothed_ == 0 ? r.tokens_per_second : 0.9 * smoothed_ + 0.1 * r.tokens_per_second;
     elapsed_ += r.seconds;
     const double eta = elapsed_ / static_cast<double>(r.step - start_) * static_cast<double>(total_ - r.step);
@@ -140,30 +123,13 @@ class Progress {
     std::snprintf(text, sizeof text, " step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s",
                   static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.learning_rate, smoothed_,
                   format_duration(eta).c_str());
-    // The bar takes what the terminal's width leaves, so the line never wraps (80 columns: a 10-wide bar).
-    const int columns = terminal_columns();
-    const int width = std::clamp(columns - 3 - static_cast<int>(std::strlen(text)), 0, 30);
-    const int filled = static_cast<int>(width * r.step / std::max<int64_t>(total_, 1));
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar.resize(static_cast<size_t>(width), '.');
-    std::string line = width > 0 ? "[" + bar + "]" + text : std::string(text + 1);
-    if (static_cast<int>(line.size()) >= columns) line.resize(static_cast<size_t>(std::max(columns - 1, 10)));
-    if (tty_) {
-      std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
-    } else if (r.step == total_ || r.step % std::max<int64_t>(1, total_ / 25) == 0) {
-      std::fprintf(stderr, "%s\n", line.c_str());
-    }
-    std::fflush(stderr);
+    line_.draw(r.step, total_, text);
   }
-  void message(const std::string& text) {
-    if (!shown_) return;
-    std::fprintf(stderr, tty_ ? "\r\x1b[K%s\n" : "%s\n", text.c_str());
-    std::fflush(stderr);
-  }
+  void message(const std::string& text) { line_.message(text); }
 
  private:
   int64_t total_, start_;
-  bool tty_, shown_;
+  ProgressLine line_;
   double smoothed_ = 0, elapsed_ = 0;
 };
 
@@ -255,12 +221,37 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   std::unique_ptr<text::Tokenizer> tokenizer;
   std::vector<int64_t> tokens;
   std::unique_ptr<train::Trainer> trainer_owner;
+  bool qkv_checkpoint = false;  // --resume of qkv's own checkpoint (else a new run, perhaps from a model file)
   auto setup = [&] {
     // The defaults, or with --resume the checkpoint's settings; what the command line gives overrides them as
     // text, and the whole is parsed and validated once.
     std::map<std::string, std::string> strings = options.settings.to_strings();
     train::TrainSettings stored;
-    if (!options.resume.empty()) strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
+    // --resume of a qkv checkpoint resumes exactly; of another model file (the book's model_and_optimizer.pth, a
+    // state dict) it continues from its weights and optimizer, with the settings derived from the file.
+    qkv_checkpoint = !options.resume.empty() && train::detect_model_format(options.resume) == train::ModelFormat::QkvCheckpoint;
+    std::optional<train::ModelFile> model_file;
+    if (qkv_checkpoint) {
+      strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
+    } else if (!options.resume.empty()) {
+      train::ConfigHint hint{options.resume_config, 0, ""};
+      if (auto it = options.overrides.find("n_heads"); it != options.overrides.end()) hint.n_heads = parse_int(it->second, "--n-heads");
+      if (auto it = options.overrides.find("tokenizer"); it != options.overrides.end()) hint.tokenizer = it->second;
+      model_file = train::load_model_file(options.resume, hint);
+      train::TrainSettings base = train::TrainSettings::from_strings(strings);
+      strings = (stored = train::settings_for(*model_file, base)).to_strings();
+      if (lead) {
+        std::fprintf(stderr, "qkv train: continuing %s%s\n", model_file->description.c_str(),
+                     model_file->optimizer
+                         ? (" at step " + std::to_string(model_file->optimizer->step) + " with its AdamW (lr " +
+                            format_real(stored.learning_rate) + ", constant as the book's train_model_simple, weight decay " +
+                            format_real(stored.weight_decay) + "; --lr, --warmup, --grad-clip change that)").c_str()
+                         : " (weights only: AdamW starts afresh)");
+      }
+    } else if (!options.resume_config.empty()) {
+      throw UsageError("--config goes with --resume of a .pth or book safetensors file; for a new run give the sizes "
+                       "(--emb-dim, --n-heads, …)");
+    }
     for (const auto& [key, value] : options.overrides) strings[key] = value;
     // The model's vocabulary follows the tokenizer unless given: bytes → 256, gpt2 → 50,257.
     if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
@@ -276,7 +267,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
         std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
     }
     check_memory(settings);
-    if (lead) prepare_output_directory(options, checkpoint);
+    if (lead) prepare_output_directory(options, checkpoint, qkv_checkpoint);
 
     tokenizer = text::make_tokenizer(settings.tokenizer, options.vocab_dir);
     if (settings.model.vocab_size < tokenizer->vocab_size()) {
@@ -299,9 +290,10 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
       std::fprintf(stderr, "qkv train: %zu bytes of text → %zu %s tokens\n", corpus.size(), tokens.size(),
                    tokenizer->name().c_str());
     }
-    if (!options.resume.empty()) train::check_checkpoint(options.resume, stored);  // before anything is allocated
+    if (qkv_checkpoint) train::check_checkpoint(options.resume, stored);  // before anything is allocated
     trainer_owner = std::make_unique<train::Trainer>(settings, tokens, &comm);
-    if (!options.resume.empty()) trainer_owner->resume(options.resume);
+    if (qkv_checkpoint) trainer_owner->resume(options.resume);
+    if (model_file) trainer_owner->resume_from(*model_file);
   };
   if (comm.size() == 1) {
     setup();
@@ -329,7 +321,12 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                  static_cast<long long>(trainer.global_batch()));
   }
 
-  std::vector<CsvRow> rows = options.resume.empty() ? std::vector<CsvRow>{} : read_csv(options.out_dir + "/losses.csv", trainer.step());
+  if (lead && trainer.step() >= settings.max_steps) {
+    std::fprintf(stderr, "qkv train: note: the run is already at step %lld and --steps (the total) is %lld: nothing to "
+                 "train; give --steps %lld for 100 more\n", static_cast<long long>(trainer.step()),
+                 static_cast<long long>(settings.max_steps), static_cast<long long>(trainer.step() + 100));
+  }
+  std::vector<CsvRow> rows = !qkv_checkpoint ? std::vector<CsvRow>{} : read_csv(options.out_dir + "/losses.csv", trainer.step());
   if (trainer.step() == 0) {
     const double untrained = trainer.evaluate(true, settings.eval_batches);
     if (lead)

@@ -1,6 +1,8 @@
 // load_gpt2: Hugging Face GPT-2 safetensors → GPTModel (see qkv/nn/gpt2.hpp).
 #include "qkv/nn/gpt2.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "qkv/io/safetensors.hpp"
@@ -128,6 +130,51 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
   if (!unexpected.empty()) throw IoError(path + ": unexpected tensors for GPT-2: " + unexpected);
   model->eval();
   return model;
+}
+
+void save_gpt2(const std::string& path, GPTModel& model) {
+  const GPTConfig& config = model.config;
+  if (!config.tie_weights) {
+    const Tensor& head = model.out_head.weight;
+    const Tensor& wte = model.tok_emb.weight;
+    if (std::memcmp(head.data(), wte.data(), static_cast<size_t>(wte.numel()) * sizeof(float)) != 0) {
+      throw ValueError("GPT-2's safetensors layout ties the output head to wte, but this model has its own out_head.weight "
+                       "(different from tok_emb.weight), which would be lost; keep it as a .pth or book safetensors");
+    }
+  }
+  const int64_t C = config.emb_dim;
+  // Linear (out, in) → Conv1D [in, out], placed at column `at` of a [in, width] tensor.
+  auto conv1d = [](const Tensor& weight, Tensor& into, int64_t at) {
+    const Tensor t = transpose_columns(weight, 0, weight.size(1));  // (in, out)
+    const int64_t in = t.size(0), out = t.size(1), width = into.size(1);
+    for (int64_t r = 0; r < in; ++r) std::copy_n(t.data() + r * out, out, into.data() + r * width + at);
+  };
+  auto bias_of = [&](const Linear& l, int64_t n) { return l.bias.defined() ? l.bias : Tensor::zeros({n}); };
+  std::vector<std::pair<std::string, Tensor>> tensors{{"wte.weight", model.tok_emb.weight}, {"wpe.weight", model.pos_emb.weight}};
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    const TransformerBlock& b = *model.trf_blocks[static_cast<size_t>(i)];
+    const std::string h = "h." + std::to_string(i) + ".";
+    Tensor c_attn = Tensor::empty({C, 3 * C}), c_attn_bias = Tensor::empty({3 * C});
+    const Linear* parts[] = {&b.att.W_query, &b.att.W_key, &b.att.W_value};
+    for (int part = 0; part < 3; ++part) {
+      conv1d(parts[part]->weight, c_attn, part * C);
+      const Tensor bias = bias_of(*parts[part], C);  // no Q/K/V bias (the book's default): zeros, the same function
+      std::copy_n(bias.data(), C, c_attn_bias.data() + part * C);
+    }
+    Tensor c_proj = Tensor::empty({C, C}), c_fc = Tensor::empty({C, 4 * C}), mlp_proj = Tensor::empty({4 * C, C});
+    conv1d(b.att.out_proj.weight, c_proj, 0);
+    conv1d(b.ff.fc.weight, c_fc, 0);
+    conv1d(b.ff.proj.weight, mlp_proj, 0);
+    tensors.insert(tensors.end(), {{h + "ln_1.weight", b.norm1.scale}, {h + "ln_1.bias", b.norm1.shift},
+                                   {h + "attn.c_attn.weight", c_attn}, {h + "attn.c_attn.bias", c_attn_bias},
+                                   {h + "attn.c_proj.weight", c_proj}, {h + "attn.c_proj.bias", bias_of(b.att.out_proj, C)},
+                                   {h + "ln_2.weight", b.norm2.scale}, {h + "ln_2.bias", b.norm2.shift},
+                                   {h + "mlp.c_fc.weight", c_fc}, {h + "mlp.c_fc.bias", bias_of(b.ff.fc, 4 * C)},
+                                   {h + "mlp.c_proj.weight", mlp_proj}, {h + "mlp.c_proj.bias", bias_of(b.ff.proj, C)}});
+  }
+  tensors.emplace_back("ln_f.weight", model.final_norm.scale);
+  tensors.emplace_back("ln_f.bias", model.final_norm.shift);
+  io::save_safetensors(path, tensors, {{"format", "pt"}, {"n_head", std::to_string(config.n_heads)}});
 }
 
 }  // namespace qkv::nn

@@ -214,10 +214,11 @@ const char* model_format_name(ModelFormat format) {
 ModelFormat detect_model_format(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw IoError(path + ": cannot open: " + std::strerror(errno));
-  char head[2] = {};
-  const size_t n = std::fread(head, 1, 2, f);
+  unsigned char head[9] = {};
+  const size_t n = std::fread(head, 1, sizeof head, f);
   std::fclose(f);
-  if ((n == 2 && head[0] == 'P' && head[1] == 'K') || (n >= 1 && static_cast<unsigned char>(head[0]) == 0x80)) {
+  const bool safetensors = n == 9 && head[8] == '{';  // a u64 header length, then the JSON header
+  if (!safetensors && ((n >= 2 && head[0] == 'P' && head[1] == 'K') || (n >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5))) {
     return ModelFormat::Pth;  // the zip format, or the legacy pickle (refused with its own message)
   }
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
@@ -518,6 +519,107 @@ TorchAdamW read_checkpoint_optimizer(const std::string& path, nn::GPTModel& mode
     rng_state->assign(words.begin(), words.end());
   }
   return out;
+}
+
+TrainSettings settings_for(const ModelFile& file, TrainSettings base) {
+  if (file.settings) return *file.settings;
+  base.model = file.model->config;
+  base.tokenizer = file.tokenizer;
+  if (file.optimizer) {
+    const optim::AdamWOptions& o = file.optimizer->options;
+    base.learning_rate = base.min_learning_rate = o.lr;
+    base.warmup_steps = 0;
+    base.grad_clip = 0;
+    base.weight_decay = o.weight_decay;
+    base.adam_beta1 = o.beta1;
+    base.adam_beta2 = o.beta2;
+    base.adam_eps = o.eps;
+    base.max_steps += file.optimizer->step;
+  }
+  return base;
+}
+
+ModelFormat output_format(const std::string& to, const std::string& output) {
+  if (to == "pth") return ModelFormat::Pth;
+  if (to == "safetensors") return ModelFormat::BookSafetensors;
+  if (to == "checkpoint") return ModelFormat::QkvCheckpoint;
+  if (to == "gpt2") return ModelFormat::HuggingFaceGPT2;
+  if (!to.empty()) throw ValueError("--to " + printable(to) + ": choose pth, safetensors, checkpoint or gpt2");
+  auto ends = [&](const char* ext) {
+    const size_t n = std::strlen(ext);
+    return output.size() >= n && output.compare(output.size() - n, n, ext) == 0;
+  };
+  return ends(".pth") || ends(".pt") ? ModelFormat::Pth : ModelFormat::BookSafetensors;
+}
+
+Conversion convert_model_file(const std::string& input, const std::string& output, ModelFormat to, const ConfigHint& hint,
+                              bool weights_only) {
+  ModelFile source = load_model_file(input, hint);
+  if (source.format == ModelFormat::QkvCheckpoint) {  // its optimizer and generator travel too
+    source.optimizer = read_checkpoint_optimizer(input, *source.model, *source.settings, &source.rng_state);
+  }
+  Conversion c;
+  c.from = source.format;
+  c.to = to;
+  const bool optimizer = source.optimizer.has_value() && !weights_only;
+  if (optimizer && (to == ModelFormat::BookSafetensors || to == ModelFormat::HuggingFaceGPT2)) {
+    throw ValueError(std::string(model_format_name(to)) + " holds weights only, and " + input + " also has AdamW's state at step " +
+                     std::to_string(source.optimizer->step) + ", which would be lost; write a .pth (--to pth) or a qkv "
+                     "checkpoint to keep it, or add --weights-only to drop it");
+  }
+  nn::GPTModel& model = *source.model;
+  switch (to) {
+    case ModelFormat::Pth:
+      if (optimizer) {
+        save_book_pth_with_optimizer(output, model, *source.optimizer, settings_for(source), source.rng_state);
+        c.with_optimizer = true;
+      } else {
+        save_book_pth(output, model);
+      }
+      break;
+    case ModelFormat::BookSafetensors: save_book_safetensors(output, model); break;
+    case ModelFormat::HuggingFaceGPT2:
+      nn::save_gpt2(output, model);
+      if (!model.config.qkv_bias) c.note = "the model has no Q/K/V biases; GPT-2's layout gets zero biases (the same function)";
+      break;
+    case ModelFormat::QkvCheckpoint: {
+      const TrainSettings settings = settings_for(source);
+      std::vector<uint64_t> rng = source.rng_state.empty() ? Generator(settings.seed).state() : source.rng_state;
+      const bool moments = optimizer;
+      write_checkpoint(output, model,
+                       [&](const auto& fn) {
+                         for (auto& [name, p] : model.named_parameters()) {
+                           for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+                             Tensor t = moments ? (std::string(kind) == "exp_avg" ? source.optimizer->exp_avg
+                                                                                  : source.optimizer->exp_avg_sq).at(name)
+                                                : Tensor::zeros(p.shape());
+                             fn(std::string(kind) + "." + name, t);
+                           }
+                         }
+                       },
+                       settings, moments ? source.optimizer->step : 0, rng);
+      c.with_optimizer = moments;
+      if (!moments) c.note = "no optimizer state in the input: the checkpoint starts AdamW afresh at step 0";
+      break;
+    }
+  }
+  // Read it back: every parameter must come out bit for bit (a tied head comes back as its own copy of tok_emb).
+  ModelFile back = load_model_file(output, {"", model.config.n_heads, source.tokenizer});
+  std::map<std::string, Tensor> original;
+  for (auto& [name, p] : model.named_parameters()) original[name] = p;
+  if (!original.count("out_head.weight")) original["out_head.weight"] = model.tok_emb.weight;
+  for (auto& [name, p] : back.model->named_parameters()) {
+    const auto it = original.find(name);
+    QKV_CHECK(it != original.end(), "convert: the written model has a parameter " + name + " the input lacks");
+    const bool same = it->second.shape() == p.shape() &&
+                      std::memcmp(it->second.data(), p.data(), static_cast<size_t>(p.numel()) * sizeof(float)) == 0;
+    QKV_CHECK(same, "convert: " + name + " did not survive the round trip");
+  }
+  if (model.config.tie_weights && to != ModelFormat::HuggingFaceGPT2 && to != ModelFormat::QkvCheckpoint) {
+    c.note = "the input ties its output head to tok_emb.weight; the book's GPTModel has its own out_head.weight, so it "
+             "gets a copy";
+  }
+  return c;
 }
 
 }  // namespace qkv::train

@@ -14,5 +14,8 @@ namespace qkv::nn {
 
 // Throws IoError naming the file and listing missing or unexpected tensors.
 std::unique_ptr<GPTModel> load_gpt2(const std::string& path);
+// Writes a model in that layout (with __metadata__ n_head). Q/K/V projections without bias get zero biases (the
+// same function). ValueError when the model's output head is not tok_emb.weight: GPT-2's layout cannot hold it.
+void save_gpt2(const std::string& path, GPTModel& model);
 
 }  // namespace qkv::nn

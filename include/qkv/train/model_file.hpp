@@ -81,4 +81,24 @@ void save_book_safetensors(const std::string& path, nn::GPTModel& model);
 TorchAdamW read_checkpoint_optimizer(const std::string& checkpoint_path, nn::GPTModel& model, const TrainSettings& settings,
                                      std::vector<uint64_t>* rng_state);
 
+// The settings to train a model file on with: its own (a qkv checkpoint, or a .pth written by qkv), else `base`
+// with the file's model configuration and tokenizer and, when it has a torch AdamW, that optimizer's learning rate
+// (constant, no warmup, no clipping: the book's train_model_simple), weight decay, β and ε, and max_steps
+// moved on to step + base.max_steps.
+TrainSettings settings_for(const ModelFile& file, TrainSettings base = {});
+
+struct Conversion {
+  ModelFormat from = ModelFormat::Pth, to = ModelFormat::Pth;
+  bool with_optimizer = false;  // the optimizer state went along
+  std::string note;             // what the reader should know ("zero Q/K/V biases were written")
+};
+// The format a name asks for: "pth", "safetensors" (book names), "checkpoint", "gpt2"; empty: from the extension of
+// `output` (.pth or .pt → pth, else safetensors).
+ModelFormat output_format(const std::string& to, const std::string& output);
+// Reads `input` (any format), writes `output` in `to`, and reads it back to check every parameter bit for bit.
+// ValueError, before anything is written, when `to` cannot hold what the input has (an optimizer state in a
+// weights-only format unless weights_only; an untied output head in GPT-2's layout).
+Conversion convert_model_file(const std::string& input, const std::string& output, ModelFormat to,
+                              const ConfigHint& hint = {}, bool weights_only = false);
+
 }  // namespace qkv::train

@@ -1,0 +1,89 @@
+// `qkv eval`: loss and perplexity of a model on a text, with a progress bar, tokens/s and --json.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "progress.hpp"
+#include "qkv/io/file.hpp"
+#include "qkv/text/tokenizer.hpp"
+#include "qkv/train/evaluate.hpp"
+
+namespace qkv::cli {
+
+int run_eval(const EvalCommand& options) {
+  const auto start = std::chrono::steady_clock::now();
+  LoadedModel loaded = load_model(options.model);
+  const nn::GPTModel& model = *loaded.model;
+  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.model.vocab_dir);
+  const std::string path = options.text_path == "-" ? "/dev/stdin" : options.text_path;
+  const std::vector<std::byte> bytes = io::read_file(path);
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (options.replace_invalid) text = text::replace_invalid_utf8(text);
+  std::vector<int64_t> ids;
+  try {
+    ids = tokenizer->encode(text);
+  } catch (const ValueError& e) {
+    throw ValueError(options.text_path + ": " + e.what());
+  }
+  const int64_t context = options.context > 0 ? options.context : model.config.context_length;
+  if (context > model.config.context_length) {
+    throw UsageError("--context " + std::to_string(context) + " is longer than the model's context_length " +
+                     std::to_string(model.config.context_length));
+  }
+  const int64_t stride = options.stride > 0 ? options.stride : context;
+  if (stride > context) throw UsageError("--stride " + std::to_string(stride) + " exceeds the window of " + std::to_string(context) + " tokens");
+  if (ids.size() < 2) throw UsageError(options.text_path + " has " + std::to_string(ids.size()) + " token(s); scoring needs at least 2");
+  // Logits are batch × context × vocabulary floats: keep them under 256 MiB unless told otherwise.
+  const int64_t batch = options.batch_size > 0 ? options.batch_size
+                                                : std::max<int64_t>(1, (int64_t{256} << 20) / (4 * context * model.config.vocab_size));
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!options.json) {
+    std::fprintf(stderr, "qkv eval: %s, %zu %s tokens of %s, windows of %lld every %lld tokens\n", loaded.description.c_str(),
+                 ids.size(), tokenizer->name().c_str(), options.text_path.c_str(), static_cast<long long>(context),
+                 static_cast<long long>(stride));
+  }
+  ProgressLine line(!options.json);
+  const auto began = std::chrono::steady_clock::now();
+  int64_t scored_so_far = 0;
+  const auto windows = train::eval_windows(static_cast<int64_t>(ids.size()), context, stride);
+  const train::TextEvaluation result = train::evaluate_text(model, ids, context, stride, batch, [&](int64_t done, int64_t total) {
+    scored_so_far = 0;
+    for (int64_t k = 0; k < done; ++k) scored_so_far += windows[static_cast<size_t>(k)].fresh;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    char text_line[160];
+    std::snprintf(text_line, sizeof text_line, " window %lld/%lld  %.0f tok/s  ETA %s", static_cast<long long>(done),
+                  static_cast<long long>(total), static_cast<double>(scored_so_far) / std::max(seconds, 1e-9),
+                  format_duration(seconds / static_cast<double>(done) * static_cast<double>(total - done)).c_str());
+    line.draw(done, total, text_line);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  const double tokens_per_second = static_cast<double>(result.scored) / std::max(seconds, 1e-9);
+  if (options.json) {
+    nlohmann::ordered_json j;
+    j["model"] = options.model.path();
+    j["text"] = options.text_path;
+    j["tokenizer"] = tokenizer->name();
+    j["tokens"] = ids.size();
+    j["scored_tokens"] = result.scored;
+    j["windows"] = result.windows;
+    j["context"] = context;
+    j["stride"] = stride;
+    j["loss"] = result.loss;
+    j["perplexity"] = result.perplexity;
+    j["seconds"] = seconds;
+    j["load_seconds"] = load_seconds;
+    j["tokens_per_second"] = tokens_per_second;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    line.message("");
+    std::printf("loss %.6f  perplexity %.4f  (%lld tokens scored in %lld windows, %.1f s, %.0f tokens/s)\n", result.loss,
+                result.perplexity, static_cast<long long>(result.scored), static_cast<long long>(result.windows), seconds,
+                tokens_per_second);
+  }
+  return 0;
+}
+
+}  // namespace qkv::cli
