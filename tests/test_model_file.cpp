@@ -2,7 +2,11 @@
 // of the book's training from model_and_optimizer.pth, and the writers read back.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
 #include "qkv/train/model_file.hpp"
@@ -143,6 +147,91 @@ TEST(ModelFile, WritersReadBack) {
   for (const auto& [name, t] : f.optimizer->exp_avg_sq) {
     EXPECT_EQ(std::memcmp(t.data(), back.optimizer->exp_avg_sq.at(name).data(), t.numel() * sizeof(float)), 0) << name;
   }
+}
+
+}  // namespace
+}  // namespace qkv::test
+
+namespace qkv::test {
+namespace {
+
+std::string fx(const std::string& name) { return fixture("pth/" + name); }
+
+TEST(ModelFileCli, EvalEqualsPyTorch) {
+  const io::SafetensorsFile expected = io::SafetensorsFile::open(fx("expected.safetensors"));
+  for (int stride : {16, 5}) {
+    const CliResult r = run_cli("eval --checkpoint " + fx("model.pth") + " --config " + fx("config.json") + " --text " +
+                                fx("eval.txt") + " --stride " + std::to_string(stride) + " --json 2>/dev/null");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const Tensor e = expected.tensor("eval.stride" + std::to_string(stride));
+    EXPECT_NEAR(j["loss"].get<double>(), e.data()[0], 1e-5) << stride;
+    EXPECT_EQ(j["scored_tokens"].get<int64_t>(), static_cast<int64_t>(e.data()[1]));
+    EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(e.data()[0]), 1e-3);
+  }
+  // The same from the book-named safetensors file, and a progress bar on stderr without --json.
+  const CliResult r = run_cli("eval --checkpoint " + fx("model.safetensors") + " --n-heads 4 --text " + fx("eval.txt"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("window 13/13"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("perplexity 341.13"), std::string::npos) << r.out;
+}
+
+TEST(ModelFileCli, GenerateAndAttentionFromTheBooksFiles) {
+  const CliResult g = run_cli("generate --checkpoint " + fx("model.pth") + " --config " + fx("config.json") +
+                              " --prompt 'In the' --max-new-tokens 5 --greedy");
+  EXPECT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.out.rfind("In the", 0), 0u) << g.out;
+  const std::string out = ::testing::TempDir() + "qkv_pth_attention";
+  const CliResult a = run_cli("attention --checkpoint " + fx("model_and_optimizer.pth") + " --n-heads 4 --prompt 'And God' --out " + out);
+  EXPECT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(std::filesystem::exists(out + "/attention.html"));
+  const CliResult missing = run_cli("generate --checkpoint " + fx("model.pth") + " --prompt x");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.out.find("--n-heads N"), std::string::npos) << missing.out;
+  const CliResult hostile = run_cli("generate --checkpoint " + fx("hostile/os_system.pth") + " --prompt x");
+  EXPECT_EQ(hostile.code, 1);
+  EXPECT_NE(hostile.out.find("posix.system"), std::string::npos) << hostile.out;
+}
+
+TEST(ModelFileCli, ConvertKeepsEverythingOrRefuses) {
+  const std::string d = ::testing::TempDir() + "qkv_convert/";
+  std::filesystem::create_directories(d);
+  const CliResult lossy = run_cli("convert " + fx("model_and_optimizer.pth") + " " + d + "w.safetensors --config " + fx("config.json"));
+  EXPECT_EQ(lossy.code, 2) << lossy.out;
+  EXPECT_NE(lossy.out.find("--weights-only"), std::string::npos) << lossy.out;
+  EXPECT_FALSE(std::filesystem::exists(d + "w.safetensors"));
+  ASSERT_EQ(run_cli("convert " + fx("model_and_optimizer.pth") + " " + d + "c.safetensors --to checkpoint --config " +
+                    fx("config.json")).code, 0);
+  ASSERT_EQ(run_cli("convert " + d + "c.safetensors " + d + "back.pth").code, 0);
+  ASSERT_EQ(run_cli("convert " + d + "back.pth " + d + "c2.safetensors --to checkpoint").code, 0);
+  // pth → qkv checkpoint → pth → qkv checkpoint: the two checkpoints hold the same tensors, bit for bit.
+  const io::SafetensorsFile a = io::SafetensorsFile::open(d + "c.safetensors"), b = io::SafetensorsFile::open(d + "c2.safetensors");
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  for (const auto& info : a.tensors()) {
+    const auto x = a.bytes(info), y = b.bytes(*b.find(info.name));
+    EXPECT_TRUE(x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size()) == 0) << info.name;
+  }
+  EXPECT_EQ(a.metadata().at("step"), "3");
+  EXPECT_EQ(a.metadata().at("learning_rate"), b.metadata().at("learning_rate"));
+  const CliResult untied = run_cli("convert " + fx("model.pth") + " " + d + "hf.safetensors --to gpt2 --n-heads 4");
+  EXPECT_EQ(untied.code, 2);
+  EXPECT_NE(untied.out.find("out_head.weight"), std::string::npos) << untied.out;
+}
+
+TEST(ModelFileCli, TrainContinuesTheBooksRun) {
+  const std::string out = ::testing::TempDir() + "qkv_pth_train";
+  std::filesystem::remove_all(out);
+  const CliResult r = run_cli("train --resume " + fx("model_and_optimizer.pth") + " --config " + fx("config.json") +
+                              " --text " + fx("eval.txt") + " --out " + out +
+                              " --steps 5 --batch-size 2 --eval-every 0 --train-fraction 0.5 --sample-tokens 5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step 3 with its AdamW (lr 4e-04"), std::string::npos) << r.out;
+  std::ifstream csv(out + "/losses.csv");
+  std::string header, first;
+  std::getline(csv, header);
+  std::getline(csv, first);
+  EXPECT_EQ(first.rfind("4,", 0), 0u) << first;  // the book's step 3 is followed by step 4
+  EXPECT_NE(first.find("4.000000e-04"), std::string::npos) << first;
 }
 
 }  // namespace
