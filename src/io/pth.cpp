@@ -63,11 +63,12 @@ class MemoryArchive final : public Archive {
 class ZipArchive final : public Archive {
  public:
   // Takes ownership of `bytes` when the archive is in memory (zip_source_buffer reads from them).
-  ZipArchive(const std::string& label, zip_t* zip, std::vector<std::byte> bytes) : label_(label), zip_(zip), bytes_(std::move(bytes)) {
-    const zip_int64_t n = zip_get_num_entries(zip_, 0);
+  ZipArchive(const std::string& label, zip_t* zip, std::vector<std::byte> bytes)
+      : label_(label), bytes_(std::move(bytes)), zip_(zip, zip_discard) {
+    const zip_int64_t n = zip_get_num_entries(zip_.get(), 0);
     std::string folder;
     for (zip_int64_t i = 0; i < n; ++i) {
-      const char* raw = zip_get_name(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+      const char* raw = zip_get_name(zip_.get(), static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
       if (!raw) fail(label_, "the zip archive's entry " + std::to_string(i) + " has no readable name");
       const std::string name = raw;
       // Nothing is ever extracted to disk, but a name like this is never written by torch.save: refuse the file.
@@ -86,9 +87,6 @@ class ZipArchive final : public Archive {
     }
     folder_ = folder;
   }
-  ~ZipArchive() override {
-    if (zip_) zip_discard(zip_);
-  }
   const std::string& folder() const { return folder_; }
   bool has_entries() const { return !index_.empty(); }
 
@@ -97,16 +95,16 @@ class ZipArchive final : public Archive {
     if (it == index_.end()) return std::nullopt;
     zip_stat_t st;
     zip_stat_init(&st);
-    if (zip_stat_index(zip_, it->second, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD)) {
-      fail(label_, "cannot read the zip entry " + folder_ + "/" + printable(name) + ": " + zip_strerror(zip_));
+    if (zip_stat_index(zip_.get(), it->second, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD)) {
+      fail(label_, "cannot read the zip entry " + folder_ + "/" + printable(name) + ": " + zip_strerror(zip_.get()));
     }
     return Record{st.comp_method != ZIP_CM_STORE, st.size};
   }
 
   std::vector<std::byte> read(const std::string& name, uint64_t offset, uint64_t bytes) const override {
     const std::string entry = folder_ + "/" + printable(name);
-    zip_file_t* f = zip_fopen_index(zip_, index_.at(name), 0);
-    if (!f) fail(label_, "cannot open the zip entry " + entry + ": " + zip_strerror(zip_));
+    zip_file_t* f = zip_fopen_index(zip_.get(), index_.at(name), 0);
+    if (!f) fail(label_, "cannot open the zip entry " + entry + ": " + zip_strerror(zip_.get()));
     std::vector<std::byte> out(bytes);
     bool ok = offset == 0 || zip_fseek(f, static_cast<zip_int64_t>(offset), SEEK_SET) == 0;
     uint64_t got = 0;
@@ -123,8 +121,8 @@ class ZipArchive final : public Archive {
 
  private:
   std::string label_, folder_;
-  zip_t* zip_;
-  std::vector<std::byte> bytes_;
+  std::vector<std::byte> bytes_;  // an archive in memory: zip_ reads them, so they outlive it
+  std::unique_ptr<zip_t, void (*)(zip_t*)> zip_;  // discarded even when the constructor throws
   std::map<std::string, zip_uint64_t> index_;
 };
 

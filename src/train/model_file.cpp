@@ -319,7 +319,9 @@ nn::GPTConfig resolve_book_config(const std::vector<std::pair<std::string, Shape
   }
   std::map<std::string, std::string> values = inferred;
   values["drop_rate"] = "0.1";  // the book's; it matters only for training
-  for (const auto& [key, value] : given) {
+  for (const auto& entry : given) {
+    const std::string& key = entry.first;
+    const std::string& value = entry.second;
     auto it = inferred.find(key);
     if (it != inferred.end()) {
       nn::GPTConfig a, b;  // compare parsed values, so 1e3 equals 1000
@@ -405,7 +407,6 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
         refs.emplace(name, v);
       }
       ConfigHint effective = hint;
-      std::optional<nn::GPTConfig> stored;
       if (auto qs = root.get("qkv_settings")) {  // written by qkv: its settings whole
         std::map<std::string, std::string> strings;
         for (const auto& [k, v] : qs->items()) strings[k.as_string()] = v.as_string();

@@ -44,6 +44,7 @@ Setting<S> field(const char* key, const char* flag, const char* help, T S::*memb
     else return std::to_string(v.*member);
   };
   s.set = [member, key](S& v, std::string_view text) {
+    (void)key;  // not every type's parser names it
     if constexpr (std::is_same_v<T, bool>) v.*member = parse_bool(text, key);
     else if constexpr (std::is_same_v<T, double>) v.*member = parse_real(text, key);
     else if constexpr (std::is_same_v<T, std::string>) v.*member = std::string(text);
