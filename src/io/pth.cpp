@@ -617,6 +617,12 @@ std::unique_ptr<PthFile::Impl> load(std::unique_ptr<Archive> archive, const std:
   }
   const auto pkl = impl->archive->find("data.pkl");
   if (!pkl) fail(label, "is a zip archive without data.pkl; not a file written by torch.save");
+  if (const auto order = impl->archive->find("byteorder"); order && order->size <= 16 && !order->compressed) {
+    const std::vector<std::byte> b = impl->archive->read("byteorder", 0, order->size);
+    if (std::string(reinterpret_cast<const char*>(b.data()), b.size()) == "big") {
+      fail(label, "was saved on a big-endian machine; load it there and save it again on a little-endian one");
+    }
+  }
   if (pkl->size > kMaxPickle) {
     fail(label, "data.pkl is " + std::to_string(pkl->size) + " bytes; a state dict's pickle is far smaller (limit " +
                     std::to_string(kMaxPickle) + ")");
