@@ -3,8 +3,13 @@
 #include "qkv/core/autograd.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <unordered_set>
 
+#include "qkv/core/profile.hpp"
 #include "qkv/kernels/elementwise.hpp"
 
 namespace qkv {
@@ -25,8 +30,32 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   return std::any_of(inputs.begin(), inputs.end(), [](const Tensor* t) { return t && t->requires_grad(); });
 }
 
+// ---- the op profile (qkv/core/profile.hpp) ----
+using Clock = std::chrono::steady_clock;
+std::atomic<bool> g_profiling{false};
+std::mutex g_profile_mutex;
+std::map<std::string, OpTime> g_profile;
+thread_local Clock::time_point t_last_mark = Clock::now();
+
+void profile_forward(const char* name) {
+  const auto now = Clock::now();
+  const double seconds = std::chrono::duration<double>(now - t_last_mark).count();
+  t_last_mark = now;
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  OpTime& t = g_profile[name];
+  t.forward_seconds += seconds;
+  ++t.calls;
+}
+
+void profile_backward(const std::string& name, double seconds) {
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  g_profile[name].backward_seconds += seconds;
+  t_last_mark = Clock::now();
+}
+
 void record(Tensor& output, const char* name, std::vector<Tensor> inputs,
             std::function<void(const Tensor& grad_output)> backward) {
+  if (g_profiling.load(std::memory_order_relaxed)) profile_forward(name);
   auto node = std::make_shared<Node>();
   node->name = name;
   node->inputs = std::move(inputs);
@@ -97,16 +126,41 @@ void Tensor::backward(const Tensor& grad_output) const {
   kernels::accumulate(detail::grad_buffer(*this), grad_output.data(), numel());
 
   NoGradGuard no_grad;  // backward closures compute with plain kernels; nothing they do is recorded
+  using detail::Clock;
+  using detail::g_profiling;
+  using detail::profile_backward;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     detail::TensorImpl* impl = it->impl();
     if (impl->node) {  // a leaf has no node: its gradient stays for the caller
       std::shared_ptr<detail::Node> node = std::move(impl->node);  // frees the graph as we go
       impl->graph_released = true;
-      if (impl->grad.defined()) node->backward(impl->grad);
+      if (impl->grad.defined()) {
+        if (g_profiling.load(std::memory_order_relaxed)) {
+          const auto start = Clock::now();
+          node->backward(impl->grad);
+          profile_backward(node->name, std::chrono::duration<double>(Clock::now() - start).count());
+        } else {
+          node->backward(impl->grad);
+        }
+      }
       impl->grad = Tensor();  // non-leaf gradients are not kept (as in PyTorch)
     }
     *it = Tensor();  // every consumer is done with this tensor: let its memory go
   }
+}
+
+void set_op_profiling(bool on) {
+  detail::g_profiling.store(on);
+  detail::t_last_mark = detail::Clock::now();
+}
+void op_profile_mark() { detail::t_last_mark = detail::Clock::now(); }
+std::map<std::string, OpTime> op_profile() {
+  std::lock_guard<std::mutex> lock(detail::g_profile_mutex);
+  return detail::g_profile;
+}
+void reset_op_profile() {
+  std::lock_guard<std::mutex> lock(detail::g_profile_mutex);
+  detail::g_profile.clear();
 }
 
 }  // namespace qkv

@@ -11,6 +11,12 @@
 
 namespace qkv::kernels {
 
+namespace {
+// A denormal result becomes 0: probabilities and gradients below float's smallest normal (1.2e-38) carry
+// nothing, and denormals slow every product that reads them by ~100× (see simd::kExpFlushBelow).
+inline float flush_denormal(float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? 0.0f : v; }
+}  // namespace
+
 void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) { softmax_rows_lse(x, y, nullptr, rows, n); }
 
 void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n) {
@@ -23,7 +29,7 @@ void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_
     // std::max skips a NaN, but the NaN still reaches the sum, so the whole row becomes NaN as in PyTorch.
     const float sum = simd::exp_shifted_sum(xr, yr, n, max_value);
     const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+    for (int64_t j = 0; j < n; ++j) yr[j] = flush_denormal(yr[j] * inv);
     if (lse) lse[r] = max_value + std::log(sum);
   }
 }
@@ -106,7 +112,7 @@ void cross_entropy_backward(const float* probs, const int64_t* targets, float* d
     if (targets[r] == ignore_index) continue;
     const float* p = probs + r * V;
     float* dz = dlogits + r * V;
-    for (int64_t j = 0; j < V; ++j) dz[j] += scale * p[j];
+    for (int64_t j = 0; j < V; ++j) dz[j] += flush_denormal(scale * p[j]);
     dz[targets[r]] -= scale;
   }
 }

@@ -1,0 +1,80 @@
+// The machine's FMA peak, measured: independent FMA chains on every thread, AVX2 and, where the build has it,
+// AVX-512 (the faster counts). Shared by the benchmarks that report "% of peak".
+#pragma once
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+namespace qkv::bench {
+
+inline void keep(float v) {
+  volatile float sink = v;
+  (void)sink;
+}
+
+inline // 12 independent FMA chains per thread hide the 4-cycle latency on both FMA pipes.
+double measure_fma_peak(int threads, double seconds) {
+  double best = 0.0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int64_t iterations = static_cast<int64_t>(seconds * 2e8 / 3);
+    const auto start = std::chrono::steady_clock::now();
+    float sink = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+#if defined(__AVX2__) && defined(__FMA__)
+      __m256 acc[12];
+      for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+      const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+      for (int64_t it = 0; it < iterations; ++it)
+        for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+      float lanes[8];
+      __m256 total = acc[0];
+      for (int i = 1; i < 12; ++i) total = _mm256_add_ps(total, acc[i]);
+      _mm256_storeu_ps(lanes, total);
+      for (float l : lanes) sink += l;
+#else
+      float acc[12][8] = {};
+      for (int64_t it = 0; it < iterations; ++it)
+        for (int i = 0; i < 12; ++i)
+          for (int l = 0; l < 8; ++l) acc[i][l] = acc[i][l] * 0.999999f + 1e-7f;
+      for (auto& row : acc)
+        for (float v : row) sink += v;
+#endif
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    keep(sink);
+    best = std::max(best, static_cast<double>(iterations) * 12 * 8 * 2 * threads / elapsed / 1e9);
+  }
+#if defined(__AVX512F__)
+  // A machine with AVX-512 may have twice the FMA width (two 512-bit units), or the same (Zen 4 splits 512-bit
+  // FMAs in two): the peak is the faster of the two loops, so "% of peak" is of what the machine can do.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int64_t iterations = static_cast<int64_t>(seconds * 1e8 / 3);
+    const auto start = std::chrono::steady_clock::now();
+    float sink = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      __m512 acc[12];
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+      const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+      for (int64_t it = 0; it < iterations; ++it)
+        for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+      __m512 total = acc[0];
+      for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
+      float lanes[16];
+      _mm512_storeu_ps(lanes, total);
+      for (float l : lanes) sink += l;
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    keep(sink);
+    best = std::max(best, static_cast<double>(iterations) * 12 * 16 * 2 * threads / elapsed / 1e9);
+  }
+#endif
+  return best;
+}
+
+}  // namespace qkv::bench
