@@ -1,0 +1,216 @@
+#!/usr/bin/python3
+"""A GPT training step in qkv, PyTorch 1.13 and llm.c, side by side in one session: tokens/s, % of the machine's FMA
+peak in model FLOPs (6 × parameters + 12 × layers × width × T per token, as llm.c and PaLM count), and peak RSS.
+
+  /usr/bin/python3 tools/bench_gpt2_compare.py [--build build] [--steps 3] [--llmc DIR] [--configs a,b] [--markdown]
+
+Configurations: GPT-2 124M (tied head, dropout 0: llm.c's CPU setting) at (B=4, T=64), (B=8, T=256) and
+(B=1, T=1024), and `qkv train`'s default model (B=8, T=128, dropout 0.1). Threads: 1 and 2.
+  qkv      build/bench/qkv_train_profile (OpenBLAS single-threaded, qkv's OpenMP threads), median of --steps
+  PyTorch  the book's GPTModel (tools/gpt_reference.py) with torch.optim.AdamW and clip_grad_norm_, in a child
+           process per setting; 2 cores are tried both ways (2 intra-op threads, or 1 with OpenBLAS on 2) and
+           the better is PyTorch's figure; torch.set_flush_denormal(True), so random weights cannot slow it
+  llm.c    with --llmc DIR: a checkout of karpathy/llm.c (not part of qkv; `fetch`/git clone it). The tool
+           writes a random GPT-2 124M checkpoint and token files in llm.c's formats into DIR/qkv-bench/, builds
+           train_gpt2.c with llm.c's flags and fewer steps (no sampling), and takes the median step time at
+           its fixed B=4, T=64.
+Each step is forward, cross-entropy, backward, gradient clipping (qkv, PyTorch) and AdamW.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = {
+    "gpt2_124M_B4T64": (dict(vocab_size=50257, context_length=64, emb_dim=768, n_heads=12, n_layers=12, drop_rate=0.0,
+                             qkv_bias=False), 4, True),
+    "gpt2_124M_B8T256": (dict(vocab_size=50257, context_length=256, emb_dim=768, n_heads=12, n_layers=12,
+                              drop_rate=0.0, qkv_bias=False), 8, True),
+    "gpt2_124M_B1T1024": (dict(vocab_size=50257, context_length=1024, emb_dim=768, n_heads=12, n_layers=12,
+                               drop_rate=0.0, qkv_bias=False), 1, True),
+    "qkv_train_default_B8T128": (dict(vocab_size=50257, context_length=128, emb_dim=192, n_heads=6, n_layers=4,
+                                      drop_rate=0.1, qkv_bias=False), 8, False),
+}
+
+
+def flops_per_token(cfg, params):
+    return 6 * params + 12 * cfg["n_layers"] * cfg["emb_dim"] * cfg["context_length"]
+
+
+def torch_worker(args):
+    """Runs in a child process: one PyTorch setting, prints a JSON line."""
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpt_reference import GPTModel
+    cfg, batch, tied = CONFIGS[args.config]
+    torch.set_num_threads(args.torch_threads)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    model = GPTModel(cfg)
+    if tied:
+        model.out_head.weight = model.tok_emb.weight
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    T = cfg["context_length"]
+    ids = torch.randint(0, cfg["vocab_size"], (batch, T))
+    targets = torch.randint(0, cfg["vocab_size"], (batch, T))
+
+    def step():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    step()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"seconds": statistics.median(times), "params": params,
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def run_torch(config, torch_threads, blas_threads, steps):
+    env = dict(os.environ, OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads),
+               MKL_NUM_THREADS=str(blas_threads))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", config,
+                          "--torch-threads", str(torch_threads), "--steps", str(steps)],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_qkv(build, config, threads, steps):
+    cfg, batch, tied = CONFIGS[config]
+    cmd = [os.path.join(build, "bench", "qkv_train_profile"), "--vocab", str(cfg["vocab_size"]),
+           "--context", str(cfg["context_length"]), "--emb", str(cfg["emb_dim"]), "--heads", str(cfg["n_heads"]),
+           "--layers", str(cfg["n_layers"]), "--batch", str(batch), "--steps", str(steps), "--threads", str(threads),
+           "--drop", str(cfg["drop_rate"])] + (["--tied"] if tied else [])
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    profile = out.split("\n\n", 1)[1].split("RESULT", 1)[0] if "\n\n" in out else ""
+    return result, profile
+
+
+# ---- llm.c ----
+
+def write_llmc_inputs(directory):
+    import numpy as np
+    os.makedirs(os.path.join(directory, "dev/data/tinyshakespeare"), exist_ok=True)
+    maxT, V, L, NH, C, Vp = 1024, 50257, 12, 12, 768, 50304
+    header = np.zeros(256, dtype=np.int32)
+    header[:8] = [20240326, 3, maxT, V, L, NH, C, Vp]
+    sizes = [Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
+             L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
+    rng = np.random.default_rng(0)
+    with open(os.path.join(directory, "gpt2_124M.bin"), "wb") as f:
+        f.write(header.tobytes())
+        for i, n in enumerate(sizes):
+            if i in (2, 8, 14):  # layer-norm scales
+                f.write(np.ones(n, dtype=np.float32).tobytes())
+            elif i in (3, 5, 7, 9, 11, 13, 15):  # biases
+                f.write(np.zeros(n, dtype=np.float32).tobytes())
+            else:  # GPT-2's initialisation scale
+                f.write((rng.standard_normal(n, dtype=np.float32) * 0.02).tobytes())
+    for name, count in (("train", 200_000), ("val", 20_000)):
+        tokens = rng.integers(0, V, count, dtype=np.uint16)
+        h = np.zeros(256, dtype=np.int32)
+        h[:3] = [20240520, 1, count]
+        with open(os.path.join(directory, f"dev/data/tinyshakespeare/tiny_shakespeare_{name}.bin"), "wb") as f:
+            f.write(h.tobytes())
+            f.write(tokens.tobytes())
+
+
+def build_llmc(llmc, steps):
+    work = os.path.join(llmc, "qkv-bench")
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(llmc, "train_gpt2.c")) as f:
+        source = f.read()
+    # Fewer steps, no validation or sampling in the timed loop (they are outside the per-step timer anyway).
+    source = source.replace("for (int step = 0; step <= 40; step++)", f"for (int step = 0; step <= {steps}; step++)")
+    source = source.replace("if (step % 10 == 0) {", "if (0) {").replace("if (step > 0 && step % 20 == 0) {", "if (0) {")
+    patched = os.path.join(llmc, "train_gpt2_qkvbench.c")
+    with open(patched, "w") as f:
+        f.write(source)
+    binary = os.path.join(work, "train_gpt2")
+    subprocess.run(["gcc", "-Ofast", "-Wno-unused-result", "-Wno-ignored-pragmas", "-Wno-unknown-attributes",
+                    "-march=native", "-fopenmp", "-DOMP", "-I", llmc, patched, "-lm", "-o", binary], check=True)
+    if not os.path.exists(os.path.join(work, "gpt2_124M.bin")):
+        write_llmc_inputs(work)
+    return binary, work
+
+
+def run_llmc(binary, work, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "RSS %M", binary], cwd=work, env=env, capture_output=True, text=True)
+    times = [float(m) / 1000 for m in re.findall(r"took ([0-9.]+) ms", proc.stdout)][1:]  # the first step warms up
+    rss = re.search(r"RSS (\d+)", proc.stderr)
+    if not times:
+        raise RuntimeError("llm.c printed no steps:\n" + proc.stdout[-2000:] + proc.stderr[-2000:])
+    return {"seconds": statistics.median(times), "rss_mib": int(rss.group(1)) / 1024 if rss else float("nan"),
+            "wall": time.perf_counter() - start}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--llmc", help="a checkout of karpathy/llm.c")
+    parser.add_argument("--profile", action="store_true", help="also print qkv's per-op profile of each setting")
+    parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.torch_worker:
+        torch_worker(args)
+        return
+    llmc = build_llmc(args.llmc, args.steps + 1) if args.llmc else None
+    rows = []
+    for config in args.configs.split(","):
+        cfg, batch, _ = CONFIGS[config]
+        tokens = batch * cfg["context_length"]
+        for threads in (1, 2):
+            q, profile = run_qkv(args.build, config, threads, args.steps)
+            fpt = q["flops_per_token"]
+            peak = q["peak_gflops"]
+            settings = [(1, 1)] if threads == 1 else [(2, 1), (1, 2)]
+            t_runs = [run_torch(config, a, b, args.steps) for a, b in settings]
+            t_best = min(t_runs, key=lambda r: r["seconds"])
+            t_tps = tokens / t_best["seconds"]
+            row = {"config": config, "threads": threads, "qkv_tps": q["tokens_per_second"],
+                   "qkv_peak": 100 * q["gflops"] / peak, "qkv_rss": q["rss_mib"], "torch_tps": t_tps,
+                   "torch_all": [tokens / r["seconds"] for r in t_runs],
+                   "torch_peak": 100 * fpt * t_tps / 1e9 / peak, "torch_rss": t_best["rss_mib"], "peak": peak}
+            if llmc and config == "gpt2_124M_B4T64":
+                l = run_llmc(*llmc, threads)
+                row["llmc_tps"] = tokens / l["seconds"]
+                row["llmc_rss"] = l["rss_mib"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.profile:
+                print(profile, flush=True)
+    print("\n| configuration | threads | qkv tok/s | % of FMA peak | peak RSS | PyTorch 1.13 tok/s | % peak | peak RSS | "
+          "qkv / PyTorch | llm.c tok/s | qkv / llm.c |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        llmc_cells = (f"{r['llmc_tps']:.1f} | {r['qkv_tps'] / r['llmc_tps']:.1f}×" if "llmc_tps" in r else " | ")
+        torch_note = "" if r["threads"] == 1 else " (best of " + " / ".join(f"{v:.1f}" for v in r["torch_all"]) + ")"
+        print(f"| {r['config']} | {r['threads']} | {r['qkv_tps']:.1f} | {r['qkv_peak']:.1f}% | {r['qkv_rss']:.0f} MiB | "
+              f"{r['torch_tps']:.1f}{torch_note} | {r['torch_peak']:.1f}% | {r['torch_rss']:.0f} MiB | "
+              f"{r['qkv_tps'] / r['torch_tps']:.2f}× | {llmc_cells} |")
+    print(f"\nFMA peak measured by qkv_train_profile: {rows[0]['peak']:.0f} GFLOP/s on 1 thread "
+          f"(the faster of AVX2 and AVX-512 FMA loops); model FLOPs per token = 6N + 12·L·C·T.")
+
+
+if __name__ == "__main__":
+    main()
