@@ -1,6 +1,6 @@
 // Model-level benchmarks: training throughput (tokens/s) of GPTModel on the default `qkv train`
 // configuration and on GPT-2's shape, generation with and without the KV cache, and tokenizer speed.
-// `--smoke` runs each once on tiny sizes (CI). Compare with PyTorch: tools/bench_train_torch.py.
+// `--smoke` runs each once on tiny sizes (CI). Compare with PyTorch and llm.c: tools/bench_gpt2_compare.py.
 #include <benchmark/benchmark.h>
 
 #include <omp.h>

@@ -201,7 +201,8 @@ std::vector<KernelCase> kernel_cases() {
                      const AdamWStep s{0.999f, 0.9f, 0.999f, 0.1f, 0.001f, 1e-3f, 0.05f, 1e-8f};
                      adamw_update(w.data(), g.data(), mo.data(), v.data(), n, s);
                      adamw_update_reference(w2.data(), g.data(), m2.data(), v2.data(), n, s);
-                     if (auto ok = close(w.data(), w2.data(), n, 0, 0); !ok) return ok;
+                     // Within an ulp: the compiler may fuse w·decay − step·(m/denom) into an FMA in one and not the other.
+                     if (auto ok = close(w.data(), w2.data(), n, 2.5e-7, 0); !ok) return ok;
                      if (auto ok = close(v.data(), v2.data(), n, 0, 0); !ok) return ok;
                      const double a = sum_of_squares(g.data(), n), b = sum_of_squares_reference(g.data(), n);
                      return std::fabs(a - b) <= 1e-12 * (1 + b) ? ::testing::AssertionSuccess()

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <new>
 #include <ostream>
 #include <sstream>
@@ -81,19 +83,60 @@ bool operator==(const Shape& a, const Shape& b) {
 // ---- Tensor ----
 
 namespace {
+// Large blocks are kept for reuse instead of going back to the system: a training step allocates the same sizes
+// step after step, and a fresh block of hundreds of MiB costs a page fault per 4 KiB page on first touch (the
+// kernel zeroes each one). Blocks of at least kMinBytes are cached by exact size, up to kLimit bytes in all;
+// beyond that they are freed at once. The cache lives until the process ends (never destroyed, so a tensor freed by
+// a static destructor still finds it; what it holds stays reachable, not leaked).
+class LargeBlockCache {
+ public:
+  static constexpr size_t kMinBytes = size_t{4} << 20;
+  static constexpr size_t kLimit = size_t{2} << 30;
+  float* take(size_t bytes) {
+    if (bytes < kMinBytes) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.find(bytes);
+    if (it == blocks_.end()) return nullptr;
+    float* p = it->second;
+    blocks_.erase(it);
+    held_ -= bytes;
+    return p;
+  }
+  bool give(float* p, size_t bytes) {
+    if (bytes < kMinBytes) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (held_ + bytes > kLimit) return false;
+    blocks_.emplace(bytes, p);
+    held_ += bytes;
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, float*> blocks_;
+  size_t held_ = 0;
+};
+LargeBlockCache& block_cache() {
+  static LargeBlockCache* cache = new LargeBlockCache;
+  return *cache;
+}
+
 // 64-byte alignment: a cache line, and what AVX2 loads like best.
 std::shared_ptr<float> allocate(int64_t n) {
   const size_t count = static_cast<size_t>(std::max<int64_t>(n, 1));
+  const size_t size = count * sizeof(float);
+  LargeBlockCache& cache = block_cache();
+  float* p = cache.take(size);
   // A size that passed the shape check may still exceed this machine's memory: say so as a user error.
-  float* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
+  if (!p) p = static_cast<float*>(::operator new[](size, std::align_val_t(64), std::nothrow));
   if (!p) {
     throw ValueError("cannot allocate a tensor of " + std::to_string(count) + " floats (" +
                      std::to_string(count * sizeof(float) >> 20) + " MiB): not enough memory; use smaller sizes");
   }
-  const int64_t bytes = static_cast<int64_t>(count * sizeof(float));
+  const int64_t bytes = static_cast<int64_t>(size);
   memory::detail::on_allocate(bytes);
-  return std::shared_ptr<float>(p, [bytes](float* q) {
-    ::operator delete[](q, std::align_val_t(64));
+  return std::shared_ptr<float>(p, [bytes, &cache](float* q) {
+    if (!cache.give(q, static_cast<size_t>(bytes))) ::operator delete[](q, std::align_val_t(64));
     memory::detail::on_free(bytes);
   });
 }

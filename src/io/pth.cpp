@@ -909,54 +909,26 @@ std::vector<int64_t> PthFile::int64s(const PyRef& ref) const {
 
 // ---- writing ----
 
-PyValue PyValue::of(bool v) {
-  PyValue p;
-  p.kind = PyKind::Bool;
-  p.boolean = v;
-  return p;
+namespace {
+PyValue value_of(PyKind kind) {
+  PyValue v;
+  v.kind = kind;
+  return v;
 }
-PyValue PyValue::of(int64_t v) {
-  PyValue p;
-  p.kind = PyKind::Int;
-  p.integer = v;
-  return p;
-}
-PyValue PyValue::of(double v) {
-  PyValue p;
-  p.kind = PyKind::Float;
-  p.real = v;
-  return p;
-}
-PyValue PyValue::of(std::string v) {
-  PyValue p;
-  p.kind = PyKind::String;
-  p.text = std::move(v);
-  return p;
-}
+}  // namespace
+
+PyValue PyValue::of(bool b) { PyValue v = value_of(PyKind::Bool); v.boolean = b; return v; }
+PyValue PyValue::of(int64_t i) { PyValue v = value_of(PyKind::Int); v.integer = i; return v; }
+PyValue PyValue::of(double d) { PyValue v = value_of(PyKind::Float); v.real = d; return v; }
+PyValue PyValue::of(std::string s) { PyValue v = value_of(PyKind::String); v.text = std::move(s); return v; }
 PyValue PyValue::of(TensorData t) {
-  PyValue p;
-  p.kind = PyKind::Tensor;
-  p.tensor = std::make_shared<const TensorData>(std::move(t));
-  return p;
+  PyValue v = value_of(PyKind::Tensor);
+  v.tensor = std::make_shared<const TensorData>(std::move(t));
+  return v;
 }
-PyValue PyValue::list(std::vector<PyValue> items) {
-  PyValue p;
-  p.kind = PyKind::List;
-  p.items = std::move(items);
-  return p;
-}
-PyValue PyValue::tuple(std::vector<PyValue> items) {
-  PyValue p;
-  p.kind = PyKind::Tuple;
-  p.items = std::move(items);
-  return p;
-}
-PyValue PyValue::dict(bool ordered) {
-  PyValue p;
-  p.kind = PyKind::Dict;
-  p.ordered = ordered;
-  return p;
-}
+PyValue PyValue::list(std::vector<PyValue> items) { PyValue v = value_of(PyKind::List); v.items = std::move(items); return v; }
+PyValue PyValue::tuple(std::vector<PyValue> items) { PyValue v = value_of(PyKind::Tuple); v.items = std::move(items); return v; }
+PyValue PyValue::dict(bool ordered) { PyValue v = value_of(PyKind::Dict); v.ordered = ordered; return v; }
 PyValue& PyValue::set(PyValue key, PyValue value) {
   QKV_CHECK(kind == PyKind::Dict, "PyValue::set on a value that is not a dict");
   entries.emplace_back(std::move(key), std::move(value));

@@ -492,6 +492,35 @@ void probabilities_and_dscores(const Plan& p, const BackwardHead& h, const float
   }
 }
 
+// One key block (k0) of one head against every query block that sees it: dK and dV of the block, written to dk and
+// dv; with dq_acc (the head's Tq × Dp accumulator) also dQ += dS K, so S and dO·Vᵀ are computed once per tile.
+void key_block_backward(const Plan& p, const BackwardHead& head, const float* lse_head, const float* delta_head,
+                        int64_t bh, int64_t k0, float* pz, float* ds, float* dk_acc, float* dv_acc, float* dq_acc,
+                        float* dk, float* dv) {
+  const int64_t D = p.dims.D, Dp = p.Dp;
+  const int64_t cols = std::min(kBc, p.dims.Tk - k0), cols_pad = round_up(cols, kNR);
+  std::fill_n(dk_acc, cols * Dp, 0.0f);
+  std::fill_n(dv_acc, cols * Dp, 0.0f);
+  // The first query row that sees key k0: with causal, i + offset ≥ k0.
+  const int64_t first_row = p.options.causal ? std::max<int64_t>(0, k0 - p.offset) : 0;
+  const Trim k_begin = p.options.causal ? Trim::KBegin : Trim::None;
+  for (int64_t q0 = first_row / kBr * kBr; q0 < p.dims.Tq; q0 += kBr) {
+    const int64_t rows = std::min(kBr, p.dims.Tq - q0);
+    probabilities_and_dscores(p, head, lse_head, delta_head, bh, q0, rows, k0, cols, pz, ds);
+    const int64_t diag = q0 + p.offset - k0 + 1;
+    block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
+    block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);   // dK += dSᵀ Qs
+    if (dq_acc) {
+      block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc + q0 * Dp, Dp, true,
+                 p.options.causal ? Trim::KEnd : Trim::None, diag);                                       // dQ += dS K
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    std::copy_n(dk_acc + j * Dp, D, p.row(dk, p.layout.k, bh, k0 + j));
+    std::copy_n(dv_acc + j * Dp, D, p.row(dv, p.layout.v, bh, k0 + j));
+  }
+}
+
 }  // namespace
 
 void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
@@ -551,30 +580,12 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < heads; ++bh) {
         ws.begin(p, q, k, v, d_o, bh, true, true);
-        const BackwardHead& head = ws.head;
-        float *pz = ws.pz, *ds = ws.ds;
         float* dk_acc = ws.acc_a.get(static_cast<size_t>(kBc * Dp));
         float* dv_acc = ws.acc_b.get(static_cast<size_t>(kBc * Dp));
         std::fill_n(dq_acc, dims.Tq * Dp, 0.0f);
         for (int64_t k0 = 0; k0 < dims.Tk; k0 += kBc) {
-          const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
-          std::fill_n(dk_acc, cols * Dp, 0.0f);
-          std::fill_n(dv_acc, cols * Dp, 0.0f);
-          const int64_t first_row = options.causal ? std::max<int64_t>(0, k0 - p.offset) : 0;
-          for (int64_t q0 = first_row / kBr * kBr; q0 < dims.Tq; q0 += kBr) {
-            const int64_t rows = std::min(kBr, dims.Tq - q0);
-            probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
-            const int64_t diag = q0 + p.offset - k0 + 1;
-            const Trim k_begin = options.causal ? Trim::KBegin : Trim::None;
-            block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
-            block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);   // dK += dSᵀ Qs
-            block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc + q0 * Dp, Dp, true,
-                       options.causal ? Trim::KEnd : Trim::None, diag);                                       // dQ += dS K
-          }
-          for (int64_t j = 0; j < cols; ++j) {
-            std::copy_n(dk_acc + j * Dp, D, p.row(dk, layout.k, bh, k0 + j));
-            std::copy_n(dv_acc + j * Dp, D, p.row(dv, layout.v, bh, k0 + j));
-          }
+          key_block_backward(p, ws.head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, k0, ws.pz, ws.ds, dk_acc, dv_acc,
+                             dq_acc, dk, dv);
         }
         for (int64_t i = 0; i < dims.Tq; ++i) {
           float* dst = p.row(dq, layout.q, bh, i);
@@ -588,27 +599,9 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   // Fewer heads than threads: two passes that split each head by blocks. Pass 1: dK and dV, one key block per item.
   parallel_items<Workspace>(p.threads(), heads, p.k_blocks, [&](Workspace& ws, int64_t bh, int64_t kb, bool new_head) {
     ws.begin(p, q, k, v, d_o, bh, new_head, false);
-    const BackwardHead& head = ws.head;
-    float *pz = ws.pz, *ds = ws.ds;
-    float* dk_acc = ws.acc_a.get(static_cast<size_t>(kBc * Dp));
-    float* dv_acc = ws.acc_b.get(static_cast<size_t>(kBc * Dp));
-    const int64_t k0 = kb * kBc, cols = std::min(kBc, dims.Tk - k0);
-    std::fill_n(dk_acc, cols * Dp, 0.0f);
-    std::fill_n(dv_acc, cols * Dp, 0.0f);
-    // The first query row that sees key k0: with causal, i + offset ≥ k0.
-    const int64_t first_row = options.causal ? std::max<int64_t>(0, k0 - p.offset) : 0;
-    for (int64_t q0 = first_row / kBr * kBr; q0 < dims.Tq; q0 += kBr) {
-      const int64_t rows = std::min(kBr, dims.Tq - q0);
-      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
-      const Trim k_begin = options.causal ? Trim::KBegin : Trim::None;
-      const int64_t diag = q0 + p.offset - k0 + 1;
-      block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
-      block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);   // dK += dSᵀ Qs
-    }
-    for (int64_t j = 0; j < cols; ++j) {
-      std::copy_n(dk_acc + j * Dp, D, p.row(dk, layout.k, bh, k0 + j));
-      std::copy_n(dv_acc + j * Dp, D, p.row(dv, layout.v, bh, k0 + j));
-    }
+    key_block_backward(p, ws.head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, kb * kBc, ws.pz, ws.ds,
+                       ws.acc_a.get(static_cast<size_t>(kBc * Dp)), ws.acc_b.get(static_cast<size_t>(kBc * Dp)), nullptr,
+                       dk, dv);
   });
 
   // Pass 2: dQ, one query block per item.
