@@ -47,11 +47,10 @@ int run_eval(const EvalCommand& options) {
   }
   ProgressLine line(!options.json);
   const auto began = std::chrono::steady_clock::now();
-  int64_t scored_so_far = 0;
+  int64_t scored_so_far = 0, counted = 0;  // tokens scored by the first `counted` windows
   const auto windows = train::eval_windows(static_cast<int64_t>(ids.size()), context, stride);
   const train::TextEvaluation result = train::evaluate_text(model, ids, context, stride, batch, [&](int64_t done, int64_t total) {
-    scored_so_far = 0;
-    for (int64_t k = 0; k < done; ++k) scored_so_far += windows[static_cast<size_t>(k)].fresh;
+    for (; counted < done; ++counted) scored_so_far += windows[static_cast<size_t>(counted)].fresh;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     char text_line[160];
     std::snprintf(text_line, sizeof text_line, " window %lld/%lld  %.0f tok/s  ETA %s", static_cast<long long>(done),
