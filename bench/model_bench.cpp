@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/kernels/memory.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/optim.hpp"
@@ -29,6 +30,7 @@ GPTConfig config(int64_t vocab, int64_t ctx, int64_t emb, int64_t heads, int64_t
 // One AdamW step: forward, cross-entropy, backward, clipping, update.
 void bm_train_step(benchmark::State& state, GPTConfig c, int64_t batch, int threads) {
   omp_set_num_threads(threads);
+  qkv::memory::set_block_cache_limit(int64_t{2} << 30);  // as train::Trainer does
   qkv::Generator gen(1);
   qkv::nn::GPTModel model(c, gen);
   qkv::optim::AdamW optimizer(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});

@@ -16,6 +16,7 @@
 
 #include "peak.hpp"
 #include "qkv/core/profile.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/optim.hpp"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
     _mm_setcsr(_mm_getcsr() | 0x8040);
   }
   if (threads > 0) qkv::set_num_threads(threads);
+  qkv::memory::set_block_cache_limit(int64_t{2} << 30);  // as train::Trainer does
   threads = qkv::num_threads();
   const double peak = qkv::bench::measure_fma_peak(threads, 0.3);
   qkv::Generator gen(1);

@@ -49,6 +49,22 @@ TEST(Kernels, SoftmaxAndCrossEntropyLeaveNoDenormals) {
   EXPECT_TRUE(all_close(sums, Tensor::ones({rows}), 1e-5, 1e-5));
 }
 
+// Training turns on the block cache: a freed large block is handed out again for the same size (no page faults).
+TEST(Memory, BlockCacheReusesAFreedBlockOfTheSameSize) {
+  memory::set_block_cache_limit(int64_t{64} << 20);
+  const float* first = nullptr;
+  {
+    const Tensor a = Tensor::zeros({int64_t{1} << 21});  // 8 MiB
+    first = a.data();
+  }
+  const Tensor b = Tensor::empty({int64_t{1} << 21});
+  EXPECT_EQ(b.data(), first);
+  const Tensor c = Tensor::zeros({int64_t{1} << 21});  // the cache is empty again: a fresh block, zeroed
+  EXPECT_NE(c.data(), first);
+  EXPECT_EQ(c.data()[12345], 0.0f);
+  memory::set_block_cache_limit(0);
+}
+
 TEST(Kernels, SoftmaxMatchesReferenceAndSumsToOne) {
   const Tensor x = random_tensor({7, 13}, 4, 10.0f);
   Tensor y = Tensor::empty(x.shape()), r = Tensor::empty(x.shape());

@@ -83,15 +83,15 @@ bool operator==(const Shape& a, const Shape& b) {
 // ---- Tensor ----
 
 namespace {
-// Large blocks are kept for reuse instead of going back to the system: a training step allocates the same sizes
-// step after step, and a fresh block of hundreds of MiB costs a page fault per 4 KiB page on first touch (the
-// kernel zeroes each one). Blocks of at least kMinBytes are cached by exact size, up to kLimit bytes in all;
-// beyond that they are freed at once. The cache lives until the process ends (never destroyed, so a tensor freed by
+// Large blocks kept for reuse instead of going back to the system, when memory::set_block_cache_limit allows it
+// (training does): a training step allocates the same sizes step after step, and a fresh block of hundreds of MiB
+// costs a page fault per 4 KiB page on first touch (the kernel zeroes each one). Blocks of at least kMinBytes are
+// cached by exact size, up to the limit in all; beyond that they are freed at once. Off by default: a single
+// forward and backward (qkv apply) would only hold more memory (268 → 362 MiB at T = 4096). The cache lives until the process ends (never destroyed, so a tensor freed by
 // a static destructor still finds it; what it holds stays reachable, not leaked).
 class LargeBlockCache {
  public:
   static constexpr size_t kMinBytes = size_t{4} << 20;
-  static constexpr size_t kLimit = size_t{2} << 30;
   float* take(size_t bytes) {
     if (bytes < kMinBytes) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -105,7 +105,7 @@ class LargeBlockCache {
   bool give(float* p, size_t bytes) {
     if (bytes < kMinBytes) return false;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (held_ + bytes > kLimit) return false;
+    if (held_ + bytes > static_cast<size_t>(memory::block_cache_limit())) return false;
     blocks_.emplace(bytes, p);
     held_ += bytes;
     return true;

@@ -8,7 +8,11 @@ namespace qkv::memory {
 namespace {
 std::atomic<int64_t> g_in_use{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_block_cache_limit{0};
 }  // namespace
+
+void set_block_cache_limit(int64_t bytes) { g_block_cache_limit.store(bytes < 0 ? 0 : bytes, std::memory_order_relaxed); }
+int64_t block_cache_limit() { return g_block_cache_limit.load(std::memory_order_relaxed); }
 
 int64_t bytes_in_use() { return g_in_use.load(std::memory_order_relaxed); }
 int64_t peak_bytes() { return g_peak.load(std::memory_order_relaxed); }

@@ -10,6 +10,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/io/safetensors.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/optim.hpp"
 
 namespace qkv::train {
@@ -113,6 +114,9 @@ std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, Tra
 Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator)
     : settings_(settings), generator_(settings.seed), comm_(communicator ? communicator : &single_) {
   settings_.validate();
+  // Every step allocates the same sizes: keep large freed blocks for the next step instead of page-faulting in
+  // fresh ones (qkv/kernels/memory.hpp).
+  memory::set_block_cache_limit(std::max<int64_t>(memory::block_cache_limit(), int64_t{2} << 30));
   world_ = comm_->size();
   for (int64_t id : tokens) {
     if (id < 0 || id >= settings_.model.vocab_size) {
