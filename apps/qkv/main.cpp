@@ -32,23 +32,28 @@ CLI::Validator checked(const char* name, Parse parse) {
       name);
 }
 
+// How to read a book state dict: --config, --n-heads, --tokenizer (generate, attention, eval and convert).
+void add_config_options(CLI::App* command, qkv::train::ConfigHint& hint) {
+  command->add_option("--config", hint.config,
+                      "For a book state dict: the book's configuration dict as a JSON file (GPT_CONFIG_124M; Python's "
+                      "True/False accepted) or a preset: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl");
+  command->add_option("--n-heads", hint.n_heads, "For a book state dict: its attention heads (the one setting its "
+                                                 "tensors do not show)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--tokenizer", hint.tokenizer, "gpt2 or bytes (default: the checkpoint's; for a .pth, bytes "
+                                                     "when the vocabulary is 256, else gpt2)")
+      ->check(CLI::IsMember({"gpt2", "bytes"}));
+}
+
 // The model options of generate, attention and eval: --checkpoint FILE | --gpt2 FILE, the configuration of a book
-// state dict (--config, --n-heads), --tokenizer and --vocab DIR.
+// state dict and --vocab DIR.
 void add_model_options(CLI::App* command, qkv::cli::ModelOptions& m) {
   auto* ckpt = command->add_option("--checkpoint", m.checkpoint,
                                    "The model: a qkv checkpoint, a PyTorch .pth (the book's model.pth or "
                                    "model_and_optimizer.pth), or a safetensors state dict (book or Hugging Face names)");
   auto* gpt2 = command->add_option("--gpt2", m.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
   ckpt->excludes(gpt2);
-  command->add_option("--config", m.hint.config,
-                      "For a book state dict: the book's configuration dict as a JSON file (GPT_CONFIG_124M; Python's "
-                      "True/False accepted) or a preset: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl");
-  command->add_option("--n-heads", m.hint.n_heads, "For a book state dict: its attention heads (the one setting its "
-                                                   "tensors do not show)")
-      ->check(CLI::PositiveNumber);
-  command->add_option("--tokenizer", m.hint.tokenizer, "gpt2 or bytes (default: the checkpoint's; for a .pth, bytes "
-                                                       "when the vocabulary is 256, else gpt2)")
-      ->check(CLI::IsMember({"gpt2", "bytes"}));
+  add_config_options(command, m.hint);
   command->add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 }
 
@@ -255,12 +260,7 @@ int run(int argc, char** argv) {
   convert_cmd->add_option("--to", convert.to, "pth, safetensors (book names), checkpoint (qkv) or gpt2 (Hugging "
                                               "Face); default: .pth/.pt → pth, otherwise safetensors")
       ->check(CLI::IsMember({"pth", "safetensors", "checkpoint", "gpt2"}));
-  convert_cmd->add_option("--config", convert.hint.config, "For a book state dict: its configuration (JSON or a preset)");
-  convert_cmd->add_option("--n-heads", convert.hint.n_heads, "For a book state dict: its attention heads")
-      ->check(CLI::PositiveNumber);
-  convert_cmd->add_option("--tokenizer", convert.hint.tokenizer, "gpt2 or bytes, for a qkv checkpoint made from a "
-                                                                 "state dict")
-      ->check(CLI::IsMember({"gpt2", "bytes"}));
+  add_config_options(convert_cmd, convert.hint);
   convert_cmd->add_flag("--weights-only", convert.weights_only, "Keep only the weights (drop optimizer state)");
 
   // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
