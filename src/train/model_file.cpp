@@ -201,6 +201,16 @@ io::PyValue state_dict_value(nn::GPTModel& model) {
 
 }  // namespace
 
+const Tensor* TorchAdamW::state(const std::string& name) const {
+  for (const auto& [prefix, moments] : {std::pair{std::string("exp_avg."), &exp_avg}, std::pair{std::string("exp_avg_sq."), &exp_avg_sq}}) {
+    if (name.rfind(prefix, 0) == 0) {
+      auto it = moments->find(name.substr(prefix.size()));
+      return it == moments->end() ? nullptr : &it->second;
+    }
+  }
+  return nullptr;
+}
+
 const char* model_format_name(ModelFormat format) {
   switch (format) {
     case ModelFormat::QkvCheckpoint: return "qkv checkpoint";
@@ -590,11 +600,11 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
       write_checkpoint(output, model,
                        [&](const auto& fn) {
                          for (auto& [name, p] : model.named_parameters()) {
-                           for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-                             Tensor t = moments ? (std::string(kind) == "exp_avg" ? source.optimizer->exp_avg
-                                                                                  : source.optimizer->exp_avg_sq).at(name)
-                                                : Tensor::zeros(p.shape());
-                             fn(std::string(kind) + "." + name, t);
+                           for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
+                             // An optimizer that never stepped has no moments: zeros, as AdamW starts.
+                             const Tensor* moment = moments ? source.optimizer->state(kind + name) : nullptr;
+                             Tensor t = moment ? *moment : Tensor::zeros(p.shape());
+                             fn(kind + name, t);
                            }
                          }
                        },

@@ -193,10 +193,7 @@ void Trainer::resume_from(const ModelFile& file) {
   if (file.optimizer) {
     optimizer_->ensure_state();
     optimizer_->for_each_state([&](const std::string& name, Tensor& t) {
-      const bool first = name.rfind("exp_avg.", 0) == 0;
-      const std::string param = name.substr(first ? 8 : 11);
-      const auto& moments = first ? file.optimizer->exp_avg : file.optimizer->exp_avg_sq;
-      if (auto it = moments.find(param); it != moments.end()) t.copy_(it->second);
+      if (const Tensor* moment = file.optimizer->state(name)) t.copy_(*moment);
     });
     step_ = file.optimizer->step;
   }

@@ -51,6 +51,9 @@ struct TorchAdamW {
   optim::AdamWOptions options;
   int64_t step = 0;
   std::map<std::string, Tensor> exp_avg, exp_avg_sq;  // by parameter name
+  // The moment qkv's AdamW names "exp_avg.<parameter>" or "exp_avg_sq.<parameter>" (optim::Optimizer::for_each_state);
+  // nullptr if there is none.
+  const Tensor* state(const std::string& name) const;
 };
 
 struct ModelFile {
