@@ -71,6 +71,14 @@ float* grad_buffer(const Tensor& t) {
   return impl->grad.data();
 }
 
+GradTarget grad_target(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  TensorImpl* impl = t.impl();
+  if (impl->grad.defined()) return {impl->grad.data(), true};
+  impl->grad = Tensor::empty(impl->shape);
+  return {impl->grad.data(), false};
+}
+
 namespace {
 // Depth-first post-order over tensors that require grad: each tensor comes after every tensor it was
 // computed from, so walking the list backwards visits a tensor only after all its consumers.
@@ -108,7 +116,9 @@ void Tensor::backward() const {
   backward(Tensor::ones(shape()));
 }
 
-void Tensor::backward(const Tensor& grad_output) const {
+void Tensor::backward(const Tensor& grad_output) const { backward(Tensor(grad_output)); }
+
+void Tensor::backward(Tensor&& grad_output) const {
   if (!requires_grad()) {
     throw ValueError("backward(): this tensor does not require grad; no input of its computation had "
                      "requires_grad_() set, or it was computed under NoGradGuard");
@@ -122,8 +132,15 @@ void Tensor::backward(const Tensor& grad_output) const {
                      shape().str());
   }
   std::vector<Tensor> order = detail::topo_sort(*this);
-  // Seed: dL/d(root) += grad_output.
-  kernels::accumulate(detail::grad_buffer(*this), grad_output.data(), numel());
+  // Seed: dL/d(root) += grad_output. A recorded root's gradient is only read by its own backward and dropped
+  // right after, so it can share grad_output's storage instead of copying it; a leaf keeps its gradient for
+  // the caller, who may change grad_output later, so that one is a copy.
+  if (impl()->node && !impl()->grad.defined()) {
+    impl()->grad = grad_output.detach();
+    grad_output = Tensor();  // handed over: no second handle keeps it alive through the walk
+  } else {
+    kernels::accumulate(detail::grad_buffer(*this), grad_output.data(), numel());
+  }
 
   NoGradGuard no_grad;  // backward closures compute with plain kernels; nothing they do is recorded
   using detail::Clock;

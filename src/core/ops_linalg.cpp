@@ -116,11 +116,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                 bias.defined() ? 1.0f : 0.0f, y, out_features);
   if (detail::needs_grad({&x, &weight, &bias})) {
     detail::record(out, "LinearBackward", {x, weight, bias}, [x, weight, bias, rows, in, out_features](const Tensor& dout) {
-      if (float* dx = detail::grad_buffer(x))
-        kernels::gemm(false, false, rows, in, out_features, 1.0f, dout.data(), out_features, weight.data(), in, 1.0f, dx,
-                      in);
-      if (float* dw = detail::grad_buffer(weight))
-        kernels::gemm(true, false, out_features, in, rows, 1.0f, dout.data(), out_features, x.data(), in, 1.0f, dw, in);
+      if (const auto dx = detail::grad_target(x); dx.data)
+        kernels::gemm(false, false, rows, in, out_features, 1.0f, dout.data(), out_features, weight.data(), in,
+                      dx.accumulate ? 1.0f : 0.0f, dx.data, in);
+      if (const auto dw = detail::grad_target(weight); dw.data)
+        kernels::gemm(true, false, out_features, in, rows, 1.0f, dout.data(), out_features, x.data(), in,
+                      dw.accumulate ? 1.0f : 0.0f, dw.data, in);
       if (float* db = detail::grad_buffer(bias)) kernels::add_column_sums(dout.data(), db, rows, out_features);
     });
   }

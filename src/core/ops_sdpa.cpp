@@ -75,12 +75,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     }
     detail::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
                    [q, k, v, o = out.detach(), lse, r, options](const Tensor& dout) {
-                     Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
+                     // The kernel overwrites dq, dk, dv: a first gradient is written in place, a later one (or
+                     // one nobody needs) goes through a temporary.
+                     struct Sink {
+                       const Tensor& t;
+                       detail::GradTarget target;
+                       Tensor temp;
+                       explicit Sink(const Tensor& x) : t(x), target(detail::grad_target(x)) {
+                         if (!target.data || target.accumulate) temp = Tensor::empty(x.shape());
+                       }
+                       float* data() { return temp.defined() ? temp.data() : target.data; }
+                       void finish() {
+                         if (target.accumulate) kernels::accumulate(target.data, temp.data(), temp.numel());
+                       }
+                     } dq(q), dk(k), dv(v);
                      kernels::attention_backward(r.dims, r.layout, options, q.data(), k.data(), v.data(), o.data(),
                                                  lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
-                     if (float* g = detail::grad_buffer(q)) kernels::accumulate(g, dq.data(), dq.numel());
-                     if (float* g = detail::grad_buffer(k)) kernels::accumulate(g, dk.data(), dk.numel());
-                     if (float* g = detail::grad_buffer(v)) kernels::accumulate(g, dv.data(), dv.numel());
+                     dq.finish();
+                     dk.finish();
+                     dv.finish();
                    });
   }
   return out;

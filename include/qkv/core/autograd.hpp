@@ -39,5 +39,16 @@ void record(Tensor& output, const char* name, std::vector<Tensor> inputs,
 // Returns nullptr when t does not require grad, so closures can skip work nobody needs.
 float* grad_buffer(const Tensor& t);
 
+// For a backward kernel that can either overwrite its output or add into it (a GEMM's beta, the attention
+// kernel): where to put t's gradient. t's first contribution goes straight into a new, unfilled buffer
+// (accumulate = false: the kernel must write every element), later ones add into it (accumulate = true).
+// data is nullptr when t does not require grad. Skipping the zero fill and the temporary saves one
+// activation-sized buffer per input at the peak of a backward pass.
+struct GradTarget {
+  float* data = nullptr;
+  bool accumulate = false;
+};
+GradTarget grad_target(const Tensor& t);
+
 }  // namespace detail
 }  // namespace qkv

@@ -91,6 +91,8 @@ class Tensor {
   // element (a loss); otherwise grad_output has this tensor's shape. The graph is freed afterwards.
   void backward() const;
   void backward(const Tensor& grad_output) const;
+  // The same, handing grad_output over: its memory goes as soon as the last op has used it.
+  void backward(Tensor&& grad_output) const;
   const char* grad_fn_name() const;  // the op that made this tensor, or nullptr for a leaf
 
   Tensor detach() const;               // same storage, no history, requires_grad false
