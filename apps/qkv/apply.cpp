@@ -35,10 +35,11 @@ int run_apply(const ApplyCommand& options) {
   apply.train = options.train;
   apply.seed = options.seed;
   std::vector<std::pair<std::string, Tensor>> result;
+  const bool backward = grad_output.defined();
   try {
-    result = nn::apply_module(*module, input, grad_output, apply);
+    result = nn::apply_module(*module, input, std::move(grad_output), apply);  // freed once the backward has used it
   } catch (const Error& e) {
-    const std::string blame = grad_output.defined() && std::string(e.what()).rfind("grad_output", 0) == 0
+    const std::string blame = backward && std::string(e.what()).rfind("grad_output", 0) == 0
                                   ? options.grad_output_path
                                   : options.input_path;
     throw IoError(blame + ": " + e.what());

@@ -16,9 +16,11 @@ std::unique_ptr<UnaryModule> load_attention_module(const std::string& path) {
   try {
     // The arguments must describe the tensors the file holds: checked before the module is built, so a few bytes
     // of metadata cannot make qkv allocate a huge layer.
+    // The causal masks are derived buffers: recomputed from the arguments, so only their shapes are checked.
+    auto is_mask = [](const std::string& name) { return name == "mask" || name.find(".mask") != std::string::npos; };
     int64_t held = 0;
     for (const auto& info : file.tensors())
-      if (info.name != "mask" && info.name.find(".mask") == std::string::npos) held += info.numel();
+      if (!is_mask(info.name)) held += info.numel();
     const int64_t needed = attention_parameter_count(file.metadata());
     if (needed != held) {
       throw IoError(path + ": its metadata describes a " + file.metadata().at("module") + " with " + std::to_string(needed) +
@@ -27,7 +29,10 @@ std::unique_ptr<UnaryModule> load_attention_module(const std::string& path) {
     }
     std::unique_ptr<UnaryModule> module = make_attention_module(file.metadata());
     StateDict state;
-    for (const auto& info : file.tensors()) state.insert(info.name, file.weights(info.name));
+    // A mask stands in as an untouched tensor of its shape: reading the file's (context × context) floats would cost
+    // their size in memory twice (the mapped pages and the copy) — 128 MiB at context 4096 — for nothing.
+    for (const auto& info : file.tensors())
+      state.insert(info.name, is_mask(info.name) ? Tensor::empty(Shape(info.shape)) : file.weights(info.name));
     module->load_state_dict(state);
     return module;
   } catch (const IoError&) {
@@ -38,12 +43,12 @@ std::unique_ptr<UnaryModule> load_attention_module(const std::string& path) {
 }
 
 std::vector<std::pair<std::string, Tensor>> apply_module(UnaryModule& module, const Tensor& input,
-                                                         const Tensor& grad_output, const ApplyOptions& options) {
+                                                         Tensor grad_output, const ApplyOptions& options) {
   module.train(options.train);
   // In training, PyTorch's dropout masks come from its generator; only the plain path draws them that way.
   module.set_attention_path(options.train ? AttentionPath::Plain : AttentionPath::Fused);
   module.zero_grad();
-  Tensor x = input.clone();
+  Tensor x = input.detach();  // shares the caller's values; the gradient flag stays on this handle
   const bool backward = grad_output.defined();
   if (backward) x.requires_grad_(true);
   if (options.train) manual_seed(options.seed);
@@ -55,7 +60,7 @@ std::vector<std::pair<std::string, Tensor>> apply_module(UnaryModule& module, co
     throw ShapeError("grad_output has shape " + grad_output.shape().str() + " but the module's output has shape " +
                      output.shape().str());
   }
-  output.backward(grad_output);
+  output.backward(std::move(grad_output));
   result.emplace_back("grad.input", x.grad().defined() ? x.grad() : Tensor::zeros(x.shape()));
   module.for_each_parameter([&](const std::string& name, Tensor& p) {
     result.emplace_back("grad." + name, p.grad().defined() ? p.grad() : Tensor::zeros(p.shape()));

@@ -24,7 +24,8 @@ struct ApplyOptions {
 
 // Forward, and with a defined grad_output also backward. Returns "output", then "grad.input" and
 // "grad.<parameter>" for every trainable parameter (zeros where the output does not depend on it).
+// grad_output is taken by value: moved in, its memory is freed as soon as the backward pass has used it.
 std::vector<std::pair<std::string, Tensor>> apply_module(UnaryModule& module, const Tensor& input,
-                                                         const Tensor& grad_output, const ApplyOptions& options);
+                                                         Tensor grad_output, const ApplyOptions& options);
 
 }  // namespace qkv::nn
