@@ -9,7 +9,9 @@ For every shape (B, H, T, D) of bench/attention_bench.cpp, causal and not, forwa
   - qkv: the fused kernel (qkv_bench, Google Benchmark, JSON output),
 and the book's MultiHeadAttention module (768 → 768, 12 heads, causal, B = 4, T = 1024), forward + backward,
 against qkv's MultiHeadAttention. It prints medians and the speed-up, and the peak RSS of one causal
-forward+backward at (1, 8, 4096, 64) in a fresh process for each library.
+forward+backward at (1, 8, 4096, 64) in a fresh process for each library. Last (alone with --apply-only), the
+same module through `qkv apply` as a whole process (loading the module and the .npy files, writing every
+gradient) against PyTorch in-process at B 4 × T 1024, and qkv apply's peak RSS at B 1 × T 4096.
 """
 import argparse
 import json
@@ -74,6 +76,73 @@ def torch_mha(threads, repeats, B=4, T=1024, C=768, H=12):
     return median_ms(run, repeats)
 
 
+def export_mha(directory, B, T, C=768, H=12):
+    """The book's MultiHeadAttention (seed 123) as qkv apply reads it, with an input and a grad_output."""
+    import numpy as np
+    torch.manual_seed(123)
+    module = MultiHeadAttention(C, C, T, 0.0, H)
+    meta = {"module": "MultiHeadAttention", "d_in": str(C), "d_out": str(C), "context_length": str(T),
+            "dropout": "0.0", "num_heads": str(H), "qkv_bias": "false"}
+    header, blobs, offset = {"__metadata__": meta}, [], 0
+    for name, t in module.state_dict().items():
+        raw = t.detach().contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    paths = {k: os.path.join(directory, f"{k}_B{B}T{T}") for k in ("module", "input", "grad")}
+    paths["module"] += ".safetensors"
+    with open(paths["module"], "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+    for key in ("input", "grad"):
+        paths[key] += ".npy"
+        np.save(paths[key], torch.randn(B, T, C).numpy())
+    return module, paths
+
+
+def run_apply(build, paths, threads):
+    """One whole `qkv apply` process (load, forward, backward, write): wall seconds and peak RSS in MiB."""
+    command = [os.path.join(build, "qkv"), "apply", "--module", paths["module"], "--input", paths["input"],
+               "--grad-output", paths["grad"], "--output", paths["module"] + ".out.safetensors",
+               "--threads", str(threads)]
+    # Linux hands a forked child its parent's peak RSS, so qkv is started from a small Python without torch
+    # (a child forked from this process would report PyTorch's gigabyte as its own peak).
+    launcher = ("import os, subprocess, sys, time\n"
+                "start = time.perf_counter()\n"
+                "child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+                "_, status, usage = os.wait4(child.pid, 0)\n"
+                "print(time.perf_counter() - start, usage.ru_maxrss, status)\n")
+    out = subprocess.run([sys.executable, "-c", launcher] + command, check=True, capture_output=True, text=True)
+    seconds, max_kb, status = out.stdout.split()
+    if status != "0":
+        raise SystemExit(f"{' '.join(command)} failed: {out.stderr}")
+    return float(seconds), int(max_kb) / 1024
+
+
+def compare_apply(build, repeats, threads=2):
+    """The book's MultiHeadAttention (768, 12 heads, causal) forward+backward: qkv apply as a whole process
+    against PyTorch in-process, B 4 × T 1024; and qkv apply's peak RSS at B 1 × T 4096."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as directory:
+        module, paths = export_mha(directory, 4, 1024)
+        qkv_s = statistics.median(run_apply(build, paths, threads)[0] for _ in range(repeats))
+        torch.set_num_threads(threads)
+        x = torch.from_numpy(__import__("numpy").load(paths["input"])).requires_grad_(True)
+        grad = torch.from_numpy(__import__("numpy").load(paths["grad"]))
+
+        def run():
+            module.zero_grad()
+            module(x).backward(grad)
+            x.grad = None
+
+        torch_ms = median_ms(run, repeats)
+        print(f"MultiHeadAttention B4 T1024 fwd+bwd, {threads} threads: qkv apply (whole process) "
+              f"{qkv_s * 1e3:.0f} ms, PyTorch in-process {torch_ms:.0f} ms: {torch_ms / (qkv_s * 1e3):.2f}x")
+        _, paths = export_mha(directory, 1, 4096)
+        rss = statistics.median(run_apply(build, paths, threads)[1] for _ in range(3))
+        print(f"MultiHeadAttention B1 T4096 causal fwd+bwd through qkv apply: peak RSS {rss:.0f} MiB")
+
+
 def qkv_results(build, quick, repeats):
     command = [os.path.join(build, "bench", "qkv_bench"), "--benchmark_format=json",
                f"--benchmark_repetitions={repeats}", "--benchmark_report_aggregates_only=true",
@@ -113,7 +182,12 @@ def main():
     parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "build"))
     parser.add_argument("--quick", action="store_true", help="only (4, 12, 1024, 64) and the module")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--apply-only", action="store_true",
+                        help="only the MultiHeadAttention module through `qkv apply`, as a whole process")
     args = parser.parse_args()
+    if args.apply_only:
+        compare_apply(args.build, args.repeats)
+        return
 
     qkv = qkv_results(args.build, args.quick, args.repeats)
     shapes = [(4, 12, 1024, 64)] if args.quick else SHAPES
@@ -136,6 +210,7 @@ def main():
     print(subprocess.run([rss_bin, "1", "8", "4096", "64"], check=True, capture_output=True, text=True).stdout.strip())
     peak, base = peak_rss_torch((1, 8, 4096, 64))
     print(f"PyTorch (1,8,4096,64) causal fwd+bwd: peak RSS {peak:.1f} MiB ({base:.1f} MiB after import torch)")
+    compare_apply(args.build, args.repeats)
 
 
 if __name__ == "__main__":
