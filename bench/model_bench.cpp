@@ -39,7 +39,7 @@ void bm_train_step(benchmark::State& state, GPTConfig c, int64_t batch, int thre
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(gen.next_u32() % c.vocab_size), targets[i] = static_cast<int64_t>(gen.next_u32() % c.vocab_size);
   auto step = [&] {
     optimizer.zero_grad();
-    const qkv::Tensor loss = qkv::nn::language_model_loss(model.forward(ids, batch, c.context_length), targets);
+    const qkv::Tensor loss = model.loss(ids, batch, c.context_length, targets);
     loss.backward();
     qkv::train::clip_grad_norm(parameters, 1.0);
     optimizer.step();

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   auto step = [&] {
     qkv::op_profile_mark();
     optimizer.zero_grad();
-    const qkv::Tensor loss = qkv::nn::language_model_loss(model.forward(ids, batch, T), targets);
+    const qkv::Tensor loss = model.loss(ids, batch, T, targets);
     loss.backward();
     const auto began = std::chrono::steady_clock::now();
     const double norm = qkv::train::gradient_norm(parameters);

@@ -55,6 +55,49 @@ TEST_F(TinyGPT, LogitsLossAndEveryGradientMatchPyTorch) {
   }
 }
 
+// The training path: GPTModel::loss runs the head and the cross-entropy fused in blocks of rows, and must give
+// PyTorch's loss and gradients as the separate head and loss do.
+TEST_F(TinyGPT, FusedHeadLossAndEveryGradientMatchPyTorch) {
+  manual_seed(123);
+  nn::GPTModel model(config_);
+  const Tensor loss = model.loss(ids_, 4, 16, targets_);
+  EXPECT_NEAR(loss.item(), file_->tensor("loss").item(), 1e-4 * std::fabs(file_->tensor("loss").item()));
+  loss.backward();
+  for (const auto& [name, p] : model.named_parameters()) {
+    const Tensor expected = file_->tensor("grad." + name);
+    double largest = 0;
+    for (float v : expected.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+    EXPECT_TRUE(all_close(p.grad(), expected, 1e-4, 1e-4 * std::max(largest, 1e-3))) << name;
+  }
+}
+
+// Tied head (the embedding table is the head's weight, so both paths add into one gradient), a loss scaled
+// before backward, and ignored targets: fused and separate agree.
+TEST_F(TinyGPT, FusedHeadEqualsTheSeparateHeadAndLoss) {
+  nn::GPTConfig tied = config_;
+  tied.tie_weights = true;
+  tied.drop_rate = 0.0;
+  std::vector<int64_t> targets = targets_;
+  targets[5] = targets[40] = -100;
+  std::vector<std::vector<Tensor>> grads(2);
+  float losses[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    manual_seed(7);
+    nn::GPTModel model(tied);
+    const Tensor loss = fused ? model.loss(ids_, 4, 16, targets) : nn::language_model_loss(model.forward(ids_, 4, 16), targets);
+    losses[fused] = loss.item();
+    mul(loss, Tensor::scalar(2.5f)).backward();
+    for (const auto& [name, p] : model.named_parameters()) grads[static_cast<size_t>(fused)].push_back(p.grad().clone());
+  }
+  EXPECT_NEAR(losses[1], losses[0], 1e-6 * std::fabs(losses[0]));
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(all_close(grads[1][i], grads[0][i], 1e-5, 1e-7)) << i;
+  nn::GPTModel model(tied);
+  std::vector<int64_t> bad = targets_;
+  bad[9] = config_.vocab_size;
+  EXPECT_THROW(model.loss(ids_, 4, 16, bad), ValueError);
+  EXPECT_THROW(model.loss(ids_, 4, 16, std::span<const int64_t>(targets_).first(10)), ShapeError);
+}
+
 TEST_F(TinyGPT, TenAdamWStepsGiveTheSameLosses) {
   manual_seed(123);
   nn::GPTModel model(config_);
@@ -62,7 +105,7 @@ TEST_F(TinyGPT, TenAdamWStepsGiveTheSameLosses) {
   const Tensor expected = file_->tensor("adamw_losses");
   for (int step = 0; step < 10; ++step) {
     optimizer.zero_grad();
-    const Tensor loss = nn::language_model_loss(model.forward(ids_, 4, 16), targets_);
+    const Tensor loss = model.loss(ids_, 4, 16, targets_);  // as train::Trainer computes it
     EXPECT_NEAR(loss.item(), expected.data()[step], 1e-4 * std::fabs(expected.data()[step])) << "step " << step;
     loss.backward();
     optimizer.step();

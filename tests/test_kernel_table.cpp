@@ -84,6 +84,38 @@ std::vector<KernelCase> kernel_cases() {
                      cross_entropy_backward_reference(z.data(), targets.data(), dwant.data(), rows, V, -100, 0.25f);
                      return close(d.data(), dwant.data(), rows * V, 1e-5, 1e-6);
                    }});
+  cases.push_back({"linear_cross_entropy", [](int64_t n, int m) {
+                     // V = n + 1 classes, C = 5 features, 7 rows in blocks of 3 (and all at once): loss, dx, dW, db
+                     const int64_t V = n + 1, C = 5, N = 7;
+                     Buffer x(N * C, m, 1), w(V * C, m, 2), b(V, m, 3);
+                     const std::vector<int64_t> targets = {0, -100, V - 1, V / 2, 0, V - 1, -100};
+                     std::vector<float> dx_want(N * C), dw_want(V * C), db_want(V);
+                     const CrossEntropySum want = linear_cross_entropy_reference(
+                         x.data(), w.data(), b.data(), targets.data(), N, C, V, -100, dx_want.data(), dw_want.data(), db_want.data());
+                     for (int64_t block : {3, 0}) {
+                       for (const float* bias : {static_cast<const float*>(b.data()), static_cast<const float*>(nullptr)}) {
+                         Buffer dx(N * C, m, 4), dw(V * C, m, 5), db(V, m, 6);
+                         const CrossEntropySum got = linear_cross_entropy(x.data(), w.data(), bias, targets.data(), N, C, V,
+                                                                          -100, dx.data(), dw.data(), db.data(), block);
+                         const CrossEntropySum plain = linear_cross_entropy(x.data(), w.data(), bias, targets.data(), N, C, V,
+                                                                            -100, nullptr, nullptr, nullptr, block);
+                         if (got.counted != 5 || got.bad_row != -1 || plain.total != got.total)
+                           return ::testing::AssertionFailure() << "counted " << got.counted << ", loss with/without grad "
+                                                                << got.total << " / " << plain.total;
+                         if (!bias) continue;  // the reference has a bias: only the no-gradient agreement above
+                         if (std::fabs(got.total - want.total) > 1e-5 * (1 + std::fabs(want.total)))
+                           return ::testing::AssertionFailure() << "loss " << got.total << " vs " << want.total;
+                         if (auto ok = close(dx.data(), dx_want.data(), N * C, 1e-4, 1e-6); !ok) return ok << " (dx)";
+                         if (auto ok = close(dw.data(), dw_want.data(), V * C, 1e-4, 1e-6); !ok) return ok << " (dweight)";
+                         if (auto ok = close(db.data(), db_want.data(), V, 1e-4, 1e-6); !ok) return ok << " (dbias)";
+                       }
+                     }
+                     const std::vector<int64_t> bad = {0, V, 0, 0, 0, 0, 0};
+                     if (linear_cross_entropy(x.data(), w.data(), nullptr, bad.data(), N, C, V, -100, nullptr, nullptr,
+                                              nullptr).bad_row != 1)
+                       return ::testing::AssertionFailure() << "target V at row 1 not reported";
+                     return ::testing::AssertionSuccess();
+                   }});
   for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
     cases.push_back({"binary", [op](int64_t n, int m) {
                        // three layouts: the same shape, a suffix (bias) and a general broadcast (column × row)
@@ -279,6 +311,7 @@ Tensor positive(const Shape& s, uint64_t seed) {
 std::vector<OpCase> op_cases() {
   const std::vector<int64_t> targets = {2, -100, 0, 4};
   const std::vector<int64_t> ids = {3, 0, 3, 1, 4, 3};
+  const std::vector<int64_t> tied_ids = {3, 0, 3, 1};
   AttentionConfig causal_heads;
   causal_heads.num_heads = 2;
   causal_heads.causal = true;
@@ -311,6 +344,11 @@ std::vector<OpCase> op_cases() {
       {"softmax", [](const Inputs& x) { return softmax(x[0]); }, {random_tensor({3, 6}, 1)}},
       {"softmax tail of 11", [](const Inputs& x) { return softmax(x[0]); }, {random_tensor({2, 11}, 4, 3.0f)}},
       {"cross_entropy with ignored rows", [targets](const Inputs& x) { return cross_entropy(x[0], targets); }, {random_tensor({4, 5}, 1)}},
+      {"linear_cross_entropy with ignored rows", [targets](const Inputs& x) { return linear_cross_entropy(x[0], x[1], x[2], targets); },
+       {random_tensor({2, 2, 3}, 1), random_tensor({5, 3}, 2), random_tensor({5}, 3)}},
+      {"linear_cross_entropy with a tied head (the table embeds the rows)", [targets, tied_ids](const Inputs& x) {
+         return linear_cross_entropy(embedding(x[0], tied_ids, Shape{4}), x[0], Tensor(), targets); },
+       {random_tensor({5, 3}, 1)}},
       {"masked_fill then softmax", [](const Inputs& x) { return softmax(masked_fill(x[0], causal_mask(4), -INFINITY)); }, {random_tensor({2, 4, 4}, 1)}},
       {"concat", [](const Inputs& x) { return concat({x[0], x[1]}, -1); }, {random_tensor({2, 3, 2}, 1), random_tensor({2, 3, 4}, 2)}},
       {"dropout (torch masks)", [](const Inputs& x) { Generator gen(7); return dropout(x[0], 0.4, true, gen); }, {random_tensor({4, 5}, 1)}},

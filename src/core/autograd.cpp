@@ -79,6 +79,16 @@ GradTarget grad_target(const Tensor& t) {
   return {impl->grad.data(), false};
 }
 
+void add_grad(const Tensor& t, Tensor g) {
+  if (!t.defined() || !t.requires_grad()) return;
+  TensorImpl* impl = t.impl();
+  if (!impl->grad.defined()) {
+    impl->grad = std::move(g);
+  } else {
+    kernels::accumulate(impl->grad.data(), g.data(), g.numel());
+  }
+}
+
 namespace {
 // Depth-first post-order over tensors that require grad: each tensor comes after every tensor it was
 // computed from, so walking the list backwards visits a tensor only after all its consumers.

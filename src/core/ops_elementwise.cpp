@@ -3,9 +3,11 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/optim.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/core/ops.hpp"
 
@@ -148,6 +150,14 @@ Tensor softmax(const Tensor& t) {
   return out;
 }
 
+namespace {
+void check_target_row(const char* op, std::span<const int64_t> targets, int64_t bad_row, int64_t vocab) {
+  if (bad_row < 0) return;
+  throw ValueError(std::string(op) + ": target " + std::to_string(targets[static_cast<size_t>(bad_row)]) + " at row " +
+                   std::to_string(bad_row) + " is outside [0, " + std::to_string(vocab) + ")");
+}
+}  // namespace
+
 // cross_entropy: loss = (1/N') Σ_r [logsumexp(z_r) − z_r[target_r]] over the N' rows not ignored.
 // Backward: dz_r = (softmax(z_r) − onehot(target_r)) · g / N'.
 Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index) {
@@ -161,10 +171,7 @@ Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int
   int64_t counted = 0, bad_row = -1;
   const double total = kernels::cross_entropy_forward(logits.data(), targets.data(), probs.data(), rows, vocab,
                                                       ignore_index, &counted, &bad_row);
-  if (bad_row >= 0) {
-    throw ValueError("cross_entropy: target " + std::to_string(targets[static_cast<size_t>(bad_row)]) + " at row " +
-                     std::to_string(bad_row) + " is outside [0, " + std::to_string(vocab) + ")");
-  }
+  check_target_row("cross_entropy", targets, bad_row, vocab);
   // All rows ignored: PyTorch returns NaN (0/0); so do we.
   Tensor out = Tensor::scalar(static_cast<float>(total / static_cast<double>(counted)));
   if (detail::needs_grad({&logits})) {
@@ -174,6 +181,50 @@ Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int
                      kernels::cross_entropy_backward(probs.data(), kept.data(), detail::grad_buffer(logits), rows,
                                                      vocab, ignore_index, dout.item() / static_cast<float>(counted));
                    });
+  }
+  return out;
+}
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, std::span<const int64_t> targets,
+                            int64_t ignore_index) {
+  if (weight.rank() != 2) throw ShapeError("linear_cross_entropy: weight must be (V, C), got " + weight.shape().str());
+  const int64_t vocab = weight.size(0), C = weight.size(1);
+  if (x.rank() < 1 || x.size(-1) != C) {
+    throw ShapeError("linear_cross_entropy: x has shape " + x.shape().str() + "; its last dimension must equal the "
+                     "weight's " + std::to_string(C) + " in-features");
+  }
+  if (bias.defined() && !(bias.shape() == Shape{vocab})) {
+    throw ShapeError("linear_cross_entropy: bias must have shape (" + std::to_string(vocab) + "), got " + bias.shape().str());
+  }
+  const int64_t rows = C > 0 ? x.numel() / C : 0;
+  if (static_cast<int64_t>(targets.size()) != rows) {
+    throw ShapeError("linear_cross_entropy: " + std::to_string(targets.size()) + " targets for " + std::to_string(rows) +
+                     " rows of x " + x.shape().str());
+  }
+  const bool grad = detail::needs_grad({&x, &weight, &bias});
+  Tensor dx, dweight, dbias;
+  if (grad) {
+    if (x.requires_grad()) dx = Tensor::empty(x.shape());
+    if (weight.requires_grad()) dweight = Tensor::empty(weight.shape());
+    if (bias.defined() && bias.requires_grad()) dbias = Tensor::empty(bias.shape());
+  }
+  auto data = [](Tensor& t) { return t.defined() ? t.data() : nullptr; };
+  const kernels::CrossEntropySum sum = kernels::linear_cross_entropy(
+      x.data(), weight.data(), bias.defined() ? bias.data() : nullptr, targets.data(), rows, C, vocab, ignore_index,
+      data(dx), data(dweight), data(dbias));
+  check_target_row("linear_cross_entropy", targets, sum.bad_row, vocab);
+  // All rows ignored: NaN (0/0), as PyTorch.
+  Tensor out = Tensor::scalar(static_cast<float>(sum.total / static_cast<double>(sum.counted)));
+  if (grad) {
+    // The gradient is already computed for dL/dloss = 1; the backward scales it (in place: the closure runs once).
+    detail::record(out, "LinearCrossEntropyBackward", {x, weight, bias}, [x, weight, bias, dx, dweight, dbias](const Tensor& dout) mutable {
+      const float g = dout.item();
+      for (auto [input, gradient] : {std::pair{&x, &dx}, std::pair{&weight, &dweight}, std::pair{&bias, &dbias}}) {
+        if (!gradient->defined()) continue;
+        if (g != 1.0f) kernels::scale(gradient->data(), gradient->numel(), g);
+        detail::add_grad(*input, *gradient);
+      }
+    });
   }
   return out;
 }

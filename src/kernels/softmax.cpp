@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
+
+#include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/gemm.hpp"
 
 #include "parallel.hpp"
 #include "simd.hpp"
@@ -126,6 +130,106 @@ void cross_entropy_backward_reference(const float* logits, const int64_t* target
     for (int64_t j = 0; j < V; ++j)
       dlogits[r * V + j] += static_cast<float>(static_cast<double>(scale) * (probs[static_cast<size_t>(j)] - (j == targets[r])));
   }
+}
+
+namespace {
+// Targets are checked before any work: the index of the first one outside [0, V) (and not ignored), else −1;
+// with the number of counted rows.
+int64_t check_targets(const int64_t* targets, int64_t N, int64_t V, int64_t ignore_index, int64_t* counted) {
+  *counted = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    if (targets[r] == ignore_index) continue;
+    if (targets[r] < 0 || targets[r] >= V) return r;
+    ++*counted;
+  }
+  return -1;
+}
+}  // namespace
+
+CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const float* bias, const int64_t* targets,
+                                     int64_t N, int64_t C, int64_t V, int64_t ignore_index, float* dx, float* dweight,
+                                     float* dbias, int64_t block_rows) {
+  CrossEntropySum out;
+  out.bad_row = check_targets(targets, N, V, ignore_index, &out.counted);
+  if (out.bad_row >= 0 || N <= 0 || V <= 0) return out;
+  const bool grad = dx || dweight || dbias;
+  const float scale = out.counted > 0 ? 1.0f / static_cast<float>(out.counted) : 0.0f;
+  // 16M floats (64 MiB) of logits per block: a GPT-2 head (V = 50,257) takes 333 rows at a time, enough for the
+  // weight-gradient GEMM to run at full speed (its K is the block's rows) while the block is written only once.
+  const int64_t R = std::clamp<int64_t>(block_rows > 0 ? block_rows : (int64_t{16} << 20) / V, 1, N);
+  std::unique_ptr<float[]> block(new float[static_cast<size_t>(R * V)]);
+  std::vector<double> row_loss(static_cast<size_t>(N), 0.0);
+  if (dbias) std::fill_n(dbias, V, 0.0f);
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    float* z = block.get();
+    if (bias) copy_rows(bias, 0, z, V, rows, V, false);
+    gemm(false, true, rows, V, C, 1.0f, x + r0 * C, C, weight, C, bias ? 1.0f : 0.0f, z, V);  // logits
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * V))
+    for (int64_t r = 0; r < rows; ++r) {
+      float* zr = z + r * V;
+      const int64_t t = targets[r0 + r];
+      const float target_logit = t == ignore_index ? 0.0f : zr[t];
+      float max_value = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < V; ++j) max_value = std::max(max_value, zr[j]);
+      const float sum = simd::exp_shifted_sum(zr, zr, V, max_value);  // zr ← e^(z − max)
+      if (t != ignore_index) row_loss[static_cast<size_t>(r0 + r)] = static_cast<double>(max_value + std::log(sum)) - target_logit;
+      if (!grad) continue;
+      if (t == ignore_index) {
+        std::fill_n(zr, V, 0.0f);
+        continue;
+      }
+      // The same roundings as cross_entropy's probabilities and gradient: p = e/Σ, then p / counted.
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < V; ++j) zr[j] = flush_denormal(flush_denormal(zr[j] * inv) * scale);
+      zr[t] -= scale;
+    }
+    if (!grad) continue;
+    if (dx) gemm(false, false, rows, C, V, 1.0f, z, V, weight, C, 0.0f, dx + r0 * C, C);  // dx = dz W
+    if (dweight) gemm(true, false, V, C, rows, 1.0f, z, V, x + r0 * C, C, r0 == 0 ? 0.0f : 1.0f, dweight, C);  // += dzᵀ x
+    if (dbias) add_column_sums(z, dbias, rows, V);
+  }
+  for (int64_t r = 0; r < N; ++r) out.total += row_loss[static_cast<size_t>(r)];
+  return out;
+}
+
+CrossEntropySum linear_cross_entropy_reference(const float* x, const float* weight, const float* bias,
+                                               const int64_t* targets, int64_t N, int64_t C, int64_t V,
+                                               int64_t ignore_index, float* dx, float* dweight, float* dbias) {
+  CrossEntropySum out;
+  out.bad_row = check_targets(targets, N, V, ignore_index, &out.counted);
+  if (out.bad_row >= 0) return out;
+  std::vector<double> dw(static_cast<size_t>(V * C), 0.0), db(static_cast<size_t>(V), 0.0), z(static_cast<size_t>(V));
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t v = 0; v < V; ++v) {
+      double acc = bias ? bias[v] : 0.0;
+      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(x[r * C + c]) * weight[v * C + c];
+      z[static_cast<size_t>(v)] = acc;
+    }
+    const int64_t t = targets[r];
+    std::vector<double> dxr(static_cast<size_t>(C), 0.0);
+    if (dx) std::fill_n(dx + r * C, C, 0.0f);
+    if (t == ignore_index) continue;
+    const double max_value = *std::max_element(z.begin(), z.end());
+    double sum = 0.0;
+    for (double v : z) sum += std::exp(v - max_value);
+    out.total += max_value + std::log(sum) - z[static_cast<size_t>(t)];
+    for (int64_t v = 0; v < V; ++v) {
+      const double g = (std::exp(z[static_cast<size_t>(v)] - max_value) / sum - (v == t)) / static_cast<double>(out.counted);
+      db[static_cast<size_t>(v)] += g;
+      for (int64_t c = 0; c < C; ++c) {
+        dxr[static_cast<size_t>(c)] += g * weight[v * C + c];
+        dw[static_cast<size_t>(v * C + c)] += g * x[r * C + c];
+      }
+    }
+    if (dx)
+      for (int64_t c = 0; c < C; ++c) dx[r * C + c] = static_cast<float>(dxr[static_cast<size_t>(c)]);
+  }
+  if (dweight)
+    for (size_t i = 0; i < dw.size(); ++i) dweight[i] = static_cast<float>(dw[i]);
+  if (dbias)
+    for (size_t i = 0; i < db.size(); ++i) dbias[i] = static_cast<float>(db[i]);
+  return out;
 }
 
 }  // namespace qkv::kernels

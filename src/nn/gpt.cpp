@@ -200,8 +200,8 @@ Tensor GPTModel::embed(std::span<const int64_t> ids, int64_t batch, int64_t toke
   return hashed_dropout(x, config.drop_rate, is_training(), *gen_);
 }
 
-Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
-                         std::vector<AttentionStep::Record>* records) const {
+Tensor GPTModel::hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                        std::vector<AttentionStep::Record>* records) const {
   Tensor x = embed(ids, batch, tokens, 0);
   if (records) records->assign(trf_blocks.size(), {});
   for (size_t i = 0; i < trf_blocks.size(); ++i) {
@@ -209,7 +209,22 @@ Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t to
     if (records) step.record = &(*records)[i];
     x = trf_blocks[i]->forward(x, step);
   }
-  return out_head(final_norm(x));
+  return final_norm(x);
+}
+
+Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                         std::vector<AttentionStep::Record>* records) const {
+  return out_head(hidden(ids, batch, tokens, records));
+}
+
+Tensor GPTModel::loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
+                      int64_t ignore_index) const {
+  if (static_cast<int64_t>(targets.size()) != batch * tokens) {
+    throw ShapeError("GPTModel::loss: " + std::to_string(targets.size()) + " targets for " + std::to_string(batch) +
+                     " × " + std::to_string(tokens) + " tokens");
+  }
+  const Tensor h = hidden(ids, batch, tokens, nullptr);
+  return linear_cross_entropy(h, out_head.weight, out_head.bias, targets, ignore_index);
 }
 
 Tensor GPTModel::attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers, std::vector<int64_t> heads) const {

@@ -283,7 +283,7 @@ double Trainer::evaluate(bool validation, int64_t batches) {
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const text::Batch b = fixed.batch(i);
-    total += nn::language_model_loss(model_->forward(b.inputs, b.batch, b.tokens), b.targets).item();
+    total += model_->loss(b.inputs, b.batch, b.tokens, b.targets).item();
   }
   model_->train();
   return total / static_cast<double>(n);
@@ -334,7 +334,7 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       const std::span<const int64_t> inputs(global.inputs.data() + slice * B * T, static_cast<size_t>(B * T));
       const std::span<const int64_t> targets(global.targets.data() + slice * B * T, static_cast<size_t>(B * T));
       generator_.manual_seed(slice_seed(settings_.seed, step_, slice));
-      Tensor loss = nn::language_model_loss(model_->forward(inputs, B, T), targets);
+      Tensor loss = model_->loss(inputs, B, T, targets);
       const float value = loss.item();
       local[0] += value;
       if (!std::isfinite(value)) {

@@ -50,5 +50,9 @@ struct GradTarget {
 };
 GradTarget grad_target(const Tensor& t);
 
+// Adds a finished gradient g (t's shape) to t's: g itself becomes t's gradient when t has none yet (no copy),
+// else it is added. Nothing happens when t does not require grad.
+void add_grad(const Tensor& t, Tensor g);
+
 }  // namespace detail
 }  // namespace qkv

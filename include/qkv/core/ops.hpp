@@ -66,6 +66,12 @@ Tensor softmax(const Tensor& t);
 // Mean cross-entropy of logits (N,V) against class indices (N); rows whose target is ignore_index
 // count neither in the loss nor in the mean (torch.nn.functional.cross_entropy).
 Tensor cross_entropy(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
+// cross_entropy(linear(x, weight, bias), targets) without the (N, V) logits: x (…, C) flattened to N rows, weight
+// (V, C), bias (V) or undefined. Blocks of rows go through the head and the loss together, and when a gradient is
+// wanted it is computed in the same pass (kernels::linear_cross_entropy), so the backward only scales it by
+// dL/dloss. For a language model's head: it saves the logits, the probabilities and dlogits (3 × N × V floats).
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, std::span<const int64_t> targets,
+                            int64_t ignore_index = -100);
 
 // ---- attention helpers ----
 

@@ -30,4 +30,24 @@ void cross_entropy_backward(const float* probs, const int64_t* targets, float* d
 void cross_entropy_backward_reference(const float* logits, const int64_t* targets, float* dlogits, int64_t rows,
                                       int64_t V, int64_t ignore_index, float scale);
 
+// The output head and the cross-entropy in one pass over blocks of rows, x (N, C), weight (V, C), bias (V) or null:
+// logits = x Wᵀ + b for a block of rows, their loss, and — when dx, dweight or dbias is given — the gradient of the
+// mean loss, dlogits = (softmax − onehot(target)) / counted, turned at once into dx (N, C) = dlogits W,
+// dweight (V, C) = Σ dlogitsᵀ x and dbias (V) = Σ dlogits (each overwritten, any of them may be null). So the
+// (N, V) logits never exist whole: one block of rows (`block_rows`; 0 picks ≤ 64 MiB of logits) is computed,
+// soft-maxed in place and used while it is hot. Rows whose target is ignore_index count in neither loss nor
+// mean; a target outside [0, V) is reported through bad_row (its index, else −1) before anything is computed.
+struct CrossEntropySum {
+  double total = 0.0;    // Σ over counted rows of logsumexp(z) − z[target]
+  int64_t counted = 0;
+  int64_t bad_row = -1;
+};
+CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const float* bias, const int64_t* targets,
+                                     int64_t N, int64_t C, int64_t V, int64_t ignore_index, float* dx, float* dweight,
+                                     float* dbias, int64_t block_rows = 0);
+// In double, the logits materialised: what the fused pass must equal.
+CrossEntropySum linear_cross_entropy_reference(const float* x, const float* weight, const float* bias,
+                                               const int64_t* targets, int64_t N, int64_t C, int64_t V,
+                                               int64_t ignore_index, float* dx, float* dweight, float* dbias);
+
 }  // namespace qkv::kernels

@@ -109,6 +109,12 @@ class GPTModel : public Module {
   Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                  std::vector<AttentionStep::Record>* records = nullptr) const;
 
+  // The mean next-token cross-entropy against targets (B·T, ignore_index skipped): the value of
+  // language_model_loss(forward(ids, batch, tokens), targets), through the fused head (linear_cross_entropy), so
+  // the (B·T × vocab) logits, probabilities and their gradient are never held whole. What training calls.
+  Tensor loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
+              int64_t ignore_index = -100) const;
+
   // What one sequence's tokens attend to: the weights of the chosen layers and heads (0-based; empty = all),
   // (layers, heads, T, T), from the fused path — one forward pass through the blocks records q, k and the
   // log-sum-exp per layer, and only the chosen heads' weights are recomputed. No gradient, no output head.
@@ -128,6 +134,9 @@ class GPTModel : public Module {
 
  private:
   Tensor embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const;
+  // Embedding, blocks and the final norm: (B, T, emb_dim), what the output head reads.
+  Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                std::vector<AttentionStep::Record>* records) const;
   std::shared_ptr<Generator> owned_generator_;  // set by uninitialised()
   Generator* gen_;
 };
