@@ -127,10 +127,13 @@ LargeBlockCache& block_cache() {
 // Blocks of at least LargeBlockCache::kMinBytes come straight from the kernel (mmap) and go straight back
 // (munmap). Through malloc they would not: glibc raises its mmap threshold each time such a block is freed, so
 // later ones land on the heap, and freed heap memory stays in the process — qkv apply's peak RSS at T = 4096
-// went from 163 to 207 MiB on some runs and not others.
+// went from 163 to 207 MiB on some runs and not others. They are asked for transparent huge pages: GPT-2 B8T256
+// training measured 275 against 264 tok/s without (medians of 3, interleaved).
 float* map_block(size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<float*>(p);
+  if (p == MAP_FAILED) return nullptr;
+  ::madvise(p, bytes, MADV_HUGEPAGE);  // fewer faults and TLB misses; a hint, so a refusal changes nothing
+  return static_cast<float*>(p);
 }
 void release_block(float* p, size_t bytes) {
   if (bytes >= LargeBlockCache::kMinBytes) {
