@@ -76,117 +76,85 @@ class Scratch {
 // B row k at B[k·ldb]. One broadcast of A per row and two B vectors per k feed 2·MR FMAs.
 
 #ifdef QKV_AVX2
-// Accumulators are named variables, not an array: GCC keeps an array of __m256 on the stack and spills
-// every FMA result (measured: 37% of peak); twelve named registers stay in registers (the inner loop is
-// 2 loads, MR broadcasts and 2·MR FMAs).
-template <int MR>
-inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb, float* C,
-                         int64_t ldc, bool accumulate) {
-  static_assert(MR >= 1 && MR <= 6);
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-#define QKV_ROW(r, x0, x1)                          \
-  if constexpr (MR > r) {                           \
-    if (accumulate) {                               \
-      x0 = _mm256_loadu_ps(C + r * ldc);            \
-      x1 = _mm256_loadu_ps(C + r * ldc + 8);        \
-    }                                               \
-  }
-  QKV_ROW(0, c00, c01) QKV_ROW(1, c10, c11) QKV_ROW(2, c20, c21) QKV_ROW(3, c30, c31) QKV_ROW(4, c40, c41)
-  QKV_ROW(5, c50, c51)
-#undef QKV_ROW
-  const float* a0 = A;
-  const float* a1 = A + lda;
-  const float* a2 = A + 2 * lda;
-  const float* a3 = A + 3 * lda;
-  const float* a4 = A + 4 * lda;
-  const float* a5 = A + 5 * lda;
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(B);
-    const __m256 b1 = _mm256_loadu_ps(B + 8);
-    B += ldb;
-    __m256 a;
-#define QKV_FMA(r, ar, x0, x1)                      \
-  if constexpr (MR > r) {                           \
-    a = _mm256_broadcast_ss(ar + k * ak);           \
-    x0 = _mm256_fmadd_ps(a, b0, x0);                \
-    x1 = _mm256_fmadd_ps(a, b1, x1);                \
-  }
-    QKV_FMA(0, a0, c00, c01) QKV_FMA(1, a1, c10, c11) QKV_FMA(2, a2, c20, c21) QKV_FMA(3, a3, c30, c31)
-    QKV_FMA(4, a4, c40, c41) QKV_FMA(5, a5, c50, c51)
-#undef QKV_FMA
-  }
-#define QKV_STORE(r, x0, x1)                        \
-  if constexpr (MR > r) {                           \
-    _mm256_storeu_ps(C + r * ldc, x0);              \
-    _mm256_storeu_ps(C + r * ldc + 8, x1);          \
-  }
-  QKV_STORE(0, c00, c01) QKV_STORE(1, c10, c11) QKV_STORE(2, c20, c21) QKV_STORE(3, c30, c31)
-  QKV_STORE(4, c40, c41) QKV_STORE(5, c50, c51)
-#undef QKV_STORE
-  (void)a1, (void)a2, (void)a3, (void)a4, (void)a5;
-}
+// The vector operations the micro-kernel needs, for 8 and (with AVX-512) 16 lanes.
+struct Avx2Lanes {
+  using V = __m256;
+  static constexpr int kLanes = 8, kMaxRows = 6;  // 12 accumulators of 16 registers
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#ifdef QKV_AVX512
+// 8 rows × 32 columns: the inner loop is 2 loads, 8 broadcasts and 16 FMAs, so the two FMA ports, not the load
+// ports, set the pace.
+struct Avx512Lanes {
+  using V = __m512;
+  static constexpr int kLanes = 16, kMaxRows = 8;  // 16 accumulators of 32 registers
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+constexpr int kMR512 = Avx512Lanes::kMaxRows;
 #endif
 
-#ifdef QKV_AVX512
-// The same product 32 columns wide on AVX-512: C (MR × 32) (+)= A (MR × K) · B (K × 32), two zmm accumulators
-// per row. With MR = 8 the inner loop is 2 loads, 8 broadcasts and 16 FMAs, so the two FMA ports, not the
-// load ports, set the pace. Each C element is still one FMA chain over k in order: the bits equal the
-// 16-column kernel's.
-constexpr int kMR512 = 8;
-template <int MR>
-inline void micro_kernel_x32(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
-                             float* C, int64_t ldc, bool accumulate) {
-  static_assert(MR >= 1 && MR <= 8);
-  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-         c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+// C (MR × 2·lanes) (+)= A (MR × K) · B (K × 2·lanes): two vectors of C per row. Each C element is one FMA chain
+// over k in order, so the 8- and 16-lane kernels give the same bits. Accumulators are named variables, not an
+// array: GCC keeps an array of vectors on the stack and spills every FMA result (measured: 37% of peak); named
+// ones stay in registers.
+template <typename L, int MR>
+inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb, float* C,
+                         int64_t ldc, bool accumulate) {
+  static_assert(MR >= 1 && MR <= L::kMaxRows && L::kMaxRows <= 8);
+  constexpr int W = L::kLanes;
+  using V = typename L::V;
+  V c00 = L::zero(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, c40 = c00,
+    c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
 #define QKV_ROW(r, x0, x1)                          \
   if constexpr (MR > r) {                           \
     if (accumulate) {                               \
-      x0 = _mm512_loadu_ps(C + r * ldc);            \
-      x1 = _mm512_loadu_ps(C + r * ldc + 16);       \
+      x0 = L::load(C + r * ldc);                    \
+      x1 = L::load(C + r * ldc + W);                \
     }                                               \
   }
   QKV_ROW(0, c00, c01) QKV_ROW(1, c10, c11) QKV_ROW(2, c20, c21) QKV_ROW(3, c30, c31) QKV_ROW(4, c40, c41)
   QKV_ROW(5, c50, c51) QKV_ROW(6, c60, c61) QKV_ROW(7, c70, c71)
 #undef QKV_ROW
-  const float* a0 = A;
-  const float* a1 = A + lda;
-  const float* a2 = A + 2 * lda;
-  const float* a3 = A + 3 * lda;
-  const float* a4 = A + 4 * lda;
-  const float* a5 = A + 5 * lda;
-  const float* a6 = A + 6 * lda;
-  const float* a7 = A + 7 * lda;
+  const float* a[8];
+  for (int r = 0; r < 8; ++r) a[r] = A + (r < MR ? r : 0) * lda;
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b0 = _mm512_loadu_ps(B);
-    const __m512 b1 = _mm512_loadu_ps(B + 16);
+    const V b0 = L::load(B);
+    const V b1 = L::load(B + W);
     B += ldb;
-    __m512 a;
-#define QKV_FMA(r, ar, x0, x1)                      \
+    V x;
+#define QKV_FMA(r, x0, x1)                          \
   if constexpr (MR > r) {                           \
-    a = _mm512_set1_ps(ar[k * ak]);                 \
-    x0 = _mm512_fmadd_ps(a, b0, x0);                \
-    x1 = _mm512_fmadd_ps(a, b1, x1);                \
+    x = L::broadcast(a[r] + k * ak);                \
+    x0 = L::fma(x, b0, x0);                         \
+    x1 = L::fma(x, b1, x1);                         \
   }
-    QKV_FMA(0, a0, c00, c01) QKV_FMA(1, a1, c10, c11) QKV_FMA(2, a2, c20, c21) QKV_FMA(3, a3, c30, c31)
-    QKV_FMA(4, a4, c40, c41) QKV_FMA(5, a5, c50, c51) QKV_FMA(6, a6, c60, c61) QKV_FMA(7, a7, c70, c71)
+    QKV_FMA(0, c00, c01) QKV_FMA(1, c10, c11) QKV_FMA(2, c20, c21) QKV_FMA(3, c30, c31) QKV_FMA(4, c40, c41)
+    QKV_FMA(5, c50, c51) QKV_FMA(6, c60, c61) QKV_FMA(7, c70, c71)
 #undef QKV_FMA
   }
 #define QKV_STORE(r, x0, x1)                        \
   if constexpr (MR > r) {                           \
-    _mm512_storeu_ps(C + r * ldc, x0);              \
-    _mm512_storeu_ps(C + r * ldc + 16, x1);         \
+    L::store(C + r * ldc, x0);                      \
+    L::store(C + r * ldc + W, x1);                  \
   }
   QKV_STORE(0, c00, c01) QKV_STORE(1, c10, c11) QKV_STORE(2, c20, c21) QKV_STORE(3, c30, c31)
   QKV_STORE(4, c40, c41) QKV_STORE(5, c50, c51) QKV_STORE(6, c60, c61) QKV_STORE(7, c70, c71)
 #undef QKV_STORE
-  (void)a1, (void)a2, (void)a3, (void)a4, (void)a5, (void)a6, (void)a7;
 }
-#endif
-
-#ifndef QKV_AVX2
-template <int MR>
+using Lanes16 = Avx2Lanes;  // 16 columns: two 8-lane vectors
+#else
+struct PortableLanes {};
+using Lanes16 = PortableLanes;
+// Without AVX2: the same 16-column product in plain loops.
+template <typename L, int MR>
 inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb, float* C,
                          int64_t ldc, bool accumulate) {
   float acc[MR][kNR];
@@ -203,6 +171,7 @@ inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, con
     for (int c = 0; c < kNR; ++c) C[r * ldc + c] = acc[r][c];
 }
 #endif
+
 
 // The causal triangle inside one (query block × key block) tile: local query row r may see local key
 // column c iff c < r + diag. Products whose result or inputs are zero outside it skip that part, at the
@@ -234,26 +203,26 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
 #ifdef QKV_AVX512
     if (width == 32) {
       switch (mr) {
-        case 8: micro_kernel_x32<8>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 7: micro_kernel_x32<7>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 6: micro_kernel_x32<6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 5: micro_kernel_x32<5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 4: micro_kernel_x32<4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 3: micro_kernel_x32<3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 2: micro_kernel_x32<2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 1: micro_kernel_x32<1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 8: micro_kernel<Avx512Lanes, 8>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 7: micro_kernel<Avx512Lanes, 7>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 6: micro_kernel<Avx512Lanes, 6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 5: micro_kernel<Avx512Lanes, 5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 4: micro_kernel<Avx512Lanes, 4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 3: micro_kernel<Avx512Lanes, 3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 2: micro_kernel<Avx512Lanes, 2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+        case 1: micro_kernel<Avx512Lanes, 1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
         default: break;
       }
       return;
     }
 #endif
     switch (mr) {
-      case 6: micro_kernel<6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 5: micro_kernel<5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 4: micro_kernel<4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 3: micro_kernel<3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 2: micro_kernel<2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 1: micro_kernel<1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 6: micro_kernel<Lanes16, 6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 5: micro_kernel<Lanes16, 5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 4: micro_kernel<Lanes16, 4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 3: micro_kernel<Lanes16, 3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 2: micro_kernel<Lanes16, 2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
+      case 1: micro_kernel<Lanes16, 1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
       default: break;
     }
   };
