@@ -17,6 +17,17 @@ class TinyGPT : public ::testing::Test {
     ids_ = file_->int64s("ids");
     targets_ = file_->int64s("targets");
   }
+  // Every parameter's gradient against PyTorch's. The gradient's own scale sets the absolute floor: 1e-4 of its
+  // largest entry, but at least 1e-7 — the key biases' gradients are exactly 0 in theory (a constant added to a
+  // whole row of scores), ~1e-10 in float.
+  void expect_pytorchs_gradients(nn::GPTModel& model) const {
+    for (const auto& [name, p] : model.named_parameters()) {
+      const Tensor expected = file_->tensor("grad." + name);
+      double largest = 0;
+      for (float v : expected.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+      EXPECT_TRUE(all_close(p.grad(), expected, 1e-4, 1e-4 * std::max(largest, 1e-3))) << name;
+    }
+  }
   std::unique_ptr<io::SafetensorsFile> file_;
   nn::GPTConfig config_;
   std::vector<int64_t> ids_, targets_;
@@ -45,14 +56,7 @@ TEST_F(TinyGPT, LogitsLossAndEveryGradientMatchPyTorch) {
   const Tensor loss = nn::language_model_loss(logits, targets_);
   EXPECT_NEAR(loss.item(), file_->tensor("loss").item(), 1e-4 * std::fabs(file_->tensor("loss").item()));
   loss.backward();
-  for (const auto& [name, p] : model.named_parameters()) {
-    // The gradient's own scale sets the absolute floor: 1e-4 of its largest entry, but at least 1e-7 — the key
-    // biases' gradients are exactly 0 in theory (a constant added to a whole row of scores), ~1e-10 in float.
-    const Tensor expected = file_->tensor("grad." + name);
-    double largest = 0;
-    for (float v : expected.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
-    EXPECT_TRUE(all_close(p.grad(), expected, 1e-4, 1e-4 * std::max(largest, 1e-3))) << name;
-  }
+  expect_pytorchs_gradients(model);
 }
 
 // The training path: GPTModel::loss runs the head and the cross-entropy fused in blocks of rows, and must give
@@ -63,12 +67,7 @@ TEST_F(TinyGPT, FusedHeadLossAndEveryGradientMatchPyTorch) {
   const Tensor loss = model.loss(ids_, 4, 16, targets_);
   EXPECT_NEAR(loss.item(), file_->tensor("loss").item(), 1e-4 * std::fabs(file_->tensor("loss").item()));
   loss.backward();
-  for (const auto& [name, p] : model.named_parameters()) {
-    const Tensor expected = file_->tensor("grad." + name);
-    double largest = 0;
-    for (float v : expected.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
-    EXPECT_TRUE(all_close(p.grad(), expected, 1e-4, 1e-4 * std::max(largest, 1e-3))) << name;
-  }
+  expect_pytorchs_gradients(model);
 }
 
 // Tied head (the embedding table is the head's weight, so both paths add into one gradient), a loss scaled
