@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   double optimizer_seconds = 0;
   auto step = [&] {
     qkv::op_profile_mark();
-    optimizer.zero_grad();
+    optimizer.zero_grad(/*set_to_none=*/true);  // as train::Trainer on one process
     const qkv::Tensor loss = model.loss(ids, batch, T, targets);
     loss.backward();
     const auto began = std::chrono::steady_clock::now();

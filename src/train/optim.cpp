@@ -16,8 +16,14 @@ Optimizer::Optimizer(NamedTensors parameters) : parameters_(std::move(parameters
   }
 }
 
-void Optimizer::zero_grad() {
-  for (auto& [name, p] : parameters_) p.zero_grad();
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& [name, p] : parameters_) {
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else {
+      p.zero_grad();
+    }
+  }
 }
 
 SGD::SGD(NamedTensors parameters, SGDOptions options) : OptimizerWithOptions(std::move(parameters), options) {

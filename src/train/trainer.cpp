@@ -327,7 +327,9 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     optimizer_->set_lr(lr);
     const text::Batch global = train_loader_->batch(step_);
     const int64_t T = global.tokens;
-    optimizer_->zero_grad();
+    // One process: gradients are written afresh by the backward pass. Several: they are views into the arena the
+    // processes sum, so they stay and are cleared.
+    optimizer_->zero_grad(/*set_to_none=*/world_ == 1);
     double local[2] = {0.0, 0.0};  // Σ micro-batch losses, count of non-finite ones
     for (int64_t k = 0; k < K; ++k) {
       const int64_t slice = k * world_ + comm_->rank();

@@ -19,7 +19,11 @@ class Optimizer {
   explicit Optimizer(NamedTensors parameters);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
-  void zero_grad();  // gradients to zeros (PyTorch 1.13's default set_to_none=False)
+  // Gradients to zeros (PyTorch 1.13's default), or with set_to_none to no gradient at all (PyTorch 2's default):
+  // the next backward then writes each gradient afresh instead of adding to zeros, which saves a pass over every
+  // parameter-sized gradient (clearing, then accumulating) per step. Parameters left without a gradient are
+  // skipped by step(), as in PyTorch.
+  void zero_grad(bool set_to_none = false);
   virtual double lr() const = 0;
   virtual void set_lr(double lr) = 0;
   int64_t step_count() const { return steps_; }
