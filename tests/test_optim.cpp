@@ -63,5 +63,33 @@ TEST(Optim, TrainingReducesALoss) {
   EXPECT_LT(last, 0.2f * first);
 }
 
+// Dropping gradients (set_to_none) instead of zeroing them changes where the backward writes, not what: the same
+// parameters bit for bit after a few AdamW steps, and a parameter the loss never reached is left alone.
+TEST(Optim, SetToNoneTrainsExactlyAsZeroing) {
+  const Tensor x = random_tensor({5, 4}, 3), target = random_tensor({5, 4}, 4, 0.1f);
+  std::vector<Tensor> finals;
+  for (bool set_to_none : {false, true}) {
+    manual_seed(0);
+    nn::SelfAttentionV2 attention(4, 4);
+    Tensor unused = Tensor::ones({3}).requires_grad_();
+    optim::NamedTensors params = attention.named_parameters();
+    params.emplace_back("unused", unused);
+    optim::AdamW optimizer(params, {.lr = 0.05});
+    for (int step = 0; step < 4; ++step) {
+      optimizer.zero_grad(set_to_none);
+      const Tensor diff = attention(x) - target;
+      mean(diff * diff).backward();
+      optimizer.step();
+    }
+    if (set_to_none) {
+      EXPECT_FALSE(unused.grad().defined());
+      EXPECT_TRUE(all_close(unused, Tensor::ones({3}), 0, 0));  // no gradient, no step (PyTorch's rule)
+    }
+    for (const auto& [name, p] : attention.named_parameters()) finals.push_back(p.clone());
+  }
+  const size_t n = finals.size() / 2;
+  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(all_close(finals[i + n], finals[i], 0, 0)) << i;
+}
+
 }  // namespace
 }  // namespace qkv::test
