@@ -1,6 +1,7 @@
 // Attention benchmarks: the fused kernel against the plain materialised path, in one run, with GFLOP/s,
 // % of this machine's FMA peak (measured here, first, by small AVX2 and, where the build has it, AVX-512 FMA loops), the ratio to the plain
-// path and the peak extra memory. `--smoke` runs every benchmark once on tiny shapes (CI).
+// path and the peak extra memory. `--smoke` runs every benchmark once on tiny shapes (CI); `--cold-allocations`
+// leaves the block cache off, so each call also pays for fresh pages.
 //
 // FLOPs: forward 4·B·H·T²·D (QKᵀ and PV), half of it causal; backward twice the forward.
 // Compare with PyTorch in the same session: tools/bench_compare.py.
@@ -222,16 +223,21 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool smoke = false, console = true;
+  bool smoke = false, console = true, cold = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--smoke") == 0) smoke = true;
+    else if (std::strcmp(argv[i], "--cold-allocations") == 0) cold = true;
     else args.push_back(argv[i]);
     if (std::strncmp(argv[i], "--benchmark_format=", 19) == 0 && std::strcmp(argv[i], "--benchmark_format=console") != 0)
       console = false;  // JSON or CSV for tools: Google Benchmark's own reporter, no summary table
   }
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
+  // Repeated calls reuse their large blocks, as in training (train::Trainer sets the same cache); without it every
+  // iteration's outputs and gradients are fresh pages the kernel must zero (8–10% of a causal fwd+bwd at
+  // (4, 12, 1024, 64)). --cold-allocations measures that cost too.
+  if (!cold) qkv::memory::set_block_cache_limit(int64_t{1} << 30);
 
   for (int threads : {1, 2}) g_peak_gflops[threads] = qkv::bench::measure_fma_peak(threads, smoke ? 0.01 : 0.3);
 
