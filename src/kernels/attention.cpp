@@ -151,7 +151,9 @@ inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, con
 }
 using Lanes16 = Avx2Lanes;  // 16 columns: two 8-lane vectors
 #else
-struct PortableLanes {};
+struct PortableLanes {
+  static constexpr int kMaxRows = 6;
+};
 using Lanes16 = PortableLanes;
 // Without AVX2: the same 16-column product in plain loops.
 template <typename L, int MR>
@@ -172,6 +174,16 @@ inline void micro_kernel(int64_t K, const float* A, int64_t lda, int64_t ak, con
 }
 #endif
 
+
+// micro_kernel<L, mr> for a row count known only at run time (1 … L::kMaxRows).
+template <typename L, int MR = L::kMaxRows>
+inline void micro_kernel_rows(int mr, int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
+                              float* C, int64_t ldc, bool accumulate) {
+  if constexpr (MR >= 1) {
+    if (mr == MR) return micro_kernel<L, MR>(K, A, lda, ak, B, ldb, C, ldc, accumulate);
+    micro_kernel_rows<L, MR - 1>(mr, K, A, lda, ak, B, ldb, C, ldc, accumulate);
+  }
+}
 
 // The causal triangle inside one (query block × key block) tile: local query row r may see local key
 // column c iff c < r + diag. Products whose result or inputs are zero outside it skip that part, at the
@@ -201,30 +213,9 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
     float* c = C + m0 * ldc + n0;
     const int64_t k = std::max<int64_t>(k_end - k_begin, 0);
 #ifdef QKV_AVX512
-    if (width == 32) {
-      switch (mr) {
-        case 8: micro_kernel<Avx512Lanes, 8>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 7: micro_kernel<Avx512Lanes, 7>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 6: micro_kernel<Avx512Lanes, 6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 5: micro_kernel<Avx512Lanes, 5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 4: micro_kernel<Avx512Lanes, 4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 3: micro_kernel<Avx512Lanes, 3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 2: micro_kernel<Avx512Lanes, 2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        case 1: micro_kernel<Avx512Lanes, 1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-        default: break;
-      }
-      return;
-    }
+    if (width == 32) return micro_kernel_rows<Avx512Lanes>(mr, k, a, lda, ak, b, ldb, c, ldc, accumulate);
 #endif
-    switch (mr) {
-      case 6: micro_kernel<Lanes16, 6>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 5: micro_kernel<Lanes16, 5>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 4: micro_kernel<Lanes16, 4>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 3: micro_kernel<Lanes16, 3>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 2: micro_kernel<Lanes16, 2>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      case 1: micro_kernel<Lanes16, 1>(k, a, lda, ak, b, ldb, c, ldc, accumulate); break;
-      default: break;
-    }
+    micro_kernel_rows<Lanes16>(mr, k, a, lda, ak, b, ldb, c, ldc, accumulate);
   };
   int64_t n0 = 0;
 #ifdef QKV_AVX512
