@@ -78,10 +78,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                      // The kernel overwrites dq, dk, dv: a first gradient is written in place, a later one (or
                      // one nobody needs) goes through a temporary.
                      struct Sink {
-                       const Tensor& t;
                        detail::GradTarget target;
                        Tensor temp;
-                       explicit Sink(const Tensor& x) : t(x), target(detail::grad_target(x)) {
+                       explicit Sink(const Tensor& x) : target(detail::grad_target(x)) {
                          if (!target.data || target.accumulate) temp = Tensor::empty(x.shape());
                        }
                        float* data() { return temp.defined() ? temp.data() : target.data; }
