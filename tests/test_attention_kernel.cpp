@@ -175,6 +175,42 @@ TEST(FusedOp, Gradcheck) {
                         {random_tensor({1, 2, 4, 3}, 4), random_tensor({1, 2, 6, 3}, 5), random_tensor({1, 2, 6, 3}, 6)}));
 }
 
+// One (B, T, 3·H·D) tensor of queries, keys and values side by side gives the same bits as the three tensors
+// (the kernel only reads them with other strides), dropout included, and its gradient is theirs side by side.
+TEST(FusedOp, PackedInputEqualsThreeTensors) {
+  const int64_t B = 2, T = 7, C = 6;
+  const Tensor qkv = random_tensor({B, T, 3 * C}, 7).requires_grad_();
+  std::vector<Tensor> parts;
+  for (int64_t part = 0; part < 3; ++part) {
+    Tensor t = Tensor::empty({B, T, C});
+    for (int64_t row = 0; row < B * T; ++row)
+      std::copy_n(qkv.data() + row * 3 * C + part * C, C, t.data() + row * C);
+    parts.push_back(t.requires_grad_());
+  }
+  AttentionConfig config;
+  config.num_heads = 3;
+  config.causal = true;
+  config.dropout_p = 0.3;
+  config.training = true;
+  Generator gen_packed(5), gen_parts(5);
+  config.generator = &gen_packed;
+  const Tensor packed = scaled_dot_product_attention(qkv, config);
+  config.generator = &gen_parts;
+  const Tensor separate = scaled_dot_product_attention(parts[0], parts[1], parts[2], config);
+  EXPECT_TRUE(all_close(packed, separate, 0, 0));
+  const Tensor d_out = random_tensor({B, T, C}, 8);
+  packed.backward(d_out);
+  separate.backward(d_out);
+  for (int64_t part = 0; part < 3; ++part)
+    for (int64_t row = 0; row < B * T; ++row)
+      for (int64_t c = 0; c < C; ++c)
+        ASSERT_EQ(qkv.grad().data()[row * 3 * C + part * C + c], parts[part].grad().data()[row * C + c]) << part;
+  EXPECT_THROW(scaled_dot_product_attention(random_tensor({B, T, 3 * C + 1}, 1), config), ShapeError);
+  EXPECT_THROW(scaled_dot_product_attention(random_tensor({1, B, T, 3 * C}, 1), config), ShapeError);
+  config.kv_tokens = 3;
+  EXPECT_THROW(scaled_dot_product_attention(random_tensor({B, T, 3 * C}, 1), config), ValueError);
+}
+
 // Documented behaviour (README "Fused attention"): NaN or ±Inf in q, k or v make the affected rows NaN, as in
 // PyTorch; T = 0 gives an empty result; D = 0 gives an empty result; nothing crashes.
 TEST(FusedOp, NaNInfAndEmptyShapes) {

@@ -358,6 +358,13 @@ std::vector<OpCase> op_cases() {
       {"gelu", [](const Inputs& x) { return gelu(x[0]); }, {random_tensor({3, 11}, 1, 2.0f)}},
       {"scaled_dot_product_attention (B,T,H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal_heads); },
        {random_tensor({2, 5, 6}, 1), random_tensor({2, 5, 6}, 2), random_tensor({2, 5, 6}, 3)}},
+      {"scaled_dot_product_attention packed (B,T,3·H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], causal_heads); },
+       {random_tensor({2, 5, 18}, 1)}},
+      {"linear_concat of three layers", [](const Inputs& x) { return linear_concat(x[0], std::vector<Tensor>{x[1], x[2], x[3]}, std::vector<Tensor>{x[4], x[5], x[6]}); },
+       {random_tensor({2, 3, 4}, 1), random_tensor({3, 4}, 2), random_tensor({2, 4}, 3), random_tensor({5, 4}, 4),
+        random_tensor({3}, 5), random_tensor({2}, 6), random_tensor({5}, 7)}},
+      {"linear_concat without biases", [](const Inputs& x) { return linear_concat(x[0], std::vector<Tensor>{x[1], x[2]}); },
+       {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2), random_tensor({3, 4}, 3)}},
       {"scaled_dot_product_attention (B,H,T,D)", [bhtd](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bhtd); },
        {random_tensor({1, 2, 4, 3}, 1), random_tensor({1, 2, 6, 3}, 2), random_tensor({1, 2, 6, 3}, 3)}},
   };

@@ -154,6 +154,89 @@ TEST(Modules, LoadStateDictIsStrictAndListsEveryProblem) {
   EXPECT_TRUE(all_close(a.W_query.weight, *state.find("W_query.weight"), 0, 0));
 }
 
+// linear_concat equals torch.cat of the separate linears, in values and every gradient, whether the weights
+// share one buffer (read in place) or not (copied together first), with and without biases.
+TEST(Modules, LinearConcatEqualsTheSeparateLinears) {
+  const std::vector<int64_t> outs = {3, 2, 5};
+  for (const bool shared : {true, false}) {
+    for (const bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::string(shared ? "shared buffer" : "separate tensors") + (with_bias ? ", biases" : ""));
+      const Tensor all_w = random_tensor({10, 4}, 2), all_b = random_tensor({10}, 3);
+      std::vector<Tensor> w, b, ref_w, ref_b;
+      for (int64_t i = 0, at = 0; i < 3; at += outs[i], ++i) {
+        const Tensor wi = all_w.view_at(at * 4, {outs[i], 4}), bi = all_b.view_at(at, {outs[i]});
+        w.push_back((shared ? wi.detach() : wi.clone()).requires_grad_());
+        if (with_bias) b.push_back((shared ? bi.detach() : bi.clone()).requires_grad_());
+        ref_w.push_back(wi.clone().requires_grad_());
+        ref_b.push_back(with_bias ? bi.clone().requires_grad_() : Tensor());
+      }
+      EXPECT_EQ(contiguous_run(w), shared);
+      const Tensor x = random_tensor({2, 3, 4}, 1).requires_grad_(), ref_x = x.detach().clone().requires_grad_();
+      const Tensor out = linear_concat(x, w, b);
+      const Tensor ref = concat({linear(ref_x, ref_w[0], ref_b[0]), linear(ref_x, ref_w[1], ref_b[1]),
+                                 linear(ref_x, ref_w[2], ref_b[2])}, -1);
+      ASSERT_TRUE(all_close(out, ref));
+      const Tensor d_out = random_tensor(out.shape(), 9);
+      out.backward(d_out);
+      ref.backward(d_out);
+      EXPECT_TRUE(all_close(x.grad(), ref_x.grad()));
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(all_close(w[i].grad(), ref_w[i].grad())) << i;
+        if (with_bias) {
+          EXPECT_TRUE(all_close(b[i].grad(), ref_b[i].grad())) << i;
+        }
+      }
+      // A second pass adds to the gradients, as every op does.
+      linear_concat(x, w, b).backward(d_out);
+      EXPECT_TRUE(all_close(w[1].grad(), mul(ref_w[1].grad(), 2.0f)));
+    }
+  }
+  const Tensor x = random_tensor({2, 4}, 1);
+  const std::vector<Tensor> ws = {random_tensor({3, 4}, 2), random_tensor({2, 5}, 3)};
+  EXPECT_THROW(linear_concat(x, ws), ShapeError);  // in-features 4 and 5
+  const std::vector<Tensor> fine = {random_tensor({3, 4}, 2), random_tensor({2, 4}, 3)};
+  EXPECT_THROW(linear_concat(x, fine, std::vector<Tensor>{random_tensor({3}, 4)}), ValueError);  // 1 bias, 2 weights
+  EXPECT_THROW(linear_concat(x, fine, std::vector<Tensor>{random_tensor({3}, 4), Tensor()}), ValueError);  // mixed
+  EXPECT_THROW(linear_concat(random_tensor({2, 5}, 1), fine), ShapeError);
+  EXPECT_THROW(linear_concat(x, std::vector<Tensor>{}), ValueError);
+}
+
+// MultiHeadAttention keeps W_query, W_key and W_value (and their biases) in one buffer, through loading too, and
+// its one-product path gives what the three separate projections give: values and every gradient.
+TEST(Modules, MultiHeadAttentionProjectsQueriesKeysAndValuesInOneProduct) {
+  Generator gen(123);
+  nn::MultiHeadAttention mha(6, 6, 8, 0.0, 2, true, gen);
+  auto packed = [](const nn::MultiHeadAttention& m) {
+    const Tensor w[] = {m.W_query.weight, m.W_key.weight, m.W_value.weight};
+    const Tensor b[] = {m.W_query.bias, m.W_key.bias, m.W_value.bias};
+    return contiguous_run(w) && contiguous_run(b);
+  };
+  EXPECT_TRUE(packed(mha));
+  Generator other_gen(7);
+  nn::MultiHeadAttention loaded(6, 6, 8, 0.0, 2, true, other_gen);
+  loaded.load_state_dict(mha.state_dict());
+  EXPECT_TRUE(packed(loaded));
+  Tensor x = random_tensor({2, 8, 6}, 4).requires_grad_();
+  auto run = [&](nn::MultiHeadAttention& m, bool one_product) {
+    for (auto& [name, p] : m.named_parameters()) p.set_grad(Tensor());
+    x.set_grad(Tensor());
+    nn::AttentionStep::Record record;  // a record takes the three-projection path
+    const Tensor out = one_product ? m(x) : m.forward(x, nn::AttentionStep{.record = &record});
+    out.backward(random_tensor(out.shape(), 5));
+    std::vector<Tensor> results{out.detach(), x.grad()};
+    for (auto& [name, p] : m.named_parameters()) results.push_back(p.grad());
+    return results;
+  };
+  const std::vector<Tensor> one = run(loaded, true), three = run(loaded, false);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(all_close(one[i], three[i], 1e-5, 1e-6)) << i;
+  // A weight moved out of the buffer is copied in for the product: still the same numbers.
+  loaded.W_key.relocate(Tensor::empty({6, 6}), Tensor::empty({6}));
+  EXPECT_FALSE(packed(loaded));
+  const std::vector<Tensor> moved = run(loaded, true);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(all_close(moved[i], three[i], 1e-5, 1e-6)) << i;
+}
+
 std::vector<std::string> cases() {
   std::ifstream in(fixture("modules/cases.txt"));
   std::vector<std::string> names;

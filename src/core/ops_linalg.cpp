@@ -128,6 +128,99 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
+bool contiguous_run(std::span<const Tensor> parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].defined()) return false;
+    if (i > 0 && !(parts[i].shares_storage_with(parts[0]) && parts[i].data() == parts[i - 1].data() + parts[i - 1].numel()))
+      return false;
+  }
+  return true;
+}
+
+// linear_concat: y (R, Σout) = x (R,in) @ Wᵀ + b with W the weights stacked by rows (out_i, in) → (Σout, in).
+// Backward as linear's, each product done once for the whole stack.
+Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases) {
+  if (weights.empty()) throw ValueError("linear_concat: no weights given");
+  if (!biases.empty() && biases.size() != weights.size()) {
+    throw ValueError("linear_concat: " + std::to_string(biases.size()) + " biases for " +
+                     std::to_string(weights.size()) + " weights; give one per weight or none");
+  }
+  const bool has_bias = !biases.empty() && biases[0].defined();
+  int64_t total = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& w = weights[i];
+    if (!w.defined() || w.rank() != 2) throw ShapeError("linear_concat: weight " + std::to_string(i) + " must be 2-D (out, in)");
+    if (w.size(1) != weights[0].size(1)) {
+      throw ShapeError(shapes_message("linear_concat", weights[0], w, "every weight must have the same in-features (dim 1)"));
+    }
+    if (!biases.empty() && biases[i].defined() != has_bias) {
+      throw ValueError("linear_concat: either every weight has a bias or none does (bias " + std::to_string(i) + ")");
+    }
+    if (has_bias && !(biases[i].shape() == Shape{w.size(0)})) {
+      throw ShapeError(shapes_message("linear_concat", w, biases[i], "bias must have shape (out_features)"));
+    }
+    total += w.size(0);
+  }
+  const int64_t in = weights[0].size(1);
+  if (x.rank() < 1 || x.size(-1) != in) {
+    throw ShapeError(shapes_message("linear_concat", x, weights[0],
+                                    "the input's last dimension must equal the weights' in-features (dim 1)"));
+  }
+  // The stacked weight (and bias): the parameters themselves when they lie back to back, else a copy.
+  auto stack = [](std::span<const Tensor> parts, const Shape& shape) {
+    if (contiguous_run(parts)) return parts[0];  // its data() starts the whole run
+    Tensor out = Tensor::empty(shape);
+    int64_t at = 0;
+    for (const Tensor& p : parts) {
+      std::copy_n(p.data(), p.numel(), out.data() + at);
+      at += p.numel();
+    }
+    return out;
+  };
+  const Tensor w = stack(weights, {total, in});
+  const Tensor b = has_bias ? stack(biases, {total}) : Tensor();
+  const int64_t rows = leading(x.shape(), 1);
+  Shape out_shape = x.shape();
+  out_shape[-1] = total;
+  Tensor out = Tensor::empty(out_shape);
+  if (has_bias) kernels::copy_rows(b.data(), 0, out.data(), total, rows, total, false);
+  kernels::gemm(false, true, rows, total, in, 1.0f, x.data(), in, w.data(), in, has_bias ? 1.0f : 0.0f, out.data(), total);
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  if (has_bias) inputs.insert(inputs.end(), biases.begin(), biases.end());
+  if (grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) {
+    const std::vector<Tensor> ws(weights.begin(), weights.end());
+    const std::vector<Tensor> bs = has_bias ? std::vector<Tensor>(biases.begin(), biases.end()) : std::vector<Tensor>{};
+    detail::record(out, "LinearConcatBackward", inputs, [x, w, ws, bs, rows, in, total](const Tensor& dout) {
+      if (const auto dx = detail::grad_target(x); dx.data)
+        kernels::gemm(false, false, rows, in, total, 1.0f, dout.data(), total, w.data(), in, dx.accumulate ? 1.0f : 0.0f,
+                      dx.data, in);
+      // Each part's gradient is a row block of one product (or of one column-sum vector): views, no copies.
+      auto hand_out = [](const std::vector<Tensor>& parts, const Tensor& whole) {
+        int64_t at = 0;
+        for (const Tensor& p : parts) {
+          detail::add_grad(p, whole.view_at(at, p.shape()));
+          at += p.numel();
+        }
+      };
+      auto wanted = [](const std::vector<Tensor>& parts) {
+        return std::any_of(parts.begin(), parts.end(), [](const Tensor& p) { return p.requires_grad(); });
+      };
+      if (wanted(ws)) {
+        Tensor dw = Tensor::empty({total, in});
+        kernels::gemm(true, false, total, in, rows, 1.0f, dout.data(), total, x.data(), in, 0.0f, dw.data(), in);
+        hand_out(ws, dw);
+      }
+      if (wanted(bs)) {
+        Tensor db = Tensor::zeros({total});
+        kernels::add_column_sums(dout.data(), db.data(), rows, total);
+        hand_out(bs, db);
+      }
+    });
+  }
+  return out;
+}
+
 // transpose(t, d0, d1): viewed as (outer, n0, mid, n1, inner) the result is (outer, n1, mid, n0, inner).
 // Backward: the same swap applied to the gradient.
 namespace {

@@ -1,6 +1,9 @@
 // The fused attention kernel as a differentiable op: forward saves the log-sum-exp per row, backward
 // recomputes the weights tile by tile (kernels::attention_backward).
+#include <algorithm>
+#include <array>
 #include <string>
+#include <vector>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/attention.hpp"
@@ -50,10 +53,14 @@ Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_
   return r;
 }
 
-}  // namespace
+// Q, K and V as (input, element offset) pairs: three tensors, or one packed tensor read at three offsets.
+struct Operands {
+  std::vector<Tensor> inputs;
+  std::array<size_t, 3> input{0, 1, 2};
+  std::array<int64_t, 3> offset{0, 0, 0};
+};
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config) {
-  const Resolved r = resolve(q, k, v, config.num_heads, config.kv_tokens);
+Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& ops, const Shape& out_shape) {
   if (!(config.dropout_p >= 0.0 && config.dropout_p <= 1.0)) {
     throw ValueError("scaled_dot_product_attention: dropout must lie in [0, 1], got " + std::to_string(config.dropout_p));
   }
@@ -64,17 +71,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     options.dropout_p = static_cast<float>(config.dropout_p);
     options.seed = (config.generator ? *config.generator : default_generator()).next_u64();
   }
-  Tensor out = Tensor::empty(q.shape());
+  auto operand = [&ops](int which) { return ops.inputs[ops.input[which]].data() + ops.offset[which]; };
+  Tensor out = Tensor::empty(out_shape);
   Tensor lse = Tensor::empty({r.dims.B, r.dims.H, r.dims.Tq});
-  kernels::attention_forward(r.dims, r.layout, options, q.data(), k.data(), v.data(), out.data(), lse.data());
+  kernels::attention_forward(r.dims, r.layout, options, operand(0), operand(1), operand(2), out.data(), lse.data());
   if (config.lse) *config.lse = lse;
-  if (detail::needs_grad({&q, &k, &v})) {
-    if (config.kv_tokens > 0 && config.kv_tokens < (q.rank() == 3 ? k.size(1) : k.size(2))) {
-      throw ValueError("scaled_dot_product_attention: a partly filled key/value cache is for inference; run it "
-                       "under NoGradGuard");
-    }
-    detail::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
-                   [q, k, v, o = out.detach(), lse, r, options](const Tensor& dout) {
+  if (grad_enabled() &&
+      std::any_of(ops.inputs.begin(), ops.inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) {
+    detail::record(out, "ScaledDotProductAttentionBackward", ops.inputs,
+                   [ops, o = out.detach(), lse, r, options](const Tensor& dout) {
                      // The kernel overwrites dq, dk, dv: a first gradient is written in place, a later one (or
                      // one nobody needs) goes through a temporary.
                      struct Sink {
@@ -87,15 +92,48 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                        void finish() {
                          if (target.accumulate) kernels::accumulate(target.data, temp.data(), temp.numel());
                        }
-                     } dq(q), dk(k), dv(v);
-                     kernels::attention_backward(r.dims, r.layout, options, q.data(), k.data(), v.data(), o.data(),
-                                                 lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
-                     dq.finish();
-                     dk.finish();
-                     dv.finish();
+                     };
+                     std::vector<Sink> sinks;
+                     sinks.reserve(ops.inputs.size());
+                     for (const Tensor& t : ops.inputs) sinks.emplace_back(t);
+                     auto grad = [&](int which) { return sinks[ops.input[which]].data() + ops.offset[which]; };
+                     auto operand = [&ops](int which) { return ops.inputs[ops.input[which]].data() + ops.offset[which]; };
+                     kernels::attention_backward(r.dims, r.layout, options, operand(0), operand(1), operand(2),
+                                                 o.data(), lse.data(), dout.data(), grad(0), grad(1), grad(2));
+                     for (Sink& sink : sinks) sink.finish();
                    });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config) {
+  const Resolved r = resolve(q, k, v, config.num_heads, config.kv_tokens);
+  if (config.kv_tokens > 0 && config.kv_tokens < (q.rank() == 3 ? k.size(1) : k.size(2)) &&
+      detail::needs_grad({&q, &k, &v})) {
+    throw ValueError("scaled_dot_product_attention: a partly filled key/value cache is for inference; run it "
+                     "under NoGradGuard");
+  }
+  return attend(r, config, Operands{.inputs = {q, k, v}}, q.shape());
+}
+
+Tensor scaled_dot_product_attention(const Tensor& qkv, const AttentionConfig& config) {
+  const int64_t H = config.num_heads;
+  if (qkv.rank() != 3 || H <= 0 || qkv.size(2) % (3 * H) != 0) {
+    throw ShapeError("scaled_dot_product_attention: packed input must be (B, T, 3·H·D) with num_heads = H > 0, got " +
+                     qkv.shape().str() + " with num_heads = " + std::to_string(H));
+  }
+  if (config.kv_tokens != 0) {
+    throw ValueError("scaled_dot_product_attention: a packed (B, T, 3·H·D) input attends over its own T tokens; pass "
+                     "q, k and v separately to read a key/value cache");
+  }
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  Resolved r;
+  r.dims = {B, H, T, T, C / H};
+  const kernels::AttentionStrides packed{T * 3 * C, C / H, 3 * C};
+  r.layout = {packed, packed, packed, kernels::AttentionStrides::btc(r.dims, T)};
+  return attend(r, config, Operands{.inputs = {qkv}, .input = {0, 0, 0}, .offset = {0, C, 2 * C}}, {B, T, C});
 }
 
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, const AttentionConfig& config, int64_t b,

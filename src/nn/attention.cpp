@@ -77,6 +77,12 @@ ProjectedAttention::ProjectedAttention(const AttentionArgs& a, Generator& gen)
   register_module("W_query", W_query);
   register_module("W_key", W_key);
   register_module("W_value", W_value);
+  // One buffer for the three weights (and one for the biases), in the book's order, initialised as above.
+  const Tensor weights = Tensor::empty({3 * d_out, d_in}), biases = Tensor::empty({3 * d_out});
+  Linear* layers[] = {&W_query, &W_key, &W_value};
+  for (int64_t i = 0; i < 3; ++i) {
+    layers[i]->relocate(weights.view_at(i * d_out * d_in, {d_out, d_in}), biases.view_at(i * d_out, {d_out}));
+  }
 }
 
 ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) const {
@@ -88,6 +94,15 @@ ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) con
   p.queries = W_query(x);
   p.values = W_value(x);
   return p;
+}
+
+Tensor ProjectedAttention::project_packed(const Tensor& x) const {
+  const std::string layer = type_name();
+  check_attention_input(x, d_in, layer.c_str());
+  if (context_length > 0) check_context_length(x.size(-2), context_length, layer.c_str());
+  const Tensor weights[] = {W_query.weight, W_key.weight, W_value.weight};
+  const Tensor biases[] = {W_query.bias, W_key.bias, W_value.bias};
+  return linear_concat(x, weights, W_query.bias.defined() ? std::span<const Tensor>(biases) : std::span<const Tensor>());
 }
 
 SelfAttentionV2::SelfAttentionV2(int64_t d_in_, int64_t d_out_, bool qkv_bias, Generator& gen)
@@ -210,16 +225,25 @@ KVCacheLayer MultiHeadAttention::make_cache(int64_t batch) const {
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const AttentionStep& step) const {
   if (attention_path() == AttentionPath::Plain && !step.cache && !step.record) return trace(x).context;
-  // (B, T, H·D) as Linear gives it: the kernel reads each head with strides.
-  const Projections p = project(x);
-  const bool unbatched = x.rank() == 2;
-  auto batch = [&](const Tensor& t) { return unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t; };
   AttentionConfig config;
   config.num_heads = num_heads;
   config.causal = true;
   config.dropout_p = dropout;
   config.training = is_training();
   config.generator = gen_;
+  if (!step.cache && !step.record) {
+    // Training and plain inference: one product for Q, K and V, read by the kernel in place, whose gradient
+    // comes back as one tensor for one backward product.
+    const Tensor qkv = project_packed(x);
+    const bool unbatched = x.rank() == 2;
+    Tensor context = scaled_dot_product_attention(unbatched ? reshape(qkv, {1, qkv.size(0), qkv.size(1)}) : qkv, config);
+    if (unbatched) context = reshape(context, {context.size(1), context.size(2)});
+    return out_proj(context);
+  }
+  // (B, T, H·D) as Linear gives it: the kernel reads each head with strides.
+  const Projections p = project(x);
+  const bool unbatched = x.rank() == 2;
+  auto batch = [&](const Tensor& t) { return unbatched ? reshape(t, {1, t.size(0), t.size(1)}) : t; };
   Tensor lse;
   if (step.record) config.lse = &lse;
   Tensor queries = batch(p.queries), keys = batch(p.keys), values = batch(p.values);

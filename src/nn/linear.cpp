@@ -35,6 +35,17 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, NoInit
 
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
 
+void Linear::relocate(const Tensor& weight_home, const Tensor& bias_home) {
+  auto move = [this](const char* name, Tensor& member, Tensor home) {
+    home.copy_(member);  // ShapeError on a wrong shape, before anything changes
+    home.requires_grad_(true);
+    replace_parameter(name, home);
+    member = home;
+  };
+  move("weight", weight, weight_home);
+  if (bias.defined()) move("bias", bias, bias_home);
+}
+
 void Linear::tie_weight(const Tensor& shared) {
   replace_parameter("weight", shared);
   weight = shared;

@@ -21,6 +21,15 @@ class Generator;
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x (...,in) @ weightᵀ (out,in) + bias (out) → (...,out): torch.nn.functional.linear. bias may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// torch.cat([linear(x, w, b) for w, b in zip(weights, biases)], -1) as one product: x (...,in) → (..., Σ out_i).
+// biases is empty or has one entry per weight (all defined, or all undefined). When the weights lie one after
+// another in one storage (and so do the biases), as ProjectedAttention keeps W_query, W_key and W_value, they
+// are read in place as one (Σ out_i, in) matrix; otherwise they are copied together first. Backward: dx from one
+// product with the whole matrix, and the weight gradients from one product whose row blocks become each
+// weight's gradient.
+Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases = {});
+// Whether `parts` lie back to back in one storage, in order (what lets linear_concat read them in place).
+bool contiguous_run(std::span<const Tensor> parts);
 // Swaps dimensions d0 and d1 (negative counts from the back); the result is a contiguous copy.
 Tensor transpose(const Tensor& t, int d0 = -2, int d1 = -1);
 // Same values, another shape; one dimension may be -1 (inferred). Shares storage: no copy.
@@ -133,6 +142,10 @@ struct AttentionConfig {
 // all (B, H, T, D). The result has q's layout. Dropout masks come from a counter-based stream seeded by
 // one draw from the generator, so they differ from torch.nn.Dropout's (use the plain path for those).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config);
+// The same from one (B, T, 3·H·D) tensor that holds each token's query, key and value side by side (what
+// linear_concat of the three projections gives): read in place, and its gradient written as one tensor, so the
+// three projections' backward is one product too. Result (B, T, H·D). Not for a key/value cache (kv_tokens 0).
+Tensor scaled_dot_product_attention(const Tensor& qkv, const AttentionConfig& config);
 
 // The attention weights (Tq, Tk) of head h of batch row b, recomputed from q and k (as given to
 // scaled_dot_product_attention with the same config) and the log-sum-exp that call saved (config.lse):

@@ -89,6 +89,10 @@ class ProjectedAttention : public UnaryModule {
   };
   // Checks x (and T ≤ context_length), then K = x Wkᵀ, Q = x Wqᵀ, V = x Wvᵀ, keys first as the book does.
   Projections project(const Tensor& x) const;
+  // The same three projections as one product, (.., T, 3·d_out) with each token's query, key and value side by
+  // side (linear_concat). The three layers' parameters share one buffer from construction on, so the product
+  // reads them in place; load_state_dict copies into it and keeps that.
+  Tensor project_packed(const Tensor& x) const;
 };
 
 class SelfAttentionV2 : public ProjectedAttention {

@@ -19,6 +19,10 @@ class Linear : public UnaryModule {
   Tensor forward(const Tensor& x) const override;
   // Uses `shared` (e.g. a token embedding table, out × in) as this layer's weight: weight tying.
   void tie_weight(const Tensor& shared);
+  // Moves this layer's parameters, values kept, into `weight_home` and `bias_home` (this layer's shapes; the bias
+  // one is ignored without a bias), e.g. views into one buffer that several layers share so that one product can
+  // read them all (ProjectedAttention's W_query, W_key, W_value).
+  void relocate(const Tensor& weight_home, const Tensor& bias_home);
 
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
