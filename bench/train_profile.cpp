@@ -101,9 +101,10 @@ int main(int argc, char** argv) {
   getrusage(RUSAGE_SELF, &usage);
   const double rss_mib = usage.ru_maxrss / 1024.0;
   std::printf("qkv train step: %lld parameters, B=%lld T=%lld, %d thread(s): median %.3f s (%lld steps) → %.1f tok/s, "
-              "%.1f GFLOP/s = %.1f%% of the FMA peak (%.1f GFLOP/s), peak RSS %.0f MiB\n",
+              "%.1f GFLOP/s = %.1f%% of the FMA peak (%.1f GFLOP/s), peak RSS %.0f MiB (tensors at most %.0f MiB)\n",
               static_cast<long long>(params), static_cast<long long>(batch), static_cast<long long>(T), threads, median,
-              static_cast<long long>(steps), tokens_per_second, gflops, 100 * gflops / peak, peak, rss_mib);
+              static_cast<long long>(steps), tokens_per_second, gflops, 100 * gflops / peak, peak, rss_mib,
+              static_cast<double>(qkv::memory::peak_bytes()) / (1 << 20));
   if (profile) {
     qkv::reset_op_profile();
     qkv::set_op_profiling(true);

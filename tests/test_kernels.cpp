@@ -49,7 +49,7 @@ TEST(Kernels, SoftmaxAndCrossEntropyLeaveNoDenormals) {
   EXPECT_TRUE(all_close(sums, Tensor::ones({rows}), 1e-5, 1e-5));
 }
 
-// Training turns on the block cache: a freed large block is handed out again for the same size (no page faults).
+// Training turns on the block cache: a freed block is handed out again for the same size (no page faults).
 TEST(Memory, BlockCacheReusesAFreedBlockOfTheSameSize) {
   memory::set_block_cache_limit(int64_t{64} << 20);
   const float* first = nullptr;
@@ -62,7 +62,16 @@ TEST(Memory, BlockCacheReusesAFreedBlockOfTheSameSize) {
   const Tensor c = Tensor::zeros({int64_t{1} << 21});  // the cache is empty again: a fresh block, zeroed
   EXPECT_NE(c.data(), first);
   EXPECT_EQ(c.data()[12345], 0.0f);
-  memory::set_block_cache_limit(0);
+  // Small blocks too, and kernel scratch shares the cache with tensors.
+  const float* small = nullptr;
+  { small = Tensor::zeros({100}).data(); }
+  const int64_t fresh = memory::fresh_blocks();
+  { EXPECT_EQ(Tensor::empty({100}).data(), small); }
+  { EXPECT_EQ(memory::Buffer<float>(100).data(), small); }
+  EXPECT_EQ(memory::fresh_blocks(), fresh);
+  memory::set_block_cache_limit(0);  // and a lower limit frees what the cache held
+  { const Tensor fresh_one = Tensor::zeros({100}); }
+  EXPECT_EQ(memory::fresh_blocks(), fresh + 1);
 }
 
 TEST(Kernels, SoftmaxMatchesReferenceAndSumsToOne) {

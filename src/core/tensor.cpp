@@ -10,13 +10,8 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <new>
 #include <ostream>
 #include <sstream>
-
-#include <sys/mman.h>
 
 namespace qkv {
 
@@ -85,100 +80,17 @@ bool operator==(const Shape& a, const Shape& b) {
 // ---- Tensor ----
 
 namespace {
-// Large blocks kept for reuse instead of going back to the system, when memory::set_block_cache_limit allows it
-// (training does): a training step allocates the same sizes step after step, and a fresh block of hundreds of MiB
-// costs a page fault per 4 KiB page on first touch (the kernel zeroes each one). Blocks of at least kMinBytes are
-// cached by exact size, up to the limit in all; beyond that they are freed at once. Off by default: a single
-// forward and backward (qkv apply) would only hold more memory (268 → 362 MiB at T = 4096, measured before the
-// backward pass learned to write first gradients in place). The cache lives until the process ends (never destroyed, so a tensor freed by
-// a static destructor still finds it; what it holds stays reachable, not leaked).
-class LargeBlockCache {
- public:
-  static constexpr size_t kMinBytes = size_t{4} << 20;
-  float* take(size_t bytes) {
-    if (bytes < kMinBytes) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = blocks_.find(bytes);
-    if (it == blocks_.end()) return nullptr;
-    float* p = it->second;
-    blocks_.erase(it);
-    held_ -= bytes;
-    return p;
-  }
-  bool give(float* p, size_t bytes) {
-    if (bytes < kMinBytes) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (held_ + bytes > static_cast<size_t>(memory::block_cache_limit())) return false;
-    blocks_.emplace(bytes, p);
-    held_ += bytes;
-    return true;
-  }
-
- private:
-  std::mutex mutex_;
-  std::multimap<size_t, float*> blocks_;
-  size_t held_ = 0;
-};
-LargeBlockCache& block_cache() {
-  static LargeBlockCache* cache = new LargeBlockCache;
-  return *cache;
-}
-
-// Blocks of at least LargeBlockCache::kMinBytes come straight from the kernel (mmap) and go straight back
-// (munmap). Through malloc they would not: glibc raises its mmap threshold each time such a block is freed, so
-// later ones land on the heap, and freed heap memory stays in the process — qkv apply's peak RSS at T = 4096
-// went from 163 to 207 MiB on some runs and not others. They are asked for transparent huge pages: GPT-2 B8T256
-// training measured 275 against 264 tok/s without (medians of 3, interleaved).
-// Under AddressSanitizer (GCC's macro, clang's feature test) every block goes through operator new, so its bounds
-// stay checked.
-#if defined(__SANITIZE_ADDRESS__)
-#define QKV_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define QKV_ASAN 1
-#endif
-#endif
-#ifdef QKV_ASAN
-constexpr bool kMapLargeBlocks = false;
-#else
-constexpr bool kMapLargeBlocks = true;
-#endif
-bool mapped(size_t bytes) { return kMapLargeBlocks && bytes >= LargeBlockCache::kMinBytes; }
-
-float* map_block(size_t bytes) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  ::madvise(p, bytes, MADV_HUGEPAGE);  // fewer faults and TLB misses; a hint, so a refusal changes nothing
-  return static_cast<float*>(p);
-}
-void release_block(float* p, size_t bytes) {
-  if (mapped(bytes)) {
-    ::munmap(p, bytes);
-  } else {
-    ::operator delete[](p, std::align_val_t(64));
-  }
-}
-
-// 64-byte alignment: a cache line, and what AVX2 loads like best (mapped blocks are page-aligned).
+// Storage comes from the block allocator (qkv/kernels/memory.hpp), which kernel scratch shares: 64-byte aligned
+// (a cache line, what AVX loads like best), cached for reuse in training.
 std::shared_ptr<float> allocate(int64_t n) {
-  const size_t count = static_cast<size_t>(std::max<int64_t>(n, 1));
-  const size_t size = count * sizeof(float);
-  LargeBlockCache& cache = block_cache();
-  float* p = cache.take(size);
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
+  auto* p = static_cast<float*>(memory::allocate_block(bytes));
   // A size that passed the shape check may still exceed this machine's memory: say so as a user error.
   if (!p) {
-    p = mapped(size) ? map_block(size) : static_cast<float*>(::operator new[](size, std::align_val_t(64), std::nothrow));
+    throw ValueError("cannot allocate a tensor of " + std::to_string(bytes / sizeof(float)) + " floats (" +
+                     std::to_string(bytes >> 20) + " MiB): not enough memory; use smaller sizes");
   }
-  if (!p) {
-    throw ValueError("cannot allocate a tensor of " + std::to_string(count) + " floats (" +
-                     std::to_string(count * sizeof(float) >> 20) + " MiB): not enough memory; use smaller sizes");
-  }
-  const int64_t bytes = static_cast<int64_t>(size);
-  memory::detail::on_allocate(bytes);
-  return std::shared_ptr<float>(p, [bytes, &cache](float* q) {
-    if (!cache.give(q, static_cast<size_t>(bytes))) release_block(q, static_cast<size_t>(bytes));
-    memory::detail::on_free(bytes);
-  });
+  return std::shared_ptr<float>(p, [bytes](float* q) { memory::free_block(q, bytes); });
 }
 
 detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& impl) {

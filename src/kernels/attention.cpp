@@ -57,9 +57,9 @@ class Scratch {
   float* get(size_t n) {
     if (n > capacity_) {
       release();
-      data_ = static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t(64)));
+      data_ = static_cast<float*>(memory::allocate_block(n * sizeof(float)));
+      if (!data_) throw std::bad_alloc();
       capacity_ = n;
-      memory::detail::on_allocate(static_cast<int64_t>(n * sizeof(float)));
     }
     return data_;
   }
@@ -67,10 +67,7 @@ class Scratch {
 
  private:
   void release() {
-    if (data_) {
-      ::operator delete[](data_, std::align_val_t(64));
-      memory::detail::on_free(static_cast<int64_t>(capacity_ * sizeof(float)));
-    }
+    memory::free_block(data_, capacity_ * sizeof(float));
     data_ = nullptr;
     capacity_ = 0;
   }

@@ -1,5 +1,6 @@
 // Elementwise kernels (see qkv/kernels/elementwise.hpp): broadcasting arithmetic, unary maps, sums, masks,
 // copies, transposes and counter-based dropout.
+#include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/elementwise.hpp"
 
 #include <algorithm>
@@ -144,7 +145,8 @@ void binary_backward_impl(const Broadcast& s, const float* a, const float* b, co
       if (op == BinaryOp::Add) {
         add_column_sums(g, db, outer, inner);
       } else {
-        std::vector<float> sums(static_cast<size_t>(inner), 0.0f);
+        memory::Buffer<float> sums(static_cast<size_t>(inner));
+        std::fill_n(sums.data(), inner, 0.0f);
         add_column_sums(g, sums.data(), outer, inner);
         for (int64_t i = 0; i < inner; ++i) db[i] -= sums[static_cast<size_t>(i)];
       }
@@ -286,7 +288,8 @@ void add_column_sums(const float* x, float* out, int64_t rows, int64_t cols) {
       for (int64_t c = 0; c < cols; ++c) out[c] += x[r * cols + c];
     return;
   }
-  std::vector<float> partial(static_cast<size_t>(chunks * cols), 0.0f);
+  memory::Buffer<float> partial(static_cast<size_t>(chunks * cols));
+  std::fill_n(partial.data(), chunks * cols, 0.0f);
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * cols))
   for (int64_t k = 0; k < chunks; ++k) {
     float* p = partial.data() + k * cols;

@@ -1,4 +1,5 @@
 // Optimiser updates and gradient norms over flat arrays (see qkv/kernels/optim.hpp).
+#include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/optim.hpp"
 
 #include <algorithm>
@@ -51,7 +52,7 @@ void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& 
 double sum_of_squares(const float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  memory::Buffer<double> partial(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     double acc = 0.0;
@@ -59,7 +60,7 @@ double sum_of_squares(const float* x, int64_t n) {
     partial[static_cast<size_t>(c)] = acc;
   }
   double total = 0.0;
-  for (double p : partial) total += p;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[static_cast<size_t>(c)];
   return total;
 }
 

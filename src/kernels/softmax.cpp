@@ -1,4 +1,5 @@
 // Row softmax and cross-entropy, each beside its scalar reference.
+#include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/softmax.hpp"
 
 #include <algorithm>
@@ -78,7 +79,7 @@ double cross_entropy_forward(const float* logits, const int64_t* targets, float*
       return 0.0;
     }
   }
-  std::vector<float> lse(static_cast<size_t>(rows));
+  memory::Buffer<float> lse(static_cast<size_t>(rows));
   softmax_rows_lse(logits, probs, lse.data(), rows, V);
   double total = 0.0;
   int64_t n = 0;
@@ -157,12 +158,13 @@ CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const 
   // 16M floats (64 MiB) of logits per block: a GPT-2 head (V = 50,257) takes 333 rows at a time, enough for the
   // weight-gradient GEMM to run at full speed (its K is the block's rows) while the block is written only once.
   const int64_t R = std::clamp<int64_t>(block_rows > 0 ? block_rows : (int64_t{16} << 20) / V, 1, N);
-  std::unique_ptr<float[]> block(new float[static_cast<size_t>(R * V)]);
-  std::vector<double> row_loss(static_cast<size_t>(N), 0.0);
+  memory::Buffer<float> block(static_cast<size_t>(R * V));
+  memory::Buffer<double> row_loss(static_cast<size_t>(N));
+  std::fill_n(row_loss.data(), N, 0.0);
   if (dbias) std::fill_n(dbias, V, 0.0f);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
-    float* z = block.get();
+    float* z = block.data();
     if (bias) copy_rows(bias, 0, z, V, rows, V, false);
     gemm(false, true, rows, V, C, 1.0f, x + r0 * C, C, weight, C, bias ? 1.0f : 0.0f, z, V);  // logits
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * V))

@@ -1,6 +1,7 @@
 // Layer norm, embedding and GELU kernels (see qkv/kernels/transformer.hpp), each beside its reference.
 // GELU (tanh form) with AVX2: y = 0.5·x·(1 + tanh u), u = k(x + 0.044715·x³), k = √(2/π);
 // dy/dx = 0.5(1 + t) + 0.5·x·(1 − t²)·k·(1 + 3·0.044715·x²).
+#include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/transformer.hpp"
 
 #include <algorithm>
@@ -128,7 +129,8 @@ void layer_norm_backward(const float* x, const float* scale, const float* mean, 
   }
   if (!dscale && !dshift) return;
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-  std::vector<float> partial(static_cast<size_t>(chunks * 2 * C), 0.0f);
+  memory::Buffer<float> partial(static_cast<size_t>(chunks * 2 * C));
+  std::fill_n(partial.data(), chunks * 2 * C, 0.0f);
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
   for (int64_t k = 0; k < chunks; ++k) {
     float* ps = partial.data() + k * 2 * C;

@@ -71,18 +71,21 @@ ProjectedAttention::ProjectedAttention(const AttentionArgs& a, Generator& gen)
     : d_in(a.d_in),
       d_out(a.d_out),
       context_length(a.causal ? a.context_length : 0),
-      W_query(a.d_in, a.d_out, a.qkv_bias, gen),
-      W_key(a.d_in, a.d_out, a.qkv_bias, gen),
-      W_value(a.d_in, a.d_out, a.qkv_bias, gen) {
+      qkv_weight(Tensor::empty({3 * a.d_out, a.d_in})),
+      qkv_bias(a.qkv_bias ? Tensor::empty({3 * a.d_out}) : Tensor()),
+      W_query(a.d_in, a.d_out, a.qkv_bias, gen, part_of(qkv_weight, 0), part_of(qkv_bias, 0)),
+      W_key(a.d_in, a.d_out, a.qkv_bias, gen, part_of(qkv_weight, 1), part_of(qkv_bias, 1)),
+      W_value(a.d_in, a.d_out, a.qkv_bias, gen, part_of(qkv_weight, 2), part_of(qkv_bias, 2)) {
   register_module("W_query", W_query);
   register_module("W_key", W_key);
   register_module("W_value", W_value);
-  // One buffer for the three weights (and one for the biases), in the book's order, initialised as above.
-  const Tensor weights = Tensor::empty({3 * d_out, d_in}), biases = Tensor::empty({3 * d_out});
-  Linear* layers[] = {&W_query, &W_key, &W_value};
-  for (int64_t i = 0; i < 3; ++i) {
-    layers[i]->relocate(weights.view_at(i * d_out * d_in, {d_out, d_in}), biases.view_at(i * d_out, {d_out}));
-  }
+}
+
+Tensor ProjectedAttention::part_of(const Tensor& whole, int64_t i) {
+  if (!whole.defined()) return {};
+  Shape shape = whole.shape();
+  shape[0] /= 3;
+  return whole.view_at(i * shape.numel(), shape);
 }
 
 ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) const {

@@ -14,13 +14,25 @@ void require_positive(int64_t value, const char* layer, const char* argument) {
   }
 }
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, Generator& gen) {
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, Generator& gen)
+    : Linear(in_features, out_features, with_bias, gen, Tensor(), Tensor()) {}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, Generator& gen, const Tensor& weight_home,
+               const Tensor& bias_home) {
   require_positive(in_features, "Linear", "in_features");
   require_positive(out_features, "Linear", "out_features");
-  weight = register_parameter("weight", Tensor::empty({out_features, in_features}));
+  auto home = [](const Tensor& given, const Shape& shape, const char* what) {
+    if (!given.defined()) return Tensor::empty(shape);
+    if (!(given.shape() == shape)) {
+      throw ShapeError(std::string("Linear: the ") + what + " must go into a tensor of shape " + shape.str() + ", not " +
+                       given.shape().str());
+    }
+    return given;
+  };
+  weight = register_parameter("weight", home(weight_home, {out_features, in_features}, "weight"));
   kaiming_uniform_(weight, std::sqrt(5.0), gen);
   if (with_bias) {
-    bias = register_parameter("bias", Tensor::empty({out_features}));
+    bias = register_parameter("bias", home(bias_home, {out_features}, "bias"));
     const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
     gen.uniform_(bias, -bound, bound);
   }

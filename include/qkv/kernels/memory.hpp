@@ -1,8 +1,10 @@
-// Byte counts of tensor storage and kernel scratch, so benchmarks and tests can report the extra memory
-// an operation needs (current and peak since the last reset). Counting is a relaxed atomic add.
+// The one allocator behind tensor storage and kernel scratch, and its byte counts (current and peak since the last
+// reset), so benchmarks and tests can report the memory an operation needs. Counting is a relaxed atomic add.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 
 namespace qkv::memory {
 
@@ -10,15 +12,39 @@ int64_t bytes_in_use();
 int64_t peak_bytes();
 void reset_peak();  // peak := bytes_in_use()
 
-// Tensor blocks of 4 MiB and more may be kept after they are freed and handed out again for the same size, up to
-// this many bytes in all (0, the default: none kept). Training sets it (train::Trainer: 2 GiB), where every step
-// allocates the same sizes and fresh blocks would cost page faults; a single pass would only hold more memory.
+// Freed blocks may be kept, by exact size, and handed out again for the same size, up to this many bytes in all
+// (0, the default: none kept; lowering the limit frees what is over it). Training sets it (train::Trainer: 2 GiB):
+// every step asks for the same sizes, so from the second step on every tensor and kernel buffer comes from the
+// cache, none from the system (no page faults, no heap growth). A single pass would only hold more memory.
 void set_block_cache_limit(int64_t bytes);
 int64_t block_cache_limit();
+// How many blocks came from the system rather than from the cache since the process started.
+int64_t fresh_blocks();
 
-namespace detail {
-void on_allocate(int64_t bytes);
-void on_free(int64_t bytes);
-}  // namespace detail
+// A block of `bytes` (at least 1), 64-byte aligned; blocks of 4 MiB and more are mapped straight from the kernel
+// with transparent huge pages (page-aligned) and go straight back, so freed ones never stay on the heap. nullptr
+// when the system refuses. Give it back with free_block and the same size.
+void* allocate_block(size_t bytes);
+void free_block(void* p, size_t bytes);
+
+// A kernel's scratch buffer of n Ts from allocate_block, freed when it goes (std::bad_alloc if refused).
+template <class T>
+class Buffer {
+ public:
+  explicit Buffer(size_t n) : n_(n), data_(static_cast<T*>(allocate_block(bytes()))) {
+    if (!data_) throw std::bad_alloc();
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { free_block(data_, bytes()); }
+  T* data() const { return data_; }
+  T& operator[](size_t i) const { return data_[i]; }
+  size_t size() const { return n_; }
+
+ private:
+  size_t bytes() const { return (n_ ? n_ : 1) * sizeof(T); }
+  size_t n_;
+  T* data_;
+};
 
 }  // namespace qkv::memory

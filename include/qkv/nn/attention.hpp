@@ -80,6 +80,10 @@ class ProjectedAttention : public UnaryModule {
  public:
   int64_t d_in, d_out;
   int64_t context_length;  // 0: no causal mask (SelfAttention_v2)
+  // The one buffer the three weights live in, (3·d_out, d_in), rows in the book's order query, key, value (and
+  // the biases', (3·d_out), undefined without them): linear_concat reads it as one matrix. Not parameters
+  // themselves; W_query.weight and the others are views into them.
+  Tensor qkv_weight, qkv_bias;
   Linear W_query, W_key, W_value;
 
  protected:
@@ -93,6 +97,9 @@ class ProjectedAttention : public UnaryModule {
   // side (linear_concat). The three layers' parameters share one buffer from construction on, so the product
   // reads them in place; load_state_dict copies into it and keeps that.
   Tensor project_packed(const Tensor& x) const;
+
+ private:
+  static Tensor part_of(const Tensor& whole, int64_t i);  // rows [i/3, (i+1)/3) of a qkv_ buffer
 };
 
 class SelfAttentionV2 : public ProjectedAttention {

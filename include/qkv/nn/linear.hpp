@@ -13,6 +13,10 @@ struct NoInit {};
 class Linear : public UnaryModule {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator& gen = default_generator());
+  // The same numbers drawn into given tensors (out, in) and (out) (the bias one ignored without a bias), e.g.
+  // views into one buffer that several layers share so that one product reads them all.
+  Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, const Tensor& weight_home,
+         const Tensor& bias_home);
   Linear(int64_t in_features, int64_t out_features, bool bias, NoInit);
 
   // x (..., in) → (..., out)
