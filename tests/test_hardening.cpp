@@ -238,22 +238,36 @@ TEST_F(Hostile, OutputsNeverReplaceDevicesOrLinks) {
 }
 
 TEST_F(Hostile, SignalsLocksAndUnwritableOutputs) {
+  // A tiny endless run in the background, `then` run once its first step is done (its signal handlers and its lock
+  // are in place by then, however slow the machine: no fixed delays), and the run's exit code and output.
+  auto background_run = [&](const std::string& out, const std::string& then) {
+    const std::string log = path(out + ".log"), script = path(out + ".sh");
+    std::ofstream(script) << QKV_CLI << " " << tiny(out, 1000000) << " > " << log << " 2>&1 &\n"
+                          << "pid=$!\n"
+                          << "i=0; until grep -q 'step 1/' " << log << " 2>/dev/null || [ $i -ge 2400 ]; do sleep 0.05; i=$((i+1)); done\n"
+                          << then << "\n"
+                          << "wait $pid\n";
+    const int status = std::system(("sh " + script).c_str());
+    std::ifstream in(log);
+    return CliResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(std::istreambuf_iterator<char>(in), {})};
+  };
   // SIGTERM and SIGHUP checkpoint like Ctrl-C, with 128 + the signal's number.
   for (const auto& [signal, code] : std::vector<std::pair<std::string, int>>{{"TERM", 143}, {"HUP", 129}}) {
-    const CliResult r = run_cli(tiny("sig" + signal, 1000000), "timeout --preserve-status -s " + signal + " 3 ");
+    const CliResult r = background_run("sig" + signal, "kill -" + signal + " $pid");
     EXPECT_EQ(r.code, code) << r.out;
     EXPECT_TRUE(contains(r.out, "SIG" + signal)) << r.out;
     EXPECT_TRUE(fs::exists(path("sig" + signal + "/checkpoint.safetensors")));
   }
-  // A second run into a folder in use is refused, naming the first.
-  const std::string command = std::string(QKV_CLI) + " " + tiny("busy", 1000000) + " >/dev/null 2>&1 &";
-  ASSERT_EQ(std::system(command.c_str()), 0);
-  for (int i = 0; i < 100 && !fs::exists(path("busy/.qkv-train.lock")); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const CliResult second = run_cli(tiny("busy", 3) + " --overwrite");
-  EXPECT_EQ(second.code, 1) << second.out;
-  EXPECT_TRUE(contains(second.out, "another qkv train")) << second.out;
-  std::system(("pkill -INT -f 'out " + path("busy") + "'").c_str());
+  // A second run into a folder in use is refused, naming the first, which then stops with Ctrl-C's code.
+  const std::string second_log = path("second.log");
+  const CliResult first = background_run(
+      "busy", std::string(QKV_CLI) + " " + tiny("busy", 3) + " --overwrite > " + second_log + " 2>&1; echo $? >> " +
+                  second_log + "; kill -INT $pid");
+  EXPECT_EQ(first.code, 130) << first.out;
+  std::ifstream second_in(second_log);
+  const std::string second{std::istreambuf_iterator<char>(second_in), {}};
+  EXPECT_TRUE(contains(second, "another qkv train")) << second;
+  EXPECT_TRUE(contains(second, "\n1\n")) << "exit code 1 expected: " << second;
   // An output folder that cannot be written is found before training.
   const CliResult unwritable = run_cli("train --text " + path("text.txt") + " --tokenizer bytes --steps 3 --out /proc/qkv-cannot-write-here");
   EXPECT_NE(unwritable.code, 0);
