@@ -58,6 +58,7 @@ struct Operands {
   std::vector<Tensor> inputs;
   std::array<size_t, 3> input{0, 1, 2};
   std::array<int64_t, 3> offset{0, 0, 0};
+  const float* operand(int which) const { return inputs[input[which]].data() + offset[which]; }
 };
 
 Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& ops, const Shape& out_shape) {
@@ -71,10 +72,10 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
     options.dropout_p = static_cast<float>(config.dropout_p);
     options.seed = (config.generator ? *config.generator : default_generator()).next_u64();
   }
-  auto operand = [&ops](int which) { return ops.inputs[ops.input[which]].data() + ops.offset[which]; };
   Tensor out = Tensor::empty(out_shape);
   Tensor lse = Tensor::empty({r.dims.B, r.dims.H, r.dims.Tq});
-  kernels::attention_forward(r.dims, r.layout, options, operand(0), operand(1), operand(2), out.data(), lse.data());
+  kernels::attention_forward(r.dims, r.layout, options, ops.operand(0), ops.operand(1), ops.operand(2), out.data(),
+                             lse.data());
   if (config.lse) *config.lse = lse;
   if (grad_enabled() &&
       std::any_of(ops.inputs.begin(), ops.inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) {
@@ -97,8 +98,7 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
                      sinks.reserve(ops.inputs.size());
                      for (const Tensor& t : ops.inputs) sinks.emplace_back(t);
                      auto grad = [&](int which) { return sinks[ops.input[which]].data() + ops.offset[which]; };
-                     auto operand = [&ops](int which) { return ops.inputs[ops.input[which]].data() + ops.offset[which]; };
-                     kernels::attention_backward(r.dims, r.layout, options, operand(0), operand(1), operand(2),
+                     kernels::attention_backward(r.dims, r.layout, options, ops.operand(0), ops.operand(1), ops.operand(2),
                                                  o.data(), lse.data(), dout.data(), grad(0), grad(1), grad(2));
                      for (Sink& sink : sinks) sink.finish();
                    });
