@@ -88,10 +88,14 @@ Tensor ProjectedAttention::part_of(const Tensor& whole, int64_t i) {
   return whole.view_at(i * shape.numel(), shape);
 }
 
-ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) const {
+void ProjectedAttention::check_input(const Tensor& x) const {
   const std::string layer = type_name();
   check_attention_input(x, d_in, layer.c_str());
   if (context_length > 0) check_context_length(x.size(-2), context_length, layer.c_str());
+}
+
+ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) const {
+  check_input(x);
   Projections p;
   p.keys = W_key(x);
   p.queries = W_query(x);
@@ -100,9 +104,7 @@ ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) con
 }
 
 Tensor ProjectedAttention::project_packed(const Tensor& x) const {
-  const std::string layer = type_name();
-  check_attention_input(x, d_in, layer.c_str());
-  if (context_length > 0) check_context_length(x.size(-2), context_length, layer.c_str());
+  check_input(x);
   const Tensor weights[] = {W_query.weight, W_key.weight, W_value.weight};
   const Tensor biases[] = {W_query.bias, W_key.bias, W_value.bias};
   return linear_concat(x, weights, W_query.bias.defined() ? std::span<const Tensor>(biases) : std::span<const Tensor>());

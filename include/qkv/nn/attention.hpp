@@ -99,7 +99,8 @@ class ProjectedAttention : public UnaryModule {
   Tensor project_packed(const Tensor& x) const;
 
  private:
-  static Tensor part_of(const Tensor& whole, int64_t i);  // rows [i/3, (i+1)/3) of a qkv_ buffer
+  static Tensor part_of(const Tensor& whole, int64_t i);  // the i-th third (by rows) of qkv_weight or qkv_bias
+  void check_input(const Tensor& x) const;  // x is (T, d_in) or (B, T, d_in), T ≤ context_length
 };
 
 class SelfAttentionV2 : public ProjectedAttention {
