@@ -331,14 +331,20 @@ struct Plan {
 
 // Kᵀ of one head, key block by key block: block j is (D × kBc) contiguous, zero beyond Tk. Whole-head
 // (D × Tk) rows would put the D rows a block reads a multiple of 4 KiB apart — one L1 set for all of them.
+// Tokens go 16 at a time: their rows stay in L1 while each of the D output rows gets 16 contiguous floats
+// (a token-by-token loop scatters every token over D lines: measured 2.3 ns per float, 5% of a pass).
 void pack_transposed(const Plan& p, const float* src, const AttentionStrides& s, int64_t bh, float* dst) {
+  constexpr int64_t kTile = 16;
   const int64_t D = p.dims.D, T = p.dims.Tk;
   for (int64_t k0 = 0; k0 < p.Tk_pad; k0 += kBc) {
     float* block = dst + k0 * D;  // (k0 / kBc) · D · kBc
     const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
-    for (int64_t t = 0; t < cols; ++t) {
-      const float* r = p.row(src, s, bh, k0 + t);
-      for (int64_t d = 0; d < D; ++d) block[d * kBc + t] = r[d];
+    for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
+      const int64_t n = std::min(kTile, cols - t0);
+      const float* rows[kTile];
+      for (int64_t t = 0; t < n; ++t) rows[t] = p.row(src, s, bh, k0 + t0 + t);
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t t = 0; t < n; ++t) block[d * kBc + t0 + t] = rows[t][d];
     }
     for (int64_t d = 0; d < D; ++d) std::fill(block + d * kBc + cols, block + (d + 1) * kBc, 0.0f);
   }
@@ -425,7 +431,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     float* s = ws.s.get(static_cast<size_t>(kBr * kBc));
     float* acc = ws.o.get(static_cast<size_t>(kBr * Dp));
     std::fill_n(acc, rows * Dp, 0.0f);
-    float m[kBr], l[kBr];
+    float m[kBr], l[kBr], m_new[kBr], alpha[kBr];
     std::fill_n(m, rows, kNegInf);
     std::fill_n(l, rows, 0.0f);
     const int64_t key_end = p.visible(q0 + rows - 1);  // keys beyond this are masked for every row
@@ -434,6 +440,13 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
       const Trim columns = options.causal ? Trim::Columns : Trim::None, k_end = options.causal ? Trim::KEnd : Trim::None;
       const int64_t diag = q0 + p.offset - k0 + 1;  // local key c visible to local row r iff c < r + diag
       block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false, columns, diag);  // S = Qs Kᵀ
+      // The new running maxima, then every row's rescale factor e^(m − m') in one vector pass (e^−∞ = 0 for a
+      // row's first visible block): a scalar exp per row and block was 2–4% of the pass.
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
+        m_new[r] = valid == 0 ? m[r] : std::max(m[r], row_max(s + r * kBc, valid));
+      }
+      simd::exp_difference(m, m_new, alpha, rows);
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = s + r * kBc;
         const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
@@ -441,12 +454,10 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
           std::fill_n(sr, cols_pad, 0.0f);
           continue;
         }
-        const float m_new = std::max(m[r], row_max(sr, valid));
-        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
-        l[r] = l[r] * alpha + exp_row(sr, sr, valid, cols_pad, m_new);
+        l[r] = l[r] * alpha[r] + exp_row(sr, sr, valid, cols_pad, m_new[r]);
         if (p.dropout) apply_dropout_row(sr, valid, options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
-        if (alpha != 1.0f) scale_row(acc + r * Dp, Dp, alpha);
-        m[r] = m_new;
+        if (alpha[r] != 1.0f) scale_row(acc + r * Dp, Dp, alpha[r]);
+        m[r] = m_new[r];
       }
       block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true, k_end, diag);  // O += P V
     }
@@ -607,11 +618,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
 #pragma omp parallel for num_threads(p.threads()) schedule(static)
   for (int64_t row = 0; row < heads * dims.Tq; ++row) {
     const int64_t bh = row / dims.Tq, i = row % dims.Tq;
-    const float* a = p.row(d_o, layout.o, bh, i);
-    const float* b = p.row(o, layout.o, bh, i);
-    float acc = 0.0f;
-    for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
-    delta[row] = acc;
+    delta[row] = simd::dot(p.row(d_o, layout.o, bh, i), p.row(o, layout.o, bh, i), D);
   }
 
   // Per thread: the head's packs, the P and dS tiles, and up to two accumulators.

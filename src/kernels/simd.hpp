@@ -53,10 +53,12 @@ inline __m256 exp(__m256 x) {
 #endif
 
 #ifdef QKV_AVX512
-// The same e^x on 16 lanes, step for step, so each lane's bits equal the 8-lane version's.
+// The same e^x on 16 lanes, step for step, so each lane's bits equal the 8-lane version's. 2^n comes from
+// vscalefps instead of building the exponent bits (exact and equal wherever 2^n is a normal float, and n ≥ −116
+// wherever the result is not flushed), and the low clamp is left to the flush mask: 14 vector operations
+// instead of 18, which the attention softmax feels.
 inline __m512 exp(__m512 x) {
   const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFlushBelow), _CMP_LT_OQ);
-  x = _mm512_max_ps(_mm512_set1_ps(-87.33f), x);
   x = _mm512_min_ps(_mm512_set1_ps(88.37f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -69,8 +71,7 @@ inline __m512 exp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~tiny), p, _mm512_castsi512_ps(bits));
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~tiny), p, n);
 }
 #endif
 
@@ -108,6 +109,39 @@ inline uint32_t mix32(uint32_t h) {
   h ^= h >> 13;
   h *= 0xc2b2ae35u;
   return h ^ (h >> 16);
+}
+
+// Σ a[i]·b[i] in a fixed order on every x86 build with AVX2: two 8-lane chains over 16 elements at a time, then
+// the lanes, then the tail.
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float total = 0.0f;
+#ifdef QKV_AVX2
+  if (n >= 16) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    for (; i + 16 <= n; i += 16) {
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_add_ps(s0, s1));
+    for (float v : lanes) total += v;
+  }
+#endif
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// y[i] = e^(a[i] − b[i]) for i < n, flushed as exp is (e^−∞ = 0).
+inline void exp_difference(const float* a, const float* b, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef QKV_AVX512
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp(_mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i))));
+#endif
+#ifdef QKV_AVX2
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp(_mm256_sub_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i))));
+#endif
+  for (; i < n; ++i) y[i] = exp_flushed(a[i] - b[i]);
 }
 
 // y[j] = exp(x[j] − shift) for j < n (x and y may alias); returns Σ y.
