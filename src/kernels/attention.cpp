@@ -362,16 +362,25 @@ void pack_rows(const Plan& p, const float* src, const AttentionStrides& s, int64
   std::fill(dst + T * ld, dst + rows_pad * ld, 0.0f);
 }
 
+// One Workspace per thread, every buffer at its full size before the threads start (each Workspace has
+// reserve(plan, args…)). What a call holds is then the same whatever the schedule, so once the block cache has
+// seen one call, later calls take nothing fresh from the system, with any number of threads; and nothing is held
+// between calls or allocated inside the block loops.
+template <typename Workspace, typename... Args>
+std::vector<Workspace> workspaces(int threads, const Plan& p, Args... args) {
+  std::vector<Workspace> all(static_cast<size_t>(std::max(threads, 1)));
+  for (Workspace& w : all) w.reserve(p, args...);
+  return all;
+}
+
 // Items are (head, block) pairs ordered head-major; with a cyclic schedule every thread sees each head
 // as one run, so it packs each head once, and causal work (more keys for later blocks) balances.
-// Each thread gets its own Workspace for the call (allocated once, freed at the end: no memory is held
-// between calls, and none is allocated inside the block loops).
 template <typename Workspace, typename F>
-void parallel_items(int threads, int64_t heads, int64_t blocks, F&& body) {
+void parallel_items(std::vector<Workspace>& spaces, int64_t heads, int64_t blocks, F&& body) {
   const int64_t items = heads * blocks;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(static_cast<int>(spaces.size()))
   {
-    Workspace workspace;
+    Workspace& workspace = spaces[static_cast<size_t>(omp_get_thread_num())];
     int64_t packed_head = -1;
 #pragma omp for schedule(static, 1)
     for (int64_t item = 0; item < items; ++item) {
@@ -414,8 +423,16 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
   }
   struct Workspace {
     Scratch kt, v, q, s, o;
+    void reserve(const Plan& p) {
+      kt.get(static_cast<size_t>(p.dims.D * p.Tk_pad));
+      v.get(static_cast<size_t>(p.Tk_pad * p.Dp));
+      q.get(static_cast<size_t>(kBr * p.Dp));
+      s.get(static_cast<size_t>(kBr * kBc));
+      o.get(static_cast<size_t>(kBr * p.Dp));
+    }
   };
-  parallel_items<Workspace>(p.threads(), dims.B * dims.H, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
+  auto spaces = workspaces<Workspace>(p.threads(), p);
+  parallel_items(spaces, dims.B * dims.H, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
     float* kt = ws.kt.get(static_cast<size_t>(D * p.Tk_pad));
     float* vp = ws.v.get(static_cast<size_t>(p.Tk_pad * Dp));
     if (new_head) {
@@ -520,6 +537,12 @@ namespace {
 struct BackwardHead {
   Scratch kt_buf, vt_buf, k_buf, qs_buf, do_buf;
   float *kt, *vt, *kp, *qs, *dop;
+  void reserve(const Plan& p, bool need_k) {
+    const int64_t Tq_pad = round_up(p.dims.Tq, kBr);
+    for (Scratch* b : {&kt_buf, &vt_buf}) b->get(static_cast<size_t>(p.dims.D * p.Tk_pad));
+    for (Scratch* b : {&qs_buf, &do_buf}) b->get(static_cast<size_t>(Tq_pad * p.Dp));
+    if (need_k) k_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
+  }
   void pack(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bh, bool need_k) {
     const int64_t D = p.dims.D, Dp = p.Dp, Tq_pad = round_up(p.dims.Tq, kBr);
     kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
@@ -621,16 +644,23 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     delta[row] = simd::dot(p.row(d_o, layout.o, bh, i), p.row(o, layout.o, bh, i), D);
   }
 
-  // Per thread: the head's packs, the P and dS tiles, and up to two accumulators.
+  // Per thread: the head's packs, the P and dS tiles, up to two block accumulators, and with whole heads per
+  // thread the head's dQ accumulator.
   struct Workspace {
     BackwardHead head;
-    Scratch pz_buf, ds_buf, acc_a, acc_b;
+    Scratch pz_buf, ds_buf, acc_a, acc_b, dq_buf;
     float *pz, *ds;
+    void reserve(const Plan& p, bool whole_heads) {
+      head.reserve(p, true);
+      pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
+      ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
+      acc_a.get(static_cast<size_t>(std::max(kBc, kBr) * p.Dp));
+      acc_b.get(static_cast<size_t>(kBc * p.Dp));
+      if (whole_heads) dq_buf.get(static_cast<size_t>(round_up(p.dims.Tq, kBr) * p.Dp));
+    }
     void begin(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bh,
                bool new_head, bool need_k) {
       if (new_head) head.pack(p, q, k, v, d_o, bh, need_k);
-      pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
-      ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
     }
   };
 
@@ -639,13 +669,13 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   // of the two-pass scheme's seven — with dQ accumulated in the thread's own buffer for the head. A head is
   // computed by one thread from start to end, so the bits do not depend on the number of threads.
   const int threads = p.threads();
-  if (heads >= threads && (heads % threads == 0 || heads >= 4 * threads)) {
-    const int64_t Tq_pad = round_up(dims.Tq, kBr);
+  const bool whole_heads = heads >= threads && (heads % threads == 0 || heads >= 4 * threads);
+  auto spaces = workspaces<Workspace>(threads, p, whole_heads);
+  if (whole_heads) {
 #pragma omp parallel num_threads(threads)
     {
-      Workspace ws;
-      Scratch dq_buf;
-      float* dq_acc = dq_buf.get(static_cast<size_t>(Tq_pad * Dp));
+      Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
+      float* dq_acc = ws.dq_buf.get(static_cast<size_t>(round_up(dims.Tq, kBr) * Dp));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < heads; ++bh) {
         ws.begin(p, q, k, v, d_o, bh, true, true);
@@ -666,7 +696,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   }
 
   // Fewer heads than threads: two passes that split each head by blocks. Pass 1: dK and dV, one key block per item.
-  parallel_items<Workspace>(p.threads(), heads, p.k_blocks, [&](Workspace& ws, int64_t bh, int64_t kb, bool new_head) {
+  parallel_items(spaces, heads, p.k_blocks, [&](Workspace& ws, int64_t bh, int64_t kb, bool new_head) {
     ws.begin(p, q, k, v, d_o, bh, new_head, false);
     key_block_backward(p, ws.head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, kb * kBc, ws.pz, ws.ds,
                        ws.acc_a.get(static_cast<size_t>(kBc * Dp)), ws.acc_b.get(static_cast<size_t>(kBc * Dp)), nullptr,
@@ -674,7 +704,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   });
 
   // Pass 2: dQ, one query block per item.
-  parallel_items<Workspace>(p.threads(), heads, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
+  parallel_items(spaces, heads, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
     ws.begin(p, q, k, v, d_o, bh, new_head, true);
     const BackwardHead& head = ws.head;
     float *pz = ws.pz, *ds = ws.ds;
