@@ -243,6 +243,34 @@ float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
   return total;
 }
 
+// Without dropout, one pass per row of a backward tile: p[j] = exp(p[j] − lse) (S in, P out) and
+// g[j] = p[j]·(g[j] − di) (dO·Vᵀ in, dS out) for j < valid; both 0 from valid to n.
+void probabilities_and_dscores_row(float* p, float* g, int64_t valid, int64_t n, float lse, float di) {
+  int64_t j = 0;
+#ifdef QKV_AVX512
+  const __m512 l16 = _mm512_set1_ps(lse), d16 = _mm512_set1_ps(di);
+  for (; j + 16 <= valid; j += 16) {
+    const __m512 e = simd::exp(_mm512_sub_ps(_mm512_loadu_ps(p + j), l16));
+    _mm512_storeu_ps(p + j, e);
+    _mm512_storeu_ps(g + j, _mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(g + j), d16)));
+  }
+#endif
+#ifdef QKV_AVX2
+  const __m256 l8 = _mm256_set1_ps(lse), d8 = _mm256_set1_ps(di);
+  for (; j + 8 <= valid; j += 8) {
+    const __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(p + j), l8));
+    _mm256_storeu_ps(p + j, e);
+    _mm256_storeu_ps(g + j, _mm256_mul_ps(e, _mm256_sub_ps(_mm256_loadu_ps(g + j), d8)));
+  }
+#endif
+  for (; j < valid; ++j) {
+    p[j] = simd::exp_flushed(p[j] - lse);
+    g[j] = p[j] * (g[j] - di);
+  }
+  std::fill(p + valid, p + n, 0.0f);
+  std::fill(g + valid, g + n, 0.0f);
+}
+
 float row_max(const float* x, int64_t n) {
   float m = kNegInf;
   int64_t j = 0;
@@ -574,16 +602,15 @@ void probabilities_and_dscores(const Plan& p, const BackwardHead& h, const float
     float* pr = pz + r * kBc;
     float* dr = ds + r * kBc;
     const int64_t valid = std::clamp<int64_t>(p.visible(i) - k0, 0, cols);
-    exp_row(pr, pr, valid, cols_pad, lse_head[i]);  // P = exp(S − lse)
-    if (p.dropout) {
-      apply_dropout_row(dr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // G ∘ Z
-      const float di = delta_head[i];
-      for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - di);
-      apply_dropout_row(pr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // P ∘ Z for dV
-    } else {
-      const float di = delta_head[i];
-      for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - di);
+    if (!p.dropout) {  // P = exp(S − lse), dS = P ∘ (G − Di)
+      probabilities_and_dscores_row(pr, dr, valid, cols_pad, lse_head[i], delta_head[i]);
+      continue;
     }
+    exp_row(pr, pr, valid, cols_pad, lse_head[i]);  // P = exp(S − lse)
+    apply_dropout_row(dr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // G ∘ Z
+    const float di = delta_head[i];
+    for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - di);
+    apply_dropout_row(pr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // P ∘ Z for dV
     std::fill(dr + valid, dr + cols_pad, 0.0f);
   }
 }
