@@ -1,5 +1,8 @@
 // Kernels against their plain scalar references.
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <vector>
 
 #include "helpers.hpp"
 #include "qkv/kernels.hpp"
@@ -84,6 +87,34 @@ TEST(Kernels, SoftmaxMatchesReferenceAndSumsToOne) {
     double s = 0;
     for (int j = 0; j < 13; ++j) s += y.at({i, j});
     EXPECT_NEAR(s, 1.0, 1e-6);
+  }
+}
+
+// The vector e^x behind softmax, cross-entropy and attention: 16-lane (AVX-512) and 8-lane (AVX2) code give the same
+// bits for the same input, it is accurate to a few ulp over the range that is not flushed, and below e^−80 it is
+// exactly 0. A row of 40 covers both widths on an AVX-512 build: elements 0–31 in 16 lanes, 32–39 in 8.
+TEST(Kernels, SoftmaxExpIsTheSameInEveryVectorWidthAndAccurate) {
+  std::vector<float> x(40);
+  for (int j = 0; j < 8; ++j) {
+    const float v = -79.5f + 11.3f * static_cast<float>(j) + 0.0137f * static_cast<float>(j * j);
+    x[j] = x[j + 16] = x[j + 32] = v;
+    x[j + 8] = x[j + 24] = -200.0f + static_cast<float>(j);  // flushed: far below the row's max
+  }
+  Tensor y = Tensor::empty({1, 40}), r = Tensor::empty({1, 40});
+  kernels::softmax_rows(x.data(), y.data(), 1, 40);
+  kernels::softmax_rows_reference(x.data(), r.data(), 1, 40);
+  for (int j = 0; j < 8; ++j) {
+    EXPECT_EQ(y.data()[j], y.data()[j + 16]) << j;
+    EXPECT_EQ(y.data()[j], y.data()[j + 32]) << j;
+    EXPECT_EQ(y.data()[j + 8], 0.0f) << j;
+  }
+  // Relative error: a few ulp, plus what rounding x − max to float costs (|x − max| · 2⁻²⁴), which the double
+  // reference does not pay.
+  const float max_value = *std::max_element(x.begin(), x.end());
+  for (int j = 0; j < 40; ++j) {
+    if (r.data()[j] < 1e-34f) continue;  // flushed here, a denormal-free tiny number there
+    const double tolerance = 5e-7 + std::fabs(x[j] - max_value) * 6e-8;
+    EXPECT_NEAR(y.data()[j] / r.data()[j], 1.0, tolerance) << j << ": " << y.data()[j] << " vs " << r.data()[j];
   }
 }
 
