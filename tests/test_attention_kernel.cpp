@@ -86,15 +86,18 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedVsReference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return name(info.param); });
 
-TEST(FusedAttention, SameBitsForAnyThreadCount) {
-  const kernels::AttentionDims d{2, 3, 150, 150, 32};
-  const kernels::AttentionLayout layout{kernels::AttentionStrides::btc(d, 150), kernels::AttentionStrides::btc(d, 150),
-                                        kernels::AttentionStrides::btc(d, 150), kernels::AttentionStrides::btc(d, 150)};
-  const Tensor q = random_tensor({2 * 150 * 96}, 1), k = random_tensor({2 * 150 * 96}, 2), v = random_tensor({2 * 150 * 96}, 3);
+// Few heads (items go round-robin between threads, and the backward splits heads into blocks) and many heads (each
+// thread takes a contiguous run of heads), with and without dropout.
+void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int64_t D, float dropout) {
+  const kernels::AttentionDims d{B, H, T, T, D};
+  const auto strides = kernels::AttentionStrides::btc(d, T);
+  const kernels::AttentionLayout layout{strides, strides, strides, strides};
+  const int64_t n = B * T * H * D;
+  const Tensor q = random_tensor({n}, 1), k = random_tensor({n}, 2), v = random_tensor({n}, 3);
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
-    kernels::AttentionOptions options{.causal = true, .dropout_p = 0.1f, .seed = 9, .threads = threads};
-    Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({900}), dq = Tensor::empty(q.shape()),
+    kernels::AttentionOptions options{.causal = true, .dropout_p = dropout, .seed = 9, .threads = threads};
+    Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
            dk = Tensor::empty(q.shape()), dv = Tensor::empty(q.shape());
     kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
     kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(),
@@ -103,8 +106,13 @@ TEST(FusedAttention, SameBitsForAnyThreadCount) {
     for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
     results.push_back(all);
   }
-  EXPECT_EQ(results[0], results[1]);
-  EXPECT_EQ(results[0], results[2]);
+  EXPECT_EQ(results[0], results[1]) << B << "x" << H << " heads, T " << T;
+  EXPECT_EQ(results[0], results[2]) << B << "x" << H << " heads, T " << T;
+}
+
+TEST(FusedAttention, SameBitsForAnyThreadCount) {
+  expect_same_bits_for_any_thread_count(2, 3, 150, 32, 0.1f);
+  expect_same_bits_for_any_thread_count(2, 12, 100, 16, 0.0f);
 }
 
 TEST(FusedAttention, DropoutKeepsAboutOneMinusP) {
