@@ -89,6 +89,10 @@ struct Avx2Lanes {
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V exp(V x) { return simd::exp(x); }
 };
 #ifdef QKV_AVX512
 // 8 rows × 32 columns: the inner loop is 2 loads, 8 broadcasts and 16 FMAs, so the two FMA ports, not the load
@@ -101,6 +105,10 @@ struct Avx512Lanes {
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V exp(V x) { return simd::exp(x); }
 };
 constexpr int kMR512 = Avx512Lanes::kMaxRows;
 #endif
@@ -243,25 +251,29 @@ float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
   return total;
 }
 
+#ifdef QKV_AVX2
+// The vector part of probabilities_and_dscores_row in L's lanes, from j on; returns where it stopped.
+template <typename L>
+int64_t probabilities_and_dscores_lanes(float* p, float* g, int64_t j, int64_t valid, float lse, float di) {
+  const typename L::V l = L::set1(lse), d = L::set1(di);
+  for (; j + L::kLanes <= valid; j += L::kLanes) {
+    const typename L::V e = L::exp(L::sub(L::load(p + j), l));
+    L::store(p + j, e);
+    L::store(g + j, L::mul(e, L::sub(L::load(g + j), d)));
+  }
+  return j;
+}
+#endif
+
 // Without dropout, one pass per row of a backward tile: p[j] = exp(p[j] − lse) (S in, P out) and
 // g[j] = p[j]·(g[j] − di) (dO·Vᵀ in, dS out) for j < valid; both 0 from valid to n.
 void probabilities_and_dscores_row(float* p, float* g, int64_t valid, int64_t n, float lse, float di) {
   int64_t j = 0;
 #ifdef QKV_AVX512
-  const __m512 l16 = _mm512_set1_ps(lse), d16 = _mm512_set1_ps(di);
-  for (; j + 16 <= valid; j += 16) {
-    const __m512 e = simd::exp(_mm512_sub_ps(_mm512_loadu_ps(p + j), l16));
-    _mm512_storeu_ps(p + j, e);
-    _mm512_storeu_ps(g + j, _mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(g + j), d16)));
-  }
+  j = probabilities_and_dscores_lanes<Avx512Lanes>(p, g, j, valid, lse, di);
 #endif
 #ifdef QKV_AVX2
-  const __m256 l8 = _mm256_set1_ps(lse), d8 = _mm256_set1_ps(di);
-  for (; j + 8 <= valid; j += 8) {
-    const __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(p + j), l8));
-    _mm256_storeu_ps(p + j, e);
-    _mm256_storeu_ps(g + j, _mm256_mul_ps(e, _mm256_sub_ps(_mm256_loadu_ps(g + j), d8)));
-  }
+  j = probabilities_and_dscores_lanes<Avx2Lanes>(p, g, j, valid, lse, di);
 #endif
   for (; j < valid; ++j) {
     p[j] = simd::exp_flushed(p[j] - lse);
