@@ -34,9 +34,10 @@ void cross_entropy_backward_reference(const float* logits, const int64_t* target
 // logits = x Wᵀ + b for a block of rows, their loss, and — when dx, dweight or dbias is given — the gradient of the
 // mean loss, dlogits = (softmax − onehot(target)) / counted, turned at once into dx (N, C) = dlogits W,
 // dweight (V, C) = Σ dlogitsᵀ x and dbias (V) = Σ dlogits (each overwritten, any of them may be null). So the
-// (N, V) logits never exist whole: one block of rows (`block_rows`; 0 picks max(64 MiB of logits, C rows)) is computed,
-// soft-maxed in place and used while it is hot. Rows whose target is ignore_index count in neither loss nor
-// mean; a target outside [0, V) is reported through bad_row (its index, else −1) before anything is computed.
+// (N, V) logits never exist whole: one block of rows (`block_rows`; 0 picks 64 MiB of logits, or C rows up to
+// 256 MiB) is computed, soft-maxed in place and used while it is hot. Rows whose target is ignore_index count in
+// neither loss nor mean; a target outside [0, V) is reported through bad_row (its index, else −1) before anything
+// is computed.
 struct CrossEntropySum {
   double total = 0.0;    // Σ over counted rows of logsumexp(z) − z[target]
   int64_t counted = 0;
