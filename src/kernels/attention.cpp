@@ -497,6 +497,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     float* acc = ws.o.get(static_cast<size_t>(kBr * Dp));
     std::fill_n(acc, rows * Dp, 0.0f);
     float m[kBr], l[kBr], m_new[kBr], alpha[kBr];
+    int64_t valid[kBr];  // keys of the current block each row sees
     std::fill_n(m, rows, kNegInf);
     std::fill_n(l, rows, 0.0f);
     const int64_t key_end = p.visible(q0 + rows - 1);  // keys beyond this are masked for every row
@@ -508,19 +509,18 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
       // The new running maxima, then every row's rescale factor e^(m − m') in one vector pass (e^−∞ = 0 for a
       // row's first visible block): a scalar exp per row and block was 2–4% of the pass.
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
-        m_new[r] = valid == 0 ? m[r] : std::max(m[r], row_max(s + r * kBc, valid));
+        valid[r] = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
+        m_new[r] = valid[r] == 0 ? m[r] : std::max(m[r], row_max(s + r * kBc, valid[r]));
       }
       simd::exp_difference(m, m_new, alpha, rows);
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = s + r * kBc;
-        const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
-        if (valid == 0) {
+        if (valid[r] == 0) {
           std::fill_n(sr, cols_pad, 0.0f);
           continue;
         }
-        l[r] = l[r] * alpha[r] + exp_row(sr, sr, valid, cols_pad, m_new[r]);
-        if (p.dropout) apply_dropout_row(sr, valid, options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
+        l[r] = l[r] * alpha[r] + exp_row(sr, sr, valid[r], cols_pad, m_new[r]);
+        if (p.dropout) apply_dropout_row(sr, valid[r], options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
         if (alpha[r] != 1.0f) scale_row(acc + r * Dp, Dp, alpha[r]);
         m[r] = m_new[r];
       }
