@@ -29,6 +29,33 @@ TEST(Kernels, GemmWithEmptyInnerDimensionScalesC) {
   EXPECT_TRUE(all_close(C, Tensor::full({2, 2}, 1.5f)));
 }
 
+// Denormals::Flush: products whose terms fall below float's smallest normal give 0 instead of denormals, on every
+// thread of the product; normal products keep their bits; and each thread's own mode is back afterwards.
+TEST(Kernels, GemmFlushesDenormalsOnlyWhenAskedAndRestoresTheMode) {
+  const int64_t M = 256, N = 256, K = 64;  // 8 MFLOP: split between threads when there are several
+  const float tiny = 1e-36f, small = 1e-4f;  // tiny · small = 1e-40, a denormal
+  std::vector<float> A(static_cast<size_t>(M * K), tiny), B(static_cast<size_t>(K * N), small);
+  std::vector<float> keep(static_cast<size_t>(M * N)), flushed(keep.size());
+  const int before = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, flushed.data(), N, kernels::Denormals::Flush);
+    kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, keep.data(), N);
+    for (size_t i = 0; i < keep.size(); ++i) {
+      ASSERT_EQ(flushed[i], 0.0f) << "threads " << threads << " element " << i;
+      ASSERT_GT(keep[i], 0.0f) << "the mode leaked into a later product: threads " << threads << " element " << i;
+      ASSERT_LT(keep[i], std::numeric_limits<float>::min());
+    }
+    volatile float x = tiny;  // the calling thread's own arithmetic keeps its denormals too
+    EXPECT_GT(x * small, 0.0f);
+  }
+  set_num_threads(before);
+  const Tensor a = random_tensor({M, K}, 4), b = random_tensor({K, N}, 5);  // normal values: the same bits either way
+  kernels::gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, flushed.data(), N, kernels::Denormals::Flush);
+  kernels::gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, keep.data(), N);
+  EXPECT_EQ(flushed, keep);
+}
+
 // Probabilities far below float's precision come out as exact zeros, never denormals (which made every later
 // product ~100× slower: a tied GPT-2 head at random init trained 15× slower).
 TEST(Kernels, SoftmaxAndCrossEntropyLeaveNoDenormals) {

@@ -3,6 +3,9 @@
 
 #include <cblas.h>
 #include <omp.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 
@@ -19,8 +22,37 @@ const bool g_blas_single_threaded = [] {
   return true;
 }();
 
+// FTZ and DAZ set in this thread's MXCSR while it lives (Denormals::Flush), the caller's mode restored after.
+class DenormalMode {
+ public:
+  explicit DenormalMode(Denormals mode) {
+#if defined(__SSE__)
+    if (mode == Denormals::Flush) {
+      saved_ = _mm_getcsr();
+      _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero);
+      changed_ = true;
+    }
+#else
+    (void)mode;
+#endif
+  }
+  ~DenormalMode() {
+#if defined(__SSE__)
+    if (changed_) _mm_setcsr(saved_);
+#endif
+  }
+  DenormalMode(const DenormalMode&) = delete;
+  DenormalMode& operator=(const DenormalMode&) = delete;
+
+ private:
+  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  unsigned saved_ = 0;
+  bool changed_ = false;
+};
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Denormals denormals) {
+  const DenormalMode mode(denormals);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
@@ -29,7 +61,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Denormals denormals) {
   (void)g_blas_single_threaded;
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS leaves C alone only when beta == 1; make the empty sum explicit
@@ -40,7 +72,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const double flops = 2.0 * static_cast<double>(M) * N * K;
   if (threads <= 1 || flops < 4e6) {
-    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, denormals);
     return;
   }
   // Split the longer side of C into equal slices, rounded to 16 so the micro-kernels stay full.
@@ -53,10 +85,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     const int64_t begin = s * slice, count = std::min(slice, extent - begin);
     if (by_rows) {  // rows [begin, begin + count) of C and of op(A)
       const float* a = trans_a ? A + begin : A + begin * lda;
-      sgemm(trans_a, trans_b, count, N, K, alpha, a, lda, B, ldb, beta, C + begin * ldc, ldc);
+      sgemm(trans_a, trans_b, count, N, K, alpha, a, lda, B, ldb, beta, C + begin * ldc, ldc, denormals);
     } else {        // columns [begin, begin + count) of C and of op(B)
       const float* b = trans_b ? B + begin * ldb : B + begin;
-      sgemm(trans_a, trans_b, M, count, K, alpha, A, lda, b, ldb, beta, C + begin, ldc);
+      sgemm(trans_a, trans_b, M, count, K, alpha, A, lda, b, ldb, beta, C + begin, ldc, denormals);
     }
   }
 }

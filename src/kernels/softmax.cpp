@@ -191,8 +191,10 @@ CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const 
       zr[t] -= scale;
     }
     if (!grad) continue;
-    if (dx) gemm(false, false, rows, C, V, 1.0f, z, V, weight, C, 0.0f, dx + r0 * C, C);  // dx = dz W
-    if (dweight) gemm(true, false, V, C, rows, 1.0f, z, V, x + r0 * C, C, r0 == 0 ? 0.0f : 1.0f, dweight, C);  // += dzᵀ x
+    // dz holds probabilities down to 1.2e-38; their products with small weights would be denormals (gemm.hpp).
+    const Denormals flush = Denormals::Flush;
+    if (dx) gemm(false, false, rows, C, V, 1.0f, z, V, weight, C, 0.0f, dx + r0 * C, C, flush);  // dx = dz W
+    if (dweight) gemm(true, false, V, C, rows, 1.0f, z, V, x + r0 * C, C, r0 == 0 ? 0.0f : 1.0f, dweight, C, flush);  // += dzᵀ x
     if (dbias) add_column_sums(z, dbias, rows, V);
   }
   for (int64_t r = 0; r < N; ++r) out.total += row_loss[static_cast<size_t>(r)];
