@@ -5,6 +5,7 @@
 //            both run.
 //   Ops:     every differentiable op against central differences (the loss summed in double).
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "helpers.hpp"
@@ -197,7 +198,13 @@ std::vector<KernelCase> kernel_cases() {
                      std::vector<float> want = dx.copy();
                      gelu_backward(x.data(), g.data(), dx.data(), n);
                      gelu_backward_reference(x.data(), g.data(), want.data(), n);
-                     return close(dx.data(), want.data(), n, 1e-5, 5e-6);  // 1 + t cancels for x ≪ 0
+                     if (auto ok = close(dx.data(), want.data(), n, 1e-5, 5e-6); !ok) return ok;  // 1 + t cancels for x ≪ 0
+                     // Writing instead of adding: whatever dx held (NaN here) is gone.
+                     std::fill_n(dx.data(), n, std::numeric_limits<float>::quiet_NaN());
+                     std::fill(want.begin(), want.end(), 0.0f);
+                     gelu_backward(x.data(), g.data(), dx.data(), n, /*accumulate=*/false);
+                     gelu_backward_reference(x.data(), g.data(), want.data(), n);
+                     return close(dx.data(), want.data(), n, 1e-5, 5e-6);
                    }});
   cases.push_back({"layer_norm forward and backward", [](int64_t n, int m) {
                      const int64_t rows = 5, C = n + 1;
@@ -211,7 +218,14 @@ std::vector<KernelCase> kernel_cases() {
                      layer_norm_backward_reference(x.data(), w.data(), g.data(), dx_want.data(), dw_want.data(), db_want.data(), rows, C, 1e-5f);
                      if (auto ok = close(dx.data(), dx_want.data(), rows * C, 1e-3, 1e-4); !ok) return ok;
                      if (auto ok = close(dw.data(), dw_want.data(), C, 1e-4, 1e-5); !ok) return ok;
-                     return close(db.data(), db_want.data(), C, 1e-5, 1e-6);
+                     if (auto ok = close(db.data(), db_want.data(), C, 1e-5, 1e-6); !ok) return ok;
+                     // Writing dx instead of adding: whatever it held (NaN here) is gone.
+                     std::fill_n(dx.data(), rows * C, std::numeric_limits<float>::quiet_NaN());
+                     std::fill(dx_want.begin(), dx_want.end(), 0.0f);
+                     layer_norm_backward(x.data(), w.data(), mean.data(), rstd.data(), g.data(), dx.data(), nullptr, nullptr,
+                                         rows, C, /*accumulate=*/false);
+                     layer_norm_backward_reference(x.data(), w.data(), g.data(), dx_want.data(), nullptr, nullptr, rows, C, 1e-5f);
+                     return close(dx.data(), dx_want.data(), rows * C, 1e-3, 1e-4);
                    }});
   cases.push_back({"embedding backward", [](int64_t n, int m) {
                      const int64_t V = 7, C = n + 1;

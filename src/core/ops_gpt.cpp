@@ -53,8 +53,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& scale, const Tensor& shift, flo
   kernels::layer_norm_forward(x.data(), scale.data(), shift.data(), out.data(), mean.data(), rstd.data(), rows, C, eps);
   if (detail::needs_grad({&x, &scale, &shift})) {
     detail::record(out, "LayerNormBackward", {x, scale, shift}, [x, scale, shift, mean, rstd, rows, C](const Tensor& dout) {
-      kernels::layer_norm_backward(x.data(), scale.data(), mean.data(), rstd.data(), dout.data(), detail::grad_buffer(x),
-                                   detail::grad_buffer(scale), detail::grad_buffer(shift), rows, C);
+      const auto dx = detail::grad_target(x);
+      kernels::layer_norm_backward(x.data(), scale.data(), mean.data(), rstd.data(), dout.data(), dx.data,
+                                   detail::grad_buffer(scale), detail::grad_buffer(shift), rows, C, dx.accumulate);
     });
   }
   return out;
@@ -66,7 +67,8 @@ Tensor gelu(const Tensor& x) {
   kernels::gelu_forward(x.data(), out.data(), x.numel());
   if (detail::needs_grad({&x})) {
     detail::record(out, "GeluBackward", {x}, [x](const Tensor& dout) {
-      kernels::gelu_backward(x.data(), dout.data(), detail::grad_buffer(x), x.numel());
+      if (const auto dx = detail::grad_target(x); dx.data)
+        kernels::gelu_backward(x.data(), dout.data(), dx.data, x.numel(), dx.accumulate);
     });
   }
   return out;

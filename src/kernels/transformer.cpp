@@ -17,6 +17,22 @@ namespace qkv::kernels {
 namespace {
 constexpr float kK = 0.7978845608028654f, kC = 0.044715f;
 constexpr int64_t kChunkRows = 64;  // reduction chunk for dscale/dshift: independent of the thread count
+
+// Σ f(c) over c < n in float: element c goes to accumulator c mod 16, and the 16 are added pairwise at the end.
+// Independent chains let the compiler vectorise the loop (one running sum is one 4-cycle add per element:
+// measured a third of the layer norm backward); the order is fixed, so every build and thread count agrees.
+template <typename F>
+float lane_sum(int64_t n, F&& f) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += f(c + k);
+  for (int k = 0; c < n; ++c, ++k) acc[k] += f(c);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
+  return acc[0];
+}
 }  // namespace
 
 void gelu_reference(const float* x, float* y, int64_t n) {
@@ -53,7 +69,7 @@ void gelu_forward(const float* x, float* y, int64_t n) {
   });
 }
 
-void gelu_backward(const float* x, const float* g, float* dx, int64_t n) {
+void gelu_backward(const float* x, const float* g, float* dx, int64_t n, bool accumulate) {
   for_blocks(n, [&](int64_t i, int64_t end) {
 #ifdef QKV_AVX2
     const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
@@ -65,14 +81,15 @@ void gelu_backward(const float* x, const float* g, float* dx, int64_t n) {
       const __m256 sech2 = _mm256_fnmadd_ps(t, t, one);
       const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(kK), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kC), v2, one));
       const __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, v), sech2), inner, left);
-      _mm256_storeu_ps(dx + i, _mm256_fmadd_ps(_mm256_loadu_ps(g + i), d, _mm256_loadu_ps(dx + i)));
+      const __m256 prior = accumulate ? _mm256_loadu_ps(dx + i) : _mm256_setzero_ps();
+      _mm256_storeu_ps(dx + i, _mm256_fmadd_ps(_mm256_loadu_ps(g + i), d, prior));
     }
 #endif
     for (; i < end; ++i) {
       const float v = x[i];
       const float t = std::tanh(kK * (v + kC * v * v * v));
       const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kK * (1.0f + 3.0f * kC * v * v);
-      dx[i] += g[i] * d;
+      dx[i] = (accumulate ? dx[i] : 0.0f) + g[i] * d;
     }
   });
 }
@@ -93,12 +110,8 @@ void layer_norm_forward(const float* x, const float* scale, const float* shift, 
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * C;
-    float m = 0.0f;
-    for (int64_t c = 0; c < C; ++c) m += xr[c];
-    m /= static_cast<float>(C);
-    float v = 0.0f;
-    for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
-    v /= static_cast<float>(C);
+    const float m = lane_sum(C, [&](int64_t c) { return xr[c]; }) / static_cast<float>(C);
+    const float v = lane_sum(C, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / static_cast<float>(C);
     const float s = 1.0f / std::sqrt(v + eps);
     for (int64_t c = 0; c < C; ++c) y[r * C + c] = (xr[c] - m) * s * scale[c] + shift[c];
     mean[r] = m;
@@ -107,23 +120,20 @@ void layer_norm_forward(const float* x, const float* scale, const float* shift, 
 }
 
 void layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dy,
-                         float* dx, float* dscale, float* dshift, int64_t rows, int64_t C) {
+                         float* dx, float* dscale, float* dshift, int64_t rows, int64_t C, bool accumulate) {
   if (dx) {
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * C;
       const float* gr = dy + r * C;
-      float mean_d = 0.0f, mean_dx = 0.0f;
+      const float mu = mean[r], s = rstd[r];
+      const float mean_d = lane_sum(C, [&](int64_t c) { return gr[c] * scale[c]; }) / static_cast<float>(C);
+      const float mean_dx =
+          lane_sum(C, [&](int64_t c) { return gr[c] * scale[c] * (xr[c] - mu) * s; }) / static_cast<float>(C);
+      float* dxr = dx + r * C;
       for (int64_t c = 0; c < C; ++c) {
-        const float d = gr[c] * scale[c];
-        mean_d += d;
-        mean_dx += d * (xr[c] - mean[r]) * rstd[r];
-      }
-      mean_d /= static_cast<float>(C);
-      mean_dx /= static_cast<float>(C);
-      for (int64_t c = 0; c < C; ++c) {
-        const float xhat = (xr[c] - mean[r]) * rstd[r];
-        dx[r * C + c] += rstd[r] * (gr[c] * scale[c] - mean_d - xhat * mean_dx);
+        const float xhat = (xr[c] - mu) * s;
+        dxr[c] = (accumulate ? dxr[c] : 0.0f) + s * (gr[c] * scale[c] - mean_d - xhat * mean_dx);
       }
     }
   }

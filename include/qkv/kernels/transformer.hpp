@@ -11,10 +11,11 @@ namespace qkv::kernels {
 // mean and rstd (rows) are saved for the backward pass.
 void layer_norm_forward(const float* x, const float* scale, const float* shift, float* y, float* mean, float* rstd,
                         int64_t rows, int64_t C, float eps);
-// With d = dy·scale (llm.c's derivation): dx += rstd · (d − mean(d) − x̂ · mean(d · x̂));
-// dscale += Σ_rows dy·x̂;  dshift += Σ_rows dy. Any of dx, dscale, dshift may be null.
+// With d = dy·scale (llm.c's derivation): dx += rstd · (d − mean(d) − x̂ · mean(d · x̂)) (dx = … when not
+// accumulate: a fresh gradient needs no zeroing pass); dscale += Σ_rows dy·x̂;  dshift += Σ_rows dy. Any of dx,
+// dscale, dshift may be null.
 void layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dy,
-                         float* dx, float* dscale, float* dshift, int64_t rows, int64_t C);
+                         float* dx, float* dscale, float* dshift, int64_t rows, int64_t C, bool accumulate = true);
 void layer_norm_forward_reference(const float* x, const float* scale, const float* shift, float* y, int64_t rows,
                                   int64_t C, float eps);
 void layer_norm_backward_reference(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
@@ -27,9 +28,10 @@ void embedding_forward(const float* weight, const int64_t* ids, int64_t n, int64
 void embedding_backward(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight);
 void embedding_backward_reference(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight);
 
-// GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))). gelu_backward adds g · GELU'(x) into dx.
+// GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))). gelu_backward adds g · GELU'(x) into dx, or with
+// accumulate false writes it there.
 void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* x, const float* g, float* dx, int64_t n);
+void gelu_backward(const float* x, const float* g, float* dx, int64_t n, bool accumulate = true);
 void gelu_reference(const float* x, float* y, int64_t n);
 void gelu_backward_reference(const float* x, const float* g, float* dx, int64_t n);
 
