@@ -30,6 +30,17 @@ TEST(Tape, GradientsAccumulateWhenATensorIsUsedTwice) {
   EXPECT_TRUE(all_close(x.grad(), Tensor::zeros({2})));
 }
 
+// Both operands one tensor, its gradient fresh: the first is written and the second added to it, never the
+// second written over the first.
+TEST(Tape, AnOpWhoseOperandsAreOneTensorGetsBothContributions) {
+  using Op = Tensor (*)(const Tensor&, const Tensor&);
+  for (auto [op, want] : {std::pair<Op, float>{&add, 2.0f}, {&sub, 0.0f}, {&mul, 6.0f}}) {
+    Tensor x = Tensor::from({3.0f, 3.0f}, {2}).requires_grad_();
+    sum(op(x, x)).backward();
+    EXPECT_TRUE(all_close(x.grad(), Tensor::full({2}, want))) << x.grad().values()[0] << " instead of " << want;
+  }
+}
+
 TEST(Tape, ASecondBackwardThroughAFreedGraphIsAnError) {
   Tensor x = Tensor::from({2.0f}, {1}).requires_grad_();
   Tensor y = sum(mul(x, x));

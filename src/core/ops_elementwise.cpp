@@ -68,8 +68,8 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
   if (detail::needs_grad({&a, &b})) {
     static constexpr const char* kNames[] = {"AddBackward", "SubBackward", "MulBackward", "DivBackward"};
     detail::record(out, kNames[static_cast<int>(op)], {a, b}, [a, b, op, view](const Tensor& dout) {
-      kernels::binary_backward(op, view, a.data(), b.data(), dout.data(), detail::grad_buffer(a),
-                               detail::grad_buffer(b));
+      const auto da = detail::grad_target(a), db = detail::grad_target(b);
+      kernels::binary_backward(op, view, a.data(), b.data(), dout.data(), da.data, db.data, da.accumulate, db.accumulate);
     });
   }
   return out;

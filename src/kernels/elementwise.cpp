@@ -26,6 +26,14 @@ bool contiguous(const std::array<int64_t, 4>& stride, const std::array<int64_t, 
   return true;
 }
 
+// Elements of an operand seen through strides: the output's dims it is not stretched over.
+int64_t operand_size(const std::array<int64_t, 4>& stride, const std::array<int64_t, 4>& dims) {
+  int64_t n = 1;
+  for (size_t i = 0; i < 4; ++i)
+    if (stride[i] != 0) n *= dims[i];
+  return n;
+}
+
 // b repeats a contiguous block of `inner` elements over the leading dimensions (a bias, a position table):
 // its strides are 0 for dims [0, split) and contiguous for [split, 4).
 int64_t suffix_block(const Broadcast& s) {
@@ -126,17 +134,21 @@ void binary_forward_reference(BinaryOp op, const Broadcast& s, const float* a, c
 
 namespace {
 template <BinaryOp op>
-void binary_backward_impl(const Broadcast& s, const float* a, const float* b, const float* g, float* da, float* db) {
+void binary_backward_impl(const Broadcast& s, const float* a, const float* b, const float* g, float* da, float* db,
+                          bool accumulate_a, bool accumulate_b) {
   const int64_t n = s.numel();
   const bool a_full = contiguous(s.a_stride, s.dims), b_full = contiguous(s.b_stride, s.dims);
-  if (a_full && b_full) {  // the common case (residual connections): one index, in parallel
+  if (a_full && b_full) {  // the common case (residual connections): one index, in parallel, one pass per gradient
 #pragma omp parallel for schedule(static) if (worth_parallel(n))
     for (int64_t i = 0; i < n; ++i) {
-      if (da) da[i] += grad_a(op, g[i], a[i], b[i]);
-      if (db) db[i] += grad_b(op, g[i], a[i], b[i]);
+      if (da) da[i] = (accumulate_a ? da[i] : 0.0f) + grad_a(op, g[i], a[i], b[i]);
+      if (db) db[i] = (accumulate_b ? db[i] : 0.0f) + grad_b(op, g[i], a[i], b[i]);
     }
     return;
   }
+  // The broadcasting paths add into their gradients: a written one starts from zero.
+  if (da && !accumulate_a) std::fill_n(da, operand_size(s.a_stride, s.dims), 0.0f);
+  if (db && !accumulate_b) std::fill_n(db, operand_size(s.b_stride, s.dims), 0.0f);
   const int64_t inner = a_full ? suffix_block(s) : 0;
   if (inner > 0 && (op == BinaryOp::Add || op == BinaryOp::Sub)) {  // residual + position table, bias
     const int64_t outer = n / inner;
@@ -166,8 +178,8 @@ void binary_forward(BinaryOp op, const Broadcast& s, const float* a, const float
 }
 
 void binary_backward(BinaryOp op, const Broadcast& s, const float* a, const float* b, const float* g, float* da,
-                     float* db) {
-  dispatch(op, [&](auto c) { binary_backward_impl<c()>(s, a, b, g, da, db); });
+                     float* db, bool accumulate_a, bool accumulate_b) {
+  dispatch(op, [&](auto c) { binary_backward_impl<c()>(s, a, b, g, da, db, accumulate_a, accumulate_b); });
 }
 
 void binary_backward_reference(BinaryOp op, const Broadcast& s, const float* a, const float* b, const float* g,

@@ -26,8 +26,9 @@ void binary_forward(BinaryOp op, const Broadcast& shape, const float* a, const f
 void binary_forward_reference(BinaryOp op, const Broadcast& shape, const float* a, const float* b, float* out);
 // da += ∂(a op b)/∂a · g and db += ∂(a op b)/∂b · g, summed over every position an operand was stretched
 // over (da or db may be null). Per element: add (g, g), sub (g, −g), mul (g·b, g·a), div (g/b, −g·a/b²).
+// With accumulate_a (or _b) false that gradient is written, not added to: a fresh one needs no zeroing.
 void binary_backward(BinaryOp op, const Broadcast& shape, const float* a, const float* b, const float* g, float* da,
-                     float* db);
+                     float* db, bool accumulate_a = true, bool accumulate_b = true);
 void binary_backward_reference(BinaryOp op, const Broadcast& shape, const float* a, const float* b, const float* g,
                                float* da, float* db);
 
