@@ -3,11 +3,10 @@
 
 #include <cblas.h>
 #include <omp.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
 
 #include <algorithm>
+
+#include "denormals.hpp"
 
 namespace qkv::kernels {
 
@@ -21,34 +20,6 @@ const bool g_blas_single_threaded = [] {
   openblas_set_num_threads(1);
   return true;
 }();
-
-// FTZ and DAZ set in this thread's MXCSR while it lives (Denormals::Flush), the caller's mode restored after.
-class DenormalMode {
- public:
-  explicit DenormalMode(Denormals mode) {
-#if defined(__SSE__)
-    if (mode == Denormals::Flush) {
-      saved_ = _mm_getcsr();
-      _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero);
-      changed_ = true;
-    }
-#else
-    (void)mode;
-#endif
-  }
-  ~DenormalMode() {
-#if defined(__SSE__)
-    if (changed_) _mm_setcsr(saved_);
-#endif
-  }
-  DenormalMode(const DenormalMode&) = delete;
-  DenormalMode& operator=(const DenormalMode&) = delete;
-
- private:
-  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
-  unsigned saved_ = 0;
-  bool changed_ = false;
-};
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Denormals denormals) {

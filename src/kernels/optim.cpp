@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "denormals.hpp"
 #include "parallel.hpp"
 
 namespace qkv::kernels {
@@ -13,15 +14,19 @@ namespace qkv::kernels {
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
   // One pass: each element's four values are read and written once; the loop vectorises (no branches). The
   // gradient scale is applied as the gradient is read (x · 1 = x, so an unclipped step is unchanged).
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t j = 0; j < n; ++j) {
-    const float gj = g[j] * s.grad_scale;
-    const float wj = w[j] * s.decay;
-    const float mj = m[j] * s.beta1 + s.one_minus_beta1 * gj;
-    const float vj = v[j] * s.beta2 + s.one_minus_beta2 * gj * gj;
-    m[j] = mj;
-    v[j] = vj;
-    w[j] = wj - s.step_size * (mj / (std::sqrt(vj) / s.bc2_sqrt + s.eps));
+#pragma omp parallel if (worth_parallel(n))
+  {
+    const DenormalMode flush(Denormals::Flush);  // see optim.hpp
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+      const float gj = g[j] * s.grad_scale;
+      const float wj = w[j] * s.decay;
+      const float mj = m[j] * s.beta1 + s.one_minus_beta1 * gj;
+      const float vj = v[j] * s.beta2 + s.one_minus_beta2 * gj * gj;
+      m[j] = mj;
+      v[j] = vj;
+      w[j] = wj - s.step_size * (mj / (std::sqrt(vj) / s.bc2_sqrt + s.eps));
+    }
   }
 }
 
@@ -37,15 +42,19 @@ void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_
 }
 
 void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& s) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t j = 0; j < n; ++j) {
-    float d = g[j] * s.grad_scale;
-    if (s.weight_decay != 0.0f) d += s.weight_decay * w[j];
-    if (buf) {
-      buf[j] = s.first ? d : buf[j] * s.momentum + s.keep * d;  // the first step copies d (PyTorch clones it)
-      d = s.nesterov ? d + s.momentum * buf[j] : buf[j];
+#pragma omp parallel if (worth_parallel(n))
+  {
+    const DenormalMode flush(Denormals::Flush);  // see optim.hpp
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+      float d = g[j] * s.grad_scale;
+      if (s.weight_decay != 0.0f) d += s.weight_decay * w[j];
+      if (buf) {
+        buf[j] = s.first ? d : buf[j] * s.momentum + s.keep * d;  // the first step copies d (PyTorch clones it)
+        d = s.nesterov ? d + s.momentum * buf[j] : buf[j];
+      }
+      w[j] -= s.lr * d;
     }
-    w[j] -= s.lr * d;
   }
 }
 

@@ -1,6 +1,12 @@
 // Optimiser updates and gradient-norm pieces over flat float arrays, beside scalar references. One pass over
 // parameter, gradient and state; parallel and vectorised, and elementwise, so the result does not depend on
 // the thread count.
+//
+// The updates run with denormals flushed (Denormals::Flush in gemm.hpp). Gradients of rarely seen rows (a tied
+// head's embedding rows for tokens no target names) get as small as 1e-30, so g² and then v sink below 1.2e-38;
+// every operation on such a value costs a microcode assist (measured: AdamW over GPT-2's 124M parameters went
+// 73 → 125 ms within three steps). What a flushed value could have changed is a step below lr·1.2e-38/eps, far
+// under the last bit of any weight bigger than 1e-25.
 #pragma once
 
 #include <cstdint>
