@@ -38,7 +38,8 @@ struct Shape4 {
   }
 };
 
-std::map<int, double> g_peak_gflops;  // threads → measured FMA peak
+std::map<int, double> g_peak_gflops;  // threads → measured FMA peak: the higher of a reading before and after
+double g_peak_seconds = 0.3;           // per reading
 
 
 // qkv runs OpenBLAS single-threaded and splits every GEMM between OpenMP threads itself.
@@ -191,6 +192,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
+    // Read again now: a VM's stolen time can only lower a reading, so the higher one is the machine's.
+    for (auto& [threads, peak] : g_peak_gflops) peak = std::max(peak, qkv::bench::measure_fma_peak(threads, g_peak_seconds));
     std::printf("\nSummary (medians): fused vs plain, same run. FMA peak measured here: 1 thread %.1f GFLOP/s, "
                 "2 threads %.1f GFLOP/s. Kernel ISA: %s\n",
                 g_peak_gflops[1], g_peak_gflops[2], qkv::kernels::attention_isa());
@@ -239,7 +242,8 @@ int main(int argc, char** argv) {
   // (4, 12, 1024, 64)). --cold-allocations measures that cost too.
   if (!cold) qkv::memory::set_block_cache_limit(int64_t{1} << 30);
 
-  for (int threads : {1, 2}) g_peak_gflops[threads] = qkv::bench::measure_fma_peak(threads, smoke ? 0.01 : 0.3);
+  if (smoke) g_peak_seconds = 0.01;
+  for (int threads : {1, 2}) g_peak_gflops[threads] = qkv::bench::measure_fma_peak(threads, g_peak_seconds);
 
   const std::vector<Shape4> shapes = smoke ? std::vector<Shape4>{{1, 2, 64, 16}}
                                            : std::vector<Shape4>{{8, 12, 256, 64}, {4, 12, 1024, 64},
