@@ -2,7 +2,7 @@
 """A GPT training step in qkv, PyTorch 1.13 and llm.c, side by side in one session: tokens/s, % of the machine's FMA
 peak in model FLOPs (6 × parameters + 12 × layers × width × T per token, as llm.c and PaLM count), and peak RSS.
 
-  /usr/bin/python3 tools/bench_gpt2_compare.py [--build build] [--steps 3] [--llmc DIR] [--configs a,b] [--markdown]
+  /usr/bin/python3 tools/bench_gpt2_compare.py [--build build] [--steps 3] [--llmc DIR] [--configs a,b] [--profile]
 
 Configurations: GPT-2 124M (tied head, dropout 0: llm.c's CPU setting) at (B=4, T=64), (B=8, T=256) and
 (B=1, T=1024), and `qkv train`'s default model (B=8, T=128, dropout 0.1). Threads: 1 and 2.
