@@ -17,22 +17,6 @@ namespace qkv::kernels {
 namespace {
 constexpr float kK = 0.7978845608028654f, kC = 0.044715f;
 constexpr int64_t kChunkRows = 64;  // reduction chunk for dscale/dshift: independent of the thread count
-
-// Σ f(c) over c < n in float: element c goes to accumulator c mod 16, and the 16 are added pairwise at the end.
-// Independent chains let the compiler vectorise the loop (one running sum is one 4-cycle add per element:
-// measured a third of the layer norm backward); the order is fixed, so every build and thread count agrees.
-template <typename F>
-float lane_sum(int64_t n, F&& f) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int k = 0; k < kLanes; ++k) acc[k] += f(c + k);
-  for (int k = 0; c < n; ++c, ++k) acc[k] += f(c);
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
-  return acc[0];
-}
 }  // namespace
 
 void gelu_reference(const float* x, float* y, int64_t n) {
@@ -110,8 +94,8 @@ void layer_norm_forward(const float* x, const float* scale, const float* shift, 
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * C;
-    const float m = lane_sum(C, [&](int64_t c) { return xr[c]; }) / static_cast<float>(C);
-    const float v = lane_sum(C, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / static_cast<float>(C);
+    const float m = simd::lane_sum<float>(C, [&](int64_t c) { return xr[c]; }) / static_cast<float>(C);
+    const float v = simd::lane_sum<float>(C, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / static_cast<float>(C);
     const float s = 1.0f / std::sqrt(v + eps);
     for (int64_t c = 0; c < C; ++c) y[r * C + c] = (xr[c] - m) * s * scale[c] + shift[c];
     mean[r] = m;
@@ -127,9 +111,9 @@ void layer_norm_backward(const float* x, const float* scale, const float* mean, 
       const float* xr = x + r * C;
       const float* gr = dy + r * C;
       const float mu = mean[r], s = rstd[r];
-      const float mean_d = lane_sum(C, [&](int64_t c) { return gr[c] * scale[c]; }) / static_cast<float>(C);
+      const float mean_d = simd::lane_sum<float>(C, [&](int64_t c) { return gr[c] * scale[c]; }) / static_cast<float>(C);
       const float mean_dx =
-          lane_sum(C, [&](int64_t c) { return gr[c] * scale[c] * (xr[c] - mu) * s; }) / static_cast<float>(C);
+          simd::lane_sum<float>(C, [&](int64_t c) { return gr[c] * scale[c] * (xr[c] - mu) * s; }) / static_cast<float>(C);
       float* dxr = dx + r * C;
       for (int64_t c = 0; c < C; ++c) {
         const float xhat = (xr[c] - mu) * s;
