@@ -24,8 +24,9 @@ namespace qkv::kernels::simd {
 
 // Σ f(i) over i < n, accumulated in Acc: element i goes to accumulator i mod 16 and the 16 are added pairwise at
 // the end. Independent chains let the compiler vectorise the loop (one running sum is one 4-cycle add per
-// element: measured a third of a layer norm's backward, and a 124M-gradient norm at 180 ms instead of 43); the
-// order is fixed, so every build and thread count gives the same bits.
+// element: measured a third of a layer norm's backward, and a 124M-gradient norm at 180 ms instead of 43). The
+// order is fixed, so any thread count gives the same bits, and so does every build with FMA (where f is a
+// product the compiler may fuse it into the add; in double, a product of two floats is exact either way).
 template <typename Acc, typename F>
 Acc lane_sum(int64_t n, F&& f) {
   constexpr int kLanes = 16;
@@ -37,6 +38,11 @@ Acc lane_sum(int64_t n, F&& f) {
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
   return acc[0];
+}
+
+// Σ a[i]·b[i], by lane_sum's fixed order.
+inline float dot(const float* a, const float* b, int64_t n) {
+  return lane_sum<float>(n, [&](int64_t i) { return a[i] * b[i]; });
 }
 
 #ifdef QKV_AVX2
@@ -126,27 +132,6 @@ inline uint32_t mix32(uint32_t h) {
   h ^= h >> 13;
   h *= 0xc2b2ae35u;
   return h ^ (h >> 16);
-}
-
-// Σ a[i]·b[i] in a fixed order on every x86 build with AVX2: two 8-lane chains over 16 elements at a time, then
-// the lanes, then the tail.
-inline float dot(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float total = 0.0f;
-#ifdef QKV_AVX2
-  if (n >= 16) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    for (; i + 16 <= n; i += 16) {
-      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, _mm256_add_ps(s0, s1));
-    for (float v : lanes) total += v;
-  }
-#endif
-  for (; i < n; ++i) total += a[i] * b[i];
-  return total;
 }
 
 // y[i] = e^(a[i] − b[i]) for i < n, flushed as exp is (e^−∞ = 0).
