@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/kernels/threads.hpp"
 #include "qkv/qkv.hpp"
 
 namespace qkv::test {
@@ -58,6 +59,18 @@ inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& 
                                                 << worst << ")" << report;
   return ::testing::AssertionSuccess();
 }
+
+// The library's thread count set for a scope and put back after, even when an ASSERT leaves the test early.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : before_(num_threads()) { set_num_threads(threads); }
+  ~ThreadCount() { set_num_threads(before_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int before_;
+};
 
 inline Tensor random_tensor(const Shape& shape, uint64_t seed, float scale = 1.0f) {
   Generator gen(seed);

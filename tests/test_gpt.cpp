@@ -5,7 +5,6 @@
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/kernels/memory.hpp"
-#include "qkv/kernels/threads.hpp"
 #include "qkv/nn/gpt2.hpp"
 #include "qkv/train/trainer.hpp"
 
@@ -239,17 +238,17 @@ void expect_allocation_free_training(int threads) {
   settings.checkpoint_every = 0;
   std::vector<int64_t> tokens(2000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7 + i / 13) % 61);
-  const int before = num_threads();
-  set_num_threads(threads);
-  train::Trainer trainer(settings, tokens);
   std::vector<int64_t> fresh;  // fresh_blocks() after each step
   std::vector<double> losses;
-  trainer.run([&](const train::StepReport& r) {
-        fresh.push_back(memory::fresh_blocks());
-        losses.push_back(r.loss);
-      },
-      [](const train::EvalReport&) {}, [](int64_t) {}, nullptr);
-  set_num_threads(before);
+  {
+    const ThreadCount scope(threads);
+    train::Trainer trainer(settings, tokens);
+    trainer.run([&](const train::StepReport& r) {
+          fresh.push_back(memory::fresh_blocks());
+          losses.push_back(r.loss);
+        },
+        [](const train::EvalReport&) {}, [](int64_t) {}, nullptr);
+  }
   ASSERT_EQ(fresh.size(), 30u);
   std::string counts;
   for (int64_t f : fresh) counts += " " + std::to_string(f);

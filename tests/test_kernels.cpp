@@ -36,9 +36,8 @@ TEST(Kernels, GemmFlushesDenormalsOnlyWhenAskedAndRestoresTheMode) {
   const float tiny = 1e-36f, small = 1e-4f;  // tiny · small = 1e-40, a denormal
   std::vector<float> A(static_cast<size_t>(M * K), tiny), B(static_cast<size_t>(K * N), small);
   std::vector<float> keep(static_cast<size_t>(M * N)), flushed(keep.size());
-  const int before = num_threads();
   for (int threads : {1, 2}) {
-    set_num_threads(threads);
+    const ThreadCount scope(threads);
     kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, flushed.data(), N, kernels::Denormals::Flush);
     kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, keep.data(), N);
     for (size_t i = 0; i < keep.size(); ++i) {
@@ -49,7 +48,6 @@ TEST(Kernels, GemmFlushesDenormalsOnlyWhenAskedAndRestoresTheMode) {
     volatile float x = tiny;  // the calling thread's own arithmetic keeps its denormals too
     EXPECT_GT(x * small, 0.0f);
   }
-  set_num_threads(before);
   const Tensor a = random_tensor({M, K}, 4), b = random_tensor({K, N}, 5);  // normal values: the same bits either way
   kernels::gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, flushed.data(), N, kernels::Denormals::Flush);
   kernels::gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, keep.data(), N);
