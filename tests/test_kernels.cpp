@@ -124,6 +124,16 @@ TEST(Memory, BlockCacheReusesAFreedBlockOfTheSameSize) {
   EXPECT_EQ(memory::fresh_blocks(), fresh + 1);
 }
 
+// The fused head's rows per block: 64 MiB of logits or C rows, whichever is more, up to 256 MiB, never more than N.
+TEST(Kernels, LinearCrossEntropyBlocksAreTheWeightsSizeUpTo256MiB) {
+  EXPECT_EQ(kernels::linear_cross_entropy_block_rows(2048, 768, 50257), 768);    // GPT-2 124M: C rows
+  EXPECT_EQ(kernels::linear_cross_entropy_block_rows(2048, 64, 50257), 333);     // narrow: 16M floats of logits
+  EXPECT_EQ(kernels::linear_cross_entropy_block_rows(4096, 1600, 50257), 1335);  // GPT-2 XL: capped at 64M floats
+  EXPECT_EQ(kernels::linear_cross_entropy_block_rows(100, 768, 50257), 100);     // never more than the rows
+  EXPECT_EQ(kernels::linear_cross_entropy_block_rows(64, 32, 97), 64);
+  EXPECT_EQ(kernels::linear_cross_entropy_block_rows(5, 8, 1 << 30), 1);         // a huge vocabulary: one row at a time
+}
+
 TEST(Kernels, SoftmaxMatchesReferenceAndSumsToOne) {
   const Tensor x = random_tensor({7, 13}, 4, 10.0f);
   Tensor y = Tensor::empty(x.shape()), r = Tensor::empty(x.shape());

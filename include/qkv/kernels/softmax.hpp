@@ -46,6 +46,8 @@ struct CrossEntropySum {
 CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const float* bias, const int64_t* targets,
                                      int64_t N, int64_t C, int64_t V, int64_t ignore_index, float* dx, float* dweight,
                                      float* dbias, int64_t block_rows = 0);
+// The rows per block linear_cross_entropy takes when block_rows is 0 (at most N).
+int64_t linear_cross_entropy_block_rows(int64_t N, int64_t C, int64_t V);
 // In double, the logits materialised: what the fused pass must equal.
 CrossEntropySum linear_cross_entropy_reference(const float* x, const float* weight, const float* bias,
                                                const int64_t* targets, int64_t N, int64_t C, int64_t V,
