@@ -3,7 +3,9 @@
 // and where the time goes (each op's forward and backward, the optimiser). tools/bench_gpt2_compare.py runs it
 // beside PyTorch and llm.c.
 //   qkv_train_profile [--vocab V] [--context T] [--emb C] [--heads H] [--layers L] [--batch B] [--steps N]
-//                     [--threads N] [--drop P] [--tied] [--no-profile]
+//                     [--threads N] [--drop P] [--tied] [--no-profile] [--no-ceiling]
+// After the step it times the step's GEMMs alone (--no-ceiling skips it): the speed the step could reach if every
+// other op took no time, so "% of peak" can be read against what the BLAS gives on this machine.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -16,18 +18,88 @@
 
 #include "peak.hpp"
 #include "qkv/core/profile.hpp"
+#include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/train/trainer.hpp"
 
+namespace {
+
+// One matrix product a training step makes, `count` times per step.
+struct GemmShape {
+  bool trans_a, trans_b;
+  int64_t M, N, K, count;
+  bool head;  // the fused output head's (else a Linear layer's)
+};
+
+// Every GEMM of one step of model c over `rows` = B·T tokens, as the ops issue them: per layer the Q/K/V product
+// and the three other Linear layers, each forward (x Wᵀ), dx (dy W) and dW (dyᵀ x); the head's three per block of
+// rows (linear_cross_entropy's block size).
+std::vector<GemmShape> step_gemms(const qkv::nn::GPTConfig& c, int64_t rows) {
+  const int64_t C = c.emb_dim, L = c.n_layers, V = c.vocab_size;
+  std::vector<GemmShape> shapes;
+  for (const auto& [out, in] : {std::pair{3 * C, C}, std::pair{C, C}, std::pair{4 * C, C}, std::pair{C, 4 * C}}) {
+    shapes.push_back({false, true, rows, out, in, L, false});   // y = x Wᵀ
+    shapes.push_back({false, false, rows, in, out, L, false});  // dx = dy W
+    shapes.push_back({true, false, out, in, rows, L, false});   // dW = dyᵀ x
+  }
+  const int64_t R = qkv::kernels::linear_cross_entropy_block_rows(rows, C, V);
+  for (const auto& [block, count] : {std::pair{R, rows / R}, std::pair{rows % R, int64_t{1}}}) {
+    if (block == 0 || count == 0) continue;
+    shapes.push_back({false, true, block, V, C, count, true});   // logits = x Wᵀ
+    shapes.push_back({false, false, block, C, V, count, true});  // dx = dlogits W
+    shapes.push_back({true, false, V, C, block, count, true});   // dW += dlogitsᵀ x
+  }
+  return shapes;
+}
+
+struct GemmTime {
+  double flops = 0, seconds = 0;
+  double gflops() const { return seconds > 0 ? flops / seconds / 1e9 : 0.0; }
+};
+
+// The step's GEMMs alone: each shape timed on its own through qkv's gemm() on the step's threads (median of 3
+// after a warm-up, operands reused, so warmer than in the step), weighted by its count. Nothing else runs, so a
+// step cannot make its GEMMs faster than this: it is the ceiling that the step's "% of peak" is read against.
+std::pair<GemmTime, GemmTime> measure_gemms(const std::vector<GemmShape>& shapes) {
+  size_t a_size = 0, b_size = 0, c_size = 0;
+  for (const GemmShape& g : shapes) {
+    a_size = std::max(a_size, static_cast<size_t>(g.M * g.K));
+    b_size = std::max(b_size, static_cast<size_t>(g.K * g.N));
+    c_size = std::max(c_size, static_cast<size_t>(g.M * g.N));
+  }
+  qkv::Generator gen(7);
+  std::vector<float> a(a_size), b(b_size), out(c_size);
+  for (float& x : a) x = gen.uniform_float(-0.5f, 0.5f);
+  for (float& x : b) x = gen.uniform_float(-0.5f, 0.5f);
+  GemmTime linear, head;
+  for (const GemmShape& g : shapes) {
+    const int64_t lda = g.trans_a ? g.M : g.K, ldb = g.trans_b ? g.K : g.N;
+    std::vector<double> seconds;
+    for (int run = 0; run < 4; ++run) {
+      const auto began = std::chrono::steady_clock::now();
+      qkv::kernels::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(), g.N);
+      if (run > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    GemmTime& part = g.head ? head : linear;
+    part.flops += 2.0 * static_cast<double>(g.M) * g.N * g.K * g.count;
+    part.seconds += seconds[1] * static_cast<double>(g.count);
+  }
+  return {linear, head};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   qkv::nn::GPTConfig c;
   c.drop_rate = 0.0;
   int64_t batch = 4, steps = 3;
   int threads = 0;
-  bool profile = true;
+  bool profile = true, ceiling = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t {
@@ -48,6 +120,7 @@ int main(int argc, char** argv) {
     else if (a == "--drop") c.drop_rate = std::atof(argv[++i]);
     else if (a == "--tied") c.tie_weights = true;
     else if (a == "--no-profile") profile = false;
+    else if (a == "--no-ceiling") ceiling = false;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -130,8 +203,20 @@ int main(int argc, char** argv) {
     std::printf("  %-22s %9.1f %9s %6.1f%%\n", "clip + AdamW", 1e3 * optimizer_seconds, "", 100 * optimizer_seconds / total);
     std::printf("  %-22s %9.1f %9s %6.1f%%\n", "other (loss, glue)", 1e3 * (total - accounted), "", 100 * (total - accounted) / total);
   }
+  // The ceiling: the same GEMMs with nothing else running (see measure_gemms).
+  double gemm_gflops = 0;
+  if (ceiling) {
+    const auto [linear, head] = measure_gemms(step_gemms(c, tokens));
+    const GemmTime all{linear.flops + head.flops, linear.seconds + head.seconds};
+    gemm_gflops = all.gflops();
+    std::printf("\nthe step's GEMMs alone (each shape on its own through gemm(), %d thread(s), median of 3):\n", threads);
+    for (const auto& [name, t] : {std::pair{"Linear layers", linear}, std::pair{"output head", head}, std::pair{"all", all}})
+      std::printf("  %-14s %9.2f GFLOP %10.2f ms %7.1f GFLOP/s %6.1f%% of the FMA peak\n", name, t.flops / 1e9,
+                  1e3 * t.seconds, t.gflops(), 100 * t.gflops() / peak);
+    std::printf("  the step's model FLOP/s are %.0f%% of its GEMMs' alone\n", 100 * gflops / gemm_gflops);
+  }
   std::printf("RESULT {\"tokens_per_second\": %.3f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"rss_mib\": %.1f, "
-              "\"params\": %.0f, \"flops_per_token\": %.0f}\n",
-              tokens_per_second, gflops, peak, rss_mib, params, flops_per_token);
+              "\"params\": %.0f, \"flops_per_token\": %.0f, \"gemm_gflops\": %.3f}\n",
+              tokens_per_second, gflops, peak, rss_mib, params, flops_per_token, gemm_gflops);
   return 0;
 }
