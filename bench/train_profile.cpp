@@ -1,5 +1,6 @@
 // One GPT training step, measured whole and op by op: tokens/s, model GFLOP/s and % of the machine's FMA peak
-// (model FLOPs counted as llm.c and PaLM do: 6 × parameters + 12 × layers × width × tokens, per token), peak RSS,
+// (model FLOPs counted as PaLM and nanoGPT do: 6 × the parameters a token is multiplied by, i.e. without the
+// embedding lookup tables, + 12 × layers × width × tokens, per token), peak RSS,
 // and where the time goes (each op's forward and backward, the optimiser). tools/bench_gpt2_compare.py runs it
 // beside PyTorch and llm.c.
 //   qkv_train_profile [--vocab V] [--context T] [--emb C] [--heads H] [--layers L] [--batch B] [--steps N]
@@ -170,7 +171,12 @@ int main(int argc, char** argv) {
   const double median = seconds[seconds.size() / 2];
   peak = std::max(peak, qkv::bench::measure_fma_peak(threads, 0.3));
   const double params = static_cast<double>(model.parameter_count());
-  const double flops_per_token = 6.0 * params + 12.0 * c.n_layers * c.emb_dim * T;
+  // Model FLOPs count the parameters a token is multiplied by: not the lookup tables, i.e. the position embedding
+  // and, when the head has its own weight, the token embedding (tied, it is the head's matrix and counts once), as
+  // nanoGPT's MFU estimate does. Counting an untied token table, as 6 × all parameters would, credited the default
+  // `qkv train` model (two 50,257 × 192 tables) with 1.8× the FLOPs its step does.
+  const double lookup = static_cast<double>(c.context_length * c.emb_dim + (c.tie_weights ? 0 : c.vocab_size * c.emb_dim));
+  const double flops_per_token = 6.0 * (params - lookup) + 12.0 * c.n_layers * c.emb_dim * T;
   const double tokens_per_second = tokens / median;
   const double gflops = flops_per_token * tokens_per_second / 1e9;
   rusage usage{};

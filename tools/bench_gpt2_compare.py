@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """A GPT training step in qkv, PyTorch 1.13 and llm.c, side by side in one session: tokens/s, % of the machine's FMA
-peak in model FLOPs (6 × parameters + 12 × layers × width × T per token, as llm.c and PaLM count), and peak RSS.
+peak in model FLOPs (6 × the parameters a token is multiplied by — the embedding lookup tables left out — + 12 ×
+layers × width × T per token, as PaLM and nanoGPT count), and peak RSS.
 
   /usr/bin/python3 tools/bench_gpt2_compare.py [--build build] [--steps 3] [--llmc DIR] [--configs a,b] [--profile]
 
@@ -36,10 +37,6 @@ CONFIGS = {
     "qkv_train_default_B8T128": (dict(vocab_size=50257, context_length=128, emb_dim=192, n_heads=6, n_layers=4,
                                       drop_rate=0.1, qkv_bias=False), 8, False),
 }
-
-
-def flops_per_token(cfg, params):
-    return 6 * params + 12 * cfg["n_layers"] * cfg["emb_dim"] * cfg["context_length"]
 
 
 def torch_worker(args):
@@ -211,7 +208,7 @@ def main():
               f"{r['torch_tps']:.1f}{torch_note} | {r['torch_peak']:.1f}% | {r['torch_rss']:.0f} MiB | "
               f"{r['qkv_tps'] / r['torch_tps']:.2f}× | {llmc_cells} |")
     print(f"\nFMA peak measured by qkv_train_profile: {rows[0]['peak']:.0f} GFLOP/s on 1 thread "
-          f"(the faster of AVX2 and AVX-512 FMA loops); model FLOPs per token = 6N + 12·L·C·T. \"Its GEMMs alone\": "
+          f"(the faster of AVX2 and AVX-512 FMA loops); model FLOPs per token = 6N + 12·L·C·T, N without the lookup tables. \"Its GEMMs alone\": "
           f"the step's matrix products timed on their own (qkv_train_profile), the most a step could reach here.")
 
 
