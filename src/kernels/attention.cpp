@@ -5,17 +5,21 @@
 // Blocking. Queries go in blocks of kBr rows, keys in blocks of kBc columns. Per (b, h) each thread packs
 // what it streams: Kᵀ in (D × kBc) blocks, V and K row-major padded to Dp = D rounded up to 16 columns, Q·scale
 // and dO padded to Dp. Every product is then one shape of GEMM, C (M × N) (+)= A (M × K) · B (K × N) with
-// B rows of 16 contiguous floats, done by one 6×16 register-blocked micro-kernel (12 AVX2 accumulators).
+// B rows of 16 contiguous floats, done by one register-blocked micro-kernel: 6 × 16 (12 AVX2 accumulators), or
+// 8 × 32 with AVX-512 (16 accumulators).
 //
 // Forward, per query block (thread-owned):
 //   S = Qs Kᵀ_j (Br × Bc);  m' = max(m, rowmax S);  P = exp(S − m');  l = l·e^(m−m') + rowsum P
 //   O = O·e^(m−m') + (P ∘ Z) V_j           (Z: dropout keep / (1 − p), or 1)
 //   finally O /= l and lse = m + log l.
-// Backward: with Di = rowsum(dO ∘ O), P = exp(S − lse), G = dO Vᵀ_j, dS = P ∘ (G ∘ Z − Di):
-//   pass 1, per key block (thread-owned):   dV_j = Σ_i (P∘Z)ᵀ dO_i,  dK_j = Σ_i dSᵀ Qs_i
-//   pass 2, per query block (thread-owned): dQ_i = scale · Σ_j dS K_j
-// Two passes recompute S and G once more than a shared-accumulator scheme would, and buy ownership: no
-// atomics, no reduction, and the same bits for any thread count.
+// Backward: with Di = rowsum(dO ∘ O), P = exp(S − lse), G = dO Vᵀ_j, dS = P ∘ (G ∘ Z − Di).
+//   With at least as many heads as threads, one pass, a whole head per thread: per key block j, each query
+//   block i that sees it gives S and G once, then dV_j += (P∘Z)ᵀ dO_i, dK_j += dSᵀ Qs_i and dQ_i += dS K_j into
+//   the thread's own dQ buffer for the head — five products per tile.
+//   With fewer heads than threads, two passes split a head by blocks, each thread owning what it writes:
+//     pass 1, per key block:   dV_j = Σ_i (P∘Z)ᵀ dO_i,  dK_j = Σ_i dSᵀ Qs_i
+//     pass 2, per query block: dQ_i = scale · Σ_j dS K_j   (S and G recomputed: seven products per tile)
+// Either way no atomics and no reduction across threads: for a given thread count the bits never vary.
 #include <omp.h>
 
 #include <algorithm>
