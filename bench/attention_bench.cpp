@@ -195,8 +195,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     // Read again now: a VM's stolen time can only lower a reading, so the higher one is the machine's.
     for (auto& [threads, peak] : g_peak_gflops) peak = std::max(peak, qkv::bench::measure_fma_peak(threads, g_peak_seconds));
     std::printf("\nSummary (medians): fused vs plain, same run. FMA peak measured here: 1 thread %.1f GFLOP/s, "
-                "2 threads %.1f GFLOP/s. Kernel ISA: %s\n",
-                g_peak_gflops[1], g_peak_gflops[2], qkv::kernels::attention_isa());
+                "2 threads %.1f GFLOP/s. Kernel ISA: %s; plain path's GEMM: %s\n",
+                g_peak_gflops[1], g_peak_gflops[2], qkv::kernels::attention_isa(), qkv::kernels::gemm_backend());
     std::printf("%-44s %9s %9s %7s %9s %8s %10s %10s\n", "benchmark", "fused ms", "GFLOP/s", "% peak", "plain ms",
                 "speedup", "fused MiB", "plain MiB");
     for (const auto& [name, maps] : results_) {

@@ -19,6 +19,7 @@
 
 #include "peak.hpp"
 #include "qkv/core/profile.hpp"
+#include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/memory.hpp"
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(params), static_cast<long long>(batch), static_cast<long long>(T), threads, median,
               static_cast<long long>(steps), tokens_per_second, gflops, 100 * gflops / peak, peak, rss_mib,
               static_cast<double>(qkv::memory::peak_bytes()) / (1 << 20));
+  std::printf("kernels: attention %s, GEMM %s\n", qkv::kernels::attention_isa(), qkv::kernels::gemm_backend());
   if (profile) {
     qkv::reset_op_profile();
     qkv::set_op_profiling(true);
@@ -222,7 +224,9 @@ int main(int argc, char** argv) {
     std::printf("  the step's model FLOP/s are %.0f%% of its GEMMs' alone\n", 100 * gflops / gemm_gflops);
   }
   std::printf("RESULT {\"tokens_per_second\": %.3f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"rss_mib\": %.1f, "
-              "\"params\": %.0f, \"flops_per_token\": %.0f, \"gemm_gflops\": %.3f}\n",
-              tokens_per_second, gflops, peak, rss_mib, params, flops_per_token, gemm_gflops);
+              "\"params\": %.0f, \"flops_per_token\": %.0f, \"gemm_gflops\": %.3f, "
+              "\"attention_isa\": \"%s\", \"gemm_backend\": \"%s\"}\n",
+              tokens_per_second, gflops, peak, rss_mib, params, flops_per_token, gemm_gflops,
+              qkv::kernels::attention_isa(), qkv::kernels::gemm_backend());
   return 0;
 }

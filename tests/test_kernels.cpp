@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "helpers.hpp"
@@ -27,6 +28,13 @@ TEST(Kernels, GemmWithEmptyInnerDimensionScalesC) {
   Tensor C = Tensor::full({2, 2}, 3.0f);
   kernels::gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2);
   EXPECT_TRUE(all_close(C, Tensor::full({2, 2}, 1.5f)));
+}
+
+// Benchmarks print which BLAS kernels ran (OpenBLAS picks them from the CPU or OPENBLAS_CORETYPE).
+TEST(Kernels, GemmBackendNamesTheBlasAndItsKernels) {
+  const std::string name = kernels::gemm_backend();
+  EXPECT_EQ(name.rfind("OpenBLAS ", 0), 0u) << name;
+  EXPECT_GT(name.size(), std::string("OpenBLAS ").size()) << name;
 }
 
 // Denormals::Flush: products whose terms fall below float's smallest normal give 0 instead of denormals, on every

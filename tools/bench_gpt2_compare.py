@@ -4,6 +4,7 @@ peak in model FLOPs (6 × the parameters a token is multiplied by — the embedd
 layers × width × T per token, as PaLM and nanoGPT count), and peak RSS.
 
   /usr/bin/python3 tools/bench_gpt2_compare.py [--build build] [--steps 3] [--llmc DIR] [--configs a,b] [--profile]
+                                               [--avx2]
 
 Configurations: GPT-2 124M (tied head, dropout 0: llm.c's CPU setting) at (B=4, T=64), (B=8, T=256) and
 (B=1, T=1024), and `qkv train`'s default model (B=8, T=128, dropout 0.1). Threads: 1 and 2.
@@ -16,6 +17,12 @@ Configurations: GPT-2 124M (tied head, dropout 0: llm.c's CPU setting) at (B=4, 
            train_gpt2.c with llm.c's flags and fewer steps (no sampling), and takes the median step time at
            its fixed B=4, T=64.
 Each step is forward, cross-entropy, backward, gradient clipping (qkv, PyTorch) and AdamW.
+
+--avx2 runs all three on AVX2 + FMA alone, the ISA of a Zen 3, on a machine that also has AVX-512: qkv from an
+AVX2 build (--build, default build-avx2, configured and built here with -march=znver3 when it has no
+qkv_train_profile), OpenBLAS's Haswell kernels for qkv and PyTorch (OPENBLAS_CORETYPE=Haswell), PyTorch's AVX2
+kernels, llm.c built with -march=znver3; the FMA peak is then the AVX2 loop's. It stands in for a Zen 3's ISA, not
+for its cores or caches.
 """
 import argparse
 import json
@@ -26,6 +33,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+AVX2_ENV = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"}
+AVX2_MARCH = "-march=znver3"
 
 CONFIGS = {
     "gpt2_124M_B4T64": (dict(vocab_size=50257, context_length=64, emb_dim=768, n_heads=12, n_layers=12, drop_rate=0.0,
@@ -75,24 +85,38 @@ def torch_worker(args):
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def run_torch(config, torch_threads, blas_threads, steps):
+def run_torch(config, torch_threads, blas_threads, steps, avx2):
     env = dict(os.environ, OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads),
-               MKL_NUM_THREADS=str(blas_threads))
+               MKL_NUM_THREADS=str(blas_threads), **(AVX2_ENV if avx2 else {}))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", config,
                           "--torch-threads", str(torch_threads), "--steps", str(steps)],
                          env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_qkv(build, config, threads, steps):
+def build_qkv_avx2(build):
+    """Configures and builds qkv_train_profile for AVX2 alone in `build`, unless it is there."""
+    if os.path.exists(os.path.join(build, "bench", "qkv_train_profile")):
+        return
+    source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DQKV_NATIVE=OFF",
+                    f"-DCMAKE_CXX_FLAGS={AVX2_MARCH}"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count() or 1), "--target", "qkv_train_profile"],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def run_qkv(build, config, threads, steps, avx2):
     cfg, batch, tied = CONFIGS[config]
     cmd = [os.path.join(build, "bench", "qkv_train_profile"), "--vocab", str(cfg["vocab_size"]),
            "--context", str(cfg["context_length"]), "--emb", str(cfg["emb_dim"]), "--heads", str(cfg["n_heads"]),
            "--layers", str(cfg["n_layers"]), "--batch", str(batch), "--steps", str(steps), "--threads", str(threads),
            "--drop", str(cfg["drop_rate"])] + (["--tied"] if tied else [])
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(AVX2_ENV if avx2 else {}))
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    if avx2 and not result.get("attention_isa", "").startswith("avx2"):
+        sys.exit(f"--avx2: {cmd[0]} runs {result.get('attention_isa')} attention kernels; point --build at a build "
+                 f"configured with -DQKV_NATIVE=OFF -DCMAKE_CXX_FLAGS={AVX2_MARCH} (or leave --build out)")
     profile = out.split("\n\n", 1)[1].split("RESULT", 1)[0] if "\n\n" in out else ""
     return result, profile
 
@@ -126,7 +150,7 @@ def write_llmc_inputs(directory):
             f.write(tokens.tobytes())
 
 
-def build_llmc(llmc, steps):
+def build_llmc(llmc, steps, avx2):
     work = os.path.join(llmc, "qkv-bench")
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(llmc, "train_gpt2.c")) as f:
@@ -137,9 +161,9 @@ def build_llmc(llmc, steps):
     patched = os.path.join(llmc, "train_gpt2_qkvbench.c")
     with open(patched, "w") as f:
         f.write(source)
-    binary = os.path.join(work, "train_gpt2")
+    binary = os.path.join(work, "train_gpt2_avx2" if avx2 else "train_gpt2")
     subprocess.run(["gcc", "-Ofast", "-Wno-unused-result", "-Wno-ignored-pragmas", "-Wno-unknown-attributes",
-                    "-march=native", "-fopenmp", "-DOMP", "-I", llmc, patched, "-lm", "-o", binary], check=True)
+                    AVX2_MARCH if avx2 else "-march=native", "-fopenmp", "-DOMP", "-I", llmc, patched, "-lm", "-o", binary], check=True)
     if not os.path.exists(os.path.join(work, "gpt2_124M.bin")):
         write_llmc_inputs(work)
     return binary, work
@@ -159,11 +183,12 @@ def run_llmc(binary, work, threads):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", default="build")
+    parser.add_argument("--build", help="qkv's build directory (default build, or build-avx2 with --avx2)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--llmc", help="a checkout of karpathy/llm.c")
     parser.add_argument("--profile", action="store_true", help="also print qkv's per-op profile of each setting")
+    parser.add_argument("--avx2", action="store_true", help="every library on AVX2 + FMA alone (a Zen 3's ISA)")
     parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--torch-threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -171,17 +196,21 @@ def main():
     if args.torch_worker:
         torch_worker(args)
         return
-    llmc = build_llmc(args.llmc, args.steps + 1) if args.llmc else None
+    if args.build is None:
+        args.build = "build-avx2" if args.avx2 else "build"
+        if args.avx2:
+            build_qkv_avx2(args.build)
+    llmc = build_llmc(args.llmc, args.steps + 1, args.avx2) if args.llmc else None
     rows = []
     for config in args.configs.split(","):
         cfg, batch, _ = CONFIGS[config]
         tokens = batch * cfg["context_length"]
         for threads in (1, 2):
-            q, profile = run_qkv(args.build, config, threads, args.steps)
+            q, profile = run_qkv(args.build, config, threads, args.steps, args.avx2)
             fpt = q["flops_per_token"]
             peak = q["peak_gflops"]
             settings = [(1, 1)] if threads == 1 else [(2, 1), (1, 2)]
-            t_runs = [run_torch(config, a, b, args.steps) for a, b in settings]
+            t_runs = [run_torch(config, a, b, args.steps, args.avx2) for a, b in settings]
             t_best = min(t_runs, key=lambda r: r["seconds"])
             t_tps = tokens / t_best["seconds"]
             row = {"config": config, "threads": threads, "qkv_tps": q["tokens_per_second"],
@@ -207,8 +236,10 @@ def main():
               f"{r['qkv_rss']:.0f} MiB | "
               f"{r['torch_tps']:.1f}{torch_note} | {r['torch_peak']:.1f}% | {r['torch_rss']:.0f} MiB | "
               f"{r['qkv_tps'] / r['torch_tps']:.2f}× | {llmc_cells} |")
+    isa = ("AVX2 + FMA alone (--avx2: qkv's AVX2 build, OpenBLAS's Haswell kernels, PyTorch's AVX2 kernels); the "
+           "AVX2 FMA loop" if args.avx2 else "the faster of AVX2 and AVX-512 FMA loops")
     print(f"\nFMA peak measured by qkv_train_profile: {rows[0]['peak']:.0f} GFLOP/s on 1 thread "
-          f"(the faster of AVX2 and AVX-512 FMA loops); model FLOPs per token = 6N + 12·L·C·T, N without the lookup tables. \"Its GEMMs alone\": "
+          f"({isa}); model FLOPs per token = 6N + 12·L·C·T, N without the lookup tables. \"Its GEMMs alone\": "
           f"the step's matrix products timed on their own (qkv_train_profile), the most a step could reach here.")
 
 

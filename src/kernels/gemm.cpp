@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <string>
 
 #include "denormals.hpp"
 
@@ -30,6 +31,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }
 
 }  // namespace
+
+const char* gemm_backend() {
+  static const std::string name = std::string("OpenBLAS ") + openblas_get_corename();
+  return name.c_str();
+}
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Denormals denormals) {

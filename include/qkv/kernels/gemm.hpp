@@ -19,6 +19,10 @@ enum class Denormals { Keep, Flush };
 // splits C between OpenMP threads by rows or columns (each thread owns its slice).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Denormals denormals = Denormals::Keep);
+// The BLAS kernels this process runs, e.g. "OpenBLAS SkylakeX" (OpenBLAS picks them at load time from the CPU, or
+// from OPENBLAS_CORETYPE), for benchmarks to report beside their figures.
+const char* gemm_backend();
+
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
