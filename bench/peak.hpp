@@ -40,8 +40,7 @@ double measure_fma_peak(int threads, double seconds) {
       for (float l : lanes) sink += l;
 #else
       float acc[12][8] = {};
-      for (int64_t it = 0; it < iterations; ++it)  // unrolled, so acc[] lives in registers at -O2 too
-        _Pragma("GCC unroll 12")
+      for (int64_t it = 0; it < iterations; ++it)
         for (int i = 0; i < 12; ++i)
           for (int l = 0; l < 8; ++l) acc[i][l] = acc[i][l] * 0.999999f + 1e-7f;
       for (auto& row : acc)

@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   threads = qkv::num_threads();
   // Measured before the steps, after each and after them all, the highest reading kept: a VM's stolen time can only
   // lower one (a 2-thread reading of 377 GFLOP/s instead of ~467 once made a step look 74% efficient), and a
-  // single core's turbo comes and goes (1-thread AVX2 readings of 110-122 GFLOP/s in one session).
+  // single core's turbo comes and goes (1-thread AVX2 readings of 110-129 GFLOP/s in one session).
   double peak = qkv::bench::measure_fma_peak(threads, 0.3);
   qkv::Generator gen(1);
   qkv::nn::GPTModel model(c, gen);
