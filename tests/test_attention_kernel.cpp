@@ -3,6 +3,8 @@
 // heads, causal and not, dropout on and off, both layouts, and Tq ≠ Tk (decoding with a cache).
 #include <omp.h>
 
+#include <tuple>
+
 #include "helpers.hpp"
 #include "qkv/kernels.hpp"
 
@@ -14,21 +16,27 @@ struct Case {
   bool causal;
   float dropout;
   bool btc;  // (B, T, H·D) layout, else (B, H, T, D)
+  int64_t H_kv = 0;     // grouped-query attention: 0 means H
+  int64_t window = 0;   // sliding window
+  float softcap = 0.0f;
+  int64_t kv_heads() const { return H_kv > 0 ? H_kv : H; }
 };
 
 std::string name(const Case& c) {
   return "B" + std::to_string(c.B) + "H" + std::to_string(c.H) + "Tq" + std::to_string(c.Tq) + "Tk" + std::to_string(c.Tk) +
-         "D" + std::to_string(c.D) + (c.causal ? "_causal" : "") + (c.dropout > 0 ? "_dropout" : "") + (c.btc ? "_btc" : "_bhtd");
+         "D" + std::to_string(c.D) + (c.causal ? "_causal" : "") + (c.dropout > 0 ? "_dropout" : "") + (c.btc ? "_btc" : "_bhtd") +
+         (c.H_kv ? "_kv" + std::to_string(c.H_kv) : "") + (c.window ? "_window" + std::to_string(c.window) : "") +
+         (c.softcap > 0 ? "_softcap" : "");
 }
 
 kernels::AttentionLayout layout_of(const Case& c, const kernels::AttentionDims& d) {
   kernels::AttentionLayout l;
   if (c.btc) {
     l.q = l.o = kernels::AttentionStrides::btc(d, c.Tq);
-    l.k = l.v = kernels::AttentionStrides::btc(d, c.Tk);
+    l.k = l.v = kernels::AttentionStrides::btc(d.kv_heads(), d.D, c.Tk);
   } else {
     l.q = l.o = kernels::AttentionStrides::bhtd(d, c.Tq);
-    l.k = l.v = kernels::AttentionStrides::bhtd(d, c.Tk);
+    l.k = l.v = kernels::AttentionStrides::bhtd(d.kv_heads(), d.D, c.Tk);
   }
   return l;
 }
@@ -45,11 +53,12 @@ class FusedVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FusedVsReference, ValuesAndAllGradientsAgree) {
   const Case c = GetParam();
-  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D};
+  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D, c.H_kv};
   const auto layout = layout_of(c, d);
-  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1), k = random_tensor({c.B * c.H * c.Tk * c.D}, 2),
-               v = random_tensor({c.B * c.H * c.Tk * c.D}, 3), d_o = random_tensor({c.B * c.H * c.Tq * c.D}, 4);
-  kernels::AttentionOptions options{.causal = c.causal, .dropout_p = c.dropout, .seed = 1234};
+  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1), k = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 2),
+               v = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 3), d_o = random_tensor({c.B * c.H * c.Tq * c.D}, 4);
+  kernels::AttentionOptions options{
+      .causal = c.causal, .window = c.window, .softcap = c.softcap, .dropout_p = c.dropout, .seed = 1234};
   Tensor o = Tensor::empty(q.shape()), o_ref = Tensor::empty(q.shape()), lse = Tensor::empty({c.B * c.H * c.Tq});
   kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
   kernels::attention_forward_reference(d, layout, options, q.data(), k.data(), v.data(), o_ref.data());
@@ -80,6 +89,24 @@ std::vector<Case> cases() {
   out.push_back({1, 2, 1, 70, 32, true, 0.0f, true});    // decoding: one query against a cache of 70 keys
   out.push_back({2, 2, 5, 90, 16, true, 0.2f, false});   // a chunk of 5 new queries against 90 keys
   out.push_back({1, 1, 200, 33, 16, false, 0.0f, true}); // more queries than keys
+  // Grouped-query and multi-query attention (H_kv divides H), many and few groups, both layouts, dropout, a cache.
+  for (bool btc : {false, true})
+    for (bool causal : {false, true}) {
+      out.push_back({2, 4, 70, 70, 16, causal, 0.0f, btc, 2});
+      out.push_back({1, 6, 130, 130, 24, causal, 0.2f, btc, 1});     // multi-query
+      out.push_back({3, 8, 17, 17, 8, causal, 0.0f, btc, 4});
+    }
+  out.push_back({1, 4, 1, 90, 32, true, 0.0f, true, 2});            // decoding against a cache, GQA
+  out.push_back({1, 4, 5, 90, 16, true, 0.0f, false, 1, 31});        // a chunk against a cache, MQA, window
+  // Sliding windows: narrower than a block, spanning blocks, wider than T, with GQA, dropout and a cache.
+  for (int64_t window : {1, 7, 50, 200, 500})
+    for (int64_t T : {17, 300}) out.push_back({1, 2, T, T, 16, true, 0.0f, true, 0, window});
+  out.push_back({2, 4, 260, 260, 24, true, 0.3f, false, 2, 45});
+  out.push_back({1, 2, 100, 100, 8, false, 0.0f, true, 0, 20});      // a window without the causal mask: the past only
+  // Soft-capping (Gemma 2), alone and with everything else.
+  out.push_back({1, 2, 60, 60, 16, true, 0.0f, true, 0, 0, 0.5f});
+  out.push_back({2, 4, 140, 140, 16, true, 0.2f, false, 2, 70, 1.5f});
+  out.push_back({1, 2, 37, 37, 32, false, 0.0f, true, 1, 0, 20.0f});
   return out;
 }
 
@@ -113,6 +140,58 @@ void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int6
 TEST(FusedAttention, SameBitsForAnyThreadCount) {
   expect_same_bits_for_any_thread_count(2, 3, 150, 32, 0.1f);
   expect_same_bits_for_any_thread_count(2, 12, 100, 16, 0.0f);
+}
+
+// dK and dV of a K/V head are sums over its group of query heads: for 1, 2 and 3 threads (one pass with whole groups,
+// and two passes split by blocks) the bits are the same, with a sliding window too.
+TEST(FusedAttention, GroupedQuerySameBitsForAnyThreadCount) {
+  for (auto [B, H, H_kv, window] : {std::tuple{1, 4, 2, 0}, {2, 8, 2, 33}, {1, 6, 1, 0}, {3, 8, 4, 70}}) {
+    const int64_t T = 150, D = 16;
+    const kernels::AttentionDims d{B, H, T, T, D, H_kv};
+    const kernels::AttentionLayout layout{kernels::AttentionStrides::btc(d, T),
+                                          kernels::AttentionStrides::btc(H_kv, D, T),
+                                          kernels::AttentionStrides::btc(H_kv, D, T), kernels::AttentionStrides::btc(d, T)};
+    const Tensor q = random_tensor({B * T * H * D}, 1), k = random_tensor({B * T * H_kv * D}, 2),
+                 v = random_tensor({B * T * H_kv * D}, 3), d_o = random_tensor({B * T * H * D}, 4);
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2, 3}) {
+      kernels::AttentionOptions options{.causal = true, .window = window, .threads = threads};
+      Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
+             dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
+      kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
+      kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), d_o.data(),
+                                  dq.data(), dk.data(), dv.data());
+      std::vector<float> all = o.to_vector();
+      for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
+      results.push_back(all);
+    }
+    EXPECT_EQ(results[0], results[1]) << B << "x" << H << "/" << H_kv << " window " << window;
+    EXPECT_EQ(results[0], results[2]) << B << "x" << H << "/" << H_kv << " window " << window;
+  }
+}
+
+// The weights recomputed for a picture (attention_probabilities) are the reference's softmax, with GQA, a window and
+// soft-capping: rows sum to 1 over exactly the keys in the window.
+TEST(FusedAttention, ProbabilitiesOfAWindowedGroupedHead) {
+  const int64_t B = 1, H = 4, H_kv = 2, T = 90, D = 8, W = 20;
+  const kernels::AttentionDims d{B, H, T, T, D, H_kv};
+  const kernels::AttentionLayout layout{kernels::AttentionStrides::btc(d, T), kernels::AttentionStrides::btc(H_kv, D, T),
+                                        kernels::AttentionStrides::btc(H_kv, D, T), kernels::AttentionStrides::btc(d, T)};
+  const Tensor q = random_tensor({T * H * D}, 1), k = random_tensor({T * H_kv * D}, 2), v = random_tensor({T * H_kv * D}, 3);
+  const kernels::AttentionOptions options{.causal = true, .window = W, .softcap = 2.0f};
+  Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), weights = Tensor::empty({T, T});
+  kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
+  kernels::attention_probabilities(d, layout, options, q.data(), k.data(), lse.data(), 0, 3, weights.data());
+  for (int64_t i = 0; i < T; ++i) {
+    double total = 0;
+    for (int64_t j = 0; j < T; ++j) {
+      const float w = weights.data()[i * T + j];
+      if (j > i || j <= i - W) EXPECT_EQ(w, 0.0f) << i << "," << j;
+      else EXPECT_GT(w, 0.0f) << i << "," << j;
+      total += w;
+    }
+    EXPECT_NEAR(total, 1.0, 1e-5) << i;
+  }
 }
 
 TEST(FusedAttention, DropoutKeepsAboutOneMinusP) {
@@ -181,6 +260,34 @@ TEST(FusedOp, Gradcheck) {
   AttentionConfig bhtd;
   EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], bhtd); },
                         {random_tensor({1, 2, 4, 3}, 4), random_tensor({1, 2, 6, 3}, 5), random_tensor({1, 2, 6, 3}, 6)}));
+  // Grouped-query attention with a window and soft-capping: 4 query heads read 2 K/V heads.
+  AttentionConfig gqa;
+  gqa.num_heads = 4;
+  gqa.causal = true;
+  gqa.window = 3;
+  gqa.softcap = 1.5f;
+  gqa.scale = 0.7f;
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], gqa); },
+                        {random_tensor({2, 6, 8}, 7), random_tensor({2, 6, 4}, 8), random_tensor({2, 6, 4}, 9)}));
+  gqa.num_kv_heads = 1;  // the packed form, multi-query: (B, T, (4 + 2)·2)
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], gqa); },
+                        {random_tensor({2, 5, 12}, 10)}));
+}
+
+// K/V heads that do not divide the query heads, or a count that disagrees with num_kv_heads, are ShapeErrors.
+TEST(FusedOp, GroupedQueryShapesAreChecked) {
+  AttentionConfig config;
+  config.num_heads = 4;
+  const Tensor q = random_tensor({1, 3, 8}, 1);
+  EXPECT_THROW(scaled_dot_product_attention(q, random_tensor({1, 3, 6}, 2), random_tensor({1, 3, 6}, 3), config), ShapeError);
+  EXPECT_THROW(scaled_dot_product_attention(q, random_tensor({1, 3, 5}, 2), random_tensor({1, 3, 5}, 3), config), ShapeError);
+  config.num_kv_heads = 1;
+  EXPECT_THROW(scaled_dot_product_attention(q, random_tensor({1, 3, 4}, 2), random_tensor({1, 3, 4}, 3), config), ShapeError);
+  config.num_kv_heads = 3;
+  EXPECT_THROW(scaled_dot_product_attention(random_tensor({1, 3, 20}, 1), config), ShapeError);
+  config.num_kv_heads = 0;
+  config.window = -1;
+  EXPECT_THROW(scaled_dot_product_attention(q, q, q, config), ValueError);
 }
 
 // One (B, T, 3·H·D) tensor of queries, keys and values side by side gives the same bits as the three tensors

@@ -281,25 +281,43 @@ std::vector<KernelCase> kernel_cases() {
                        }
                      return ::testing::AssertionSuccess();
                    }});
-  cases.push_back({"attention forward and backward", [](int64_t n, int m) {
-                     if (n == 0) return ::testing::AssertionSuccess();  // T = 0 has its own tests
-                     const AttentionDims d{1, 2, n, n, 5};
-                     AttentionLayout l;
-                     l.q = l.k = l.v = l.o = AttentionStrides::bhtd(d, n);
-                     AttentionOptions o;
-                     o.causal = n % 2 == 0;
-                     const int64_t size = 2 * n * 5;
-                     Buffer q(size, m, 1), k(size, m, 2), v(size, m, 3), out(size, m, 4), ref(size, m, 5), lse(2 * n, m, 6);
-                     attention_forward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data());
-                     attention_forward_reference(d, l, o, q.data(), k.data(), v.data(), ref.data());
-                     if (auto ok = close(out.data(), ref.data(), size, 1e-5, 1e-6); !ok) return ok;
-                     Buffer g(size, m, 7), dq(size, m, 8), dk(size, m, 9), dv(size, m, 10), rq(size, m, 11), rk(size, m, 12), rv(size, m, 13);
-                     attention_backward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(), dv.data());
-                     attention_backward_reference(d, l, o, q.data(), k.data(), v.data(), g.data(), rq.data(), rk.data(), rv.data());
-                     for (auto [a, b] : {std::pair{dq.data(), rq.data()}, {dk.data(), rk.data()}, {dv.data(), rv.data()}})
-                       if (auto ok = close(a, b, size, 1e-4, 1e-5); !ok) return ok;
-                     return ::testing::AssertionSuccess();
-                   }});
+  // Every variant of the fused kernel beside its reference at every n: MHA and grouped-query (4 query heads on 2 or
+  // 1 K/V heads), causal or not, a sliding window of 3 and soft-capping.
+  struct Variant {
+    const char* name;
+    int64_t H_kv, window;
+    float softcap;
+    int causal;  // 0 no, 1 yes, 2 when n is even
+  };
+  for (const Variant variant : {Variant{"attention forward and backward", 4, 0, 0.0f, 2},
+                                Variant{"attention, grouped-query (4 heads, 2 K/V)", 2, 0, 0.0f, 2},
+                                Variant{"attention, multi-query, sliding window 3", 1, 3, 0.0f, 1},
+                                Variant{"attention, grouped-query, soft-capped, window 5", 2, 5, 1.5f, 1}}) {
+    cases.push_back({variant.name, [variant](int64_t n, int m) {
+                       if (n == 0) return ::testing::AssertionSuccess();  // T = 0 has its own tests
+                       const AttentionDims d{1, 4, n, n, 5, variant.H_kv};
+                       AttentionLayout l;
+                       l.q = l.o = AttentionStrides::bhtd(d, n);
+                       l.k = l.v = AttentionStrides::bhtd(variant.H_kv, 5, n);
+                       AttentionOptions o;
+                       o.causal = variant.causal == 1 || (variant.causal == 2 && n % 2 == 0);
+                       o.window = variant.window;
+                       o.softcap = variant.softcap;
+                       const int64_t size = 4 * n * 5, kv_size = variant.H_kv * n * 5;
+                       Buffer q(size, m, 1), k(kv_size, m, 2), v(kv_size, m, 3), out(size, m, 4), ref(size, m, 5), lse(4 * n, m, 6);
+                       attention_forward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data());
+                       attention_forward_reference(d, l, o, q.data(), k.data(), v.data(), ref.data());
+                       if (auto ok = close(out.data(), ref.data(), size, 1e-5, 1e-6); !ok) return ok;
+                       Buffer g(size, m, 7), dq(size, m, 8), dk(kv_size, m, 9), dv(kv_size, m, 10), rq(size, m, 11),
+                           rk(kv_size, m, 12), rv(kv_size, m, 13);
+                       attention_backward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(), dv.data());
+                       attention_backward_reference(d, l, o, q.data(), k.data(), v.data(), g.data(), rq.data(), rk.data(), rv.data());
+                       if (auto ok = close(dq.data(), rq.data(), size, 1e-4, 1e-5); !ok) return ok;
+                       for (auto [a, b] : {std::pair{dk.data(), rk.data()}, {dv.data(), rv.data()}})
+                         if (auto ok = close(a, b, kv_size, 1e-4, 1e-5); !ok) return ok;
+                       return ::testing::AssertionSuccess();
+                     }});
+  }
   return cases;
 }
 
@@ -394,6 +412,12 @@ std::vector<OpCase> op_cases() {
         random_tensor({3}, 5), random_tensor({2}, 6), random_tensor({5}, 7)}},
       {"linear_concat without biases", [](const Inputs& x) { return linear_concat(x[0], std::vector<Tensor>{x[1], x[2]}); },
        {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2), random_tensor({3, 4}, 3)}},
+      {"scaled_dot_product_attention grouped-query (B,H,T,D), window 2", [](const Inputs& x) {
+         AttentionConfig c;
+         c.causal = true;
+         c.window = 2;
+         return scaled_dot_product_attention(x[0], x[1], x[2], c); },
+       {random_tensor({1, 4, 5, 3}, 1), random_tensor({1, 2, 5, 3}, 2), random_tensor({1, 2, 5, 3}, 3)}},
       {"scaled_dot_product_attention (B,H,T,D)", [bhtd](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bhtd); },
        {random_tensor({1, 2, 4, 3}, 1), random_tensor({1, 2, 6, 3}, 2), random_tensor({1, 2, 6, 3}, 3)}},
   };

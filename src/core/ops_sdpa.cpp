@@ -20,7 +20,8 @@ struct Resolved {
   kernels::AttentionLayout layout;
 };
 
-Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads, int64_t kv_tokens) {
+Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads, int64_t num_kv_heads,
+                 int64_t kv_tokens) {
   auto fail = [&](const std::string& why) {
     throw ShapeError("scaled_dot_product_attention: " + why + " (q " + q.shape().str() + ", k " + k.shape().str() +
                      ", v " + v.shape().str() + ")");
@@ -32,25 +33,49 @@ Resolved resolve(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_
   if (q.rank() == 3) {
     if (num_heads <= 0) fail("num_heads must be positive");
     if (q.size(2) % num_heads != 0) fail("the channel dimension is not divisible by num_heads = " + std::to_string(num_heads));
-    if (q.size(0) != k.size(0) || q.size(2) != k.size(2)) fail("batch and channel sizes of q and k differ");
-    d = {q.size(0), num_heads, q.size(1), k.size(1), q.size(2) / num_heads};
-    r.layout.q = r.layout.o = kernels::AttentionStrides::btc(d, d.Tq);
-    r.layout.k = r.layout.v = kernels::AttentionStrides::btc(d, d.Tk);  // strides of the whole buffer
-  } else if (q.rank() == 4) {
-    if (q.size(0) != k.size(0) || q.size(1) != k.size(1) || q.size(3) != k.size(3)) {
-      fail("batch, head and head-dim sizes of q and k differ");
+    if (q.size(0) != k.size(0)) fail("batch sizes of q and k differ");
+    const int64_t D = q.size(2) / num_heads;
+    if (D == 0 ? k.size(2) != 0 : k.size(2) % D != 0) {
+      fail("k's channels are not a whole number of heads of " + std::to_string(D));
     }
-    d = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
-    r.layout.q = r.layout.o = kernels::AttentionStrides::bhtd(d, d.Tq);
-    r.layout.k = r.layout.v = kernels::AttentionStrides::bhtd(d, d.Tk);
+    d = {q.size(0), num_heads, q.size(1), k.size(1), D, D == 0 ? num_heads : k.size(2) / D};
+  } else if (q.rank() == 4) {
+    if (q.size(0) != k.size(0) || q.size(3) != k.size(3)) fail("batch and head-dim sizes of q and k differ");
+    d = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(1)};
   } else {
     fail("inputs must be (B, T, H·D) or (B, H, T, D)");
+  }
+  if (d.H_kv <= 0 || d.H % d.H_kv != 0) {
+    fail("k and v have " + std::to_string(d.H_kv) + " heads, which does not divide the " + std::to_string(d.H) +
+         " query heads (grouped-query attention needs H_kv | H)");
+  }
+  if (num_kv_heads > 0 && num_kv_heads != d.H_kv) {
+    fail("k and v have " + std::to_string(d.H_kv) + " heads, num_kv_heads says " + std::to_string(num_kv_heads));
+  }
+  if (q.rank() == 3) {
+    r.layout.q = r.layout.o = kernels::AttentionStrides::btc(d.H, d.D, d.Tq);
+    r.layout.k = r.layout.v = kernels::AttentionStrides::btc(d.H_kv, d.D, d.Tk);  // strides of the whole buffer
+  } else {
+    r.layout.q = r.layout.o = kernels::AttentionStrides::bhtd(d.H, d.D, d.Tq);
+    r.layout.k = r.layout.v = kernels::AttentionStrides::bhtd(d.H_kv, d.D, d.Tk);
   }
   if (kv_tokens < 0 || kv_tokens > d.Tk) {
     fail("kv_tokens = " + std::to_string(kv_tokens) + " is outside [0, " + std::to_string(d.Tk) + "]");
   }
   if (kv_tokens > 0) d.Tk = kv_tokens;
   return r;
+}
+
+// The kernel's options from an op's config (dropout's seed is drawn by the caller, only when it is used).
+kernels::AttentionOptions kernel_options(const AttentionConfig& config) {
+  if (config.window < 0) throw ValueError("scaled_dot_product_attention: window must be ≥ 0, got " + std::to_string(config.window));
+  if (!(config.softcap >= 0.0f)) throw ValueError("scaled_dot_product_attention: softcap must be ≥ 0");
+  kernels::AttentionOptions options;
+  options.causal = config.causal;
+  options.window = config.window;
+  options.scale = config.scale;
+  options.softcap = config.softcap;
+  return options;
 }
 
 // Q, K and V as (input, element offset) pairs: three tensors, or one packed tensor read at three offsets.
@@ -65,9 +90,7 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
   if (!(config.dropout_p >= 0.0 && config.dropout_p <= 1.0)) {
     throw ValueError("scaled_dot_product_attention: dropout must lie in [0, 1], got " + std::to_string(config.dropout_p));
   }
-  kernels::AttentionOptions options;
-  options.causal = config.causal;
-  options.scale = config.scale;
+  kernels::AttentionOptions options = kernel_options(config);
   if (config.training && config.dropout_p > 0.0) {
     options.dropout_p = static_cast<float>(config.dropout_p);
     options.seed = (config.generator ? *config.generator : default_generator()).next_u64();
@@ -109,7 +132,7 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config) {
-  const Resolved r = resolve(q, k, v, config.num_heads, config.kv_tokens);
+  const Resolved r = resolve(q, k, v, config.num_heads, config.num_kv_heads, config.kv_tokens);
   if (config.kv_tokens > 0 && config.kv_tokens < (q.rank() == 3 ? k.size(1) : k.size(2)) &&
       detail::needs_grad({&q, &k, &v})) {
     throw ValueError("scaled_dot_product_attention: a partly filled key/value cache is for inference; run it "
@@ -119,26 +142,29 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor scaled_dot_product_attention(const Tensor& qkv, const AttentionConfig& config) {
-  const int64_t H = config.num_heads;
-  if (qkv.rank() != 3 || H <= 0 || qkv.size(2) % (3 * H) != 0) {
-    throw ShapeError("scaled_dot_product_attention: packed input must be (B, T, 3·H·D) with num_heads = H > 0, got " +
-                     qkv.shape().str() + " with num_heads = " + std::to_string(H));
+  const int64_t H = config.num_heads, H_kv = config.num_kv_heads > 0 ? config.num_kv_heads : H;
+  const int64_t heads = H + 2 * H_kv;
+  if (qkv.rank() != 3 || H <= 0 || H % H_kv != 0 || qkv.size(2) % heads != 0) {
+    throw ShapeError("scaled_dot_product_attention: packed input must be (B, T, (H + 2·H_kv)·D) with num_heads = H > 0 "
+                     "and num_kv_heads = H_kv dividing it, got " + qkv.shape().str() + " with num_heads = " +
+                     std::to_string(H) + ", num_kv_heads = " + std::to_string(H_kv));
   }
   if (config.kv_tokens != 0) {
     throw ValueError("scaled_dot_product_attention: a packed (B, T, 3·H·D) input attends over its own T tokens; pass "
                      "q, k and v separately to read a key/value cache");
   }
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / heads, width = qkv.size(2);
   Resolved r;
-  r.dims = {B, H, T, T, C / H};
-  const kernels::AttentionStrides packed{T * 3 * C, C / H, 3 * C};
-  r.layout = {packed, packed, packed, kernels::AttentionStrides::btc(r.dims, T)};
-  return attend(r, config, Operands{.inputs = {qkv}, .input = {0, 0, 0}, .offset = {0, C, 2 * C}}, {B, T, C});
+  r.dims = {B, H, T, T, D, H_kv};
+  const kernels::AttentionStrides packed{T * width, D, width};
+  r.layout = {packed, packed, packed, kernels::AttentionStrides::btc(H, D, T)};
+  return attend(r, config, Operands{.inputs = {qkv}, .input = {0, 0, 0}, .offset = {0, H * D, (H + H_kv) * D}},
+                {B, T, H * D});
 }
 
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, const AttentionConfig& config, int64_t b,
                          int64_t h) {
-  const Resolved r = resolve(q, k, k, config.num_heads, config.kv_tokens);
+  const Resolved r = resolve(q, k, k, config.num_heads, config.num_kv_heads, config.kv_tokens);
   if (!(lse.shape() == Shape{r.dims.B, r.dims.H, r.dims.Tq})) {
     throw ShapeError("attention_weights: lse has shape " + lse.shape().str() + ", expected (" + std::to_string(r.dims.B) +
                      ", " + std::to_string(r.dims.H) + ", " + std::to_string(r.dims.Tq) + ") from the same forward call");
@@ -147,9 +173,7 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, co
     throw ShapeError("attention_weights: no batch row " + std::to_string(b) + " / head " + std::to_string(h) + " in " +
                      std::to_string(r.dims.B) + " rows of " + std::to_string(r.dims.H) + " heads");
   }
-  kernels::AttentionOptions options;
-  options.causal = config.causal;
-  options.scale = config.scale;
+  const kernels::AttentionOptions options = kernel_options(config);
   Tensor out = Tensor::empty({r.dims.Tq, r.dims.Tk});
   kernels::attention_probabilities(r.dims, r.layout, options, q.data(), k.data(), lse.data(), b, h, out.data());
   return out;

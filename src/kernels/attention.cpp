@@ -13,7 +13,11 @@
 //   O = O·e^(m−m') + (P ∘ Z) V_j           (Z: dropout keep / (1 − p), or 1)
 //   finally O /= l and lse = m + log l.
 // Backward: with Di = rowsum(dO ∘ O), P = exp(S − lse), G = dO Vᵀ_j, dS = P ∘ (G ∘ Z − Di).
-//   With at least as many heads as threads, one pass, a whole head per thread: per key block j, each query
+// Grouped-query attention: the H / H_kv query heads that read one K/V head are one unit of work in the backward, so
+// dK and dV are summed over the group in head order by one owner, and K/V are packed once per group, never copied per
+// query head. A sliding window (and the causal diagonal) bound each row's keys to [key_begin, key_end): blocks wholly
+// outside are skipped; edge tiles are computed and masked.
+//   With at least as many K/V groups as threads, one pass, a whole group per thread: per key block j, each query
 //   block i that sees it gives S and G once, then dV_j += (P∘Z)ᵀ dO_i, dK_j += dSᵀ Qs_i and dQ_i += dS K_j into
 //   the thread's own dQ buffer for the head — five products per tile.
 //   With fewer heads than threads, two passes split a head by blocks, each thread owning what it writes:
@@ -27,6 +31,8 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "qkv/kernels/attention.hpp"
@@ -343,41 +349,89 @@ struct Plan {
   AttentionDims dims;
   AttentionLayout layout;
   AttentionOptions options;
-  float scale;
-  int64_t Dp, Tk_pad, q_blocks, k_blocks, offset;  // offset = Tk − Tq (causal diagonal shift)
+  float scale, softcap;
+  int64_t Dp, Tk_pad, Tq_pad, q_blocks, k_blocks, offset;  // offset = Tk − Tq (causal diagonal shift)
+  int64_t kv_heads, group;                                 // K/V heads, query heads per K/V head
   bool dropout;
   uint32_t threshold;
   float inv_keep;
 
   Plan(const AttentionDims& d, const AttentionLayout& l, const AttentionOptions& o) : dims(d), layout(l), options(o) {
     scale = o.scale != 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(d.D, 1)));
+    softcap = o.softcap > 0.0f ? o.softcap : 0.0f;
     Dp = round_up(std::max<int64_t>(d.D, 1), kNR);
     Tk_pad = round_up(std::max<int64_t>(d.Tk, 1), kBc);
+    Tq_pad = round_up(std::max<int64_t>(d.Tq, 1), kBr);
     q_blocks = (d.Tq + kBr - 1) / kBr;
     k_blocks = (d.Tk + kBc - 1) / kBc;
     offset = d.Tk - d.Tq;
+    kv_heads = d.kv_heads();
+    group = std::max<int64_t>(d.H / std::max<int64_t>(kv_heads, 1), 1);
     dropout = o.dropout_p > 0.0f;
     threshold = simd::drop_threshold(o.dropout_p);
     inv_keep = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
   }
   int threads() const { return options.threads > 0 ? options.threads : omp_get_max_threads(); }
-  // Number of keys visible to query row i (absolute), counted from key 0.
-  int64_t visible(int64_t i) const {
+  // Query row i (absolute) sees keys [key_begin(i), key_end(i)). Both are non-decreasing in i.
+  int64_t key_end(int64_t i) const {
     return options.causal ? std::clamp<int64_t>(i + offset + 1, 0, dims.Tk) : dims.Tk;
   }
+  int64_t key_begin(int64_t i) const {
+    return options.window > 0 ? std::clamp<int64_t>(i + offset - options.window + 1, 0, dims.Tk) : 0;
+  }
+  int64_t visible(int64_t i) const { return std::max<int64_t>(key_end(i) - key_begin(i), 0); }
+  // Key j is seen by query rows [query_begin(j), query_end(j)).
+  int64_t query_begin(int64_t j) const { return options.causal ? std::clamp<int64_t>(j - offset, 0, dims.Tq) : 0; }
+  int64_t query_end(int64_t j) const {
+    return options.window > 0 ? std::clamp<int64_t>(j - offset + options.window, 0, dims.Tq) : dims.Tq;
+  }
+  // The first key block any of the rows [q0, q0 + rows) sees, and the end of the keys any of them sees.
+  int64_t first_key_block(int64_t q0) const { return key_begin(q0) / kBc * kBc; }
+  // Query heads are bh = b·H + h; K/V heads bkv = b·H_kv + h_kv. Head h reads K/V head h / group.
+  int64_t kv_of(int64_t bh) const { return (bh / dims.H) * kv_heads + (bh % dims.H) / group; }
+  int64_t query_head(int64_t bkv, int64_t g) const { return (bkv / kv_heads) * dims.H + (bkv % kv_heads) * group + g; }
   const float* row(const float* base, const AttentionStrides& s, int64_t bh, int64_t t) const {
     return base + (bh / dims.H) * s.batch + (bh % dims.H) * s.head + t * s.token;
   }
   float* row(float* base, const AttentionStrides& s, int64_t bh, int64_t t) const {
     return base + (bh / dims.H) * s.batch + (bh % dims.H) * s.head + t * s.token;
   }
+  const float* kv_row(const float* base, const AttentionStrides& s, int64_t bkv, int64_t t) const {
+    return base + (bkv / kv_heads) * s.batch + (bkv % kv_heads) * s.head + t * s.token;
+  }
+  float* kv_row(float* base, const AttentionStrides& s, int64_t bkv, int64_t t) const {
+    return base + (bkv / kv_heads) * s.batch + (bkv % kv_heads) * s.head + t * s.token;
+  }
+  // Soft-capping of a row's visible scores [lo, hi), in place: s = cap·tanh(s / cap).
+  void cap_scores(float* s, int64_t lo, int64_t hi) const {
+    if (softcap == 0.0f) return;
+    const float inv = 1.0f / softcap;
+    for (int64_t j = lo; j < hi; ++j) s[j] = softcap * std::tanh(s[j] * inv);
+  }
+  // The visible part of key block k0 (cols keys) for query row i: local columns [lo, hi), empty when hi ≤ lo.
+  std::pair<int64_t, int64_t> visible_in_block(int64_t i, int64_t k0, int64_t cols) const {
+    return {std::clamp<int64_t>(key_begin(i) - k0, 0, cols), std::clamp<int64_t>(key_end(i) - k0, 0, cols)};
+  }
 };
 
-// Kᵀ of one head, key block by key block: block j is (D × kBc) contiguous, zero beyond Tk. Whole-head
-// (D × Tk) rows would put the D rows a block reads a multiple of 4 KiB apart — one L1 set for all of them.
-// Tokens go 16 at a time: their rows stay in L1 while each of the D output rows gets 16 contiguous floats
-// (a token-by-token loop scatters every token over D lines: measured 2.3 ns per float, 5% of a pass).
-void pack_transposed(const Plan& p, const float* src, const AttentionStrides& s, int64_t bh, float* dst) {
+// y[j] = exp(x[j] − shift) for lo ≤ j < hi, 0 elsewhere below n (x and y may alias); returns Σ y.
+float exp_range(const float* x, float* y, int64_t lo, int64_t hi, int64_t n, float shift) {
+  if (hi <= lo) {
+    std::fill(y, y + n, 0.0f);
+    return 0.0f;
+  }
+  const float total = simd::exp_shifted_sum(x + lo, y + lo, hi - lo, shift);
+  std::fill(y, y + lo, 0.0f);
+  std::fill(y + hi, y + n, 0.0f);
+  return total;
+}
+
+// Kᵀ of one head, key block by key block: block j is (D × kBc) contiguous, zero beyond Tk. `first` is the head's
+// token 0 and `token` its token stride. Whole-head (D × Tk) rows would put the D rows a block reads a multiple of
+// 4 KiB apart — one L1 set for all of them. Tokens go 16 at a time: their rows stay in L1 while each of the D output
+// rows gets 16 contiguous floats (a token-by-token loop scatters every token over D lines: measured 2.3 ns per
+// float, 5% of a pass).
+void pack_transposed(const Plan& p, const float* first, int64_t token, float* dst) {
   constexpr int64_t kTile = 16;
   const int64_t D = p.dims.D, T = p.dims.Tk;
   for (int64_t k0 = 0; k0 < p.Tk_pad; k0 += kBc) {
@@ -386,7 +440,7 @@ void pack_transposed(const Plan& p, const float* src, const AttentionStrides& s,
     for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
       const int64_t n = std::min(kTile, cols - t0);
       const float* rows[kTile];
-      for (int64_t t = 0; t < n; ++t) rows[t] = p.row(src, s, bh, k0 + t0 + t);
+      for (int64_t t = 0; t < n; ++t) rows[t] = first + (k0 + t0 + t) * token;
       for (int64_t d = 0; d < D; ++d)
         for (int64_t t = 0; t < n; ++t) block[d * kBc + t0 + t] = rows[t][d];
     }
@@ -394,13 +448,12 @@ void pack_transposed(const Plan& p, const float* src, const AttentionStrides& s,
   }
 }
 
-// Rows of one head: (rows_pad × Dp), values · factor, zero in the padding.
-void pack_rows(const Plan& p, const float* src, const AttentionStrides& s, int64_t bh, int64_t T, int64_t rows_pad,
-               float factor, float* dst) {
+// Rows of one head (token 0 at `first`, token stride `token`): (rows_pad × Dp), values · factor, zero in the padding.
+void pack_rows(const Plan& p, const float* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
+               float* dst) {
   const int64_t D = p.dims.D, ld = p.Dp;
   for (int64_t t = 0; t < T; ++t) {
-    const float* r = p.row(src, s, bh, t);
-    scaled_copy(r, dst + t * ld, D, factor);
+    scaled_copy(first + t * token, dst + t * ld, D, factor);
     std::fill(dst + t * ld + D, dst + (t + 1) * ld, 0.0f);
   }
   std::fill(dst + T * ld, dst + rows_pad * ld, 0.0f);
@@ -475,6 +528,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
   }
   struct Workspace {
     Scratch kt, v, q, s, o;
+    int64_t packed_kv = -1;  // the K/V head kt and v hold: query heads of one group reuse them
     void reserve(const Plan& p) {
       kt.get(static_cast<size_t>(p.dims.D * p.Tk_pad));
       v.get(static_cast<size_t>(p.Tk_pad * p.Dp));
@@ -484,12 +538,14 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     }
   };
   auto spaces = workspaces<Workspace>(p.threads(), p);
-  parallel_items(spaces, dims.B * dims.H, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
+  parallel_items(spaces, dims.B * dims.H, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool) {
     float* kt = ws.kt.get(static_cast<size_t>(D * p.Tk_pad));
     float* vp = ws.v.get(static_cast<size_t>(p.Tk_pad * Dp));
-    if (new_head) {
-      pack_transposed(p, k, layout.k, bh, kt);
-      pack_rows(p, v, layout.v, bh, dims.Tk, p.Tk_pad, 1.0f, vp);
+    const int64_t bkv = p.kv_of(bh);
+    if (bkv != ws.packed_kv) {
+      pack_transposed(p, p.kv_row(k, layout.k, bkv, 0), layout.k.token, kt);
+      pack_rows(p, p.kv_row(v, layout.v, bkv, 0), layout.v.token, dims.Tk, p.Tk_pad, 1.0f, vp);
+      ws.packed_kv = bkv;
     }
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
     float* qs = ws.q.get(static_cast<size_t>(kBr * Dp));
@@ -501,11 +557,11 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     float* acc = ws.o.get(static_cast<size_t>(kBr * Dp));
     std::fill_n(acc, rows * Dp, 0.0f);
     float m[kBr], l[kBr], m_new[kBr], alpha[kBr];
-    int64_t valid[kBr];  // keys of the current block each row sees
+    int64_t lo[kBr], hi[kBr];  // the keys of the current block each row sees: local columns [lo, hi)
     std::fill_n(m, rows, kNegInf);
     std::fill_n(l, rows, 0.0f);
-    const int64_t key_end = p.visible(q0 + rows - 1);  // keys beyond this are masked for every row
-    for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
+    const int64_t key_end = p.key_end(q0 + rows - 1);  // keys beyond this are masked for every row
+    for (int64_t k0 = p.first_key_block(q0); k0 < key_end; k0 += kBc) {
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
       const Trim columns = options.causal ? Trim::Columns : Trim::None, k_end = options.causal ? Trim::KEnd : Trim::None;
       const int64_t diag = q0 + p.offset - k0 + 1;  // local key c visible to local row r iff c < r + diag
@@ -513,18 +569,19 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
       // The new running maxima, then every row's rescale factor e^(m − m') in one vector pass (e^−∞ = 0 for a
       // row's first visible block): a scalar exp per row and block was 2–4% of the pass.
       for (int64_t r = 0; r < rows; ++r) {
-        valid[r] = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
-        m_new[r] = valid[r] == 0 ? m[r] : std::max(m[r], row_max(s + r * kBc, valid[r]));
+        std::tie(lo[r], hi[r]) = p.visible_in_block(q0 + r, k0, cols);
+        p.cap_scores(s + r * kBc, lo[r], hi[r]);
+        m_new[r] = hi[r] <= lo[r] ? m[r] : std::max(m[r], row_max(s + r * kBc + lo[r], hi[r] - lo[r]));
       }
       simd::exp_difference(m, m_new, alpha, rows);
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = s + r * kBc;
-        if (valid[r] == 0) {
+        if (hi[r] <= lo[r]) {
           std::fill_n(sr, cols_pad, 0.0f);
           continue;
         }
-        l[r] = l[r] * alpha[r] + exp_row(sr, sr, valid[r], cols_pad, m_new[r]);
-        if (p.dropout) apply_dropout_row(sr, valid[r], options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
+        l[r] = l[r] * alpha[r] + exp_range(sr, sr, lo[r], hi[r], cols_pad, m_new[r]);
+        if (p.dropout) apply_dropout_row(sr, hi[r], options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
         if (alpha[r] != 1.0f) scale_row(acc + r * Dp, Dp, alpha[r]);
         m[r] = m_new[r];
       }
@@ -546,12 +603,14 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
   const int64_t D = dims.D, Dp = p.Dp, bh = b * dims.H + h, Tk = dims.Tk;
   if (D <= 0) {  // every score is 0: uniform over the visible keys
     for (int64_t i = 0; i < dims.Tq; ++i)
-      for (int64_t j = 0; j < Tk; ++j) out[i * Tk + j] = j < p.visible(i) ? std::exp(-lse[bh * dims.Tq + i]) : 0.0f;
+      for (int64_t j = 0; j < Tk; ++j)
+        out[i * Tk + j] = j >= p.key_begin(i) && j < p.key_end(i) ? std::exp(-lse[bh * dims.Tq + i]) : 0.0f;
     return;
   }
   Scratch kt_buf;
   float* kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
-  pack_transposed(p, k, layout.k, bh, kt);
+  const int64_t bkv = p.kv_of(bh);
+  pack_transposed(p, p.kv_row(k, layout.k, bkv, 0), layout.k.token, kt);
   const float* lse_head = lse + bh * dims.Tq;
 #pragma omp parallel num_threads(p.threads())
   {
@@ -568,15 +627,17 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
       for (int64_t k0 = 0; k0 < Tk; k0 += kBc) {
         const int64_t cols = std::min(kBc, Tk - k0), cols_pad = round_up(cols, kNR);
         const int64_t diag = q0 + p.offset - k0 + 1;
-        if (options.causal && rows - 1 + diag <= 0) {  // the whole tile is in the future of every row
+        // the whole tile is in the future of every row, or before every row's window
+        if ((options.causal && rows - 1 + diag <= 0) || k0 + cols <= p.key_begin(q0)) {
           for (int64_t r = 0; r < rows; ++r) std::fill_n(out + (q0 + r) * Tk + k0, cols, 0.0f);
           continue;
         }
         block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false,
                    options.causal ? Trim::Columns : Trim::None, diag);  // S = Qs Kᵀ
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t valid = std::clamp<int64_t>(p.visible(q0 + r) - k0, 0, cols);
-          exp_row(s + r * kBc, out + (q0 + r) * Tk + k0, valid, cols, lse_head[q0 + r]);  // P = exp(S − lse)
+          const auto [lo, hi] = p.visible_in_block(q0 + r, k0, cols);
+          p.cap_scores(s + r * kBc, lo, hi);
+          exp_range(s + r * kBc, out + (q0 + r) * Tk + k0, lo, hi, cols, lse_head[q0 + r]);  // P = exp(S − lse)
         }
       }
     }
@@ -585,86 +646,117 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
 
 namespace {
 
-// Per-head packs for the backward pass, owned by one thread.
-struct BackwardHead {
+// The packs of one K/V head and of the `group` query heads that read it, for the backward pass, owned by one
+// thread: Kᵀ, Vᵀ (and K row-major) of the K/V head; Q·scale and dO of each query head, one after another.
+struct BackwardGroup {
   Scratch kt_buf, vt_buf, k_buf, qs_buf, do_buf;
   float *kt, *vt, *kp, *qs, *dop;
+  int64_t head_floats = 0;  // Tq_pad · Dp: the offset between query heads in qs and dop
   void reserve(const Plan& p, bool need_k) {
-    const int64_t Tq_pad = round_up(p.dims.Tq, kBr);
     for (Scratch* b : {&kt_buf, &vt_buf}) b->get(static_cast<size_t>(p.dims.D * p.Tk_pad));
-    for (Scratch* b : {&qs_buf, &do_buf}) b->get(static_cast<size_t>(Tq_pad * p.Dp));
+    for (Scratch* b : {&qs_buf, &do_buf}) b->get(static_cast<size_t>(p.group * p.Tq_pad * p.Dp));
     if (need_k) k_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
   }
-  void pack(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bh, bool need_k) {
-    const int64_t D = p.dims.D, Dp = p.Dp, Tq_pad = round_up(p.dims.Tq, kBr);
+  void pack(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bkv, bool need_k) {
+    const int64_t D = p.dims.D, Dp = p.Dp;
+    head_floats = p.Tq_pad * Dp;
     kt = kt_buf.get(static_cast<size_t>(D * p.Tk_pad));
     vt = vt_buf.get(static_cast<size_t>(D * p.Tk_pad));
-    qs = qs_buf.get(static_cast<size_t>(Tq_pad * Dp));
-    dop = do_buf.get(static_cast<size_t>(Tq_pad * Dp));
-    pack_transposed(p, k, p.layout.k, bh, kt);
-    pack_transposed(p, v, p.layout.v, bh, vt);
-    pack_rows(p, q, p.layout.q, bh, p.dims.Tq, Tq_pad, p.scale, qs);
-    pack_rows(p, d_o, p.layout.o, bh, p.dims.Tq, Tq_pad, 1.0f, dop);
+    qs = qs_buf.get(static_cast<size_t>(p.group * head_floats));
+    dop = do_buf.get(static_cast<size_t>(p.group * head_floats));
+    pack_transposed(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, kt);
+    pack_transposed(p, p.kv_row(v, p.layout.v, bkv, 0), p.layout.v.token, vt);
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t bh = p.query_head(bkv, g);
+      pack_rows(p, p.row(q, p.layout.q, bh, 0), p.layout.q.token, p.dims.Tq, p.Tq_pad, p.scale, qs + g * head_floats);
+      pack_rows(p, p.row(d_o, p.layout.o, bh, 0), p.layout.o.token, p.dims.Tq, p.Tq_pad, 1.0f, dop + g * head_floats);
+    }
     if (need_k) {
       kp = k_buf.get(static_cast<size_t>(p.Tk_pad * Dp));
-      pack_rows(p, k, p.layout.k, bh, p.dims.Tk, p.Tk_pad, 1.0f, kp);
+      pack_rows(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, p.dims.Tk, p.Tk_pad, 1.0f, kp);
     }
   }
+  const float* queries(int64_t g) const { return qs + g * head_floats; }
+  const float* d_out(int64_t g) const { return dop + g * head_floats; }
 };
 
-// For query block (q0, rows) × key block (k0, cols): P (or P∘Z when `dropped`) into pz and dS into ds,
-// both (rows × kBc), zero outside the visible region.
-void probabilities_and_dscores(const Plan& p, const BackwardHead& h, const float* lse_head, const float* delta_head,
-                               int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols, float* pz, float* ds) {
+// For query block (q0, rows) of query head g of the group × key block (k0, cols): P (or P∘Z when `dropped`) into pz
+// and dS into ds, both (rows × kBc), zero outside the visible region. With soft-capping, S is capped before the
+// exponential and dS carries its derivative: d(cap·tanh(s/cap))/ds = 1 − (capped / cap)².
+void probabilities_and_dscores(const Plan& p, const BackwardGroup& h, int64_t g, const float* lse_head,
+                               const float* delta_head, int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols,
+                               float* pz, float* ds) {
   const int64_t D = p.dims.D, Dp = p.Dp, cols_pad = round_up(cols, kNR);
   const Trim columns = p.options.causal ? Trim::Columns : Trim::None;
   const int64_t diag = q0 + p.offset - k0 + 1;
-  block_gemm(rows, cols_pad, D, h.qs + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false, columns, diag);   // S
-  block_gemm(rows, cols_pad, D, h.dop + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false, columns, diag);  // G = dO Vᵀ
+  block_gemm(rows, cols_pad, D, h.queries(g) + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false, columns, diag);  // S
+  block_gemm(rows, cols_pad, D, h.d_out(g) + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false, columns, diag);  // G
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r;
     float* pr = pz + r * kBc;
     float* dr = ds + r * kBc;
-    const int64_t valid = std::clamp<int64_t>(p.visible(i) - k0, 0, cols);
-    if (!p.dropout) {  // P = exp(S − lse), dS = P ∘ (G − Di)
-      probabilities_and_dscores_row(pr, dr, valid, cols_pad, lse_head[i], delta_head[i]);
+    const auto [lo, hi] = p.visible_in_block(i, k0, cols);
+    if (!p.dropout && p.softcap == 0.0f && lo == 0) {  // P = exp(S − lse), dS = P ∘ (G − Di)
+      probabilities_and_dscores_row(pr, dr, std::max<int64_t>(hi, 0), cols_pad, lse_head[i], delta_head[i]);
       continue;
     }
-    exp_row(pr, pr, valid, cols_pad, lse_head[i]);  // P = exp(S − lse)
-    apply_dropout_row(dr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // G ∘ Z
+    if (hi <= lo) {
+      std::fill_n(pr, cols_pad, 0.0f);
+      std::fill_n(dr, cols_pad, 0.0f);
+      continue;
+    }
+    p.cap_scores(pr, lo, hi);
+    exp_range(pr, pr, lo, hi, cols_pad, lse_head[i]);  // P = exp(S − lse)
+    if (p.dropout) apply_dropout_row(dr, hi, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // G ∘ Z
     const float di = delta_head[i];
-    for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - di);
-    apply_dropout_row(pr, valid, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // P ∘ Z for dV
-    std::fill(dr + valid, dr + cols_pad, 0.0f);
+    for (int64_t j = lo; j < hi; ++j) dr[j] = pr[j] * (dr[j] - di);
+    if (p.softcap != 0.0f) {
+      // pr holds exp(capped − lse); the capped score itself is lse + log P, but recomputing it from S would need S
+      // again: take it from P instead, which is exact where P > 0 and irrelevant where P = 0 (dS = 0 there).
+      const float inv = 1.0f / p.softcap;
+      for (int64_t j = lo; j < hi; ++j) {
+        if (pr[j] == 0.0f) continue;
+        const float t = (lse_head[i] + std::log(pr[j])) * inv;
+        dr[j] *= 1.0f - t * t;
+      }
+    }
+    if (p.dropout) apply_dropout_row(pr, hi, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // P ∘ Z for dV
+    std::fill(dr, dr + lo, 0.0f);
+    std::fill(dr + hi, dr + cols_pad, 0.0f);
   }
 }
 
-// One key block (k0) of one head against every query block that sees it: dK and dV of the block, written to dk and
-// dv; with dq_acc (the head's Tq × Dp accumulator) also dQ += dS K, so S and dO·Vᵀ are computed once per tile.
-void key_block_backward(const Plan& p, const BackwardHead& head, const float* lse_head, const float* delta_head,
-                        int64_t bh, int64_t k0, float* pz, float* ds, float* dk_acc, float* dv_acc, float* dq_acc,
-                        float* dk, float* dv) {
+// One key block (k0) of one K/V head against every query block of every query head of its group that sees it, in
+// head order: dK and dV of the block, written to dk and dv; with dq_acc (the group's Tq_pad × Dp accumulators, one
+// per query head) also dQ += dS K, so S and dO·Vᵀ are computed once per tile.
+void key_block_backward(const Plan& p, const BackwardGroup& group, const float* lse, const float* delta, int64_t bkv,
+                        int64_t k0, float* pz, float* ds, float* dk_acc, float* dv_acc, float* dq_acc, float* dk,
+                        float* dv) {
   const int64_t D = p.dims.D, Dp = p.Dp;
   const int64_t cols = std::min(kBc, p.dims.Tk - k0), cols_pad = round_up(cols, kNR);
   std::fill_n(dk_acc, cols * Dp, 0.0f);
   std::fill_n(dv_acc, cols * Dp, 0.0f);
-  // The first query row that sees key k0: with causal, i + offset ≥ k0.
-  const int64_t first_row = p.options.causal ? std::max<int64_t>(0, k0 - p.offset) : 0;
+  // The query rows that see some key of the block: from the first that sees key k0 to the last that sees its last.
+  const int64_t first_row = p.query_begin(k0), end_row = p.query_end(k0 + cols - 1);
   const Trim k_begin = p.options.causal ? Trim::KBegin : Trim::None;
-  for (int64_t q0 = first_row / kBr * kBr; q0 < p.dims.Tq; q0 += kBr) {
-    const int64_t rows = std::min(kBr, p.dims.Tq - q0);
-    probabilities_and_dscores(p, head, lse_head, delta_head, bh, q0, rows, k0, cols, pz, ds);
-    const int64_t diag = q0 + p.offset - k0 + 1;
-    block_gemm(cols, Dp, rows, pz, 1, kBc, head.dop + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
-    block_gemm(cols, Dp, rows, ds, 1, kBc, head.qs + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);   // dK += dSᵀ Qs
-    if (dq_acc) {
-      block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc + q0 * Dp, Dp, true,
-                 p.options.causal ? Trim::KEnd : Trim::None, diag);                                       // dQ += dS K
+  for (int64_t g = 0; g < p.group; ++g) {
+    const int64_t bh = p.query_head(bkv, g);
+    for (int64_t q0 = first_row / kBr * kBr; q0 < end_row; q0 += kBr) {
+      const int64_t rows = std::min(kBr, p.dims.Tq - q0);
+      probabilities_and_dscores(p, group, g, lse + bh * p.dims.Tq, delta + bh * p.dims.Tq, bh, q0, rows, k0, cols, pz,
+                                ds);
+      const int64_t diag = q0 + p.offset - k0 + 1;
+      block_gemm(cols, Dp, rows, pz, 1, kBc, group.d_out(g) + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
+      block_gemm(cols, Dp, rows, ds, 1, kBc, group.queries(g) + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);  // dK += dSᵀ Qs
+      if (dq_acc) {
+        block_gemm(rows, Dp, cols_pad, ds, kBc, 1, group.kp + k0 * Dp, Dp, dq_acc + g * p.Tq_pad * Dp + q0 * Dp, Dp,
+                   true, p.options.causal ? Trim::KEnd : Trim::None, diag);  // dQ += dS K
+      }
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
-    std::copy_n(dk_acc + j * Dp, D, p.row(dk, p.layout.k, bh, k0 + j));
-    std::copy_n(dv_acc + j * Dp, D, p.row(dv, p.layout.v, bh, k0 + j));
+    std::copy_n(dk_acc + j * Dp, D, p.kv_row(dk, p.layout.k, bkv, k0 + j));
+    std::copy_n(dv_acc + j * Dp, D, p.kv_row(dv, p.layout.v, bkv, k0 + j));
   }
 }
 
@@ -675,15 +767,15 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
                         const float* d_o, float* dq, float* dk, float* dv) {
   if (dims.B <= 0 || dims.H <= 0) return;
   const Plan p(dims, layout, options);
-  const int64_t D = dims.D, Dp = p.Dp, heads = dims.B * dims.H;
-  auto zero_rows = [&](float* base, const AttentionStrides& s, int64_t T) {
-    for (int64_t bh = 0; bh < heads; ++bh)
-      for (int64_t t = 0; t < T; ++t) std::fill_n(p.row(base, s, bh, t), D, 0.0f);
-  };
+  const int64_t D = dims.D, Dp = p.Dp, heads = dims.B * dims.H, units = dims.B * p.kv_heads;
   if (dims.Tq <= 0 || dims.Tk <= 0 || D <= 0) {
-    zero_rows(dq, layout.q, dims.Tq);
-    zero_rows(dk, layout.k, dims.Tk);
-    zero_rows(dv, layout.v, dims.Tk);
+    for (int64_t bh = 0; bh < heads; ++bh)
+      for (int64_t t = 0; t < dims.Tq; ++t) std::fill_n(p.row(dq, layout.q, bh, t), D, 0.0f);
+    for (int64_t bkv = 0; bkv < units; ++bkv)
+      for (int64_t t = 0; t < dims.Tk; ++t) {
+        std::fill_n(p.kv_row(dk, layout.k, bkv, t), D, 0.0f);
+        std::fill_n(p.kv_row(dv, layout.v, bkv, t), D, 0.0f);
+      }
     return;
   }
   // Di = rowsum(dO ∘ O), one per query row.
@@ -695,83 +787,77 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
     delta[row] = simd::dot(p.row(d_o, layout.o, bh, i), p.row(o, layout.o, bh, i), D);
   }
 
-  // Per thread: the head's packs, the P and dS tiles, up to two block accumulators, and with whole heads per
-  // thread the head's dQ accumulator.
+  // Per thread: the group's packs, the P and dS tiles, up to two block accumulators, and with whole groups per
+  // thread the group's dQ accumulators.
   struct Workspace {
-    BackwardHead head;
+    BackwardGroup group;
     Scratch pz_buf, ds_buf, acc_a, acc_b, dq_buf;
     float *pz, *ds;
-    void reserve(const Plan& p, bool whole_heads) {
-      head.reserve(p, true);
+    void reserve(const Plan& p, bool whole_groups) {
+      group.reserve(p, true);
       pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
       ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
       acc_a.get(static_cast<size_t>(std::max(kBc, kBr) * p.Dp));
       acc_b.get(static_cast<size_t>(kBc * p.Dp));
-      if (whole_heads) dq_buf.get(static_cast<size_t>(round_up(p.dims.Tq, kBr) * p.Dp));
-    }
-    void begin(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bh,
-               bool new_head, bool need_k) {
-      if (new_head) head.pack(p, q, k, v, d_o, bh, need_k);
+      if (whole_groups) dq_buf.get(static_cast<size_t>(p.group * p.Tq_pad * p.Dp));
     }
   };
 
-  // One pass when every thread can own whole heads: for each key block, each query block that sees it gives
-  // S = QKᵀ and dP = dO Vᵀ once, and from them dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K — five products instead
-  // of the two-pass scheme's seven — with dQ accumulated in the thread's own buffer for the head. A head is
-  // computed by one thread from start to end, so the bits do not depend on the number of threads.
+  // One pass when every thread can own whole K/V groups: for each key block, each query block of each head of the
+  // group that sees it gives S = QKᵀ and dP = dO Vᵀ once, and from them dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K —
+  // five products instead of the two-pass scheme's seven — with dQ accumulated in the thread's own buffers. A group
+  // is computed by one thread from start to end, so the bits do not depend on the number of threads.
   const int threads = p.threads();
-  const bool whole_heads = heads >= threads && (heads % threads == 0 || heads >= 4 * threads);
-  auto spaces = workspaces<Workspace>(threads, p, whole_heads);
-  if (whole_heads) {
+  const bool whole_groups = units >= threads && (units % threads == 0 || units >= 4 * threads);
+  auto spaces = workspaces<Workspace>(threads, p, whole_groups);
+  if (whole_groups) {
 #pragma omp parallel num_threads(threads)
     {
       Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-      float* dq_acc = ws.dq_buf.get(static_cast<size_t>(round_up(dims.Tq, kBr) * Dp));
+      float* dq_acc = ws.dq_buf.get(static_cast<size_t>(p.group * p.Tq_pad * Dp));
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < heads; ++bh) {
-        ws.begin(p, q, k, v, d_o, bh, true, true);
+      for (int64_t bkv = 0; bkv < units; ++bkv) {
+        ws.group.pack(p, q, k, v, d_o, bkv, true);
         float* dk_acc = ws.acc_a.get(static_cast<size_t>(kBc * Dp));
         float* dv_acc = ws.acc_b.get(static_cast<size_t>(kBc * Dp));
-        std::fill_n(dq_acc, dims.Tq * Dp, 0.0f);
-        for (int64_t k0 = 0; k0 < dims.Tk; k0 += kBc) {
-          key_block_backward(p, ws.head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, k0, ws.pz, ws.ds, dk_acc, dv_acc,
-                             dq_acc, dk, dv);
-        }
-        for (int64_t i = 0; i < dims.Tq; ++i) {
-          float* dst = p.row(dq, layout.q, bh, i);
-          scaled_copy(dq_acc + i * Dp, dst, D, p.scale);
+        std::fill_n(dq_acc, p.group * p.Tq_pad * Dp, 0.0f);
+        for (int64_t k0 = 0; k0 < dims.Tk; k0 += kBc)
+          key_block_backward(p, ws.group, lse, delta, bkv, k0, ws.pz, ws.ds, dk_acc, dv_acc, dq_acc, dk, dv);
+        for (int64_t g = 0; g < p.group; ++g) {
+          const int64_t bh = p.query_head(bkv, g);
+          for (int64_t i = 0; i < dims.Tq; ++i)
+            scaled_copy(dq_acc + g * p.Tq_pad * Dp + i * Dp, p.row(dq, layout.q, bh, i), D, p.scale);
         }
       }
     }
     return;
   }
 
-  // Fewer heads than threads: two passes that split each head by blocks. Pass 1: dK and dV, one key block per item.
-  parallel_items(spaces, heads, p.k_blocks, [&](Workspace& ws, int64_t bh, int64_t kb, bool new_head) {
-    ws.begin(p, q, k, v, d_o, bh, new_head, false);
-    key_block_backward(p, ws.head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, kb * kBc, ws.pz, ws.ds,
-                       ws.acc_a.get(static_cast<size_t>(kBc * Dp)), ws.acc_b.get(static_cast<size_t>(kBc * Dp)), nullptr,
-                       dk, dv);
+  // Fewer groups than threads: two passes that split each group by blocks. Pass 1: dK and dV, one key block per item.
+  parallel_items(spaces, units, p.k_blocks, [&](Workspace& ws, int64_t bkv, int64_t kb, bool new_group) {
+    if (new_group) ws.group.pack(p, q, k, v, d_o, bkv, false);
+    key_block_backward(p, ws.group, lse, delta, bkv, kb * kBc, ws.pz, ws.ds, ws.acc_a.get(static_cast<size_t>(kBc * Dp)),
+                       ws.acc_b.get(static_cast<size_t>(kBc * Dp)), nullptr, dk, dv);
   });
 
-  // Pass 2: dQ, one query block per item.
-  parallel_items(spaces, heads, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool new_head) {
-    ws.begin(p, q, k, v, d_o, bh, new_head, true);
-    const BackwardHead& head = ws.head;
+  // Pass 2: dQ, one query block (of every head of the group) per item.
+  parallel_items(spaces, units, p.q_blocks, [&](Workspace& ws, int64_t bkv, int64_t qb, bool new_group) {
+    if (new_group) ws.group.pack(p, q, k, v, d_o, bkv, true);
+    const BackwardGroup& group = ws.group;
     float *pz = ws.pz, *ds = ws.ds;
     float* dq_acc = ws.acc_a.get(static_cast<size_t>(kBr * Dp));
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
-    std::fill_n(dq_acc, rows * Dp, 0.0f);
-    const int64_t key_end = p.visible(q0 + rows - 1);
-    for (int64_t k0 = 0; k0 < key_end; k0 += kBc) {
-      const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
-      probabilities_and_dscores(p, head, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
-      block_gemm(rows, Dp, cols_pad, ds, kBc, 1, head.kp + k0 * Dp, Dp, dq_acc, Dp, true,
-                 options.causal ? Trim::KEnd : Trim::None, q0 + p.offset - k0 + 1);  // dQ += dS K
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* dst = p.row(dq, layout.q, bh, q0 + r);
-      scaled_copy(dq_acc + r * Dp, dst, D, p.scale);
+    const int64_t key_end = p.key_end(q0 + rows - 1);
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t bh = p.query_head(bkv, g);
+      std::fill_n(dq_acc, rows * Dp, 0.0f);
+      for (int64_t k0 = p.first_key_block(q0); k0 < key_end; k0 += kBc) {
+        const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
+        probabilities_and_dscores(p, group, g, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
+        block_gemm(rows, Dp, cols_pad, ds, kBc, 1, group.kp + k0 * Dp, Dp, dq_acc, Dp, true,
+                   options.causal ? Trim::KEnd : Trim::None, q0 + p.offset - k0 + 1);  // dQ += dS K
+      }
+      for (int64_t r = 0; r < rows; ++r) scaled_copy(dq_acc + r * Dp, p.row(dq, layout.q, bh, q0 + r), D, p.scale);
     }
   });
 }
@@ -779,30 +865,51 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
 // ---- the plain reference: scores and weights materialised, double precision ----
 
 namespace {
+// Visibility straight from the definition, not from the Plan's block bounds the fused kernel uses.
+bool reference_visible(const AttentionDims& d, const AttentionOptions& o, int64_t i, int64_t j) {
+  const int64_t shifted = i + (d.Tk - d.Tq);
+  if (o.causal && j > shifted) return false;
+  if (o.window > 0 && j <= shifted - o.window) return false;
+  return true;
+}
+
 struct ReferenceHead {
   std::vector<double> weights;  // (Tq × Tk) after softmax, before dropout
   std::vector<double> zmask;    // dropout factor per weight
+  std::vector<double> capping;  // d(capped score)/d(score) per weight: 1 − tanh², or 1 without soft-capping
+  std::vector<bool> any_visible;  // per query row
 };
 
 ReferenceHead reference_weights(const Plan& p, const float* q, const float* k, int64_t bh) {
   const auto& d = p.dims;
+  const int64_t bkv = p.kv_of(bh);
   ReferenceHead h;
   h.weights.assign(static_cast<size_t>(d.Tq * d.Tk), 0.0);
   h.zmask.assign(static_cast<size_t>(d.Tq * d.Tk), 1.0);
+  h.capping.assign(static_cast<size_t>(d.Tq * d.Tk), 1.0);
   for (int64_t i = 0; i < d.Tq; ++i) {
-    const int64_t visible = p.visible(i);
     double mx = -std::numeric_limits<double>::infinity();
-    std::vector<double> s(static_cast<size_t>(d.Tk), 0.0);
-    for (int64_t j = 0; j < visible; ++j) {
+    std::vector<double> s(static_cast<size_t>(d.Tk), -std::numeric_limits<double>::infinity());
+    for (int64_t j = 0; j < d.Tk; ++j) {
+      if (!reference_visible(d, p.options, i, j)) continue;
       double acc = 0.0;
-      for (int64_t e = 0; e < d.D; ++e) acc += static_cast<double>(p.row(q, p.layout.q, bh, i)[e]) * p.row(k, p.layout.k, bh, j)[e];
-      s[static_cast<size_t>(j)] = acc * p.scale;
-      mx = std::max(mx, s[static_cast<size_t>(j)]);
+      for (int64_t e = 0; e < d.D; ++e)
+        acc += static_cast<double>(p.row(q, p.layout.q, bh, i)[e]) * p.kv_row(k, p.layout.k, bkv, j)[e];
+      acc *= p.scale;
+      if (p.softcap != 0.0f) {
+        const double t = std::tanh(acc / p.softcap);
+        acc = p.softcap * t;
+        h.capping[static_cast<size_t>(i * d.Tk + j)] = 1.0 - t * t;
+      }
+      s[static_cast<size_t>(j)] = acc;
+      mx = std::max(mx, acc);
     }
     double sum = 0.0;
-    for (int64_t j = 0; j < visible; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
-    for (int64_t j = 0; j < visible; ++j) {
-      h.weights[static_cast<size_t>(i * d.Tk + j)] = visible ? std::exp(s[static_cast<size_t>(j)] - mx) / sum : 0.0;
+    for (int64_t j = 0; j < d.Tk; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+    h.any_visible.push_back(sum > 0.0);
+    for (int64_t j = 0; j < d.Tk; ++j) {
+      if (!reference_visible(d, p.options, i, j)) continue;
+      h.weights[static_cast<size_t>(i * d.Tk + j)] = std::exp(s[static_cast<size_t>(j)] - mx) / sum;
       if (p.dropout)
         h.zmask[static_cast<size_t>(i * d.Tk + j)] =
             attention_dropout_keep(p.options.seed, p.options.dropout_p, bh, i, j) ? p.inv_keep : 0.0;
@@ -818,14 +925,16 @@ void attention_forward_reference(const AttentionDims& dims, const AttentionLayou
   const Plan p(dims, layout, options);
   for (int64_t bh = 0; bh < dims.B * dims.H; ++bh) {
     const ReferenceHead h = reference_weights(p, q, k, bh);
+    const int64_t bkv = p.kv_of(bh);
     for (int64_t i = 0; i < dims.Tq; ++i)
       for (int64_t e = 0; e < dims.D; ++e) {
         double acc = 0.0;
         for (int64_t j = 0; j < dims.Tk; ++j) {
           const size_t at = static_cast<size_t>(i * dims.Tk + j);
-          acc += h.weights[at] * h.zmask[at] * p.row(v, layout.v, bh, j)[e];
+          acc += h.weights[at] * h.zmask[at] * p.kv_row(v, layout.v, bkv, j)[e];
         }
-        p.row(o, layout.o, bh, i)[e] = p.visible(i) ? static_cast<float>(acc) : std::numeric_limits<float>::quiet_NaN();
+        p.row(o, layout.o, bh, i)[e] =
+            h.any_visible[static_cast<size_t>(i)] ? static_cast<float>(acc) : std::numeric_limits<float>::quiet_NaN();
       }
   }
 }
@@ -834,40 +943,47 @@ void attention_backward_reference(const AttentionDims& dims, const AttentionLayo
                                   const AttentionOptions& options, const float* q, const float* k, const float* v,
                                   const float* d_o, float* dq, float* dk, float* dv) {
   const Plan p(dims, layout, options);
-  const int64_t Tq = dims.Tq, Tk = dims.Tk, D = dims.D;
+  const int64_t Tq = dims.Tq, Tk = dims.Tk, D = dims.D, units = dims.B * p.kv_heads;
+  // dK and dV of every K/V head, summed over the query heads that read it.
+  std::vector<double> dk_all(static_cast<size_t>(units * Tk * D), 0.0), dv_all(static_cast<size_t>(units * Tk * D), 0.0);
   for (int64_t bh = 0; bh < dims.B * dims.H; ++bh) {
     const ReferenceHead h = reference_weights(p, q, k, bh);
-    std::vector<double> dq_h(static_cast<size_t>(Tq * D), 0.0), dk_h(static_cast<size_t>(Tk * D), 0.0),
-        dv_h(static_cast<size_t>(Tk * D), 0.0);
+    const int64_t bkv = p.kv_of(bh);
+    double* dk_h = dk_all.data() + bkv * Tk * D;
+    double* dv_h = dv_all.data() + bkv * Tk * D;
+    std::vector<double> dq_h(static_cast<size_t>(Tq * D), 0.0);
     for (int64_t i = 0; i < Tq; ++i) {
-      // dA_ij = Z_ij · (dO_i · V_j);  dS_ij = A_ij (dA_ij − Σ_l A_il dA_il)
+      // dA_ij = Z_ij · (dO_i · V_j);  dS_ij = A_ij (dA_ij − Σ_l A_il dA_il), times the capping derivative
       std::vector<double> da(static_cast<size_t>(Tk), 0.0);
       double dot = 0.0;
       for (int64_t j = 0; j < Tk; ++j) {
         const size_t at = static_cast<size_t>(i * Tk + j);
         double g = 0.0;
-        for (int64_t e = 0; e < D; ++e) g += static_cast<double>(p.row(d_o, layout.o, bh, i)[e]) * p.row(v, layout.v, bh, j)[e];
+        for (int64_t e = 0; e < D; ++e)
+          g += static_cast<double>(p.row(d_o, layout.o, bh, i)[e]) * p.kv_row(v, layout.v, bkv, j)[e];
         da[static_cast<size_t>(j)] = g * h.zmask[at];
         dot += h.weights[at] * da[static_cast<size_t>(j)];
-        for (int64_t e = 0; e < D; ++e)
-          dv_h[static_cast<size_t>(j * D + e)] += h.weights[at] * h.zmask[at] * p.row(d_o, layout.o, bh, i)[e];
+        for (int64_t e = 0; e < D; ++e) dv_h[j * D + e] += h.weights[at] * h.zmask[at] * p.row(d_o, layout.o, bh, i)[e];
       }
       for (int64_t j = 0; j < Tk; ++j) {
-        const double dsij = h.weights[static_cast<size_t>(i * Tk + j)] * (da[static_cast<size_t>(j)] - dot) * p.scale;
+        const size_t at = static_cast<size_t>(i * Tk + j);
+        const double dsij = h.weights[at] * (da[static_cast<size_t>(j)] - dot) * h.capping[at] * p.scale;
         for (int64_t e = 0; e < D; ++e) {
-          dq_h[static_cast<size_t>(i * D + e)] += dsij * p.row(k, layout.k, bh, j)[e];
-          dk_h[static_cast<size_t>(j * D + e)] += dsij * p.row(q, layout.q, bh, i)[e];
+          dq_h[static_cast<size_t>(i * D + e)] += dsij * p.kv_row(k, layout.k, bkv, j)[e];
+          dk_h[j * D + e] += dsij * p.row(q, layout.q, bh, i)[e];
         }
       }
     }
     for (int64_t i = 0; i < Tq; ++i)
       for (int64_t e = 0; e < D; ++e) p.row(dq, layout.q, bh, i)[e] = static_cast<float>(dq_h[static_cast<size_t>(i * D + e)]);
+  }
+  for (int64_t bkv = 0; bkv < units; ++bkv)
     for (int64_t j = 0; j < Tk; ++j)
       for (int64_t e = 0; e < D; ++e) {
-        p.row(dk, layout.k, bh, j)[e] = static_cast<float>(dk_h[static_cast<size_t>(j * D + e)]);
-        p.row(dv, layout.v, bh, j)[e] = static_cast<float>(dv_h[static_cast<size_t>(j * D + e)]);
+        const size_t at = static_cast<size_t>((bkv * Tk + j) * D + e);
+        p.kv_row(dk, layout.k, bkv, j)[e] = static_cast<float>(dk_all[at]);
+        p.kv_row(dv, layout.v, bkv, j)[e] = static_cast<float>(dv_all[at]);
       }
-  }
 }
 
 }  // namespace qkv::kernels

@@ -124,7 +124,12 @@ Tensor gelu(const Tensor& x);
 
 struct AttentionConfig {
   int64_t num_heads = 1;   // for rank-3 inputs (B, T, H·D): how many heads share the channel dimension
+  // Key/value heads (grouped-query attention): for the packed input, how many of its heads are K and V heads each;
+  // for separate q, k, v it is read from k's shape (0 here: any that divides num_heads), else k must have this many.
+  int64_t num_kv_heads = 0;
   bool causal = false;     // key j visible to query i iff j ≤ i + (Tk − Tq)
+  int64_t window = 0;      // sliding window: key j also needs j > i + (Tk − Tq) − window (0: none)
+  float softcap = 0.0f;    // scores become softcap·tanh(score / softcap) (0: none)
   double dropout_p = 0.0;  // on the attention weights, in training only
   bool training = false;
   Generator* generator = nullptr;  // dropout seed source (one draw per call); default_generator() if null
@@ -138,13 +143,14 @@ struct AttentionConfig {
 };
 
 // softmax(scale · QKᵀ + causal mask) V without materialising the T×T weights (kernels::attention_forward),
-// with the fused backward. q (B, Tq, H·D) and k, v (B, Tk, H·D) — read with strides, no transposes — or
-// all (B, H, T, D). The result has q's layout. Dropout masks come from a counter-based stream seeded by
+// with the fused backward. q (B, Tq, H·D) and k, v (B, Tk, H_kv·D) — read with strides, no transposes — or
+// q (B, H, Tq, D) and k, v (B, H_kv, Tk, D); H_kv divides H (grouped-query attention; H_kv = H is multi-head). The result has q's layout. Dropout masks come from a counter-based stream seeded by
 // one draw from the generator, so they differ from torch.nn.Dropout's (use the plain path for those).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config);
-// The same from one (B, T, 3·H·D) tensor that holds each token's query, key and value side by side (what
-// linear_concat of the three projections gives): read in place, and its gradient written as one tensor, so the
-// three projections' backward is one product too. Result (B, T, H·D). Not for a key/value cache (kv_tokens 0).
+// The same from one (B, T, (H + 2·H_kv)·D) tensor that holds each token's query, key and value side by side (what
+// linear_concat of the three projections gives; H_kv = config.num_kv_heads, 0 meaning H): read in place, and its
+// gradient written as one tensor, so the three projections' backward is one product too. Result (B, T, H·D). Not
+// for a key/value cache (kv_tokens 0).
 Tensor scaled_dot_product_attention(const Tensor& qkv, const AttentionConfig& config);
 
 // The attention weights (Tq, Tk) of head h of batch row b, recomputed from q and k (as given to

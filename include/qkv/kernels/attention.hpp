@@ -19,22 +19,35 @@ namespace qkv::kernels {
 // log-sum-exp. Threads own output rows (query blocks for O and dQ, key blocks for dK and dV); there
 // are no atomics, and results do not depend on the number of threads.
 
+// H query heads share H_kv key/value heads (grouped-query attention; H_kv = 1 is multi-query): query head h reads
+// K/V head h / (H / H_kv), in place. H_kv = 0 means H (ordinary multi-head attention). H_kv must divide H.
 struct AttentionDims {
-  int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
+  int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0, H_kv = 0;
+  int64_t kv_heads() const { return H_kv > 0 ? H_kv : H; }
+  int64_t group() const { return H / kv_heads(); }  // query heads per K/V head
 };
 
 // Strides in floats between consecutive batches, heads and tokens of one tensor.
 struct AttentionStrides {
   int64_t batch = 0, head = 0, token = 0;
   // (B, T, H·D): the layout Linear projections produce.
-  static AttentionStrides btc(const AttentionDims& d, int64_t T) { return {T * d.H * d.D, d.D, d.H * d.D}; }
+  static AttentionStrides btc(const AttentionDims& d, int64_t T) { return btc(d.H, d.D, T); }
+  static AttentionStrides btc(int64_t heads, int64_t D, int64_t T) { return {T * heads * D, D, heads * D}; }
   // (B, H, T, D)
-  static AttentionStrides bhtd(const AttentionDims& d, int64_t T) { return {d.H * T * d.D, T * d.D, d.D}; }
+  static AttentionStrides bhtd(const AttentionDims& d, int64_t T) { return bhtd(d.H, d.D, T); }
+  static AttentionStrides bhtd(int64_t heads, int64_t D, int64_t T) { return {heads * T * D, T * D, D}; }
 };
 
 struct AttentionOptions {
   bool causal = false;     // key j is visible to query i iff j ≤ i + (Tk − Tq)
-  float scale = 0.0f;      // 0 means 1/√D
+  // Sliding window (Mistral, Gemma 3's local layers; Hugging Face's `sliding_window`): with window W > 0, key j is
+  // visible to query i only if also j > i + (Tk − Tq) − W, i.e. a query sees itself and the W − 1 keys before it.
+  // Key blocks wholly outside every row's window are skipped, so the cost grows as Tq·W, not Tq·Tk. 0: no window.
+  int64_t window = 0;
+  float scale = 0.0f;      // 0 means 1/√D (Gemma 3: query_pre_attn_scalar^−½)
+  // Logit soft-capping (Gemma 2's attn_logit_softcapping): scores s = scale·q·k become cap·tanh(s / cap) before the
+  // softmax. 0: none.
+  float softcap = 0.0f;
   float dropout_p = 0.0f;  // on the softmax weights; kept ones are scaled by 1/(1 − p)
   uint64_t seed = 0;       // dropout stream: element (b·H + h, i, j) is a pure function of the seed
   int threads = 0;         // 0: OpenMP's default
@@ -44,6 +57,8 @@ struct AttentionLayout {
   AttentionStrides q, k, v, o;  // dQ, dK, dV, dO use the strides of Q, K, V, O
 };
 
+// q, o (and dq, dO): (Tq, D) rows per (b, h), h < H; k, v (and dk, dv): (Tk, D) rows per (b, h_kv), h_kv < H_kv. With
+// H_kv < H the backward sums dK and dV over each group of query heads in head order, so its bits are fixed.
 // o: (Tq, D) rows per (b, h); lse: (B, H, Tq) contiguous, natural-log log-sum-exp of the scaled scores.
 // A query row with no visible key (only when Tq > Tk with causal) gets NaN, like PyTorch.
 void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
