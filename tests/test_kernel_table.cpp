@@ -242,6 +242,65 @@ std::vector<KernelCase> kernel_cases() {
                      layer_norm_backward_reference(x.data(), w.data(), g.data(), dx_want.data(), nullptr, nullptr, rows, C, 1e-5f);
                      return close(dx.data(), dx_want.data(), rows * C, 1e-3, 1e-4);
                    }});
+  for (float offset : {0.0f, 1.0f}) {  // Llama's w and Gemma's (1 + w)
+    cases.push_back({offset == 0.0f ? "rms_norm forward and backward" : "rms_norm (1 + w) forward and backward",
+                     [offset](int64_t n, int m) {
+                       const int64_t rows = 5, C = n + 1;
+                       Buffer x(rows * C, m, 1, 2.0f, 0.5f), w(C, m, 2), y(rows * C, m, 4), r(rows * C, m, 5);
+                       Buffer rstd(rows, m, 7), g(rows * C, m, 8), dx(rows * C, m, 9), dw(C, m, 10);
+                       rms_norm_forward(x.data(), w.data(), offset, y.data(), rstd.data(), rows, C, 1e-6f);
+                       rms_norm_forward_reference(x.data(), w.data(), offset, r.data(), rows, C, 1e-6f);
+                       if (auto ok = close(y.data(), r.data(), rows * C, 1e-5, 1e-6); !ok) return ok;
+                       std::vector<float> dx_want = dx.copy(), dw_want = dw.copy();
+                       rms_norm_backward(x.data(), w.data(), offset, rstd.data(), g.data(), dx.data(), dw.data(), rows, C);
+                       rms_norm_backward_reference(x.data(), w.data(), offset, g.data(), dx_want.data(), dw_want.data(), rows, C, 1e-6f);
+                       if (auto ok = close(dx.data(), dx_want.data(), rows * C, 1e-4, 1e-5); !ok) return ok;
+                       if (auto ok = close(dw.data(), dw_want.data(), C, 1e-4, 1e-5); !ok) return ok;
+                       std::fill_n(dx.data(), rows * C, std::numeric_limits<float>::quiet_NaN());
+                       std::fill(dx_want.begin(), dx_want.end(), 0.0f);
+                       rms_norm_backward(x.data(), w.data(), offset, rstd.data(), g.data(), dx.data(), nullptr, rows, C, false);
+                       rms_norm_backward_reference(x.data(), w.data(), offset, g.data(), dx_want.data(), nullptr, rows, C, 1e-6f);
+                       return close(dx.data(), dx_want.data(), rows * C, 1e-4, 1e-5);
+                     }});
+  }
+  cases.push_back({"silu forward and backward", [](int64_t n, int m) {
+                     Buffer x(n, m, 1, 12.0f), y(n, m, 2), r(n, m, 3), g(n, m, 4), dx(n, m, 5);
+                     silu_forward(x.data(), y.data(), n);
+                     silu_reference(x.data(), r.data(), n);
+                     if (auto ok = close(y.data(), r.data(), n, 1e-6, 1e-6); !ok) return ok;
+                     std::vector<float> want = dx.copy();
+                     silu_backward(x.data(), g.data(), dx.data(), n);
+                     silu_backward_reference(x.data(), g.data(), want.data(), n);
+                     if (auto ok = close(dx.data(), want.data(), n, 1e-5, 1e-6); !ok) return ok;
+                     std::fill_n(dx.data(), n, std::numeric_limits<float>::quiet_NaN());
+                     std::fill(want.begin(), want.end(), 0.0f);
+                     silu_backward(x.data(), g.data(), dx.data(), n, false);
+                     silu_backward_reference(x.data(), g.data(), want.data(), n);
+                     return close(dx.data(), want.data(), n, 1e-5, 1e-6);
+                   }});
+  // RoPE: both layouts, plain and Llama 3 scaled frequencies, a position offset (a KV cache's next chunk); the
+  // inverse undoes the forward.
+  for (RopeLayout layout : {RopeLayout::RotateHalf, RopeLayout::Interleaved}) {
+    cases.push_back({layout == RopeLayout::RotateHalf ? "rope rotate-half" : "rope interleaved", [layout](int64_t n, int m) {
+                       const int64_t heads = 3, D = 2 * (n + 1), T = 7, rows = 2 * T, stride = heads * D + 3, start = 5;
+                       RopeFrequencies f;
+                       f.theta = 500000.0;
+                       if (n % 2) {
+                         f.scaling = RopeFrequencies::Scaling::Llama3;
+                         f.factor = 32.0;
+                         f.original_max_position_embeddings = 64;
+                       }
+                       const auto inv = f.inverse_frequencies(D);
+                       const RopeTable table = RopeTable::make(inv, start + T);
+                       Buffer x(rows * stride, m, 1, 3.0f);
+                       std::vector<float> original = x.copy(), want = x.copy();
+                       rope_apply(table, layout, x.data(), rows, T, stride, heads, D, start, false);
+                       rope_apply_reference(inv, layout, want.data(), rows, T, stride, heads, D, start, false);
+                       if (auto ok = close(x.data(), want.data(), rows * stride, 1e-5, 1e-5); !ok) return ok;
+                       rope_apply(table, layout, x.data(), rows, T, stride, heads, D, start, true);
+                       return close(x.data(), original.data(), rows * stride, 1e-5, 1e-5);
+                     }});
+  }
   cases.push_back({"embedding backward", [](int64_t n, int m) {
                      const int64_t V = 7, C = n + 1;
                      std::vector<int64_t> ids(13);
@@ -359,6 +418,8 @@ std::vector<OpCase> op_cases() {
   const std::vector<int64_t> targets = {2, -100, 0, 4};
   const std::vector<int64_t> ids = {3, 0, 3, 1, 4, 3};
   const std::vector<int64_t> tied_ids = {3, 0, 3, 1};
+  const auto rope_table = std::make_shared<const kernels::RopeTable>(
+      kernels::RopeTable::make(kernels::RopeFrequencies{.theta = 100.0}.inverse_frequencies(4), 10));
   AttentionConfig causal_heads;
   causal_heads.num_heads = 2;
   causal_heads.causal = true;
@@ -403,6 +464,13 @@ std::vector<OpCase> op_cases() {
       {"embedding", [ids](const Inputs& x) { return embedding(x[0], ids, Shape{2, 3}); }, {random_tensor({5, 4}, 1)}},
       {"layer_norm", [](const Inputs& x) { return layer_norm(x[0], x[1], x[2]); }, {random_tensor({3, 7}, 1), positive({7}, 2), random_tensor({7}, 3)}},
       {"gelu", [](const Inputs& x) { return gelu(x[0]); }, {random_tensor({3, 11}, 1, 2.0f)}},
+      {"rms_norm", [](const Inputs& x) { return rms_norm(x[0], x[1], 1e-6f); }, {random_tensor({3, 7}, 1), random_tensor({7}, 2)}},
+      {"rms_norm (1 + w)", [](const Inputs& x) { return rms_norm(x[0], x[1], 1e-6f, 1.0f); }, {random_tensor({2, 3, 5}, 1), random_tensor({5}, 2)}},
+      {"silu", [](const Inputs& x) { return silu(x[0]); }, {random_tensor({3, 11}, 1, 3.0f)}},
+      {"rope rotate-half at position 3", [rope_table](const Inputs& x) { return rope(x[0], rope_table, kernels::RopeLayout::RotateHalf, 2, 3); },
+       {random_tensor({2, 4, 8}, 1)}},
+      {"rope interleaved", [rope_table](const Inputs& x) { return rope(x[0], rope_table, kernels::RopeLayout::Interleaved, 2); },
+       {random_tensor({1, 5, 8}, 1)}},
       {"scaled_dot_product_attention (B,T,H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal_heads); },
        {random_tensor({2, 5, 6}, 1), random_tensor({2, 5, 6}, 2), random_tensor({2, 5, 6}, 3)}},
       {"scaled_dot_product_attention packed (B,T,3·H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], causal_heads); },

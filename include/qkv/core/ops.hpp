@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
+#include "qkv/kernels/decoder.hpp"
 
 namespace qkv {
 
@@ -119,6 +121,19 @@ Tensor embedding(const Tensor& weight, std::span<const int64_t> ids, const Shape
 Tensor layer_norm(const Tensor& x, const Tensor& scale, const Tensor& shift, float eps = 1e-5f);
 // GELU, tanh approximation (GPT-2's): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 Tensor gelu(const Tensor& x);
+
+// ---- today's decoders: RMSNorm, SiLU, rotary embeddings ----
+
+// RMSNorm over the last dimension: x / √(mean(x²) + eps) · (weight + offset); weight is (C). offset 0 is Llama's and
+// Qwen's, 1 Gemma's (1 + w).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float offset = 0.0f);
+// SiLU (swish): x·σ(x), the gate of SwiGLU.
+Tensor silu(const Tensor& x);
+// Rotary position embeddings on x (B, T, H·D): token t of every batch row is at position `position + t`, and each of
+// its H heads is rotated as kernels::rope_apply says. The table must hold position + T positions (ShapeError
+// otherwise). Backward: the inverse rotation of the gradient.
+Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, kernels::RopeLayout layout,
+            int64_t num_heads, int64_t position = 0);
 
 // ---- fused attention ----
 

@@ -1,0 +1,69 @@
+// The pieces today's decoders (Llama 3, Qwen2/3, Gemma 3) add to a GPT block: RMSNorm, SiLU and rotary position
+// embeddings, each as a forward/backward pair beside a double-precision scalar reference. Rows run in parallel;
+// sums over rows go through fixed chunks added in order, so results do not depend on the thread count.
+// Not here: attention itself (attention.hpp), layer norm and GELU (transformer.hpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace qkv::kernels {
+
+// ---- RMSNorm over rows of C ----
+// y = x · rstd · (w + offset), rstd = 1/√(mean(x²) + eps). offset is 0 (Llama, Qwen) or 1 (Gemma's (1 + w)).
+// rstd (rows) is saved for the backward.
+void rms_norm_forward(const float* x, const float* weight, float offset, float* y, float* rstd, int64_t rows, int64_t C,
+                      float eps);
+// With x̂ = x·rstd and d = dy·(w + offset): dx (+)= rstd · (d − x̂ · mean(d · x̂)); dweight += Σ_rows dy·x̂.
+// dx or dweight may be null.
+void rms_norm_backward(const float* x, const float* weight, float offset, const float* rstd, const float* dy, float* dx,
+                       float* dweight, int64_t rows, int64_t C, bool accumulate = true);
+void rms_norm_forward_reference(const float* x, const float* weight, float offset, float* y, int64_t rows, int64_t C,
+                                float eps);
+void rms_norm_backward_reference(const float* x, const float* weight, float offset, const float* dy, float* dx,
+                                 float* dweight, int64_t rows, int64_t C, float eps);
+
+// ---- SiLU: y = x·σ(x) (SwiGLU's gate) ----
+void silu_forward(const float* x, float* y, int64_t n);
+// dx (+)= g · σ(x)·(1 + x·(1 − σ(x)))
+void silu_backward(const float* x, const float* g, float* dx, int64_t n, bool accumulate = true);
+void silu_reference(const float* x, float* y, int64_t n);
+void silu_backward_reference(const float* x, const float* g, float* dx, int64_t n);
+
+// ---- rotary position embeddings ----
+//
+// Per head of D = 2·P values at position t, pair i (i < P) is rotated by the angle t·inv_freq[i]:
+//   (a, b) → (a·cos − b·sin, b·cos + a·sin).
+// Which two values form pair i is the layout: Hugging Face's rotate-half pairs (i, i + P); Meta's original
+// checkpoints interleave (2i, 2i + 1).
+enum class RopeLayout { RotateHalf, Interleaved };
+
+// The frequencies of one layer's rotation: inv_freq[i] = 1 / theta^(2i / D), then scaled.
+struct RopeFrequencies {
+  double theta = 10000.0;
+  enum class Scaling { None, Linear, Llama3 } scaling = Scaling::None;
+  double factor = 1.0;                      // linear: inv_freq / factor; llama3: the low-frequency divisor
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+  // The P = D / 2 inverse frequencies, in float as Hugging Face computes them (float32 tensors).
+  std::vector<float> inverse_frequencies(int64_t D) const;
+};
+
+// cos and sin of t·inv_freq[i] for positions [0, positions): (positions × P) each, row-major. The angle is the
+// float32 product t·inv_freq[i], as Hugging Face forms it, and its cos/sin are rounded from double.
+struct RopeTable {
+  int64_t positions = 0, P = 0;
+  std::vector<float> cos, sin;
+  static RopeTable make(const std::vector<float>& inv_freq, int64_t positions);
+};
+
+// x: rows of `heads` heads of D values, in place. Row r is token position0 + (r % T) of x's (B, T, …) layout; its head
+// h starts at x + r·row_stride + h·D. inverse rotates by −angle: the backward of the forward (a rotation's transpose).
+// positions0 + T must not exceed table.positions (checked by the caller).
+void rope_apply(const RopeTable& table, RopeLayout layout, float* x, int64_t rows, int64_t T, int64_t row_stride,
+                int64_t heads, int64_t D, int64_t position0, bool inverse);
+// The same in double, from first principles (angles and trig per element): the reference.
+void rope_apply_reference(const std::vector<float>& inv_freq, RopeLayout layout, float* x, int64_t rows, int64_t T,
+                          int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse);
+
+}  // namespace qkv::kernels
