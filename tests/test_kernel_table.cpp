@@ -4,6 +4,7 @@
 //            misalignments (0, 1 and 3 floats past a 64-byte boundary), so vector bodies and scalar tails
 //            both run.
 //   Ops:     every differentiable op against central differences (the loss summed in double).
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -301,6 +302,38 @@ std::vector<KernelCase> kernel_cases() {
                        return close(x.data(), original.data(), rows * stride, 1e-5, 1e-5);
                      }});
   }
+  // 16-bit conversions over patterns that include zeros, subnormals, infinities, NaNs and rounding ties.
+  cases.push_back({"bf16 and f16 conversions", [](int64_t n, int m) {
+                     std::vector<uint16_t> bits(static_cast<size_t>(n + m));
+                     Generator gen(static_cast<uint64_t>(n * 7 + m));
+                     for (auto& b : bits) b = static_cast<uint16_t>(gen.next_u64());
+                     const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x7c00, 0xfc00, 0x7e00, 0x7f80, 0xff80, 0x7fc1};
+                     for (size_t i = 0; i < bits.size() && i < std::size(special); ++i) bits[i] = special[i];
+                     const uint16_t* src = bits.data() + m;
+                     std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+                     auto same = [&](const char* what) {
+                       for (int64_t i = 0; i < n; ++i)
+                         if (std::memcmp(&got[i], &want[i], 4) != 0 && !(std::isnan(got[i]) && std::isnan(want[i])))
+                           return ::testing::AssertionFailure() << what << " element " << i << ": " << got[i] << " vs " << want[i];
+                       return ::testing::AssertionSuccess();
+                     };
+                     bf16_to_f32(src, got.data(), n);
+                     for (int64_t i = 0; i < n; ++i) want[i] = bf16_to_f32_reference(src[i]);
+                     if (auto ok = same("bf16"); !ok) return ok;
+                     f16_to_f32(src, got.data(), n);
+                     for (int64_t i = 0; i < n; ++i) want[i] = f16_to_f32_reference(src[i]);
+                     if (auto ok = same("f16"); !ok) return ok;
+                     Buffer f(n, m, 3, 1e3f);
+                     if (n > 2) { f.data()[0] = NAN; f.data()[1] = INFINITY; f.data()[2] = 1.00390625f; }  // a tie: 1 + 2⁻⁸
+                     std::vector<uint16_t> out(static_cast<size_t>(n));
+                     f32_to_bf16(f.data(), out.data(), n);
+                     for (int64_t i = 0; i < n; ++i)
+                       if (out[i] != f32_to_bf16_reference(f.data()[i]))
+                         return ::testing::AssertionFailure() << "f32→bf16 element " << i;
+                     if (n > 2 && (out[2] != 0x3f80 || !std::isnan(bf16_to_f32_reference(out[0])) || out[1] != 0x7f80))
+                       return ::testing::AssertionFailure() << "ties to even, NaN or Inf";
+                     return ::testing::AssertionSuccess();
+                   }});
   cases.push_back({"embedding backward", [](int64_t n, int m) {
                      const int64_t V = 7, C = n + 1;
                      std::vector<int64_t> ids(13);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/decoder.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/kernels/gemm.hpp"

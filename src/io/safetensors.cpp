@@ -2,6 +2,7 @@
 #include "qkv/io/safetensors.hpp"
 
 #include "qkv/io/file.hpp"
+#include "qkv/kernels/convert.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -294,6 +295,16 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
     // nothing to convert
   } else if (info->dtype == DType::F32) {
     std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
+  } else if (info->dtype == DType::BF16 || info->dtype == DType::F16) {
+    // One vectorised pass; the mapping is only byte-aligned, so the 16-bit values are copied out in blocks first.
+    constexpr int64_t kBlock = 4096;
+    uint16_t block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t m = std::min(kBlock, n - i);
+      std::memcpy(block, p + static_cast<size_t>(i) * 2, static_cast<size_t>(m) * 2);
+      if (info->dtype == DType::BF16) kernels::bf16_to_f32(block, dst + i, m);
+      else kernels::f16_to_f32(block, dst + i, m);
+    }
   } else {
     const size_t step = dtype_size(info->dtype);
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element_value(p + static_cast<size_t>(i) * step, info->dtype));

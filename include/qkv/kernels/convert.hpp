@@ -1,0 +1,22 @@
+// Conversions between float32 and the 16-bit floating-point storage types (bfloat16, IEEE half), vectorised, beside
+// their scalar references. Pure loops on raw pointers; values are little-endian 16-bit patterns.
+// Not here: which tensors hold which dtype (io/safetensors.hpp).
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels {
+
+// bf16 → f32 is exact: the 16 bits become the high half of the float.
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
+// f32 → bf16, rounding to nearest even; NaN stays NaN (a quiet NaN with the sign kept), ±Inf stays ±Inf.
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
+// IEEE half → f32, exact for every half (subnormals, infinities, NaN), with F16C where the CPU has it.
+void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
+
+// The same, one element at a time from the bit layouts: the references.
+float bf16_to_f32_reference(uint16_t h);
+uint16_t f32_to_bf16_reference(float f);
+float f16_to_f32_reference(uint16_t h);
+
+}  // namespace qkv::kernels
