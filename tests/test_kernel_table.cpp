@@ -502,6 +502,8 @@ std::vector<OpCase> op_cases() {
       {"silu", [](const Inputs& x) { return silu(x[0]); }, {random_tensor({3, 11}, 1, 3.0f)}},
       {"rope rotate-half at position 3", [rope_table](const Inputs& x) { return rope(x[0], rope_table, kernels::RopeLayout::RotateHalf, 2, 3); },
        {random_tensor({2, 4, 8}, 1)}},
+      {"rope on the q and k heads of a packed projection", [rope_table](const Inputs& x) { return rope(x[0], rope_table, kernels::RopeLayout::RotateHalf, 4, 1, 3); },
+       {random_tensor({2, 3, 16}, 1)}},
       {"rope interleaved", [rope_table](const Inputs& x) { return rope(x[0], rope_table, kernels::RopeLayout::Interleaved, 2); },
        {random_tensor({1, 5, 8}, 1)}},
       {"scaled_dot_product_attention (B,T,H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal_heads); },

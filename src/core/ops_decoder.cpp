@@ -45,13 +45,17 @@ Tensor silu(const Tensor& x) {
 // rope: each head's pairs rotated by position·inv_freq. A rotation's inverse is its transpose, so the backward rotates
 // the gradient back: dx = R(−θ) dy.
 Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, kernels::RopeLayout layout,
-            int64_t num_heads, int64_t position) {
+            int64_t num_heads, int64_t position, int64_t rotated_heads) {
   if (!table) throw ValueError("rope: no rotation table");
   if (x.rank() != 3 || num_heads <= 0 || x.size(2) % num_heads != 0) {
     throw ShapeError("rope: input must be (B, T, H·D) with num_heads = H > 0 dividing its channels, got " +
                      x.shape().str() + " with num_heads = " + std::to_string(num_heads));
   }
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2) / num_heads;
+  if (rotated_heads < 0 || rotated_heads > num_heads) {
+    throw ShapeError("rope: cannot rotate " + std::to_string(rotated_heads) + " of " + std::to_string(num_heads) + " heads");
+  }
+  const int64_t rotated = rotated_heads > 0 ? rotated_heads : num_heads, width = x.size(2);
   if (D != 2 * table->P) {
     throw ShapeError("rope: heads of " + std::to_string(D) + " values, but the table rotates " +
                      std::to_string(2 * table->P));
@@ -62,11 +66,11 @@ Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, ke
                      " (the model's max_position_embeddings); use a shorter sequence or context");
   }
   Tensor out = x.detach().clone();
-  kernels::rope_apply(*table, layout, out.data(), B * T, T, x.size(2), num_heads, D, position, false);
+  kernels::rope_apply(*table, layout, out.data(), B * T, T, width, rotated, D, position, false);
   if (detail::needs_grad({&x})) {
-    detail::record(out, "RopeBackward", {x}, [x, table, layout, num_heads, position, B, T, D](const Tensor& dout) {
+    detail::record(out, "RopeBackward", {x}, [x, table, layout, rotated, width, position, B, T, D](const Tensor& dout) {
       Tensor g = dout.detach().clone();
-      kernels::rope_apply(*table, layout, g.data(), B * T, T, num_heads * D, num_heads, D, position, true);
+      kernels::rope_apply(*table, layout, g.data(), B * T, T, width, rotated, D, position, true);
       detail::add_grad(x, g);
     });
   }

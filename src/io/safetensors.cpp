@@ -280,6 +280,29 @@ std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& info) const 
   return {data_ + info.begin, static_cast<size_t>(info.end - info.begin)};
 }
 
+namespace {
+// n elements of `dtype` at p into dst as float32: one copy for F32, one vectorised pass for BF16 and F16.
+void convert_to_float(const std::byte* p, DType dtype, int64_t n, float* dst) {
+  if (n == 0) return;
+  if (dtype == DType::F32) {
+    std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
+  } else if (dtype == DType::BF16 || dtype == DType::F16) {
+    // The mapping is only byte-aligned, so the 16-bit values are copied out in blocks first.
+    constexpr int64_t kBlock = 4096;
+    uint16_t block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t m = std::min(kBlock, n - i);
+      std::memcpy(block, p + static_cast<size_t>(i) * 2, static_cast<size_t>(m) * 2);
+      if (dtype == DType::BF16) kernels::bf16_to_f32(block, dst + i, m);
+      else kernels::f16_to_f32(block, dst + i, m);
+    }
+  } else {
+    const size_t step = dtype_size(dtype);
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element_value(p + static_cast<size_t>(i) * step, dtype));
+  }
+}
+}  // namespace
+
 Tensor SafetensorsFile::tensor(const std::string& name) const {
   const TensorInfo* info = find(name);
   if (!info) fail(label_, "has no tensor '" + name + "'");
@@ -288,45 +311,46 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
                      std::to_string(kMaxRank));
   }
   Tensor out = Tensor::empty(Shape(std::span<const int64_t>(info->shape)));
-  const std::byte* p = data_ + info->begin;
-  float* dst = out.data();
-  const int64_t n = info->numel();
-  if (n == 0) {
-    // nothing to convert
-  } else if (info->dtype == DType::F32) {
-    std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
-  } else if (info->dtype == DType::BF16 || info->dtype == DType::F16) {
-    // One vectorised pass; the mapping is only byte-aligned, so the 16-bit values are copied out in blocks first.
-    constexpr int64_t kBlock = 4096;
-    uint16_t block[kBlock];
-    for (int64_t i = 0; i < n; i += kBlock) {
-      const int64_t m = std::min(kBlock, n - i);
-      std::memcpy(block, p + static_cast<size_t>(i) * 2, static_cast<size_t>(m) * 2);
-      if (info->dtype == DType::BF16) kernels::bf16_to_f32(block, dst + i, m);
-      else kernels::f16_to_f32(block, dst + i, m);
-    }
-  } else {
-    const size_t step = dtype_size(info->dtype);
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element_value(p + static_cast<size_t>(i) * step, info->dtype));
-  }
+  convert_to_float(data_ + info->begin, info->dtype, info->numel(), out.data());
   return out;
 }
+
+namespace {
+void require_weight_dtype(const std::string& label, const std::string& name, DType dtype) {
+  if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16 && dtype != DType::F64) {
+    fail(label, "tensor '" + name + "' is " + dtype_name(dtype) + "; weights must be F32, F16, BF16 or F64");
+  }
+}
+void require_finite(const std::string& label, const std::string& name, const Tensor& t) {
+  const float* v = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    if (!std::isfinite(v[i])) {
+      fail(label, "tensor '" + name + "' holds a non-finite value at element " + std::to_string(i) +
+                      " (NaN, Inf, or a double beyond float's range); the weights are corrupt");
+    }
+  }
+}
+}  // namespace
 
 Tensor SafetensorsFile::weights(const std::string& name) const {
   const TensorInfo* info = find(name);
   if (!info) fail(label_, "has no tensor '" + name + "'");
-  if (info->dtype != DType::F32 && info->dtype != DType::F16 && info->dtype != DType::BF16 && info->dtype != DType::F64) {
-    fail(label_, "tensor '" + name + "' is " + dtype_name(info->dtype) + "; weights must be F32, F16, BF16 or F64");
-  }
+  require_weight_dtype(label_, name, info->dtype);
   Tensor t = tensor(name);
-  const float* v = t.data();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-    if (!std::isfinite(v[i])) {
-      fail(label_, "tensor '" + name + "' holds a non-finite value at element " + std::to_string(i) +
-                       " (NaN, Inf, or a double beyond float's range); the weights are corrupt");
-    }
-  }
+  require_finite(label_, name, t);
   return t;
+}
+
+void SafetensorsFile::read_weights(const std::string& name, Tensor& dst) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(label_, "has no tensor '" + name + "'");
+  require_weight_dtype(label_, name, info->dtype);
+  if (!(Shape(std::span<const int64_t>(info->shape)) == dst.shape())) {
+    fail(label_, "tensor '" + name + "' has shape " + Shape(std::span<const int64_t>(info->shape)).str() + ", expected " +
+                     dst.shape().str());
+  }
+  convert_to_float(data_ + info->begin, info->dtype, info->numel(), dst.data());
+  require_finite(label_, name, dst);
 }
 
 std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {

@@ -223,9 +223,10 @@ AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
   return t;
 }
 
-KVCacheLayer MultiHeadAttention::make_cache(int64_t batch) const {
+KVCacheLayer MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
   require_positive(batch, "MultiHeadAttention::make_cache", "batch");
-  return {Tensor::zeros({batch, context_length, d_out}), Tensor::zeros({batch, context_length, d_out})};
+  if (capacity <= 0 || capacity > context_length) capacity = context_length;
+  return {Tensor::zeros({batch, capacity, d_out}), Tensor::zeros({batch, capacity, d_out})};
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const AttentionStep& step) const {

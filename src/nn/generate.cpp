@@ -39,10 +39,10 @@ int64_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
   return order[static_cast<size_t>(keep - 1)];
 }
 
-std::vector<int64_t> generate(const GPTModel& model, std::vector<int64_t> prompt, const SamplingOptions& options,
+std::vector<int64_t> generate(const LanguageModel& model, std::vector<int64_t> prompt, const SamplingOptions& options,
                               const std::function<void(int64_t token)>& on_token) {
   NoGradGuard no_grad;
-  const int64_t ctx = model.config.context_length, V = model.config.vocab_size;
+  const int64_t ctx = model.context_length(), V = model.vocab_size();
   if (prompt.empty()) throw ValueError("generate: the prompt is empty; give at least one token");
   if (static_cast<int64_t>(prompt.size()) > ctx) prompt.erase(prompt.begin(), prompt.end() - ctx);
   Generator gen(options.seed);
@@ -50,7 +50,7 @@ std::vector<int64_t> generate(const GPTModel& model, std::vector<int64_t> prompt
   KVCache cache;
   Tensor logits;
   auto refill = [&](int64_t keep) {  // (re)start the cache from the last `keep` tokens
-    cache = model.make_cache(1);
+    cache = model.make_cache(1, std::min<int64_t>(ctx, static_cast<int64_t>(sequence.size()) + options.max_new_tokens));
     const std::vector<int64_t> window(sequence.end() - keep, sequence.end());
     logits = model.forward_cached(window, 1, keep, cache);
   };
@@ -66,9 +66,11 @@ std::vector<int64_t> generate(const GPTModel& model, std::vector<int64_t> prompt
     produced.push_back(token);
     sequence.push_back(token);
     if (on_token) on_token(token);
-    if (token == options.stop_token) break;
+    if (token == options.stop_token ||
+        std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end())
+      break;
     if (options.use_cache && n + 1 < options.max_new_tokens) {
-      if (cache.length + 1 > ctx) refill(std::max<int64_t>(1, ctx / 2));
+      if (cache.length + 1 > cache.capacity) refill(std::max<int64_t>(1, ctx / 2));
       else logits = model.forward_cached(std::vector<int64_t>{token}, 1, 1, cache);
     }
   }

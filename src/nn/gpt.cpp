@@ -258,11 +258,16 @@ Tensor GPTModel::attention_maps(std::span<const int64_t> ids, std::vector<int64_
   return maps;
 }
 
-KVCache GPTModel::make_cache(int64_t batch) const {
+KVCache GPTModel::make_cache(int64_t batch, int64_t max_tokens) const {
+  if (max_tokens < 0 || max_tokens > config.context_length) {
+    throw ShapeError("GPTModel::make_cache: " + std::to_string(max_tokens) + " positions, but context_length is " +
+                     std::to_string(config.context_length));
+  }
   KVCache cache;
   cache.batch = batch;
-  cache.capacity = config.context_length;
-  for (const auto& block : trf_blocks) cache.layers.push_back(block->att.make_cache(batch));
+  cache.capacity = max_tokens > 0 ? max_tokens : config.context_length;
+  for (const auto& block : trf_blocks) cache.layers.push_back(block->att.make_cache(batch, cache.capacity));
+  cache.filled.assign(trf_blocks.size(), 0);
   return cache;
 }
 
@@ -278,13 +283,9 @@ Tensor GPTModel::forward_cached(std::span<const int64_t> ids, int64_t batch, int
   Tensor x = embed(ids, batch, tokens, start);
   for (size_t i = 0; i < trf_blocks.size(); ++i) x = trf_blocks[i]->forward(x, {&cache.layers[i], start});
   cache.length = start + tokens;
+  std::fill(cache.filled.begin(), cache.filled.end(), cache.length);
   // Only the last position's logits are needed to pick the next token.
   return out_head(final_norm(select_token(x, tokens - 1)));
-}
-
-Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index) {
-  if (logits.rank() != 3) throw ShapeError("language_model_loss: logits must be (B, T, V), got " + logits.shape().str());
-  return cross_entropy(reshape(logits, {logits.size(0) * logits.size(1), logits.size(2)}), targets, ignore_index);
 }
 
 }  // namespace qkv::nn

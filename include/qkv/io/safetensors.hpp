@@ -54,6 +54,9 @@ class SafetensorsFile {
   // An integer tensor (or a float one holding whole numbers) as int64; IoError for NaN, fractions or values
   // outside int64.
   std::vector<int64_t> int64s(const std::string& name) const;
+  // Weights read straight into `dst` (a tensor of the same shape, e.g. a model's parameter): converted from F32,
+  // F16, BF16 or F64 in one pass with no temporary, then checked finite. IoError naming the tensor otherwise.
+  void read_weights(const std::string& name, Tensor& dst) const;
 
  private:
   struct Mapping;

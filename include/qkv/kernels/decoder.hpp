@@ -47,6 +47,7 @@ struct RopeFrequencies {
   double original_max_position_embeddings = 8192.0;
   // The P = D / 2 inverse frequencies, in float as Hugging Face computes them (float32 tensors).
   std::vector<float> inverse_frequencies(int64_t D) const;
+  bool operator==(const RopeFrequencies&) const = default;
 };
 
 // cos and sin of t·inv_freq[i] for positions [0, positions): (positions × P) each, row-major. The angle is the

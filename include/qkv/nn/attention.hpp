@@ -156,8 +156,8 @@ class MultiHeadAttention : public ProjectedAttention {
   Tensor forward(const Tensor& x, const AttentionStep& step) const;
   // The per-head weights (B, H, T, T) materialised by the plain path; trace always takes it.
   AttentionTrace trace(const Tensor& x) const;
-  // An empty cache for `batch` rows of up to context_length tokens.
-  KVCacheLayer make_cache(int64_t batch) const;
+  // An empty cache for `batch` rows of up to `capacity` tokens (0, or more than context_length: context_length).
+  KVCacheLayer make_cache(int64_t batch, int64_t capacity = 0) const;
   // Head h's attention weights (T, Tk) for batch row b, recomputed from a record of forward(x, {.record}).
   Tensor weights(const AttentionStep::Record& record, int64_t b, int64_t h) const;
 

@@ -1,4 +1,4 @@
-// Text generation from a GPTModel: greedy or sampled (temperature, top-k, top-p), with a KV cache so each
+// Text generation from any LanguageModel (GPTModel, Decoder): greedy or sampled (temperature, top-k, top-p), with a KV cache so each
 // new token costs one position's work instead of a full forward pass.
 #pragma once
 
@@ -6,7 +6,8 @@
 #include <functional>
 #include <vector>
 
-#include "qkv/nn/gpt.hpp"
+#include "qkv/nn/language_model.hpp"
+#include "qkv/core/random.hpp"
 
 namespace qkv::nn {
 
@@ -18,12 +19,14 @@ struct SamplingOptions {
   uint64_t seed = 0;
   bool use_cache = true;
   int64_t stop_token = -1;   // e.g. <|endoftext|>; −1: never stop early
+  std::vector<int64_t> stop_tokens;  // more tokens that end generation (a model's EOS ids)
 };
 
 // Returns the new tokens (not the prompt). A prompt longer than context_length keeps its last
-// context_length tokens (documented truncation); when the cache fills up, it is refilled from the last
-// context_length / 2 tokens, so generation can run past context_length. on_token sees each new token.
-std::vector<int64_t> generate(const GPTModel& model, std::vector<int64_t> prompt, const SamplingOptions& options,
+// context_length tokens (documented truncation); the cache is made for the prompt and max_new_tokens (at most
+// context_length), and when it fills up it is refilled from the last context_length / 2 tokens, so generation can
+// run past context_length. on_token sees each new token.
+std::vector<int64_t> generate(const LanguageModel& model, std::vector<int64_t> prompt, const SamplingOptions& options,
                               const std::function<void(int64_t token)>& on_token = {});
 
 // Picks a token from one row of logits (V) as `options` say, drawing from `gen`.

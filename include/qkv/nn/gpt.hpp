@@ -14,6 +14,7 @@
 
 #include "qkv/core/settings.hpp"
 #include "qkv/nn/attention.hpp"
+#include "qkv/nn/language_model.hpp"
 #include "qkv/nn/linear.hpp"
 #include "qkv/nn/module.hpp"
 #include "qkv/core/random.hpp"
@@ -89,14 +90,7 @@ class TransformerBlock : public UnaryModule {
   Generator* gen_;
 };
 
-// Keys and values of every layer for the tokens seen so far, so each new token costs O(T) attention
-// instead of a full forward pass. Sized once for (batch, context_length).
-struct KVCache {
-  std::vector<KVCacheLayer> layers;  // per layer (B, capacity, C)
-  int64_t batch = 0, capacity = 0, length = 0;
-};
-
-class GPTModel : public Module {
+class GPTModel : public LanguageModel {
  public:
   explicit GPTModel(const GPTConfig& config, Generator& gen = default_generator());
 
@@ -107,23 +101,29 @@ class GPTModel : public Module {
   // ids (B·T, row-major) → logits (B, T, vocab_size). T ≤ context_length, else ShapeError. With `records`,
   // each layer's attention leaves what its weights can be recomputed from (one record per layer).
   Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
-                 std::vector<AttentionStep::Record>* records = nullptr) const;
+                 std::vector<AttentionStep::Record>* records = nullptr) const override;
 
   // The mean next-token cross-entropy against targets (B·T, ignore_index skipped): the value of
   // language_model_loss(forward(ids, batch, tokens), targets), through the fused head (linear_cross_entropy), so
   // the (B·T × vocab) logits, probabilities and their gradient are never held whole. What training calls.
   Tensor loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
-              int64_t ignore_index = -100) const;
+              int64_t ignore_index = -100) const override;
 
   // What one sequence's tokens attend to: the weights of the chosen layers and heads (0-based; empty = all),
   // (layers, heads, T, T), from the fused path — one forward pass through the blocks records q, k and the
   // log-sum-exp per layer, and only the chosen heads' weights are recomputed. No gradient, no output head.
-  Tensor attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers, std::vector<int64_t> heads) const;
+  Tensor attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers,
+                        std::vector<int64_t> heads) const override;
 
   // Inference with a cache: appends `tokens` new ids per batch row at positions cache.length…, returns the
   // logits of the last new position (B, vocab_size). Throws ShapeError when the cache would overflow.
-  KVCache make_cache(int64_t batch) const;
-  Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const;
+  KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
+  Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
+
+  int64_t vocab_size() const override { return config.vocab_size; }
+  int64_t context_length() const override { return config.context_length; }
+  int64_t num_layers() const override { return config.n_layers; }
+  int64_t num_heads() const override { return config.n_heads; }
 
   GPTConfig config;
   Embedding tok_emb, pos_emb;
@@ -140,8 +140,5 @@ class GPTModel : public Module {
   std::shared_ptr<Generator> owned_generator_;  // set by uninitialised()
   Generator* gen_;
 };
-
-// Mean next-token cross-entropy of logits (B, T, V) against targets (B·T), ignoring ignore_index.
-Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
 
 }  // namespace qkv::nn

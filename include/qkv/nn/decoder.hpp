@@ -1,0 +1,142 @@
+// One decoder-only transformer, composed from its configuration: GPT-2, Llama 3, Qwen2, Qwen3 and Gemma 3 are each
+// a DecoderConfig, not a class. A block is
+//   x + post_attn_norm?(attention(attn_norm(x))),  then  x + post_mlp_norm?(mlp(mlp_norm(x)))
+// where each part is chosen by the config: LayerNorm, RMSNorm or Gemma's (1 + w) RMSNorm; learned positions or
+// RoPE (per layer: Gemma 3's local and global bases); H_kv K/V heads; a sliding window per layer; q/k RMSNorm per
+// head (Qwen3, Gemma 3); biases or not; a GELU, SwiGLU or GeGLU MLP; a tied or untied head; an embedding scale.
+//
+// The layout is written once: DecoderConfig::layout() is the table of every parameter — its state-dict name (the
+// family's own: Hugging Face's for llama/qwen/gemma, the book's for gpt2), shape and role — and the module's
+// registry, the parameter count and the loaders all come from it.
+// Not here: reading config.json or a Hugging Face folder (hf.hpp), the book's GPTModel (gpt.hpp), sampling.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/core/random.hpp"
+#include "qkv/kernels/decoder.hpp"
+#include "qkv/nn/language_model.hpp"
+
+namespace qkv::nn {
+
+enum class NormKind { LayerNorm, RMSNorm, GemmaRMSNorm };  // GemmaRMSNorm: x̂·(1 + w), its weight starts at 0
+enum class MlpKind { GELU, SwiGLU, GeGLU };  // GELU: down(gelu(up x)); gated: down(act(gate x) ∘ up x)
+
+// What one layer's attention does differently from the others.
+struct DecoderLayerSettings {
+  int64_t window = 0;  // sliding window (Gemma 3's local layers, Qwen2's use_sliding_window); 0: global
+  int64_t rope = 0;    // which of DecoderConfig::ropes rotates its q and k
+  bool operator==(const DecoderLayerSettings&) const = default;
+};
+
+struct DecoderConfig {
+  std::string family = "llama";  // llama, qwen2, qwen3, gemma3, gpt2: the parameter names and their order
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim may differ from hidden/heads (Qwen3, Gemma 3)
+  int64_t max_positions = 0;                               // max_position_embeddings (GPT-2: n_positions)
+  NormKind norm = NormKind::RMSNorm;
+  double norm_eps = 1e-6;
+  MlpKind mlp = MlpKind::SwiGLU;
+  bool mlp_bias = false;
+  bool qkv_bias = false, o_bias = false;  // Qwen2: q/k/v biases; GPT-2: all
+  bool qk_norm = false;                   // RMSNorm of each head's q and k over head_dim (Qwen3, Gemma 3)
+  bool learned_positions = false;         // GPT-2's position table; otherwise RoPE
+  bool sandwich_norms = false;            // Gemma 3: norms after attention and after the MLP too (four per block)
+  bool tie_word_embeddings = false;
+  double embedding_scale = 0.0;           // token embeddings × this (Gemma: √hidden_size); 0: none
+  double attention_scale = 0.0;           // 0: 1/√head_dim (Gemma 3: query_pre_attn_scalar^−½)
+  double attn_softcap = 0.0;              // attention logit soft-capping (Gemma 2); 0: none
+  double drop_rate = 0.0;                 // embedding and residual dropout (GPT-2's); attention dropout is 0
+  kernels::RopeLayout rope_layout = kernels::RopeLayout::RotateHalf;
+  std::vector<kernels::RopeFrequencies> ropes;  // one per distinct rotation; empty with learned positions
+  std::vector<DecoderLayerSettings> layers;      // num_layers entries
+  std::vector<int64_t> eos_token_ids;            // generation stops at any of them
+  int64_t bos_token_id = -1;
+
+  void validate() const;  // ValueError naming the field and what is allowed
+
+  // The parameter table, in the family's registration order (PyTorch's state_dict order).
+  enum class Role {
+    TokenEmbedding, PositionEmbedding, FinalNorm, FinalNormBias, Head,
+    AttnNorm, AttnNormBias, Query, QueryBias, Key, KeyBias, Value, ValueBias, Output, OutputBias, QueryNorm, KeyNorm,
+    PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
+  };
+  struct Parameter {
+    std::string name;
+    Shape shape;
+    Role role;
+    int64_t layer = -1;  // -1 outside the blocks
+  };
+  std::vector<Parameter> layout() const;  // ValueError when a size overflows
+  int64_t parameter_count() const;         // Σ over layout()
+  int64_t q_width() const { return num_heads * head_dim; }
+  int64_t kv_width() const { return num_kv_heads * head_dim; }
+  bool operator==(const DecoderConfig&) const = default;
+};
+
+// Short names for the supported families and what they are, for messages: "llama (Llama 3.x), qwen2, …".
+const std::vector<std::string>& decoder_families();
+
+// One block's parameters, by role (undefined where the config has none).
+struct DecoderBlock {
+  Tensor attn_norm, attn_norm_bias, wq, bq, wk, bk, wv, bv, wo, bo, q_norm, k_norm;
+  Tensor post_attn_norm, mlp_norm, mlp_norm_bias, post_mlp_norm, gate, gate_bias, up, up_bias, down, down_bias;
+};
+
+class Decoder : public LanguageModel {
+ public:
+  // Weights drawn as Hugging Face initialises them (normal(0, 0.02) matrices and embeddings, norms at their
+  // identity, biases 0) from `gen`.
+  explicit Decoder(const DecoderConfig& config, Generator& gen = default_generator());
+  // A model whose weights a loader will overwrite: nothing is drawn, zeros everywhere.
+  static std::unique_ptr<Decoder> uninitialised(const DecoderConfig& config, uint64_t seed = 0);
+
+  Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                 std::vector<AttentionStep::Record>* records = nullptr) const override;
+  Tensor loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
+              int64_t ignore_index = -100) const override;
+  Tensor attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers,
+                        std::vector<int64_t> heads) const override;
+  KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
+  Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
+
+  int64_t vocab_size() const override { return config.vocab_size; }
+  int64_t context_length() const override { return config.max_positions; }
+  int64_t num_layers() const override { return config.num_layers; }
+  int64_t num_heads() const override { return config.num_heads; }
+  int64_t num_kv_heads() const override { return config.num_kv_heads; }
+  std::string type_name() const override { return "Decoder"; }
+
+  // The parameter with this role (and layer); ValueError when the config has none.
+  Tensor& parameter(DecoderConfig::Role role, int64_t layer = -1);
+  // Layer `layer`'s attention weights for batch row b and query head h, (T, Tk), from a record of forward().
+  Tensor weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const;
+
+  // New positions are processed in chunks of at most this many tokens when a cache is used, so a sliding-window
+  // layer's cache needs only window − 1 + kCacheChunk rows.
+  static constexpr int64_t kCacheChunk = 256;
+
+  const DecoderConfig config;
+  Tensor tok_emb, pos_emb, final_norm, final_norm_bias, head;  // head is tok_emb when tied
+  std::vector<DecoderBlock> blocks;
+
+ private:
+  Decoder(const DecoderConfig& config, Generator* gen);
+  Tensor embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const;
+  Tensor norm(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
+  Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache,
+                       AttentionStep::Record* record) const;
+  Tensor attend(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record) const;
+  Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
+  Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                std::vector<AttentionStep::Record>* records) const;
+  // The rotation table of config.ropes[which] for at least `positions` positions.
+  std::shared_ptr<const kernels::RopeTable> rope_table(int64_t which, int64_t positions) const;
+  std::shared_ptr<struct RopeTables> rope_tables_;
+  std::shared_ptr<Generator> owned_generator_;
+  Generator* gen_;
+};
+
+}  // namespace qkv::nn

@@ -1,0 +1,56 @@
+// What every causal language model in qkv offers the code that uses one — generation, evaluation, training, pictures
+// of attention — so that code takes a LanguageModel, not one architecture: GPTModel (the book's chapter 4) and
+// Decoder (a block stack composed from a config: GPT-2, Llama 3, Qwen2/3, Gemma 3) both are one.
+// Not here: any architecture (gpt.hpp, decoder.hpp), sampling (generate.hpp).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "qkv/nn/attention.hpp"
+#include "qkv/nn/module.hpp"
+
+namespace qkv::nn {
+
+// Keys and values of every layer for the tokens seen so far, so each new token costs O(T) attention instead of a
+// full forward pass. layers[i] holds (B, capacity[i], H_kv·D) keys and values: a global layer up to the cache's
+// length, a sliding-window layer only its last window − 1 positions plus room for one chunk of new ones.
+struct KVCache {
+  std::vector<KVCacheLayer> layers;
+  std::vector<int64_t> filled;  // per layer: how many rows of its buffers hold keys (== length for global layers)
+  int64_t batch = 0, capacity = 0, length = 0;  // capacity: the most positions the cache can reach
+  int64_t bytes() const;                        // what its buffers hold, in bytes
+};
+
+class LanguageModel : public Module {
+ public:
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context_length() const = 0;  // the longest sequence forward() accepts
+  virtual int64_t num_layers() const = 0;
+  virtual int64_t num_heads() const = 0;       // query heads per layer
+  virtual int64_t num_kv_heads() const { return num_heads(); }
+
+  // ids (B·T, row-major) → logits (B, T, vocab_size). With `records`, each layer's attention leaves what its weights
+  // can be recomputed from (one record per layer).
+  virtual Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
+                         std::vector<AttentionStep::Record>* records = nullptr) const = 0;
+  // The mean next-token cross-entropy against targets (B·T, ignore_index skipped), through the fused head, so the
+  // (B·T × vocab) logits are never held whole.
+  virtual Tensor loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
+                      int64_t ignore_index = -100) const = 0;
+  // What one sequence's tokens attend to: (layers, heads, T, T) for the chosen layers and query heads (0-based; empty
+  // = all), recomputed from one forward pass's records. No gradient.
+  virtual Tensor attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers,
+                                std::vector<int64_t> heads) const = 0;
+  // A cache for `batch` rows of up to max_tokens positions (0: context_length), and inference with it: appends
+  // `tokens` new ids per row at positions cache.length…, returns the logits of the last new position (B, vocab).
+  // ShapeError when the cache would overflow.
+  virtual KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const = 0;
+  virtual Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const = 0;
+};
+
+// Mean next-token cross-entropy of logits (B, T, V) against targets (B·T), ignoring ignore_index.
+Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
+
+}  // namespace qkv::nn

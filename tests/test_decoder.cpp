@@ -1,0 +1,295 @@
+// The decoder composed from a config against PyTorch: tiny random Llama 3, Qwen2, Qwen3 and Gemma 3 folders in
+// Hugging Face's layout (tools/decoder_reference.py) give PyTorch's logits, loss, every gradient and greedy text,
+// with and without the KV cache; the loaders refuse bad folders with messages that name the file and the key.
+#include <filesystem>
+#include <fstream>
+
+#include "helpers.hpp"
+#include "qkv/io/safetensors.hpp"
+#include "qkv/kernels/convert.hpp"
+#include "qkv/nn/decoder.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/gpt.hpp"
+#include "qkv/nn/hf.hpp"
+
+namespace qkv::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string folder(const std::string& family) { return fixture("hf/" + family); }
+
+::testing::AssertionResult mentions(const std::string& text, std::initializer_list<const char*> parts) {
+  for (const char* part : parts)
+    if (text.find(part) == std::string::npos) return ::testing::AssertionFailure() << "'" << part << "' not in: " << text;
+  return ::testing::AssertionSuccess();
+}
+
+class Family : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Family, LogitsLossAndEveryGradientMatchPyTorch) {
+  const auto model = nn::load_hf_decoder(folder(GetParam()));
+  const auto expected = io::SafetensorsFile::open(fixture("hf/" + GetParam() + ".expected.safetensors"));
+  const std::vector<int64_t> ids = expected.int64s("ids"), targets = expected.int64s("targets");
+  const int64_t B = 2, T = static_cast<int64_t>(ids.size()) / B;
+  model->eval();
+  {
+    NoGradGuard no_grad;
+    EXPECT_TRUE(all_close(model->forward(ids, B, T), expected.tensor("logits"), 1e-4, 1e-5)) << "logits";
+  }
+  model->zero_grad();
+  Tensor loss = model->loss(ids, B, T, targets);
+  EXPECT_NEAR(loss.item(), expected.tensor("loss").item(), 1e-5);
+  loss.backward();
+  int checked = 0;
+  model->for_each_parameter([&](const std::string& name, Tensor& p) {
+    EXPECT_TRUE(all_close(p.grad(), expected.tensor("grad." + name), 1e-4, 1e-6)) << name;
+    ++checked;
+  });
+  EXPECT_EQ(checked, static_cast<int>(model->config.layout().size()));
+  EXPECT_EQ(model->parameter_count(), model->config.parameter_count());
+}
+
+TEST_P(Family, GreedyTextMatchesPyTorchWithAndWithoutTheCache) {
+  const auto model = nn::load_hf_decoder(folder(GetParam()));
+  model->eval();
+  const auto expected = io::SafetensorsFile::open(fixture("hf/" + GetParam() + ".expected.safetensors"));
+  const std::vector<int64_t> prompt = expected.int64s("prompt"), greedy = expected.int64s("greedy");
+  for (bool cache : {false, true}) {
+    nn::SamplingOptions options;
+    options.temperature = 0;
+    options.max_new_tokens = static_cast<int64_t>(greedy.size());
+    options.use_cache = cache;
+    EXPECT_EQ(nn::generate(*model, prompt, options), greedy) << (cache ? "with" : "without") << " the KV cache";
+  }
+}
+
+// The weights written back (F32) load bit for bit, and as BF16 they load as the weights rounded to bf16.
+TEST_P(Family, FolderRoundTripsBitForBitAndInBf16) {
+  const auto model = nn::load_hf_decoder(folder(GetParam()));
+  const fs::path out = fs::temp_directory_path() / ("qkv_hf_roundtrip_" + GetParam());
+  fs::remove_all(out);
+  nn::save_hf_folder(out.string(), *model);
+  const auto back = nn::load_hf_decoder(out.string());
+  EXPECT_EQ(back->config, model->config);
+  auto a = model->named_parameters(), b = back->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second.to_vector(), b[i].second.to_vector()) << a[i].first;
+  }
+  nn::save_hf_folder(out.string(), *model, nn::HfDType::BF16);
+  const auto half = nn::load_hf_decoder(out.string());
+  auto h = half->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<float> rounded = a[i].second.to_vector();
+    for (float& v : rounded) v = kernels::bf16_to_f32_reference(kernels::f32_to_bf16_reference(v));
+    EXPECT_EQ(h[i].second.to_vector(), rounded) << a[i].first;
+  }
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(HuggingFace, Family, ::testing::Values("llama", "qwen2", "qwen3", "gemma3"),
+                         [](const auto& info) { return info.param; });
+
+TEST(DecoderConfig, ReadsEachFamilysKeys) {
+  const auto gemma = nn::load_hf_decoder(folder("gemma3"))->config;
+  EXPECT_EQ(gemma.family, "gemma3");
+  EXPECT_EQ(gemma.norm, nn::NormKind::GemmaRMSNorm);
+  EXPECT_EQ(gemma.mlp, nn::MlpKind::GeGLU);
+  EXPECT_TRUE(gemma.sandwich_norms && gemma.qk_norm && gemma.tie_word_embeddings);
+  EXPECT_NEAR(gemma.embedding_scale, std::sqrt(24.0), 1e-12);
+  EXPECT_NEAR(gemma.attention_scale, 1.0 / std::sqrt(12.0), 1e-12);
+  ASSERT_EQ(gemma.layers.size(), 3u);
+  EXPECT_EQ(gemma.layers[0], (nn::DecoderLayerSettings{4, 1}));  // sliding, local RoPE
+  EXPECT_EQ(gemma.layers[2], (nn::DecoderLayerSettings{0, 0}));  // global
+  EXPECT_EQ(gemma.ropes[1].theta, 10000.0);
+  EXPECT_EQ(gemma.ropes[0].scaling, kernels::RopeFrequencies::Scaling::Linear);
+  EXPECT_EQ(gemma.eos_token_ids, (std::vector<int64_t>{1, 6}));
+  const auto qwen2 = nn::load_hf_decoder(folder("qwen2"))->config;
+  EXPECT_TRUE(qwen2.qkv_bias && !qwen2.o_bias && !qwen2.tie_word_embeddings);
+  EXPECT_EQ(qwen2.layers[0].window, 0);
+  EXPECT_EQ(qwen2.layers[1].window, 5);
+  const auto qwen3 = nn::load_hf_decoder(folder("qwen3"))->config;
+  EXPECT_EQ(qwen3.head_dim, 16);
+  EXPECT_EQ(qwen3.q_width(), 64);
+  const auto llama = nn::load_hf_decoder(folder("llama"))->config;
+  EXPECT_EQ(llama.ropes[0].scaling, kernels::RopeFrequencies::Scaling::Llama3);
+  EXPECT_EQ(llama.num_kv_heads, 2);
+  // and the config written back reads as the same configuration
+  for (const auto* c : {&gemma, &qwen2, &qwen3, &llama}) EXPECT_EQ(nn::decoder_config_from_hf(nn::decoder_config_to_hf(*c)), *c);
+}
+
+// A sliding-window layer's cache keeps only window − 1 + one chunk of rows and shifts when full: decoding 300
+// tokens one by one gives the full forward pass's logits at every step, and the cache is that small.
+TEST(DecoderCache, SlidingWindowCacheShiftsAndMatchesTheFullForward) {
+  nn::DecoderConfig c;
+  c.family = "gemma3";
+  c.vocab_size = 50, c.hidden_size = 16, c.intermediate_size = 24, c.num_layers = 2, c.num_heads = 2, c.num_kv_heads = 1;
+  c.head_dim = 8, c.max_positions = 400, c.norm = nn::NormKind::GemmaRMSNorm, c.mlp = nn::MlpKind::GeGLU;
+  c.qk_norm = c.sandwich_norms = c.tie_word_embeddings = true;
+  c.embedding_scale = 4.0;
+  c.ropes = {kernels::RopeFrequencies{.theta = 1e6}, kernels::RopeFrequencies{.theta = 1e4}};
+  c.layers = {{3, 1}, {0, 0}};
+  Generator gen(5);
+  nn::Decoder model(c, gen);
+  model.eval();
+  std::vector<int64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + 3) % 50);
+  NoGradGuard no_grad;
+  const Tensor full = model.forward(ids, 1, 300);
+  nn::KVCache cache = model.make_cache(1, 300);
+  EXPECT_EQ(cache.layers[0].keys.size(1), 3 - 1 + nn::Decoder::kCacheChunk);
+  EXPECT_EQ(cache.layers[1].keys.size(1), 300);
+  Tensor last = model.forward_cached(std::span(ids).subspan(0, 10), 1, 10, cache);
+  for (int64_t t = 10; t < 300; ++t) {
+    if (t == 10 || t == 258 || t == 259 || t == 299) {
+      const Tensor want = Tensor::from(std::span<const float>(full.data() + (t - 1) * 50, 50), {1, 50});
+      EXPECT_TRUE(all_close(last, want, 1e-4, 1e-5)) << "position " << t - 1;
+    }
+    last = model.forward_cached(std::span(ids).subspan(static_cast<size_t>(t), 1), 1, 1, cache);
+  }
+  EXPECT_LT(cache.filled[0], 3 + nn::Decoder::kCacheChunk);
+  EXPECT_EQ(cache.filled[1], 300);
+  EXPECT_EQ(cache.bytes(), (2 * (258 + 300) * 8) * 4);
+}
+
+// Attention maps of a GQA model with windows: one map per query head, zero outside each layer's window.
+TEST(DecoderAttention, MapsShowTheWindowAndSumToOne) {
+  const auto model = nn::load_hf_decoder(folder("qwen2"));
+  std::vector<int64_t> ids = {1, 5, 9, 3, 7, 2, 8, 4};
+  const Tensor maps = model->attention_maps(ids, {}, {});
+  ASSERT_EQ(maps.shape(), (Shape{2, 4, 8, 8}));
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t i = 0; i < 8; ++i) {
+        double total = 0;
+        for (int64_t j = 0; j < 8; ++j) {
+          const float w = maps.at({l, h, i, j});
+          const bool visible = j <= i && (l == 0 || i - j < 5);
+          if (!visible) EXPECT_EQ(w, 0.0f) << l << h << i << j;
+          total += w;
+        }
+        EXPECT_NEAR(total, 1.0, 1e-5);
+      }
+}
+
+// GPT-2 is one configuration of the decoder: with GPTModel's weights (the book's names) it gives GPTModel's logits
+// and gradients.
+TEST(DecoderGpt2, EqualsTheBooksGPTModel) {
+  nn::GPTConfig g{.vocab_size = 61, .context_length = 16, .emb_dim = 24, .n_heads = 4, .n_layers = 2, .drop_rate = 0.0,
+                  .qkv_bias = true, .tie_weights = false};
+  Generator gen(3);
+  nn::GPTModel book(g, gen);
+  nn::DecoderConfig c;
+  c.family = "gpt2";
+  c.vocab_size = 61, c.hidden_size = 24, c.intermediate_size = 96, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 4;
+  c.head_dim = 6, c.max_positions = 16, c.norm = nn::NormKind::LayerNorm, c.norm_eps = 1e-5, c.mlp = nn::MlpKind::GELU;
+  c.mlp_bias = c.qkv_bias = c.o_bias = c.learned_positions = true;
+  c.layers.assign(2, {});
+  auto decoder = nn::Decoder::uninitialised(c);
+  decoder->load_state_dict(book.state_dict(false));
+  std::vector<int64_t> ids(2 * 9), targets(2 * 9);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 61), targets[i] = static_cast<int64_t>(i * 3 % 61);
+  Tensor a = book.loss(ids, 2, 9, targets), b = decoder->loss(ids, 2, 9, targets);
+  EXPECT_NEAR(a.item(), b.item(), 1e-6);
+  a.backward();
+  b.backward();
+  auto pa = book.named_parameters(), pb = decoder->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(all_close(pb[i].second.grad(), pa[i].second.grad(), 1e-4, 1e-6)) << pa[i].first;
+  }
+}
+
+// ---- bad folders ----
+
+struct BadFolder : ::testing::Test {
+  fs::path dir = fs::temp_directory_path() / "qkv_bad_hf";
+  void SetUp() override {
+    fs::remove_all(dir);
+    fs::copy(folder("llama"), dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  void write(const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; }
+  std::string config() {
+    std::ifstream in(dir / "config.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  void replace(const std::string& from, const std::string& to) {
+    std::string c = config();
+    const size_t at = c.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    write("config.json", c.replace(at, from.size(), to));
+  }
+  std::string error() {
+    try {
+      nn::load_hf_decoder(dir.string());
+    } catch (const IoError& e) {
+      return e.what();
+    }
+    return "(loaded)";
+  }
+};
+
+TEST_F(BadFolder, UnknownModelTypeNamesWhatQkvReads) {
+  replace("\"llama\"", "\"mamba\"");
+  EXPECT_TRUE(mentions(error(), {"model_type", "mamba", "qwen3"}));
+}
+
+TEST_F(BadFolder, MalformedConfigIsNamed) {
+  write("config.json", "{\"model_type\": \"llama\", ");
+  EXPECT_TRUE(mentions(error(), {"config.json", "not valid JSON"}));
+  write("config.json", "[1, 2]");
+  EXPECT_TRUE(mentions(error(), {"not a JSON object"}));
+}
+
+TEST_F(BadFolder, UnsupportedRopeTypeNamesTheSupportedOnes) {
+  replace("\"llama3\"", "\"yarn\"");
+  EXPECT_TRUE(mentions(error(), {"yarn", "default, linear and llama3"}));
+}
+
+TEST_F(BadFolder, ShapeThatDisagreesWithTheConfig) {
+  replace("\"intermediate_size\": 48", "\"intermediate_size\": 40");
+  EXPECT_TRUE(mentions(error(), {"wrong shape", "mlp.gate_proj.weight"}));
+}
+
+TEST_F(BadFolder, HeadsThatDoNotGroup) {
+  replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3");
+  EXPECT_TRUE(mentions(error(), {"does not divide"}));
+}
+
+TEST_F(BadFolder, MissingTensorIsListed) {
+  replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+  EXPECT_TRUE(mentions(error(), {"missing", "model.layers.2."}));
+}
+
+TEST_F(BadFolder, TruncatedWeightsFile) {
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 100);
+  EXPECT_TRUE(mentions(error(), {"model.safetensors"}));
+}
+
+TEST_F(BadFolder, MissingShardAndUnsafeShardNames) {
+  fs::remove_all(dir);
+  fs::copy(folder("qwen3"), dir);
+  fs::remove(dir / "model-00002-of-00002.safetensors");
+  EXPECT_TRUE(mentions(error(), {"model-00002-of-00002.safetensors", "not in"}));
+  write("model.safetensors.index.json", R"({"weight_map": {"model.norm.weight": "../../etc/passwd"}})");
+  EXPECT_TRUE(mentions(error(), {"not a plain file name"}));
+  write("model.safetensors.index.json", R"({"metadata": {}})");
+  EXPECT_TRUE(mentions(error(), {"weight_map"}));
+}
+
+TEST_F(BadFolder, NoWeightsAtAll) {
+  fs::remove(dir / "model.safetensors");
+  EXPECT_TRUE(mentions(error(), {"neither model.safetensors nor model.safetensors.index.json"}));
+}
+
+TEST_F(BadFolder, HugeSizesAreRefusedBeforeAllocating) {
+  replace("\"vocab_size\": 96", "\"vocab_size\": 9000000000000");
+  EXPECT_TRUE(mentions(error(), {"too large"}));
+}
+
+}  // namespace
+}  // namespace qkv::test

@@ -1,0 +1,252 @@
+#!/usr/bin/python3
+"""Llama 3, Qwen2, Qwen3 and Gemma 3 in plain PyTorch, written from the published formulas (Hugging Face
+transformers' modeling_llama/qwen2/qwen3/gemma3 are the specification; the transformers package is not in Debian),
+and the tiny random Hugging Face folders the C++ tests load and compare against.
+
+  /usr/bin/python3 tools/decoder_reference.py [--out tests/fixtures/hf]
+
+Writes, per family, a folder FAMILY/ with config.json and model.safetensors (qwen3's as two shards and
+model.safetensors.index.json), and FAMILY.expected.safetensors with the token ids, targets (some -100), logits,
+the mean loss, the gradient of every parameter ("grad.<name>") and a greedy continuation of a prompt.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_reference import save_safetensors  # noqa: E402
+
+FAMILIES = {
+    # Llama 3.2-style: GQA (4 query heads on 2 K/V heads), llama3 frequency scaling, tied head.
+    "llama": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                  rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu", attention_bias=False,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=16),
+                  bos_token_id=1, eos_token_id=[2, 3]),
+    # Qwen2: q/k/v biases, multi-query attention, an untied head, a sliding window on the second layer.
+    "qwen2": dict(model_type="qwen2", vocab_size=80, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6,
+                  rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu", use_sliding_window=True,
+                  sliding_window=5, max_window_layers=1, eos_token_id=4),
+    # Qwen3: q_norm/k_norm per head, head_dim (16) unlike hidden/heads (8), tied; its weights in two shards.
+    "qwen3": dict(model_type="qwen3", vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, hidden_act="silu",
+                  attention_bias=False, eos_token_id=5),
+    # Gemma 3 (text): (1 + w) RMSNorms, four per block, GeGLU, √C embedding scale, query_pre_attn_scalar, two
+    # sliding layers (window 4, local RoPE base) then a global one (linear-scaled RoPE).
+    "gemma3": dict(model_type="gemma3_text", vocab_size=88, hidden_size=24, intermediate_size=36, num_hidden_layers=3,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+                   rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                   rope_scaling=dict(rope_type="linear", factor=2.0), query_pre_attn_scalar=12,
+                   sliding_window=4, sliding_window_pattern=3, hidden_activation="gelu_pytorch_tanh",
+                   tie_word_embeddings=True, final_logit_softcapping=None, attn_logit_softcapping=None,
+                   eos_token_id=[1, 6]),
+}
+
+
+def head_dim(c):
+    return c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+
+
+def inverse_frequencies(c, local=False):
+    D = head_dim(c)
+    theta = c["rope_local_base_freq"] if local else c["rope_theta"]
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    scaling = None if local else c.get("rope_scaling")
+    if scaling and scaling["rope_type"] == "linear":
+        inv = inv / scaling["factor"]
+    elif scaling and scaling["rope_type"] == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x, inv, positions):  # x (B, H, T, D)
+    freqs = positions[:, None].float() * inv[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return x * emb.cos() + rotate_half(x) * emb.sin()
+
+
+def rms_norm(x, w, eps, gemma):
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * (1.0 + w) if gemma else w * y
+
+
+def parameter_names(c):
+    """The state dict's names and shapes, in transformers' registration order."""
+    C, F_, D, H, Hkv, V = c["hidden_size"], c["intermediate_size"], head_dim(c), c["num_attention_heads"], \
+        c["num_key_value_heads"], c["vocab_size"]
+    gemma, qwen2, qwen3 = c["model_type"] == "gemma3_text", c["model_type"] == "qwen2", c["model_type"] == "qwen3"
+    out = [("model.embed_tokens.weight", (V, C))]
+    for i in range(c["num_hidden_layers"]):
+        b = f"model.layers.{i}."
+        for name, rows in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
+            out.append((b + f"self_attn.{name}.weight", (rows, C)))
+            if qwen2:
+                out.append((b + f"self_attn.{name}.bias", (rows,)))
+        out.append((b + "self_attn.o_proj.weight", (C, H * D)))
+        if gemma or qwen3:
+            out += [(b + "self_attn.q_norm.weight", (D,)), (b + "self_attn.k_norm.weight", (D,))]
+        out += [(b + "mlp.gate_proj.weight", (F_, C)), (b + "mlp.up_proj.weight", (F_, C)),
+                (b + "mlp.down_proj.weight", (C, F_)), (b + "input_layernorm.weight", (C,)),
+                (b + "post_attention_layernorm.weight", (C,))]
+        if gemma:
+            out += [(b + "pre_feedforward_layernorm.weight", (C,)), (b + "post_feedforward_layernorm.weight", (C,))]
+    out.append(("model.norm.weight", (C,)))
+    if not c["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (V, C)))
+    return out
+
+
+def random_weights(c, seed):
+    g = torch.Generator().manual_seed(seed)
+    gemma = c["model_type"] == "gemma3_text"
+    w = {}
+    for name, shape in parameter_names(c):
+        if name.endswith("norm.weight") or "layernorm" in name:
+            # norms near their identity (1 for w·x̂, 0 for (1 + w)·x̂), not at it, so their gradients matter
+            w[name] = (0.0 if gemma else 1.0) + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith(".bias"):
+            w[name] = 0.1 * torch.randn(shape, generator=g)
+        else:
+            w[name] = 0.25 * torch.randn(shape, generator=g)
+    return {k: v.requires_grad_() for k, v in w.items()}
+
+
+def layer_is_sliding(c, i):
+    if c["model_type"] == "gemma3_text":
+        return (i + 1) % c["sliding_window_pattern"] != 0
+    if c["model_type"] in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+        return i >= c["max_window_layers"]
+    return False
+
+
+def forward(c, w, ids):
+    """ids (B, T) → logits (B, T, V), the family's forward pass written out."""
+    gemma, qk_norm = c["model_type"] == "gemma3_text", c["model_type"] in ("qwen3", "gemma3_text")
+    B, T = ids.shape
+    C, D, H, Hkv, eps = c["hidden_size"], head_dim(c), c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
+    positions = torch.arange(T)
+    x = w["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * torch.tensor(C ** 0.5, dtype=x.dtype)
+    scale = c["query_pre_attn_scalar"] ** -0.5 if gemma else D ** -0.5
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        lin = lambda t, name: F.linear(t, w[p + name + ".weight"], w.get(p + name + ".bias"))  # noqa: E731
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps, gemma)
+        q = lin(h, "self_attn.q_proj").view(B, T, H, D)
+        k = lin(h, "self_attn.k_proj").view(B, T, Hkv, D)
+        v = lin(h, "self_attn.v_proj").view(B, T, Hkv, D)
+        if qk_norm:
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, gemma)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, gemma)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        sliding = layer_is_sliding(c, i)
+        inv = inverse_frequencies(c, local=gemma and sliding)
+        q, k = rope(q, inv, positions), rope(k, inv, positions)
+        k = k.repeat_interleave(H // Hkv, dim=1)  # repeat_kv: query head h reads K/V head h // group
+        v = v.repeat_interleave(H // Hkv, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * scale
+        qi, kj = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        visible = kj <= qi
+        if sliding:
+            visible = visible & (qi - kj < c["sliding_window"])
+        scores = scores.masked_fill(~visible, float("-inf"))
+        attn = torch.softmax(scores, dim=-1)
+        ctx = (attn @ v).transpose(1, 2).reshape(B, T, H * D)
+        a = lin(ctx, "self_attn.o_proj")
+        if gemma:
+            a = rms_norm(a, w[p + "post_attention_layernorm.weight"], eps, gemma)
+            x = x + a
+            h = rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps, gemma)
+        else:
+            x = x + a
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, gemma)
+        gate = lin(h, "mlp.gate_proj")
+        act = F.gelu(gate, approximate="tanh") if gemma else F.silu(gate)
+        m = lin(act * lin(h, "mlp.up_proj"), "mlp.down_proj")
+        if gemma:
+            m = rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps, gemma)
+        x = x + m
+    x = rms_norm(x, w["model.norm.weight"], eps, gemma)
+    head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
+    return x @ head.t()
+
+
+def write_folder(c, w, folder, shards):
+    os.makedirs(folder, exist_ok=True)
+    config = dict(c)
+    config["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                "gemma3_text": "Gemma3ForCausalLM"}[c["model_type"]]]
+    config["torch_dtype"] = "float32"
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    names = [n for n, _ in parameter_names(c)]
+    if shards == 1:
+        save_safetensors(os.path.join(folder, "model.safetensors"), {n: w[n] for n in names}, {"format": "pt"})
+        return
+    split = len(names) // 2
+    parts = [names[:split], names[split:]]
+    weight_map = {}
+    for s, part in enumerate(parts):
+        file = f"model-{s + 1:05d}-of-{len(parts):05d}.safetensors"
+        save_safetensors(os.path.join(folder, file), {n: w[n] for n in part}, {"format": "pt"})
+        weight_map.update({n: file for n in part})
+    total = sum(w[n].numel() * 4 for n in names)
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
+    args = parser.parse_args()
+    for seed, (family, c) in enumerate(FAMILIES.items()):
+        torch.manual_seed(1000 + seed)
+        w = random_weights(c, 2000 + seed)
+        B, T = 2, 12
+        g = torch.Generator().manual_seed(3000 + seed)
+        ids = torch.randint(0, c["vocab_size"], (B, T), generator=g)
+        targets = torch.randint(0, c["vocab_size"], (B, T), generator=g)
+        targets[0, 3] = targets[1, 7] = -100
+        logits = forward(c, w, ids)
+        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-100)
+        loss.backward()
+        # Greedy decoding: the whole sequence again for every new token, as the book's generate_text_simple.
+        with torch.no_grad():
+            sequence = ids[0, :5].tolist()
+            for _ in range(14):
+                sequence.append(int(forward(c, w, torch.tensor([sequence]))[0, -1].argmax()))
+        expected = {"ids": ids, "targets": targets, "logits": logits, "loss": loss.reshape(1),
+                    "greedy": torch.tensor(sequence[5:]), "prompt": torch.tensor(sequence[:5])}
+        for name, _ in parameter_names(c):
+            expected["grad." + name] = w[name].grad
+        folder = os.path.join(args.out, family)
+        write_folder(c, w, folder, shards=2 if family == "qwen3" else 1)
+        save_safetensors(os.path.join(args.out, family + ".expected.safetensors"), expected,
+                         {"tool": "tools/decoder_reference.py", "torch": torch.__version__})
+        print(f"{family}: loss {loss.item():.6f}, greedy {sequence[5:]}")
+
+
+if __name__ == "__main__":
+    main()
