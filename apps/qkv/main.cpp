@@ -126,8 +126,8 @@ int run(int argc, char** argv) {
   auto* tokenize_cmd = app.add_subcommand("tokenize", "Text on stdin → JSON token ids on stdout");
   auto* detokenize_cmd = app.add_subcommand("detokenize", "JSON token ids on stdin → text on stdout");
   for (auto* cmd : {tokenize_cmd, detokenize_cmd}) {
-    cmd->add_option("--tokenizer", tokenize.tokenizer, "gpt2 (byte-level BPE) or bytes")
-        ->check(CLI::IsMember({"gpt2", "bytes"}));
+    cmd->add_option("--tokenizer", tokenize.tokenizer, "gpt2 (byte-level BPE), bytes, or a Hugging Face tokenizer.json "
+                                                       "(or a model folder holding one)");
     cmd->add_option("--vocab", tokenize.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
   }
   tokenize_cmd->add_flag("--no-special", tokenize.no_special, "Treat <|endoftext|> as plain text");

@@ -18,6 +18,9 @@
 #include "qkv/io/file.hpp"
 #include "qkv/text/tokenizer.hpp"
 
+#include "byte_level.hpp"
+#include "qkv/text/hf_tokenizer.hpp"
+
 namespace qkv::text {
 
 namespace {
@@ -27,32 +30,7 @@ namespace {
 constexpr const char* kPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kEndOfText = "<|endoftext|>";
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-// encoder.py's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100….
-std::array<std::string, 256> byte_to_unicode() {
-  std::array<uint32_t, 256> cps{};
-  std::array<bool, 256> printable{};
-  for (int b = '!'; b <= '~'; ++b) printable[static_cast<size_t>(b)] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) printable[static_cast<size_t>(b)] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) printable[static_cast<size_t>(b)] = true;
-  uint32_t next = 256;
-  for (int b = 0; b < 256; ++b) cps[static_cast<size_t>(b)] = printable[static_cast<size_t>(b)] ? static_cast<uint32_t>(b) : next++;
-  std::array<std::string, 256> out;
-  for (int b = 0; b < 256; ++b) append_utf8(out[static_cast<size_t>(b)], cps[static_cast<size_t>(b)]);
-  return out;
-}
+using detail::byte_to_unicode;
 
 std::string missing_files_message(const std::string& directory) {
   std::string searched;
@@ -330,7 +308,17 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::st
     if (!found) throw IoError(missing_files_message("the default locations"));
     return GPT2Tokenizer::load(*found);
   }
-  throw ValueError("unknown tokenizer \"" + name + "\"; use gpt2 or bytes");
+  // A Hugging Face tokenizer.json, or a model folder that holds one (with its tokenizer_config.json).
+  std::error_code ec;
+  const std::filesystem::path path(name);
+  if (std::filesystem::is_directory(path, ec)) {
+    if (auto hf = HfTokenizer::from_folder(name)) return hf;
+    throw IoError(name + ": the folder has no tokenizer.json");
+  }
+  if (std::filesystem::is_regular_file(path, ec))
+    return HfTokenizer::load(name, (path.parent_path() / "tokenizer_config.json").string());
+  throw ValueError("unknown tokenizer \"" + printable(name, 80) + "\"; use gpt2, bytes, a tokenizer.json file or a model "
+                   "folder that holds one");
 }
 
 }  // namespace qkv::text

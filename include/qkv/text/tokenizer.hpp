@@ -61,7 +61,8 @@ class GPT2Tokenizer : public Tokenizer {
 std::optional<std::string> find_gpt2_vocabulary();
 std::vector<std::string> gpt2_vocabulary_search_path();
 
-// "gpt2" (vocabulary from `directory`, or found as above) or "bytes".
+// "gpt2" (vocabulary from `directory`, or found as above), "bytes", or the path of a Hugging Face tokenizer.json (or of
+// a model folder holding one; text/hf_tokenizer.hpp).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& directory = "");
 
 // UTF-8 checks: the byte offset of the first invalid sequence, or nullopt; and a copy with each invalid

@@ -1,0 +1,54 @@
+// Hugging Face's tokenizer.json: the BPE model with its normalizer, pre-tokenizer (the file's own Split regex through
+// PCRE2, ByteLevel, Metaspace), added and special tokens matched before BPE, the post_processor (TemplateProcessing's
+// BOS/EOS where the file has one) and the decoder (ByteLevel, or SentencePiece-style Replace/ByteFallback/Fuse) — so
+// Llama 3's, Qwen's and Gemma 3's files give the ids Hugging Face's tokenizers give. tokenizer_config.json, when
+// given, names the EOS token and holds the chat template.
+// Not here: GPT-2's own files (tokenizer.hpp), chat templates (chat_template.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qkv/text/tokenizer.hpp"
+
+namespace qkv::text {
+
+class HfTokenizer : public Tokenizer {
+ public:
+  // Reads tokenizer.json (and tokenizer_config.json if `config_path` is not empty and exists). IoError naming the
+  // file and the key for anything malformed or unsupported (a model other than BPE, a merges entry naming an
+  // unknown token, a pre-tokenizer qkv lacks).
+  static std::unique_ptr<HfTokenizer> load(const std::string& tokenizer_path, const std::string& config_path = "");
+  // The same from the files' text; `label` names them in messages.
+  static std::unique_ptr<HfTokenizer> parse(std::string_view tokenizer_json, std::string_view config_json = "",
+                                            const std::string& label = "tokenizer.json");
+  // Both files of a Hugging Face model folder; nullptr when it has no tokenizer.json.
+  static std::unique_ptr<HfTokenizer> from_folder(const std::string& dir);
+  ~HfTokenizer() override;
+
+  // tokenizer(text): added tokens matched first (special ones only with allow_special), the rest normalised,
+  // pre-tokenised and merged; then, with allow_special, the post_processor's special tokens (e.g. BOS).
+  std::vector<int64_t> encode(std::string_view text, bool allow_special = true) const override;
+  std::string decode(std::span<const int64_t> ids) const override;
+  // Like decode, without the special tokens (what a person reads of a generation).
+  std::string decode_text(std::span<const int64_t> ids) const;
+  int64_t vocab_size() const override;
+  int64_t end_of_text() const override;  // tokenizer_config.json's eos_token, else −1
+  std::string name() const override { return "tokenizer.json"; }
+
+  int64_t token_id(std::string_view token) const;  // −1 when the vocabulary has no such token
+  int64_t bos_id() const;                          // tokenizer_config.json's bos_token, else −1
+  bool is_special(int64_t id) const;
+  const std::string& chat_template() const;        // tokenizer_config.json's (empty when none)
+  std::string token_content(int64_t id) const;     // the token's text as the vocabulary spells it
+
+  struct State;
+
+ private:
+  explicit HfTokenizer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace qkv::text
