@@ -27,26 +27,26 @@ std::vector<int64_t> indices(const std::vector<int64_t>& numbers, int64_t count,
 int run_attention(const AttentionCommand& options) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel loaded = load_model(options.model);
-  const nn::GPTModel& model = *loaded.model;
-  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.model.vocab_dir);
+  const nn::LanguageModel& model = *loaded.model;
+  const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::vector<int64_t> ids = tokenizer->encode(options.prompt);
   if (ids.empty()) throw UsageError("the prompt is empty; give --prompt TEXT");
-  if (static_cast<int64_t>(ids.size()) > model.config.context_length) {
+  if (static_cast<int64_t>(ids.size()) > model.context_length()) {
     throw UsageError("the prompt has " + std::to_string(ids.size()) + " tokens but the model reads at most " +
-                     std::to_string(model.config.context_length) + " (context_length); shorten it");
+                     std::to_string(model.context_length()) + " (context_length); shorten it");
   }
   for (int64_t id : ids) {
-    if (id >= model.config.vocab_size) {
+    if (id >= model.vocab_size()) {
       throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the model's vocabulary of " +
-                       std::to_string(model.config.vocab_size) + "; was it trained with another tokenizer?");
+                       std::to_string(model.vocab_size()) + "; was it trained with another tokenizer?");
     }
   }
   viz::AttentionReport report;
   report.title = loaded.description + ", prompt \"" + options.prompt + "\"";
   report.token_ids = ids;
   for (int64_t id : ids) report.tokens.push_back(tokenizer->decode(std::vector<int64_t>{id}));
-  const std::vector<int64_t> layers = indices(options.layers, model.config.n_layers, "layer");
-  const std::vector<int64_t> heads = indices(options.heads, model.config.n_heads, "head");
+  const std::vector<int64_t> layers = indices(options.layers, model.num_layers(), "layer");
+  const std::vector<int64_t> heads = indices(options.heads, model.num_heads(), "head");
   report.maps = model.attention_maps(ids, layers, heads);
   for (int64_t l = 0; l < report.maps.size(0); ++l) report.layers.push_back(layers.empty() ? l + 1 : layers[static_cast<size_t>(l)] + 1);
   for (int64_t h = 0; h < report.maps.size(1); ++h) report.heads.push_back(heads.empty() ? h + 1 : heads[static_cast<size_t>(h)] + 1);

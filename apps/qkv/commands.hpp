@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qkv/nn/gpt.hpp"
+#include "qkv/text/tokenizer.hpp"
 #include "qkv/train/model_file.hpp"
 #include "qkv/train/trainer.hpp"
 
@@ -64,7 +65,8 @@ struct TrainCommand {
 int run_train(const TrainCommand& options, train::Communicator& comm);
 
 // Where a model comes from: --checkpoint FILE (a qkv checkpoint, a .pth, a book-named or Hugging Face safetensors
-// file; told apart by content) or --gpt2 FILE, and for a book state dict its configuration (--config, --n-heads)
+// file; told apart by content), --checkpoint DIR (a Hugging Face model folder: config.json, the safetensors and
+// tokenizer.json) or --gpt2 FILE, and for a book state dict its configuration (--config, --n-heads)
 // and the tokenizer (--tokenizer).
 struct ModelOptions {
   std::string checkpoint, gpt2_path, vocab_dir;
@@ -72,11 +74,13 @@ struct ModelOptions {
   std::string path() const { return checkpoint.empty() ? gpt2_path : checkpoint; }
 };
 
-// The model (in eval mode), its tokenizer name and a description for titles.
+// The model (in eval mode), its tokenizer and a description for titles.
 struct LoadedModel {
-  std::unique_ptr<nn::GPTModel> model;
-  std::string tokenizer;    // "gpt2" or "bytes"
-  std::string description;  // for titles: "checkpoint runs/gpt/checkpoint.safetensors"
+  std::unique_ptr<nn::LanguageModel> model;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::string description;        // for titles: "checkpoint runs/gpt/checkpoint.safetensors"
+  std::vector<int64_t> stop_ids;  // generation ends at these (the model's EOS ids, the tokenizer's end of text)
+  int64_t default_context = 0;    // what eval reads per window unless told (at most the model's context length)
 };
 LoadedModel load_model(const ModelOptions& options);
 
@@ -109,7 +113,8 @@ struct EvalCommand {
 int run_eval(const EvalCommand& options);
 
 struct ConvertCommand {
-  std::string input, output, to;  // to: pth, safetensors, checkpoint, gpt2 (empty: from the output's extension)
+  std::string input, output, to;  // to: pth, safetensors, checkpoint, gpt2, hf (empty: from the output's extension)
+  std::string dtype = "f32";      // hf: f32 or bf16
   train::ConfigHint hint;
   bool weights_only = false;
 };

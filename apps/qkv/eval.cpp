@@ -16,8 +16,8 @@ namespace qkv::cli {
 int run_eval(const EvalCommand& options) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel loaded = load_model(options.model);
-  const nn::GPTModel& model = *loaded.model;
-  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.model.vocab_dir);
+  const nn::LanguageModel& model = *loaded.model;
+  const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::string path = options.text_path == "-" ? "/dev/stdin" : options.text_path;
   const std::vector<std::byte> bytes = io::read_file(path);
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -28,17 +28,17 @@ int run_eval(const EvalCommand& options) {
   } catch (const ValueError& e) {
     throw ValueError(options.text_path + ": " + e.what());
   }
-  const int64_t context = options.context > 0 ? options.context : model.config.context_length;
-  if (context > model.config.context_length) {
+  const int64_t context = options.context > 0 ? options.context : loaded.default_context;
+  if (context > model.context_length()) {
     throw UsageError("--context " + std::to_string(context) + " is longer than the model's context_length " +
-                     std::to_string(model.config.context_length));
+                     std::to_string(model.context_length()));
   }
   const int64_t stride = options.stride > 0 ? options.stride : context;
   if (stride > context) throw UsageError("--stride " + std::to_string(stride) + " exceeds the window of " + std::to_string(context) + " tokens");
   if (ids.size() < 2) throw UsageError(options.text_path + " has " + std::to_string(ids.size()) + " token(s); scoring needs at least 2");
   // Logits are batch × context × vocabulary floats: keep them under 256 MiB unless told otherwise.
   const int64_t batch = options.batch_size > 0 ? options.batch_size
-                                                : std::max<int64_t>(1, (int64_t{256} << 20) / (4 * context * model.config.vocab_size));
+                                                : std::max<int64_t>(1, (int64_t{256} << 20) / (4 * context * model.vocab_size()));
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!options.json) {
     std::fprintf(stderr, "qkv eval: %s, %zu %s tokens of %s, windows of %lld every %lld tokens\n", loaded.description.c_str(),

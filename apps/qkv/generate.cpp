@@ -1,40 +1,87 @@
 // `qkv generate`: continue a prompt with a trained checkpoint or with GPT-2 weights (Hugging Face's
 // model.safetensors), streaming tokens as they come.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt2.hpp"
+#include "qkv/nn/hf.hpp"
+#include "qkv/text/hf_tokenizer.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
 
+namespace {
+// A Hugging Face model folder: the decoder (or GPT-2) and the folder's own tokenizer.
+LoadedModel load_folder(const ModelOptions& options) {
+  const std::string& dir = options.checkpoint;
+  LoadedModel loaded;
+  const std::string type = nn::hf_model_type(dir);
+  if (type == "gpt2") {
+    loaded.model = nn::load_gpt2((std::filesystem::path(dir) / "model.safetensors").string());
+  } else {
+    auto decoder = nn::load_hf_decoder(dir);
+    loaded.stop_ids = decoder->config.eos_token_ids;
+    loaded.description = decoder->config.family + " folder " + dir;
+    loaded.model = std::move(decoder);
+  }
+  if (auto hf = text::HfTokenizer::from_folder(dir)) {
+    loaded.tokenizer = std::move(hf);
+  } else if (type == "gpt2") {
+    loaded.tokenizer = text::make_tokenizer("gpt2", options.vocab_dir);
+  } else {
+    throw IoError(dir + ": has no tokenizer.json; a Hugging Face model folder carries its tokenizer (download it with "
+                  "the weights)");
+  }
+  if (loaded.description.empty()) loaded.description = "GPT-2 folder " + dir;
+  loaded.default_context = std::min<int64_t>(loaded.model->context_length(), 2048);
+  return loaded;
+}
+}  // namespace
+
 LoadedModel load_model(const ModelOptions& options) {
   if (options.checkpoint.empty() && options.gpt2_path.empty()) throw UsageError("give --checkpoint FILE or --gpt2 FILE");
-  train::ModelFile file = train::load_model_file(options.path(), options.hint);
-  if (!options.gpt2_path.empty() && file.format != train::ModelFormat::HuggingFaceGPT2) {
-    std::fprintf(stderr, "qkv: note: %s is a %s, not Hugging Face GPT-2 weights; read as such (--checkpoint takes any)\n",
-                 options.gpt2_path.c_str(), train::model_format_name(file.format));
+  LoadedModel loaded;
+  if (!options.checkpoint.empty() && nn::is_hf_folder(options.checkpoint)) {
+    loaded = load_folder(options);
+  } else {
+    train::ModelFile file = train::load_model_file(options.path(), options.hint);
+    if (!options.gpt2_path.empty() && file.format != train::ModelFormat::HuggingFaceGPT2) {
+      std::fprintf(stderr, "qkv: note: %s is a %s, not Hugging Face GPT-2 weights; read as such (--checkpoint takes any)\n",
+                   options.gpt2_path.c_str(), train::model_format_name(file.format));
+    }
+    loaded.model = std::move(file.model);
+    loaded.tokenizer = text::make_tokenizer(file.tokenizer, options.vocab_dir);
+    loaded.description = file.description;
+    loaded.default_context = loaded.model->context_length();
   }
-  return {std::move(file.model), file.tokenizer, file.description};
+  loaded.model->eval();
+  if (loaded.tokenizer->end_of_text() >= 0) loaded.stop_ids.push_back(loaded.tokenizer->end_of_text());
+  return loaded;
 }
 
 int run_generate(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.model);
-  std::unique_ptr<nn::GPTModel>& model = loaded.model;
-  const auto tokenizer = text::make_tokenizer(loaded.tokenizer, options.model.vocab_dir);
+  const nn::LanguageModel& model = *loaded.model;
+  const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   std::vector<int64_t> prompt =
       tokenizer->encode(options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt);
   if (prompt.empty()) {
     if (tokenizer->end_of_text() < 0) throw ValueError("the prompt is empty; give --prompt TEXT");
     prompt.push_back(tokenizer->end_of_text());  // GPT-2 starts unconditional samples from <|endoftext|>
   }
-  if (static_cast<int64_t>(prompt.size()) > model->config.context_length) {
+  if (static_cast<int64_t>(prompt.size()) > model.context_length()) {
     std::fprintf(stderr, "qkv generate: the prompt has %zu tokens; only its last %lld (context_length) are used\n",
-                 prompt.size(), static_cast<long long>(model->config.context_length));
+                 prompt.size(), static_cast<long long>(model.context_length()));
   }
+  for (int64_t id : prompt)
+    if (id >= model.vocab_size())
+      throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                       std::to_string(model.vocab_size()) + "; is the tokenizer the model's own?");
   nn::SamplingOptions sampling;
   sampling.max_new_tokens = options.max_new_tokens;
   sampling.temperature = options.greedy ? 0.0 : options.temperature;
@@ -42,14 +89,22 @@ int run_generate(const GenerateCommand& options) {
   sampling.top_p = options.top_p;
   sampling.seed = options.seed;
   sampling.use_cache = !options.no_cache;
-  sampling.stop_token = tokenizer->end_of_text();
+  sampling.stop_tokens = loaded.stop_ids;
+  if (!options.no_cache) {
+    // What the KV cache will hold: H_kv heads per layer, and a sliding-window layer only its window.
+    const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
+    const nn::KVCache probe = model.make_cache(1, positions);
+    std::fprintf(stderr, "qkv generate: %s; KV cache %.1f MiB for %lld positions (%lld layers, %lld K/V heads)\n",
+                 loaded.description.c_str(), static_cast<double>(probe.bytes()) / (1 << 20), static_cast<long long>(positions),
+                 static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
+  }
   std::cout << options.prompt << std::flush;
   // Decode the whole continuation each time and print what is new, so multi-byte characters split across
   // tokens come out whole.
   std::vector<int64_t> produced;
   std::string shown;
-  nn::generate(*model, prompt, sampling, [&](int64_t token) {
-    if (token == tokenizer->end_of_text()) return;
+  nn::generate(model, prompt, sampling, [&](int64_t token) {
+    if (std::find(loaded.stop_ids.begin(), loaded.stop_ids.end(), token) != loaded.stop_ids.end()) return;
     produced.push_back(token);
     const std::string text = tokenizer->decode(produced);
     if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {

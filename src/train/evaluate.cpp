@@ -26,21 +26,21 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t context, int64_t st
   return out;
 }
 
-TextEvaluation evaluate_text(const nn::GPTModel& model, std::span<const int64_t> ids, int64_t context, int64_t stride,
+TextEvaluation evaluate_text(const nn::LanguageModel& model, std::span<const int64_t> ids, int64_t context, int64_t stride,
                              int64_t batch, const std::function<void(int64_t, int64_t)>& progress) {
-  if (context > model.config.context_length) {
+  if (context > model.context_length()) {
     throw ValueError("the window (" + std::to_string(context) + " tokens) is longer than the model's context_length (" +
-                     std::to_string(model.config.context_length) + ")");
+                     std::to_string(model.context_length()) + ")");
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= model.config.vocab_size) {
+    if (ids[i] < 0 || ids[i] >= model.vocab_size()) {
       throw ValueError("token " + std::to_string(i) + " has id " + std::to_string(ids[i]) + ", outside the model's vocabulary of " +
-                       std::to_string(model.config.vocab_size) + "; was the model trained with another tokenizer (--tokenizer)?");
+                       std::to_string(model.vocab_size()) + "; was the model trained with another tokenizer (--tokenizer)?");
     }
   }
   const std::vector<EvalWindow> windows = eval_windows(static_cast<int64_t>(ids.size()), context, stride);
   NoGradGuard no_grad;
-  const int64_t V = model.config.vocab_size;
+  const int64_t V = model.vocab_size();
   double total = 0.0;
   int64_t scored = 0;
   size_t w = 0;

