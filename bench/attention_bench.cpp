@@ -128,6 +128,39 @@ void bm_mha(benchmark::State& state, int64_t B, int64_t T, int64_t C, int64_t H,
   report(state, flops, extra);
 }
 
+// The decoder variants: grouped-query K/V heads, a sliding window, RoPE applied to q and k first (as a Llama-style
+// layer does, its own kernel pair), all through the same op. FLOPs counted as the causal mask leaves them: with a
+// window W, each row sees min(i + 1, W) keys.
+void bm_variant(benchmark::State& state, Shape4 s, int64_t kv_heads, int64_t window, bool with_rope, bool backward,
+                int threads) {
+  set_threads(threads);
+  qkv::Generator gen(1);
+  Tensor q = gen.randn({s.B, s.T, s.H * s.D}), k = gen.randn({s.B, s.T, kv_heads * s.D}), v = gen.randn({s.B, s.T, kv_heads * s.D});
+  const Tensor d_o = gen.randn({s.B, s.T, s.H * s.D});
+  if (backward) q.requires_grad_(), k.requires_grad_(), v.requires_grad_();
+  qkv::AttentionConfig config;
+  config.num_heads = s.H;
+  config.causal = true;
+  config.window = window;
+  const auto table = std::make_shared<const qkv::kernels::RopeTable>(qkv::kernels::RopeTable::make(
+      qkv::kernels::RopeFrequencies{.theta = 500000.0}.inverse_frequencies(s.D), s.T));
+  for (auto _ : state) {
+    Tensor qr = q, kr = k;
+    if (with_rope) {
+      qr = qkv::rope(q, table, qkv::kernels::RopeLayout::RotateHalf, s.H);
+      kr = qkv::rope(k, table, qkv::kernels::RopeLayout::RotateHalf, kv_heads);
+    }
+    Tensor out = qkv::scaled_dot_product_attention(qr, kr, v, config);
+    if (backward) out.backward(d_o);
+    benchmark::DoNotOptimize(out.data());
+    if (backward) q.set_grad(Tensor()), k.set_grad(Tensor()), v.set_grad(Tensor());
+  }
+  double pairs = 0;  // visible (query, key) pairs per head
+  for (int64_t i = 0; i < s.T; ++i) pairs += static_cast<double>(window > 0 ? std::min(i + 1, window) : i + 1);
+  const double forward = 4.0 * s.B * s.H * pairs * s.D;
+  report(state, backward ? 3.0 * forward : forward, 0);
+}
+
 // The attention weights of one head, recomputed from q, k and the forward's log-sum-exp (what qkv attention
 // draws), against that head's share of the fused forward pass (reported as head_share/…: the whole forward / H).
 // Causal q, k, v in the projections' (B, T, H·D) layout and the config that reads them.
@@ -206,6 +239,34 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       std::printf("recomputing one head's weights %-30s %8.3f ms; that head's share of the fused forward %8.3f ms: %.2fx\n",
                   name.substr(5).c_str(), maps.ms, share->second.ms, maps.ms / share->second.ms);
     }
+    // The decoder variants, each against its baseline in this run.
+    std::printf("\nDecoder variants (medians, same run):\n");
+    for (const auto& [name, r] : results_) {
+      const int threads = name.find("threads:2") != std::string::npos ? 2 : 1;
+      const double peak = g_peak_gflops[threads];
+      auto partner = [&](const std::string& from, const std::string& to) -> const Result* {
+        std::string other = name;
+        const size_t at = other.find(from);
+        if (at == std::string::npos) return nullptr;
+        other.replace(at, from.size(), to);
+        const auto it = results_.find(other);
+        return it == results_.end() ? nullptr : &it->second;
+      };
+      if (name.rfind("gqa/", 0) == 0 && name.find("/kv4/") != std::string::npos) {
+        if (const Result* mha = partner("/kv4/", "/kvH/"))
+          std::printf("  %-52s GQA %7.2f ms %5.1f%% of peak; MHA %7.2f ms %5.1f%%\n", name.c_str(), r.ms,
+                      100.0 * r.gflops / peak, mha->ms, 100.0 * mha->gflops / peak);
+      } else if (name.rfind("window/", 0) == 0 && name.find("/W512/") != std::string::npos) {
+        if (const Result* full = partner("/W512/", "/W0/"))
+          std::printf("  %-52s window %8.2f ms, full causal %8.2f ms: %.2fx faster\n", name.c_str(), r.ms, full->ms,
+                      full->ms / r.ms);
+      } else if (name.rfind("rope/", 0) == 0 && name.find("/on/") != std::string::npos) {
+        if (const Result* off = partner("/on/", "/off/"))
+          std::printf("  %-52s with RoPE %7.2f ms, without %7.2f ms: +%.1f%%\n", name.c_str(), r.ms, off->ms,
+                      100.0 * (r.ms / off->ms - 1.0));
+      }
+    }
+    std::printf("\n");
     for (const auto& [name, fused] : results_) {
       if (name.rfind("fused/", 0) != 0) continue;
       const std::string rest = name.substr(6);
@@ -270,6 +331,27 @@ int main(int argc, char** argv) {
                                            threads));
     configure(benchmark::RegisterBenchmark(("plain/" + tag).c_str(), bm_mha, B, T, C, H, qkv::nn::AttentionPath::Plain,
                                            threads));
+  }
+  // Grouped-query (16 query heads on 4 K/V heads) against multi-head at the same shape; a 512-token window at
+  // T = 4096 against full causal; RoPE's two rotations before a forward.
+  const Shape4 gqa = smoke ? Shape4{1, 4, 64, 16} : Shape4{4, 16, 1024, 64};
+  const Shape4 long_seq = smoke ? Shape4{1, 2, 128, 16} : Shape4{1, 8, 4096, 64};
+  const int64_t window = smoke ? 32 : 512;
+  for (int threads : {1, 2}) {
+    const std::string t = "threads:" + std::to_string(threads);
+    configure(benchmark::RegisterBenchmark(("gqa/fwd+bwd/causal/" + gqa.str() + "/kv4/" + t).c_str(), bm_variant, gqa,
+                                           int64_t{4}, int64_t{0}, false, true, threads));
+    configure(benchmark::RegisterBenchmark(("gqa/fwd+bwd/causal/" + gqa.str() + "/kvH/" + t).c_str(), bm_variant, gqa,
+                                           gqa.H, int64_t{0}, false, true, threads));
+    for (bool backward : {false, true})
+      for (int64_t w : {window, int64_t{0}}) {
+        const std::string name = std::string("window/") + (backward ? "fwd+bwd/" : "fwd/") + long_seq.str() + "/W" +
+                                 (w ? "512" : "0") + "/" + t;
+        configure(benchmark::RegisterBenchmark(name.c_str(), bm_variant, long_seq, long_seq.H, w, false, backward, threads));
+      }
+    for (bool on : {true, false})
+      configure(benchmark::RegisterBenchmark(("rope/fwd/causal/" + gqa.str() + (on ? "/on/" : "/off/") + t).c_str(),
+                                             bm_variant, gqa, gqa.H, int64_t{0}, on, false, threads));
   }
   const Shape4 probe = smoke ? Shape4{1, 2, 64, 16} : Shape4{1, 12, 1024, 64};
   for (int threads : {1, 2}) {

@@ -1,6 +1,7 @@
 // `qkv generate`: continue a prompt with a trained checkpoint or with GPT-2 weights (Hugging Face's
 // model.safetensors), streaming tokens as they come.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -80,8 +81,8 @@ int run_generate(const GenerateCommand& options) {
   }
   for (int64_t id : prompt)
     if (id >= model.vocab_size())
-      throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the model's vocabulary of " +
-                       std::to_string(model.vocab_size()) + "; is the tokenizer the model's own?");
+      throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                       std::to_string(model.vocab_size()) + ") of the model; is the tokenizer the model's own?");
   nn::SamplingOptions sampling;
   sampling.max_new_tokens = options.max_new_tokens;
   sampling.temperature = options.greedy ? 0.0 : options.temperature;
@@ -90,14 +91,10 @@ int run_generate(const GenerateCommand& options) {
   sampling.seed = options.seed;
   sampling.use_cache = !options.no_cache;
   sampling.stop_tokens = loaded.stop_ids;
-  if (!options.no_cache) {
-    // What the KV cache will hold: H_kv heads per layer, and a sliding-window layer only its window.
-    const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
-    const nn::KVCache probe = model.make_cache(1, positions);
-    std::fprintf(stderr, "qkv generate: %s; KV cache %.1f MiB for %lld positions (%lld layers, %lld K/V heads)\n",
-                 loaded.description.c_str(), static_cast<double>(probe.bytes()) / (1 << 20), static_cast<long long>(positions),
-                 static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
-  }
+  // What the KV cache holds: H_kv heads per layer, and a sliding-window layer only its window.
+  const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
+  const int64_t cache_bytes = options.no_cache ? 0 : model.make_cache(1, positions).bytes();
+  const auto began = std::chrono::steady_clock::now();
   std::cout << options.prompt << std::flush;
   // Decode the whole continuation each time and print what is new, so multi-byte characters split across
   // tokens come out whole.
@@ -112,7 +109,15 @@ int run_generate(const GenerateCommand& options) {
       shown = text;
     }
   });
-  std::cout << "\n";
+  std::cout << "\n" << std::flush;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  std::fprintf(stderr, "qkv generate: %zu new tokens in %.2f s (%.1f tok/s, prompt included); ", produced.size(), seconds,
+               static_cast<double>(produced.size()) / std::max(seconds, 1e-9));
+  if (options.no_cache) std::fprintf(stderr, "no KV cache (--no-cache)\n");
+  else
+    std::fprintf(stderr, "KV cache %.2f MiB for %lld positions (%lld layers × %lld K/V heads)\n",
+                 static_cast<double>(cache_bytes) / (1 << 20), static_cast<long long>(positions),
+                 static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
   return 0;
 }
 

@@ -375,6 +375,18 @@ std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {
   return out;
 }
 
+TensorData TensorData::from_tensor_bf16(std::string name, const Tensor& t) {
+  TensorData d;
+  d.name = std::move(name);
+  d.dtype = DType::BF16;
+  d.shape.assign(t.shape().dims().begin(), t.shape().dims().end());
+  d.bytes.resize(static_cast<size_t>(t.numel()) * 2);
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  kernels::f32_to_bf16(t.data(), bits.data(), t.numel());
+  std::memcpy(d.bytes.data(), bits.data(), d.bytes.size());
+  return d;
+}
+
 TensorData TensorData::from_tensor(std::string name, const Tensor& t) {
   TensorData d;
   d.name = std::move(name);

@@ -71,7 +71,7 @@ void DecoderConfig::validate() const {
   for (const auto& r : ropes) {
     if (!(r.theta > 1.0) || !std::isfinite(r.theta)) invalid("rope_theta must be a finite number above 1, got " + std::to_string(r.theta));
     if (!(r.factor > 0.0) || !std::isfinite(r.factor)) invalid("the RoPE scaling factor must be positive");
-    if (r.scaling == kernels::RopeFrequencies::Scaling::Llama3 &&
+    if (r.scaling == RopeFrequencies::Scaling::Llama3 &&
         (!(r.high_freq_factor > r.low_freq_factor) || !(r.low_freq_factor > 0) || !(r.original_max_position_embeddings > 0))) {
       invalid("llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
     }
@@ -226,7 +226,7 @@ bool is_bias(Role r) {
 struct RopeTables {
   std::mutex mutex;
   std::vector<std::vector<float>> inverse_frequencies;
-  std::vector<std::shared_ptr<const kernels::RopeTable>> tables;
+  std::vector<std::shared_ptr<const RopeTable>> tables;
 };
 
 Decoder::Decoder(const DecoderConfig& c, Generator& gen) : Decoder(c, &gen) {}
@@ -310,13 +310,13 @@ Tensor& Decoder::parameter(Role role, int64_t layer) {
   return *t;
 }
 
-std::shared_ptr<const kernels::RopeTable> Decoder::rope_table(int64_t which, int64_t positions) const {
+std::shared_ptr<const RopeTable> Decoder::rope_table(int64_t which, int64_t positions) const {
   std::lock_guard<std::mutex> lock(rope_tables_->mutex);
   auto& table = rope_tables_->tables[static_cast<size_t>(which)];
   if (!table || table->positions < positions) {
     const int64_t grown = std::min(config.max_positions, std::max<int64_t>(positions, table ? 2 * table->positions : 1024));
-    table = std::make_shared<const kernels::RopeTable>(
-        kernels::RopeTable::make(rope_tables_->inverse_frequencies[static_cast<size_t>(which)], std::max(grown, positions)));
+    table = std::make_shared<const RopeTable>(
+        RopeTable::make(rope_tables_->inverse_frequencies[static_cast<size_t>(which)], std::max(grown, positions)));
   }
   return table;
 }

@@ -13,7 +13,6 @@
 
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
-#include "qkv/kernels/convert.hpp"
 
 namespace qkv::nn {
 
@@ -70,8 +69,8 @@ class Keys {
 };
 
 // rope_theta and rope_scaling (or transformers 5's rope_parameters) → frequencies.
-kernels::RopeFrequencies rope_of(const Keys& keys, double default_theta, bool allow_scaling = true) {
-  kernels::RopeFrequencies r;
+RopeFrequencies rope_of(const Keys& keys, double default_theta, bool allow_scaling = true) {
+  RopeFrequencies r;
   r.theta = keys.number("rope_theta", default_theta);
   const char* key = keys.has("rope_scaling") ? "rope_scaling" : keys.has("rope_parameters") ? "rope_parameters" : nullptr;
   if (!key || !allow_scaling) return r;
@@ -82,10 +81,10 @@ kernels::RopeFrequencies rope_of(const Keys& keys, double default_theta, bool al
   const std::string type = scaling.has("rope_type") ? scaling.string("rope_type", "default") : scaling.string("type", "default");
   if (type == "default") return r;
   if (type == "linear") {
-    r.scaling = kernels::RopeFrequencies::Scaling::Linear;
+    r.scaling = RopeFrequencies::Scaling::Linear;
     r.factor = scaling.number("factor", 1.0);
   } else if (type == "llama3") {
-    r.scaling = kernels::RopeFrequencies::Scaling::Llama3;
+    r.scaling = RopeFrequencies::Scaling::Llama3;
     r.factor = scaling.number("factor", 8.0);
     r.low_freq_factor = scaling.number("low_freq_factor", 1.0);
     r.high_freq_factor = scaling.number("high_freq_factor", 4.0);
@@ -270,8 +269,8 @@ std::string decoder_config_to_hf(const DecoderConfig& c) {
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
-  auto scaling = [](const kernels::RopeFrequencies& r) -> json {
-    using S = kernels::RopeFrequencies::Scaling;
+  auto scaling = [](const RopeFrequencies& r) -> json {
+    using S = RopeFrequencies::Scaling;
     if (r.scaling == S::None) return nullptr;
     if (r.scaling == S::Linear) return {{"rope_type", "linear"}, {"factor", r.factor}};
     return {{"rope_type", "llama3"}, {"factor", r.factor}, {"low_freq_factor", r.low_freq_factor},
@@ -442,17 +441,7 @@ void save_hf_folder(const std::string& dir_name, Decoder& model, HfDType dtype) 
   const std::string config = decoder_config_to_hf(model.config);
   std::vector<io::TensorData> tensors;
   model.for_each_parameter([&](const std::string& name, Tensor& t) {
-    if (dtype == HfDType::F32) {
-      tensors.push_back(io::TensorData::from_tensor(name, t));
-      return;
-    }
-    io::TensorData d;
-    d.name = name;
-    d.dtype = io::DType::BF16;
-    d.shape.assign(t.shape().dims().begin(), t.shape().dims().end());
-    d.bytes.resize(static_cast<size_t>(t.numel()) * 2);
-    kernels::f32_to_bf16(t.data(), reinterpret_cast<uint16_t*>(d.bytes.data()), t.numel());
-    tensors.push_back(std::move(d));
+    tensors.push_back(dtype == HfDType::F32 ? io::TensorData::from_tensor(name, t) : io::TensorData::from_tensor_bf16(name, t));
   });
   io::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
   io::write_file_atomically((dir / "config.json").string(),

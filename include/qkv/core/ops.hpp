@@ -124,6 +124,11 @@ Tensor gelu(const Tensor& x);
 
 // ---- today's decoders: RMSNorm, SiLU, rotary embeddings ----
 
+// The rotation's settings and tables, as the kernels define them (qkv/kernels/decoder.hpp).
+using RopeLayout = kernels::RopeLayout;
+using RopeFrequencies = kernels::RopeFrequencies;
+using RopeTable = kernels::RopeTable;
+
 // RMSNorm over the last dimension: x / √(mean(x²) + eps) · (weight + offset); weight is (C). offset 0 is Llama's and
 // Qwen's, 1 Gemma's (1 + w).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float offset = 0.0f);

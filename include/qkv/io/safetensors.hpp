@@ -76,6 +76,8 @@ struct TensorData {
   std::vector<int64_t> shape;
   std::vector<std::byte> bytes;
   static TensorData from_tensor(std::string name, const Tensor& t);
+  // The tensor rounded to bfloat16 (nearest even; NaN kept), half the bytes.
+  static TensorData from_tensor_bf16(std::string name, const Tensor& t);
   static TensorData from_int64s(std::string name, std::span<const int64_t> values);
 };
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "qkv/core/random.hpp"
-#include "qkv/kernels/decoder.hpp"
+#include "qkv/core/ops.hpp"
 #include "qkv/nn/language_model.hpp"
 
 namespace qkv::nn {
@@ -49,8 +49,8 @@ struct DecoderConfig {
   double attention_scale = 0.0;           // 0: 1/√head_dim (Gemma 3: query_pre_attn_scalar^−½)
   double attn_softcap = 0.0;              // attention logit soft-capping (Gemma 2); 0: none
   double drop_rate = 0.0;                 // embedding and residual dropout (GPT-2's); attention dropout is 0
-  kernels::RopeLayout rope_layout = kernels::RopeLayout::RotateHalf;
-  std::vector<kernels::RopeFrequencies> ropes;  // one per distinct rotation; empty with learned positions
+  RopeLayout rope_layout = RopeLayout::RotateHalf;
+  std::vector<RopeFrequencies> ropes;  // one per distinct rotation; empty with learned positions
   std::vector<DecoderLayerSettings> layers;      // num_layers entries
   std::vector<int64_t> eos_token_ids;            // generation stops at any of them
   int64_t bos_token_id = -1;
@@ -133,7 +133,7 @@ class Decoder : public LanguageModel {
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records) const;
   // The rotation table of config.ropes[which] for at least `positions` positions.
-  std::shared_ptr<const kernels::RopeTable> rope_table(int64_t which, int64_t positions) const;
+  std::shared_ptr<const RopeTable> rope_table(int64_t which, int64_t positions) const;
   std::shared_ptr<struct RopeTables> rope_tables_;
   std::shared_ptr<Generator> owned_generator_;
   Generator* gen_;
