@@ -218,14 +218,23 @@ enum class Trim {
 };
 
 // C (M × N) (+)= A (M × K) · B (K × N); N a multiple of 16. A has row stride lda and column stride ak.
+// With a sliding window W (> 0) the band has a lower edge too: local key c is visible to local row r only if also
+// c ≥ r + diag − W, and the trims skip what lies below it as they skip the future.
 void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
-                float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0) {
+                float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0, int64_t window = 0) {
   // One strip: rows m0 .. m0 + mr, columns n0 .. n0 + width (16, or 32 with AVX-512).
   auto strip = [&](int mr, int64_t m0, int64_t n0, int64_t width) {
     int64_t k_begin = 0, k_end = K;
-    if (trim == Trim::KEnd) k_end = std::clamp<int64_t>(m0 + mr - 1 + diag, 0, K);
-    if (trim == Trim::KBegin) k_begin = std::clamp<int64_t>(m0 - diag + 1, 0, K);
-    if (trim == Trim::Columns && n0 >= m0 + mr - 1 + diag) {
+    if (trim == Trim::KEnd) {
+      k_end = std::clamp<int64_t>(m0 + mr - 1 + diag, 0, K);
+      if (window > 0) k_begin = std::clamp<int64_t>(m0 + diag - window, 0, K);  // the first row's oldest key
+    }
+    if (trim == Trim::KBegin) {
+      k_begin = std::clamp<int64_t>(m0 - diag + 1, 0, K);
+      if (window > 0) k_end = std::clamp<int64_t>(m0 + mr - diag + window, 0, K);  // the last query that sees the last key
+    }
+    if (trim == Trim::Columns &&
+        (n0 >= m0 + mr - 1 + diag || (window > 0 && n0 + width <= m0 + diag - window))) {
       if (!accumulate)  // nothing visible here: the caller reads only visible columns, but keep C defined
         for (int r = 0; r < mr; ++r) std::fill_n(C + (m0 + r) * ldc + n0, width, 0.0f);
       return;
@@ -372,6 +381,8 @@ struct Plan {
     inv_keep = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
   }
   int threads() const { return options.threads > 0 ? options.threads : omp_get_max_threads(); }
+  // The window the products' trims may use: only with the causal mask, whose diagonal they are relative to.
+  int64_t band() const { return options.causal ? options.window : 0; }
   // Query row i (absolute) sees keys [key_begin(i), key_end(i)). Both are non-decreasing in i.
   int64_t key_end(int64_t i) const {
     return options.causal ? std::clamp<int64_t>(i + offset + 1, 0, dims.Tk) : dims.Tk;
@@ -565,7 +576,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
       const Trim columns = options.causal ? Trim::Columns : Trim::None, k_end = options.causal ? Trim::KEnd : Trim::None;
       const int64_t diag = q0 + p.offset - k0 + 1;  // local key c visible to local row r iff c < r + diag
-      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false, columns, diag);  // S = Qs Kᵀ
+      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false, columns, diag, p.band());  // S = Qs Kᵀ
       // The new running maxima, then every row's rescale factor e^(m − m') in one vector pass (e^−∞ = 0 for a
       // row's first visible block): a scalar exp per row and block was 2–4% of the pass.
       for (int64_t r = 0; r < rows; ++r) {
@@ -585,7 +596,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
         if (alpha[r] != 1.0f) scale_row(acc + r * Dp, Dp, alpha[r]);
         m[r] = m_new[r];
       }
-      block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true, k_end, diag);  // O += P V
+      block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true, k_end, diag, p.band());  // O += P V
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = p.row(o, layout.o, bh, q0 + r);
@@ -633,7 +644,7 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
           continue;
         }
         block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false,
-                   options.causal ? Trim::Columns : Trim::None, diag);  // S = Qs Kᵀ
+                   options.causal ? Trim::Columns : Trim::None, diag, p.band());  // S = Qs Kᵀ
         for (int64_t r = 0; r < rows; ++r) {
           const auto [lo, hi] = p.visible_in_block(q0 + r, k0, cols);
           p.cap_scores(s + r * kBc, lo, hi);
@@ -689,8 +700,8 @@ void probabilities_and_dscores(const Plan& p, const BackwardGroup& h, int64_t g,
   const int64_t D = p.dims.D, Dp = p.Dp, cols_pad = round_up(cols, kNR);
   const Trim columns = p.options.causal ? Trim::Columns : Trim::None;
   const int64_t diag = q0 + p.offset - k0 + 1;
-  block_gemm(rows, cols_pad, D, h.queries(g) + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false, columns, diag);  // S
-  block_gemm(rows, cols_pad, D, h.d_out(g) + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false, columns, diag);  // G
+  block_gemm(rows, cols_pad, D, h.queries(g) + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false, columns, diag, p.band());  // S
+  block_gemm(rows, cols_pad, D, h.d_out(g) + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false, columns, diag, p.band());  // G
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r;
     float* pr = pz + r * kBc;
@@ -746,11 +757,11 @@ void key_block_backward(const Plan& p, const BackwardGroup& group, const float* 
       probabilities_and_dscores(p, group, g, lse + bh * p.dims.Tq, delta + bh * p.dims.Tq, bh, q0, rows, k0, cols, pz,
                                 ds);
       const int64_t diag = q0 + p.offset - k0 + 1;
-      block_gemm(cols, Dp, rows, pz, 1, kBc, group.d_out(g) + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag);  // dV += (P∘Z)ᵀ dO
-      block_gemm(cols, Dp, rows, ds, 1, kBc, group.queries(g) + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag);  // dK += dSᵀ Qs
+      block_gemm(cols, Dp, rows, pz, 1, kBc, group.d_out(g) + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag, p.band());  // dV += (P∘Z)ᵀ dO
+      block_gemm(cols, Dp, rows, ds, 1, kBc, group.queries(g) + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag, p.band());  // dK += dSᵀ Qs
       if (dq_acc) {
         block_gemm(rows, Dp, cols_pad, ds, kBc, 1, group.kp + k0 * Dp, Dp, dq_acc + g * p.Tq_pad * Dp + q0 * Dp, Dp,
-                   true, p.options.causal ? Trim::KEnd : Trim::None, diag);  // dQ += dS K
+                   true, p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());  // dQ += dS K
       }
     }
   }
@@ -855,7 +866,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
         const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
         probabilities_and_dscores(p, group, g, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
         block_gemm(rows, Dp, cols_pad, ds, kBc, 1, group.kp + k0 * Dp, Dp, dq_acc, Dp, true,
-                   options.causal ? Trim::KEnd : Trim::None, q0 + p.offset - k0 + 1);  // dQ += dS K
+                   options.causal ? Trim::KEnd : Trim::None, q0 + p.offset - k0 + 1, p.band());  // dQ += dS K
       }
       for (int64_t r = 0; r < rows; ++r) scaled_copy(dq_acc + r * Dp, p.row(dq, layout.q, bh, q0 + r), D, p.scale);
     }

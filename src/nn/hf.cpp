@@ -21,6 +21,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+constexpr int64_t kMaxLayers = 4096;  // far beyond any released model; keeps a hostile config from listing 10⁹ layers
 const char* kSupported = "llama (Llama 3.x), qwen2, qwen3, gemma3_text (Gemma 3 text models) and gpt2";
 
 // Typed reads of config.json keys with the file and key in every message.
@@ -169,6 +170,8 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   c.hidden_size = keys.integer("hidden_size");
   c.intermediate_size = keys.integer("intermediate_size");
   c.num_layers = keys.integer("num_hidden_layers");
+  if (c.num_layers <= 0 || c.num_layers > kMaxLayers)
+    keys.fail("num_hidden_layers", "is " + std::to_string(c.num_layers) + "; qkv takes 1 to " + std::to_string(kMaxLayers));
   c.num_heads = keys.integer("num_attention_heads");
   if (c.num_heads <= 0) keys.fail("num_attention_heads", "must be positive");
   c.num_kv_heads = keys.integer("num_key_value_heads", c.num_heads);

@@ -29,7 +29,12 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int64_t kMaxTokenId = int64_t{1} << 24;  // 16 M ids: far above any real vocabulary, small enough to allocate
+// Ids may leave gaps, but not many: an id is at most this far beyond the number of entries the file lists, so the id
+// table stays proportional to the file.
+constexpr int64_t kMaxIdGap = 65536;
+// A pre-tokenizer regex from a file gets this many backtracking steps per match: a pattern that needs more (a
+// catastrophic one) is an error, not a hang.
+constexpr uint32_t kMatchLimit = 10'000'000;
 
 // Length of the UTF-8 sequence starting with byte c (1 for a stray byte, so scanning always advances).
 size_t utf8_length(unsigned char c) {
@@ -72,18 +77,29 @@ class Regex {
                     std::to_string(offset) + " (" + reinterpret_cast<const char*>(message) + ")");
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
+    context_ = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(context_, kMatchLimit);
+    pcre2_set_depth_limit(context_, kMatchLimit);
   }
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
-  ~Regex() { pcre2_code_free(code_); }
+  ~Regex() {
+    pcre2_match_context_free(context_);
+    pcre2_code_free(code_);
+  }
   // Every non-overlapping match in s, as (begin, end) byte ranges; an empty match moves on one character.
   std::vector<std::pair<size_t, size_t>> matches(std::string_view s) const {
     std::vector<std::pair<size_t, size_t>> out;
     pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_, nullptr);
     size_t at = 0;
     while (at <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK, data, nullptr);
-      if (rc < 0) break;
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK, data, context_);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        pcre2_match_data_free(data);
+        throw ValueError("tokenizer.json: its pre-tokenizer regex gave up on this text (PCRE2 error " + std::to_string(rc) +
+                         ", e.g. its backtracking limit); the pattern is not one a tokenizer can use");
+      }
       const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data);
       if (v[1] > v[0]) {
         out.emplace_back(v[0], v[1]);
@@ -98,6 +114,7 @@ class Regex {
 
  private:
   pcre2_code* code_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
 };
 
 // Matches of a literal string.
@@ -631,9 +648,13 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
     if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
       throw IoError(label + ": model.dropout is set; BPE dropout is for training tokenizers, qkv has none");
     int64_t size = 0;
+    const int64_t entries = static_cast<int64_t>(model["vocab"].size()) +
+                            (j.contains("added_tokens") && j["added_tokens"].is_array() ? static_cast<int64_t>(j["added_tokens"].size()) : 0);
+    const int64_t max_id = entries + kMaxIdGap;
     auto place = [&](const std::string& token, int64_t id, const std::string& where) {
-      if (id < 0 || id >= kMaxTokenId) throw IoError(label + ": " + where + " id " + std::to_string(id) + " of " +
-                                                     printable(token, 60) + " is outside [0, " + std::to_string(kMaxTokenId) + ")");
+      if (id < 0 || id >= max_id) throw IoError(label + ": " + where + " id " + std::to_string(id) + " of " +
+                                                printable(token, 60) + " is outside [0, " + std::to_string(max_id) +
+                                                "): ids are numbered from 0 without large gaps");
       s.vocab[token] = static_cast<int32_t>(id);
       size = std::max(size, id + 1);
       if (s.tokens.size() < static_cast<size_t>(size)) s.tokens.resize(static_cast<size_t>(size)), s.special.resize(static_cast<size_t>(size));
