@@ -263,13 +263,6 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
   }
 }
 
-// y[j] = exp(x[j] − shift) for j < valid, 0 for valid ≤ j < n; returns Σ y.
-float exp_row(const float* x, float* y, int64_t valid, int64_t n, float shift) {
-  const float total = simd::exp_shifted_sum(x, y, valid, shift);
-  std::fill(y + valid, y + n, 0.0f);
-  return total;
-}
-
 #ifdef QKV_AVX2
 // The vector part of probabilities_and_dscores_row in L's lanes, from j on; returns where it stopped.
 template <typename L>

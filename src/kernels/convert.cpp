@@ -52,13 +52,13 @@ float f16_to_f32_reference(uint16_t h) {
 
 void bf16_to_f32(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);  // float and uint32 share a size; bits are copied, not punned
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(src[i]) << 16;
 }
 
 void f32_to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
   const uint32_t* in = reinterpret_cast<const uint32_t*>(src);
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for schedule(static) if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t u = in[i];
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;

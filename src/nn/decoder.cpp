@@ -49,7 +49,7 @@ void DecoderConfig::validate() const {
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");
   positive(num_layers, "num_hidden_layers");
-  if (num_layers > 4096) invalid("num_hidden_layers = " + std::to_string(num_layers) + " is more than qkv takes (4096)");
+  if (num_layers > 65536) invalid("num_hidden_layers = " + std::to_string(num_layers) + " is more than qkv takes (65536)");
   positive(num_heads, "num_attention_heads");
   positive(num_kv_heads, "num_key_value_heads");
   positive(head_dim, "head_dim");

@@ -26,59 +26,57 @@ void GPTConfig::validate() const {
   (void)parameter_count();  // overflow, or beyond any machine, is a ValueError here
 }
 
+DecoderConfig GPTConfig::decoder_config() const {
+  DecoderConfig c;
+  c.family = "gpt2";
+  c.vocab_size = vocab_size;
+  c.hidden_size = emb_dim;
+  c.num_layers = n_layers;
+  c.num_heads = c.num_kv_heads = n_heads;
+  c.head_dim = n_heads > 0 ? emb_dim / n_heads : 0;
+  c.max_positions = context_length;
+  c.norm = NormKind::LayerNorm;
+  c.norm_eps = 1e-5;
+  c.mlp = MlpKind::GELU;
+  c.mlp_bias = c.o_bias = c.learned_positions = true;
+  c.qkv_bias = qkv_bias;
+  c.tie_word_embeddings = tie_weights;
+  c.drop_rate = drop_rate;
+  c.layers.assign(static_cast<size_t>(std::max<int64_t>(std::min<int64_t>(n_layers, 65536), 0)), {});
+  // 4·C, or the overflow the table's size checks report
+  if (__builtin_mul_overflow(emb_dim, int64_t{4}, &c.intermediate_size)) c.intermediate_size = kMaxElements + 1;
+  return c;
+}
+
 namespace {
-int64_t checked_product(std::initializer_list<int64_t> factors) {
-  int64_t n = 1;
-  for (int64_t f : factors)
-    if (__builtin_mul_overflow(n, f, &n) || n > kMaxElements) {
-      throw ValueError("GPTConfig: the sizes are too large (a weight matrix would exceed " +
-                       std::to_string(kMaxElements) + " elements); choose smaller vocab_size, emb_dim or context_length");
-    }
-  return n;
+// The decoder's size checks, with GPTConfig's words: its messages say which of the book's fields to shrink.
+template <typename F>
+auto as_gpt_config(F&& f) {
+  try {
+    return f();
+  } catch (const ValueError& e) {
+    std::string what = e.what();
+    const std::string prefix = "decoder config: ";
+    if (what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
+    throw ValueError("GPTConfig: " + what + "; choose smaller vocab_size, emb_dim, context_length or fewer n_layers");
+  }
 }
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> GPTConfig::parameter_shapes() const {
-  const int64_t C = emb_dim;
-  checked_product({vocab_size, C});
-  checked_product({context_length, C});
-  checked_product({4, C, C});
-  std::vector<std::pair<std::string, Shape>> out = {{"tok_emb.weight", {vocab_size, C}}, {"pos_emb.weight", {context_length, C}}};
-  for (int64_t i = 0; i < n_layers; ++i) {
-    const std::string b = "trf_blocks." + std::to_string(i) + ".";
-    for (const char* w : {"W_query", "W_key", "W_value"}) {
-      out.push_back({b + "att." + w + ".weight", {C, C}});
-      if (qkv_bias) out.push_back({b + "att." + w + ".bias", {C}});
-    }
-    out.push_back({b + "att.out_proj.weight", {C, C}});
-    out.push_back({b + "att.out_proj.bias", {C}});
-    out.push_back({b + "ff.layers.0.weight", {4 * C, C}});
-    out.push_back({b + "ff.layers.0.bias", {4 * C}});
-    out.push_back({b + "ff.layers.2.weight", {C, 4 * C}});
-    out.push_back({b + "ff.layers.2.bias", {C}});
-    out.push_back({b + "norm1.scale", {C}});
-    out.push_back({b + "norm1.shift", {C}});
-    out.push_back({b + "norm2.scale", {C}});
-    out.push_back({b + "norm2.shift", {C}});
-  }
-  out.push_back({"final_norm.scale", {C}});
-  out.push_back({"final_norm.shift", {C}});
-  if (!tie_weights) out.push_back({"out_head.weight", {vocab_size, C}});
-  return out;
+  return as_gpt_config([&] {
+    std::vector<std::pair<std::string, Shape>> out;
+    for (const auto& p : decoder_config().layout()) out.emplace_back(p.name, p.shape);
+    return out;
+  });
 }
 
 int64_t GPTConfig::parameter_count() const {
-  const int64_t C = emb_dim;
-  // per layer: Wq, Wk, Wv, out_proj (4C²), the feed-forward (8C²), their biases and two layer norms.
-  const int64_t per_layer = checked_product({12, C, C}) + (qkv_bias ? 3 : 0) * C + 13 * C;
-  const int64_t outside = checked_product({vocab_size, C}) * (tie_weights ? 1 : 2) + checked_product({context_length, C}) + 2 * C;
-  int64_t total = 0;
-  if (__builtin_mul_overflow(per_layer, n_layers, &total) || __builtin_add_overflow(total, outside, &total) ||
-      total > kMaxElements) {
-    throw ValueError("GPTConfig: " + std::to_string(n_layers) + " layers of emb_dim " + std::to_string(C) +
+  if (n_layers > 65536) {
+    throw ValueError("GPTConfig: " + std::to_string(n_layers) + " layers of emb_dim " + std::to_string(emb_dim) +
                      " are more parameters than any machine holds; choose fewer or smaller layers");
   }
-  return total;
+  return as_gpt_config([&] { return decoder_config().parameter_count(); });
 }
 
 const std::vector<Setting<GPTConfig>>& gpt_config_schema() {

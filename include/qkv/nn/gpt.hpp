@@ -14,6 +14,7 @@
 
 #include "qkv/core/settings.hpp"
 #include "qkv/nn/attention.hpp"
+#include "qkv/nn/decoder.hpp"
 #include "qkv/nn/language_model.hpp"
 #include "qkv/nn/linear.hpp"
 #include "qkv/nn/module.hpp"
@@ -33,8 +34,11 @@ struct GPTConfig {
 
   void validate() const;  // ValueError naming the bad field
   // Every parameter's state-dict name and shape, in registration order (tied: no out_head.weight), computed
-  // without building the model, so a loader can check a file before allocating anything.
+  // without building the model, so a loader can check a file before allocating anything. Both come from the
+  // decoder's one table (decoder_config().layout()).
   std::vector<std::pair<std::string, Shape>> parameter_shapes() const;
+  // This model as a configuration of the composed decoder: family gpt2, the book's names.
+  DecoderConfig decoder_config() const;
   int64_t parameter_count() const;  // ValueError if it does not fit int64
   GPTConfig validated() const {
     validate();
