@@ -132,9 +132,11 @@ int64_t TensorInfo::numel() const {
 struct SafetensorsFile::Mapping {
   void* address = nullptr;
   size_t length = 0;
+  int fd = -1;  // kept open: read_weights reads float32 tensors with pread, straight into their destination
   std::vector<std::byte> owned;
   ~Mapping() {
     if (address) munmap(address, length);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -161,7 +163,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     file.mapping_->length = size;
     bytes = static_cast<const std::byte*>(address);
   }
-  ::close(fd);
+  file.mapping_->fd = fd;
   file.validate(bytes, size);
   return file;
 }
@@ -349,8 +351,52 @@ void SafetensorsFile::read_weights(const std::string& name, Tensor& dst) const {
     fail(label_, "tensor '" + name + "' has shape " + Shape(std::span<const int64_t>(info->shape)).str() + ", expected " +
                      dst.shape().str());
   }
-  convert_to_float(data_ + info->begin, info->dtype, info->numel(), dst.data());
-  require_finite(label_, name, dst);
+  const std::byte* src = data_ + info->begin;
+  const size_t length = static_cast<size_t>(info->end - info->begin);
+  if (info->dtype == DType::F32 && mapping_ && mapping_->fd >= 0 && mapping_->address) {
+    // pread copies from the page cache into the tensor: no page of the file is mapped into this process, so loading
+    // costs about what reading the file does, and peak RSS holds the weights once.
+    const off_t offset = static_cast<off_t>(src - static_cast<const std::byte*>(mapping_->address));
+    char* out = reinterpret_cast<char*>(dst.data());
+    // Large tensors in one slice per thread: the copies, and the first touches of the fresh pages they land in, run side
+    // by side. Errors are collected and reported after the loop (no exception leaves an OpenMP region).
+    constexpr size_t kSlice = size_t{32} << 20;
+    const int64_t slices = static_cast<int64_t>(std::max<size_t>(1, std::min<size_t>(length / kSlice, 64)));
+    int error = 0;
+#pragma omp parallel for schedule(static) if (slices > 1)
+    for (int64_t k = 0; k < slices; ++k) {
+      const size_t begin = length * static_cast<size_t>(k) / static_cast<size_t>(slices);
+      const size_t end = length * static_cast<size_t>(k + 1) / static_cast<size_t>(slices);
+      for (size_t done = begin; done < end;) {
+        const ssize_t n = ::pread(mapping_->fd, out + done, end - done, offset + static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+#pragma omp atomic write
+          error = n < 0 ? errno : -1;
+          break;
+        }
+        done += static_cast<size_t>(n);
+      }
+    }
+    if (error != 0)
+      fail(label_, "cannot read tensor '" + name + "' (" + (error > 0 ? std::strerror(error) : "the file shrank") + ")");
+    if (!kernels::all_finite(dst.data(), info->numel())) require_finite(label_, name, dst);
+    return;
+  }
+  if (info->dtype == DType::F32) {  // the copy and the finiteness check in one parallel pass
+    if (!kernels::copy_finite(src, dst.data(), info->numel())) require_finite(label_, name, dst);
+  } else {
+    convert_to_float(src, info->dtype, info->numel(), dst.data());
+    require_finite(label_, name, dst);
+  }
+  // The file's pages are in the page cache; this process need not keep them mapped too (peak RSS would hold the
+  // weights twice). Only whole pages inside the tensor's bytes are released.
+  if (mapping_ && mapping_->address) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+    const uintptr_t last = (reinterpret_cast<uintptr_t>(src) + (info->end - info->begin)) / page * page;
+    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
 }
 
 std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {

@@ -2,6 +2,7 @@
 // vectorises; the half conversion uses F16C's vcvtph2ps when compiled for it (every x86 CPU qkv targets has it).
 #include "qkv/kernels/convert.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "parallel.hpp"
@@ -74,6 +75,38 @@ void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = f16_to_f32_reference(src[i]);
+}
+
+bool copy_finite(const void* src, float* dst, int64_t n) {
+  const unsigned char* in = static_cast<const unsigned char*>(src);
+  // Any non-finite float has all exponent bits set: OR together (exponent bits of each) and compare once per block.
+  bool finite = true;
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (worth_parallel(n))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+    std::memcpy(dst + begin, in + begin * 4, static_cast<size_t>(end - begin) * 4);
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(dst + begin);
+    bool all = true;
+    for (int64_t i = 0; i < end - begin; ++i) all &= (bits[i] & 0x7f800000u) != 0x7f800000u;
+    finite = finite && all;
+  }
+  return finite;
+}
+
+bool all_finite(const float* x, int64_t n) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
+  bool finite = true;
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (worth_parallel(n))
+  for (int64_t b = 0; b < blocks; ++b) {
+    bool all = true;
+    for (int64_t i = b * kBlock, end = std::min(n, i + kBlock); i < end; ++i) all &= (bits[i] & 0x7f800000u) != 0x7f800000u;
+    finite = finite && all;
+  }
+  return finite;
 }
 
 }  // namespace qkv::kernels

@@ -30,6 +30,20 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
 }
 
+// One row of C (M = 1: a token at a time, as generation runs) is a matrix-vector product: sgemm would pack the whole
+// of B first, sgemv streams it once (the head of a Qwen3-0.6B-shaped model, 1 × 1024 × 151936, in bench/decoder_bench).
+// C (1 × N) = α a op(B) + β C, a's elements `inc_a` apart; columns [begin, begin + count) only.
+void sgemv_row(bool trans_b, int64_t begin, int64_t count, int64_t K, float alpha, const float* a, int64_t inc_a,
+               const float* B, int64_t ldb, float beta, float* C, Denormals denormals) {
+  const DenormalMode mode(denormals);
+  if (trans_b)  // B is N × K: y = B a
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(count), static_cast<blasint>(K), alpha,
+                B + begin * ldb, static_cast<blasint>(ldb), a, static_cast<blasint>(inc_a), beta, C + begin, 1);
+  else          // B is K × N: y = Bᵀ a
+    cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<blasint>(K), static_cast<blasint>(count), alpha, B + begin,
+                static_cast<blasint>(ldb), a, static_cast<blasint>(inc_a), beta, C + begin, 1);
+}
+
 }  // namespace
 
 const char* gemm_backend() {
@@ -48,6 +62,17 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   }
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const double flops = 2.0 * static_cast<double>(M) * N * K;
+  if (M == 1) {  // threads own slices of the output row; each streams its part of B once
+    const int64_t inc_a = trans_a ? lda : 1;
+    const int parts = flops < 4e6 ? 1 : threads;
+    const int64_t slice = (N + parts - 1) / parts;
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t begin = p * slice, count = std::min(slice, N - begin);
+      if (count > 0) sgemv_row(trans_b, begin, count, K, alpha, A, inc_a, B, ldb, beta, C, denormals);
+    }
+    return;
+  }
   if (threads <= 1 || flops < 4e6) {
     sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, denormals);
     return;

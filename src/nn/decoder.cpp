@@ -240,16 +240,24 @@ std::unique_ptr<Decoder> Decoder::uninitialised(const DecoderConfig& config, uin
   return model;
 }
 
-Decoder::Decoder(const DecoderConfig& c, Generator* gen) : config((c.validate(), c)), gen_(gen) {
+std::unique_ptr<Decoder> Decoder::for_loading(const DecoderConfig& config) {
+  auto generator = std::make_shared<Generator>(0);
+  std::unique_ptr<Decoder> model(new Decoder(config, generator.get(), false));
+  model->owned_generator_ = std::move(generator);
+  return model;
+}
+
+Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.validate(), c)), gen_(gen) {
   blocks.resize(static_cast<size_t>(c.num_layers));
   const float norm_identity = c.norm == NormKind::GemmaRMSNorm ? 0.0f : 1.0f;
   // Each layer's W_q, W_k, W_v (and their biases) live back to back in one buffer, so one product reads all three
   // in place (linear_concat), as GPTModel's attention does.
   std::vector<Tensor> qkv_home(blocks.size()), qkv_bias_home(blocks.size());
   const int64_t qkv_rows = c.q_width() + 2 * c.kv_width();
+  auto make = [fill](const Shape& shape) { return fill ? Tensor::zeros(shape) : Tensor::empty(shape); };
   for (size_t i = 0; i < blocks.size(); ++i) {
-    qkv_home[i] = Tensor::zeros({qkv_rows, c.hidden_size});
-    if (c.qkv_bias) qkv_bias_home[i] = Tensor::zeros({qkv_rows});
+    qkv_home[i] = make({qkv_rows, c.hidden_size});
+    if (c.qkv_bias) qkv_bias_home[i] = make({qkv_rows});
   }
   for (const DecoderConfig::Parameter& p : c.layout()) {
     Tensor t;
@@ -263,9 +271,10 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen) : config((c.validate(),
       const Tensor& home = bias ? qkv_bias_home[static_cast<size_t>(p.layer)] : qkv_home[static_cast<size_t>(p.layer)];
       t = home.view_at(row0 * (bias ? 1 : c.hidden_size), p.shape);
     } else {
-      t = Tensor::zeros(p.shape);
+      t = make(p.shape);
     }
-    if (is_norm(p.role)) {
+    if (!fill) {
+    } else if (is_norm(p.role)) {
       t.fill_(norm_identity);
     } else if (!is_bias(p.role)) {
       gen->normal_(t, 0.0, 0.02);

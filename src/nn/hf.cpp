@@ -429,7 +429,7 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name) {
     if (!unexpected.empty()) why += "; unexpected: " + list(unexpected);
     throw IoError(why);
   }
-  auto model = Decoder::uninitialised(config);
+  auto model = Decoder::for_loading(config);  // every parameter is written below: no zero fill first
   model->for_each_parameter([&](const std::string& name, Tensor& parameter) {
     shards.files[shards.where.at(name)].read_weights(name, parameter);
   });

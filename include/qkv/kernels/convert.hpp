@@ -14,6 +14,12 @@ void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 // IEEE half → f32, exact for every half (subnormals, infinities, NaN), with F16C where the CPU has it.
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 
+// Copies n floats from src (any alignment: a file mapping's) to dst and says whether all of them are finite, in one
+// pass over both (a loader's copy and its NaN/Inf check together).
+bool copy_finite(const void* src, float* dst, int64_t n);
+// Whether all n floats are finite (no NaN, no ±Inf), threads splitting the array.
+bool all_finite(const float* x, int64_t n);
+
 // The same, one element at a time from the bit layouts: the references.
 float bf16_to_f32_reference(uint16_t h);
 uint16_t f32_to_bf16_reference(float f);

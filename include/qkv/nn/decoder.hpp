@@ -92,6 +92,9 @@ class Decoder : public LanguageModel {
   explicit Decoder(const DecoderConfig& config, Generator& gen = default_generator());
   // A model whose weights a loader will overwrite: nothing is drawn, zeros everywhere.
   static std::unique_ptr<Decoder> uninitialised(const DecoderConfig& config, uint64_t seed = 0);
+  // The same without even the zeros: for a loader that writes every parameter (load_hf_decoder), so loading is one
+  // pass over the weights. Reading a parameter before it is written gives unspecified values.
+  static std::unique_ptr<Decoder> for_loading(const DecoderConfig& config);
 
   Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                  std::vector<AttentionStep::Record>* records = nullptr) const override;
@@ -123,7 +126,7 @@ class Decoder : public LanguageModel {
   std::vector<DecoderBlock> blocks;
 
  private:
-  Decoder(const DecoderConfig& config, Generator* gen);
+  Decoder(const DecoderConfig& config, Generator* gen, bool fill = true);
   Tensor embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const;
   Tensor norm(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
   Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache,

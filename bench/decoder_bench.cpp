@@ -1,0 +1,242 @@
+// Today's decoders at the shapes people run: Qwen3-0.6B, Llama-3.2-1B and Gemma-3-270M, with random weights in float32,
+// built from the models' own config.json. Measures, in one run:
+//   - loading the Hugging Face folder against reading its bytes from a warm page cache (target ≤ 1.5×);
+//   - generation with the KV cache (greedy, batch 1): tokens/s against the memory-bound limit, i.e. the machine's
+//     measured read bandwidth ÷ the bytes one token reads (every weight matrix once, the KV cache so far);
+//   - peak RSS against weights + KV cache (target ≤ 1.2×).
+//   qkv_decoder_bench [--shape qwen3-0.6b|llama-3.2-1b|gemma-3-270m] [--dir DIR] [--tokens N] [--threads N] [--smoke]
+// The folder (DIR, default /tmp/qkv_bench_<shape>) is made once, in a child process, so this process's peak RSS is
+// the loaded model's alone.
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/threads.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/hf.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using qkv::Tensor;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The published config.json of each model (sizes and settings; tokenizer ids kept), max_position_embeddings as shipped.
+std::string config_json(const std::string& shape, bool smoke) {
+  if (smoke)  // a tiny stand-in with every feature, for CI
+    return R"({"model_type": "qwen3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+      "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": true})";
+  if (shape == "qwen3-0.6b")
+    return R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024,
+      "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+      "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+      "tie_word_embeddings": true, "hidden_act": "silu", "attention_bias": false, "bos_token_id": 151643,
+      "eos_token_id": 151645})";
+  if (shape == "llama-3.2-1b")
+    return R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 2048,
+      "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+      "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+      "tie_word_embeddings": true, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";
+  if (shape == "gemma-3-270m")
+    return R"({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vocab_size": 262144,
+      "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
+      "num_key_value_heads": 1, "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+      "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256, "sliding_window": 512,
+      "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                      "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                      "sliding_attention", "full_attention"],
+      "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true, "final_logit_softcapping": null,
+      "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": [1, 106]})";
+  std::fprintf(stderr, "unknown --shape %s: qwen3-0.6b, llama-3.2-1b or gemma-3-270m\n", shape.c_str());
+  std::exit(2);
+}
+
+// Read bandwidth: the best of a few passes summing a buffer well beyond the caches, on the run's threads.
+double read_bandwidth(int64_t bytes) {
+  std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
+  double best = 0.0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t = Clock::now();
+    double total = 0.0;
+    const int64_t n = static_cast<int64_t>(buffer.size());
+    // Four independent vector sums per thread: the loads, not the adds, set the pace.
+#pragma omp parallel reduction(+ : total)
+    {
+      const int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
+      const int64_t begin = n * t / parts / 32 * 32, end = t + 1 == parts ? n / 32 * 32 : n * (t + 1) / parts / 32 * 32;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      const float* p = buffer.data();
+      for (int64_t i = begin; i < end; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (float l : lanes) total += l;
+    }
+    const double seconds = since(t);
+    if (total < 0) std::printf("%f", total);
+    best = std::max(best, static_cast<double>(bytes) / seconds);
+  }
+  return best;
+}
+
+// Reads every file of the folder once (to warm the page cache) and again, timed.
+double read_folder_seconds(const fs::path& dir, int64_t* bytes) {
+  std::vector<char> chunk(1 << 24);
+  double seconds = 0.0;
+  for (int pass = 0; pass < 2; ++pass) {
+    *bytes = 0;
+    const auto t = Clock::now();
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) *bytes += in.gcount();
+    }
+    seconds = since(t);
+  }
+  return seconds;
+}
+
+int make_folder(const std::string& shape, const fs::path& dir, bool smoke) {
+  const auto t = Clock::now();
+  const qkv::nn::DecoderConfig c = qkv::nn::decoder_config_from_hf(config_json(shape, smoke), shape + " config");
+  qkv::Generator gen(7);
+  qkv::nn::Decoder model(c, gen);
+  qkv::nn::save_hf_folder(dir.string(), model);
+  std::printf("made %s: %lld parameters, random weights, in %.1f s\n", dir.c_str(),
+              static_cast<long long>(model.parameter_count()), since(t));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape = "qwen3-0.6b", dir_arg;
+  int64_t tokens = 32;
+  int threads = 2;
+  bool smoke = false, make = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--shape") shape = next();
+    else if (a == "--dir") dir_arg = next();
+    else if (a == "--tokens") tokens = std::stoll(next());
+    else if (a == "--threads") threads = std::stoi(next());
+    else if (a == "--smoke") smoke = true;
+    else if (a == "--make") make = true;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const fs::path dir = dir_arg.empty() ? fs::temp_directory_path() / ("qkv_bench_" + (smoke ? "smoke" : shape)) : fs::path(dir_arg);
+  if (make) return make_folder(shape, dir, smoke);
+  if (!fs::exists(dir / "config.json")) {
+    std::vector<std::string> args = {argv[0], "--make", "--shape", shape, "--dir", dir.string()};
+    if (smoke) args.push_back("--smoke");
+    std::vector<char*> cargs;
+    for (auto& s : args) cargs.push_back(s.data());
+    cargs.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, cargs.data(), environ) != 0) return 1;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
+  }
+  qkv::set_num_threads(threads);
+  // Bandwidth first, on a buffer well beyond the caches but smaller than any of these models, so this process's
+  // peak RSS stays the model's.
+  const double bandwidth = read_bandwidth(smoke ? (int64_t{64} << 20) : (int64_t{512} << 20));
+  int64_t folder_bytes = 0;
+  const double read_seconds = read_folder_seconds(dir, &folder_bytes);
+  // Loaded twice: the first load's fresh pages may be this VM's first touch of that memory (measured below), the
+  // second reuses pages the first gave back, as a long-running process would.
+  auto t = Clock::now();
+  auto model = qkv::nn::load_hf_decoder(dir.string());
+  const double first_load_seconds = since(t);
+  model.reset();
+  t = Clock::now();
+  model = qkv::nn::load_hf_decoder(dir.string());
+  const double load_seconds = since(t);
+  model->eval();
+  const auto& c = model->config;
+  int64_t matrix_bytes = 0;  // what one token reads of the weights: every matrix, the head once (tied: the table)
+  for (const auto& p : c.layout())
+    if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * 4;
+  const int64_t weight_bytes = model->parameter_count() * 4;
+
+  std::vector<int64_t> prompt(16);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((i * 7919 + 11) % static_cast<size_t>(c.vocab_size));
+  qkv::nn::SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = tokens;
+  std::vector<Clock::time_point> stamps;
+  t = Clock::now();
+  qkv::nn::generate(*model, prompt, options, [&](int64_t) { stamps.push_back(Clock::now()); });
+  // Decoding speed from the first new token on (the prompt's prefill is its own cost).
+  const double decode_seconds = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
+  const double per_token = decode_seconds / static_cast<double>(std::max<size_t>(stamps.size() - 1, 1));
+  const int64_t positions = static_cast<int64_t>(prompt.size()) + tokens;
+  const int64_t cache_bytes = model->make_cache(1, positions).bytes();
+  // Per token: the matrices, and on average half the cache's final size of keys and values read.
+  const double bytes_per_token = static_cast<double>(matrix_bytes) + 0.5 * static_cast<double>(cache_bytes);
+  const double limit = bandwidth / bytes_per_token;
+  // The head's matrix-vector product alone (1 × C by the V × C table): what streaming weights reaches here.
+  double gemv_rate = 0.0;
+  {
+    qkv::NoGradGuard no_grad;
+    const Tensor x = Tensor::ones({1, 1, c.hidden_size});
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto g = Clock::now();
+      const Tensor y = qkv::linear(x, model->head, Tensor());
+      gemv_rate = std::max(gemv_rate, static_cast<double>(model->head.numel() * 4) / since(g));
+    }
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double rss = static_cast<double>(usage.ru_maxrss) * 1024.0;
+
+  std::printf("\n%s (%s family), %lld parameters, %d threads\n", smoke ? "smoke" : shape.c_str(), c.family.c_str(),
+              static_cast<long long>(model->parameter_count()), threads);
+  std::printf("  load      %.2f s for %.2f GB; reading those bytes from the warm page cache %.2f s: %.2fx (target <= 1.5x);"
+              " first load %.2f s (%.2fx)\n", load_seconds, static_cast<double>(folder_bytes) / 1e9, read_seconds,
+              load_seconds / read_seconds, first_load_seconds, first_load_seconds / read_seconds);
+  std::printf("  bandwidth %.1f GB/s measured (read, %d threads); %.3f GB read per token -> limit %.1f tok/s\n",
+              bandwidth / 1e9, threads, bytes_per_token / 1e9, limit);
+  std::printf("  generate  %.1f tok/s (%.1f ms/token over %zu tokens, %.1f GB/s): %.0f%% of the memory-bound limit (target >= 80%%)\n",
+              1.0 / per_token, per_token * 1e3, stamps.size(), bytes_per_token / per_token / 1e9,
+              100.0 * (1.0 / per_token) / limit);
+  std::printf("            the head's matrix-vector product alone streams %.1f GB/s (%.0f%% of the read bandwidth); "
+              "generation reaches %.0f%% of that rate\n", gemv_rate / 1e9, 100.0 * gemv_rate / bandwidth,
+              100.0 * bytes_per_token / per_token / gemv_rate);
+  std::printf("  memory    peak RSS %.2f GB; weights %.2f GB + KV cache %.1f MiB: %.2fx (target <= 1.2x)\n", rss / 1e9,
+              static_cast<double>(weight_bytes) / 1e9, static_cast<double>(cache_bytes) / (1 << 20),
+              rss / static_cast<double>(weight_bytes + cache_bytes));
+  return 0;
+}
