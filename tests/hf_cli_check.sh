@@ -38,5 +38,14 @@ PY
     fi
   done
   echo "$family generate: [$got], as PyTorch; $(grep -o "KV cache [^(]*" "$work/gen.err" | head -1)"
+  # Chat: the model's template; the first turn's reply is generate --chat's continuation, and a second turn reuses
+  # the cache (it only feeds what the turn adds).
+  "$qkv" generate --checkpoint "$work/$family" --chat --prompt "Hello" --greedy --max-new-tokens 6 2>/dev/null > "$work/gen_chat.txt"
+  printf 'Hello\nAnd again\n' | "$qkv" chat --checkpoint "$work/$family" --greedy --max-new-tokens 6 2> "$work/chat.err" > "$work/chat.txt"
+  if ! /usr/bin/python3 -c "import sys; a, b = open(sys.argv[1], 'rb').read(), open(sys.argv[2], 'rb').read(); sys.exit(0 if a.startswith(b) and len(a) > len(b) else 1)" \
+       "$work/chat.txt" "$work/gen_chat.txt"; then
+    echo "FAIL: $family chat: [$(cat "$work/chat.txt")] vs generate --chat [$(cat "$work/gen_chat.txt")]"; cat "$work/chat.err"; exit 1
+  fi
+  echo "$family chat: two turns, the first as generate --chat gives it"
 done
 echo "every folder gives PyTorch's loss and greedy text"

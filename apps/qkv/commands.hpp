@@ -99,8 +99,20 @@ struct GenerateCommand {
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
+  bool chat = false;  // the prompt as one user message in the model's chat template
 };
 int run_generate(const GenerateCommand& options);
+
+// `qkv chat`: the generation options, plus the conversation's source and the template's switches.
+struct ChatCommand {
+  GenerateCommand generation;
+  std::string system;          // a system message first
+  std::string messages_path;   // a JSON list of {role, content} to start from
+  std::string template_path;   // with --print-prompt: a tokenizer_config.json, no model needed
+  bool print_prompt = false, no_thinking = false;
+  int64_t max_context = 8192;  // tokens the KV cache holds (at most the model's context length)
+};
+int run_chat(const ChatCommand& options);
 
 struct EvalCommand {
   ModelOptions model;

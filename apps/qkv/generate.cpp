@@ -10,6 +10,7 @@
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt2.hpp"
 #include "qkv/nn/hf.hpp"
+#include "qkv/text/chat_template.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/trainer.hpp"
@@ -69,8 +70,19 @@ int run_generate(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.model);
   const nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer* tokenizer = loaded.tokenizer.get();
-  std::vector<int64_t> prompt =
-      tokenizer->encode(options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt);
+  const std::string prompt_text = options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt;
+  std::vector<int64_t> prompt;
+  if (options.chat) {
+    const auto* hf = dynamic_cast<const text::HfTokenizer*>(tokenizer);
+    if (!hf || hf->chat_template().empty())
+      throw UsageError("--chat needs a model folder whose tokenizer_config.json has a chat template");
+    text::ChatOptions chat;
+    if (hf->bos_id() >= 0) chat.bos_token = hf->token_content(hf->bos_id());
+    if (hf->end_of_text() >= 0) chat.eos_token = hf->token_content(hf->end_of_text());
+    prompt = hf->encode_rendered(text::ChatTemplate::parse(hf->chat_template()).render({{"user", prompt_text}}, chat));
+  } else {
+    prompt = tokenizer->encode(prompt_text);
+  }
   if (prompt.empty()) {
     if (tokenizer->end_of_text() < 0) throw ValueError("the prompt is empty; give --prompt TEXT");
     prompt.push_back(tokenizer->end_of_text());  // GPT-2 starts unconditional samples from <|endoftext|>
@@ -95,7 +107,7 @@ int run_generate(const GenerateCommand& options) {
   const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
   const int64_t cache_bytes = options.no_cache ? 0 : model.make_cache(1, positions).bytes();
   const auto began = std::chrono::steady_clock::now();
-  std::cout << options.prompt << std::flush;
+  if (!options.chat) std::cout << options.prompt << std::flush;
   // Decode the whole continuation each time and print what is new, so multi-byte characters split across
   // tokens come out whole.
   std::vector<int64_t> produced;

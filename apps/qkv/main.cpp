@@ -57,6 +57,37 @@ void add_model_options(CLI::App* command, qkv::cli::ModelOptions& m) {
   command->add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
 }
 
+// Sampling options of generate and chat: counts checked whole and in range (a NaN or a negative count is a usage
+// error, never a silent default).
+void add_sampling_options(CLI::App* cmd, qkv::cli::GenerateCommand& g) {
+  const auto count = [](const char* what) {
+    return checked("COUNT", [what](const std::string& text) {
+      return qkv::parse_int(text, what) >= 0 ? std::string() : std::string(what) + " must not be negative";
+    });
+  };
+  cmd->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")->capture_default_str()
+      ->check(count("--max-new-tokens"));
+  cmd->add_option("--temperature", g.temperature, "Sampling temperature (0: greedy)")->capture_default_str()
+      ->check(checked("NUMBER", [](const std::string& text) {
+        return qkv::parse_real(text, "--temperature") >= 0 ? std::string() : "--temperature must be at least 0";
+      }));
+  cmd->add_option("--top-k", g.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str()
+      ->check(count("--top-k"));
+  cmd->add_option("--top-p", g.top_p, "Nucleus sampling threshold, in (0, 1]")->capture_default_str()
+      ->check(checked("P", [](const std::string& text) {
+        const double v = qkv::parse_real(text, "--top-p");
+        return v > 0.0 && v <= 1.0 ? std::string() : "--top-p must lie in (0, 1]";
+      }));
+  cmd->add_option("--seed", g.seed, "Sampling seed")->capture_default_str()
+      ->check(checked("SEED", [](const std::string& text) {
+        qkv::parse_uint(text, "--seed");
+        return std::string();
+      }));
+  cmd->add_flag("--replace-invalid", g.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
+  cmd->add_flag("--greedy", g.greedy, "Always take the likeliest token");
+  cmd->add_flag("--no-cache", g.no_cache, "Recompute the whole context for every token (slow; for comparison)");
+}
+
 // 0 if everything written to standard output reached it; otherwise a message and 1 (a full disk, a closed pipe:
 // `qkv tokenize > /dev/full` must not report success).
 int check_stdout(int code) {
@@ -195,33 +226,21 @@ int run(int argc, char** argv) {
   add_model_options(generate_cmd, generate.model);
   auto* prompt_opt = generate_cmd->add_option("--prompt", generate.prompt, "Text to continue (default: standard input, "
                                                                          "when it is not a terminal)");
-  // Numbers are checked whole and in range (a NaN or a negative count is a usage error, never a silent default).
-  const auto count = [](const char* what) {
-    return checked("COUNT", [what](const std::string& text) {
-      return qkv::parse_int(text, what) >= 0 ? std::string() : std::string(what) + " must not be negative";
-    });
-  };
-  generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str()
-      ->check(count("--max-new-tokens"));
-  generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0: greedy)")->capture_default_str()
-      ->check(checked("NUMBER", [](const std::string& text) {
-        return qkv::parse_real(text, "--temperature") >= 0 ? std::string() : "--temperature must be at least 0";
-      }));
-  generate_cmd->add_option("--top-k", generate.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str()
-      ->check(count("--top-k"));
-  generate_cmd->add_option("--top-p", generate.top_p, "Nucleus sampling threshold, in (0, 1]")->capture_default_str()
-      ->check(checked("P", [](const std::string& text) {
-        const double v = qkv::parse_real(text, "--top-p");
-        return v > 0.0 && v <= 1.0 ? std::string() : "--top-p must lie in (0, 1]";
-      }));
-  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str()
-      ->check(checked("SEED", [](const std::string& text) {
-        qkv::parse_uint(text, "--seed");
-        return std::string();
-      }));
-  generate_cmd->add_flag("--replace-invalid", generate.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
-  generate_cmd->add_flag("--greedy", generate.greedy, "Always take the likeliest token");
-  generate_cmd->add_flag("--no-cache", generate.no_cache, "Recompute the whole context for every token (slow; for comparison)");
+  add_sampling_options(generate_cmd, generate);
+  generate_cmd->add_flag("--chat", generate.chat, "Format the prompt as one user message with the model's chat template");
+
+  qkv::cli::ChatCommand chat;
+  auto* chat_cmd = app.add_subcommand("chat", "Talk to a Hugging Face model folder in its own chat format: streamed, "
+                                              "with the KV cache kept between turns");
+  add_model_options(chat_cmd, chat.generation.model);
+  add_sampling_options(chat_cmd, chat.generation);
+  chat_cmd->add_option("--system", chat.system, "A system message before the conversation");
+  chat_cmd->add_option("--messages", chat.messages_path, "Start from these messages (JSON list of {role, content})");
+  chat_cmd->add_flag("--print-prompt", chat.print_prompt, "Print what the chat template makes of the messages, and stop");
+  chat_cmd->add_option("--template", chat.template_path, "With --print-prompt: a tokenizer_config.json (no model needed)");
+  chat_cmd->add_flag("--no-thinking", chat.no_thinking, "Qwen3: render enable_thinking = false (an empty think block)");
+  chat_cmd->add_option("--max-context", chat.max_context, "Tokens the KV cache holds")->capture_default_str()
+      ->check(CLI::PositiveNumber);
 
   qkv::cli::AttentionCommand attention;
   auto* attention_cmd = app.add_subcommand(
@@ -334,6 +353,7 @@ int run(int argc, char** argv) {
       }
       return qkv::cli::run_generate(generate);
     }
+    if (*chat_cmd) return qkv::cli::run_chat(chat);
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
     if (*eval_cmd) return qkv::cli::run_eval(eval);
     if (*convert_cmd) return qkv::cli::run_convert(convert);

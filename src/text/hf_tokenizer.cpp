@@ -788,7 +788,13 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
   return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(state)));
 }
 
+std::vector<int64_t> HfTokenizer::encode_rendered(std::string_view text) const { return encode_impl(text, true, false); }
+
 std::vector<int64_t> HfTokenizer::encode(std::string_view text, bool allow_special) const {
+  return encode_impl(text, allow_special, allow_special);
+}
+
+std::vector<int64_t> HfTokenizer::encode_impl(std::string_view text, bool allow_special, bool post_process) const {
   if (const auto bad = first_invalid_utf8(text)) {
     throw ValueError("tokenizer.json: the text is not valid UTF-8 at byte " + std::to_string(*bad) +
                      "; fix the encoding or replace invalid bytes (--replace-invalid)");
@@ -820,7 +826,7 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text, bool allow_speci
     segment_start = at;
   }
   flush(text.size());
-  if (!allow_special || !s.has_template) return body;
+  if (!post_process || !s.has_template) return body;
   std::vector<int64_t> out;
   for (int64_t item : s.template_items) {
     if (item < 0) out.insert(out.end(), body.begin(), body.end());

@@ -31,6 +31,9 @@ class HfTokenizer : public Tokenizer {
   // tokenizer(text): added tokens matched first (special ones only with allow_special), the rest normalised,
   // pre-tokenised and merged; then, with allow_special, the post_processor's special tokens (e.g. BOS).
   std::vector<int64_t> encode(std::string_view text, bool allow_special = true) const override;
+  // Special tokens in the text matched, but nothing added by the post_processor: what apply_chat_template(tokenize=True)
+  // gives for a rendered chat, whose text already holds the BOS the template put there.
+  std::vector<int64_t> encode_rendered(std::string_view text) const;
   std::string decode(std::span<const int64_t> ids) const override;
   // Like decode, without the special tokens (what a person reads of a generation).
   std::string decode_text(std::span<const int64_t> ids) const;
@@ -48,6 +51,7 @@ class HfTokenizer : public Tokenizer {
 
  private:
   explicit HfTokenizer(std::unique_ptr<State> state);
+  std::vector<int64_t> encode_impl(std::string_view text, bool allow_special, bool post_process) const;
   std::unique_ptr<State> state_;
 };
 

@@ -1,0 +1,174 @@
+// `qkv chat`: a conversation with a Hugging Face model folder, formatted by the model's own chat template
+// (tokenizer_config.json), streamed, with the KV cache kept between turns (only the tokens a turn adds are fed).
+// `--messages FILE --print-prompt` prints what the template makes of a conversation, and with `--template` needs no
+// model at all.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unistd.h>
+
+#include "commands.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/io/file.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/text/chat_template.hpp"
+#include "qkv/text/hf_tokenizer.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  const std::vector<std::byte> bytes = io::read_file(path);
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+std::string token_text(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+// A tokenizer_config.json's template and its bos/eos token texts.
+struct TemplateFile {
+  text::ChatTemplate chat;
+  std::string bos, eos;
+};
+
+TemplateFile read_template_file(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object() || !j.contains("chat_template"))
+    throw IoError(path + ": has no chat_template; the model has no chat format (use qkv generate)");
+  std::string source;
+  if (j["chat_template"].is_string()) source = j["chat_template"].get<std::string>();
+  else if (j["chat_template"].is_array())
+    for (const auto& t : j["chat_template"])
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        source = t["template"].get<std::string>();
+  if (source.empty()) throw IoError(path + ": chat_template is neither a string nor a list with a 'default'");
+  TemplateFile f;
+  try {
+    f.chat = text::ChatTemplate::parse(source);
+  } catch (const ValueError& e) {
+    throw IoError(path + ": " + e.what());
+  }
+  if (j.contains("bos_token")) f.bos = token_text(j["bos_token"]);
+  if (j.contains("eos_token")) f.eos = token_text(j["eos_token"]);
+  return f;
+}
+
+std::vector<text::ChatMessage> read_messages(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_array()) throw IoError(path + ": must be a JSON list of {\"role\": …, \"content\": …} messages");
+  std::vector<text::ChatMessage> messages;
+  for (const auto& m : j) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string())
+      throw IoError(path + ": every message needs a string role and a string content");
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
+}
+
+}  // namespace
+
+int run_chat(const ChatCommand& options) {
+  text::ChatOptions chat;
+  chat.enable_thinking = !options.no_thinking;
+  std::vector<text::ChatMessage> messages;
+  if (!options.messages_path.empty()) messages = read_messages(options.messages_path);
+  if (!options.system.empty()) messages.insert(messages.begin(), {"system", options.system});
+  if (options.print_prompt && !options.template_path.empty()) {  // the template alone
+    const TemplateFile t = read_template_file(options.template_path);
+    chat.bos_token = t.bos, chat.eos_token = t.eos;
+    std::cout << t.chat.render(messages, chat);
+    return 0;
+  }
+  if (options.generation.model.checkpoint.empty()) throw UsageError("give --checkpoint DIR (a Hugging Face model folder)");
+  LoadedModel loaded = load_model(options.generation.model);
+  const auto* tokenizer = dynamic_cast<const text::HfTokenizer*>(loaded.tokenizer.get());
+  if (!tokenizer) throw UsageError("qkv chat needs a Hugging Face model folder with tokenizer.json and a chat template");
+  if (tokenizer->chat_template().empty())
+    throw UsageError(options.generation.model.checkpoint + " has no chat template in tokenizer_config.json; use qkv generate");
+  text::ChatTemplate templ;
+  try {
+    templ = text::ChatTemplate::parse(tokenizer->chat_template());
+  } catch (const ValueError& e) {
+    throw IoError(options.generation.model.checkpoint + "/tokenizer_config.json: " + e.what());
+  }
+  if (tokenizer->bos_id() >= 0) chat.bos_token = tokenizer->token_content(tokenizer->bos_id());
+  if (tokenizer->end_of_text() >= 0) chat.eos_token = tokenizer->token_content(tokenizer->end_of_text());
+  if (options.print_prompt) {
+    std::cout << templ.render(messages, chat);
+    return 0;
+  }
+  const nn::LanguageModel& model = *loaded.model;
+  const GenerateCommand& g = options.generation;
+  nn::SamplingOptions sampling;
+  sampling.temperature = g.greedy ? 0.0 : g.temperature;
+  sampling.top_k = g.top_k;
+  sampling.top_p = g.top_p;
+  Generator gen(g.seed);
+  const int64_t capacity = std::min<int64_t>(model.context_length(), options.max_context);
+  nn::KVCache cache = model.make_cache(1, capacity);
+  std::vector<int64_t> fed;  // the tokens the cache holds, in order
+  NoGradGuard no_grad;
+  const bool interactive = isatty(STDIN_FILENO);
+  std::fprintf(stderr, "qkv chat: %s; KV cache for %lld tokens (%.1f MiB). %s\n", loaded.description.c_str(),
+               static_cast<long long>(capacity), static_cast<double>(cache.bytes()) / (1 << 20),
+               interactive ? "Type a message; an empty line or Ctrl-D ends the chat." : "Reading messages from stdin, one per line.");
+  // One turn: render the conversation, feed the tokens beyond what the cache holds, stream the reply.
+  auto turn = [&]() {
+    const std::vector<int64_t> ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    const bool extends = ids.size() > fed.size() && std::equal(fed.begin(), fed.end(), ids.begin());
+    if (!extends) {  // the template rewrote the history (Qwen3 drops old <think> blocks): start over
+      cache = model.make_cache(1, capacity);
+      fed.clear();
+    }
+    if (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity)
+      throw UsageError("the conversation has " + std::to_string(ids.size()) + " tokens; with --max-new-tokens " +
+                       std::to_string(g.max_new_tokens) + " it would pass the " + std::to_string(capacity) +
+                       "-token cache (--max-context); start a new chat");
+    const std::vector<int64_t> fresh(ids.begin() + static_cast<std::ptrdiff_t>(fed.size()), ids.end());
+    Tensor logits = model.forward_cached(fresh, 1, static_cast<int64_t>(fresh.size()), cache);
+    fed = ids;
+    std::vector<int64_t> reply;
+    std::string shown;
+    for (int64_t n = 0; n < g.max_new_tokens; ++n) {
+      const int64_t token = nn::sample_token(logits.data(), model.vocab_size(), sampling, gen);
+      if (std::find(loaded.stop_ids.begin(), loaded.stop_ids.end(), token) != loaded.stop_ids.end()) break;
+      reply.push_back(token);
+      const std::string text = tokenizer->decode_text(reply);
+      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+        std::cout << text.substr(shown.size()) << std::flush;
+        shown = text;
+      }
+      logits = model.forward_cached(std::vector<int64_t>{token}, 1, 1, cache);
+      fed.push_back(token);
+    }
+    std::cout << "\n" << std::flush;
+    messages.push_back({"assistant", tokenizer->decode_text(reply)});
+  };
+  if (!messages.empty() && messages.back().role == "user") turn();
+  for (std::string line;;) {
+    if (interactive) std::cerr << "> " << std::flush;
+    if (!std::getline(std::cin, line) || (interactive && line.empty())) break;
+    messages.push_back({"user", line});
+    turn();
+  }
+  return 0;
+}
+
+}  // namespace qkv::cli

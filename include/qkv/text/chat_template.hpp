@@ -1,0 +1,45 @@
+// Chat templates: the Jinja a model's tokenizer_config.json carries to format a conversation (Llama 3's, Qwen3's,
+// Gemma 3's), rendered as Hugging Face's transformers renders them (Jinja with trim_blocks and lstrip_blocks, the
+// bos_token/eos_token variables, raise_exception). Enough of Jinja for those templates and their kin: text, {{ }},
+// {% if/elif/else %}, {% for %} with loop.*, {% set %} (also namespace attributes), filters (trim, length, tojson,
+// upper, lower, join, first, last, default, string, items), tests (defined, none, string, iterable, mapping, number,
+// true, false), string methods (startswith, endswith, split, strip, lstrip, rstrip, replace, upper, lower), slices.
+// Rendering is bounded (steps and output size), so a template cannot hang or exhaust memory.
+// Not here: tokenising the result (hf_tokenizer.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkv::text {
+
+struct ChatMessage {
+  std::string role, content;
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  std::string bos_token, eos_token;
+  bool enable_thinking = true;  // Qwen3's switch: false renders an empty <think></think>
+};
+
+class ChatTemplate {
+ public:
+  // ValueError naming the line and what is wrong for a syntax error or a construct qkv does not render.
+  static ChatTemplate parse(std::string_view source);
+  // ValueError for a template's raise_exception (its message), a runtime type error, or a render past the limits.
+  std::string render(const std::vector<ChatMessage>& messages, const ChatOptions& options) const;
+
+  struct Node;
+  ChatTemplate();
+  ~ChatTemplate();
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+
+ private:
+  std::shared_ptr<const Node> root_;
+};
+
+}  // namespace qkv::text
