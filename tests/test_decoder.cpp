@@ -203,6 +203,52 @@ TEST(DecoderGpt2, EqualsTheBooksGPTModel) {
   }
 }
 
+// qkv convert DIR OUT --to hf: the folder rewritten (here in BF16) loads as the weights rounded; a folder onto
+// itself or a non-folder is refused.
+TEST(DecoderCli, ConvertWritesAFolderThatLoadsBack) {
+  const fs::path out = fs::temp_directory_path() / "qkv_convert_hf_gemma3";
+  fs::remove_all(out);
+  const CliResult r = run_cli("convert " + folder("gemma3") + " " + out.string() + " --to hf --dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("bf16 rounding"), std::string::npos) << r.out;
+  const auto a = nn::load_hf_decoder(folder("gemma3")), b = nn::load_hf_decoder(out.string());
+  EXPECT_EQ(a->config, b->config);
+  EXPECT_EQ(run_cli("convert " + folder("gemma3") + " " + folder("gemma3") + " --to hf").code, 2);
+  EXPECT_EQ(run_cli("convert " + fixture("gpt_tiny.safetensors") + " " + out.string() + " --to hf").code, 2);
+  fs::remove_all(out);
+}
+
+// qkv attention on a folder: one map per query head of a grouped-query model, each naming its K/V head, and the
+// sliding-window layer's maps zero outside the window. The tiny folder gets a character-level tokenizer.json.
+TEST(DecoderCli, AttentionPicturesOfAFolder) {
+  const fs::path dir = fs::temp_directory_path() / "qkv_attention_qwen2_folder", out = dir / "att";
+  fs::remove_all(dir);
+  fs::copy(folder("qwen2"), dir);
+  const CliResult refused = run_cli("attention --checkpoint " + dir.string() + " --prompt hi --out " + out.string());
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_NE(refused.out.find("tokenizer.json"), std::string::npos) << refused.out;
+  std::string vocab;
+  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
+  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i);
+  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  const CliResult r = run_cli("attention --checkpoint " + dir.string() + " --prompt 'the cat sat on' --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto saved = io::SafetensorsFile::open((out / "attention.safetensors").string());
+  const Tensor maps = saved.tensor("attention");
+  const int64_t T = 14;
+  ASSERT_EQ(maps.shape(), (Shape{2, 4, T, T}));
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j <= i; ++j) EXPECT_EQ(maps.at({1, h, i, j}) == 0.0f, i - j >= 5) << h << " " << i << " " << j;
+  EXPECT_EQ(saved.metadata().at("kv_heads"), "1,1,1,1");
+  EXPECT_EQ(saved.metadata().at("windows"), "0,5");
+  std::ifstream html(out / "attention.html");
+  const std::string page((std::istreambuf_iterator<char>(html)), {});
+  EXPECT_NE(page.find("windows: [0,5]"), std::string::npos);
+  EXPECT_NE(page.find("group: 4"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // ---- bad folders ----
 
 struct BadFolder : ::testing::Test {

@@ -293,13 +293,13 @@ std::vector<KernelCase> kernel_cases() {
                        }
                        const auto inv = f.inverse_frequencies(D);
                        const RopeTable table = RopeTable::make(inv, start + T);
-                       Buffer x(rows * stride, m, 1, 3.0f);
+                       Buffer x(rows * stride, m, 1, 3.0f), y(rows * stride, m, 2);
                        std::vector<float> original = x.copy(), want = x.copy();
-                       rope_apply(table, layout, x.data(), rows, T, stride, heads, D, start, false);
+                       rope_apply(table, layout, x.data(), y.data(), rows, T, stride, heads, D, start, false);  // out of place
                        rope_apply_reference(inv, layout, want.data(), rows, T, stride, heads, D, start, false);
-                       if (auto ok = close(x.data(), want.data(), rows * stride, 1e-5, 1e-5); !ok) return ok;
-                       rope_apply(table, layout, x.data(), rows, T, stride, heads, D, start, true);
-                       return close(x.data(), original.data(), rows * stride, 1e-5, 1e-5);
+                       if (auto ok = close(y.data(), want.data(), rows * stride, 1e-5, 1e-5); !ok) return ok;
+                       rope_apply(table, layout, y.data(), y.data(), rows, T, stride, heads, D, start, true);  // in place
+                       return close(y.data(), original.data(), rows * stride, 1e-5, 1e-5);
                      }});
   }
   // 16-bit conversions over patterns that include zeros, subnormals, infinities, NaNs and rounding ties.

@@ -49,6 +49,8 @@ int run_attention(const AttentionCommand& options) {
   const std::vector<int64_t> heads = indices(options.heads, model.num_heads(), "head");
   report.maps = model.attention_maps(ids, layers, heads);
   for (int64_t l = 0; l < report.maps.size(0); ++l) report.layers.push_back(layers.empty() ? l + 1 : layers[static_cast<size_t>(l)] + 1);
+  for (int64_t l : report.layers) report.windows.push_back(model.layer_window(l - 1));
+  report.kv_group = model.num_heads() / std::max<int64_t>(model.num_kv_heads(), 1);
   for (int64_t h = 0; h < report.maps.size(1); ++h) report.heads.push_back(heads.empty() ? h + 1 : heads[static_cast<size_t>(h)] + 1);
   const auto written = viz::write_attention_report(options.out_dir, report, options.per_head_png);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

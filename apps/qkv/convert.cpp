@@ -1,11 +1,58 @@
 // `qkv convert`: one model file to another format, where nothing is lost (see train::convert_model_file).
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.hpp"
+#include "qkv/kernels/convert.hpp"
+#include "qkv/nn/hf.hpp"
 
 namespace qkv::cli {
 
+namespace {
+// A Hugging Face folder to another (F32 or BF16), its tokenizer files copied along, read back and checked.
+int convert_to_hf_folder(const ConvertCommand& options) {
+  namespace fs = std::filesystem;
+  if (!nn::is_hf_folder(options.input))
+    throw UsageError("--to hf converts a Hugging Face model folder (a directory with config.json): " + options.input +
+                     " is not one");
+  if (nn::hf_model_type(options.input) == "gpt2")
+    throw UsageError(options.input + " is a GPT-2 folder; convert its model.safetensors with --to pth, safetensors or checkpoint");
+  if (options.dtype != "f32" && options.dtype != "bf16") throw UsageError("--dtype must be f32 or bf16");
+  std::error_code same;
+  if (fs::equivalent(options.input, options.output, same))
+    throw UsageError("the output folder is the input folder; write to another");
+  auto model = nn::load_hf_decoder(options.input);
+  const nn::HfDType dtype = options.dtype == "bf16" ? nn::HfDType::BF16 : nn::HfDType::F32;
+  nn::save_hf_folder(options.output, *model, dtype);
+  int copied = 0;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
+    const fs::path from = fs::path(options.input) / f;
+    std::error_code ec;
+    if (!fs::exists(from, ec)) continue;
+    fs::copy_file(from, fs::path(options.output) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw IoError((fs::path(options.output) / f).string() + ": cannot write (" + ec.message() + ")");
+    ++copied;
+  }
+  // Read back: every parameter bit for bit (F32), or as its bf16 rounding.
+  auto back = nn::load_hf_decoder(options.output);
+  auto a = model->named_parameters(), b = back->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<float> want = a[i].second.to_vector();
+    if (dtype == nn::HfDType::BF16)
+      for (float& v : want) v = kernels::bf16_to_f32_reference(kernels::f32_to_bf16_reference(v));
+    if (b[i].second.to_vector() != want) throw IoError(options.output + ": " + a[i].first + " did not read back as written");
+  }
+  std::fprintf(stderr, "qkv convert: %s (%s folder) → %s (%s, %d tokenizer file%s); read back, every parameter %s\n",
+               options.input.c_str(), model->config.family.c_str(), options.output.c_str(), options.dtype.c_str(), copied,
+               copied == 1 ? "" : "s", dtype == nn::HfDType::BF16 ? "its bf16 rounding" : "identical");
+  return 0;
+}
+}  // namespace
+
 int run_convert(const ConvertCommand& options) {
+  if (options.to == "hf") return convert_to_hf_folder(options);
+  if (nn::is_hf_folder(options.input))
+    throw UsageError(options.input + " is a Hugging Face folder: convert it with --to hf (to F32 or BF16, --dtype)");
   const train::ModelFormat to = train::output_format(options.to, options.output);
   train::Conversion c;
   try {

@@ -276,9 +276,12 @@ int run(int argc, char** argv) {
                  "GPT-2 safetensors, where nothing is lost (it refuses, saying what would be, otherwise)");
   convert_cmd->add_option("input", convert.input, "The model file (any format qkv reads)")->required();
   convert_cmd->add_option("output", convert.output, "The file to write")->required();
-  convert_cmd->add_option("--to", convert.to, "pth, safetensors (book names), checkpoint (qkv) or gpt2 (Hugging "
-                                              "Face); default: .pth/.pt → pth, otherwise safetensors")
-      ->check(CLI::IsMember({"pth", "safetensors", "checkpoint", "gpt2"}));
+  convert_cmd->add_option("--to", convert.to, "pth, safetensors (book names), checkpoint (qkv), gpt2 (Hugging "
+                                              "Face) or hf (a Hugging Face folder from another); default: .pth/.pt → "
+                                              "pth, otherwise safetensors")
+      ->check(CLI::IsMember({"pth", "safetensors", "checkpoint", "gpt2", "hf"}));
+  convert_cmd->add_option("--dtype", convert.dtype, "With --to hf: f32 or bf16 (half the bytes)")->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   add_config_options(convert_cmd, convert.hint);
   convert_cmd->add_flag("--weights-only", convert.weights_only, "Keep only the weights (drop optimizer state)");
 

@@ -65,12 +65,12 @@ Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, ke
                      ") are beyond the rotation table's " + std::to_string(table->positions) +
                      " (the model's max_position_embeddings); use a shorter sequence or context");
   }
-  Tensor out = x.detach().clone();
-  kernels::rope_apply(*table, layout, out.data(), B * T, T, width, rotated, D, position, false);
+  Tensor out = Tensor::empty(x.shape());
+  kernels::rope_apply(*table, layout, x.data(), out.data(), B * T, T, width, rotated, D, position, false);
   if (detail::needs_grad({&x})) {
     detail::record(out, "RopeBackward", {x}, [x, table, layout, rotated, width, position, B, T, D](const Tensor& dout) {
-      Tensor g = dout.detach().clone();
-      kernels::rope_apply(*table, layout, g.data(), B * T, T, width, rotated, D, position, true);
+      Tensor g = Tensor::empty(dout.shape());
+      kernels::rope_apply(*table, layout, dout.data(), g.data(), B * T, T, width, rotated, D, position, true);
       detail::add_grad(x, g);
     });
   }

@@ -199,33 +199,34 @@ RopeTable RopeTable::make(const std::vector<float>& inv_freq, int64_t positions)
   return t;
 }
 
-void rope_apply(const RopeTable& table, RopeLayout layout, float* x, int64_t rows, int64_t T, int64_t row_stride,
-                int64_t heads, int64_t D, int64_t position0, bool inverse) {
+void rope_apply(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows, int64_t T,
+                int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse) {
   const int64_t P = D / 2;
   const float sign = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * heads * D))
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * row_stride))
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = position0 + r % T;
     const float* c = table.cos.data() + pos * table.P;
     const float* s = table.sin.data() + pos * table.P;
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + r * row_stride + h * D;
+      const float* in = src + r * row_stride + h * D;
+      float* out = dst + r * row_stride + h * D;
       if (layout == RopeLayout::RotateHalf) {
-        float* a = v;
-        float* b = v + P;
         for (int64_t i = 0; i < P; ++i) {  // vectorised by GCC: contiguous halves
-          const float ai = a[i], bi = b[i], si = sign * s[i];
-          a[i] = ai * c[i] - bi * si;
-          b[i] = bi * c[i] + ai * si;
+          const float ai = in[i], bi = in[i + P], si = sign * s[i];
+          out[i] = ai * c[i] - bi * si;
+          out[i + P] = bi * c[i] + ai * si;
         }
       } else {
         for (int64_t i = 0; i < P; ++i) {
-          const float ai = v[2 * i], bi = v[2 * i + 1], si = sign * s[i];
-          v[2 * i] = ai * c[i] - bi * si;
-          v[2 * i + 1] = bi * c[i] + ai * si;
+          const float ai = in[2 * i], bi = in[2 * i + 1], si = sign * s[i];
+          out[2 * i] = ai * c[i] - bi * si;
+          out[2 * i + 1] = bi * c[i] + ai * si;
         }
       }
     }
+    if (src != dst)  // the heads that are not rotated (a packed projection's v)
+      std::copy(src + r * row_stride + heads * D, src + (r + 1) * row_stride, dst + r * row_stride + heads * D);
   }
 }
 

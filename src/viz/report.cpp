@@ -52,6 +52,10 @@ std::string base64(const std::vector<unsigned char>& bytes) {
   return out;
 }
 
+// The K/V head (1-based) query head r.heads[i] reads, and the window of shown layer i (0: full causal).
+int64_t kv_head(const AttentionReport& r, size_t i) { return (r.heads[i] - 1) / std::max<int64_t>(r.kv_group, 1) + 1; }
+int64_t window_of(const AttentionReport& r, size_t i) { return i < r.windows.size() ? r.windows[i] : 0; }
+
 std::string html_page(const AttentionReport& r) {
   const int64_t T = r.maps.size(2);
   // Weights quantised to a byte (1/255 steps), row by row, whole matrices: compact enough for T = 1024 heads.
@@ -60,7 +64,10 @@ std::string html_page(const AttentionReport& r) {
     const float v = r.maps.data()[i];
     bytes[i] = static_cast<unsigned char>(std::lround(std::clamp(std::isfinite(v) ? v : 0.0f, 0.0f, 1.0f) * 255.0f));
   }
-  std::string tokens = "[", layers = "[", heads = "[";
+  std::string tokens = "[", layers = "[", heads = "[", kv = "[", windows = "[";
+  for (size_t i = 0; i < r.heads.size(); ++i) kv += (i ? "," : "") + std::to_string(kv_head(r, i));
+  for (size_t i = 0; i < r.layers.size(); ++i) windows += (i ? "," : "") + std::to_string(window_of(r, i));
+  kv += "]", windows += "]";
   for (size_t i = 0; i < r.tokens.size(); ++i) tokens += (i ? "," : "") + json_string(r.tokens[i]);
   for (size_t i = 0; i < r.layers.size(); ++i) layers += (i ? "," : "") + std::to_string(r.layers[i]);
   for (size_t i = 0; i < r.heads.size(); ++i) heads += (i ? "," : "") + std::to_string(r.heads[i]);
@@ -84,7 +91,8 @@ svg text { font-size: 14px; cursor: pointer; } svg text.pinned { font-weight: bo
 <div id="info">Hover a token on the left to see what it attends to; click it to keep it.</div>
 <svg id="view" xmlns="http://www.w3.org/2000/svg"></svg>
 <script>
-const DATA = {title: @TITLE@, tokens: @TOKENS@, layers: @LAYERS@, heads: @HEADS@, T: @T@, weights: "@WEIGHTS@"};
+const DATA = {title: @TITLE@, tokens: @TOKENS@, layers: @LAYERS@, heads: @HEADS@, kv: @KV@, group: @GROUP@,
+              windows: @WINDOWS@, T: @T@, weights: "@WEIGHTS@"};
 // Tokens were escaped byte by byte; join the bytes back into UTF-8 text.
 function decode(s) { try { return decodeURIComponent(escape(s)); } catch (e) { return s; } }
 const tokens = DATA.tokens.map(decode);
@@ -101,7 +109,8 @@ if (params.has("token")) state.pinned = +params.get("token");
 document.getElementById("title").textContent = decode(DATA.title) + " — " + T + " tokens, layers " +
     DATA.layers.join(", ") + "; heads " + DATA.heads.join(", ");
 const layerSelect = document.getElementById("layer");
-DATA.layers.forEach((l, i) => { const o = document.createElement("option"); o.value = i; o.textContent = l;
+DATA.layers.forEach((l, i) => { const o = document.createElement("option"); o.value = i;
+                                 o.textContent = l + (DATA.windows[i] > 0 ? " (sliding window " + DATA.windows[i] + ")" : "");
                                  layerSelect.appendChild(o); });
 layerSelect.value = state.layer;
 layerSelect.onchange = () => { state.layer = +layerSelect.value; draw(); };
@@ -155,7 +164,8 @@ function draw() {
   for (const h of state.heads) for (let j = 0; j < T; ++j) best.push([weight(state.layer, h, focus, j), j, h]);
   best.sort((a, b) => b[0] - a[0]);
   info.textContent = "\u201c" + tokens[focus] + "\u201d in layer " + DATA.layers[state.layer] + " attends most to: " +
-      best.slice(0, 3).map(([w, j, h]) => "\u201c" + tokens[j] + "\u201d " + w.toFixed(2) + " (head " + DATA.heads[h] + ")").join(", ");
+      best.slice(0, 3).map(([w, j, h]) => "\u201c" + tokens[j] + "\u201d " + w.toFixed(2) + " (head " + DATA.heads[h] +
+                           (DATA.group > 1 ? ", K/V head " + DATA.kv[h] : "") + ")").join(", ");
 }
 draw();
 </script></body></html>
@@ -168,6 +178,9 @@ draw();
   replace("@TOKENS@", tokens);
   replace("@LAYERS@", layers);
   replace("@HEADS@", heads);
+  replace("@KV@", kv);
+  replace("@GROUP@", std::to_string(std::max<int64_t>(r.kv_group, 1)));
+  replace("@WINDOWS@", windows);
   replace("@T@", std::to_string(T));
   replace("@WEIGHTS@", base64(bytes));
   return page;
@@ -208,7 +221,9 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
   std::vector<HeatmapPanel> panels;
   for (int64_t l = 0; l < L; ++l)
     for (int64_t h = 0; h < H; ++h)
-      panels.push_back({"L" + std::to_string(r.layers[static_cast<size_t>(l)]) + " H" + std::to_string(r.heads[static_cast<size_t>(h)]),
+      panels.push_back({"L" + std::to_string(r.layers[static_cast<size_t>(l)]) + " H" + std::to_string(r.heads[static_cast<size_t>(h)]) +
+                            (r.kv_group > 1 ? " kv" + std::to_string(kv_head(r, static_cast<size_t>(h))) : "") +
+                            (window_of(r, static_cast<size_t>(l)) > 0 ? " w" + std::to_string(window_of(r, static_cast<size_t>(l))) : ""),
                         head_matrix(l, h)});
   written.push_back(dir + "/attention-grid.png");
   heatmap_grid_png(written.back(), "Attention: layers (rows) x heads (columns)", panels, static_cast<int>(H), labels, 1.0);
@@ -217,7 +232,10 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
       for (int64_t h = 0; h < H; ++h) {
         HeatmapStyle style;
         style.title = "Layer " + std::to_string(r.layers[static_cast<size_t>(l)]) + ", head " +
-                      std::to_string(r.heads[static_cast<size_t>(h)]);
+                      std::to_string(r.heads[static_cast<size_t>(h)]) +
+                      (r.kv_group > 1 ? " (K/V head " + std::to_string(kv_head(r, static_cast<size_t>(h))) + ")" : "") +
+                      (window_of(r, static_cast<size_t>(l)) > 0
+                           ? ", sliding window " + std::to_string(window_of(r, static_cast<size_t>(l))) : "");
         style.row_labels = style.col_labels = labels;
         style.vmax = 1.0;
         written.push_back(dir + "/layer" + two_digits(r.layers[static_cast<size_t>(l)]) + "-head" +
@@ -228,13 +246,16 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
   std::string tokens_json = "[";
   for (size_t i = 0; i < r.tokens.size(); ++i) tokens_json += (i ? "," : "") + json_string(r.tokens[i]);
   tokens_json += "]";
-  std::string layers_text, heads_text;
+  std::string layers_text, heads_text, kv_text, windows_text;
   for (int64_t l : r.layers) layers_text += (layers_text.empty() ? "" : ",") + std::to_string(l);
   for (int64_t h : r.heads) heads_text += (heads_text.empty() ? "" : ",") + std::to_string(h);
+  for (size_t i = 0; i < r.heads.size(); ++i) kv_text += (i ? "," : "") + std::to_string(kv_head(r, i));
+  for (size_t i = 0; i < r.layers.size(); ++i) windows_text += (i ? "," : "") + std::to_string(window_of(r, i));
   written.push_back(dir + "/attention.safetensors");
   io::save_safetensors(written.back(),
                        {io::TensorData::from_tensor("attention", r.maps), io::TensorData::from_int64s("token_ids", r.token_ids)},
-                       {{"layers", layers_text}, {"heads", heads_text}, {"tokens", tokens_json}, {"title", r.title},
+                       {{"layers", layers_text}, {"heads", heads_text}, {"kv_heads", kv_text}, {"windows", windows_text},
+                        {"tokens", tokens_json}, {"title", r.title},
                         {"layout", "attention[layer][head][query][key]; layers and heads are 1-based numbers"}});
   written.push_back(dir + "/attention.html");
   const std::string page = html_page(r);

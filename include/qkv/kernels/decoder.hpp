@@ -58,11 +58,12 @@ struct RopeTable {
   static RopeTable make(const std::vector<float>& inv_freq, int64_t positions);
 };
 
-// x: rows of `heads` heads of D values, in place. Row r is token position0 + (r % T) of x's (B, T, …) layout; its head
-// h starts at x + r·row_stride + h·D. inverse rotates by −angle: the backward of the forward (a rotation's transpose).
-// positions0 + T must not exceed table.positions (checked by the caller).
-void rope_apply(const RopeTable& table, RopeLayout layout, float* x, int64_t rows, int64_t T, int64_t row_stride,
-                int64_t heads, int64_t D, int64_t position0, bool inverse);
+// src → dst (the same layout; src == dst rotates in place): rows of row_stride floats whose first `heads` heads of D
+// values are rotated and whose rest is copied. Row r is token position0 + (r % T) of a (B, T, …) layout; its head h
+// starts at r·row_stride + h·D. inverse rotates by −angle: the backward of the forward (a rotation's transpose). One
+// read of src and one write of dst. position0 + T must not exceed table.positions (checked by the caller).
+void rope_apply(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows, int64_t T,
+                int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse);
 // The same in double, from first principles (angles and trig per element): the reference.
 void rope_apply_reference(const std::vector<float>& inv_freq, RopeLayout layout, float* x, int64_t rows, int64_t T,
                           int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse);

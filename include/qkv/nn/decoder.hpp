@@ -110,6 +110,9 @@ class Decoder : public LanguageModel {
   int64_t num_layers() const override { return config.num_layers; }
   int64_t num_heads() const override { return config.num_heads; }
   int64_t num_kv_heads() const override { return config.num_kv_heads; }
+  int64_t layer_window(int64_t layer) const override {
+    return layer >= 0 && layer < config.num_layers ? config.layers[static_cast<size_t>(layer)].window : 0;
+  }
   std::string type_name() const override { return "Decoder"; }
 
   // The parameter with this role (and layer); ValueError when the config has none.

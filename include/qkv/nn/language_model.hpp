@@ -30,6 +30,7 @@ class LanguageModel : public Module {
   virtual int64_t num_layers() const = 0;
   virtual int64_t num_heads() const = 0;       // query heads per layer
   virtual int64_t num_kv_heads() const { return num_heads(); }
+  virtual int64_t layer_window(int64_t /*layer*/) const { return 0; }  // a layer's sliding window, 0 for full causal
 
   // ids (B·T, row-major) → logits (B, T, vocab_size). With `records`, each layer's attention leaves what its weights
   // can be recomputed from (one record per layer).

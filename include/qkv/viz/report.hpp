@@ -18,6 +18,8 @@ struct AttentionReport {
   std::vector<int64_t> token_ids;     // and as ids
   std::vector<int64_t> layers, heads;  // 1-based numbers of maps' first two dimensions
   Tensor maps;                        // (layers, heads, T, T): row i = what token i attends to
+  int64_t kv_group = 1;               // query heads per K/V head (grouped-query attention); 1: every head its own
+  std::vector<int64_t> windows;       // per layer shown: its sliding window, 0 for full causal (empty: all full)
 };
 
 // Writes into `dir` (created if needed), each file atomically: attention-grid.png, layerLL-headHH.png per head
