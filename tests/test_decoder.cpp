@@ -249,6 +249,36 @@ TEST(DecoderCli, AttentionPicturesOfAFolder) {
   fs::remove_all(dir);
 }
 
+// qkv train --resume DIR continues pretraining a folder: the loss falls, the trained folder loads and scores the text
+// better than the one it started from.
+TEST(DecoderCli, ContinuedPretrainingOfAFolder) {
+  const fs::path dir = fs::temp_directory_path() / "qkv_train_llama_folder", out = dir / "run";
+  fs::remove_all(dir);
+  fs::copy(folder("llama"), dir);
+  std::string vocab;
+  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
+  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i + 4);
+  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "the cat sat on the mat ";
+  std::ofstream(dir / "text.txt") << text;
+  const std::string t = (dir / "text.txt").string();
+  const CliResult before = run_cli("eval --checkpoint " + dir.string() + " --text " + t + " --context 32 --json");
+  ASSERT_EQ(before.code, 0) << before.out;
+  const CliResult r = run_cli("train --resume " + dir.string() + " --text " + t + " --out " + out.string() +
+                              " --steps 30 --batch-size 4 --context-length 32 --lr 3e-3 --warmup 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out / "model" / "config.json") && fs::exists(out / "model" / "tokenizer.json") &&
+              fs::exists(out / "losses.csv"));
+  const CliResult after = run_cli("eval --checkpoint " + (out / "model").string() + " --text " + t + " --context 32 --json");
+  ASSERT_EQ(after.code, 0) << after.out;
+  auto loss_of = [](const std::string& json) { return std::stod(json.substr(json.find("\"loss\":") + 7)); };
+  EXPECT_LT(loss_of(after.out), loss_of(before.out) - 0.5) << before.out << after.out;
+  // A second run into the same folder is refused unless told to replace it.
+  EXPECT_EQ(run_cli("train --resume " + dir.string() + " --text " + t + " --out " + out.string() + " --steps 1").code, 2);
+  fs::remove_all(dir);
+}
+
 // ---- bad folders ----
 
 struct BadFolder : ::testing::Test {

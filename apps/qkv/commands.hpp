@@ -63,6 +63,9 @@ struct TrainCommand {
   int64_t sample_tokens = 60;
 };
 int run_train(const TrainCommand& options, train::Communicator& comm);
+// qkv train --resume DIR with a Hugging Face folder: continued pretraining, the result written as a folder.
+int run_train_folder(const TrainCommand& options);
+std::string read_corpus(const std::string& path);  // --text FILE, or the default corpus
 
 // Where a model comes from: --checkpoint FILE (a qkv checkpoint, a .pth, a book-named or Hugging Face safetensors
 // file; told apart by content), --checkpoint DIR (a Hugging Face model folder: config.json, the safetensors and

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "qkv/nn/hf.hpp"
 #include "progress.hpp"
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
@@ -88,27 +89,6 @@ void prepare_output_directory(const TrainCommand& options, const std::string& ch
     std::fprintf(stderr, "qkv train: removed %d temporary file(s) left by an interrupted run\n", stale);
   io::remove_stale_temporaries(options.out_dir + "/losses.csv");
   io::remove_stale_temporaries(options.out_dir + "/loss.png");
-}
-
-std::string read_corpus(const std::string& path) {
-  if (!path.empty()) {
-    const std::vector<std::byte> bytes = io::read_file(path);
-    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  }
-  // The default corpus: the King James Bible, as Debian's bible-kjv prints it.
-  FILE* pipe = popen("bible -l80 gen1:1-rev22:21 2>/dev/null", "r");
-  std::string text;
-  if (pipe) {
-    char buffer[65536];
-    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
-    const int status = pclose(pipe);
-    if (status != 0) text.clear();
-  }
-  if (text.empty()) {
-    throw IoError("the default corpus is the King James Bible from Debian's bible-kjv package, and `bible` did not "
-                  "run; install it (apt-get install bible-kjv) or pass --text FILE");
-  }
-  return text;
 }
 
 // The training's progress line: step, loss, learning rate, tokens/s and the time left.
@@ -211,7 +191,33 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
 
 }  // namespace
 
+// The text to train on: --text FILE, or the default corpus (also qkv train --resume DIR's, train_folder.cpp).
+std::string read_corpus(const std::string& path) {
+  if (!path.empty()) {
+    const std::vector<std::byte> bytes = io::read_file(path);
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  // The default corpus: the King James Bible, as Debian's bible-kjv prints it.
+  FILE* pipe = popen("bible -l80 gen1:1-rev22:21 2>/dev/null", "r");
+  std::string text;
+  if (pipe) {
+    char buffer[65536];
+    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
+    const int status = pclose(pipe);
+    if (status != 0) text.clear();
+  }
+  if (text.empty()) {
+    throw IoError("the default corpus is the King James Bible from Debian's bible-kjv package, and `bible` did not "
+                  "run; install it (apt-get install bible-kjv) or pass --text FILE");
+  }
+  return text;
+}
+
 int run_train(const TrainCommand& options, train::Communicator& comm) {
+  if (!options.resume.empty() && nn::is_hf_folder(options.resume)) {
+    if (comm.size() > 1) throw UsageError("continuing a Hugging Face folder runs in one process; run it without mpirun");
+    return run_train_folder(options);
+  }
   namespace fs = std::filesystem;
   const std::string checkpoint = options.out_dir + "/checkpoint.safetensors";
   // Under mpirun every process runs this; process 0 alone writes files and talks. A problem while setting up
