@@ -700,8 +700,15 @@ void probabilities_and_dscores(const Plan& p, const BackwardGroup& h, int64_t g,
     float* pr = pz + r * kBc;
     float* dr = ds + r * kBc;
     const auto [lo, hi] = p.visible_in_block(i, k0, cols);
-    if (!p.dropout && p.softcap == 0.0f && lo == 0) {  // P = exp(S − lse), dS = P ∘ (G − Di)
-      probabilities_and_dscores_row(pr, dr, std::max<int64_t>(hi, 0), cols_pad, lse_head[i], delta_head[i]);
+    if (!p.dropout && p.softcap == 0.0f) {  // P = exp(S − lse), dS = P ∘ (G − Di) on [lo, hi), zero elsewhere
+      if (hi <= lo) {
+        std::fill_n(pr, cols_pad, 0.0f);
+        std::fill_n(dr, cols_pad, 0.0f);
+        continue;
+      }
+      probabilities_and_dscores_row(pr + lo, dr + lo, hi - lo, cols_pad - lo, lse_head[i], delta_head[i]);
+      std::fill_n(pr, lo, 0.0f);
+      std::fill_n(dr, lo, 0.0f);
       continue;
     }
     if (hi <= lo) {

@@ -99,15 +99,6 @@ void rms_norm_backward_reference(const float* x, const float* weight, float offs
 
 // ---- SiLU ----
 
-namespace {
-template <typename Body>
-void for_blocks(int64_t n, Body&& body) {
-  const int64_t blocks = (n + 255) / 256;
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t b = 0; b < blocks; ++b) body(b * 256, std::min(n, b * 256 + 256));
-}
-}  // namespace
-
 // σ(x) = 1 / (1 + e^−x) through the vector exp; e^−x overflows to ∞ far left, giving exactly 0.
 void silu_forward(const float* x, float* y, int64_t n) {
   for_blocks(n, [&](int64_t i, int64_t end) {

@@ -26,16 +26,6 @@ void gelu_reference(const float* x, float* y, int64_t n) {
   }
 }
 
-namespace {
-// body(begin, end) over blocks of 256 values, the blocks split between threads.
-template <typename Body>
-void for_blocks(int64_t n, Body&& body) {
-  const int64_t blocks = (n + 255) / 256;
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t b = 0; b < blocks; ++b) body(b * 256, std::min(n, b * 256 + 256));
-}
-}  // namespace
-
 void gelu_forward(const float* x, float* y, int64_t n) {
   for_blocks(n, [&](int64_t i, int64_t end) {
 #ifdef QKV_AVX2

@@ -511,29 +511,12 @@ Tensor Decoder::weights(int64_t layer, const AttentionStep::Record& record, int6
 
 Tensor Decoder::attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers, std::vector<int64_t> heads) const {
   NoGradGuard no_grad;
-  const int64_t L = config.num_layers, H = config.num_heads, T = static_cast<int64_t>(ids.size());
-  auto all = [](int64_t n) {
-    std::vector<int64_t> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
-    return v;
-  };
-  if (layers.empty()) layers = all(L);
-  if (heads.empty()) heads = all(H);
-  for (int64_t l : layers)
-    if (l < 0 || l >= L) throw ValueError("attention maps: layer " + std::to_string(l + 1) + " does not exist; the model has layers 1…" + std::to_string(L));
-  for (int64_t h : heads)
-    if (h < 0 || h >= H) throw ValueError("attention maps: head " + std::to_string(h + 1) + " does not exist; the model has heads 1…" + std::to_string(H));
+  const int64_t T = static_cast<int64_t>(ids.size());
   Tensor x = embed(ids, 1, T, 0);
-  const int64_t last = *std::max_element(layers.begin(), layers.end());
-  std::vector<AttentionStep::Record> records(static_cast<size_t>(last + 1));
-  for (int64_t i = 0; i <= last; ++i) x = block_forward(static_cast<size_t>(i), x, 0, nullptr, &records[static_cast<size_t>(i)]);
-  Tensor maps = Tensor::empty({static_cast<int64_t>(layers.size()), static_cast<int64_t>(heads.size()), T, T});
-  for (size_t li = 0; li < layers.size(); ++li)
-    for (size_t hi = 0; hi < heads.size(); ++hi) {
-      const Tensor w = weights(layers[li], records[static_cast<size_t>(layers[li])], 0, heads[hi]);
-      std::copy_n(w.data(), T * T, maps.data() + (li * heads.size() + hi) * T * T);
-    }
-  return maps;
+  return gather_attention_maps(
+      config.num_layers, config.num_heads, T, std::move(layers), std::move(heads),
+      [&](int64_t i, AttentionStep::Record& record) { x = block_forward(static_cast<size_t>(i), x, 0, nullptr, &record); },
+      [&](int64_t l, const AttentionStep::Record& record, int64_t h) { return weights(l, record, 0, h); });
 }
 
 KVCache Decoder::make_cache(int64_t batch, int64_t max_tokens) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -50,6 +51,14 @@ class LanguageModel : public Module {
   virtual KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const = 0;
   virtual Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const = 0;
 };
+
+// What attention_maps implementations share: checks the chosen layers and heads (0-based; empty = all of the model's
+// L and H), runs layers 0…(the last chosen) one after another with `run_layer(i, record)`, and gathers the chosen
+// heads' weights, `weights(layer, record, head)` (T × T each), into (layers, heads, T, T). ValueError naming a layer or
+// head that does not exist.
+Tensor gather_attention_maps(int64_t L, int64_t H, int64_t T, std::vector<int64_t> layers, std::vector<int64_t> heads,
+                             const std::function<void(int64_t layer, AttentionStep::Record& record)>& run_layer,
+                             const std::function<Tensor(int64_t layer, const AttentionStep::Record&, int64_t head)>& weights);
 
 // Mean next-token cross-entropy of logits (B, T, V) against targets (B·T), ignoring ignore_index.
 Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
