@@ -186,8 +186,11 @@ TEST(FusedAttention, ProbabilitiesOfAWindowedGroupedHead) {
     double total = 0;
     for (int64_t j = 0; j < T; ++j) {
       const float w = weights.data()[i * T + j];
-      if (j > i || j <= i - W) EXPECT_EQ(w, 0.0f) << i << "," << j;
-      else EXPECT_GT(w, 0.0f) << i << "," << j;
+      if (j > i || j <= i - W) {
+        EXPECT_EQ(w, 0.0f) << i << "," << j;
+      } else {
+        EXPECT_GT(w, 0.0f) << i << "," << j;
+      }
       total += w;
     }
     EXPECT_NEAR(total, 1.0, 1e-5) << i;

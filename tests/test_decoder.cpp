@@ -167,7 +167,9 @@ TEST(DecoderAttention, MapsShowTheWindowAndSumToOne) {
         for (int64_t j = 0; j < 8; ++j) {
           const float w = maps.at({l, h, i, j});
           const bool visible = j <= i && (l == 0 || i - j < 5);
-          if (!visible) EXPECT_EQ(w, 0.0f) << l << h << i << j;
+          if (!visible) {
+            EXPECT_EQ(w, 0.0f) << l << h << i << j;
+          }
           total += w;
         }
         EXPECT_NEAR(total, 1.0, 1e-5);

@@ -344,10 +344,7 @@ Tensor Decoder::norm(const Tensor& x, const Tensor& weight, const Tensor& bias) 
 }
 
 Tensor Decoder::embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const {
-  if (batch <= 0 || tokens <= 0 || batch * tokens != static_cast<int64_t>(ids.size())) {
-    throw ShapeError("Decoder: " + std::to_string(ids.size()) + " token ids do not form a (" + std::to_string(batch) +
-                     ", " + std::to_string(tokens) + ") batch");
-  }
+  check_token_batch(ids, batch, tokens, "Decoder");
   if (position + tokens > config.max_positions) {
     throw ShapeError("Decoder: a sequence of " + std::to_string(position + tokens) + " tokens is longer than the " +
                      std::to_string(config.max_positions) +
@@ -546,10 +543,7 @@ Tensor Decoder::forward_cached(std::span<const int64_t> ids, int64_t batch, int6
     throw ShapeError("Decoder::forward_cached: a batch of " + std::to_string(batch) + " rows for a cache made for " +
                      std::to_string(cache.batch) + " (or for another model)");
   }
-  if (batch <= 0 || tokens <= 0 || batch * tokens != static_cast<int64_t>(ids.size())) {
-    throw ShapeError("Decoder: " + std::to_string(ids.size()) + " token ids do not form a (" + std::to_string(batch) +
-                     ", " + std::to_string(tokens) + ") batch");
-  }
+  check_token_batch(ids, batch, tokens, "Decoder");
   if (cache.length + tokens > cache.capacity) {
     throw ShapeError("Decoder: " + std::to_string(cache.length + tokens) + " tokens exceed the KV cache's " +
                      std::to_string(cache.capacity) + " positions; make the cache for more tokens");

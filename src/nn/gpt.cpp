@@ -182,10 +182,7 @@ std::unique_ptr<GPTModel> GPTModel::uninitialised(const GPTConfig& config, uint6
 
 // Token embeddings plus the position embeddings of positions [position, position + tokens), then dropout.
 Tensor GPTModel::embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const {
-  if (batch <= 0 || tokens <= 0 || batch * tokens != static_cast<int64_t>(ids.size())) {
-    throw ShapeError("GPTModel: " + std::to_string(ids.size()) + " token ids do not form a (" + std::to_string(batch) +
-                     ", " + std::to_string(tokens) + ") batch");
-  }
+  check_token_batch(ids, batch, tokens, "GPTModel");
   if (position + tokens > config.context_length) {
     throw ShapeError("GPTModel: a sequence of " + std::to_string(position + tokens) +
                      " tokens is longer than context_length = " + std::to_string(config.context_length) +

@@ -14,6 +14,13 @@ int64_t KVCache::bytes() const {
   return total;
 }
 
+void check_token_batch(std::span<const int64_t> ids, int64_t batch, int64_t tokens, const char* who) {
+  if (batch <= 0 || tokens <= 0 || batch * tokens != static_cast<int64_t>(ids.size())) {
+    throw ShapeError(std::string(who) + ": " + std::to_string(ids.size()) + " token ids do not form a (" +
+                     std::to_string(batch) + ", " + std::to_string(tokens) + ") batch");
+  }
+}
+
 Tensor gather_attention_maps(int64_t L, int64_t H, int64_t T, std::vector<int64_t> layers, std::vector<int64_t> heads,
                              const std::function<void(int64_t, AttentionStep::Record&)>& run_layer,
                              const std::function<Tensor(int64_t, const AttentionStep::Record&, int64_t)>& weights) {

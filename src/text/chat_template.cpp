@@ -76,6 +76,12 @@ struct Value {
   }
 };
 
+// s with every ASCII letter upper- or lower-cased (the upper/lower filters and string methods).
+std::string ascii_case(std::string s, bool upper) {
+  for (char& c : s) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
@@ -1013,11 +1019,7 @@ class Renderer {
     }
     if (f == "tojson") return Value::string(to_json(v));
     if (f == "string") return Value::string(to_text(v));
-    if (f == "upper" || f == "lower") {
-      std::string s = to_text(v);
-      for (char& c : s) c = static_cast<char>(f == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-      return Value::string(s);
-    }
+    if (f == "upper" || f == "lower") return Value::string(ascii_case(to_text(v), f == "upper"));
     if (f == "first" || f == "last") {
       if (v.type != T::List || v.list->empty()) return {};
       return f == "first" ? v.list->front() : v.list->back();
@@ -1083,11 +1085,7 @@ class Renderer {
       if (m == "strip") return Value::string(strip(s, args.empty() || args[0].type == T::None ? space : text_arg(0), true, true));
       if (m == "lstrip") return Value::string(strip(s, args.empty() || args[0].type == T::None ? space : text_arg(0), true, false));
       if (m == "rstrip") return Value::string(strip(s, args.empty() || args[0].type == T::None ? space : text_arg(0), false, true));
-      if (m == "upper" || m == "lower") {
-        std::string r = s;
-        for (char& c : r) c = static_cast<char>(m == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-        return Value::string(r);
-      }
+      if (m == "upper" || m == "lower") return Value::string(ascii_case(s, m == "upper"));
       if (m == "replace") {
         std::string r = s, from = text_arg(0), to = text_arg(1);
         if (!from.empty())

@@ -60,6 +60,9 @@ Tensor gather_attention_maps(int64_t L, int64_t H, int64_t T, std::vector<int64_
                              const std::function<void(int64_t layer, AttentionStep::Record& record)>& run_layer,
                              const std::function<Tensor(int64_t layer, const AttentionStep::Record&, int64_t head)>& weights);
 
+// That `ids` form a (batch, tokens) batch with both positive; ShapeError starting with `who` otherwise.
+void check_token_batch(std::span<const int64_t> ids, int64_t batch, int64_t tokens, const char* who);
+
 // Mean next-token cross-entropy of logits (B, T, V) against targets (B·T), ignoring ignore_index.
 Tensor language_model_loss(const Tensor& logits, std::span<const int64_t> targets, int64_t ignore_index = -100);
 
