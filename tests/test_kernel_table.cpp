@@ -513,6 +513,12 @@ std::vector<OpCase> op_cases() {
       {"linear_concat of three layers", [](const Inputs& x) { return linear_concat(x[0], std::vector<Tensor>{x[1], x[2], x[3]}, std::vector<Tensor>{x[4], x[5], x[6]}); },
        {random_tensor({2, 3, 4}, 1), random_tensor({3, 4}, 2), random_tensor({2, 4}, 3), random_tensor({5, 4}, 4),
         random_tensor({3}, 5), random_tensor({2}, 6), random_tensor({5}, 7)}},
+      {"lora_linear (x Wᵀ + b + 2·(x Aᵀ) Bᵀ)", [](const Inputs& x) { return lora_linear(x[0], x[1], x[2], x[3], x[4], 2.0f); },
+       {random_tensor({2, 3, 4}, 1), random_tensor({5, 4}, 2), random_tensor({5}, 3), random_tensor({2, 4}, 4), random_tensor({5, 2}, 5)}},
+      {"lora_linear without bias, rank 1", [](const Inputs& x) { return lora_linear(x[0], x[1], Tensor(), x[2], x[3], 0.5f); },
+       {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2), random_tensor({1, 4}, 3), random_tensor({2, 1}, 4)}},
+      {"gather_tokens (a classifier's pooled positions)", [](const Inputs& x) { return gather_tokens(x[0], std::vector<int64_t>{3, 0, 3}); },
+       {random_tensor({3, 4, 2}, 1)}},
       {"linear_concat without biases", [](const Inputs& x) { return linear_concat(x[0], std::vector<Tensor>{x[1], x[2]}); },
        {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2), random_tensor({3, 4}, 3)}},
       {"scaled_dot_product_attention grouped-query (B,H,T,D), window 2", [](const Inputs& x) {

@@ -55,7 +55,7 @@ int run_train_folder(const TrainCommand& options) {
     throw UsageError(model_dir.string() + " already holds a model; give --overwrite to replace it, or another --out");
   fs::create_directories(out_dir, ec);
   decoder->train();
-  auto parameters = decoder->named_parameters();
+  auto parameters = decoder->named_trainable_parameters();
   optim::AdamWOptions adam;
   adam.lr = s.learning_rate;
   adam.beta1 = s.adam_beta1, adam.beta2 = s.adam_beta2, adam.eps = s.adam_eps, adam.weight_decay = s.weight_decay;

@@ -1,6 +1,8 @@
 // Ops the attention classes need beyond arithmetic: masking, dropout and concatenation.
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/elementwise.hpp"
@@ -112,6 +114,34 @@ Tensor select_token(const Tensor& x, int64_t t) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   Tensor out = Tensor::empty({B, C});
   kernels::copy_rows(x.data() + t * C, T * C, out.data(), C, B, C, false);
+  return out;
+}
+
+// gather_tokens: out[b] = x[b, positions[b]]. Backward: each chosen row's gradient added into its row of dx.
+Tensor gather_tokens(const Tensor& x, std::span<const int64_t> positions) {
+  if (x.rank() != 3 || static_cast<int64_t>(positions.size()) != x.size(0)) {
+    throw ShapeError("gather_tokens: " + std::to_string(positions.size()) + " positions for x " + x.shape().str() +
+                     "; give one position per batch row of a (B, T, C) tensor");
+  }
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  for (int64_t b = 0; b < B; ++b) {
+    if (positions[static_cast<size_t>(b)] < 0 || positions[static_cast<size_t>(b)] >= T) {
+      throw ShapeError("gather_tokens: position " + std::to_string(positions[static_cast<size_t>(b)]) + " of row " +
+                       std::to_string(b) + " is outside the " + std::to_string(T) + " tokens");
+    }
+  }
+  std::vector<int64_t> at(positions.begin(), positions.end());
+  Tensor out = Tensor::empty({B, C});
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(x.data() + (b * T + at[static_cast<size_t>(b)]) * C, C, out.data() + b * C);
+  if (detail::needs_grad({&x})) {
+    detail::record(out, "GatherTokensBackward", {x}, [x, at, T, C](const Tensor& dout) {
+      float* dx = detail::grad_buffer(x);
+      if (!dx) return;
+      for (size_t b = 0; b < at.size(); ++b)
+        kernels::accumulate(dx + (static_cast<int64_t>(b) * T + at[b]) * C, dout.data() + static_cast<int64_t>(b) * C, C);
+    });
+  }
   return out;
 }
 

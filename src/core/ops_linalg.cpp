@@ -128,6 +128,64 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
+// lora_linear: y = x Wᵀ + b + s·u Bᵀ with u = x Aᵀ (R, r). Backward: du = s·dy B; dx = dy W + du A; dA = duᵀ x;
+// dB = s·dyᵀ u.
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& lora_a, const Tensor& lora_b,
+                   float scale) {
+  if (weight.rank() != 2) throw ShapeError("lora_linear: weight must be 2-D (out, in), got " + weight.shape().str());
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  if (lora_a.rank() != 2 || lora_a.size(1) != in || lora_a.size(0) < 1) {
+    throw ShapeError(shapes_message("lora_linear", weight, lora_a, "lora_A must be (rank, in_features)"));
+  }
+  const int64_t r = lora_a.size(0);
+  if (!(lora_b.shape() == Shape{out_features, r})) {
+    throw ShapeError(shapes_message("lora_linear", lora_a, lora_b, "lora_B must be (out_features, rank)"));
+  }
+  if (x.rank() < 1 || x.size(-1) != in) {
+    throw ShapeError(shapes_message("lora_linear", x, weight, "the input's last dimension must equal the weight's in-features (dim 1)"));
+  }
+  if (bias.defined() && !(bias.shape() == Shape{out_features})) {
+    throw ShapeError(shapes_message("lora_linear", weight, bias, "bias must have shape (out_features)"));
+  }
+  const int64_t rows = leading(x.shape(), 1);
+  Shape out_shape = x.shape();
+  out_shape[-1] = out_features;
+  Tensor out = Tensor::empty(out_shape);
+  float* y = out.data();
+  if (bias.defined()) kernels::copy_rows(bias.data(), 0, y, out_features, rows, out_features, false);
+  kernels::gemm(false, true, rows, out_features, in, 1.0f, x.data(), in, weight.data(), in, bias.defined() ? 1.0f : 0.0f,
+                y, out_features);
+  Tensor u = Tensor::empty({rows, r});
+  kernels::gemm(false, true, rows, r, in, 1.0f, x.data(), in, lora_a.data(), in, 0.0f, u.data(), r);
+  kernels::gemm(false, true, rows, out_features, r, scale, u.data(), r, lora_b.data(), r, 1.0f, y, out_features);
+  if (detail::needs_grad({&x, &weight, &bias, &lora_a, &lora_b})) {
+    detail::record(out, "LoraLinearBackward", {x, weight, bias, lora_a, lora_b},
+                   [x, weight, bias, lora_a, lora_b, u, rows, in, out_features, r, scale](const Tensor& dout) {
+      const float* dy = dout.data();
+      Tensor du;
+      if (x.requires_grad() || lora_a.requires_grad()) {
+        du = Tensor::empty({rows, r});
+        kernels::gemm(false, false, rows, r, out_features, scale, dy, out_features, lora_b.data(), r, 0.0f, du.data(), r);
+      }
+      if (const auto dx = detail::grad_target(x); dx.data) {
+        kernels::gemm(false, false, rows, in, out_features, 1.0f, dy, out_features, weight.data(), in,
+                      dx.accumulate ? 1.0f : 0.0f, dx.data, in);
+        kernels::gemm(false, false, rows, in, r, 1.0f, du.data(), r, lora_a.data(), in, 1.0f, dx.data, in);
+      }
+      if (const auto dw = detail::grad_target(weight); dw.data)
+        kernels::gemm(true, false, out_features, in, rows, 1.0f, dy, out_features, x.data(), in,
+                      dw.accumulate ? 1.0f : 0.0f, dw.data, in);
+      if (float* db = detail::grad_buffer(bias)) kernels::add_column_sums(dy, db, rows, out_features);
+      if (const auto da = detail::grad_target(lora_a); da.data)
+        kernels::gemm(true, false, r, in, rows, 1.0f, du.data(), r, x.data(), in, da.accumulate ? 1.0f : 0.0f, da.data, in);
+      if (const auto dbb = detail::grad_target(lora_b); dbb.data)
+        kernels::gemm(true, false, out_features, r, rows, scale, dy, out_features, u.data(), r,
+                      dbb.accumulate ? 1.0f : 0.0f, dbb.data, r);
+    });
+  }
+  return out;
+}
+
 bool contiguous_run(std::span<const Tensor> parts) {
   for (size_t i = 0; i < parts.size(); ++i) {
     if (!parts[i].defined()) return false;

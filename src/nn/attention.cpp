@@ -105,6 +105,8 @@ ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) con
 
 Tensor ProjectedAttention::project_packed(const Tensor& x) const {
   check_input(x);
+  // With LoRA adapters each projection is its own fused product, joined for the kernel.
+  if (W_query.has_lora() || W_key.has_lora() || W_value.has_lora()) return concat({W_query(x), W_key(x), W_value(x)}, -1);
   const Tensor weights[] = {W_query.weight, W_key.weight, W_value.weight};
   const Tensor biases[] = {W_query.bias, W_key.bias, W_value.bias};
   return linear_concat(x, weights, W_query.bias.defined() ? std::span<const Tensor>(biases) : std::span<const Tensor>());

@@ -302,6 +302,15 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   rope_tables_ = std::move(ropes);
 }
 
+std::string Decoder::block_prefix(int64_t layer) const {
+  return (config.family == "gpt2" ? "trf_blocks." : "model.layers.") + std::to_string(layer) + ".";
+}
+std::string Decoder::final_norm_prefix() const { return config.family == "gpt2" ? "final_norm." : "model.norm."; }
+std::string Decoder::head_prefix() const {
+  if (config.tie_word_embeddings) return config.family == "gpt2" ? "tok_emb." : "model.embed_tokens.";
+  return config.family == "gpt2" ? "out_head." : "lm_head.";
+}
+
 Tensor& Decoder::parameter(Role role, int64_t layer) {
   Tensor* t = nullptr;
   if (layer >= 0 && layer < config.num_layers) {

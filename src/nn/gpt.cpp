@@ -219,6 +219,8 @@ Tensor GPTModel::loss(std::span<const int64_t> ids, int64_t batch, int64_t token
                      " × " + std::to_string(tokens) + " tokens");
   }
   const Tensor h = hidden(ids, batch, tokens, nullptr);
+  // A head with a LoRA adapter goes through its own fused product and the plain loss.
+  if (out_head.has_lora()) return cross_entropy(reshape(out_head(h), {-1, config.vocab_size}), targets, ignore_index);
   return linear_cross_entropy(h, out_head.weight, out_head.bias, targets, ignore_index);
 }
 

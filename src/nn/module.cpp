@@ -47,6 +47,16 @@ void Module::walk(const std::string& prefix,
   for (auto& [name, child] : children_) child->walk(prefix + name + ".", fn);
 }
 
+void Module::for_each_module(const std::function<void(const std::string& name, Module& module)>& fn) {
+  std::function<void(const std::string&, Module&)> visit = [&](const std::string& prefix, Module& m) {
+    for (auto& [name, child] : m.children_) {
+      fn(prefix + name, *child);
+      visit(prefix + name + ".", *child);
+    }
+  };
+  visit("", *this);
+}
+
 void Module::for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn) {
   std::vector<const void*> seen;
   walk("", [&](const std::string& name, Entry& e, bool is_parameter) {
@@ -68,6 +78,32 @@ void Module::replace_parameter(const std::string& name, const Tensor& tensor) {
     return;
   }
   throw ValueError("replace_parameter: " + type_name() + " has no parameter '" + name + "'");
+}
+
+void Module::remove_parameter(const std::string& name) {
+  for (auto it = parameters_.begin(); it != parameters_.end(); ++it) {
+    if (it->name == name) {
+      parameters_.erase(it);
+      return;
+    }
+  }
+  throw ValueError("remove_parameter: " + type_name() + " has no parameter '" + name + "'");
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_trainable_parameters() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for_each_parameter([&](const std::string& name, Tensor& p) {
+    if (p.requires_grad()) out.emplace_back(name, p);
+  });
+  return out;
+}
+
+int64_t Module::trainable_parameter_count() {
+  int64_t n = 0;
+  for_each_parameter([&](const std::string&, Tensor& p) {
+    if (p.requires_grad()) n += p.numel();
+  });
+  return n;
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() {

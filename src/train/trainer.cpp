@@ -148,7 +148,7 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
       *validation_data_, std::min<int64_t>(settings_.batch_size, validation_data_->size()), false, settings_.seed);
   model_ = std::make_unique<nn::GPTModel>(settings_.model, generator_);
   optimizer_ = std::make_unique<optim::AdamW>(
-      model_->named_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .beta1 = settings_.adam_beta1, .beta2 = settings_.adam_beta2,
+      model_->named_trainable_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .beta1 = settings_.adam_beta1, .beta2 = settings_.adam_beta2,
                                                 .eps = settings_.adam_eps, .weight_decay = settings_.weight_decay});
   std::vector<int64_t> all = train_data_->ids();
   all.insert(all.end(), validation_data_->ids().begin(), validation_data_->ids().end());
@@ -306,7 +306,7 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
                      const std::function<void(const EvalReport&)>& on_eval,
                      const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop) {
   model_->train();
-  const auto parameters = model_->named_parameters();
+  const auto parameters = model_->named_trainable_parameters();
   const int64_t B = settings_.batch_size, K = settings_.grad_accum, slices = world_ * K;
   if (world_ > 1 && !gradient_arena_.defined()) {
     // Every gradient a view into one buffer, so the cross-process sum reads and writes it in place (no copies).

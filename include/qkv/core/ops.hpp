@@ -32,6 +32,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases = {});
 // Whether `parts` lie back to back in one storage, in order (what lets linear_concat read them in place).
 bool contiguous_run(std::span<const Tensor> parts);
+// linear(x, weight, bias) + scale · (x Aᵀ) Bᵀ: a Linear layer with a low-rank (LoRA) update, A (r, in) and B (out, r) in
+// PEFT's layout. One op: the rank-r product u = x Aᵀ is kept for the backward, which forms du = scale · dy B once and
+// from it dx = dy W + du A, dA = duᵀ x and dB = scale · dyᵀ u; a frozen W (no requires_grad) costs no dW product.
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& lora_a, const Tensor& lora_b,
+                   float scale);
 // Swaps dimensions d0 and d1 (negative counts from the back); the result is a contiguous copy.
 Tensor transpose(const Tensor& t, int d0 = -2, int d1 = -1);
 // Same values, another shape; one dimension may be -1 (inferred). Shares storage: no copy.
@@ -108,6 +113,9 @@ void write_tokens(const Tensor& src, Tensor& dst, int64_t position);
 Tensor transpose_columns(const Tensor& m, int64_t first, int64_t count);
 // Token t of every batch row of x (B, T, C), as (B, C). Records no gradient.
 Tensor select_token(const Tensor& x, int64_t t);
+// Token positions[b] of batch row b of x (B, T, C), as (B, C): a sequence's pooled state for a classifier head.
+// Differentiable (the gradient goes back to the chosen rows only). ShapeError for a position outside [0, T).
+Tensor gather_tokens(const Tensor& x, std::span<const int64_t> positions);
 // Joins tensors along `dim`; all other dimensions must agree.
 Tensor concat(const std::vector<Tensor>& tensors, int dim);
 

@@ -105,6 +105,14 @@ class Decoder : public LanguageModel {
   KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
   Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
 
+  Tensor hidden_states(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const override {
+    return hidden(ids, batch, tokens, nullptr);
+  }
+  int64_t hidden_size() const override { return config.hidden_size; }
+  std::string block_prefix(int64_t layer) const override;
+  std::string final_norm_prefix() const override;
+  std::string head_prefix() const override;
+
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t context_length() const override { return config.max_positions; }
   int64_t num_layers() const override { return config.num_layers; }

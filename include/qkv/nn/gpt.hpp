@@ -124,6 +124,14 @@ class GPTModel : public LanguageModel {
   KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
   Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
 
+  Tensor hidden_states(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const override {
+    return hidden(ids, batch, tokens, nullptr);
+  }
+  int64_t hidden_size() const override { return config.emb_dim; }
+  std::string block_prefix(int64_t layer) const override { return "trf_blocks." + std::to_string(layer) + "."; }
+  std::string final_norm_prefix() const override { return "final_norm."; }
+  std::string head_prefix() const override { return "out_head."; }
+
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t context_length() const override { return config.context_length; }
   int64_t num_layers() const override { return config.n_layers; }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "qkv/nn/attention.hpp"
@@ -37,6 +38,15 @@ class LanguageModel : public Module {
   // can be recomputed from (one record per layer).
   virtual Tensor forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                          std::vector<AttentionStep::Record>* records = nullptr) const = 0;
+  // The final norm's output (B, T, hidden_size()): what the output head reads, and what a classifier head reads instead.
+  virtual Tensor hidden_states(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const = 0;
+  virtual int64_t hidden_size() const = 0;
+  // Where parameters live by name, for freezing and adapters: the state-dict prefix of block `layer` ("trf_blocks.11."
+  // in the book's names, "model.layers.11." in Hugging Face's), of the final norm ("final_norm.", "model.norm.") and
+  // of the output head ("out_head.", "lm_head.").
+  virtual std::string block_prefix(int64_t layer) const = 0;
+  virtual std::string final_norm_prefix() const = 0;
+  virtual std::string head_prefix() const = 0;
   // The mean next-token cross-entropy against targets (B·T, ignore_index skipped), through the fused head, so the
   // (B·T × vocab) logits are never held whole.
   virtual Tensor loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,

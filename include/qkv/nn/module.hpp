@@ -44,8 +44,14 @@ class Module {
   // two names (tied weights) is visited once, under its first name, as PyTorch's named_parameters does.
   void for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn);
   std::vector<std::pair<std::string, Tensor>> named_parameters();
+  // Every submodule, depth-first in registration order, with its dotted name ("trf_blocks.0.att.W_query").
+  void for_each_module(const std::function<void(const std::string& name, Module& module)>& fn);
   std::vector<Tensor> parameters();
   int64_t parameter_count();
+  // The parameters that train (requires_grad): what optimisers, gradient clipping and the all-reduce cover. A frozen
+  // parameter (requires_grad_(false)) gets no gradient, and no backward product is run for it alone.
+  std::vector<std::pair<std::string, Tensor>> named_trainable_parameters();
+  int64_t trainable_parameter_count();
   void zero_grad();  // sets every parameter's gradient to zeros
 
   // Dropout and similar layers act only in training mode. Modules start in training mode, like PyTorch.
@@ -77,6 +83,8 @@ class Module {
   void register_module(std::string name, Module& child);
   // Makes the registered parameter `name` of this module be `tensor` (weight tying); the shapes must match.
   void replace_parameter(const std::string& name, const Tensor& tensor);
+  // Drops the registered parameter `name` of this module (an adapter merged away); ValueError if there is none.
+  void remove_parameter(const std::string& name);
 
  private:
   struct Entry {

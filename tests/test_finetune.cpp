@@ -1,0 +1,307 @@
+// Fine-tuning against the book's PyTorch recipes (fixtures from tools/finetune_reference.py): the classifier head's
+// initial weights, the frozen model's gradients and several AdamW steps; LoRA's A as the book draws it, its forward,
+// every gradient, AdamW steps and the merged weight; the instruction collate; torch.randperm. Then the data readers,
+// freezing by name and PEFT adapters.
+#include <filesystem>
+#include <fstream>
+
+#include "helpers.hpp"
+#include "qkv/io/safetensors.hpp"
+#include "qkv/nn/gpt.hpp"
+#include "qkv/train/finetune.hpp"
+#include "qkv/train/optim.hpp"
+
+namespace qkv::test {
+namespace {
+
+class Finetune : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    file_ = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(fixture("finetune.safetensors")));
+    config_ = nn::GPTConfig::from_strings(file_->metadata());
+  }
+  std::unique_ptr<nn::GPTModel> base() const {
+    Generator gen(123);
+    auto model = std::make_unique<nn::GPTModel>(config_, gen);
+    model->eval();
+    return model;
+  }
+  train::ClassificationSplit split(const std::string& prefix, int64_t rows) const {
+    train::ClassificationSplit s;
+    s.ids = file_->int64s(prefix + "ids");
+    s.labels = file_->int64s(prefix + "labels");
+    s.length = static_cast<int64_t>(s.ids.size()) / rows;
+    s.last_real.assign(static_cast<size_t>(rows), s.length - 1);
+    return s;
+  }
+  void expect_close(const Tensor& actual, const std::string& name, double rtol = 1e-4) const {
+    ASSERT_TRUE(actual.defined()) << name << ": no value (no gradient reached it)";
+    const Tensor expected = file_->tensor(name);
+    double largest = 0;
+    for (float v : expected.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+    EXPECT_TRUE(all_close(actual, expected, rtol, 1e-4 * std::max(largest, 1e-3))) << name;
+  }
+  std::unique_ptr<io::SafetensorsFile> file_;
+  nn::GPTConfig config_;
+};
+
+TEST_F(Finetune, RandpermIsPyTorchs) {
+  Generator gen(123);
+  EXPECT_EQ(train::randperm(12, gen), file_->int64s("randperm"));
+}
+
+TEST_F(Finetune, ClassifierHeadGradientsAndAdamWStepsMatchPyTorch) {
+  auto model = base();
+  const nn::StateDict state = model->state_dict(false);
+  for (const auto& [name, t] : state.entries())
+    EXPECT_TRUE(all_close(t, file_->tensor("param." + name), 0, 0)) << name;
+  Generator head_gen(123);
+  train::SequenceClassifier classifier(*model, 3, head_gen);
+  EXPECT_TRUE(all_close(classifier.head.weight, file_->tensor("classify.head_init.weight"), 0, 0));
+  EXPECT_TRUE(all_close(classifier.head.bias, file_->tensor("classify.head_init.bias"), 0, 0));
+  const int64_t total = model->parameter_count() - model->out_head.weight.numel() + classifier.head.parameter_count();
+  train::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
+  auto trainable = classifier.trainable_parameters();
+  int64_t count = 0;
+  for (const auto& [name, p] : trainable) count += p.numel();
+  EXPECT_LT(count, total);
+  const train::ClassificationSplit data = split("classify.", 12);
+
+  // The first step's gradients: the last block, the final norm and the head get PyTorch's; the frozen rest none.
+  Generator order_gen(123);
+  const std::vector<int64_t> order = train::randperm(12, order_gen);
+  std::vector<int64_t> ids, labels, positions(4, data.length - 1);
+  for (int k = 0; k < 4; ++k) {
+    ids.insert(ids.end(), data.ids.begin() + order[k] * data.length, data.ids.begin() + (order[k] + 1) * data.length);
+    labels.push_back(data.labels[static_cast<size_t>(order[k])]);
+  }
+  cross_entropy(classifier.logits(ids, 4, data.length, positions), labels).backward();
+  for (const auto& [name, p] : trainable) expect_close(p.grad(), "classify.grad." + name);
+  for (const auto& [name, p] : model->named_parameters())
+    if (!p.requires_grad()) EXPECT_FALSE(p.grad().defined()) << name << " is frozen but got a gradient";
+  for (auto& [name, p] : trainable) p.set_grad(Tensor());
+
+  train::ClassifierOptions options;
+  options.lr = 1e-3;
+  options.batch_size = 4;
+  options.epochs = 2;
+  std::vector<float> losses;
+  train::train_classifier(classifier, data, data, options, {.on_step = [&](const train::ClassifierProgress& p) {
+                                                              losses.push_back(static_cast<float>(p.loss));
+                                                            }});
+  EXPECT_TRUE(all_close(Tensor::from(losses, {6}), file_->tensor("classify.losses"), 1e-4, 1e-5));
+  expect_close(classifier.head.weight, "classify.final.out_head.weight");
+  const auto metrics = train::evaluate_classifier(classifier, data, 8, 0, train::Pooling::Last);
+  EXPECT_NEAR(metrics.accuracy, file_->tensor("classify.accuracy").item(), 1e-6);
+}
+
+TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
+  auto model = base();
+  Generator gen(123);
+  train::SequenceClassifier classifier(*model, 3, gen);
+  train::set_trainable(*model, {});
+  EXPECT_EQ(model->trainable_parameter_count(), 0);
+  const std::vector<std::string> adapted = train::add_lora(*model, {.rank = 2, .alpha = 4, .targets = {"all"}}, gen, {"out_head"});
+  ASSERT_EQ(adapted.size(), 12u);  // six Linear layers per block
+  EXPECT_EQ(adapted[0], "trf_blocks.0.att.W_query");
+  EXPECT_EQ(model->trainable_parameter_count() + classifier.head.parameter_count(), file_->int64s("lora.trainable")[0]);
+  std::map<std::string, nn::Linear*> layers;
+  model->for_each_module([&](const std::string& name, nn::Module& m) {
+    if (auto* l = dynamic_cast<nn::Linear*>(&m); l && l->has_lora()) layers[name] = l;
+  });
+  for (const std::string& name : adapted) {
+    EXPECT_TRUE(all_close(layers.at(name)->lora_A, file_->tensor("lora.A_init." + name), 0, 0)) << name;
+    layers.at(name)->lora_B.copy_(file_->tensor("lora.B_set." + name));
+  }
+  const std::vector<int64_t> ids = file_->int64s("lora.ids"), labels = file_->int64s("lora.labels"), last(4, 9);
+  const Tensor logits = classifier.logits(ids, 4, 10, last);
+  expect_close(logits, "lora.logits");
+  cross_entropy(logits, labels).backward();
+  for (const std::string& name : adapted) {
+    expect_close(layers.at(name)->lora_A.grad(), "lora.grad_A." + name);
+    expect_close(layers.at(name)->lora_B.grad(), "lora.grad_B." + name);
+    EXPECT_FALSE(layers.at(name)->weight.grad().defined()) << name;
+  }
+  expect_close(classifier.head.weight.grad(), "lora.grad.out_head.weight");
+
+  optim::AdamW optimizer(classifier.trainable_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  std::vector<float> losses;
+  for (int s = 0; s < 3; ++s) {
+    optimizer.zero_grad(true);
+    const Tensor loss = cross_entropy(classifier.logits(ids, 4, 10, last), labels);
+    losses.push_back(loss.item());
+    loss.backward();
+    optimizer.step();
+  }
+  EXPECT_TRUE(all_close(Tensor::from(losses, {3}), file_->tensor("lora.losses"), 1e-4, 1e-5));
+  int states = 0;
+  optimizer.for_each_state([&](const std::string&, Tensor&) { ++states; });
+  EXPECT_EQ(states, 2 * (2 * 12 + 2));  // AdamW's two moments for the adapters and the head, none for the frozen base
+  expect_close(layers.at(adapted[0])->lora_B, "lora.final_B." + adapted[0]);
+  const Tensor before = classifier.logits(ids, 4, 10, last);
+  train::merge_lora(*model);
+  expect_close(layers.at(adapted[0])->weight, "lora.merged." + adapted[0]);
+  EXPECT_FALSE(layers.at(adapted[0])->has_lora());
+  EXPECT_TRUE(all_close(classifier.logits(ids, 4, 10, last), before, 1e-4, 1e-5));  // merged computes the same
+}
+
+TEST_F(Finetune, InstructionCollateAndAdamWStepsMatchTheBook) {
+  const std::vector<int64_t> flat = file_->int64s("instruct.entries"), lengths = file_->int64s("instruct.lengths"),
+                             prompts = file_->int64s("instruct.prompt_tokens");
+  std::vector<train::EncodedInstruction> entries;
+  size_t at = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    entries.push_back({{flat.begin() + static_cast<int64_t>(at), flat.begin() + static_cast<int64_t>(at + lengths[i])}, prompts[i]});
+    at += static_cast<size_t>(lengths[i]);
+  }
+  std::vector<const train::EncodedInstruction*> rows;
+  for (const auto& e : entries) rows.push_back(&e);
+  for (bool masked : {false, true}) {
+    const train::InstructionBatch b = train::collate_instructions(rows, 96, 9, masked);
+    const std::string key = masked ? "instruct.masked." : "instruct.";
+    EXPECT_EQ(b.inputs, file_->int64s(key + "inputs")) << key;
+    EXPECT_EQ(b.targets, file_->int64s(key + "targets")) << key;
+    EXPECT_EQ(b.batch, 4);
+    EXPECT_EQ(b.tokens, 9);
+  }
+  auto model = base();
+  const train::InstructionBatch b = train::collate_instructions(rows, 96, 9, false);
+  optim::AdamW optimizer(model->named_trainable_parameters(), {.lr = 1e-3, .weight_decay = 0.1});
+  std::vector<float> losses;
+  for (int s = 0; s < 3; ++s) {
+    optimizer.zero_grad(true);
+    const Tensor loss = model->loss(b.inputs, b.batch, b.tokens, b.targets);
+    losses.push_back(loss.item());
+    loss.backward();
+    optimizer.step();
+  }
+  EXPECT_TRUE(all_close(Tensor::from(losses, {3}), file_->tensor("instruct.losses"), 1e-4, 1e-5));
+}
+
+TEST_F(Finetune, TrainableByNameAndItsErrors) {
+  auto model = base();
+  EXPECT_TRUE(train::name_matches("trf_blocks.1", "trf_blocks.1.att.W_query.weight"));
+  EXPECT_FALSE(train::name_matches("trf_blocks.1", "trf_blocks.10.att.W_query.weight"));
+  EXPECT_TRUE(train::name_matches("*.norm1.*", "trf_blocks.0.norm1.scale"));
+  EXPECT_FALSE(train::name_matches("*.norm1", "trf_blocks.0.norm1.scale"));
+  train::set_trainable(*model, {"final_norm", "*.norm2.*"});
+  EXPECT_EQ(model->trainable_parameter_count(), 2 * 32 + 2 * 2 * 32);
+  try {
+    train::set_trainable(*model, {"trf_blocks.7"});
+    FAIL() << "a pattern that matches nothing must be an error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("trf_blocks.7"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(model->trainable_parameter_count(), 2 * 32 + 2 * 2 * 32);  // unchanged by the refused call
+  Generator gen(1);
+  EXPECT_THROW(train::add_lora(*model, {.rank = 0}, gen), ValueError);
+  EXPECT_THROW(train::add_lora(*model, {.rank = 33}, gen), ValueError);  // larger than the 32-wide layers
+  EXPECT_THROW(train::add_lora(*model, {.rank = 2, .targets = {"*nothing*"}}, gen), ValueError);
+  int adapted = 0;
+  model->for_each_module([&](const std::string&, nn::Module& m) {
+    if (auto* l = dynamic_cast<nn::Linear*>(&m)) adapted += l->has_lora();
+  });
+  EXPECT_EQ(adapted, 0);  // a refused call adds nothing
+  EXPECT_EQ(train::with_commas(124441346), "124,441,346");
+  EXPECT_EQ(train::with_commas(512), "512");
+}
+
+TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
+  auto model = base();
+  Generator gen(4);
+  train::set_trainable(*model, {});
+  const auto names = train::add_lora(*model, {.rank = 4, .alpha = 8, .targets = {"attention"}}, gen, {"out_head"});
+  EXPECT_EQ(names.size(), 8u);
+  nn::Linear* first = nullptr;
+  model->for_each_module([&](const std::string& name, nn::Module& m) {
+    if (name == names[0]) first = dynamic_cast<nn::Linear*>(&m);
+  });
+  ASSERT_NE(first, nullptr);
+  first->lora_B.copy_(random_tensor(first->lora_B.shape(), 3));
+  const std::string dir = ::testing::TempDir() + "/qkv_adapter";
+  std::filesystem::remove_all(dir);
+  train::save_peft_adapter(dir, *model, {.rank = 4, .alpha = 8, .target_modules = names, .base_model = "tiny"},
+                           {{"out_head.weight", random_tensor({3, 32}, 5)}});
+  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
+  EXPECT_EQ(adapter.rank, 4);
+  EXPECT_EQ(adapter.alpha, 8);
+  EXPECT_EQ(adapter.tensors.count("trf_blocks.0.att.W_query.lora_A.weight"), 1u);
+  EXPECT_EQ(adapter.tensors.count("out_head.weight"), 1u);
+  auto fresh = base();
+  train::apply_peft_adapter(*fresh, adapter);
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6};
+  EXPECT_TRUE(all_close(fresh->forward(ids, 1, 6), model->forward(ids, 1, 6), 0, 0));
+  nn::GPTConfig other = config_;
+  other.emb_dim = 16;
+  other.n_heads = 2;
+  nn::GPTModel wrong(other);
+  EXPECT_THROW(train::apply_peft_adapter(wrong, adapter), ValueError);
+  EXPECT_THROW(train::read_peft_adapter(::testing::TempDir()), IoError);
+}
+
+TEST(LabelledTexts, CsvWithQuotesCommasAndNewlinesTsvAndJsonLines) {
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << text;
+    return dir + "/" + name;
+  };
+  const auto csv = text::read_labelled_texts(
+      write("a.csv", "Label,Text\r\nspam,\"Win, now!\"\nham,\"She said \"\"hi\"\"\nand left\"\n\nham,plain\n"));
+  ASSERT_EQ(csv.size(), 3u);
+  EXPECT_EQ(csv[0].text, "Win, now!");
+  EXPECT_EQ(csv[1].text, "She said \"hi\"\nand left");
+  EXPECT_EQ(csv[2].label, "ham");
+  EXPECT_EQ(csv[2].line, 6);
+  const auto tsv = text::read_labelled_texts(write("SMSSpamCollection.tsv", "ham\tGo until jurong point\nspam\tFree entry\n"));
+  ASSERT_EQ(tsv.size(), 2u);
+  EXPECT_EQ(tsv[1].label, "spam");
+  const auto jsonl = text::read_labelled_texts(write("b.jsonl", "{\"text\": \"a\", \"label\": 1}\n\n{\"text\": \"b\", \"label\": 0}\n"));
+  ASSERT_EQ(jsonl.size(), 2u);
+  EXPECT_EQ(jsonl[0].label, "1");
+  EXPECT_EQ(train::label_names(jsonl), (std::vector<std::string>{"0", "1"}));
+  EXPECT_EQ(train::label_names(csv), (std::vector<std::string>{"spam", "ham"}));
+  auto message = [&](const std::string& name, const std::string& text) -> std::string {
+    try {
+      text::read_labelled_texts(write(name, text));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(message("c.csv", "Label,Body\nham,x\n").find("no column 'Text'"), std::string::npos);
+  EXPECT_NE(message("d.csv", "Label,Text\nham,x\nspam\n").find("d.csv:3"), std::string::npos);
+  EXPECT_NE(message("e.csv", "Label,Text\nham,\"never closed\n").find("never ends"), std::string::npos);
+  EXPECT_NE(message("f.jsonl", "{\"text\": \"a\"}\n").find("f.jsonl:1: no \"Label\""), std::string::npos);
+  EXPECT_NE(message("g.csv", "Label,Text\nham,say \"hi\"\n").find("column 2"), std::string::npos);
+  EXPECT_THROW(text::read_text_file("/dev/zero"), IoError);
+}
+
+TEST(Instructions, TheBooksPromptSplitAndErrors) {
+  const auto entries = text::parse_instructions(
+      R"([{"instruction": "Add", "input": "1 and 2", "output": "3"}, {"instruction": "Greet", "output": "Hi"}])", "x.json");
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(text::alpaca_prompt(entries[0]),
+            "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+            "\n\n### Instruction:\nAdd\n\n### Input:\n1 and 2");
+  EXPECT_EQ(text::alpaca_prompt(entries[1]).find("### Input"), std::string::npos);
+  EXPECT_EQ(text::alpaca_response(entries[1]), "\n\n### Response:\nHi");
+  try {
+    text::parse_instructions(R"([{"instruction": "a", "output": "b"}, {"instruction": "c"}])", "data.json");
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("entry 1 has no \"output\""), std::string::npos) << e.what();
+  }
+  std::vector<text::Instruction> many(100, entries[0]);
+  for (size_t i = 0; i < many.size(); ++i) many[i].output = std::to_string(i);
+  const auto book = train::split_instructions(many, 0);
+  EXPECT_EQ(book.train.size(), 85u);
+  EXPECT_EQ(book.test.size(), 10u);
+  EXPECT_EQ(book.validation.size(), 5u);
+  EXPECT_EQ(book.test[0].output, "85");  // the book's split keeps the file's order
+  const auto shuffled = train::split_instructions(many, 7);
+  EXPECT_EQ(shuffled.train.size(), 85u);
+  EXPECT_NE(shuffled.test[0].output, "85");
+}
+
+}  // namespace
+}  // namespace qkv::test
