@@ -11,6 +11,7 @@
 
 #include "qkv/nn/gpt.hpp"
 #include "qkv/text/tokenizer.hpp"
+#include "qkv/train/finetune.hpp"
 #include "qkv/train/model_file.hpp"
 #include "qkv/train/trainer.hpp"
 
@@ -73,6 +74,7 @@ std::string read_corpus(const std::string& path);  // --text FILE, or the defaul
 // and the tokenizer (--tokenizer).
 struct ModelOptions {
   std::string checkpoint, gpt2_path, vocab_dir;
+  std::string adapter;  // a PEFT LoRA adapter folder applied to the model (qkv finetune … --lora-rank writes one)
   train::ConfigHint hint;
   std::string path() const { return checkpoint.empty() ? gpt2_path : checkpoint; }
 };
@@ -84,6 +86,8 @@ struct LoadedModel {
   std::string description;        // for titles: "checkpoint runs/gpt/checkpoint.safetensors"
   std::vector<int64_t> stop_ids;  // generation ends at these (the model's EOS ids, the tokenizer's end of text)
   int64_t default_context = 0;    // what eval reads per window unless told (at most the model's context length)
+  // A fine-tuned classifier's head (classes × hidden, classes), from the file or the adapter; undefined otherwise.
+  Tensor classifier_weight, classifier_bias;
 };
 LoadedModel load_model(const ModelOptions& options);
 
@@ -126,6 +130,36 @@ struct EvalCommand {
   bool json = false, replace_invalid = false;
 };
 int run_eval(const EvalCommand& options);
+
+// qkv finetune classify: the book's chapter 6 (and appendix E with --lora-rank).
+struct FinetuneClassifyCommand {
+  ModelOptions model;
+  std::string train_path, val_path, test_path, out_dir;
+  text::TableColumns columns;
+  train::ClassifierOptions options;
+  std::string trainable = "last-block", pooling = "last", lora_targets = "all";
+  bool overwrite = false;
+};
+int run_finetune_classify(const FinetuneClassifyCommand& options);
+
+// qkv finetune instruct: the book's chapter 7.
+struct FinetuneInstructCommand {
+  ModelOptions model;
+  std::string data_path, out_dir, format = "alpaca", lora_targets = "all";
+  train::InstructOptions options;
+  uint64_t split_seed = 0;        // 0: the file's order, as the book
+  int64_t max_new_tokens = 256;   // for the test responses
+  bool overwrite = false;
+};
+int run_finetune_instruct(const FinetuneInstructCommand& options);
+
+// qkv classify: a fine-tuned classifier's label for each text (the book's classify_review).
+struct ClassifyCommand {
+  ModelOptions model;
+  std::vector<std::string> texts;
+  bool json = false;
+};
+int run_classify(const ClassifyCommand& options);
 
 struct ConvertCommand {
   std::string input, output, to;  // to: pth, safetensors, checkpoint, gpt2, hf (empty: from the output's extension)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <iostream>
 
@@ -45,6 +46,36 @@ LoadedModel load_folder(const ModelOptions& options) {
 }
 }  // namespace
 
+// A PEFT adapter on a loaded model: its LoRA pairs added, and its fully trained modules (modules_to_save) copied into
+// the parameters of those names — or, for a head with fewer rows than the vocabulary, kept as a classifier's head.
+void apply_adapter(const std::string& dir, LoadedModel& loaded) {
+  train::PeftAdapter adapter = train::read_peft_adapter(dir);
+  std::map<std::string, Tensor> parameters;
+  for (auto& [name, p] : loaded.model->named_parameters()) parameters[name] = p;
+  const std::string head = loaded.model->block_prefix(0).rfind("trf_blocks", 0) == 0 ? "out_head" : "score";
+  try {
+    for (const auto& [name, t] : adapter.tensors) {
+      if (name.find(".lora_") != std::string::npos) continue;
+      if (name == head + ".weight" && t.rank() == 2 && t.size(0) != loaded.model->vocab_size()) {
+        loaded.classifier_weight = t;
+      } else if (name == head + ".bias" && t.rank() == 1 && t.size(0) != loaded.model->vocab_size()) {
+        loaded.classifier_bias = t;
+      } else if (auto it = parameters.find(name); it != parameters.end() && it->second.shape() == t.shape()) {
+        continue;  // copied below, once the LoRA pairs are known to fit
+      } else {
+        throw ValueError("the adapter is for another model: its " + name + " " + t.shape().str() + " has no place in " +
+                         loaded.description);
+      }
+    }
+    train::apply_peft_adapter(*loaded.model, adapter);
+  } catch (const ValueError& e) {
+    throw UsageError("--adapter " + dir + ": " + e.what());
+  }
+  for (const auto& [name, t] : adapter.tensors)
+    if (auto it = parameters.find(name); it != parameters.end() && it->second.shape() == t.shape()) it->second.copy_(t);
+  loaded.description += " + adapter " + dir;
+}
+
 LoadedModel load_model(const ModelOptions& options) {
   if (options.checkpoint.empty() && options.gpt2_path.empty()) throw UsageError("give --checkpoint FILE or --gpt2 FILE");
   LoadedModel loaded;
@@ -57,12 +88,15 @@ LoadedModel load_model(const ModelOptions& options) {
                    options.gpt2_path.c_str(), train::model_format_name(file.format));
     }
     loaded.model = std::move(file.model);
+    loaded.classifier_weight = file.classifier_weight;
+    loaded.classifier_bias = file.classifier_bias;
     loaded.tokenizer = text::make_tokenizer(file.tokenizer, options.vocab_dir);
     loaded.description = file.description;
     loaded.default_context = loaded.model->context_length();
   }
   loaded.model->eval();
   if (loaded.tokenizer->end_of_text() >= 0) loaded.stop_ids.push_back(loaded.tokenizer->end_of_text());
+  if (!options.adapter.empty()) apply_adapter(options.adapter, loaded);
   return loaded;
 }
 

@@ -55,6 +55,43 @@ void add_model_options(CLI::App* command, qkv::cli::ModelOptions& m) {
   ckpt->excludes(gpt2);
   add_config_options(command, m.hint);
   command->add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  command->add_option("--adapter", m.adapter, "A LoRA adapter folder (PEFT's adapter_config.json and "
+                                              "adapter_model.safetensors, as qkv finetune --lora-rank writes) to apply");
+}
+
+// An integer option's check: a whole number of at least `least`, or a usage error saying so.
+CLI::Validator int_at_least(const char* what, int64_t least) {
+  return checked("INT", [what, least](const std::string& text) {
+    return qkv::parse_int(text, what) >= least ? std::string()
+                                               : std::string(what) + " must be at least " + std::to_string(least);
+  });
+}
+CLI::Validator positive_real(const char* what) {
+  return checked("NUMBER", [what](const std::string& text) {
+    return qkv::parse_real(text, what) > 0 ? std::string() : std::string(what) + " must be a positive number";
+  });
+}
+
+// Both fine-tuning commands' training and LoRA options (the book's defaults shown).
+template <typename Options>
+void add_finetune_options(CLI::App* cmd, Options& o, std::string& lora_targets, bool& overwrite) {
+  cmd->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str()->check(positive_real("--lr"));
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str()
+      ->check(checked("NUMBER", [](const std::string& t) {
+        return qkv::parse_real(t, "--weight-decay") >= 0 ? std::string() : "--weight-decay must not be negative";
+      }));
+  cmd->add_option("--epochs", o.epochs, "Passes over the training split")->capture_default_str()->check(int_at_least("--epochs", 1));
+  cmd->add_option("--batch-size", o.batch_size, "Examples per step")->capture_default_str()->check(int_at_least("--batch-size", 1));
+  cmd->add_option("--eval-freq", o.eval_freq, "Evaluate every N steps")->capture_default_str()->check(int_at_least("--eval-freq", 1));
+  cmd->add_option("--eval-iter", o.eval_iter, "Batches per evaluation")->capture_default_str()->check(int_at_least("--eval-iter", 1));
+  cmd->add_option("--seed", o.seed, "Seed of the new weights (head, LoRA's A) and of the shuffling")->capture_default_str();
+  cmd->add_option("--lora-rank", o.lora.rank, "Train LoRA adapters of this rank instead of the weights (0: none)")
+      ->capture_default_str()->check(int_at_least("--lora-rank", 0));
+  cmd->add_option("--lora-alpha", o.lora.alpha, "LoRA's alpha: the update is scaled by alpha / rank (default: the rank)")
+      ->check(positive_real("--lora-alpha"));
+  cmd->add_option("--lora-targets", lora_targets, "Layers LoRA adapts: all, attention, qkv, mlp, or module-name patterns, "
+                                                  "comma-separated")->capture_default_str();
+  cmd->add_flag("--overwrite", overwrite, "Replace a fine-tuned model already in --out");
 }
 
 // Sampling options of generate and chat: counts checked whole and in range (a NaN or a negative count is a usage
@@ -271,6 +308,63 @@ int run(int argc, char** argv) {
   eval_cmd->add_flag("--replace-invalid", eval.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
 
   qkv::cli::ConvertCommand convert;
+  auto* finetune_cmd = app.add_subcommand("finetune", "Fine-tune a model as the book's chapters 6 and 7 do (classify, "
+                                                      "instruct), optionally with LoRA (appendix E)");
+  finetune_cmd->require_subcommand(1);
+  qkv::cli::FinetuneClassifyCommand ft_classify;
+  auto* ft_classify_cmd = finetune_cmd->add_subcommand(
+      "classify", "A new classification head on the last position (the book's spam classifier): CSV/TSV/JSONL in, "
+                  "model.pth, metrics.json, losses.csv and plots out");
+  add_model_options(ft_classify_cmd, ft_classify.model);
+  ft_classify_cmd->add_option("--train", ft_classify.train_path, "Training texts: .csv (header with Label,Text), .tsv or .jsonl")->required();
+  ft_classify_cmd->add_option("--val", ft_classify.val_path, "Validation texts, same layout")->required();
+  ft_classify_cmd->add_option("--test", ft_classify.test_path, "Test texts, same layout (reported at the end)");
+  ft_classify_cmd->add_option("--out", ft_classify.out_dir, "Folder for the fine-tuned model and its reports")->required();
+  ft_classify_cmd->add_option("--text-column", ft_classify.columns.text, "Column (or JSON key) of the texts")->capture_default_str();
+  ft_classify_cmd->add_option("--label-column", ft_classify.columns.label, "Column (or JSON key) of the labels")->capture_default_str();
+  ft_classify_cmd->add_option("--trainable", ft_classify.trainable, "What trains besides the head: last-block (the last "
+                                                                    "block and the final norm), all, head, or parameter-name patterns")
+      ->capture_default_str();
+  ft_classify_cmd->add_option("--pooling", ft_classify.pooling, "The position the head reads: last (the book's, padding "
+                                                                "included) or last-real (each text's last token)")
+      ->capture_default_str()->check(CLI::IsMember({"last", "last-real"}));
+  ft_classify_cmd->add_option("--max-length", ft_classify.options.max_length, "Tokens per text (default: the longest "
+                                                                              "training text)")->check(int_at_least("--max-length", 1));
+  ft_classify.options.pad_id = -1;
+  ft_classify_cmd->add_option("--pad-id", ft_classify.options.pad_id, "Padding token (default: the tokenizer's end of "
+                                                                      "text, GPT-2's 50256)")
+      ->check(int_at_least("--pad-id", 0));
+  add_finetune_options(ft_classify_cmd, ft_classify.options, ft_classify.lora_targets, ft_classify.overwrite);
+
+  qkv::cli::FinetuneInstructCommand ft_instruct;
+  auto* ft_instruct_cmd = finetune_cmd->add_subcommand(
+      "instruct", "Instruction fine-tuning on Alpaca entries (the book's chapter 7): responses to the test entries, "
+                  "model.pth, metrics and a loss plot");
+  add_model_options(ft_instruct_cmd, ft_instruct.model);
+  ft_instruct_cmd->add_option("--data", ft_instruct.data_path, "A JSON list of {instruction, input, output}")->required();
+  ft_instruct_cmd->add_option("--out", ft_instruct.out_dir, "Folder for the fine-tuned model and its responses")->required();
+  ft_instruct_cmd->add_option("--format", ft_instruct.format, "alpaca (the book's prompt) or chat (the model's chat template)")
+      ->capture_default_str()->check(CLI::IsMember({"alpaca", "chat"}));
+  ft_instruct.options.pad_id = -1;
+  ft_instruct_cmd->add_option("--pad-id", ft_instruct.options.pad_id, "Padding and end-of-text token (default: the "
+                                                                      "tokenizer's end of text, GPT-2's 50256)")
+      ->check(int_at_least("--pad-id", 0));
+  ft_instruct_cmd->add_flag("--mask-prompt", ft_instruct.options.mask_prompt, "Put the loss on the response only");
+  ft_instruct_cmd->add_option("--allowed-max-length", ft_instruct.options.allowed_max_length, "Tokens per example at most")
+      ->capture_default_str()->check(int_at_least("--allowed-max-length", 2));
+  ft_instruct_cmd->add_option("--split-seed", ft_instruct.split_seed, "Shuffle before the 85/10/5 split (0: the file's "
+                                                                      "order, as the book)")->capture_default_str();
+  ft_instruct_cmd->add_option("--max-new-tokens", ft_instruct.max_new_tokens, "Tokens per test response")
+      ->capture_default_str()->check(int_at_least("--max-new-tokens", 0));
+  add_finetune_options(ft_instruct_cmd, ft_instruct.options, ft_instruct.lora_targets, ft_instruct.overwrite);
+
+  qkv::cli::ClassifyCommand classify;
+  auto* classify_cmd = app.add_subcommand("classify", "Label texts with a fine-tuned classifier (qkv finetune classify's "
+                                                      "model.pth, or a base model with its --adapter)");
+  add_model_options(classify_cmd, classify.model);
+  classify_cmd->add_option("--text", classify.texts, "A text to classify (repeatable)")->required();
+  classify_cmd->add_flag("--json", classify.json, "Print the label, its probability and every class's as JSON");
+
   auto* convert_cmd = app.add_subcommand(
       "convert", "Convert a model between PyTorch .pth, book-named safetensors, qkv checkpoints and Hugging Face "
                  "GPT-2 safetensors, where nothing is lost (it refuses, saying what would be, otherwise)");
@@ -360,6 +454,9 @@ int run(int argc, char** argv) {
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
     if (*eval_cmd) return qkv::cli::run_eval(eval);
     if (*convert_cmd) return qkv::cli::run_convert(convert);
+    if (*ft_classify_cmd) return qkv::cli::run_finetune_classify(ft_classify);
+    if (*ft_instruct_cmd) return qkv::cli::run_finetune_instruct(ft_instruct);
+    if (*classify_cmd) return qkv::cli::run_classify(classify);
     if (*attention_cmd) {
       return qkv::cli::run_attention(attention);
     }

@@ -499,13 +499,16 @@ double instruction_loss(const nn::LanguageModel& model, const std::vector<Encode
   const int64_t count = batches > 0 ? std::min(batches, available) : available;
   if (count == 0) return NAN;
   double total = 0;
+  int64_t counted = 0;  // batches with a target (an all-masked batch has no loss, 0/0)
   for (int64_t k = 0; k < count; ++k) {
     std::vector<const EncodedInstruction*> rows;
     for (int64_t i = k * o.batch_size; i < std::min(n, (k + 1) * o.batch_size); ++i) rows.push_back(&data[static_cast<size_t>(i)]);
     const InstructionBatch b = collate_instructions(rows, o.pad_id, o.allowed_max_length, o.mask_prompt);
+    if (std::all_of(b.targets.begin(), b.targets.end(), [](int64_t t) { return t == -100; })) continue;
     total += model.loss(b.inputs, b.batch, b.tokens, b.targets).item();
+    ++counted;
   }
-  return total / static_cast<double>(count);
+  return counted ? total / static_cast<double>(counted) : NAN;
 }
 
 int64_t train_instructions(nn::LanguageModel& model, const std::vector<EncodedInstruction>& train,
@@ -527,6 +530,11 @@ int64_t train_instructions(nn::LanguageModel& model, const std::vector<EncodedIn
       std::vector<const EncodedInstruction*> rows;
       for (int64_t i = 0; i < o.batch_size; ++i) rows.push_back(&train[static_cast<size_t>(order[static_cast<size_t>(k * o.batch_size + i)])]);
       const InstructionBatch b = collate_instructions(rows, o.pad_id, o.allowed_max_length, o.mask_prompt);
+      if (std::all_of(b.targets.begin(), b.targets.end(), [](int64_t t) { return t == -100; })) {
+        throw ValueError("training batch " + std::to_string(step + 1) + " has nothing to learn: every target is masked, "
+                         "as its prompts fill all " + std::to_string(b.tokens) + " positions (--allowed-max-length, the "
+                         "model's context); use a model with a longer context, shorter prompts, or no --mask-prompt");
+      }
       optimizer.zero_grad(true);
       const Tensor loss = model.loss(b.inputs, b.batch, b.tokens, b.targets);
       const double value = loss.item();

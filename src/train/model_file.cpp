@@ -106,6 +106,9 @@ std::unique_ptr<nn::GPTModel> build_book_model(const std::vector<std::pair<std::
   auto model = nn::GPTModel::uninitialised(config);
   nn::StateDict state;
   for (const auto& [name, shape] : shapes) state.insert(name, tensor(name));
+  // A tied head (no out_head.weight in the file) is the embedding table under its second name.
+  if (config.tie_weights && !state.find("out_head.weight"))
+    if (const Tensor* emb = state.find("tok_emb.weight")) state.insert("out_head.weight", *emb);
   try {
     model->load_state_dict(state);
   } catch (const Error& e) {
@@ -364,6 +367,22 @@ nn::GPTConfig resolve_book_config(const std::vector<std::pair<std::string, Shape
   }
 }
 
+namespace {
+
+// A chapter-6 classifier keeps the book's names but its out_head has `classes` rows, not the vocabulary's: its head
+// goes to the ModelFile and the rest is read as a model whose head is tied (none of its own).
+void split_classifier_head(std::vector<std::pair<std::string, Shape>>& shapes, ModelFile& out,
+                           const std::function<Tensor(const std::string&)>& tensor) {
+  const Shape* emb = find_shape(shapes, "tok_emb.weight");
+  const Shape* head = find_shape(shapes, "out_head.weight");
+  if (!emb || !head || emb->rank() != 2 || head->rank() != 2 || (*head)[0] == (*emb)[0]) return;
+  out.classifier_weight = tensor("out_head.weight");
+  if (find_shape(shapes, "out_head.bias")) out.classifier_bias = tensor("out_head.bias");
+  std::erase_if(shapes, [](const auto& e) { return e.first == "out_head.weight" || e.first == "out_head.bias"; });
+}
+
+}  // namespace
+
 ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
   ModelFile out;
   out.format = detect_model_format(path);
@@ -389,6 +408,7 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
         if (info.shape.size() > static_cast<size_t>(kMaxRank)) fail(path, info.name + " has too many dimensions");
         shapes.emplace_back(info.name, Shape(std::span<const int64_t>(info.shape)));
       }
+      split_classifier_head(shapes, out, [&](const std::string& name) { return file.weights(name); });
       const nn::GPTConfig config = resolve_book_config(shapes, hint, path);
       out.model = build_book_model(shapes, [&](const std::string& name) { return file.weights(name); }, config, path);
       out.tokenizer = tokenizer_for(hint, config.vocab_size);
@@ -416,6 +436,7 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
         shapes.emplace_back(name, Shape(std::span<const int64_t>(t.shape)));
         refs.emplace(name, v);
       }
+      split_classifier_head(shapes, out, [&](const std::string& name) { return file.weights(refs.at(name)); });
       ConfigHint effective = hint;
       if (auto qs = root.get("qkv_settings")) {  // written by qkv: its settings whole
         std::map<std::string, std::string> strings;
@@ -451,6 +472,12 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
 }
 
 void save_book_pth(const std::string& path, nn::GPTModel& model) { io::save_pth(path, state_dict_value(model)); }
+
+void save_state_dict_pth(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& state) {
+  io::PyValue sd = io::PyValue::dict(/*ordered=*/true);
+  for (const auto& [name, t] : state) sd.set(io::PyValue::of(name), io::PyValue::of(io::TensorData::from_tensor("", t)));
+  io::save_pth(path, sd);
+}
 
 void save_book_pth_with_optimizer(const std::string& path, nn::GPTModel& model, const TorchAdamW& optimizer,
                                   const TrainSettings& settings, const std::vector<uint64_t>& rng_state) {

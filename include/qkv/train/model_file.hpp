@@ -64,6 +64,10 @@ struct ModelFile {
   std::optional<TrainSettings> settings;  // a qkv checkpoint's (or a .pth written by qkv)
   std::optional<TorchAdamW> optimizer;    // a .pth with an optimizer_state_dict
   std::vector<uint64_t> rng_state;        // a .pth written by qkv: the dropout generator
+  // A classifier's head (the book's chapter 6: out_head = Linear(C, classes)), when the file's out_head has fewer rows
+  // than the vocabulary: (classes, C) and (classes); the model is then built without a vocabulary head of its own
+  // (tied to tok_emb).
+  Tensor classifier_weight, classifier_bias;
 };
 // Opens any of the formats above. IoError naming the file for everything wrong with it.
 ModelFile load_model_file(const std::string& path, const ConfigHint& hint = {});
@@ -77,6 +81,8 @@ void save_book_pth(const std::string& path, nn::GPTModel& model);
 // dict) and qkv's own settings and generator state, so a qkv checkpoint survives the round trip whole.
 void save_book_pth_with_optimizer(const std::string& path, nn::GPTModel& model, const TorchAdamW& optimizer,
                                   const TrainSettings& settings, const std::vector<uint64_t>& rng_state);
+// Any state dict (names → tensors, in order) as a .pth that torch.load reads: a fine-tuned classifier's model.pth.
+void save_state_dict_pth(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& state);
 // The book's state dict as safetensors (what safetensors.torch.save_file(model.state_dict()) writes).
 void save_book_safetensors(const std::string& path, nn::GPTModel& model);
 
