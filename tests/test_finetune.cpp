@@ -4,6 +4,7 @@
 // freezing by name and PEFT adapters.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
 #include "qkv/io/safetensors.hpp"
@@ -303,5 +304,162 @@ TEST(Instructions, TheBooksPromptSplitAndErrors) {
   EXPECT_NE(shuffled.test[0].output, "85");
 }
 
+
+// ---- the commands, end to end on a tiny byte-level model ----
+
+namespace fs = std::filesystem;
+
+class FinetuneCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / "qkv_finetune_cli";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "In the beginning God created the heaven and the earth. ";
+    std::ofstream(dir_ / "text.txt") << text;
+    const CliResult r = run_cli("train --text " + path("text.txt") + " --tokenizer bytes --vocab-size 256 --context-length 192 "
+                                "--emb-dim 32 --n-heads 2 --n-layers 2 --batch-size 4 --eval-every 0 --sample-tokens 0 "
+                                "--lr 3e-3 --warmup 5 --steps 20 --out " + path("base"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    // Two classes a byte model separates quickly: words of the first half of the alphabet, or of the second.
+    Generator gen(3);
+    auto words = [&](bool low) {
+      std::string s;
+      const int n = 2 + static_cast<int>(gen.next_u32() % 4);
+      for (int w = 0; w < n; ++w) {
+        if (w) s += ' ';
+        for (int c = 0, len = 2 + static_cast<int>(gen.next_u32() % 5); c < len; ++c)
+          s += static_cast<char>((low ? 'a' : 'n') + gen.next_u32() % 13);
+      }
+      return s;
+    };
+    for (const auto& [split, n] : {std::pair{"train", 48}, {"val", 16}, {"test", 16}}) {
+      std::ofstream csv(dir_ / (std::string(split) + ".csv"));
+      csv << "Label,Text\n";
+      for (int i = 0; i < n; ++i) csv << (i % 2 ? "high" : "low") << ",\"" << words(i % 2 == 0) << "\"\n";
+    }
+    std::ofstream json(dir_ / "data.json");
+    json << "[";
+    for (int i = 0; i < 24; ++i)
+      json << (i ? "," : "") << R"({"instruction": "Say )" << "abc"[i % 3] << R"(.", "input": ")" << (i % 2 ? "" : "now")
+           << R"(", "output": ")" << std::string(3, "abc"[i % 3]) << "\"}";
+    json << "]";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static std::string path(const std::string& name) { return (dir_ / name).string(); }
+  static std::string read(const std::string& name) {
+    std::ifstream in(dir_ / name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static std::string classify_args(const std::string& out) {
+    return "finetune classify --checkpoint " + path("base/checkpoint.safetensors") + " --train " + path("train.csv") +
+           " --val " + path("val.csv") + " --test " + path("test.csv") + " --out " + path(out) +
+           " --epochs 3 --batch-size 4 --lr 3e-3 --pooling last-real --overwrite";
+  }
+  static fs::path dir_;
+};
+fs::path FinetuneCli::dir_;
+
+TEST_F(FinetuneCli, ClassifyTrainsWritesItsFilesAndClassifiesAgain) {
+  const CliResult r = run_cli(classify_args("clf") + " --trainable all");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Total trainable parameters before: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Ep 1 (Step 000000): Train loss"), std::string::npos) << r.out;
+  for (const char* f : {"model.pth", "config.json", "metrics.json", "losses.csv", "loss.png", "accuracy.png", "confusion.png"})
+    EXPECT_TRUE(fs::exists(dir_ / "clf" / f)) << f;
+  const auto metrics = nlohmann::json::parse(read("clf/metrics.json"));
+  EXPECT_EQ(metrics["labels"], (std::vector<std::string>{"low", "high"}));
+  EXPECT_GE(metrics["test"]["accuracy"].get<double>(), 0.8) << metrics.dump();
+  int confusion = 0;
+  for (const auto& row : metrics["confusion_matrix"]["rows_true_columns_predicted"])
+    for (const auto& c : row) confusion += c.get<int>();
+  EXPECT_EQ(confusion, 16);
+  const CliResult c = run_cli("classify --checkpoint " + path("clf/model.pth") + " --text \"abc def\" --text \"xyz uvw rst\" --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  const auto labels = nlohmann::json::parse(c.out);
+  EXPECT_EQ(labels[0]["label"], "low") << c.out;
+  EXPECT_EQ(labels[1]["label"], "high") << c.out;
+  // A finished run is kept unless --overwrite says otherwise.
+  std::string again = classify_args("clf");
+  again.erase(again.find(" --overwrite"));
+  EXPECT_EQ(run_cli(again).code, 2);
+  EXPECT_TRUE(fs::exists(dir_ / "clf" / "model.pth"));
+}
+
+TEST_F(FinetuneCli, LoraAdapterIsPeftsLayoutAndEqualsTheMergedModel) {
+  const CliResult r = run_cli(classify_args("lora") + " --lora-rank 4 --lora-alpha 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Total trainable parameters after: 4,674"), std::string::npos) << r.out;  // 12 × 4·(in+out) + head
+  const auto config = nlohmann::json::parse(read("lora/adapter_config.json"));
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8.0);
+  EXPECT_EQ(config["modules_to_save"], std::vector<std::string>{"out_head"});
+  const io::SafetensorsFile adapter = io::SafetensorsFile::open(path("lora/adapter_model.safetensors"));
+  EXPECT_TRUE(adapter.contains("base_model.model.trf_blocks.0.att.W_query.lora_A.weight"));
+  EXPECT_TRUE(adapter.contains("base_model.model.out_head.weight"));
+  const std::string text = " --text \"abc de fgh\" --text \"xyz uvw\" --json";
+  const CliResult merged = run_cli("classify --checkpoint " + path("lora/model.pth") + text);
+  const CliResult applied = run_cli("classify --checkpoint " + path("base/checkpoint.safetensors") + " --adapter " + path("lora") + text);
+  ASSERT_EQ(merged.code, 0) << merged.out;
+  ASSERT_EQ(applied.code, 0) << applied.out;
+  const auto a = nlohmann::json::parse(merged.out), b = nlohmann::json::parse(applied.out);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(a[i]["label"], b[i]["label"]);
+    EXPECT_NEAR(a[i]["probability"].get<double>(), b[i]["probability"].get<double>(), 1e-5);
+  }
+}
+
+TEST_F(FinetuneCli, InstructWritesResponsesForTheTestSplit) {
+  const CliResult r = run_cli("finetune instruct --checkpoint " + path("base/checkpoint.safetensors") + " --data " +
+                              path("data.json") + " --out " + path("ins") + " --epochs 1 --batch-size 4 --max-new-tokens 4 "
+                              "--mask-prompt --overwrite");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto responses = nlohmann::json::parse(read("ins/instruction-data-with-response.json"));
+  ASSERT_EQ(responses.size(), 2u);  // 24 entries: 20 train, 2 test, 2 validation
+  EXPECT_TRUE(responses[0].contains("model_response"));
+  EXPECT_EQ(responses[0]["output"], "ccc");  // the file's entry 20 (the book keeps the order)
+  EXPECT_TRUE(fs::exists(dir_ / "ins" / "model.pth"));
+  EXPECT_TRUE(fs::exists(dir_ / "ins" / "loss.png"));
+}
+
+TEST_F(FinetuneCli, BadInputIsAUsageErrorThatNamesIt) {
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return path(name);
+  };
+  const std::string base = " --checkpoint " + path("base/checkpoint.safetensors");
+  const std::string good = " --train " + path("train.csv") + " --val " + path("val.csv") + " --out " + path("bad");
+  const struct {
+    std::string args, says;
+  } cases[] = {
+      {"finetune classify" + base + " --train " + write("nocol.csv", "Label,Body\nlow,abc\n") + " --val " + path("val.csv") +
+           " --out " + path("bad"), "no column 'Text'"},
+      {"finetune classify" + base + " --train " + path("train.csv") + " --val " + write("other.csv", "Label,Text\nmid,abc\n") +
+           " --out " + path("bad"), "label 'mid' is not in the training set"},
+      {"finetune classify" + base + " --train " + path("train.csv") + " --val " + write("empty.csv", "Label,Text\n") +
+           " --out " + path("bad"), "empty split"},
+      {"finetune classify" + base + good + " --lora-rank 1000", "rank 1000 is larger than"},
+      {"finetune classify" + base + good + " --lora-rank 2 --lora-targets nothing_here", "match no Linear layer"},
+      {"finetune classify" + base + good + " --trainable trf_blocks.9", "no parameter matches 'trf_blocks.9'"},
+      {"finetune classify" + base + good + " --batch-size 0", "--batch-size must be at least 1"},
+      {"finetune instruct" + base + " --data " + write("nooutput.json", R"([{"instruction": "a"}])") + " --out " + path("bad"),
+       "has no \"output\""},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = run_cli(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad" / "model.pth"));
+  // An adapter made for another model: a base of another width.
+  ASSERT_EQ(run_cli("train --text " + path("text.txt") + " --tokenizer bytes --vocab-size 256 --context-length 64 --emb-dim 16 "
+                    "--n-heads 2 --n-layers 1 --batch-size 2 --eval-every 0 --sample-tokens 0 --steps 2 --out " + path("narrow")).code, 0);
+  ASSERT_EQ(run_cli(classify_args("adapter") + " --lora-rank 2").code, 0);
+  const CliResult wrong = run_cli("classify --checkpoint " + path("narrow/checkpoint.safetensors") + " --adapter " + path("adapter") + " --text abc");
+  EXPECT_EQ(wrong.code, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("for another model"), std::string::npos) << wrong.out;
+}
 }  // namespace
 }  // namespace qkv::test

@@ -16,8 +16,18 @@ torch.manual_seed(123):
   instruct.*  chapter 7's custom_collate_fn (pad 96, allowed_max_length 9, with and without the prompt masked) and
               three AdamW steps of full fine-tuning on its batch;
   randperm    torch.randperm(12, generator=torch.Generator().manual_seed(123)).
+
+  /usr/bin/python3 tools/finetune_reference.py --check-written DIR --test TEST.csv [--base BASE.pth --adapter ADIR]
+
+checks what qkv finetune classify wrote for a byte-level model: DIR/model.pth loads (weights_only, strict) into the book's
+GPTModel built from DIR/config.json with model.out_head = torch.nn.Linear(emb_dim, classes), and classifying TEST.csv
+as the book's classify_review does gives the test accuracy DIR/metrics.json reports. With --adapter, the book's
+GPTModel of BASE.pth with appendix E's LinearWithLoRA holding the PEFT adapter's A and B (and its saved head) gives the
+merged model.pth's logits.
 """
 import argparse
+import csv
+import json
 import math
 import os
 import sys
@@ -207,10 +217,91 @@ def instruct(out):
     out["instruct.losses"] = torch.tensor(losses)
 
 
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", name
+        begin, end = info["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(info["shape"])
+    return out
+
+
+def classify_texts(model, texts, max_length, pad_id, pooling):
+    """The book's classify_review for a byte-level tokenizer: cut, pad, the logits of the last (or last real) position."""
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            ids = list(text.encode("utf-8"))[:max_length]
+            last = len(ids) - 1
+            ids += [pad_id] * (max_length - len(ids))
+            logits = model(torch.tensor(ids).unsqueeze(0))
+            rows.append(logits[0, last if pooling == "last-real" else -1])
+    return torch.stack(rows)
+
+
+def check_written(args):
+    directory = args.check_written
+    cfg = json.load(open(os.path.join(directory, "config.json")))
+    metrics = json.load(open(os.path.join(directory, "metrics.json")))
+    labels = metrics["labels"]
+    model = GPTModel(cfg)
+    model.out_head = torch.nn.Linear(cfg["emb_dim"], len(labels))
+    model.load_state_dict(torch.load(os.path.join(directory, "model.pth"), weights_only=True))
+    model.eval()
+    with open(args.test, newline="") as f:
+        rows = list(csv.DictReader(f))
+    texts = [r["Text"] for r in rows]
+    truth = torch.tensor([labels.index(r["Label"]) for r in rows])
+    logits = classify_texts(model, texts, metrics["max_length"], metrics["pad_id"], metrics["pooling"])
+    accuracy = (logits.argmax(-1) == truth).float().mean().item()
+    reported = metrics["test"]["accuracy"]
+    print(f"PyTorch's accuracy on {len(texts)} test texts: {accuracy:.4f}; qkv reported {reported:.4f}")
+    assert abs(accuracy - reported) <= 1.0 / len(texts) + 1e-9, "the accuracies differ"
+    if args.adapter:
+        config = json.load(open(os.path.join(args.adapter, "adapter_config.json")))
+        weights = read_safetensors(os.path.join(args.adapter, "adapter_model.safetensors"))
+        base = GPTModel(cfg)
+        base.load_state_dict(torch.load(args.base, weights_only=True))
+        base.out_head = torch.nn.Linear(cfg["emb_dim"], len(labels))
+        prefix = "base_model.model."
+        with torch.no_grad():
+            base.out_head.weight.copy_(weights[prefix + "out_head.weight"])
+            base.out_head.bias.copy_(weights[prefix + "out_head.bias"])
+        replace_linear_with_lora(base, config["r"], config["lora_alpha"], skip=("out_head",))
+        adapted = 0
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                if isinstance(module, LinearWithLoRA) and name in config["target_modules"]:
+                    module.lora.A.copy_(weights[prefix + name + ".lora_A.weight"].T)
+                    module.lora.B.copy_(weights[prefix + name + ".lora_B.weight"].T)
+                    adapted += 1
+        assert adapted == len(config["target_modules"]), "the adapter names modules the book's GPTModel does not have"
+        base.eval()
+        lora_logits = classify_texts(base, texts, metrics["max_length"], metrics["pad_id"], metrics["pooling"])
+        diff = (lora_logits - logits).abs().max().item()
+        print(f"the PEFT adapter on the base model in PyTorch gives the merged model's logits (max difference {diff:.2e})")
+        assert diff < 1e-4
+    print("the book's GPTModel reproduces qkv's fine-tuned classifier")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
+    parser.add_argument("--check-written")
+    parser.add_argument("--test")
+    parser.add_argument("--base")
+    parser.add_argument("--adapter")
     args = parser.parse_args()
+    if args.check_written:
+        torch.set_num_threads(1)
+        check_written(args)
+        return
     torch.set_num_threads(1)
     out = {}
     classify(out)
