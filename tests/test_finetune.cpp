@@ -9,6 +9,7 @@
 #include "helpers.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/gpt.hpp"
+#include "qkv/nn/hf.hpp"
 #include "qkv/train/finetune.hpp"
 #include "qkv/train/optim.hpp"
 
@@ -111,16 +112,16 @@ TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
     if (auto* l = dynamic_cast<nn::Linear*>(&m); l && l->has_lora()) layers[name] = l;
   });
   for (const std::string& name : adapted) {
-    EXPECT_TRUE(all_close(layers.at(name)->lora_A, file_->tensor("lora.A_init." + name), 0, 0)) << name;
-    layers.at(name)->lora_B.copy_(file_->tensor("lora.B_set." + name));
+    EXPECT_TRUE(all_close(layers.at(name)->lora.a, file_->tensor("lora.A_init." + name), 0, 0)) << name;
+    layers.at(name)->lora.b.copy_(file_->tensor("lora.B_set." + name));
   }
   const std::vector<int64_t> ids = file_->int64s("lora.ids"), labels = file_->int64s("lora.labels"), last(4, 9);
   const Tensor logits = classifier.logits(ids, 4, 10, last);
   expect_close(logits, "lora.logits");
   cross_entropy(logits, labels).backward();
   for (const std::string& name : adapted) {
-    expect_close(layers.at(name)->lora_A.grad(), "lora.grad_A." + name);
-    expect_close(layers.at(name)->lora_B.grad(), "lora.grad_B." + name);
+    expect_close(layers.at(name)->lora.a.grad(), "lora.grad_A." + name);
+    expect_close(layers.at(name)->lora.b.grad(), "lora.grad_B." + name);
     EXPECT_FALSE(layers.at(name)->weight.grad().defined()) << name;
   }
   expect_close(classifier.head.weight.grad(), "lora.grad.out_head.weight");
@@ -138,7 +139,7 @@ TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
   int states = 0;
   optimizer.for_each_state([&](const std::string&, Tensor&) { ++states; });
   EXPECT_EQ(states, 2 * (2 * 12 + 2));  // AdamW's two moments for the adapters and the head, none for the frozen base
-  expect_close(layers.at(adapted[0])->lora_B, "lora.final_B." + adapted[0]);
+  expect_close(layers.at(adapted[0])->lora.b, "lora.final_B." + adapted[0]);
   const Tensor before = classifier.logits(ids, 4, 10, last);
   train::merge_lora(*model);
   expect_close(layers.at(adapted[0])->weight, "lora.merged." + adapted[0]);
@@ -218,7 +219,7 @@ TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
     if (name == names[0]) first = dynamic_cast<nn::Linear*>(&m);
   });
   ASSERT_NE(first, nullptr);
-  first->lora_B.copy_(random_tensor(first->lora_B.shape(), 3));
+  first->lora.b.copy_(random_tensor(first->lora.b.shape(), 3));
   const std::string dir = ::testing::TempDir() + "/qkv_adapter";
   std::filesystem::remove_all(dir);
   train::save_peft_adapter(dir, *model, {.rank = 4, .alpha = 8, .target_modules = names, .base_model = "tiny"},
@@ -239,6 +240,47 @@ TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
   EXPECT_THROW(train::apply_peft_adapter(wrong, adapter), ValueError);
   EXPECT_THROW(train::read_peft_adapter(::testing::TempDir()), IoError);
 }
+
+// LoRA on today's decoders: every block's q/k/v/o and MLP projections under PEFT's names; an adapted model computes what
+// its merged weights do (values and the loss), only the adapters (and no frozen weight) get gradients, and a PEFT
+// folder written from one model applies to a fresh one.
+class DecoderLora : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
+  const std::string folder = fixture("hf/" + GetParam());
+  auto model = nn::load_hf_decoder(folder);
+  train::set_trainable(*model, {});
+  Generator gen(5);
+  const auto names = train::add_lora(*model, {.rank = 2, .alpha = 4}, gen);
+  const int64_t per_block = model->config.mlp == nn::MlpKind::GELU ? 6 : 7;
+  EXPECT_EQ(static_cast<int64_t>(names.size()), per_block * model->config.num_layers);
+  EXPECT_EQ(names[0], "model.layers.0.self_attn.q_proj");
+  for (auto& site : model->lora_sites()) site.lora->b.copy_(random_tensor(site.lora->b.shape(), 7, 0.1f));
+  const int64_t T = 6;
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = 0; i < 2 * T; ++i) ids.push_back((7 * i + 3) % model->vocab_size()), targets.push_back((5 * i + 1) % model->vocab_size());
+  model->eval();
+  const Tensor adapted = model->forward(ids, 2, T);
+  const Tensor loss = model->loss(ids, 2, T, targets);
+  loss.backward();
+  for (const auto& [name, p] : model->named_parameters()) {
+    const bool adapter = name.find(".lora_") != std::string::npos;
+    EXPECT_EQ(p.grad().defined(), adapter) << name;
+  }
+  const std::string dir = ::testing::TempDir() + "/qkv_decoder_adapter_" + GetParam();
+  std::filesystem::remove_all(dir);
+  train::save_peft_adapter(dir, *model, {.rank = 2, .alpha = 4, .target_modules = names}, {});
+  auto fresh = nn::load_hf_decoder(folder);
+  train::apply_peft_adapter(*fresh, train::read_peft_adapter(dir));
+  fresh->eval();
+  EXPECT_TRUE(all_close(fresh->forward(ids, 2, T), adapted, 0, 0));
+  train::merge_lora(*model);
+  EXPECT_TRUE(model->lora_sites()[0].lora->defined() == false);
+  EXPECT_TRUE(all_close(model->forward(ids, 2, T), adapted, 1e-4, 1e-5));
+  EXPECT_NEAR(model->loss(ids, 2, T, targets).item(), loss.item(), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DecoderLora, ::testing::Values("llama", "qwen2", "qwen3", "gemma3"));
 
 TEST(LabelledTexts, CsvWithQuotesCommasAndNewlinesTsvAndJsonLines) {
   const std::string dir = ::testing::TempDir();
@@ -441,7 +483,7 @@ TEST_F(FinetuneCli, BadInputIsAUsageErrorThatNamesIt) {
       {"finetune classify" + base + " --train " + path("train.csv") + " --val " + write("empty.csv", "Label,Text\n") +
            " --out " + path("bad"), "empty split"},
       {"finetune classify" + base + good + " --lora-rank 1000", "rank 1000 is larger than"},
-      {"finetune classify" + base + good + " --lora-rank 2 --lora-targets nothing_here", "match no Linear layer"},
+      {"finetune classify" + base + good + " --lora-rank 2 --lora-targets nothing_here", "match no layer LoRA can adapt"},
       {"finetune classify" + base + good + " --trainable trf_blocks.9", "no parameter matches 'trf_blocks.9'"},
       {"finetune classify" + base + good + " --batch-size 0", "--batch-size must be at least 1"},
       {"finetune instruct" + base + " --data " + write("nooutput.json", R"([{"instruction": "a"}])") + " --out " + path("bad"),

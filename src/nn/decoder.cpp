@@ -9,6 +9,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/linear.hpp"
 
 namespace qkv::nn {
 
@@ -302,6 +303,21 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   rope_tables_ = std::move(ropes);
 }
 
+std::vector<LoraSite> Decoder::own_lora_sites() {
+  std::vector<LoraSite> out;
+  for (const DecoderConfig::Parameter& p : config.layout()) {
+    if (p.layer < 0) continue;
+    DecoderBlock& b = blocks[static_cast<size_t>(p.layer)];
+    LoraWeights* lora = p.role == Role::Query ? &b.lora_q : p.role == Role::Key ? &b.lora_k : p.role == Role::Value ? &b.lora_v
+                        : p.role == Role::Output ? &b.lora_o : p.role == Role::Gate ? &b.lora_gate : p.role == Role::Up ? &b.lora_up
+                        : p.role == Role::Down ? &b.lora_down : nullptr;
+    if (!lora) continue;
+    const std::string name = p.name.substr(0, p.name.size() - std::string(".weight").size());
+    out.push_back({name, *slot(b, p.role), lora, this, name + "."});
+  }
+  return out;
+}
+
 std::string Decoder::block_prefix(int64_t layer) const {
   return (config.family == "gpt2" ? "trf_blocks." : "model.layers.") + std::to_string(layer) + ".";
 }
@@ -418,7 +434,8 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
   const std::vector<Tensor> weights = {b.wq, b.wk, b.wv};
   const std::vector<Tensor> biases = b.bq.defined() ? std::vector<Tensor>{b.bq, b.bk, b.bv} : std::vector<Tensor>{};
   Tensor context;
-  if (!cache && !record && !config.qk_norm) {
+  const bool adapted = b.lora_q.defined() || b.lora_k.defined() || b.lora_v.defined();
+  if (!cache && !record && !config.qk_norm && !adapted) {
     // Training and plain inference: one product for Q, K and V, rotated in place of a copy and read by the kernel
     // with strides; its gradient comes back as one tensor for one backward product.
     Tensor packed = linear_concat(x, weights, biases);
@@ -426,7 +443,8 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
       packed = rope(packed, rope_table(layer.rope, position + T), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
     context = scaled_dot_product_attention(packed, attention);
   } else {
-    Tensor q = linear(x, b.wq, b.bq), k = linear(x, b.wk, b.bk), v = linear(x, b.wv, b.bv);
+    Tensor q = linear_with_lora(x, b.wq, b.bq, b.lora_q), k = linear_with_lora(x, b.wk, b.bk, b.lora_k),
+           v = linear_with_lora(x, b.wv, b.bv, b.lora_v);
     if (config.qk_norm) {
       q = head_norm(q, H, b.q_norm, eps, norm_offset);
       k = head_norm(k, H_kv, b.k_norm, eps, norm_offset);
@@ -457,14 +475,19 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
     }
   }
   (void)B;
-  return linear(context, b.wo, b.bo);
+  return linear_with_lora(context, b.wo, b.bo, b.lora_o);
 }
 
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
   switch (config.mlp) {
-    case MlpKind::GELU: return linear(gelu(linear(x, b.up, b.up_bias)), b.down, b.down_bias);
-    case MlpKind::SwiGLU: return linear(mul(silu(linear(x, b.gate, b.gate_bias)), linear(x, b.up, b.up_bias)), b.down, b.down_bias);
-    case MlpKind::GeGLU: return linear(mul(gelu(linear(x, b.gate, b.gate_bias)), linear(x, b.up, b.up_bias)), b.down, b.down_bias);
+    case MlpKind::GELU:
+      return linear_with_lora(gelu(linear_with_lora(x, b.up, b.up_bias, b.lora_up)), b.down, b.down_bias, b.lora_down);
+    case MlpKind::SwiGLU:
+      return linear_with_lora(mul(silu(linear_with_lora(x, b.gate, b.gate_bias, b.lora_gate)), linear_with_lora(x, b.up, b.up_bias, b.lora_up)),
+                              b.down, b.down_bias, b.lora_down);
+    case MlpKind::GeGLU:
+      return linear_with_lora(mul(gelu(linear_with_lora(x, b.gate, b.gate_bias, b.lora_gate)), linear_with_lora(x, b.up, b.up_bias, b.lora_up)),
+                              b.down, b.down_bias, b.lora_down);
   }
   return x;
 }

@@ -47,44 +47,20 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, NoInit
   if (with_bias) bias = register_parameter("bias", Tensor::zeros({out_features}));
 }
 
-Tensor Linear::forward(const Tensor& x) const {
-  return has_lora() ? lora_linear(x, weight, bias, lora_A, lora_B, lora_scale) : linear(x, weight, bias);
+Tensor linear_with_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, const LoraWeights& lora) {
+  return lora.defined() ? lora_linear(x, weight, bias, lora.a, lora.b, lora.scale) : linear(x, weight, bias);
 }
 
+Tensor Linear::forward(const Tensor& x) const { return linear_with_lora(x, weight, bias, lora); }
+
 void Linear::add_lora(int64_t rank, double alpha, Generator& gen) {
-  const int64_t in = weight.size(1), out = weight.size(0);
-  if (has_lora()) throw ValueError("Linear: this layer already has a LoRA adapter");
-  if (rank < 1 || rank > std::min(in, out)) {
-    throw ValueError("LoRA: rank " + std::to_string(rank) + " does not fit a Linear(" + std::to_string(in) + ", " +
-                     std::to_string(out) + "); use a rank from 1 to " + std::to_string(std::min(in, out)));
-  }
-  if (!(alpha > 0.0) || !std::isfinite(alpha)) throw ValueError("LoRA: alpha must be a positive number");
-  Tensor drawn = Tensor::empty({in, rank});  // the book's A, (in_dim, rank)
-  kaiming_uniform_(drawn, std::sqrt(5.0), gen);
-  lora_A = register_parameter("lora_A.weight", transpose(drawn, 0, 1));
-  lora_B = register_parameter("lora_B.weight", Tensor::zeros({out, rank}));
-  lora_scale = static_cast<float>(alpha / static_cast<double>(rank));
+  LoraSite site = own_lora_sites()[0];
+  Module::add_lora(site, rank, alpha, gen);
 }
 
 void Linear::merge_lora() {
-  if (!has_lora()) return;
-  {
-    NoGradGuard no_grad;
-    const Tensor delta = matmul(lora_B.detach(), lora_A.detach());  // (out, in)
-    float* w = weight.data();
-    const float* d = delta.data();
-    for (int64_t i = 0; i < weight.numel(); ++i) w[i] += lora_scale * d[i];
-  }
-  remove_lora();
-}
-
-void Linear::remove_lora() {
-  if (!has_lora()) return;
-  remove_parameter("lora_A.weight");
-  remove_parameter("lora_B.weight");
-  lora_A = Tensor();
-  lora_B = Tensor();
-  lora_scale = 0.0f;
+  LoraSite site = own_lora_sites()[0];
+  Module::merge_lora(site);
 }
 
 void Linear::relocate(const Tensor& weight_home, const Tensor& bias_home) {

@@ -1,7 +1,11 @@
 // The parameter registry and strict state-dict loading.
 #include "qkv/nn/module.hpp"
+#include "qkv/core/random.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/core/autograd.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace qkv::nn {
 
@@ -55,6 +59,54 @@ void Module::for_each_module(const std::function<void(const std::string& name, M
     }
   };
   visit("", *this);
+}
+
+std::vector<LoraSite> Module::lora_sites() {
+  std::vector<LoraSite> out = own_lora_sites();
+  for_each_module([&](const std::string& name, Module& m) {
+    for (LoraSite site : m.own_lora_sites()) {
+      site.name = site.name.empty() ? name : name + "." + site.name;
+      out.push_back(std::move(site));
+    }
+  });
+  return out;
+}
+
+void Module::add_lora(LoraSite& site, int64_t rank, double alpha, Generator& gen) {
+  const int64_t in = site.weight.size(1), out = site.weight.size(0);
+  if (site.lora->defined()) throw ValueError("LoRA: " + site.name + " already has an adapter");
+  if (rank < 1 || rank > std::min(in, out)) {
+    throw ValueError("LoRA: rank " + std::to_string(rank) + " does not fit " + (site.name.empty() ? "a layer" : site.name) +
+                     " (" + std::to_string(out) + " × " + std::to_string(in) + "); use a rank from 1 to " +
+                     std::to_string(std::min(in, out)));
+  }
+  if (!(alpha > 0.0) || !std::isfinite(alpha)) throw ValueError("LoRA: alpha must be a positive number");
+  Tensor drawn = Tensor::empty({in, rank});  // the book's A, (in_dim, rank)
+  kaiming_uniform_(drawn, std::sqrt(5.0), gen);
+  LoraWeights& l = *site.lora;
+  l.a = site.owner->register_parameter(site.owner_prefix + "lora_A.weight", transpose(drawn, 0, 1));
+  l.b = site.owner->register_parameter(site.owner_prefix + "lora_B.weight", Tensor::zeros({out, rank}));
+  l.scale = static_cast<float>(alpha / static_cast<double>(rank));
+}
+
+void Module::merge_lora(LoraSite& site) {
+  LoraWeights& l = *site.lora;
+  if (!l.defined()) return;
+  {
+    NoGradGuard no_grad;
+    const Tensor delta = matmul(l.b.detach(), l.a.detach());  // (out, in)
+    float* w = site.weight.data();
+    const float* d = delta.data();
+    for (int64_t i = 0; i < site.weight.numel(); ++i) w[i] += l.scale * d[i];
+  }
+  remove_lora(site);
+}
+
+void Module::remove_lora(LoraSite& site) {
+  if (!site.lora->defined()) return;
+  site.owner->remove_parameter(site.owner_prefix + "lora_A.weight");
+  site.owner->remove_parameter(site.owner_prefix + "lora_B.weight");
+  *site.lora = LoraWeights{};
 }
 
 void Module::for_each_parameter(const std::function<void(const std::string& name, Tensor& parameter)>& fn) {

@@ -97,14 +97,6 @@ bool matches_any(const std::vector<std::string>& patterns, const std::string& na
   return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return name_matches(p, name); });
 }
 
-std::vector<std::pair<std::string, nn::Linear*>> linear_layers(nn::Module& model) {
-  std::vector<std::pair<std::string, nn::Linear*>> out;
-  model.for_each_module([&](const std::string& name, nn::Module& m) {
-    if (auto* l = dynamic_cast<nn::Linear*>(&m)) out.emplace_back(name, l);
-  });
-  return out;
-}
-
 }  // namespace
 
 std::vector<std::string> add_lora(nn::Module& model, const LoraOptions& options, Generator& gen,
@@ -112,34 +104,34 @@ std::vector<std::string> add_lora(nn::Module& model, const LoraOptions& options,
   if (options.rank < 1) throw ValueError("LoRA: the rank must be at least 1, got " + std::to_string(options.rank));
   const double alpha = options.alpha > 0 ? options.alpha : static_cast<double>(options.rank);
   const std::vector<std::string> patterns = target_patterns(options.targets);
-  std::vector<std::pair<std::string, nn::Linear*>> chosen, all = linear_layers(model);
-  for (auto& [name, layer] : all)
-    if (matches_any(patterns, name) && !matches_any(exclude, name)) chosen.emplace_back(name, layer);
+  std::vector<nn::LoraSite> chosen, all = model.lora_sites();
+  for (auto& site : all)
+    if (matches_any(patterns, site.name) && !matches_any(exclude, site.name)) chosen.push_back(site);
   if (chosen.empty()) {
     std::vector<std::string> names;
-    for (auto& [name, layer] : all) names.push_back(name);
+    for (auto& site : all) names.push_back(site.name);
     std::string given;
     for (const auto& t : options.targets) given += (given.empty() ? "" : ",") + t;
-    throw ValueError("LoRA: the targets '" + given + "' match no Linear layer; the model's are " + some_names(names) +
-                     " (presets: all, attention, qkv, mlp)");
+    throw ValueError("LoRA: the targets '" + given + "' match no layer LoRA can adapt; the model's are " +
+                     (names.empty() ? std::string("none") : some_names(names)) + " (presets: all, attention, qkv, mlp)");
   }
-  for (auto& [name, layer] : chosen) {  // every size checked before any adapter is added
-    const int64_t in = layer->weight.size(1), out = layer->weight.size(0);
+  for (auto& site : chosen) {  // every size checked before any adapter is added
+    const int64_t in = site.weight.size(1), out = site.weight.size(0);
     if (options.rank > std::min(in, out)) {
-      throw ValueError("LoRA: rank " + std::to_string(options.rank) + " is larger than " + name + " (" +
+      throw ValueError("LoRA: rank " + std::to_string(options.rank) + " is larger than " + site.name + " (" +
                        std::to_string(out) + " × " + std::to_string(in) + "); use at most " + std::to_string(std::min(in, out)));
     }
   }
   std::vector<std::string> names;
-  for (auto& [name, layer] : chosen) {
-    layer->add_lora(options.rank, alpha, gen);
-    names.push_back(name);
+  for (auto& site : chosen) {
+    nn::Module::add_lora(site, options.rank, alpha, gen);
+    names.push_back(site.name);
   }
   return names;
 }
 
 void merge_lora(nn::Module& model) {
-  for (auto& [name, layer] : linear_layers(model)) layer->merge_lora();
+  for (auto& site : model.lora_sites()) nn::Module::merge_lora(site);
 }
 
 namespace {
@@ -150,10 +142,10 @@ void save_peft_adapter(const std::string& dir, nn::Module& model, const PeftAdap
                        const std::vector<std::pair<std::string, Tensor>>& saved_modules) {
   std::filesystem::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, layer] : linear_layers(model)) {
-    if (!layer->has_lora()) continue;
-    tensors.emplace_back(kPeftPrefix + name + ".lora_A.weight", layer->lora_A);
-    tensors.emplace_back(kPeftPrefix + name + ".lora_B.weight", layer->lora_B);
+  for (const auto& site : model.lora_sites()) {
+    if (!site.lora->defined()) continue;
+    tensors.emplace_back(kPeftPrefix + site.name + ".lora_A.weight", site.lora->a);
+    tensors.emplace_back(kPeftPrefix + site.name + ".lora_B.weight", site.lora->b);
   }
   for (const auto& [name, t] : saved_modules) tensors.emplace_back(kPeftPrefix + name, t);
   io::save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
@@ -200,8 +192,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
 }
 
 void apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter) {
-  std::map<std::string, nn::Linear*> layers;
-  for (auto& [name, layer] : linear_layers(model)) layers[name] = layer;
+  std::map<std::string, nn::LoraSite> layers;
+  for (auto& site : model.lora_sites()) layers[site.name] = site;
   std::set<std::string> modules;
   const std::string a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
   for (const auto& [name, t] : adapter.tensors) {
@@ -216,19 +208,19 @@ void apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter) {
     if (it == layers.end()) throw ValueError("the adapter is for another model: it adapts '" + m + "', a layer this model does not have");
     const auto a = adapter.tensors.find(m + a_suffix), b = adapter.tensors.find(m + b_suffix);
     if (a == adapter.tensors.end() || b == adapter.tensors.end()) throw ValueError("the adapter has only half of " + m + "'s LoRA pair");
-    const Tensor& w = it->second->weight;
+    const Tensor& w = it->second.weight;
     if (!(a->second.shape() == Shape{adapter.rank, w.size(1)}) || !(b->second.shape() == Shape{w.size(0), adapter.rank})) {
       throw ValueError("the adapter is for another model: " + m + " is " + w.shape().str() + " here, its LoRA pair is " +
                        a->second.shape().str() + " and " + b->second.shape().str());
     }
-    if (it->second->has_lora()) throw ValueError(m + " already has an adapter");
+    if (it->second.lora->defined()) throw ValueError(m + " already has an adapter");
   }
   Generator unused = Generator::drawing_nothing();
   for (const std::string& m : modules) {
-    nn::Linear& l = *layers[m];
-    l.add_lora(adapter.rank, adapter.alpha, unused);
-    l.lora_A.copy_(adapter.tensors.at(m + a_suffix));
-    l.lora_B.copy_(adapter.tensors.at(m + b_suffix));
+    nn::LoraSite& site = layers[m];
+    nn::Module::add_lora(site, adapter.rank, adapter.alpha, unused);
+    site.lora->a.copy_(adapter.tensors.at(m + a_suffix));
+    site.lora->b.copy_(adapter.tensors.at(m + b_suffix));
   }
 }
 

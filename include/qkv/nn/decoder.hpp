@@ -83,6 +83,7 @@ const std::vector<std::string>& decoder_families();
 struct DecoderBlock {
   Tensor attn_norm, attn_norm_bias, wq, bq, wk, bk, wv, bv, wo, bo, q_norm, k_norm;
   Tensor post_attn_norm, mlp_norm, mlp_norm_bias, post_mlp_norm, gate, gate_bias, up, up_bias, down, down_bias;
+  LoraWeights lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;  // adapters (fine-tuning), usually none
 };
 
 class Decoder : public LanguageModel {
@@ -122,6 +123,9 @@ class Decoder : public LanguageModel {
     return layer >= 0 && layer < config.num_layers ? config.layers[static_cast<size_t>(layer)].window : 0;
   }
   std::string type_name() const override { return "Decoder"; }
+  // LoRA can adapt every block's q/k/v/o and MLP projections, named as PEFT names them (the layout's names without
+  // ".weight": "model.layers.0.self_attn.q_proj", "trf_blocks.0.att.W_query").
+  std::vector<LoraSite> own_lora_sites() override;
 
   // The parameter with this role (and layer); ValueError when the config has none.
   Tensor& parameter(DecoderConfig::Role role, int64_t layer = -1);

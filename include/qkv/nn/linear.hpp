@@ -28,24 +28,20 @@ class Linear : public UnaryModule {
   // read them all (ProjectedAttention's W_query, W_key, W_value).
   void relocate(const Tensor& weight_home, const Tensor& bias_home);
 
-  // LoRA, low-rank adaptation: forward becomes x Wᵀ + b + (alpha / rank)·(x Aᵀ) Bᵀ with A (rank, in) and B (out, rank),
-  // registered as "lora_A.weight" and "lora_B.weight" (PEFT's names). A is drawn as the book's LoRALayer (appendix E)
-  // draws its (in, rank) matrix — kaiming_uniform_(a = √5) over that shape — and stored transposed; B starts at zeros,
-  // so the layer's output is unchanged until B trains. ValueError for a rank outside 1…min(in, out), a non-positive
-  // alpha, or a layer that already has an adapter.
+  // LoRA (low-rank adaptation, see Module::add_lora): forward becomes x Wᵀ + b + scale·(x Aᵀ) Bᵀ.
   void add_lora(int64_t rank, double alpha, Generator& gen);
-  bool has_lora() const { return lora_A.defined(); }
-  int64_t lora_rank() const { return has_lora() ? lora_A.size(0) : 0; }
-  // W ← W + (alpha / rank)·B·A, then the adapter is removed: a plain Linear that computes what the adapted one did.
+  bool has_lora() const { return lora.defined(); }
   void merge_lora();
-  void remove_lora();
+  std::vector<LoraSite> own_lora_sites() override { return {{"", weight, &lora, this, ""}}; }
 
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
-  Tensor lora_A, lora_B;  // (rank, in), (out, rank); undefined without an adapter
-  float lora_scale = 0.0f;
+  LoraWeights lora;  // A (rank, in), B (out, rank); undefined without an adapter
   std::string type_name() const override { return "Linear"; }
 };
+
+// x Wᵀ + b, plus the adapter's low-rank update when it has one (lora_linear): what every adapted projection computes.
+Tensor linear_with_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, const LoraWeights& lora);
 
 // Checks a layer size given by a user: a positive number, or ValueError naming the layer and argument.
 void require_positive(int64_t value, const char* layer, const char* argument);

@@ -12,6 +12,10 @@
 
 #include "qkv/core/tensor.hpp"
 
+namespace qkv {
+class Generator;
+}
+
 namespace qkv::nn {
 
 // Named tensors in registration order, as PyTorch's OrderedDict state_dict.
@@ -32,6 +36,26 @@ class StateDict {
 //   Plain  the book's composition, materialising scores and weights; dropout masks identical to
 //          torch.nn.Dropout's for the same seed. trace() always takes this path.
 enum class AttentionPath { Fused, Plain };
+
+class Module;
+
+// A low-rank adapter on a projection W (out, in): W x + scale·B A x with A (rank, in), B (out, rank), PEFT's layout.
+struct LoraWeights {
+  Tensor a, b;
+  float scale = 0.0f;
+  bool defined() const { return a.defined(); }
+  int64_t rank() const { return a.defined() ? a.size(0) : 0; }
+};
+
+// A projection a LoRA adapter can attach to: a Linear layer, or a weight a model keeps bare (Decoder's q/k/v/o and MLP
+// projections). The adapter's parameters are registered in `owner` as owner_prefix + "lora_A.weight", "lora_B.weight".
+struct LoraSite {
+  std::string name;        // the module name PEFT uses: "trf_blocks.0.att.W_query", "model.layers.0.self_attn.q_proj"
+  Tensor weight;           // (out, in)
+  LoraWeights* lora = nullptr;
+  Module* owner = nullptr;
+  std::string owner_prefix;
+};
 
 class Module {
  public:
@@ -72,6 +96,18 @@ class Module {
 
   // The PyTorch class name, e.g. "SelfAttention_v2".
   virtual std::string type_name() const = 0;
+
+  // The projections of this module itself (not of its submodules) that LoRA can adapt, names relative to it.
+  virtual std::vector<LoraSite> own_lora_sites() { return {}; }
+  // Every LoRA site of this module and its submodules, in module order, with dotted names.
+  std::vector<LoraSite> lora_sites();
+  // Attaches an adapter at `site` (A drawn as the book's LoRALayer draws its (in, rank) matrix — kaiming_uniform_(a = √5)
+  // over that shape — and stored transposed; B zeros) and registers its two parameters. ValueError for a rank outside
+  // 1…min(in, out), a non-positive alpha, or a site that already has one.
+  static void add_lora(LoraSite& site, int64_t rank, double alpha, Generator& gen);
+  // W ← W + scale·B·A, then the adapter is removed; remove_lora drops it unmerged.
+  static void merge_lora(LoraSite& site);
+  static void remove_lora(LoraSite& site);
 
  protected:
   Tensor& register_parameter(std::string name, Tensor tensor);

@@ -1,0 +1,274 @@
+// Fine-tuning benchmarks: a GPT-2 124M-shaped model (the book's GPTModel, qkv_bias, tied head) with chapter 6's
+// classification head, B 8 × T 120, AdamW steps in three recipes —
+//   classify  the last block, the final norm and the head train (the book's recipe);
+//   full      everything trains (the backward the frozen one is compared with);
+//   lora      rank-16 adapters (alpha 16) on every Linear of the blocks, the head fully trained —
+// each its forward, backward and step time (medians), GFLOP/s and % of the machine's FMA peak, then PyTorch 1.13 running
+// the same recipes with the book's code (tools/bench_finetune_compare.py, at 1 and 2 threads, the better taken) side by
+// side, and the peak RSS of LoRA training against frozen weights + activations + 1.2 × the adapter's state, each
+// measured in a process of its own.
+//   qkv_finetune_bench [--threads 2] [--steps 5] [--no-torch] [--smoke]
+// OpenBLAS's kernel choice matters here (qkv's GEMMs and PyTorch's): run as
+//   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE qkv_finetune_bench
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "peak.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/memory.hpp"
+#include "qkv/nn/gpt.hpp"
+#include "qkv/train/finetune.hpp"
+#include "qkv/train/optim.hpp"
+
+namespace {
+
+struct Settings {
+  int threads = 2, steps = 5;
+  int64_t batch = 8, tokens = 120;
+  bool torch = true, smoke = false;
+};
+Settings settings;
+
+qkv::nn::GPTConfig model_config() {
+  qkv::nn::GPTConfig c;  // GPT-2 124M: vocabulary 50257, context 1024, 768 wide, 12 heads, 12 layers
+  c.qkv_bias = true;
+  c.tie_weights = true;
+  c.drop_rate = 0.0;
+  if (settings.smoke) c.vocab_size = 512, c.context_length = 256, c.emb_dim = 64, c.n_heads = 4, c.n_layers = 2;
+  return c;
+}
+
+struct Timing {
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, flops = 0;
+  int64_t trainable = 0;
+};
+std::map<std::string, Timing> results;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The model, its head and the optimiser of one recipe.
+struct Recipe {
+  std::unique_ptr<qkv::nn::GPTModel> model;
+  std::unique_ptr<qkv::train::SequenceClassifier> classifier;
+  std::unique_ptr<qkv::optim::AdamW> optimizer;
+  std::vector<int64_t> ids, labels, positions;
+};
+Recipe make_recipe(const std::string& mode) {
+  const qkv::nn::GPTConfig c = model_config();
+  Recipe r;
+  qkv::Generator gen(123);
+  r.model = std::make_unique<qkv::nn::GPTModel>(c, gen);
+  r.model->eval();
+  r.classifier = std::make_unique<qkv::train::SequenceClassifier>(*r.model, 2, gen);
+  if (mode == "classify") qkv::train::set_trainable(*r.model, {r.model->block_prefix(c.n_layers - 1), "final_norm"});
+  if (mode == "lora") {
+    qkv::train::set_trainable(*r.model, {});
+    qkv::train::add_lora(*r.model, {.rank = 16, .alpha = 16, .targets = {"all"}}, gen, {"out_head"});
+  }
+  r.optimizer = std::make_unique<qkv::optim::AdamW>(r.classifier->trainable_parameters(),
+                                                    qkv::optim::AdamWOptions{.lr = 5e-5, .weight_decay = 0.1});
+  qkv::Generator data(1);
+  for (int64_t i = 0; i < settings.batch * settings.tokens; ++i) r.ids.push_back(data.next_u32() % c.vocab_size);
+  for (int64_t b = 0; b < settings.batch; ++b) r.labels.push_back(data.next_u32() % 2), r.positions.push_back(settings.tokens - 1);
+  return r;
+}
+
+// Forward FLOPs of the blocks (GEMMs and causal attention) for the batch, and of what the backward computes: the frozen
+// recipe's backward runs only the last block (its dX and dW: 2× its forward), LoRA's every block's dX (1×) plus the
+// adapters' small products, the full one every block's dX and dW (2×).
+double forward_flops(const qkv::nn::GPTConfig& c) {
+  const double n = static_cast<double>(settings.batch * settings.tokens), C = static_cast<double>(c.emb_dim);
+  const double per_block = n * (2 * 12 * C * C + 2 * static_cast<double>(settings.tokens) * C);
+  return per_block * static_cast<double>(c.n_layers);
+}
+double backward_flops(const std::string& mode, const qkv::nn::GPTConfig& c) {
+  const double f = forward_flops(c), L = static_cast<double>(c.n_layers);
+  (void)L;
+  if (mode == "classify") return 2 * f / L;
+  if (mode == "lora") return f;  // every block's dX (the adapters' own products are 2·r/C of it)
+  return 2 * f;
+}
+
+void bm_recipe(benchmark::State& state, const std::string& mode) {
+  omp_set_num_threads(settings.threads);
+  qkv::memory::set_block_cache_limit(int64_t{2} << 30);
+  Recipe r = make_recipe(mode);
+  std::vector<double> steps, forwards, backwards;
+  auto step = [&] {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    r.optimizer->zero_grad(true);
+    const qkv::Tensor loss = qkv::cross_entropy(r.classifier->logits(r.ids, settings.batch, settings.tokens, r.positions), r.labels);
+    const auto t1 = clock::now();
+    loss.backward();
+    const auto t2 = clock::now();
+    r.optimizer->step();
+    const auto t3 = clock::now();
+    forwards.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    backwards.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    steps.push_back(std::chrono::duration<double, std::milli>(t3 - t0).count());
+    return loss.item();
+  };
+  step();  // warm-up: the first step allocates the gradients and AdamW's moments
+  steps.clear(), forwards.clear(), backwards.clear();
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  const qkv::nn::GPTConfig c = model_config();
+  Timing t{median(steps), median(forwards), median(backwards), forward_flops(c) + backward_flops(mode, c),
+           r.model->trainable_parameter_count() + r.classifier->head.parameter_count()};
+  results[mode] = t;
+  state.counters["step_ms"] = t.step_ms;
+  state.counters["fwd_ms"] = t.forward_ms;
+  state.counters["bwd_ms"] = t.backward_ms;
+  state.counters["GFLOP/s"] = t.flops / t.step_ms / 1e6;
+}
+
+// VmHWM of this process (the peak resident set), in MiB.
+double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  return 0;
+}
+
+// `--rss MODE` (a child process): the peak RSS of building the model and of training steps in that recipe.
+//   weights  the model built and one forward without gradients;  pos_emb  only pos_emb trains, so the backward keeps
+//   every block's activations as LoRA's does, with a 3 MiB gradient;  lora  the LoRA recipe.
+int rss_child(const std::string& mode) {
+  omp_set_num_threads(settings.threads);
+  const qkv::nn::GPTConfig c = model_config();
+  qkv::Generator gen(123);
+  qkv::nn::GPTModel model(c, gen);
+  model.eval();
+  qkv::train::SequenceClassifier classifier(model, 2, gen);
+  std::vector<int64_t> ids, labels(static_cast<size_t>(settings.batch), 1), positions(static_cast<size_t>(settings.batch), settings.tokens - 1);
+  for (int64_t i = 0; i < settings.batch * settings.tokens; ++i) ids.push_back(i % c.vocab_size);
+  int64_t state_bytes = 0;
+  if (mode == "weights") {
+    qkv::NoGradGuard no_grad;
+    benchmark::DoNotOptimize(classifier.logits(ids, settings.batch, settings.tokens, positions).data()[0]);
+  } else {
+    qkv::train::set_trainable(model, mode == "pos_emb" ? std::vector<std::string>{"pos_emb"} : std::vector<std::string>{});
+    if (mode == "lora") qkv::train::add_lora(model, {.rank = 16, .alpha = 16}, gen, {"out_head"});
+    classifier.head.weight.requires_grad_(mode == "lora");
+    classifier.head.bias.requires_grad_(mode == "lora");
+    auto trainable = classifier.trainable_parameters();
+    for (const auto& [name, p] : trainable) state_bytes += 4 * p.numel() * 4;  // value, gradient, two moments
+    qkv::optim::AdamW optimizer(trainable, {.lr = 5e-5, .weight_decay = 0.1});
+    for (int s = 0; s < 2; ++s) {
+      optimizer.zero_grad(true);
+      qkv::cross_entropy(classifier.logits(ids, settings.batch, settings.tokens, positions), labels).backward();
+      optimizer.step();
+    }
+  }
+  std::printf("%.1f %.3f\n", peak_rss_mib(), static_cast<double>(state_bytes) / (1 << 20));
+  return 0;
+}
+
+std::pair<double, double> rss_of(const char* self, const std::string& mode) {
+  const std::string command = std::string(self) + " --rss " + mode + " --threads " + std::to_string(settings.threads) +
+                              (settings.smoke ? " --smoke" : "");
+  FILE* pipe = popen(command.c_str(), "r");
+  double peak = 0, state = 0;
+  if (pipe) {
+    if (std::fscanf(pipe, "%lf %lf", &peak, &state) != 2) peak = state = 0;
+    pclose(pipe);
+  }
+  return {peak, state};
+}
+
+// PyTorch's numbers for a recipe: the best of 1 and 2 threads (its step time), from the book's code.
+struct TorchRun {
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, rss = 0;
+  int threads = 0;
+};
+TorchRun torch_run(const std::string& mode) {
+  TorchRun best;
+  for (int threads : {1, 2}) {
+    if (threads > settings.threads) continue;
+    const std::string command = std::string("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /usr/bin/python3 ") + QKV_SOURCE_DIR +
+                                "/tools/bench_finetune_compare.py --mode " + mode + " --threads " + std::to_string(threads) +
+                                " --steps " + std::to_string(settings.steps) + " --batch " + std::to_string(settings.batch) +
+                                " --tokens " + std::to_string(settings.tokens) + (settings.smoke ? " --tiny" : "") + " 2>/dev/null";
+    FILE* pipe = popen(command.c_str(), "r");
+    if (!pipe) continue;
+    char line[1024] = {};
+    const bool got = std::fgets(line, sizeof line, pipe) != nullptr;
+    pclose(pipe);
+    if (!got) continue;
+    auto number = [&](const char* key) {
+      const char* at = std::strstr(line, key);
+      return at ? std::atof(at + std::strlen(key) + 3) : 0.0;
+    };
+    TorchRun r{number("\"step_ms\""), number("\"forward_ms\""), number("\"backward_ms\""), number("\"peak_rss_mib\""), threads};
+    if (r.step_ms > 0 && (best.step_ms == 0 || r.step_ms < best.step_ms)) best = r;
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest = {argv[0]};
+  std::string rss_mode;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc) settings.threads = std::atoi(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc) settings.steps = std::atoi(argv[++i]);
+    else if (a == "--rss" && i + 1 < argc) rss_mode = argv[++i];
+    else if (a == "--no-torch") settings.torch = false;
+    else if (a == "--smoke") settings.smoke = true, settings.steps = 1, settings.torch = std::getenv("QKV_BENCH_TORCH") != nullptr;
+    else rest.push_back(argv[i]);
+  }
+  if (!rss_mode.empty()) return rss_child(rss_mode);
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  for (const char* mode : {"classify", "full", "lora"})
+    benchmark::RegisterBenchmark((std::string("finetune/") + mode).c_str(), [mode](benchmark::State& s) { bm_recipe(s, mode); })
+        ->Iterations(settings.steps)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RunSpecifiedBenchmarks();
+
+  const double peak = qkv::bench::measure_fma_peak(settings.threads, settings.smoke ? 0.05 : 0.5);
+  std::printf("\nFine-tuning, GPT-2 124M-shaped, B %lld × T %lld, %d threads, GEMM kernel: %s; FMA peak %.0f GFLOP/s\n",
+              static_cast<long long>(settings.batch), static_cast<long long>(settings.tokens), settings.threads,
+              qkv::kernels::gemm_backend(), peak);
+  std::printf("%-9s %12s %9s %9s %9s %9s %8s | %9s %9s %8s\n", "recipe", "trainable", "step ms", "fwd ms", "bwd ms", "GFLOP/s",
+              "% peak", "torch ms", "torch thr", "speed-up");
+  std::map<std::string, TorchRun> torch;
+  for (const char* mode : {"classify", "full", "lora"}) {
+    const Timing& t = results[mode];
+    if (settings.torch) torch[mode] = torch_run(mode);
+    const TorchRun& p = torch[mode];
+    std::printf("%-9s %12lld %9.1f %9.1f %9.1f %9.1f %7.1f%% | %9.1f %9d %7.2f×\n", mode, static_cast<long long>(t.trainable),
+                t.step_ms, t.forward_ms, t.backward_ms, t.flops / t.step_ms / 1e6, 100 * t.flops / t.step_ms / 1e6 / peak,
+                p.step_ms, p.threads, p.step_ms > 0 ? p.step_ms / t.step_ms : 0.0);
+  }
+  const double ratio = results["classify"].backward_ms / std::max(1e-9, results["full"].backward_ms);
+  std::printf("frozen recipe's backward / full backward: %.2f (target ≤ 0.4)\n", ratio);
+  if (settings.torch && torch["classify"].backward_ms > 0)
+    std::printf("  PyTorch's: %.2f\n", torch["classify"].backward_ms / std::max(1e-9, torch["full"].backward_ms));
+  const auto [weights, none] = rss_of(argv[0], "weights");
+  const auto [activations_run, pos_state] = rss_of(argv[0], "pos_emb");
+  const auto [lora_peak, lora_state] = rss_of(argv[0], "lora");
+  const double activations = activations_run - weights - pos_state;
+  const double bound = weights + activations + 1.2 * lora_state;
+  std::printf("LoRA peak RSS %.0f MiB; frozen weights %.0f + activations %.0f + 1.2 × adapter state %.1f = %.0f MiB: %s\n",
+              lora_peak, weights, activations, lora_state, bound, lora_peak <= bound ? "within" : "over");
+  if (settings.torch && torch["lora"].rss > 0) std::printf("  PyTorch's LoRA peak RSS %.0f MiB\n", torch["lora"].rss);
+  (void)none;
+  return 0;
+}
