@@ -210,9 +210,10 @@ TorchRun torch_run(const std::string& mode) {
     const bool got = std::fgets(line, sizeof line, pipe) != nullptr;
     pclose(pipe);
     if (!got) continue;
-    auto number = [&](const char* key) {
+    auto number = [&](const char* key) {  // "key": value
       const char* at = std::strstr(line, key);
-      return at ? std::atof(at + std::strlen(key) + 3) : 0.0;
+      const char* colon = at ? std::strchr(at, ':') : nullptr;
+      return colon ? std::atof(colon + 1) : 0.0;
     };
     TorchRun r{number("\"step_ms\""), number("\"forward_ms\""), number("\"backward_ms\""), number("\"peak_rss_mib\""), threads};
     if (r.step_ms > 0 && (best.step_ms == 0 || r.step_ms < best.step_ms)) best = r;

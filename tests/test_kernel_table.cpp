@@ -517,6 +517,11 @@ std::vector<OpCase> op_cases() {
        {random_tensor({2, 3, 4}, 1), random_tensor({5, 4}, 2), random_tensor({5}, 3), random_tensor({2, 4}, 4), random_tensor({5, 2}, 5)}},
       {"lora_linear without bias, rank 1", [](const Inputs& x) { return lora_linear(x[0], x[1], Tensor(), x[2], x[3], 0.5f); },
        {random_tensor({3, 4}, 1), random_tensor({2, 4}, 2), random_tensor({1, 4}, 3), random_tensor({2, 1}, 4)}},
+      {"linear_concat with low-rank updates on its first and last parts", [](const Inputs& x) {
+         const std::vector<LowRankUpdate> up = {{x[4], x[5], 1.5f}, {}, {x[6], x[7], 0.5f}};
+         return linear_concat(x[0], std::vector<Tensor>{x[1], x[2], x[3]}, {}, up); },
+       {random_tensor({2, 3, 4}, 1), random_tensor({3, 4}, 2), random_tensor({2, 4}, 3), random_tensor({5, 4}, 4),
+        random_tensor({2, 4}, 5), random_tensor({3, 2}, 6), random_tensor({1, 4}, 7), random_tensor({5, 1}, 8)}},
       {"gather_tokens (a classifier's pooled positions)", [](const Inputs& x) { return gather_tokens(x[0], std::vector<int64_t>{3, 0, 3}); },
        {random_tensor({3, 4, 2}, 1)}},
       {"linear_concat without biases", [](const Inputs& x) { return linear_concat(x[0], std::vector<Tensor>{x[1], x[2]}); },

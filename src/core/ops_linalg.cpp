@@ -197,8 +197,13 @@ bool contiguous_run(std::span<const Tensor> parts) {
 
 // linear_concat: y (R, Σout) = x (R,in) @ Wᵀ + b with W the weights stacked by rows (out_i, in) → (Σout, in).
 // Backward as linear's, each product done once for the whole stack.
-Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases) {
+Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases,
+                     std::span<const LowRankUpdate> updates) {
   if (weights.empty()) throw ValueError("linear_concat: no weights given");
+  if (!updates.empty() && updates.size() != weights.size()) {
+    throw ValueError("linear_concat: " + std::to_string(updates.size()) + " low-rank updates for " +
+                     std::to_string(weights.size()) + " weights; give one per weight (undefined where none) or none");
+  }
   if (!biases.empty() && biases.size() != weights.size()) {
     throw ValueError("linear_concat: " + std::to_string(biases.size()) + " biases for " +
                      std::to_string(weights.size()) + " weights; give one per weight or none");
@@ -243,16 +248,51 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   Tensor out = Tensor::empty(out_shape);
   if (has_bias) kernels::copy_rows(b.data(), 0, out.data(), total, rows, total, false);
   kernels::gemm(false, true, rows, total, in, 1.0f, x.data(), in, w.data(), in, has_bias ? 1.0f : 0.0f, out.data(), total);
+  // The low-rank updates: u_i = x A_iᵀ (rows, r_i) kept for the backward, then s_i·u_i B_iᵀ added into part i's columns.
+  struct Part {
+    LowRankUpdate update;
+    Tensor u;
+    int64_t column = 0, width = 0;
+  };
+  std::vector<Part> low_rank;
+  for (size_t i = 0, column = 0; i < weights.size(); column += static_cast<size_t>(weights[i].size(0)), ++i) {
+    if (updates.empty() || !updates[i].defined()) continue;
+    const LowRankUpdate& up = updates[i];
+    const int64_t out_i = weights[i].size(0), r = up.rank();
+    if (!(up.a.shape() == Shape{r, in}) || !(up.b.shape() == Shape{out_i, r})) {
+      throw ShapeError(shapes_message("linear_concat", up.a, up.b, "a low-rank update needs A (rank, in) and B (out, rank)"));
+    }
+    Part p{up, Tensor::empty({rows, r}), static_cast<int64_t>(column), out_i};
+    kernels::gemm(false, true, rows, r, in, 1.0f, x.data(), in, up.a.data(), in, 0.0f, p.u.data(), r);
+    kernels::gemm(false, true, rows, out_i, r, up.scale, p.u.data(), r, up.b.data(), r, 1.0f, out.data() + p.column, total);
+    low_rank.push_back(std::move(p));
+  }
   std::vector<Tensor> inputs{x};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   if (has_bias) inputs.insert(inputs.end(), biases.begin(), biases.end());
+  for (const Part& p : low_rank) inputs.insert(inputs.end(), {p.update.a, p.update.b});
   if (grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) {
     const std::vector<Tensor> ws(weights.begin(), weights.end());
     const std::vector<Tensor> bs = has_bias ? std::vector<Tensor>(biases.begin(), biases.end()) : std::vector<Tensor>{};
-    detail::record(out, "LinearConcatBackward", inputs, [x, w, ws, bs, rows, in, total](const Tensor& dout) {
-      if (const auto dx = detail::grad_target(x); dx.data)
+    detail::record(out, "LinearConcatBackward", inputs, [x, w, ws, bs, low_rank, rows, in, total](const Tensor& dout) {
+      const auto dx = detail::grad_target(x);
+      if (dx.data)
         kernels::gemm(false, false, rows, in, total, 1.0f, dout.data(), total, w.data(), in, dx.accumulate ? 1.0f : 0.0f,
                       dx.data, in);
+      for (const Part& p : low_rank) {  // du = s·dy_i B;  dx += du A;  dA = duᵀ x;  dB = s·dy_iᵀ u
+        const int64_t r = p.update.rank();
+        const float* dy = dout.data() + p.column;
+        if (dx.data || p.update.a.requires_grad()) {
+          Tensor du = Tensor::empty({rows, r});
+          kernels::gemm(false, false, rows, r, p.width, p.update.scale, dy, total, p.update.b.data(), r, 0.0f, du.data(), r);
+          if (dx.data) kernels::gemm(false, false, rows, in, r, 1.0f, du.data(), r, p.update.a.data(), in, 1.0f, dx.data, in);
+          if (const auto da = detail::grad_target(p.update.a); da.data)
+            kernels::gemm(true, false, r, in, rows, 1.0f, du.data(), r, x.data(), in, da.accumulate ? 1.0f : 0.0f, da.data, in);
+        }
+        if (const auto db = detail::grad_target(p.update.b); db.data)
+          kernels::gemm(true, false, p.width, r, rows, p.update.scale, dy, total, p.u.data(), r, db.accumulate ? 1.0f : 0.0f,
+                        db.data, r);
+      }
       // Each part's gradient is a row block of one product (or of one column-sum vector): views, no copies.
       auto hand_out = [](const std::vector<Tensor>& parts, const Tensor& whole) {
         int64_t at = 0;

@@ -105,11 +105,13 @@ ProjectedAttention::Projections ProjectedAttention::project(const Tensor& x) con
 
 Tensor ProjectedAttention::project_packed(const Tensor& x) const {
   check_input(x);
-  // With LoRA adapters each projection is its own fused product, joined for the kernel.
-  if (W_query.has_lora() || W_key.has_lora() || W_value.has_lora()) return concat({W_query(x), W_key(x), W_value(x)}, -1);
   const Tensor weights[] = {W_query.weight, W_key.weight, W_value.weight};
   const Tensor biases[] = {W_query.bias, W_key.bias, W_value.bias};
-  return linear_concat(x, weights, W_query.bias.defined() ? std::span<const Tensor>(biases) : std::span<const Tensor>());
+  // LoRA adapters go into the same product's columns: q, k and v stay one tensor.
+  const LowRankUpdate updates[] = {W_query.lora, W_key.lora, W_value.lora};
+  const bool adapted = W_query.has_lora() || W_key.has_lora() || W_value.has_lora();
+  return linear_concat(x, weights, W_query.bias.defined() ? std::span<const Tensor>(biases) : std::span<const Tensor>(),
+                       adapted ? std::span<const LowRankUpdate>(updates) : std::span<const LowRankUpdate>());
 }
 
 SelfAttentionV2::SelfAttentionV2(int64_t d_in_, int64_t d_out_, bool qkv_bias, Generator& gen)

@@ -434,11 +434,13 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
   const std::vector<Tensor> weights = {b.wq, b.wk, b.wv};
   const std::vector<Tensor> biases = b.bq.defined() ? std::vector<Tensor>{b.bq, b.bk, b.bv} : std::vector<Tensor>{};
   Tensor context;
-  const bool adapted = b.lora_q.defined() || b.lora_k.defined() || b.lora_v.defined();
-  if (!cache && !record && !config.qk_norm && !adapted) {
-    // Training and plain inference: one product for Q, K and V, rotated in place of a copy and read by the kernel
-    // with strides; its gradient comes back as one tensor for one backward product.
-    Tensor packed = linear_concat(x, weights, biases);
+  const std::vector<LowRankUpdate> updates = b.lora_q.defined() || b.lora_k.defined() || b.lora_v.defined()
+                                                  ? std::vector<LowRankUpdate>{b.lora_q, b.lora_k, b.lora_v}
+                                                  : std::vector<LowRankUpdate>{};
+  if (!cache && !record && !config.qk_norm) {
+    // Training and plain inference: one product for Q, K and V (LoRA updates in their columns), rotated in place of a
+    // copy and read by the kernel with strides; its gradient comes back as one tensor for one backward product.
+    Tensor packed = linear_concat(x, weights, biases, updates);
     if (!config.learned_positions)
       packed = rope(packed, rope_table(layer.rope, position + T), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
     context = scaled_dot_product_attention(packed, attention);

@@ -23,13 +23,25 @@ class Generator;
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x (...,in) @ weightᵀ (out,in) + bias (out) → (...,out): torch.nn.functional.linear. bias may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// A low-rank (LoRA) update of a weight W (out, in): W + scale·B·A with A (rank, in) and B (out, rank), PEFT's layout.
+struct LowRankUpdate {
+  Tensor a, b;
+  float scale = 0.0f;
+  bool defined() const { return a.defined(); }
+  int64_t rank() const { return a.defined() ? a.size(0) : 0; }
+};
+
 // torch.cat([linear(x, w, b) for w, b in zip(weights, biases)], -1) as one product: x (...,in) → (..., Σ out_i).
 // biases is empty or has one entry per weight (all defined, or all undefined). When the weights lie one after
 // another in one storage (and so do the biases), as ProjectedAttention keeps W_query, W_key and W_value, they
 // are read in place as one (Σ out_i, in) matrix; otherwise they are copied together first. Backward: dx from one
 // product with the whole matrix, and the weight gradients from one product whose row blocks become each
 // weight's gradient.
-Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases = {});
+// With `updates` (empty, or one per weight, undefined where a weight has none), each part gets its low-rank update as
+// lora_linear gives it, written into its columns of the one result: the adapted q, k and v of a layer are still one
+// tensor, and its gradient still flows back through one product with the stacked weights.
+Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases = {},
+                     std::span<const LowRankUpdate> updates = {});
 // Whether `parts` lie back to back in one storage, in order (what lets linear_concat read them in place).
 bool contiguous_run(std::span<const Tensor> parts);
 // linear(x, weight, bias) + scale · (x Aᵀ) Bᵀ: a Linear layer with a low-rank (LoRA) update, A (r, in) and B (out, r) in

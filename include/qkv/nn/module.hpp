@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/core/ops.hpp"
 #include "qkv/core/tensor.hpp"
 
 namespace qkv {
@@ -40,12 +41,7 @@ enum class AttentionPath { Fused, Plain };
 class Module;
 
 // A low-rank adapter on a projection W (out, in): W x + scale·B A x with A (rank, in), B (out, rank), PEFT's layout.
-struct LoraWeights {
-  Tensor a, b;
-  float scale = 0.0f;
-  bool defined() const { return a.defined(); }
-  int64_t rank() const { return a.defined() ? a.size(0) : 0; }
-};
+using LoraWeights = LowRankUpdate;
 
 // A projection a LoRA adapter can attach to: a Linear layer, or a weight a model keeps bare (Decoder's q/k/v/o and MLP
 // projections). The adapter's parameters are registered in `owner` as owner_prefix + "lora_A.weight", "lora_B.weight".
