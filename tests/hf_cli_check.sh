@@ -47,5 +47,18 @@ PY
     echo "FAIL: $family chat: [$(cat "$work/chat.txt")] vs generate --chat [$(cat "$work/gen_chat.txt")]"; cat "$work/chat.err"; exit 1
   fi
   echo "$family chat: two turns, the first as generate --chat gives it"
+  # Fine-tuning the folder with LoRA on its q/k/v/o and MLP projections: instructions in its chat template, then the
+  # adapter merged into a new folder scores the text as the base with --adapter does.
+  printf '[' > "$work/data.json"
+  for i in $(seq 1 20); do printf '%s{"instruction": "Say %s", "input": "", "output": "ok %s"}' "$([ "$i" = 1 ] || echo ,)" "$i" "$i" >> "$work/data.json"; done
+  printf ']' >> "$work/data.json"
+  "$qkv" finetune instruct --checkpoint "$work/$family" --data "$work/data.json" --out "$work/$family-ins" --format chat \
+    --lora-rank 2 --epochs 1 --batch-size 4 --max-new-tokens 2 --lr 1e-2 > /dev/null 2>&1
+  "$qkv" convert "$work/$family" "$work/$family-merged" --to hf --merge "$work/$family-ins" 2> /dev/null
+  merged=$("$qkv" eval --checkpoint "$work/$family-merged" --text "$work/text.txt" --json | grep '"loss"')
+  adapted=$("$qkv" eval --checkpoint "$work/$family" --adapter "$work/$family-ins" --text "$work/text.txt" --json | grep '"loss"')
+  /usr/bin/python3 -c "import sys; a, b = (float(x.split(':')[1].strip(' ,')) for x in sys.argv[1:]); sys.exit(0 if abs(a - b) < 1e-5 else 1)" \
+    "$merged" "$adapted" || { echo "FAIL: $family merged adapter ($merged) vs --adapter ($adapted)"; exit 1; }
+  echo "$family finetune instruct --lora-rank 2: the merged folder scores the text as the adapter does"
 done
 echo "every folder gives PyTorch's loss and greedy text"

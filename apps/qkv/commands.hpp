@@ -164,6 +164,7 @@ int run_classify(const ClassifyCommand& options);
 struct ConvertCommand {
   std::string input, output, to;  // to: pth, safetensors, checkpoint, gpt2, hf (empty: from the output's extension)
   std::string dtype = "f32";      // hf: f32 or bf16
+  std::string merge;              // a PEFT LoRA adapter folder to fold into the weights first
   train::ConfigHint hint;
   bool weights_only = false;
 };

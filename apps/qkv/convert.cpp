@@ -9,6 +9,39 @@
 namespace qkv::cli {
 
 namespace {
+// Folds a PEFT adapter into the model's weights; its fully trained modules replace theirs. A module the model has no
+// place for (a classifier head) is a usage error naming it.
+void merge_adapter(const std::string& dir, nn::Module& model) {
+  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
+  try {
+    const auto rest = train::apply_peft_adapter(model, adapter);
+    if (!rest.empty()) {
+      throw ValueError("its " + rest.begin()->first + " " + rest.begin()->second.shape().str() +
+                       " has no place in the model (a classifier head: use the model.pth qkv finetune classify wrote)");
+    }
+  } catch (const ValueError& e) {
+    throw UsageError("--merge " + dir + ": " + e.what());
+  }
+  train::merge_lora(model);
+}
+
+// A book model file with an adapter merged in, written as the book's .pth or safetensors.
+int convert_merged(const ConvertCommand& options) {
+  train::ModelFile file = train::load_model_file(options.input, options.hint);
+  merge_adapter(options.merge, *file.model);
+  const train::ModelFormat to = train::output_format(options.to, options.output);
+  if (to == train::ModelFormat::Pth) {
+    train::save_book_pth(options.output, *file.model);
+  } else if (to == train::ModelFormat::BookSafetensors) {
+    train::save_book_safetensors(options.output, *file.model);
+  } else {
+    throw UsageError("--merge writes the book's .pth or safetensors (--to pth or safetensors)");
+  }
+  std::fprintf(stderr, "qkv convert: %s with the adapter %s merged → %s\n", options.input.c_str(), options.merge.c_str(),
+               options.output.c_str());
+  return 0;
+}
+
 // A Hugging Face folder to another (F32 or BF16), its tokenizer files copied along, read back and checked.
 int convert_to_hf_folder(const ConvertCommand& options) {
   namespace fs = std::filesystem;
@@ -22,6 +55,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   if (fs::equivalent(options.input, options.output, same))
     throw UsageError("the output folder is the input folder; write to another");
   auto model = nn::load_hf_decoder(options.input);
+  if (!options.merge.empty()) merge_adapter(options.merge, *model);
   const nn::HfDType dtype = options.dtype == "bf16" ? nn::HfDType::BF16 : nn::HfDType::F32;
   nn::save_hf_folder(options.output, *model, dtype);
   int copied = 0;
@@ -53,6 +87,7 @@ int run_convert(const ConvertCommand& options) {
   if (options.to == "hf") return convert_to_hf_folder(options);
   if (nn::is_hf_folder(options.input))
     throw UsageError(options.input + " is a Hugging Face folder: convert it with --to hf (to F32 or BF16, --dtype)");
+  if (!options.merge.empty()) return convert_merged(options);
   const train::ModelFormat to = train::output_format(options.to, options.output);
   train::Conversion c;
   try {

@@ -49,30 +49,22 @@ LoadedModel load_folder(const ModelOptions& options) {
 // A PEFT adapter on a loaded model: its LoRA pairs added, and its fully trained modules (modules_to_save) copied into
 // the parameters of those names — or, for a head with fewer rows than the vocabulary, kept as a classifier's head.
 void apply_adapter(const std::string& dir, LoadedModel& loaded) {
-  train::PeftAdapter adapter = train::read_peft_adapter(dir);
-  std::map<std::string, Tensor> parameters;
-  for (auto& [name, p] : loaded.model->named_parameters()) parameters[name] = p;
+  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
   const std::string head = loaded.model->block_prefix(0).rfind("trf_blocks", 0) == 0 ? "out_head" : "score";
   try {
-    for (const auto& [name, t] : adapter.tensors) {
-      if (name.find(".lora_") != std::string::npos) continue;
-      if (name == head + ".weight" && t.rank() == 2 && t.size(0) != loaded.model->vocab_size()) {
+    for (const auto& [name, t] : train::apply_peft_adapter(*loaded.model, adapter)) {
+      if (name == head + ".weight" && t.rank() == 2 && t.size(1) == loaded.model->hidden_size()) {
         loaded.classifier_weight = t;
-      } else if (name == head + ".bias" && t.rank() == 1 && t.size(0) != loaded.model->vocab_size()) {
+      } else if (name == head + ".bias" && t.rank() == 1) {
         loaded.classifier_bias = t;
-      } else if (auto it = parameters.find(name); it != parameters.end() && it->second.shape() == t.shape()) {
-        continue;  // copied below, once the LoRA pairs are known to fit
       } else {
         throw ValueError("the adapter is for another model: its " + name + " " + t.shape().str() + " has no place in " +
                          loaded.description);
       }
     }
-    train::apply_peft_adapter(*loaded.model, adapter);
   } catch (const ValueError& e) {
     throw UsageError("--adapter " + dir + ": " + e.what());
   }
-  for (const auto& [name, t] : adapter.tensors)
-    if (auto it = parameters.find(name); it != parameters.end() && it->second.shape() == t.shape()) it->second.copy_(t);
   loaded.description += " + adapter " + dir;
 }
 

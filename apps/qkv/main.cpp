@@ -378,6 +378,8 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_config_options(convert_cmd, convert.hint);
   convert_cmd->add_flag("--weights-only", convert.weights_only, "Keep only the weights (drop optimizer state)");
+  convert_cmd->add_option("--merge", convert.merge, "A LoRA adapter folder (PEFT's layout, as qkv finetune writes) to "
+                                                    "merge into the weights: W + (alpha / r)·B·A");
 
   // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
   // required").

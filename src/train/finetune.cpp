@@ -191,7 +191,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   return a;
 }
 
-void apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter) {
+std::map<std::string, Tensor> apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter) {
   std::map<std::string, nn::LoraSite> layers;
   for (auto& site : model.lora_sites()) layers[site.name] = site;
   std::set<std::string> modules;
@@ -203,6 +203,13 @@ void apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter) {
     }
   }
   if (modules.empty()) throw ValueError("the adapter holds no lora_A/lora_B weights");
+  std::map<std::string, Tensor> parameters, rest;
+  for (auto& [name, p] : model.named_parameters()) parameters[name] = p;
+  for (const auto& [name, t] : adapter.tensors) {
+    if (name.find(".lora_") != std::string::npos) continue;
+    const auto it = parameters.find(name);
+    if (it == parameters.end() || !(it->second.shape() == t.shape())) rest[name] = t;
+  }
   for (const std::string& m : modules) {  // everything checked before anything changes
     auto it = layers.find(m);
     if (it == layers.end()) throw ValueError("the adapter is for another model: it adapts '" + m + "', a layer this model does not have");
@@ -222,6 +229,9 @@ void apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter) {
     site.lora->a.copy_(adapter.tensors.at(m + a_suffix));
     site.lora->b.copy_(adapter.tensors.at(m + b_suffix));
   }
+  for (const auto& [name, t] : adapter.tensors)
+    if (name.find(".lora_") == std::string::npos && !rest.count(name)) parameters.at(name).copy_(t);
+  return rest;
 }
 
 // ---- classification ----

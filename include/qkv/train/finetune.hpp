@@ -66,10 +66,11 @@ void save_peft_adapter(const std::string& dir, nn::Module& model, const PeftAdap
 // IoError for a folder that is not a PEFT LoRA adapter (or one qkv cannot apply: another peft_type, dropout in
 // inference is ignored, fan_in_fan_out).
 PeftAdapter read_peft_adapter(const std::string& dir);
-// Adds the adapter's LoRA layers to `model` with its weights. ValueError, before anything changes, when it names a
-// module `model` does not have or a shape differs (an adapter for another model). Tensors of modules_to_save are left
-// in adapter.tensors for the caller (a classifier head).
-void apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter);
+// Adds the adapter's LoRA layers to `model` with its weights, and copies its fully trained tensors (modules_to_save)
+// into the parameters of the same names and shapes. ValueError, before anything changes, when it adapts a layer `model`
+// does not have or a shape differs (an adapter for another model). Returns the tensors it found no place for (a
+// classifier head, whose shape is not the vocabulary head's), for the caller.
+std::map<std::string, Tensor> apply_peft_adapter(nn::Module& model, const PeftAdapter& adapter);
 
 // ---- classification (chapter 6) ----
 
