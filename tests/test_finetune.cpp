@@ -97,6 +97,36 @@ TEST_F(Finetune, ClassifierHeadGradientsAndAdamWStepsMatchPyTorch) {
   EXPECT_NEAR(metrics.accuracy, file_->tensor("classify.accuracy").item(), 1e-6);
 }
 
+TEST_F(Finetune, TheFrozenPrefixCacheChangesNothingButTheWork) {
+  const train::ClassificationSplit data = split("classify.", 12);
+  std::vector<std::vector<float>> runs;
+  for (int64_t cache : {int64_t{0}, int64_t{1} << 30}) {
+    auto model = base();
+    Generator gen(123);
+    train::SequenceClassifier classifier(*model, 3, gen);
+    train::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
+    EXPECT_EQ(classifier.enable_prefix_cache(cache), cache ? 1 : 0);  // block 0 is frozen: its output is kept
+    train::ClassifierOptions options;
+    options.lr = 1e-3;
+    options.batch_size = 4;
+    options.epochs = 3;
+    options.prefix_cache_bytes = cache;
+    std::vector<float> losses;
+    train::train_classifier(classifier, data, data, options,
+                            {.on_step = [&](const train::ClassifierProgress& p) { losses.push_back(static_cast<float>(p.loss)); }});
+    runs.push_back(losses);
+  }
+  EXPECT_TRUE(all_close(Tensor::from(runs[1], {9}), Tensor::from(runs[0], {9}), 1e-6, 1e-7));
+  // Something before the blocks trains (the position table): nothing can be cached.
+  auto model = base();
+  Generator gen(123);
+  train::SequenceClassifier classifier(*model, 3, gen);
+  train::set_trainable(*model, {"pos_emb", "final_norm"});
+  EXPECT_EQ(classifier.enable_prefix_cache(int64_t{1} << 30), 0);
+  train::set_trainable(*model, {"final_norm"});
+  EXPECT_EQ(classifier.enable_prefix_cache(int64_t{1} << 30), 2);  // only the norm and the head: every block cached
+}
+
 TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
   auto model = base();
   Generator gen(123);

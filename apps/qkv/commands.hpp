@@ -138,6 +138,7 @@ struct FinetuneClassifyCommand {
   text::TableColumns columns;
   train::ClassifierOptions options;
   std::string trainable = "last-block", pooling = "last", lora_targets = "all";
+  int64_t prefix_cache_mib = 2048;
   bool overwrite = false;
 };
 int run_finetune_classify(const FinetuneClassifyCommand& options);

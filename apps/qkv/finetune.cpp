@@ -122,6 +122,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   const text::Tokenizer& tokenizer = *loaded.tokenizer;
   train::ClassifierOptions o = cmd.options;
   o.pooling = cmd.pooling == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
+  o.prefix_cache_bytes = cmd.prefix_cache_mib << 20;
   if (o.pad_id < 0) o.pad_id = tokenizer.end_of_text() >= 0 ? tokenizer.end_of_text() : 0;  // GPT-2's is 50256
   if (o.pad_id < 0 || o.pad_id >= model.vocab_size()) throw UsageError("--pad-id " + std::to_string(o.pad_id) + " is outside the vocabulary");
 

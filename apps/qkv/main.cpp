@@ -335,6 +335,9 @@ int run(int argc, char** argv) {
                                                                       "text, GPT-2's 50256)")
       ->check(int_at_least("--pad-id", 0));
   add_finetune_options(ft_classify_cmd, ft_classify.options, ft_classify.lora_targets, ft_classify.overwrite);
+  ft_classify_cmd->add_option("--prefix-cache-mib", ft_classify.prefix_cache_mib,
+                              "Keep the frozen blocks' output per text for later epochs, up to this many MiB (0: recompute)")
+      ->capture_default_str()->check(int_at_least("--prefix-cache-mib", 0));
 
   qkv::cli::FinetuneInstructCommand ft_instruct;
   auto* ft_instruct_cmd = finetune_cmd->add_subcommand(

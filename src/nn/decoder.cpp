@@ -513,6 +513,20 @@ Tensor Decoder::hidden(std::span<const int64_t> ids, int64_t batch, int64_t toke
   return norm(x, final_norm, final_norm_bias);
 }
 
+Tensor Decoder::residual_before(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t layer) const {
+  if (layer < 0 || layer > config.num_layers) throw ValueError("Decoder: no block " + std::to_string(layer));
+  Tensor x = embed(ids, batch, tokens, 0);
+  for (int64_t i = 0; i < layer; ++i) x = block_forward(static_cast<size_t>(i), x, 0, nullptr, nullptr);
+  return x;
+}
+
+Tensor Decoder::hidden_from(const Tensor& residual, int64_t layer) const {
+  if (layer < 0 || layer > config.num_layers) throw ValueError("Decoder: no block " + std::to_string(layer));
+  Tensor x = residual;
+  for (int64_t i = layer; i < config.num_layers; ++i) x = block_forward(static_cast<size_t>(i), x, 0, nullptr, nullptr);
+  return norm(x, final_norm, final_norm_bias);
+}
+
 Tensor Decoder::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                         std::vector<AttentionStep::Record>* records) const {
   return linear(hidden(ids, batch, tokens, records), head, Tensor());

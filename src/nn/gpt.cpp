@@ -207,6 +207,20 @@ Tensor GPTModel::hidden(std::span<const int64_t> ids, int64_t batch, int64_t tok
   return final_norm(x);
 }
 
+Tensor GPTModel::residual_before(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t layer) const {
+  if (layer < 0 || layer > config.n_layers) throw ValueError("GPTModel: no block " + std::to_string(layer));
+  Tensor x = embed(ids, batch, tokens, 0);
+  for (int64_t i = 0; i < layer; ++i) x = trf_blocks[static_cast<size_t>(i)]->forward(x, {});
+  return x;
+}
+
+Tensor GPTModel::hidden_from(const Tensor& residual, int64_t layer) const {
+  if (layer < 0 || layer > config.n_layers) throw ValueError("GPTModel: no block " + std::to_string(layer));
+  Tensor x = residual;
+  for (int64_t i = layer; i < config.n_layers; ++i) x = trf_blocks[static_cast<size_t>(i)]->forward(x, {});
+  return final_norm(x);
+}
+
 Tensor GPTModel::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                          std::vector<AttentionStep::Record>* records) const {
   return out_head(hidden(ids, batch, tokens, records));

@@ -286,6 +286,62 @@ Tensor SequenceClassifier::logits(std::span<const int64_t> ids, int64_t batch, i
   return head(gather_tokens(base.hidden_states(ids, batch, tokens), positions));
 }
 
+int64_t SequenceClassifier::enable_prefix_cache(int64_t limit_bytes) {
+  cache_.clear();
+  cache_bytes_ = 0;
+  cache_limit_ = limit_bytes;
+  const int64_t L = base.num_layers();
+  int64_t first = L;  // the first block with a trainable parameter (L: only the final norm and the head train)
+  for (const auto& [name, p] : base.named_trainable_parameters()) {
+    if (name.rfind(base.final_norm_prefix(), 0) == 0) continue;
+    int64_t layer = -1;
+    for (int64_t i = 0; i < L && layer < 0; ++i)
+      if (name.rfind(base.block_prefix(i), 0) == 0) layer = i;
+    first = std::min(first, layer < 0 ? 0 : layer);  // anything outside the blocks (an embedding) trains: no cache
+  }
+  cache_layer_ = limit_bytes > 0 && !base.is_training() ? first : 0;
+  return cache_layer_;
+}
+
+Tensor SequenceClassifier::batch_logits(const ClassificationSplit& data, std::span<const int64_t> rows, Pooling pooling) const {
+  const int64_t B = static_cast<int64_t>(rows.size()), T = data.length;
+  std::vector<int64_t> ids, positions;
+  for (int64_t i : rows) {
+    ids.insert(ids.end(), data.ids.begin() + i * T, data.ids.begin() + (i + 1) * T);
+    positions.push_back(pooling == Pooling::Last ? T - 1 : data.last_real[static_cast<size_t>(i)]);
+  }
+  if (cache_layer_ == 0) return logits(ids, B, T, positions);
+  std::vector<Tensor>& cached = cache_[&data];
+  cached.resize(static_cast<size_t>(data.size()));
+  std::vector<int64_t> missing;
+  for (int64_t i : rows)
+    if (!cached[static_cast<size_t>(i)].defined() && std::find(missing.begin(), missing.end(), i) == missing.end()) missing.push_back(i);
+  const int64_t C = base.hidden_size();
+  std::map<int64_t, Tensor> fresh;  // rows computed now but not kept (over the limit)
+  if (!missing.empty()) {
+    NoGradGuard no_grad;
+    std::vector<int64_t> missing_ids;
+    for (int64_t i : missing) missing_ids.insert(missing_ids.end(), data.ids.begin() + i * T, data.ids.begin() + (i + 1) * T);
+    const Tensor r = base.residual_before(missing_ids, static_cast<int64_t>(missing.size()), T, cache_layer_);
+    for (size_t k = 0; k < missing.size(); ++k) {
+      Tensor row = Tensor::from(std::span<const float>(r.data() + static_cast<int64_t>(k) * T * C, static_cast<size_t>(T * C)), {T, C});
+      if (cache_bytes_ + T * C * 4 <= cache_limit_) {
+        cached[static_cast<size_t>(missing[k])] = row;
+        cache_bytes_ += T * C * 4;
+      } else {
+        fresh[missing[k]] = row;
+      }
+    }
+  }
+  Tensor x = Tensor::empty({B, T, C});
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t i = rows[static_cast<size_t>(b)];
+    const Tensor& row = cached[static_cast<size_t>(i)].defined() ? cached[static_cast<size_t>(i)] : fresh.at(i);
+    std::copy_n(row.data(), T * C, x.data() + b * T * C);
+  }
+  return head(gather_tokens(base.hidden_from(x, cache_layer_), positions));
+}
+
 std::string SequenceClassifier::head_name() const {
   return base.block_prefix(0).rfind("trf_blocks", 0) == 0 ? "out_head" : "score";
 }
@@ -313,20 +369,10 @@ std::vector<std::pair<std::string, Tensor>> SequenceClassifier::state_dict() {
 
 namespace {
 
-struct ClassBatch {
-  std::vector<int64_t> ids, positions, labels;
-  int64_t rows = 0;
-};
-
-ClassBatch class_batch(const ClassificationSplit& data, std::span<const int64_t> order, Pooling pooling) {
-  ClassBatch b;
-  b.rows = static_cast<int64_t>(order.size());
-  for (int64_t i : order) {
-    b.ids.insert(b.ids.end(), data.ids.begin() + i * data.length, data.ids.begin() + (i + 1) * data.length);
-    b.positions.push_back(pooling == Pooling::Last ? data.length - 1 : data.last_real[static_cast<size_t>(i)]);
-    b.labels.push_back(data.labels[static_cast<size_t>(i)]);
-  }
-  return b;
+std::vector<int64_t> labels_of(const ClassificationSplit& data, std::span<const int64_t> rows) {
+  std::vector<int64_t> out;
+  for (int64_t i : rows) out.push_back(data.labels[static_cast<size_t>(i)]);
+  return out;
 }
 
 std::vector<int64_t> iota(int64_t n) {
@@ -369,13 +415,14 @@ ClassifierMetrics evaluate_classifier(const SequenceClassifier& model, const Cla
   const std::vector<int64_t> order = iota(n);
   for (int64_t k = 0; k < count; ++k) {
     const int64_t begin = k * batch_size, rows = std::min(batch_size, n - begin);
-    const ClassBatch b = class_batch(data, std::span(order).subspan(static_cast<size_t>(begin), static_cast<size_t>(rows)), pooling);
-    const Tensor logits = model.logits(b.ids, b.rows, data.length, b.positions);
-    m.loss += cross_entropy(logits, b.labels).item();
+    const auto chosen = std::span(order).subspan(static_cast<size_t>(begin), static_cast<size_t>(rows));
+    const std::vector<int64_t> labels = labels_of(data, chosen);
+    const Tensor logits = model.batch_logits(data, chosen, pooling);
+    m.loss += cross_entropy(logits, labels).item();
     const int64_t classes = logits.size(1);
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = logits.data() + r * classes;
-      if (std::max_element(row, row + classes) - row == b.labels[static_cast<size_t>(r)]) ++correct;
+      if (std::max_element(row, row + classes) - row == labels[static_cast<size_t>(r)]) ++correct;
     }
     seen += rows;
   }
@@ -391,11 +438,12 @@ std::vector<std::vector<int64_t>> confusion_matrix(const SequenceClassifier& mod
   const std::vector<int64_t> order = iota(data.size());
   for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const int64_t rows = std::min(batch_size, data.size() - begin);
-    const ClassBatch b = class_batch(data, std::span(order).subspan(static_cast<size_t>(begin), static_cast<size_t>(rows)), pooling);
-    const Tensor logits = model.logits(b.ids, b.rows, data.length, b.positions);
+    const auto chosen = std::span(order).subspan(static_cast<size_t>(begin), static_cast<size_t>(rows));
+    const std::vector<int64_t> labels = labels_of(data, chosen);
+    const Tensor logits = model.batch_logits(data, chosen, pooling);
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = logits.data() + r * classes;
-      counts[static_cast<size_t>(b.labels[static_cast<size_t>(r)])][static_cast<size_t>(std::max_element(row, row + classes) - row)]++;
+      counts[static_cast<size_t>(labels[static_cast<size_t>(r)])][static_cast<size_t>(std::max_element(row, row + classes) - row)]++;
     }
   }
   return counts;
@@ -410,20 +458,21 @@ int64_t train_classifier(SequenceClassifier& model, const ClassificationSplit& t
                      std::to_string(o.batch_size) + "; use a smaller --batch-size");
   }
   model.base.eval();
+  model.enable_prefix_cache(o.prefix_cache_bytes);
   optim::AdamW optimizer = make_adamw(model.trainable_parameters(), o.lr, o.weight_decay);
   int64_t step = 0, examples = 0;
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
     Generator shuffle(o.seed + static_cast<uint64_t>(epoch));
     const std::vector<int64_t> order = randperm(train.size(), shuffle);
     for (int64_t k = 0; k < per_epoch; ++k) {
-      const ClassBatch b = class_batch(train, std::span(order).subspan(static_cast<size_t>(k * o.batch_size), static_cast<size_t>(o.batch_size)), o.pooling);
+      const auto chosen = std::span(order).subspan(static_cast<size_t>(k * o.batch_size), static_cast<size_t>(o.batch_size));
       optimizer.zero_grad(true);
-      const Tensor loss = cross_entropy(model.logits(b.ids, b.rows, train.length, b.positions), b.labels);
+      const Tensor loss = cross_entropy(model.batch_logits(train, chosen, o.pooling), labels_of(train, chosen));
       const double value = loss.item();
       check_finite(value, step + 1);
       loss.backward();
       optimizer.step();
-      examples += b.rows;
+      examples += o.batch_size;
       if (callbacks.on_step) callbacks.on_step({step + 1, epoch + 1, examples, per_epoch * o.epochs, value});
       if (step % o.eval_freq == 0 && callbacks.on_eval) {
         const double tl = evaluate_classifier(model, train, o.batch_size, o.eval_iter, o.pooling).loss;

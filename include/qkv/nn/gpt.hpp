@@ -128,6 +128,8 @@ class GPTModel : public LanguageModel {
     return hidden(ids, batch, tokens, nullptr);
   }
   int64_t hidden_size() const override { return config.emb_dim; }
+  Tensor residual_before(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t layer) const override;
+  Tensor hidden_from(const Tensor& residual, int64_t layer) const override;
   std::string block_prefix(int64_t layer) const override { return "trf_blocks." + std::to_string(layer) + "."; }
   std::string final_norm_prefix() const override { return "final_norm."; }
   std::string head_prefix() const override { return "out_head."; }

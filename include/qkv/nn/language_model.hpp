@@ -40,6 +40,11 @@ class LanguageModel : public Module {
                          std::vector<AttentionStep::Record>* records = nullptr) const = 0;
   // The final norm's output (B, T, hidden_size()): what the output head reads, and what a classifier head reads instead.
   virtual Tensor hidden_states(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const = 0;
+  // The same in two stages: the residual stream entering block `layer` (B, T, hidden_size(); layer 0 is the embedding),
+  // and the final hidden states from such a residual. hidden_from(residual_before(ids, B, T, k), k) is hidden_states:
+  // what lets a fine-tuner compute a frozen prefix of the blocks once per text and reuse it every epoch.
+  virtual Tensor residual_before(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t layer) const = 0;
+  virtual Tensor hidden_from(const Tensor& residual, int64_t layer) const = 0;
   virtual int64_t hidden_size() const = 0;
   // Where parameters live by name, for freezing and adapters: the state-dict prefix of block `layer` ("trf_blocks.11."
   // in the book's names, "model.layers.11." in Hugging Face's), of the final norm ("final_norm.", "model.norm.") and

@@ -86,6 +86,9 @@ struct ClassifierOptions {
   int64_t max_length = 0;  // 0: the longest training text (cut to the model's context)
   int64_t pad_id = 50256;
   LoraOptions lora;
+  // The frozen blocks before the first trainable one compute the same residual for a text every epoch: keep it, up to
+  // this many bytes (0: recompute every time). See SequenceClassifier::enable_prefix_cache.
+  int64_t prefix_cache_bytes = int64_t{2} << 30;
 };
 
 // Texts as token ids, padded with pad_id to one length, and their class indices.
@@ -113,6 +116,13 @@ class SequenceClassifier {
   SequenceClassifier(nn::LanguageModel& base, int64_t classes, Generator& gen);
   // Logits (B, classes) of ids (B × T) at `positions` (one per row).
   Tensor logits(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> positions) const;
+  // The logits of rows `rows` of `data`, read where `pooling` says; through the prefix cache when it is on.
+  Tensor batch_logits(const ClassificationSplit& data, std::span<const int64_t> rows, Pooling pooling) const;
+  // When nothing before block k trains (embeddings and blocks 0…k−1 frozen) and the base runs without dropout, the
+  // residual entering block k is a function of the text alone: batch_logits then computes it once per text (without a
+  // gradient) and keeps it, up to `limit_bytes`, so later epochs run only blocks k… Returns k (0: nothing to cache).
+  // Call after choosing what trains; the results are the same as without the cache.
+  int64_t enable_prefix_cache(int64_t limit_bytes);
   // What the head is called in a state dict: out_head (the book's names) or score (Hugging Face's).
   std::string head_name() const;
   // The trainable parameters: the base's that train, then the head's ("<head_name>.weight", ".bias").
@@ -121,6 +131,11 @@ class SequenceClassifier {
   std::vector<std::pair<std::string, Tensor>> state_dict();
   nn::LanguageModel& base;
   nn::Linear head;
+
+ private:
+  int64_t cache_layer_ = 0, cache_limit_ = 0;
+  mutable int64_t cache_bytes_ = 0;
+  mutable std::map<const ClassificationSplit*, std::vector<Tensor>> cache_;
 };
 
 struct ClassifierMetrics {
