@@ -2,6 +2,8 @@
 // initial weights, the frozen model's gradients and several AdamW steps; LoRA's A as the book draws it, its forward,
 // every gradient, AdamW steps and the merged weight; the instruction collate; torch.randperm. Then the data readers,
 // freezing by name and PEFT adapters.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -384,7 +386,7 @@ namespace fs = std::filesystem;
 class FinetuneCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / "qkv_finetune_cli";
+    dir_ = fs::temp_directory_path() / ("qkv_finetune_cli_" + std::to_string(::getpid()));  // ctest runs each test in its own process
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::string text;
