@@ -92,6 +92,46 @@ void write_book_config(const std::string& dir, nn::LanguageModel& model) {
 std::string json_number(double v) { return std::isfinite(v) ? nlohmann::json(v).dump() : ""; }
 nlohmann::ordered_json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); }
 
+// The progress bar, the book's evaluation lines, losses.csv and the loss curves, shared by both fine-tuning loops.
+class TrainingReport {
+ public:
+  explicit TrainingReport(const char* seen) : start_(std::chrono::steady_clock::now()) {
+    csv_ << "step," << seen << ",train_loss,val_loss\n";
+  }
+  void step(int64_t epoch, int64_t step, int64_t total, double loss) {
+    epoch_ = epoch;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    char text[160];
+    std::snprintf(text, sizeof text, " epoch %lld  step %lld/%lld  loss %.3f  %s", static_cast<long long>(epoch),
+                  static_cast<long long>(step), static_cast<long long>(total), loss, format_duration(s).c_str());
+    progress_.draw(step, total, text);
+  }
+  void eval(int64_t step, int64_t seen, double train, double val) {
+    char line[160];
+    std::snprintf(line, sizeof line, "Ep %lld (Step %06lld): Train loss %.3f, Val loss %.3f", static_cast<long long>(epoch_),
+                  static_cast<long long>(step - 1), train, val);
+    progress_.message(line);
+    csv_ << step << ',' << seen << ',' << json_number(train) << ',' << json_number(val) << '\n';
+    train_loss.points.emplace_back(static_cast<double>(seen), train);
+    val_loss.points.emplace_back(static_cast<double>(seen), val);
+  }
+  void message(const std::string& line) { progress_.message(line); }
+  void draw(int64_t done, int64_t total, const std::string& text) { progress_.draw(done, total, text); }
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  // losses.csv, and loss.png when there was an evaluation.
+  void write(const std::string& dir, const char* title, const char* seen_axis) const {
+    write_text(dir + "/losses.csv", csv_.str());
+    if (!train_loss.points.empty()) viz::plot_lines(dir + "/loss.png", title, seen_axis, "loss (nats)", {train_loss, val_loss});
+  }
+  viz::Series train_loss{"training loss", {31, 119, 180}, {}}, val_loss{"validation loss", {255, 127, 14}, {}};
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  ProgressLine progress_;
+  std::ostringstream csv_;
+  int64_t epoch_ = 0;
+};
+
 // Greedy pooled classification of one text as the book's classify_review: cut to the trained length, padded to it.
 struct Prediction {
   int64_t label = 0;
@@ -168,37 +208,17 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   }
   print_trainable(before, model.trainable_parameter_count() + classifier.head.parameter_count());
 
-  ProgressLine progress;
-  std::ostringstream csv;
-  csv << "step,examples_seen,train_loss,val_loss\n";
-  viz::Series train_loss{"training loss", {31, 119, 180}, {}}, val_loss{"validation loss", {255, 127, 14}, {}};
+  TrainingReport report("examples_seen");
   viz::Series train_acc{"training accuracy", {31, 119, 180}, {}}, val_acc{"validation accuracy", {255, 127, 14}, {}};
-  const auto start = std::chrono::steady_clock::now();
-  int64_t epoch_now = 0;
   train::ClassifierCallbacks callbacks;
-  callbacks.on_step = [&](const train::ClassifierProgress& p) {
-    epoch_now = p.epoch;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    char text[160];
-    std::snprintf(text, sizeof text, " epoch %lld  step %lld/%lld  loss %.3f  %s", static_cast<long long>(p.epoch),
-                  static_cast<long long>(p.step), static_cast<long long>(p.steps_total), p.loss, format_duration(s).c_str());
-    progress.draw(p.step, p.steps_total, text);
-  };
-  callbacks.on_eval = [&](const train::ClassifierEvaluation& e) {
-    char line[160];
-    std::snprintf(line, sizeof line, "Ep %lld (Step %06lld): Train loss %.3f, Val loss %.3f", static_cast<long long>(epoch_now),
-                  static_cast<long long>(e.step - 1), e.train_loss, e.val_loss);
-    progress.message(line);
-    csv << e.step << ',' << e.examples_seen << ',' << json_number(e.train_loss) << ',' << json_number(e.val_loss) << '\n';
-    train_loss.points.emplace_back(static_cast<double>(e.examples_seen), e.train_loss);
-    val_loss.points.emplace_back(static_cast<double>(e.examples_seen), e.val_loss);
-  };
+  callbacks.on_step = [&](const train::ClassifierProgress& p) { report.step(p.epoch, p.step, p.steps_total, p.loss); };
+  callbacks.on_eval = [&](const train::ClassifierEvaluation& e) { report.eval(e.step, e.examples_seen, e.train_loss, e.val_loss); };
   nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
   callbacks.on_epoch = [&](const train::ClassifierEpoch& e) {
     char line[160];
     std::snprintf(line, sizeof line, "Training accuracy: %.2f%% | Validation accuracy: %.2f%%", 100 * e.train_accuracy,
                   100 * e.val_accuracy);
-    progress.message(line);
+    report.message(line);
     train_acc.points.emplace_back(static_cast<double>(e.epoch), e.train_accuracy);
     val_acc.points.emplace_back(static_cast<double>(e.epoch), e.val_accuracy);
     epochs.push_back({{"epoch", e.epoch}, {"train_accuracy", e.train_accuracy}, {"val_accuracy", e.val_accuracy}});
@@ -209,7 +229,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   } catch (const ValueError& e) {
     throw UsageError(e.what());
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = report.seconds();
   std::printf("Training completed in %.2f minutes (%lld steps).\n", seconds / 60, static_cast<long long>(steps));
 
   // The book's final report: accuracy over the whole of each split.
@@ -241,9 +261,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
       {"confusion_matrix", {{"split", cmd.test_path.empty() ? "val" : "test"}, {"rows_true_columns_predicted", confusion}}},
       {"base_model", cmd.model.path()}, {"lora_rank", o.lora.rank}};
   write_text(dir + "/metrics.json", metrics.dump(2) + "\n");
-  write_text(dir + "/losses.csv", csv.str());
-  if (!train_loss.points.empty())
-    viz::plot_lines(dir + "/loss.png", "qkv finetune classify: loss", "examples seen", "loss (nats)", {train_loss, val_loss});
+  report.write(dir, "qkv finetune classify: loss", "examples seen");
   if (!train_acc.points.empty())
     viz::plot_lines(dir + "/accuracy.png", "qkv finetune classify: accuracy", "epoch", "accuracy", {train_acc, val_acc});
   Tensor counts = Tensor::zeros({classes, classes});
@@ -371,37 +389,17 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   std::printf("Initial losses: training %.3f, validation %.3f\n", train::instruction_loss(model, train_set, o, o.eval_iter),
               train::instruction_loss(model, val_set, o, o.eval_iter));
 
-  ProgressLine progress;
-  std::ostringstream csv;
-  csv << "step,tokens_seen,train_loss,val_loss\n";
-  viz::Series train_loss{"training loss", {31, 119, 180}, {}}, val_loss{"validation loss", {255, 127, 14}, {}};
-  const auto start = std::chrono::steady_clock::now();
-  int64_t epoch_now = 0;
+  TrainingReport report("tokens_seen");
   train::InstructCallbacks callbacks;
-  callbacks.on_step = [&](const train::InstructProgress& p) {
-    epoch_now = p.epoch;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    char text[160];
-    std::snprintf(text, sizeof text, " epoch %lld  step %lld/%lld  loss %.3f  %s", static_cast<long long>(p.epoch),
-                  static_cast<long long>(p.step), static_cast<long long>(p.steps_total), p.loss, format_duration(s).c_str());
-    progress.draw(p.step, p.steps_total, text);
-  };
-  callbacks.on_eval = [&](const train::InstructEvaluation& e) {
-    char line[160];
-    std::snprintf(line, sizeof line, "Ep %lld (Step %06lld): Train loss %.3f, Val loss %.3f", static_cast<long long>(epoch_now),
-                  static_cast<long long>(e.step - 1), e.train_loss, e.val_loss);
-    progress.message(line);
-    csv << e.step << ',' << e.tokens_seen << ',' << json_number(e.train_loss) << ',' << json_number(e.val_loss) << '\n';
-    train_loss.points.emplace_back(static_cast<double>(e.tokens_seen), e.train_loss);
-    val_loss.points.emplace_back(static_cast<double>(e.tokens_seen), e.val_loss);
-  };
+  callbacks.on_step = [&](const train::InstructProgress& p) { report.step(p.epoch, p.step, p.steps_total, p.loss); };
+  callbacks.on_eval = [&](const train::InstructEvaluation& e) { report.eval(e.step, e.tokens_seen, e.train_loss, e.val_loss); };
   int64_t steps = 0;
   try {
     steps = train::train_instructions(model, train_set, val_set, o, callbacks);
   } catch (const ValueError& e) {
     throw UsageError(e.what());
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = report.seconds();
   std::printf("Training completed in %.2f minutes (%lld steps).\n", seconds / 60, static_cast<long long>(steps));
 
   // The book: a greedy response to every test entry, stopping at the end of text.
@@ -420,7 +418,7 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
     const size_t a = response.find_first_not_of(" \t\r\n"), b = response.find_last_not_of(" \t\r\n");
     response = a == std::string::npos ? "" : response.substr(a, b - a + 1);
     with_responses.push_back({{"instruction", e.instruction}, {"input", e.input}, {"output", e.output}, {"model_response", response}});
-    progress.draw(++done, static_cast<int64_t>(splits.test.size()), " responses to the test entries");
+    report.draw(++done, static_cast<int64_t>(splits.test.size()), " responses to the test entries");
   }
   const std::string dir = cmd.out_dir;
   write_text(dir + "/instruction-data-with-response.json", with_responses.dump(4) + "\n");
@@ -440,9 +438,7 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
                                     {"mask_prompt", o.mask_prompt}, {"format", cmd.format}, {"base_model", cmd.model.path()},
                                     {"lora_rank", o.lora.rank}};
   write_text(dir + "/metrics.json", metrics.dump(2) + "\n");
-  write_text(dir + "/losses.csv", csv.str());
-  if (!train_loss.points.empty())
-    viz::plot_lines(dir + "/loss.png", "qkv finetune instruct: loss", "tokens seen", "loss (nats)", {train_loss, val_loss});
+  report.write(dir, "qkv finetune instruct: loss", "tokens seen");
   std::printf("Wrote %s/model.pth%s, instruction-data-with-response.json, metrics.json, losses.csv, loss.png\n", dir.c_str(),
               o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "");
   return 0;

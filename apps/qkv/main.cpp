@@ -92,6 +92,10 @@ void add_finetune_options(CLI::App* cmd, Options& o, std::string& lora_targets, 
   cmd->add_option("--lora-targets", lora_targets, "Layers LoRA adapts: all, attention, qkv, mlp, or module-name patterns, "
                                                   "comma-separated")->capture_default_str();
   cmd->add_flag("--overwrite", overwrite, "Replace a fine-tuned model already in --out");
+  o.pad_id = -1;  // the tokenizer's end of text unless given
+  cmd->add_option("--pad-id", o.pad_id, "Padding (and appended end-of-text) token (default: the tokenizer's end of text, "
+                                        "GPT-2's 50256)")
+      ->check(int_at_least("--pad-id", 0));
 }
 
 // Sampling options of generate and chat: counts checked whole and in range (a NaN or a negative count is a usage
@@ -330,10 +334,6 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"last", "last-real"}));
   ft_classify_cmd->add_option("--max-length", ft_classify.options.max_length, "Tokens per text (default: the longest "
                                                                               "training text)")->check(int_at_least("--max-length", 1));
-  ft_classify.options.pad_id = -1;
-  ft_classify_cmd->add_option("--pad-id", ft_classify.options.pad_id, "Padding token (default: the tokenizer's end of "
-                                                                      "text, GPT-2's 50256)")
-      ->check(int_at_least("--pad-id", 0));
   add_finetune_options(ft_classify_cmd, ft_classify.options, ft_classify.lora_targets, ft_classify.overwrite);
   ft_classify_cmd->add_option("--prefix-cache-mib", ft_classify.prefix_cache_mib,
                               "Keep the frozen blocks' output per text for later epochs, up to this many MiB (0: recompute)")
@@ -348,10 +348,6 @@ int run(int argc, char** argv) {
   ft_instruct_cmd->add_option("--out", ft_instruct.out_dir, "Folder for the fine-tuned model and its responses")->required();
   ft_instruct_cmd->add_option("--format", ft_instruct.format, "alpaca (the book's prompt) or chat (the model's chat template)")
       ->capture_default_str()->check(CLI::IsMember({"alpaca", "chat"}));
-  ft_instruct.options.pad_id = -1;
-  ft_instruct_cmd->add_option("--pad-id", ft_instruct.options.pad_id, "Padding and end-of-text token (default: the "
-                                                                      "tokenizer's end of text, GPT-2's 50256)")
-      ->check(int_at_least("--pad-id", 0));
   ft_instruct_cmd->add_flag("--mask-prompt", ft_instruct.options.mask_prompt, "Put the loss on the response only");
   ft_instruct_cmd->add_option("--allowed-max-length", ft_instruct.options.allowed_max_length, "Tokens per example at most")
       ->capture_default_str()->check(int_at_least("--allowed-max-length", 2));
