@@ -1,6 +1,8 @@
 // The decoder composed from a config against PyTorch: tiny random Llama 3, Qwen2, Qwen3 and Gemma 3 folders in
 // Hugging Face's layout (tools/decoder_reference.py) give PyTorch's logits, loss, every gradient and greedy text,
 // with and without the KV cache; the loaders refuse bad folders with messages that name the file and the key.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -284,7 +286,8 @@ TEST(DecoderCli, ContinuedPretrainingOfAFolder) {
 // ---- bad folders ----
 
 struct BadFolder : ::testing::Test {
-  fs::path dir = fs::temp_directory_path() / "qkv_bad_hf";
+  // One folder per process: ctest runs each BadFolder test in a process of its own, in parallel.
+  fs::path dir = fs::temp_directory_path() / ("qkv_bad_hf_" + std::to_string(::getpid()));
   void SetUp() override {
     fs::remove_all(dir);
     fs::copy(folder("llama"), dir);
