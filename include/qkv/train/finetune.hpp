@@ -222,8 +222,8 @@ struct InstructCallbacks {
   std::function<void(const InstructProgress&)> on_step;
   std::function<void(const InstructEvaluation&)> on_eval;
 };
-// The book's train_model_simple on the collated instruction batches (training batches shuffled per epoch as
-// train_classifier's, the last partial one kept as the book's train loader with drop_last=True does not: dropped).
+// The book's train_model_simple on the collated instruction batches: shuffled per epoch as train_classifier's, the last
+// partial batch dropped (the book's train loader has drop_last=True).
 int64_t train_instructions(nn::LanguageModel& model, const std::vector<EncodedInstruction>& train,
                            const std::vector<EncodedInstruction>& validation, const InstructOptions& options,
                            const InstructCallbacks& callbacks);
