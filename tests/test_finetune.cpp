@@ -454,6 +454,11 @@ TEST_F(FinetuneCli, ClassifyTrainsWritesItsFilesAndClassifiesAgain) {
   const auto labels = nlohmann::json::parse(c.out);
   EXPECT_EQ(labels[0]["label"], "low") << c.out;
   EXPECT_EQ(labels[1]["label"], "high") << c.out;
+  // Converting it would drop its head: refused, naming why.
+  const CliResult converted = run_cli("convert " + path("clf/model.pth") + " " + path("clf.safetensors") + " --config " +
+                                      path("clf/config.json"));
+  EXPECT_EQ(converted.code, 2) << converted.out;
+  EXPECT_NE(converted.out.find("fine-tuned classifier"), std::string::npos) << converted.out;
   // A finished run is kept unless --overwrite says otherwise.
   std::string again = classify_args("clf");
   again.erase(again.find(" --overwrite"));

@@ -311,7 +311,8 @@ int run_classify(const ClassifyCommand& cmd) {
     labels.clear();
     for (int64_t c = 0; c < classes; ++c) labels.push_back(std::to_string(c));
   }
-  if (length <= 0) length = std::min<int64_t>(loaded.model->context_length(), 1024);
+  // metrics.json is user input too: a length beyond the model's context is cut to it.
+  if (length <= 0 || length > loaded.model->context_length()) length = std::min<int64_t>(loaded.model->context_length(), 1024);
   Generator unused = Generator::drawing_nothing();
   train::SequenceClassifier classifier(*loaded.model, classes, unused);
   classifier.head.weight.copy_(loaded.classifier_weight);

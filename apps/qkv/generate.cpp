@@ -81,6 +81,7 @@ LoadedModel load_model(const ModelOptions& options) {
     }
     loaded.model = std::move(file.model);
     loaded.classifier_weight = file.classifier_weight;
+
     loaded.classifier_bias = file.classifier_bias;
     loaded.tokenizer = text::make_tokenizer(file.tokenizer, options.vocab_dir);
     loaded.description = file.description;
@@ -94,6 +95,10 @@ LoadedModel load_model(const ModelOptions& options) {
 
 int run_generate(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.model);
+  if (loaded.classifier_weight.defined())
+    std::fprintf(stderr, "qkv generate: note: %s is a fine-tuned classifier (%lld classes); as a language model its "
+                         "output head is tok_emb.weight (qkv classify uses its own head)\n",
+                 loaded.description.c_str(), static_cast<long long>(loaded.classifier_weight.size(0)));
   const nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::string prompt_text = options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt;

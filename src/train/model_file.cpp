@@ -593,6 +593,11 @@ ModelFormat output_format(const std::string& to, const std::string& output) {
 Conversion convert_model_file(const std::string& input, const std::string& output, ModelFormat to, const ConfigHint& hint,
                               bool weights_only) {
   ModelFile source = load_model_file(input, hint);
+  if (source.classifier_weight.defined()) {
+    throw ValueError(input + " is a fine-tuned classifier (its out_head has " + std::to_string(source.classifier_weight.size(0)) +
+                     " classes); the formats qkv converts to hold a language model's head, so it would be lost. Its "
+                     "model.pth already is the book's format");
+  }
   if (source.format == ModelFormat::QkvCheckpoint) {  // its optimizer and generator travel too
     source.optimizer = read_checkpoint_optimizer(input, *source.model, *source.settings, &source.rng_state);
   }

@@ -179,6 +179,10 @@ void Trainer::save_checkpoint(const std::string& path) const {
 
 void Trainer::resume_from(const ModelFile& file) {
   const std::string& label = file.description;
+  if (file.classifier_weight.defined()) {
+    throw ValueError(label + " is a fine-tuned classifier, not a language model (its out_head has " +
+                     std::to_string(file.classifier_weight.size(0)) + " classes); pretrain from its base model instead");
+  }
   if (!(file.model->config == settings_.model)) {
     std::string diff;
     const auto theirs = file.model->config.to_strings(), mine = settings_.model.to_strings();
