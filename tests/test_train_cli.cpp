@@ -87,6 +87,28 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   EXPECT_NE(greedy.out.find("KV cache"), std::string::npos) << greedy.out;
 }
 
+// The training plot in another format with a log axis, and eval's plot of the loss along the text.
+TEST_F(TrainCli, PlotsInEveryFormat) {
+  const CliResult r = run_cli(tiny("svg", 12) + " --format svg --plot-log --attention-every 6");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* f : {"loss.svg", "attention/step-000006.svg", "attention/attention.gif"})
+    EXPECT_TRUE(fs::exists(dir_ / "svg" / f)) << f;
+  EXPECT_FALSE(fs::exists(dir_ / "svg" / "loss.png"));
+  const std::string svg = read(dir_ / "svg" / "loss.svg");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  const std::string checkpoint = (dir_ / "svg" / "checkpoint.safetensors").string();
+  const std::string text = (dir_ / "text.txt").string();
+  const CliResult e = run_cli("eval --checkpoint " + checkpoint + " --text " + text + " --context 32 --plot " + (dir_ / "eval").string());
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_TRUE(contains(e.out, "[plot: " + (dir_ / "eval.png").string() + "]")) << e.out;
+  EXPECT_EQ(read(dir_ / "eval.png").substr(0, 4), "\x89PNG");
+  const CliResult p = run_cli("eval --checkpoint " + checkpoint + " --text " + text + " --context 32 --json --plot " +
+                              (dir_ / "eval.pdf").string());
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_EQ(read(dir_ / "eval.pdf").substr(0, 5), "%PDF-");
+  EXPECT_TRUE(contains(p.out, "\"loss\"")) << "--json stays JSON on standard output";
+}
+
 TEST_F(TrainCli, ResumeRepeatsAnUninterruptedRunExactly) {
   ASSERT_EQ(run_cli(tiny("straight", 20)).code, 0);
   const CliResult first = run_cli(tiny("split", 20) + " --stop-at 7");  // mid-schedule, between evaluations
@@ -148,11 +170,21 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
       {"generate --prompt hi", "give --checkpoint FILE or --gpt2 FILE", 2},
       {"generate --checkpoint " + (dir_ / "text.txt").string(), "text.txt", 1},
       {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
+      // A text that never ends, integer options, picture options.
+      {"eval --checkpoint " + checkpoint + " --text /dev/zero", "/dev/zero: is a device, not a file", 1},
+      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --stride 0", "--stride must be at least 1", 2},
+      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --plot loss.bmp", ".png, .svg or .pdf", 2},
+      {"train --attention-every -1 --text " + (dir_ / "text.txt").string() + shape, "--attention-every must be at least 0", 2},
+      {"--threads 0 eval --checkpoint " + checkpoint, "--threads must be a whole number from 1 to 1024", 2},
+      {"attention --checkpoint " + checkpoint + " --prompt the --format jpg", "png", 2},
+      {"attention --checkpoint " + checkpoint + " --prompt the --scale 0", "--scale must lie in 0.25", 2},
+      {"generate --checkpoint " + checkpoint + " --prompt ''", "has no beginning- or end-of-text token", 2},
   };
   for (const Case& c : cases) {
     const CliResult r = run_cli(c.args);
     EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, c.expect)) << c.args << "\n" << r.out;
+    EXPECT_FALSE(contains(r.out, "0.000000 to")) << "an integer option's range is printed as integers: " << r.out;
   }
   EXPECT_EQ(read(checkpoint), before);  // no failed run touched the saved checkpoint
   // A prompt longer than context_length is cut to its last context_length tokens, with a notice.
@@ -177,6 +209,10 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* f : {"attention-grid.png", "layer01-head01.png", "layer01-head02.png", "attention.safetensors", "attention.html"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
+  const CliResult pdf = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the fat cat' --format pdf --out " +
+                                (dir_ / "pdf").string());
+  ASSERT_EQ(pdf.code, 0) << pdf.out;
+  for (const char* f : {"attention-grid.pdf", "layer01-head02.pdf"}) EXPECT_EQ(read(dir_ / "pdf" / f).substr(0, 5), "%PDF-") << f;
   const auto file = io::SafetensorsFile::open((out / "attention.safetensors").string());
   const Tensor maps = file.tensor("attention");
   ASSERT_EQ(maps.shape(), (Shape{1, 2, 11, 11}));  // "the fat cat" is 11 bytes

@@ -1,7 +1,11 @@
-// Pictures: PNG heatmaps decode to the size they say, are not blank, and colour the largest weight brighter than
-// the smallest (viridis runs from dark purple to yellow); grids and GIFs are written; the demo draws its matrices.
+// Pictures: heatmaps and plots decode to the size they say, are not blank, and put the data where it belongs
+// (viridis runs from dark purple to yellow; a curve's pixels lie where its points are); labels are drawn with
+// the real glyphs of any script, exactly as the same text drawn alone; SVG and PDF are well-formed files that
+// xmllint and pdfinfo (libxml2-utils, poppler-utils: scripts/run test installs them) accept.
 #include <png.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -9,6 +13,7 @@
 #include "helpers.hpp"
 #include "qkv/io/npy.hpp"
 #include "qkv/viz/heatmap.hpp"
+#include "qkv/viz/plot.hpp"
 #include "qkv/viz/report.hpp"
 
 namespace qkv::test {
@@ -49,11 +54,41 @@ size_t distinct_colours(const Image& image) {
   return colours.size();
 }
 
+// The ink (pixels darker than the white background) inside [x0, x1) × [y0, y1), cropped to its bounding box.
+struct Ink {
+  int width = 0, height = 0;
+  std::vector<double> luminance;  // row-major
+};
+Ink ink(const Image& image, int x0, int y0, int x1, int y1) {
+  int left = x1, right = x0 - 1, top = y1, bottom = y0 - 1;
+  for (int y = std::max(y0, 0); y < std::min(y1, image.height); ++y)
+    for (int x = std::max(x0, 0); x < std::min(x1, image.width); ++x)
+      if (image.luminance(x, y) < 200) left = std::min(left, x), right = std::max(right, x), top = std::min(top, y), bottom = std::max(bottom, y);
+  Ink out;
+  if (right < left) return out;
+  out.width = right - left + 1, out.height = bottom - top + 1;
+  for (int y = top; y <= bottom; ++y)
+    for (int x = left; x <= right; ++x) out.luminance.push_back(image.luminance(x, y));
+  return out;
+}
+// Mean absolute difference of two crops of equal size; infinity when their sizes differ.
+double difference(const Ink& a, const Ink& b) {
+  if (a.width != b.width || a.height != b.height || a.luminance.empty()) return INFINITY;
+  double total = 0;
+  for (size_t i = 0; i < a.luminance.size(); ++i) total += std::fabs(a.luminance[i] - b.luminance[i]);
+  return total / static_cast<double>(a.luminance.size());
+}
+
 fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("qkv_viz_" + name);
+  const fs::path dir = fs::temp_directory_path() / ("qkv_viz_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 TEST(Heatmap, DecodesWithLabelsColourBarAndTheRightColourDirection) {
@@ -63,7 +98,7 @@ TEST(Heatmap, DecodesWithLabelsColourBarAndTheRightColourDirection) {
   viz::HeatmapStyle style;
   style.title = "A";
   style.row_labels = style.col_labels = {"the", "fat", "cat"};
-  const viz::HeatmapGeometry g = viz::heatmap_png((dir / "a.png").string(), w, style);
+  const viz::HeatmapGeometry g = viz::save_heatmap((dir / "a.png").string(), w, style);
   const Image image = read_png((dir / "a.png").string());
   ASSERT_EQ(image.width, g.width);
   ASSERT_EQ(image.height, g.height);
@@ -73,40 +108,183 @@ TEST(Heatmap, DecodesWithLabelsColourBarAndTheRightColourDirection) {
   EXPECT_GT(cell(1, 2), cell(0, 0) + 100) << "the largest weight must be drawn brighter (yellow) than the smallest";
   EXPECT_GT(cell(0, 2), cell(0, 1)) << "0.50 brighter than 0.49";
   EXPECT_GE(g.cell, 48) << "values are printed in cells that fit them";
-  // Width > 100 px to the right of the grid holds the colour bar: its top is yellow, its bottom dark.
+  // Right of the grid, the colour bar: its top is yellow, its bottom dark.
   const int bar_x = g.left + 3 * g.cell + 20 + 9;
   EXPECT_GT(image.luminance(bar_x, g.top + 2), image.luminance(bar_x, g.top + 3 * g.cell - 3) + 100);
+  // At scale 2 the same picture has twice the pixels each way, the same colours in the same places.
+  viz::save_heatmap((dir / "a2.png").string(), w, style, {.scale = 2.0});
+  const Image big = read_png((dir / "a2.png").string());
+  EXPECT_EQ(big.width, 2 * g.width);
+  EXPECT_EQ(big.height, 2 * g.height);
+  EXPECT_NEAR(big.luminance(2 * (g.left + 2 * g.cell + 3), 2 * (g.top + g.cell + 3)), cell(1, 2), 2.0);
 }
 
-TEST(Heatmap, RefusesWhatIsNotAMatrixAndWritesGridsAndGifs) {
+TEST(Heatmap, RefusesWhatIsNotAMatrixOrAFormatAndWritesGridsAndGifs) {
   const fs::path dir = scratch("grid");
-  EXPECT_THROW(viz::heatmap_png((dir / "bad.png").string(), Tensor::zeros({2, 3, 4}), {}), ValueError);
+  EXPECT_THROW(viz::save_heatmap((dir / "bad.png").string(), Tensor::zeros({2, 3, 4}), {}), ValueError);
   EXPECT_FALSE(fs::exists(dir / "bad.png"));
+  try {
+    viz::save_heatmap((dir / "a.bmp").string(), Tensor::zeros({2, 2}), {});
+    ADD_FAILURE() << "a .bmp name must be refused";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(".png, .svg or .pdf"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "a.bmp"));
+  EXPECT_THROW(viz::save_heatmap((dir / "a.png").string(), Tensor::zeros({2, 2}), {}, {.scale = 0.0}), ValueError);
+  EXPECT_THROW(viz::parse_picture_format("jpg"), ValueError);
   const Tensor w = random_tensor({5, 5}, 1);
-  viz::heatmap_grid_png((dir / "grid.png").string(), "grid", {{"L1 H1", w}, {"L1 H2", w}, {"L2 H1", w}}, 2,
-                        {"a", "b", "c", "d", "e"});
+  viz::save_heatmap_grid((dir / "grid.png").string(), "grid", {{"L1 H1", w}, {"L1 H2", w}, {"L2 H1", w}}, 2,
+                         {"a", "b", "c", "d", "e"});
   const Image grid = read_png((dir / "grid.png").string());
   EXPECT_GT(grid.width, 300);
   EXPECT_GT(distinct_colours(grid), 20u);
   viz::HeatmapAnimation animation({});
   for (int i = 0; i < 3; ++i) animation.add_frame(random_tensor({4, 4}, static_cast<uint64_t>(i)), "step " + std::to_string(i));
   animation.save_gif((dir / "a.gif").string());
-  std::ifstream gif(dir / "a.gif", std::ios::binary);
-  std::string magic(6, '\0');
-  gif.read(magic.data(), 6);
-  EXPECT_EQ(magic, "GIF89a");
+  EXPECT_EQ(slurp(dir / "a.gif").substr(0, 6), "GIF89a");
   EXPECT_GT(fs::file_size(dir / "a.gif"), 1000u);
 }
 
-TEST(Heatmap, AsciiLabelsKeepTokensReadable) {
-  EXPECT_EQ(viz::ascii_label(" the"), "_the");
-  EXPECT_EQ(viz::ascii_label("caf\xc3\xa9"), "caf?");
-  EXPECT_EQ(viz::ascii_label(""), "?");
+TEST(Heatmap, CountsPrintAsWholeNumbers) {
+  // A confusion matrix: whole counts print as "143", not "143.00" — the cell holds less ink than "143.00" would.
+  const fs::path dir = scratch("counts");
+  viz::HeatmapStyle style;
+  style.show_values = 1;
+  const viz::HeatmapGeometry g = viz::save_heatmap((dir / "c.png").string(), Tensor::from_rows({{143.f, 7.f}, {2.f, 98.f}}), style);
+  const Image image = read_png((dir / "c.png").string());
+  viz::save_text_picture((dir / "whole.png").string(), "143", 13);
+  viz::save_text_picture((dir / "decimals.png").string(), "143.00", 13);
+  const Ink in_cell = ink(image, g.left + 2, g.top + 2, g.left + g.cell - 2, g.top + g.cell - 2);
+  // In the bright cell the digits are dark ink on yellow; compare widths with the text drawn alone.
+  const Ink whole = ink(read_png((dir / "whole.png").string()), 0, 0, 1000, 1000);
+  const Ink decimals = ink(read_png((dir / "decimals.png").string()), 0, 0, 1000, 1000);
+  EXPECT_LT(std::abs(in_cell.width - whole.width), 3) << in_cell.width << " vs " << whole.width;
+  EXPECT_LT(whole.width + 10, decimals.width);
 }
 
-TEST(Demo, PngDirHoldsAHeatmapPerMatrixAndTheTrainingGif) {
+TEST(Labels, TokensKeepTheirCharactersAndShowWhatIsInvisible) {
+  EXPECT_EQ(viz::token_label(" the"), "\u2423the");
+  EXPECT_EQ(viz::token_label("caf\xc3\xa9"), "caf\xc3\xa9");
+  EXPECT_EQ(viz::token_label("\xe6\x9d\xb1\xe4\xba\xac"), "\xe6\x9d\xb1\xe4\xba\xac");  // 東京
+  EXPECT_EQ(viz::token_label("a\nb\tc"), "a\\nb\\x09c");
+  EXPECT_EQ(viz::token_label(""), "\u2205");
+  EXPECT_EQ(viz::token_label("\xe6\x9d"), "\ufffd\ufffd") << "half a character (a byte-level token): U+FFFD per byte";
+}
+
+// Every label of a heatmap, in four scripts, has the pixels of the same text drawn alone: real glyphs, not '?'.
+void expect_labels_drawn_as_alone(const Image& image, const viz::HeatmapGeometry& g, const std::vector<std::string>& labels,
+                                  const fs::path& dir) {
+  ASSERT_GT(g.label_px, 0);
+  for (size_t r = 0; r < labels.size(); ++r) {
+    // Labels start 30 px from the left edge at the earliest (the rotated axis name "query" lies left of that).
+    const Ink label = ink(image, 28, g.top + static_cast<int>(r) * g.cell, g.label_right + 2, g.top + (static_cast<int>(r) + 1) * g.cell);
+    const std::string alone_path = (dir / ("alone" + std::to_string(r) + ".png")).string();
+    viz::save_text_picture(alone_path, labels[r], g.label_px);
+    const Ink alone = ink(read_png(alone_path), 0, 0, 10000, 10000);
+    ASSERT_GT(alone.width, 0) << labels[r] << " drew no ink";
+    EXPECT_LT(difference(label, alone), 4.0) << "label " << r << " (" << labels[r] << "): " << label.width << "×" << label.height
+                                             << " vs alone " << alone.width << "×" << alone.height;
+    const std::string question = (dir / "question.png").string();
+    viz::save_text_picture(question, std::string(labels[r].size(), '?'), g.label_px);
+    EXPECT_GT(difference(label, ink(read_png(question), 0, 0, 10000, 10000)), 4.0) << labels[r] << " looks like '?'";
+  }
+}
+
+TEST(Heatmap, LabelsInAnyScriptAreDrawnWithTheirGlyphs) {
+  const fs::path dir = scratch("unicode");
+  const std::vector<std::string> labels = {"na\xc3\xafve", "caf\xc3\xa9", "\xc3\xbc" "ber", "\xe6\x9d\xb1\xe4\xba\xac",
+                                           "\xd7\xa9\xd7\x9c\xd7\x95\xd7\x9d"};  // naïve café über 東京 שלום
+  viz::HeatmapStyle style;
+  style.row_labels = style.col_labels = labels;
+  const viz::HeatmapGeometry g = viz::save_heatmap((dir / "u.png").string(), random_tensor({5, 5}, 3), style);
+  expect_labels_drawn_as_alone(read_png((dir / "u.png").string()), g, labels, dir);
+}
+
+TEST(Demo, YourSentenceInAnyScriptIsLabelledWithItsGlyphs) {
+  const fs::path dir = scratch("demo_unicode");
+  const std::vector<std::string> words = {"na\xc3\xafve", "caf\xc3\xa9", "\xc3\xbc" "ber", "\xe6\x9d\xb1\xe4\xba\xac"};
+  const CliResult r = run_cli("demo --no-color --section v1 --pictures " + dir.string() + " --sentence '" + words[0] + " " +
+                              words[1] + " " + words[2] + " " + words[3] + "'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The demo's layout is the library's: the same labels on a 4 × 4 matrix give the geometry to look in.
+  viz::HeatmapStyle style;
+  style.row_labels = style.col_labels = words;
+  const viz::HeatmapGeometry g = viz::save_heatmap((dir / "layout.png").string(), Tensor::zeros({4, 4}), style);
+  const Image image = read_png((dir / "01-v1-A.png").string());
+  ASSERT_GT(image.width, 0);
+  expect_labels_drawn_as_alone(image, g, words, dir);
+}
+
+TEST(Formats, SvgAndPdfAreWellFormedVectorsThatToolsOpen) {
+  const fs::path dir = scratch("formats");
+  viz::HeatmapStyle style;
+  style.title = "A \xe2\x80\x94 caf\xc3\xa9";
+  style.row_labels = style.col_labels = {"a", "b", "c"};
+  viz::save_heatmap((dir / "a.svg").string(), random_tensor({3, 3}, 1), style);
+  viz::save_heatmap((dir / "a.pdf").string(), random_tensor({3, 3}, 1), style);
+  viz::save_plot((dir / "p.svg").string(), {{"loss", {31, 119, 180}, {{0, 3}, {1, 2}, {2, 1.5}}}}, {.title = "t"});
+  EXPECT_NE(slurp(dir / "a.svg").find("<svg"), std::string::npos);
+  EXPECT_EQ(slurp(dir / "a.pdf").substr(0, 5), "%PDF-");
+  const CliResult xml = run_cli("", "xmllint --noout " + (dir / "a.svg").string() + " " + (dir / "p.svg").string() + " && echo ok; true #");
+  EXPECT_NE(xml.out.find("ok"), std::string::npos) << "xmllint (libxml2-utils) refused the SVG or is missing:\n" << xml.out;
+  const CliResult pdf = run_cli("", "pdfinfo " + (dir / "a.pdf").string() + "; true #");
+  EXPECT_NE(pdf.out.find("Pages:           1"), std::string::npos) << "pdfinfo (poppler-utils) refused the PDF:\n" << pdf.out;
+  EXPECT_NE(pdf.out.find("Creator:         qkv"), std::string::npos) << pdf.out;
+}
+
+TEST(Plot, CurvesLieWhereTheirPointsAreOnEitherAxisAndOnALogScale) {
+  const fs::path dir = scratch("plot");
+  const std::array<unsigned char, 3> blue{31, 119, 180}, red{214, 39, 40}, grey{120, 120, 120};
+  viz::Series train{"train", blue, {}}, val{"validation", red, {}}, lr{"learning rate", grey, {}, false, true};
+  for (int i = 0; i <= 100; ++i) {
+    train.points.emplace_back(i, 5.0 * std::exp(-i / 30.0) + 0.5);
+    lr.points.emplace_back(i, 1e-3 * std::min(1.0, i / 10.0));
+  }
+  for (int i = 0; i <= 100; i += 25) val.points.emplace_back(i, 5.0 * std::exp(-i / 30.0) + 0.8);
+  train.points.emplace_back(101, NAN);  // left out, not drawn to the corner
+  for (bool log_y : {false, true}) {
+    const std::string path = (dir / (log_y ? "log.png" : "linear.png")).string();
+    const viz::PlotGeometry g = viz::save_plot(path, {train, val, lr},
+                                               {.title = "loss", .x_label = "step", .y_label = "loss", .y2_label = "lr", .log_y = log_y});
+    const Image image = read_png(path);
+    ASSERT_EQ(image.width, 800);
+    ASSERT_EQ(image.height, 480);
+    // Near each point's pixel, a pixel of its series' colour.
+    auto near_colour = [&](double px, double py, std::array<unsigned char, 3> c) {
+      for (int dy = -2; dy <= 2; ++dy)
+        for (int dx = -2; dx <= 2; ++dx) {
+          const int x = static_cast<int>(std::lround(px)) + dx, y = static_cast<int>(std::lround(py)) + dy;
+          if (x < 0 || y < 0 || x >= image.width || y >= image.height) continue;
+          const auto p = image.at(x, y);
+          if (std::abs(p[0] - c[0]) + std::abs(p[1] - c[1]) + std::abs(p[2] - c[2]) < 30) return true;
+        }
+      return false;
+    };
+    for (int i : {0, 20, 50, 90}) {
+      const auto [x, y] = train.points[static_cast<size_t>(i)];
+      EXPECT_TRUE(near_colour(g.x_pixel(x), g.y_pixel(y), blue)) << "train at step " << i << (log_y ? " (log)" : "");
+    }
+    for (int i : {3, 60}) {  // the learning rate against the right-hand axis, dashed: look at two gaps' worth
+      const auto [x, y] = lr.points[static_cast<size_t>(i)];
+      EXPECT_TRUE(near_colour(g.x_pixel(x), g.y2_pixel(y), grey) || near_colour(g.x_pixel(x + 1), g.y2_pixel(lr.points[i + 1].second), grey))
+          << "learning rate at step " << i;
+    }
+    EXPECT_TRUE(near_colour(g.x_pixel(50), g.y_pixel(val.points[2].second), red));
+    EXPECT_GT(g.right, g.left + 500);
+    if (log_y) {
+      EXPECT_LE(g.y_min, 0.5);  // whole decades
+      EXPECT_GE(g.y_max, 5.8);
+      // On a log axis, equal ratios are equal distances.
+      EXPECT_NEAR(g.y_pixel(1) - g.y_pixel(2), g.y_pixel(2) - g.y_pixel(4), 0.01);
+    }
+  }
+  EXPECT_THROW(viz::save_plot((dir / "nan.png").string(), {{"x", blue, {{0, NAN}, {1, INFINITY}}}}, {}), ValueError);
+  EXPECT_THROW(viz::save_plot((dir / "neg.png").string(), {{"x", blue, {{0, -1}, {1, 0}}}}, {.log_y = true}), ValueError);
+}
+
+TEST(Demo, PicturesDirHoldsAHeatmapPerMatrixAndTheTrainingGif) {
   const fs::path dir = scratch("demo");
-  const CliResult r = run_cli("demo --no-color --png " + dir.string());
+  const CliResult r = run_cli("demo --no-color --png " + dir.string());  // --png: the older name of --pictures
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* f : {"01-v1-A.png", "02-v2-A.png", "03-train-A-before.png", "03-train-A-after.png", "04-causal-A.png",
                         "05-dropout-A.png", "06-wrapper-head1.png", "06-wrapper-head2.png", "06-mha-head1.png",
@@ -117,6 +295,18 @@ TEST(Demo, PngDirHoldsAHeatmapPerMatrixAndTheTrainingGif) {
   }
   EXPECT_GT(fs::file_size(dir / "03-train-A-steps.gif"), 10000u);
   EXPECT_NE(r.out.find("[picture: " + (dir / "03-train-A-after.png").string() + "]"), std::string::npos);
+  // --format: the same pictures as vectors; the animation stays a GIF.
+  for (const char* format : {"svg", "pdf"}) {
+    const fs::path vectors = scratch(std::string("demo_") + format);
+    const CliResult v = run_cli("demo --no-color --section v1 --section train --pictures " + vectors.string() + " --format " + format);
+    ASSERT_EQ(v.code, 0) << v.out;
+    EXPECT_TRUE(fs::exists(vectors / (std::string("01-v1-A.") + format))) << v.out;
+    EXPECT_TRUE(fs::exists(vectors / "03-train-A-steps.gif"));
+    EXPECT_FALSE(fs::exists(vectors / "01-v1-A.png"));
+  }
+  const CliResult bad = run_cli("demo --section v1 --pictures " + dir.string() + " --format bmp");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("png"), std::string::npos) << bad.out;
 }
 
 TEST(Demo, YourOwnSentenceAndEmbeddingsAndTheirMistakes) {

@@ -52,12 +52,12 @@ int run_attention(const AttentionCommand& options) {
   for (int64_t l : report.layers) report.windows.push_back(model.layer_window(l - 1));
   report.kv_group = model.num_heads() / std::max<int64_t>(model.num_kv_heads(), 1);
   for (int64_t h = 0; h < report.maps.size(1); ++h) report.heads.push_back(heads.empty() ? h + 1 : heads[static_cast<size_t>(h)] + 1);
-  const auto written = viz::write_attention_report(options.out_dir, report, options.per_head_png);
+  const auto written = viz::write_attention_report(options.out_dir, report, options.per_head, options.pictures);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "qkv attention: %zu tokens, %zu layers × %zu heads → %zu files in %s (%.2f s)\n", ids.size(),
                report.layers.size(), report.heads.size(), written.size(), options.out_dir.c_str(), seconds);
-  std::fprintf(stderr, "  open %s/attention.html in a browser; %s/attention-grid.png shows every head\n",
-               options.out_dir.c_str(), options.out_dir.c_str());
+  std::fprintf(stderr, "  open %s/attention.html in a browser; %s/attention-grid%s shows every head\n",
+               options.out_dir.c_str(), options.out_dir.c_str(), viz::picture_extension(options.pictures.format));
   return 0;
 }
 

@@ -22,7 +22,7 @@ namespace qkv::cli {
 namespace {
 
 std::string read_text(const std::string& path) {
-  const std::vector<std::byte> bytes = io::read_file(path);
+  const std::vector<std::byte> bytes = io::read_file(path, kMaxTextBytes);
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 

@@ -14,6 +14,7 @@
 #include "qkv/train/finetune.hpp"
 #include "qkv/train/model_file.hpp"
 #include "qkv/train/trainer.hpp"
+#include "qkv/viz/picture.hpp"
 
 namespace qkv::cli {
 
@@ -23,10 +24,14 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// The most a command reads of a text (--text, --messages, standard input): 1 GiB, stated in the error past it.
+inline constexpr uint64_t kMaxTextBytes = uint64_t{1} << 30;
+
 struct DemoOptions {
   std::vector<std::string> sections;  // empty: all
   bool color = false;
-  std::string png_dir;                // draw every weight matrix there (PNG) and the training (GIF)
+  std::string pictures_dir;           // draw every weight matrix there and the training (GIF)
+  viz::PictureOptions pictures;       // --format, --scale
   std::string sentence;               // the learner's own words, one random embedding per distinct word
   bool sentence_given = false;
   std::string embeddings, tokens;     // or embeddings from a .npy (T × d_in), one token per row
@@ -60,6 +65,8 @@ struct TrainCommand {
   int64_t attention_every = 0;  // snapshot the probe's attention maps every N steps (0: never)
   std::string attention_prompt;  // the probe (default: the first 24 tokens of the text)
   bool overwrite = false;     // replace a run already in out_dir
+  viz::PictureOptions pictures;  // loss plot and attention snapshots (the animation stays a GIF)
+  bool plot_log = false;         // the loss plot's y axis logarithmic
   std::string sample_prompt;  // empty: the first words of the text
   int64_t sample_tokens = 60;
 };
@@ -95,7 +102,8 @@ struct AttentionCommand {
   ModelOptions model;
   std::string prompt, out_dir = "attention";
   std::vector<int64_t> layers, heads;  // 1-based; empty: all
-  bool per_head_png = true;
+  bool per_head = true;
+  viz::PictureOptions pictures;
 };
 int run_attention(const AttentionCommand& options);
 
@@ -128,6 +136,8 @@ struct EvalCommand {
   int64_t stride = 0;           // 0: the context (windows that do not overlap)
   int64_t batch_size = 0;       // 0: as many windows as keep the logits under 256 MiB
   bool json = false, replace_invalid = false;
+  std::string plot_path;        // --plot FILE: the loss of each window (FILE.png, .svg or .pdf; else --format's)
+  viz::PictureOptions pictures;
 };
 int run_eval(const EvalCommand& options);
 
@@ -140,6 +150,7 @@ struct FinetuneClassifyCommand {
   std::string trainable = "last-block", pooling = "last", lora_targets = "all";
   int64_t prefix_cache_mib = 2048;
   bool overwrite = false;
+  viz::PictureOptions pictures;
 };
 int run_finetune_classify(const FinetuneClassifyCommand& options);
 
@@ -151,6 +162,7 @@ struct FinetuneInstructCommand {
   uint64_t split_seed = 0;        // 0: the file's order, as the book
   int64_t max_new_tokens = 256;   // for the test responses
   bool overwrite = false;
+  viz::PictureOptions pictures;
 };
 int run_finetune_instruct(const FinetuneInstructCommand& options);
 

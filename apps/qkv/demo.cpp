@@ -1,5 +1,6 @@
 // `qkv demo`: the article's worked example, step by step, generated from the book's seeds — or the same steps on
-// the learner's own sentence or embeddings. With --png, every weight matrix it prints is also drawn.
+// the learner's own sentence or embeddings. With --pictures (or --png), every weight matrix it prints is
+// also drawn, as PNG, SVG or PDF.
 #include "commands.hpp"
 
 #include <algorithm>
@@ -132,30 +133,34 @@ std::vector<std::string> dims(const char* prefix, int64_t n) {
   return out;
 }
 
-// Writes a heatmap into --png DIR (when given) and says where.
+// Writes a heatmap into --pictures DIR (when given), in the chosen format, and says where.
 class Pictures {
  public:
-  explicit Pictures(const std::string& dir) : dir_(dir) {
+  Pictures(const std::string& dir, const viz::PictureOptions& options) : dir_(dir), options_(options) {
     if (dir_.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IoError(dir_ + ": cannot create the picture directory: " + ec.message());
   }
   bool on() const { return !dir_.empty(); }
-  void heatmap(std::ostream& out, const std::string& file, const std::string& title, const Tensor& weights,
+  void heatmap(std::ostream& out, const std::string& stem, const std::string& title, const Tensor& weights,
                const std::vector<std::string>& tokens, double vmax = 0.0) {
     if (!on()) return;
     viz::HeatmapStyle style;
     style.title = title;
     style.row_labels = style.col_labels = tokens;
     style.vmax = vmax;
-    viz::heatmap_png(dir_ + "/" + file, weights, style);
-    out << "  [picture: " << dir_ << "/" << file << "]\n";
+    const std::string path = picture(stem);
+    viz::save_heatmap(path, weights, style, options_);
+    out << "  [picture: " << path << "]\n";
   }
   std::string path(const std::string& file) const { return dir_ + "/" + file; }
+  std::string picture(const std::string& stem) const { return viz::picture_path(dir_ + "/" + stem, options_); }
+  const viz::PictureOptions& options() const { return options_; }
 
  private:
   std::string dir_;
+  viz::PictureOptions options_;
 };
 
 double entropy_bits(const Tensor& row) {
@@ -237,7 +242,7 @@ void section_v1(std::ostream& out, const Input& in, const DemoOptions& options, 
 
   const nn::AttentionTrace t = attention.trace(in.x);
   walk_through(out, t, in, options);
-  pictures.heatmap(out, "01-v1-A.png", "SelfAttention_v1: A = softmax(QK^T / sqrt(" + std::to_string(in.d_out) + "))",
+  pictures.heatmap(out, "01-v1-A", "SelfAttention_v1: A = softmax(QK\u1d40 / \u221a" + std::to_string(in.d_out) + ")",
                    t.weights, in.tokens);
   if (in.book) {
     // The numbers the book prints on the way, for x⁽²⁾ = "journey".
@@ -269,7 +274,7 @@ void section_v2(std::ostream& out, const Input& in, const DemoOptions& options, 
                      dims("c", in.d_out), style);
   const nn::AttentionTrace t = attention.trace(in.x);
   walk_through(out, t, in, options);
-  pictures.heatmap(out, "02-v2-A.png", "SelfAttention_v2: A = softmax(QK^T / sqrt(" + std::to_string(in.d_out) + "))",
+  pictures.heatmap(out, "02-v2-A", "SelfAttention_v2: A = softmax(QK\u1d40 / \u221a" + std::to_string(in.d_out) + ")",
                    t.weights, in.tokens);
 }
 
@@ -331,7 +336,7 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   };
   const Tensor before = weights_now();
   out << "\nBefore training, \"" << qname << "\" attends to:\n" << viz::bars(query_row(before), s.tokens);
-  pictures.heatmap(out, "03-train-A-before.png", "Before training: A", before, s.tokens, 1.0);
+  pictures.heatmap(out, "03-train-A-before", "Before training: A", before, s.tokens, 1.0);
   viz::HeatmapStyle anim_style;
   anim_style.title = "Training: \"" + qname + "\" learns to attend to \"" + kname + "\"";
   anim_style.row_labels = anim_style.col_labels = s.tokens;
@@ -368,7 +373,7 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   }
   const Tensor after = weights_now();
   out << "\nAfter " << step << " steps, \"" << qname << "\" attends to:\n" << viz::bars(query_row(after), s.tokens);
-  pictures.heatmap(out, "03-train-A-after.png", "After " + std::to_string(step) + " steps: A", after, s.tokens, 1.0);
+  pictures.heatmap(out, "03-train-A-after", "After " + std::to_string(step) + " steps: A", after, s.tokens, 1.0);
   if (pictures.on()) {
     animation.save_gif(pictures.path("03-train-A-steps.gif"), 12);
     out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", one frame per step]\n";
@@ -416,7 +421,7 @@ void section_causal(std::ostream& out, const Input& in, const DemoOptions& optio
   out << "\n" << viz::matrix("A = softmax(Ω_masked / √" + std::to_string(in.d_out) + ")", weights, in.tokens, in.tokens,
                              style, true);
   out << "\n" << viz::heatmap("What attends to what, causally", weights, in.tokens, style);
-  pictures.heatmap(out, "04-causal-A.png", "Causal: A = softmax(masked QK^T / sqrt(" + std::to_string(in.d_out) + "))",
+  pictures.heatmap(out, "04-causal-A", "Causal: A = softmax(masked QK\u1d40 / \u221a" + std::to_string(in.d_out) + ")",
                    weights, in.tokens);
   manual_seed(in.book ? 123 : in.seed);
   nn::CausalAttention causal(in.d_in, in.d_out, T, 0.0);
@@ -443,7 +448,7 @@ void section_dropout(std::ostream& out, const Input& in, const DemoOptions& opti
   out << "\nThe same on the causal weights of section 4, reseeded with 123 (as the book does):\n\n";
   const Tensor dropped_weights = dropout(weights, 0.5, true, default_generator());
   out << viz::matrix("dropout(A_causal)", dropped_weights, in.tokens, in.tokens, style, true);
-  pictures.heatmap(out, "05-dropout-A.png", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens);
+  pictures.heatmap(out, "05-dropout-A", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens);
   out << "In eval() mode, or with dropout = 0, the weights pass through untouched and no random numbers are drawn.\n";
 }
 
@@ -462,7 +467,7 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
                   in, style);
   for (size_t h = 0; h < wrapper.heads.size(); ++h) {
     const Tensor w = wrapper.heads[h]->trace(in.x).weights;
-    pictures.heatmap(out, "06-wrapper-head" + std::to_string(h + 1) + ".png",
+    pictures.heatmap(out, "06-wrapper-head" + std::to_string(h + 1),
                      "MultiHeadAttentionWrapper, head " + std::to_string(h + 1) + ": A", w, in.tokens);
   }
   manual_seed(seed);
@@ -476,13 +481,14 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
   for (int64_t h = 0; h < 2; ++h) {
     const Tensor rows = Tensor::from(std::span<const float>(t.weights.data() + h * T * T, static_cast<size_t>(T * T)), {T, T});
     out << "\n" << viz::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, in.tokens, style);
-    pictures.heatmap(out, "06-mha-head" + std::to_string(h + 1) + ".png",
+    pictures.heatmap(out, "06-mha-head" + std::to_string(h + 1),
                      "MultiHeadAttention, head " + std::to_string(h + 1) + ": A", rows, in.tokens);
     panels.push_back({"head " + std::to_string(h + 1), rows});
   }
   if (pictures.on()) {
-    viz::heatmap_grid_png(pictures.path("06-mha-heads.png"), "MultiHeadAttention: both heads", panels, 2, in.tokens);
-    out << "  [picture: " << pictures.path("06-mha-heads.png") << "]\n";
+    viz::save_heatmap_grid(pictures.picture("06-mha-heads"), "MultiHeadAttention: both heads", panels, 2, in.tokens, 0.0,
+                           pictures.options());
+    out << "  [picture: " << pictures.picture("06-mha-heads") << "]\n";
   }
 }
 
@@ -495,7 +501,7 @@ const std::vector<std::string>& demo_sections() {
 
 int run_demo(const DemoOptions& options, std::ostream& out) {
   const Input input = resolve_input(options);
-  Pictures pictures(options.png_dir);
+  Pictures pictures(options.pictures_dir, options.pictures);
   const auto& wanted = options.sections.empty() ? demo_sections() : options.sections;
   std::set<std::string> chosen(wanted.begin(), wanted.end());
   out << "qkv " << kVersion << " — trainable self-attention, step by step (Raschka, LLMs from Scratch, §3.4)\n";

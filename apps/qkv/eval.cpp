@@ -2,16 +2,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "progress.hpp"
+#include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/evaluate.hpp"
+#include "qkv/viz/plot.hpp"
 
 namespace qkv::cli {
+
+namespace fs = std::filesystem;
 
 int run_eval(const EvalCommand& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -19,7 +24,17 @@ int run_eval(const EvalCommand& options) {
   const nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::string path = options.text_path == "-" ? "/dev/stdin" : options.text_path;
-  const std::vector<std::byte> bytes = io::read_file(path);
+  // --plot NAME: NAME.png/.svg/.pdf as given, else with --format's extension; decided before the work.
+  std::string plot_path = options.plot_path;
+  if (!plot_path.empty() && fs::path(plot_path).extension().empty()) plot_path = viz::picture_path(plot_path, options.pictures);
+  if (!plot_path.empty()) {
+    try {
+      viz::picture_format_of(plot_path);
+    } catch (const ValueError& e) {
+      throw UsageError(std::string("--plot: ") + e.what());
+    }
+  }
+  const std::vector<std::byte> bytes = io::read_file(path, kMaxTextBytes);
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   if (options.replace_invalid) text = text::replace_invalid_utf8(text);
   std::vector<int64_t> ids;
@@ -81,6 +96,19 @@ int run_eval(const EvalCommand& options) {
     std::printf("loss %.6f  perplexity %.4f  (%lld tokens scored in %lld windows, %.1f s, %.0f tokens/s)\n", result.loss,
                 result.perplexity, static_cast<long long>(result.scored), static_cast<long long>(result.windows), seconds,
                 tokens_per_second);
+  }
+  if (!plot_path.empty()) {
+    viz::Series per_window{"loss of the window's scored tokens", {31, 119, 180}, {}};
+    for (size_t i = 0; i < windows.size() && i < result.window_losses.size(); ++i)
+      per_window.points.emplace_back(static_cast<double>(windows[i].end), result.window_losses[i]);
+    const double last = static_cast<double>(windows.back().end);
+    viz::Series mean{"mean " + format_real(result.loss), {214, 39, 40}, {{0.0, result.loss}, {last, result.loss}}, true};
+    char title[200];
+    std::snprintf(title, sizeof title, "qkv eval: loss along the text (windows of %lld, stride %lld)",
+                  static_cast<long long>(context), static_cast<long long>(stride));
+    viz::save_plot(plot_path, {per_window, mean},
+                   {.title = title, .x_label = "token position (window end)", .y_label = "loss (nats)"}, options.pictures);
+    if (!options.json) std::fprintf(stderr, "  [plot: %s]\n", plot_path.c_str());
   }
   return 0;
 }

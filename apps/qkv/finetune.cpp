@@ -118,10 +118,12 @@ class TrainingReport {
   void message(const std::string& line) { progress_.message(line); }
   void draw(int64_t done, int64_t total, const std::string& text) { progress_.draw(done, total, text); }
   double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
-  // losses.csv, and loss.png when there was an evaluation.
-  void write(const std::string& dir, const char* title, const char* seen_axis) const {
+  // losses.csv, and the loss plot (loss.png, .svg or .pdf) when there was an evaluation.
+  void write(const std::string& dir, const char* title, const char* seen_axis, const viz::PictureOptions& pictures) const {
     write_text(dir + "/losses.csv", csv_.str());
-    if (!train_loss.points.empty()) viz::plot_lines(dir + "/loss.png", title, seen_axis, "loss (nats)", {train_loss, val_loss});
+    if (!train_loss.points.empty())
+      viz::save_plot(viz::picture_path(dir + "/loss", pictures), {train_loss, val_loss},
+                     {.title = title, .x_label = seen_axis, .y_label = "loss (nats)"}, pictures);
   }
   viz::Series train_loss{"training loss", {31, 119, 180}, {}}, val_loss{"validation loss", {255, 127, 14}, {}};
 
@@ -261,9 +263,11 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
       {"confusion_matrix", {{"split", cmd.test_path.empty() ? "val" : "test"}, {"rows_true_columns_predicted", confusion}}},
       {"base_model", cmd.model.path()}, {"lora_rank", o.lora.rank}};
   write_text(dir + "/metrics.json", metrics.dump(2) + "\n");
-  report.write(dir, "qkv finetune classify: loss", "examples seen");
+  report.write(dir, "qkv finetune classify: loss", "examples seen", cmd.pictures);
   if (!train_acc.points.empty())
-    viz::plot_lines(dir + "/accuracy.png", "qkv finetune classify: accuracy", "epoch", "accuracy", {train_acc, val_acc});
+    viz::save_plot(viz::picture_path(dir + "/accuracy", cmd.pictures), {train_acc, val_acc},
+                   {.title = "qkv finetune classify: accuracy per epoch", .x_label = "epoch", .y_label = "accuracy"},
+                   cmd.pictures);
   Tensor counts = Tensor::zeros({classes, classes});
   for (int64_t r = 0; r < classes; ++r)
     for (int64_t c = 0; c < classes; ++c) counts.data()[r * classes + c] = static_cast<float>(confusion[static_cast<size_t>(r)][static_cast<size_t>(c)]);
@@ -273,9 +277,10 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   style.row_axis = "true label";
   style.col_axis = "predicted";
   style.show_values = 1;
-  viz::heatmap_png(dir + "/confusion.png", counts, style);
-  std::printf("Wrote %s/model.pth%s, metrics.json, losses.csv, loss.png, accuracy.png, confusion.png\n", dir.c_str(),
-              o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "");
+  viz::save_heatmap(viz::picture_path(dir + "/confusion", cmd.pictures), counts, style, cmd.pictures);
+  const char* ext = viz::picture_extension(cmd.pictures.format);
+  std::printf("Wrote %s/model.pth%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
+              o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "", ext, ext, ext);
   return 0;
 }
 
@@ -439,9 +444,10 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
                                     {"mask_prompt", o.mask_prompt}, {"format", cmd.format}, {"base_model", cmd.model.path()},
                                     {"lora_rank", o.lora.rank}};
   write_text(dir + "/metrics.json", metrics.dump(2) + "\n");
-  report.write(dir, "qkv finetune instruct: loss", "tokens seen");
-  std::printf("Wrote %s/model.pth%s, instruction-data-with-response.json, metrics.json, losses.csv, loss.png\n", dir.c_str(),
-              o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "");
+  report.write(dir, "qkv finetune instruct: loss", "tokens seen", cmd.pictures);
+  std::printf("Wrote %s/model.pth%s, instruction-data-with-response.json, metrics.json, losses.csv, loss%s\n", dir.c_str(),
+              o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "",
+              viz::picture_extension(cmd.pictures.format));
   return 0;
 }
 

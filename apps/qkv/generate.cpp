@@ -114,10 +114,20 @@ int run_generate(const GenerateCommand& options) {
   } else {
     prompt = tokenizer->encode(prompt_text);
   }
-  if (prompt.empty()) {
-    if (tokenizer->end_of_text() < 0) throw ValueError("the prompt is empty; give --prompt TEXT");
-    prompt.push_back(tokenizer->end_of_text());  // GPT-2 starts unconditional samples from <|endoftext|>
+  if (prompt_text.empty() && !options.chat) {
+    // An empty prompt: say which token the sample grows from — the BOS the tokenizer adds, or the end-of-text token
+    // (GPT-2 starts unconditional samples from <|endoftext|>) — or refuse where there is neither.
+    if (prompt.empty() && tokenizer->end_of_text() >= 0) prompt.push_back(tokenizer->end_of_text());
+    if (prompt.empty()) {
+      throw UsageError("the prompt is empty and this model's tokenizer has no beginning- or end-of-text token to start "
+                       "from; give --prompt TEXT");
+    }
+    const auto* hf = dynamic_cast<const text::HfTokenizer*>(tokenizer);
+    const std::string name = hf ? hf->token_content(prompt.front()) : tokenizer->decode(std::vector<int64_t>{prompt.front()});
+    std::fprintf(stderr, "qkv generate: the prompt is empty; generation starts from %s (token %lld)\n",
+                 printable(name).c_str(), static_cast<long long>(prompt.front()));
   }
+  if (prompt.empty()) throw UsageError("the prompt gives no tokens; give --prompt TEXT");
   if (static_cast<int64_t>(prompt.size()) > model.context_length()) {
     std::fprintf(stderr, "qkv generate: the prompt has %zu tokens; only its last %lld (context_length) are used\n",
                  prompt.size(), static_cast<long long>(model.context_length()));

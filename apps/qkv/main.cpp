@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <iterator>
+#include <map>
 
 #include "commands.hpp"
 #include "qkv/core/error.hpp"
@@ -32,6 +33,8 @@ CLI::Validator checked(const char* name, Parse parse) {
       name);
 }
 
+CLI::Validator int_at_least(const char* what, int64_t least);
+
 // How to read a book state dict: --config, --n-heads, --tokenizer (generate, attention, eval and convert).
 void add_config_options(CLI::App* command, qkv::train::ConfigHint& hint) {
   command->add_option("--config", hint.config,
@@ -39,7 +42,7 @@ void add_config_options(CLI::App* command, qkv::train::ConfigHint& hint) {
                       "True/False accepted) or a preset: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl");
   command->add_option("--n-heads", hint.n_heads, "For a book state dict: its attention heads (the one setting its "
                                                  "tensors do not show)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least("--n-heads", 1));
   command->add_option("--tokenizer", hint.tokenizer, "gpt2 or bytes (default: the checkpoint's; for a .pth, bytes "
                                                      "when the vocabulary is 256, else gpt2)")
       ->check(CLI::IsMember({"gpt2", "bytes"}));
@@ -70,6 +73,32 @@ CLI::Validator positive_real(const char* what) {
   return checked("NUMBER", [what](const std::string& text) {
     return qkv::parse_real(text, what) > 0 ? std::string() : std::string(what) + " must be a positive number";
   });
+}
+
+// An integer option's check: a whole number in [least, most], or a usage error naming the range in integers.
+CLI::Validator int_in_range(const char* what, int64_t least, int64_t most) {
+  return checked("INT", [what, least, most](const std::string& text) {
+    const int64_t v = qkv::parse_int(text, what);
+    return v >= least && v <= most ? std::string()
+                                   : std::string(what) + " must be a whole number from " + std::to_string(least) +
+                                         " to " + std::to_string(most) + ", not " + text;
+  });
+}
+
+// --format png|svg|pdf and --scale of every command that draws (`names`: the format option's names; instruct's
+// --format is its prompt format, so it takes --picture-format alone).
+void add_picture_options(CLI::App* cmd, qkv::viz::PictureOptions& p,
+                         const std::string& names = "--format,--picture-format") {
+  const std::map<std::string, qkv::viz::PictureFormat> formats{
+      {"png", qkv::viz::PictureFormat::png}, {"svg", qkv::viz::PictureFormat::svg}, {"pdf", qkv::viz::PictureFormat::pdf}};
+  cmd->add_option(names, p.format, "Pictures as png, svg or pdf (vectors, for papers and slides)")
+      ->transform(CLI::CheckedTransformer(formats, CLI::ignore_case))
+      ->default_str("png");
+  cmd->add_option("--scale", p.scale, "PNG pixels per point: 2 for HiDPI screens (0.25 to 8)")->capture_default_str()
+      ->check(checked("SCALE", [](const std::string& text) {
+        const double v = qkv::parse_real(text, "--scale");
+        return v >= 0.25 && v <= 8.0 ? std::string() : "--scale must lie in 0.25 … 8, not " + text;
+      }));
 }
 
 // Both fine-tuning commands' training and LoRA options (the book's defaults shown).
@@ -154,7 +183,7 @@ int run(int argc, char** argv) {
   // --threads N anywhere on the line (qkv train --threads 2): the subcommands pass it up to here.
   int threads = 0;
   app.add_option("--threads", threads, "Threads for qkv's kernels (default: OMP_NUM_THREADS, else all cores)")
-      ->check(CLI::Range(1, 1024));
+      ->check(int_in_range("--threads", 1, 1024));
   app.fallthrough();
 
   qkv::cli::DemoOptions demo;
@@ -166,8 +195,9 @@ int run(int argc, char** argv) {
   auto* color_flag = demo_cmd->add_flag("--color", force_color, "Colour the attention grids (default: on a terminal, "
                                                                  "unless NO_COLOR is set)");
   demo_cmd->add_flag("--no-color", no_color, "Never use colour")->excludes(color_flag);
-  demo_cmd->add_option("--png", demo.png_dir,
-                       "Also draw every weight matrix as a PNG heatmap in DIR, and the training as a GIF");
+  demo_cmd->add_option("--pictures,--png", demo.pictures_dir,
+                       "Also draw every weight matrix as a heatmap in DIR (--format), and the training as a GIF");
+  add_picture_options(demo_cmd, demo.pictures);
   auto* sentence_opt = demo_cmd->add_option("--sentence", demo.sentence,
                                             "Your own sentence: one random embedding per distinct word (like the book)");
   auto* embeddings_opt = demo_cmd->add_option("--embeddings", demo.embeddings,
@@ -254,12 +284,14 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--attention-every", train.attention_every,
                         "Every N steps, save the attention maps of a probe prompt (OUT/attention/step-N.png, and an "
                         "animation over the run, OUT/attention/attention.gif)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least("--attention-every", 0));
   train_cmd->add_option("--attention-prompt", train.attention_prompt,
                         "The probe for --attention-every (default: the first 24 tokens of the text)");
   train_cmd->add_option("--sample-prompt", train.sample_prompt,
                         "Prompt for the sample printed at the end (default: the first words of the text)");
   train_cmd->add_flag("--overwrite", train.overwrite, "Start over in an --out that already holds a run");
+  add_picture_options(train_cmd, train.pictures);
+  train_cmd->add_flag("--plot-log", train.plot_log, "Draw the loss plot's y axis on a log scale");
   train_cmd->add_option("--sample-tokens", train.sample_tokens, "Length of that sample")->capture_default_str();
 
   qkv::cli::GenerateCommand generate;
@@ -281,7 +313,7 @@ int run(int argc, char** argv) {
   chat_cmd->add_option("--template", chat.template_path, "With --print-prompt: a tokenizer_config.json (no model needed)");
   chat_cmd->add_flag("--no-thinking", chat.no_thinking, "Qwen3: render enable_thinking = false (an empty think block)");
   chat_cmd->add_option("--max-context", chat.max_context, "Tokens the KV cache holds")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least("--max-context", 1));
 
   qkv::cli::AttentionCommand attention;
   auto* attention_cmd = app.add_subcommand(
@@ -292,7 +324,10 @@ int run(int argc, char** argv) {
   attention_cmd->add_option("--layers", attention.layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--heads", attention.heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--out", attention.out_dir, "Output directory")->capture_default_str();
-  attention_cmd->add_flag("--no-head-png{false}", attention.per_head_png, "Skip the per-head PNGs (grid, data and HTML only)");
+  auto* no_head = attention_cmd->add_flag("--no-head-pictures{false}", attention.per_head,
+                                          "Skip the per-head pictures (grid, data and HTML only)");
+  attention_cmd->add_flag("--no-head-png{false}", attention.per_head, "The same as --no-head-pictures")->excludes(no_head);
+  add_picture_options(attention_cmd, attention.pictures);
 
   qkv::cli::EvalCommand eval;
   auto* eval_cmd = app.add_subcommand(
@@ -301,13 +336,16 @@ int run(int argc, char** argv) {
   add_model_options(eval_cmd, eval.model);
   eval_cmd->add_option("--text", eval.text_path, "UTF-8 text to score (- for standard input)")->required();
   eval_cmd->add_option("--context", eval.context, "Window length (default: the model's context_length)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least("--context", 1));
   eval_cmd->add_option("--stride", eval.stride, "Tokens between window starts (default: the window length; smaller "
                                                 "gives each token more context and costs more)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least("--stride", 1));
   eval_cmd->add_option("--batch-size", eval.batch_size, "Windows per forward pass (default: what keeps the logits "
                                                         "under 256 MiB)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least("--batch-size", 1));
+  eval_cmd->add_option("--plot", eval.plot_path, "Also draw the loss of each window along the text (FILE.png, .svg or "
+                                                 ".pdf; a name without one gets --format's)");
+  add_picture_options(eval_cmd, eval.pictures);
   eval_cmd->add_flag("--json", eval.json, "Print one JSON object (loss, perplexity, tokens, tokens/s …) on stdout");
   eval_cmd->add_flag("--replace-invalid", eval.replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
 
@@ -338,6 +376,7 @@ int run(int argc, char** argv) {
   ft_classify_cmd->add_option("--prefix-cache-mib", ft_classify.prefix_cache_mib,
                               "Keep the frozen blocks' output per text for later epochs, up to this many MiB (0: recompute)")
       ->capture_default_str()->check(int_at_least("--prefix-cache-mib", 0));
+  add_picture_options(ft_classify_cmd, ft_classify.pictures);
 
   qkv::cli::FinetuneInstructCommand ft_instruct;
   auto* ft_instruct_cmd = finetune_cmd->add_subcommand(
@@ -356,6 +395,7 @@ int run(int argc, char** argv) {
   ft_instruct_cmd->add_option("--max-new-tokens", ft_instruct.max_new_tokens, "Tokens per test response")
       ->capture_default_str()->check(int_at_least("--max-new-tokens", 0));
   add_finetune_options(ft_instruct_cmd, ft_instruct.options, ft_instruct.lora_targets, ft_instruct.overwrite);
+  add_picture_options(ft_instruct_cmd, ft_instruct.pictures, "--picture-format");
 
   qkv::cli::ClassifyCommand classify;
   auto* classify_cmd = app.add_subcommand("classify", "Label texts with a fine-tuned classifier (qkv finetune classify's "

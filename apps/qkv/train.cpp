@@ -88,7 +88,7 @@ void prepare_output_directory(const TrainCommand& options, const std::string& ch
   if (const int stale = io::remove_stale_temporaries(checkpoint); stale > 0)
     std::fprintf(stderr, "qkv train: removed %d temporary file(s) left by an interrupted run\n", stale);
   io::remove_stale_temporaries(options.out_dir + "/losses.csv");
-  io::remove_stale_temporaries(options.out_dir + "/loss.png");
+  io::remove_stale_temporaries(viz::picture_path(options.out_dir + "/loss", options.pictures));
 }
 
 // The training's progress line: step, loss, learning rate, tokens/s and the time left.
@@ -157,11 +157,11 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
   return rows;
 }
 
-void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) {
+void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows, const TrainCommand& options) {
   std::ostringstream csv;
   csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss,communication_seconds\n";
   viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
-      validation{"validation", {214, 39, 40}, {}};
+      validation{"validation", {214, 39, 40}, {}}, learning_rate{"learning rate (right)", {150, 150, 150}, {}, true, true};
   for (const auto& r : rows) {
     char line[256];
     if (std::isnan(r.loss)) std::snprintf(line, sizeof line, "%lld,,,,,", static_cast<long long>(r.step));  // before training
@@ -174,6 +174,7 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
     std::snprintf(communication, sizeof communication, ",%.4f", r.communication);
     csv << (std::isnan(r.loss) ? "," : communication) << '\n';
     if (!std::isnan(r.loss)) train_series.points.emplace_back(static_cast<double>(r.step), r.loss);
+    if (!std::isnan(r.lr)) learning_rate.points.emplace_back(static_cast<double>(r.step), r.lr);
     if (!std::isnan(r.eval_train)) {
       eval_series.points.emplace_back(static_cast<double>(r.step), r.eval_train);
       validation.points.emplace_back(static_cast<double>(r.step), r.eval_validation);
@@ -185,7 +186,11 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
   if (!rows.empty()) {
     std::vector<viz::Series> series = {train_series};
     if (!eval_series.points.empty()) series.push_back(eval_series), series.push_back(validation);
-    viz::plot_lines(out_dir + "/loss.png", "qkv train: cross-entropy loss", "step", "loss (nats)", series);
+    if (!learning_rate.points.empty()) series.push_back(learning_rate);
+    viz::save_plot(viz::picture_path(out_dir + "/loss", options.pictures), series,
+                   {.title = "qkv train: cross-entropy loss", .x_label = "step", .y_label = "loss (nats)",
+                    .y2_label = "learning rate", .log_y = options.plot_log},
+                   options.pictures);
   }
 }
 
@@ -194,7 +199,7 @@ void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows) 
 // The text to train on: --text FILE, or the default corpus (also qkv train --resume DIR's, train_folder.cpp).
 std::string read_corpus(const std::string& path) {
   if (!path.empty()) {
-    const std::vector<std::byte> bytes = io::read_file(path);
+    const std::vector<std::byte> bytes = io::read_file(path, kMaxTextBytes);
     return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   }
   // The default corpus: the King James Bible, as Debian's bible-kjv prints it.
@@ -355,7 +360,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
       throw UsageError("--attention-prompt has " + std::to_string(probe.size()) + " tokens; the model reads at most " +
                        std::to_string(ctx) + " (--context-length)");
     }
-    for (int64_t id : probe) probe_labels.push_back(viz::ascii_label(tokenizer->decode(std::vector<int64_t>{id})));
+    for (int64_t id : probe) probe_labels.push_back(viz::token_label(tokenizer->decode(std::vector<int64_t>{id})));
   }
   auto snapshot = [&](int64_t step) {
     nn::GPTModel& model = trainer.model();
@@ -370,15 +375,16 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
         panels.push_back({"L" + std::to_string(l + 1) + " H" + std::to_string(h + 1),
                           Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T})});
     char name[64];
-    std::snprintf(name, sizeof name, "/step-%06lld.png", static_cast<long long>(step));
+    std::snprintf(name, sizeof name, "/step-%06lld", static_cast<long long>(step));
     std::filesystem::create_directories(attention_dir);
-    viz::heatmap_grid_png(attention_dir + name, "Attention at step " + std::to_string(step) + " (layers x heads)", panels,
-                          static_cast<int>(H), probe_labels, 1.0);
+    viz::save_heatmap_grid(viz::picture_path(attention_dir + name, options.pictures),
+                           "Attention at step " + std::to_string(step) + " (layers \u00d7 heads)", panels,
+                           static_cast<int>(H), probe_labels, 1.0, options.pictures);
     snapshots.emplace_back(std::move(panels), "step " + std::to_string(step));
   };
   auto save_animation = [&] {
     if (snapshots.size() < 2) return;
-    viz::heatmap_grid_gif(attention_dir + "/attention.gif", "Attention while training (layers x heads)", snapshots,
+    viz::save_heatmap_grid_gif(attention_dir + "/attention.gif", "Attention while training (layers \u00d7 heads)", snapshots,
                           static_cast<int>(snapshots.front().first.size() / settings.model.n_layers), probe_labels, 1.0, 40);
   };
   if (options.attention_every > 0 && trainer.step() == 0 && lead) snapshot(0);
@@ -395,7 +401,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   // step, which a resume drops (read_csv keeps rows up to the checkpoint's step), never a gap.
   auto save = [&](int64_t /*step*/) {
     if (!lead) return;  // one writer
-    write_outputs(options.out_dir, rows);
+    write_outputs(options.out_dir, rows, options);
     trainer.save_checkpoint(checkpoint);
   };
   // The command that continues this run, as typed: the same text, vocabulary and output folder.
@@ -448,7 +454,8 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                      "; continue with: " + continue_with);
     return 128 + (signal ? signal : SIGINT);
   }
-  progress.message("done: " + checkpoint + ", " + options.out_dir + "/losses.csv, " + options.out_dir + "/loss.png");
+  progress.message("done: " + checkpoint + ", " + options.out_dir + "/losses.csv, " +
+                   viz::picture_path(options.out_dir + "/loss", options.pictures));
   if (!lead) return 0;
 
   // A sample, so you can see what it learned.

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,13 +18,29 @@
 
 namespace qkv::io {
 
-std::vector<std::byte> read_file(const std::string& path) {
+namespace {
+std::string limit_text(uint64_t bytes) {
+  return bytes >= (uint64_t{1} << 20) ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes) + " bytes";
+}
+}  // namespace
+
+std::vector<std::byte> read_file(const std::string& path, uint64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw IoError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     ::close(fd);
     throw IoError(path + ": is a directory; give a file");
+  }
+  // A character or block device other than a terminal (/dev/zero, /dev/urandom, a disk) has no end to read to.
+  if ((S_ISCHR(st.st_mode) && !::isatty(fd) && st.st_rdev != makedev(1, 3)) || S_ISBLK(st.st_mode)) {
+    ::close(fd);
+    throw IoError(path + ": is a device, not a file; give a file (or - for standard input)");
+  }
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw IoError(path + ": is " + limit_text(static_cast<uint64_t>(st.st_size)) + ", more than the " +
+                  limit_text(max_bytes) + " qkv reads here; split it into smaller files");
   }
   // Read until the end rather than trusting the size: pipes, FIFOs and <(…) have none.
   std::vector<std::byte> bytes;
@@ -37,6 +54,10 @@ std::vector<std::byte> read_file(const std::string& path) {
       const std::string why = std::strerror(errno);
       ::close(fd);
       throw IoError(path + ": read failed: " + why);
+    }
+    if (bytes.size() + static_cast<uint64_t>(n) > max_bytes) {
+      ::close(fd);
+      throw IoError(path + ": more than the " + limit_text(max_bytes) + " qkv reads here; split it into smaller files");
     }
     bytes.insert(bytes.end(), buffer, buffer + n);
   }

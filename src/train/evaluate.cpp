@@ -44,6 +44,7 @@ TextEvaluation evaluate_text(const nn::LanguageModel& model, std::span<const int
   double total = 0.0;
   int64_t scored = 0;
   size_t w = 0;
+  TextEvaluation out;
   while (w < windows.size()) {
     // Windows of one length go through together.
     const int64_t T = windows[w].end - windows[w].begin;
@@ -57,6 +58,7 @@ TextEvaluation evaluate_text(const nn::LanguageModel& model, std::span<const int
     const Tensor logits = model.forward(inputs, static_cast<int64_t>(n), T);
     for (size_t b = 0; b < n; ++b) {
       const EvalWindow& win = windows[w + b];
+      const double before = total;
       for (int64_t t = T - win.fresh; t < T; ++t) {  // −log softmax(logits)[target], in double
         const float* row = logits.data() + (static_cast<int64_t>(b) * T + t) * V;
         const float peak = *std::max_element(row, row + V);
@@ -65,11 +67,11 @@ TextEvaluation evaluate_text(const nn::LanguageModel& model, std::span<const int
         total += std::log(sum) + peak - row[ids[static_cast<size_t>(win.begin + t + 1)]];
         ++scored;
       }
+      out.window_losses.push_back((total - before) / static_cast<double>(std::max<int64_t>(win.fresh, 1)));
     }
     w += n;
     if (progress) progress(static_cast<int64_t>(w), static_cast<int64_t>(windows.size()));
   }
-  TextEvaluation out;
   out.scored = scored;
   out.windows = static_cast<int64_t>(windows.size());
   out.loss = total / static_cast<double>(scored);

@@ -12,8 +12,7 @@ namespace qkv::viz {
 
 namespace {
 
-constexpr int kScale = 2;  // text: 12 px per character, 14 px tall — readable at 100 %
-constexpr size_t kMaxLabel = 14;
+constexpr double kMaxLabelWidth = 150;  // logical pixels; longer labels end in "…"
 
 // The matrix as (rows, cols), or ValueError.
 Tensor as_matrix(const Tensor& t, const char* what) {
@@ -24,16 +23,30 @@ Tensor as_matrix(const Tensor& t, const char* what) {
   return t.view_as_shape(s);
 }
 
-std::string clip(std::string s) {
-  if (s.size() > kMaxLabel) s = s.substr(0, kMaxLabel - 1) + "~";
-  return s;
+// A label cut to fit `max_width` at `px`, whole UTF-8 characters at a time, ending in "…" when cut.
+std::string fit(const std::string& label, double px, double max_width = kMaxLabelWidth) {
+  if (measure_text(label, px).width <= max_width) return label;
+  std::string s = label;
+  while (!s.empty()) {
+    do s.pop_back();
+    while (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0x80);  // drop a whole character
+    if (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0xC0) s.pop_back();  // a dangling lead byte
+    if (measure_text(s + "\u2026", px).width <= max_width) break;
+  }
+  return s + "\u2026";
 }
 
-std::vector<std::string> labels_or_numbers(const std::vector<std::string>& labels, int64_t n) {
+std::vector<std::string> labels_or_numbers(const std::vector<std::string>& labels, int64_t n, double px) {
   std::vector<std::string> out;
   for (int64_t i = 0; i < n; ++i)
-    out.push_back(clip(static_cast<int64_t>(labels.size()) == n ? labels[static_cast<size_t>(i)] : std::to_string(i + 1)));
+    out.push_back(static_cast<int64_t>(labels.size()) == n ? fit(labels[static_cast<size_t>(i)], px) : std::to_string(i + 1));
   return out;
+}
+
+double widest(const std::vector<std::string>& labels, double px) {
+  double w = 0;
+  for (const auto& l : labels) w = std::max(w, measure_text(l, px).width);
+  return w;
 }
 
 double largest_finite(const Tensor& m) {
@@ -41,6 +54,12 @@ double largest_finite(const Tensor& m) {
   for (float x : m.values())
     if (std::isfinite(x)) v = std::max(v, static_cast<double>(x));
   return v > 0.0 ? v : 1.0;
+}
+
+bool all_whole(const Tensor& m) {
+  for (float x : m.values())
+    if (std::isfinite(x) && x != std::round(x)) return false;
+  return true;
 }
 
 std::string number(double v, int decimals) {
@@ -51,45 +70,50 @@ std::string number(double v, int decimals) {
   return s;
 }
 
-size_t longest(const std::vector<std::string>& labels) {
-  size_t n = 1;
-  for (const auto& l : labels) n = std::max(n, l.size());
-  return n;
-}
-
 // A vertical colour bar at (x, y) of height h, with ticks 0, vmax/2, vmax.
-void colour_bar(Canvas& c, int x, int y, int h, double vmax) {
-  const int w = 18;
-  for (int i = 0; i < h; ++i) c.rect(x, y + i, x + w, y + i, viridis(1.0 - static_cast<double>(i) / std::max(h - 1, 1)));
-  c.frame(x, y, x + w, y + h - 1, kAxis);
-  const int decimals = vmax >= 10 ? 0 : vmax >= 1 ? 2 : 3;
+void colour_bar(Canvas& c, double x, double y, double h, double vmax, bool whole) {
+  const double w = 18;
+  std::vector<Rgb> colours;
+  const int levels = std::max(2, static_cast<int>(h));
+  for (int i = 0; i < levels; ++i) colours.push_back(viridis(1.0 - static_cast<double>(i) / (levels - 1)));
+  c.cells(x, y, w, h / levels, levels, 1, colours);
+  c.frame(x, y, w, h, kAxis);
+  const int decimals = whole && vmax >= 2 ? 0 : vmax >= 10 ? 0 : vmax >= 1 ? 2 : 3;
+  const double line_h = measure_text("0", kLabelPx).height;
   for (double f : {0.0, 0.5, 1.0}) {
-    const int ty = y + static_cast<int>(std::lround((1.0 - f) * (h - 1)));
-    c.rect(x + w, ty, x + w + 4, ty, kAxis);
+    const double ty = y + (1.0 - f) * h;
+    c.line(x + w, ty, x + w + 4, ty, kAxis);
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.*f", decimals, f * vmax);
-    c.text(x + w + 8, ty - Canvas::text_height(kScale) / 2, buf, kInk, kScale);
+    c.text(x + w + 8, ty - line_h / 2, buf, kLabelPx, kInk);
   }
 }
 
-// The cells of m at (x, y), `cell` pixels square, coloured on 0 … vmax; values printed when asked.
-void cells(Canvas& c, const Tensor& m, int x, int y, int cell, double vmax, bool values) {
+// The cells of m at (x, y), `cell` pixels square, coloured on 0 … vmax (NaN grey); values printed when asked.
+void cells(Canvas& c, const Tensor& m, double x, double y, double cell, double vmax, bool values, int decimals) {
   const int64_t rows = m.size(0), cols = m.size(1);
-  const int decimals = cell >= 60 ? 2 : 1;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < cols; ++k) {
-      const float v = m.data()[r * cols + k];
-      const double t = std::isfinite(v) ? v / vmax : 0.0;
-      const int x0 = x + static_cast<int>(k) * cell, y0 = y + static_cast<int>(r) * cell;
-      c.rect(x0, y0, x0 + cell - 1, y0 + cell - 1, std::isnan(v) ? Rgb{200, 200, 200} : viridis(t));
-      if (values) {
-        const std::string s = std::isnan(v) ? "nan" : number(v, decimals);
-        const int scale = Canvas::text_width(s, kScale) + 4 <= cell ? kScale : 1;
-        c.text(x0 + (cell - Canvas::text_width(s, scale)) / 2, y0 + (cell - Canvas::text_height(scale)) / 2, s,
-               t > 0.6 ? kInk : kWhite, scale);
+  std::vector<Rgb> colours(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const float v = m.data()[i];
+    colours[static_cast<size_t>(i)] = std::isnan(v) ? Rgb{200, 200, 200} : viridis(std::isfinite(v) ? v / vmax : v > 0 ? 1.0 : 0.0);
+  }
+  c.cells(x, y, cell, cell, static_cast<int>(rows), static_cast<int>(cols), colours);
+  if (values) {
+    const bool whole = decimals < 0 && all_whole(m);
+    const int digits = decimals >= 0 ? decimals : whole ? 0 : cell >= 60 ? 2 : 1;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) {
+        const float v = m.data()[r * cols + k];
+        const double t = std::isfinite(v) ? v / vmax : 0.0;
+        const std::string s = std::isnan(v) ? "nan" : number(v, digits);
+        double px = kLabelPx;
+        while (px > 7 && measure_text(s, px).width + 4 > cell) px -= 1;
+        const double h = measure_text(s, px).height;
+        c.text(x + (static_cast<double>(k) + 0.5) * cell, y + (static_cast<double>(r) + 0.5) * cell - h / 2, s, px,
+               t > 0.6 ? kInk : kWhite, Align::center);
       }
-    }
-  c.frame(x - 1, y - 1, x + static_cast<int>(cols) * cell, y + static_cast<int>(rows) * cell, kAxis);
+  }
+  c.frame(x - 1, y - 1, static_cast<double>(cols) * cell + 2, static_cast<double>(rows) * cell + 2, kAxis);
 }
 
 int cell_size(int64_t n, bool values) {
@@ -103,43 +127,44 @@ Canvas draw_heatmap(const Tensor& input, const HeatmapStyle& style, HeatmapGeome
   const bool values = style.show_values == 1 || (style.show_values == -1 && rows <= 16 && cols <= 16);
   const int cell = cell_size(std::max(rows, cols), values);
   const double vmax = style.vmax > 0 ? style.vmax : largest_finite(m);
-  const auto rl = labels_or_numbers(style.row_labels, rows), cl = labels_or_numbers(style.col_labels, cols);
-  const bool row_text = cell >= Canvas::text_height(kScale), col_text = row_text;
-  const int char_w = 6 * kScale;
-  const int left = 40 + (row_text ? static_cast<int>(longest(rl)) * char_w + 10 : 0);
-  const int top = 16 + Canvas::text_height(kScale) + 20 + (style.caption.empty() ? 0 : Canvas::text_height(kScale) + 8);
+  // Labels as large as the cells allow, up to the label size; none below 7 px.
+  const double label_px = std::min(kLabelPx, std::floor(cell * 0.8));
+  const bool label_text = label_px >= 7;
+  const auto rl = labels_or_numbers(style.row_labels, rows, label_px), cl = labels_or_numbers(style.col_labels, cols, label_px);
+  const double title_h = measure_text("Ag", kTitlePx, true).height, line_h = measure_text("Ag", kLabelPx).height;
+  const int left = 40 + (label_text ? static_cast<int>(std::ceil(widest(rl, label_px))) + 10 : 0);
+  const int top = static_cast<int>(std::ceil(16 + title_h + 12 + (style.caption.empty() ? 0 : line_h + 6)));
   const int grid_w = static_cast<int>(cols) * cell, grid_h = static_cast<int>(rows) * cell;
-  const int bottom_labels = (col_text ? static_cast<int>(longest(cl)) * char_w + 10 : 0) + 40;
-  const std::string title = style.title + "  (" + std::to_string(rows) + "x" + std::to_string(cols) + ")";
-  const int width = std::max(left + grid_w + 110, Canvas::text_width(title, kScale) + 40);
+  const int bottom_labels = (label_text ? static_cast<int>(std::ceil(widest(cl, label_px))) + 10 : 0) + 40;
+  const std::string title = style.title + "  (" + std::to_string(rows) + "\u00d7" + std::to_string(cols) + ")";
+  const double width = std::max<double>(left + grid_w + 110, measure_text(title, kTitlePx, true).width + 40);
   Canvas c(width, top + grid_h + bottom_labels);
-  c.text(20, 16, title, kInk, kScale);
-  int line_y = 16 + Canvas::text_height(kScale) + 10;
-  if (!style.caption.empty()) {
-    c.text(20, line_y, style.caption, kMuted, kScale);
-    line_y += Canvas::text_height(kScale) + 8;
-  }
-  cells(c, m, left, top, cell, vmax, values);
-  if (row_text)
+  c.text(20, 16, title, kTitlePx, kInk, Align::left, true);
+  if (!style.caption.empty()) c.text(20, 16 + title_h + 6, style.caption, kLabelPx, kMuted);
+  cells(c, m, left, top, cell, vmax, values, style.decimals);
+  if (label_text) {
+    const double h = measure_text("Ag", label_px).height;
     for (int64_t r = 0; r < rows; ++r)
-      c.text(left - 10 - Canvas::text_width(rl[static_cast<size_t>(r)], kScale),
-             top + static_cast<int>(r) * cell + (cell - Canvas::text_height(kScale)) / 2, rl[static_cast<size_t>(r)], kInk, kScale);
-  if (col_text)
+      c.text(left - 10, top + (static_cast<double>(r) + 0.5) * cell - h / 2, rl[static_cast<size_t>(r)], label_px, kInk,
+             Align::right);
     for (int64_t k = 0; k < cols; ++k)
-      c.text_up(left + static_cast<int>(k) * cell + (cell - Canvas::text_height(kScale)) / 2, top + grid_h + 10 +
-                    static_cast<int>(cl[static_cast<size_t>(k)].size()) * char_w - 1, cl[static_cast<size_t>(k)], kInk, kScale);
-  c.text_up(8, top + grid_h / 2 + Canvas::text_width(style.row_axis, kScale) / 2, style.row_axis, kMuted, kScale);
-  c.text(left + grid_w / 2 - Canvas::text_width(style.col_axis, kScale) / 2, c.height() - 28, style.col_axis, kMuted, kScale);
-  colour_bar(c, left + grid_w + 20, top, std::max(grid_h, 60), vmax);
-  if (geometry) *geometry = {c.width(), c.height(), left, top, cell};
+      c.text(left + (static_cast<double>(k) + 0.5) * cell - h / 2, top + grid_h + 10, cl[static_cast<size_t>(k)], label_px,
+             kInk, Align::right, false, true);
+  }
+  c.text(8, top + grid_h / 2.0, style.row_axis, kLabelPx, kMuted, Align::center, false, true);
+  c.text(left + grid_w / 2.0, c.height() - 28, style.col_axis, kLabelPx, kMuted, Align::center);
+  colour_bar(c, left + grid_w + 20, top, std::max(grid_h, 60), vmax, all_whole(m));
+  if (geometry) *geometry = {c.width(), c.height(), left, top, cell, left - 10, label_text ? label_px : 0.0};
   return c;
 }
 
 }  // namespace
 
-HeatmapGeometry heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style) {
+HeatmapGeometry save_heatmap(const std::string& path, const Tensor& weights, const HeatmapStyle& style,
+                             const PictureOptions& options) {
+  picture_format_of(path);  // the extension is checked before any drawing
   HeatmapGeometry geometry;
-  draw_heatmap(weights, style, &geometry).save_png(path);
+  draw_heatmap(weights, style, &geometry).save(path, options);
   return geometry;
 }
 
@@ -159,44 +184,53 @@ Canvas draw_grid(const std::string& title, const std::string& caption, const std
   const int cell = static_cast<int>(std::clamp<int64_t>(200 / std::max<int64_t>(n, 1), 1, 24));
   const int panel = static_cast<int>(n) * cell;
   const int rows = (static_cast<int>(panels.size()) + columns - 1) / columns;
-  const int label_h = Canvas::text_height(kScale) + 8, gap = 24;
-  const bool token_text = cell >= 7 && !labels.empty();
-  const int axis = token_text ? static_cast<int>(longest(labels)) * 6 + 8 : 0;  // scale-1 token labels
-  const int caption_h = caption.empty() ? 0 : Canvas::text_height(kScale) + 8;
-  const int left = 20 + axis, top = 16 + Canvas::text_height(kScale) + 16 + caption_h;
+  const double title_h = measure_text("Ag", kTitlePx, true).height, line_h = measure_text("Ag", kLabelPx).height;
+  const int label_h = static_cast<int>(std::ceil(line_h)) + 6, gap = 24;
+  // The tokens along the first column's rows, when the cells are tall enough for small text.
+  const double token_px = std::min(kSmallPx, std::floor(cell * 0.9));
+  const bool token_text = token_px >= 7 && !labels.empty();
+  std::vector<std::string> fitted;
+  if (token_text)
+    for (const auto& l : labels) fitted.push_back(fit(l, token_px, 100));
+  const int axis = token_text ? static_cast<int>(std::ceil(widest(fitted, token_px))) + 8 : 0;
+  const double caption_h = caption.empty() ? 0 : line_h + 6;
+  const int left = 20 + axis, top = static_cast<int>(std::ceil(16 + title_h + 14 + caption_h));
   const int width = left + columns * (panel + gap) + 100;
   const int height = top + rows * (panel + label_h + gap) + 10;
-  Canvas c(std::max(width, Canvas::text_width(title, kScale) + 40), height);
-  c.text(20, 16, title, kInk, kScale);
-  if (!caption.empty()) c.text(20, 16 + Canvas::text_height(kScale) + 8, caption, kMuted, kScale);
+  Canvas c(std::max<double>(width, measure_text(title, kTitlePx, true).width + 40), height);
+  c.text(20, 16, title, kTitlePx, kInk, Align::left, true);
+  if (!caption.empty()) c.text(20, 16 + title_h + 6, caption, kLabelPx, kMuted);
+  const double token_h = token_text ? measure_text("Ag", token_px).height : 0;
   for (size_t i = 0; i < mats.size(); ++i) {
     const int gx = static_cast<int>(i) % columns, gy = static_cast<int>(i) / columns;
     const int x = left + gx * (panel + gap), y = top + gy * (panel + label_h + gap);
-    const int scale = Canvas::text_width(panels[i].label, kScale) <= panel + gap - 4 ? kScale : 1;
-    c.text(x, y + (scale == 1 ? 6 : 0), panels[i].label, kInk, scale);
-    cells(c, mats[i], x, y + label_h, cell, vmax, false);
-    if (token_text && gx == 0) {  // the tokens along the first column's rows
-      for (int64_t r = 0; r < mats[i].size(0) && r < static_cast<int64_t>(labels.size()); ++r)
-        c.text(x - 6 - Canvas::text_width(clip(labels[static_cast<size_t>(r)]), 1), y + label_h + static_cast<int>(r) * cell + (cell - 7) / 2,
-               clip(labels[static_cast<size_t>(r)]), kMuted, 1);
+    const double px = measure_text(panels[i].label, kLabelPx).width <= panel + gap - 4 ? kLabelPx : kSmallPx;
+    c.text(x, y + (kLabelPx - px), panels[i].label, px, kInk);
+    cells(c, mats[i], x, y + label_h, cell, vmax, false, -1);
+    if (token_text && gx == 0) {
+      for (int64_t r = 0; r < mats[i].size(0) && r < static_cast<int64_t>(fitted.size()); ++r)
+        c.text(x - 6, y + label_h + (static_cast<double>(r) + 0.5) * cell - token_h / 2, fitted[static_cast<size_t>(r)],
+               token_px, kMuted, Align::right);
     }
   }
-  colour_bar(c, left + columns * (panel + gap), top + label_h, std::max(panel, 60), vmax);
+  colour_bar(c, left + columns * (panel + gap), top + label_h, std::max(panel, 60), vmax, false);
   return c;
 }
 }  // namespace
 
-void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
-                      int columns, const std::vector<std::string>& labels, double vmax) {
-  draw_grid(title, "", panels, columns, labels, vmax).save_png(path);
+void save_heatmap_grid(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
+                       int columns, const std::vector<std::string>& labels, double vmax, const PictureOptions& options) {
+  picture_format_of(path);
+  draw_grid(title, "", panels, columns, labels, vmax).save(path, options);
 }
 
-void heatmap_grid_gif(const std::string& path, const std::string& title,
-                      const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
-                      const std::vector<std::string>& labels, double vmax, int delay_cs) {
-  std::vector<Canvas> canvases;
-  for (const auto& [panels, caption] : frames) canvases.push_back(draw_grid(title, caption.empty() ? " " : caption, panels, columns, labels, vmax));
-  save_gif_frames(path, canvases, delay_cs, 200);
+void save_heatmap_grid_gif(const std::string& path, const std::string& title,
+                           const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
+                           const std::vector<std::string>& labels, double vmax, int delay_cs) {
+  std::vector<Pixels> pictures;
+  for (const auto& [panels, caption] : frames)
+    pictures.push_back(draw_grid(title, caption.empty() ? " " : caption, panels, columns, labels, vmax).render());
+  save_gif_frames(path, pictures, delay_cs, 200);
 }
 
 HeatmapAnimation::HeatmapAnimation(HeatmapStyle style) : style_(std::move(style)) {
@@ -208,13 +242,13 @@ void HeatmapAnimation::add_frame(const Tensor& weights, const std::string& capti
 }
 
 void HeatmapAnimation::save_gif(const std::string& path, int delay_cs) const {
-  std::vector<Canvas> canvases;
+  std::vector<Pixels> pictures;
   for (const auto& [weights, caption] : frames_) {
     HeatmapStyle style = style_;
     style.caption = caption.empty() ? " " : caption;  // every frame the same size
-    canvases.push_back(draw_heatmap(weights, style));
+    pictures.push_back(draw_heatmap(weights, style).render());
   }
-  save_gif_frames(path, canvases, delay_cs, 200);
+  save_gif_frames(path, pictures, delay_cs, 200);
 }
 
 }  // namespace qkv::viz

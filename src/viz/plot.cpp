@@ -1,25 +1,16 @@
-// plot_lines: a line chart drawn on a Canvas (canvas.hpp) and saved as PNG.
+// save_plot: a line chart drawn on a Canvas (canvas.hpp) — axes with ticks, curves, a legend.
 #include "qkv/viz/plot.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <map>
 
-#include "qkv/core/error.hpp"
 #include "canvas.hpp"
+#include "qkv/core/error.hpp"
 
 namespace qkv::viz {
 
 namespace {
-
-std::string tick_label(double v, double step) {
-  char buf[32];
-  const int decimals = step >= 1 ? 0 : std::min(4, static_cast<int>(std::ceil(-std::log10(step))));
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
 
 // A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over the range.
 double nice_step(double range, int target) {
@@ -30,56 +21,140 @@ double nice_step(double range, int target) {
   return 10 * magnitude;
 }
 
+// A tick's text: as many decimals as the step needs; very large or small values in scientific notation.
+std::string tick_label(double v, double step) {
+  char buf[32];
+  if (v != 0 && (std::fabs(v) >= 1e6 || std::fabs(v) < 1e-3 || step < 1e-4)) std::snprintf(buf, sizeof buf, "%.2g", v);
+  else std::snprintf(buf, sizeof buf, "%.*f", step >= 1 ? 0 : std::min(4, static_cast<int>(std::ceil(-std::log10(step) - 1e-9))), v);
+  return buf;
+}
+
+struct Range {
+  double lo = INFINITY, hi = -INFINITY;
+  void add(double v) { lo = std::min(lo, v), hi = std::max(hi, v); }
+  bool empty() const { return !(lo <= hi); }
+};
+
+// Linear ticks covering [lo, hi], the range widened to whole steps.
+std::vector<double> linear_ticks(Range& r, int target) {
+  if (r.hi == r.lo) r.lo -= 0.5, r.hi += 0.5;
+  const double step = nice_step(r.hi - r.lo, target);
+  r.lo = std::floor(r.lo / step + 1e-9) * step, r.hi = std::ceil(r.hi / step - 1e-9) * step;
+  std::vector<double> ticks;
+  for (double v = r.lo; v <= r.hi + step / 2; v += step) ticks.push_back(std::fabs(v) < step * 1e-9 ? 0.0 : v);
+  return ticks;
+}
+
+// Log ticks: powers of ten over the (positive) range widened to whole decades, with 2 and 5 between them when the
+// range spans two decades or fewer.
+std::vector<double> log_ticks(Range& r) {
+  double lo = std::floor(std::log10(r.lo)), hi = std::ceil(std::log10(r.hi));
+  if (hi == lo) hi = lo + 1;
+  r.lo = std::pow(10.0, lo), r.hi = std::pow(10.0, hi);
+  std::vector<double> ticks;
+  for (double e = lo; e <= hi; ++e) {
+    const double p = std::pow(10.0, e);
+    ticks.push_back(p);
+    if (hi - lo <= 2 && e < hi) ticks.push_back(2 * p), ticks.push_back(5 * p);
+  }
+  return ticks;
+}
+
+double step_of(const std::vector<double>& ticks) { return ticks.size() > 1 ? ticks[1] - ticks[0] : 1.0; }
+
 }  // namespace
 
-void plot_lines(const std::string& path, const std::string& title, const std::string& x_label,
-                const std::string& y_label, const std::vector<Series>& series, int width, int height) {
-  double x_min = INFINITY, x_max = -INFINITY, y_min = INFINITY, y_max = -INFINITY;
+double PlotGeometry::x_pixel(double x) const { return left + (x - x_min) / (x_max - x_min) * (right - left); }
+double PlotGeometry::y_pixel(double y) const {
+  const double t = log_y ? (std::log10(y) - std::log10(y_min)) / (std::log10(y_max) - std::log10(y_min))
+                         : (y - y_min) / (y_max - y_min);
+  return bottom - t * (bottom - top);
+}
+double PlotGeometry::y2_pixel(double y) const { return bottom - (y - y2_min) / (y2_max - y2_min) * (bottom - top); }
+
+PlotGeometry save_plot(const std::string& path, const std::vector<Series>& series, const PlotStyle& style,
+                       const PictureOptions& options) {
+  picture_format_of(path);
+  auto usable = [&](const Series& s, double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && (s.right_axis || !style.log_y || y > 0);
+  };
+  Range xs, ys, y2s;
   for (const auto& s : series)
-    for (const auto& [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y)) continue;
-      x_min = std::min(x_min, x), x_max = std::max(x_max, x), y_min = std::min(y_min, y), y_max = std::max(y_max, y);
-    }
-  if (!std::isfinite(x_min)) {
-    throw ValueError(path + ": there is no finite value to plot (every point is NaN or infinite; did the run diverge?)");
+    for (const auto& [x, y] : s.points)
+      if (usable(s, x, y)) xs.add(x), (s.right_axis ? y2s : ys).add(y);
+  if (xs.empty() || ys.empty()) {
+    throw ValueError(path + ": there is no finite value to plot" +
+                     (style.log_y ? std::string(" above 0 on a log scale") : std::string()) +
+                     " (every point is NaN or infinite; did the run diverge?)");
   }
-  if (x_max == x_min) x_max = x_min + 1;
-  if (y_max == y_min) y_max = y_min + 1;
-  const double y_step = nice_step(y_max - y_min, 6), x_step = nice_step(x_max - x_min, 8);
-  y_min = std::floor(y_min / y_step) * y_step, y_max = std::ceil(y_max / y_step) * y_step;
-  const int left = 90, right = width - 30, top = 50, bottom = height - 60;
-  auto px = [&](double x) { return left + (x - x_min) / (x_max - x_min) * (right - left); };
-  auto py = [&](double y) { return bottom - (y - y_min) / (y_max - y_min) * (bottom - top); };
-  Canvas c(width, height);
-  c.text((width - Canvas::text_width(title)) / 2, 14, title);
-  for (double y = y_min; y <= y_max + y_step / 2; y += y_step) {
-    const int yy = static_cast<int>(std::lround(py(y)));
-    c.line(left, yy, right, yy, {225, 225, 225}, 1);
-    const std::string label = tick_label(y, y_step);
-    c.text(left - 10 - Canvas::text_width(label), yy - 7, label);
+  if (xs.hi == xs.lo) xs.hi = xs.lo + 1;
+  const std::vector<double> y_ticks = style.log_y ? log_ticks(ys) : linear_ticks(ys, 6);
+  const bool second = !y2s.empty();
+  const std::vector<double> y2_ticks = second ? linear_ticks(y2s, 6) : std::vector<double>{};
+  const double x_step = nice_step(xs.hi - xs.lo, 8);
+
+  PlotGeometry g;
+  g.width = style.width, g.height = style.height, g.log_y = style.log_y;
+  g.x_min = xs.lo, g.x_max = xs.hi, g.y_min = ys.lo, g.y_max = ys.hi;
+  if (second) g.y2_min = y2s.lo, g.y2_max = y2s.hi;
+  double y_label_w = 0, y2_label_w = 0;
+  for (double v : y_ticks) y_label_w = std::max(y_label_w, measure_text(tick_label(v, step_of(y_ticks)), kLabelPx).width);
+  for (double v : y2_ticks) y2_label_w = std::max(y2_label_w, measure_text(tick_label(v, step_of(y2_ticks)), kLabelPx).width);
+  const double line_h = measure_text("Ag", kLabelPx).height, title_h = measure_text("Ag", kTitlePx, true).height;
+  g.left = std::ceil(30 + line_h + y_label_w), g.right = style.width - (second ? std::ceil(30 + line_h + y2_label_w) : 24.0);
+  g.top = std::ceil(20 + title_h + 16), g.bottom = style.height - std::ceil(24 + 2 * line_h);
+
+  Canvas c(style.width, style.height);
+  c.text(style.width / 2.0, 14, style.title, kTitlePx, kInk, Align::center, true);
+  for (double y : y_ticks) {  // horizontal grid lines and the left axis's numbers
+    const double yy = g.y_pixel(y);
+    c.line(g.left, yy, g.right, yy, kGrid, 1);
+    c.line(g.left - 5, yy, g.left, yy, kAxis, 1);
+    c.text(g.left - 8, yy - line_h / 2, tick_label(y, step_of(y_ticks)), kLabelPx, kInk, Align::right);
   }
-  for (double x = std::ceil(x_min / x_step) * x_step; x <= x_max + x_step / 2; x += x_step) {
-    const int xx = static_cast<int>(std::lround(px(x)));
-    c.line(xx, top, xx, bottom, {235, 235, 235}, 1);
-    const std::string label = tick_label(x, x_step);
-    c.text(xx - Canvas::text_width(label) / 2, bottom + 10, label);
+  for (double x = std::ceil(xs.lo / x_step - 1e-9) * x_step; x <= xs.hi + x_step * 1e-9; x += x_step) {
+    const double xx = g.x_pixel(x);
+    c.line(xx, g.top, xx, g.bottom, {238, 238, 238}, 1);
+    c.line(xx, g.bottom, xx, g.bottom + 5, kAxis, 1);
+    c.text(xx, g.bottom + 8, tick_label(std::fabs(x) < x_step * 1e-9 ? 0.0 : x, x_step), kLabelPx, kInk, Align::center);
   }
-  c.line(left, bottom, right, bottom, {60, 60, 60}, 2);
-  c.line(left, top, left, bottom, {60, 60, 60}, 2);
-  c.text((left + right - Canvas::text_width(x_label)) / 2, height - 28, x_label);
-  c.text(8, top - 30, y_label);
-  int legend_y = top + 8;
+  for (double y : y2_ticks) {
+    const double yy = g.y2_pixel(y);
+    c.line(g.right, yy, g.right + 5, yy, kAxis, 1);
+    c.text(g.right + 8, yy - line_h / 2, tick_label(y, step_of(y2_ticks)), kLabelPx, kInk);
+  }
+  c.line(g.left, g.bottom, g.right, g.bottom, kAxis, 1.5);
+  c.line(g.left, g.top, g.left, g.bottom, kAxis, 1.5);
+  if (second) c.line(g.right, g.top, g.right, g.bottom, kAxis, 1.5);
+  c.text((g.left + g.right) / 2, style.height - 12 - line_h, style.x_label, kLabelPx, kMuted, Align::center);
+  c.text(10, (g.top + g.bottom) / 2, style.y_label + (style.log_y ? " (log scale)" : ""), kLabelPx, kMuted,
+         Align::center, false, true);
+  if (second) c.text(style.width - 10 - line_h, (g.top + g.bottom) / 2, style.y2_label, kLabelPx, kMuted, Align::center, false, true);
+
   for (const auto& s : series) {
-    for (size_t i = 1; i < s.points.size(); ++i)
-      c.line(px(s.points[i - 1].first), py(s.points[i - 1].second), px(s.points[i].first), py(s.points[i].second), s.color, 2);
-    if (s.points.size() == 1) c.rect(static_cast<int>(px(s.points[0].first)) - 2, static_cast<int>(py(s.points[0].second)) - 2,
-                                     static_cast<int>(px(s.points[0].first)) + 2, static_cast<int>(py(s.points[0].second)) + 2, s.color);
-    const int lx = right - 20 - Canvas::text_width(s.name) - 30;
-    c.rect(lx, legend_y + 3, lx + 20, legend_y + 9, s.color);
-    c.text(lx + 28, legend_y, s.name);
-    legend_y += 22;
+    std::vector<std::pair<double, double>> pixels;
+    for (const auto& [x, y] : s.points)
+      pixels.emplace_back(usable(s, x, y) ? std::pair{g.x_pixel(x), s.right_axis ? g.y2_pixel(y) : g.y_pixel(y)}
+                                          : std::pair<double, double>{NAN, NAN});
+    c.polyline(pixels, s.color, 2, s.dashed);
+    for (size_t i = 0; i < pixels.size(); ++i) {  // points with no neighbour to join (one evaluation) as dots
+      const bool alone = (i == 0 || std::isnan(pixels[i - 1].first)) && (i + 1 == pixels.size() || std::isnan(pixels[i + 1].first));
+      if (alone && !std::isnan(pixels[i].first)) c.dot(pixels[i].first, pixels[i].second, 3, s.color);
+    }
   }
-  c.save_png(path);
+  // The legend in the top right corner, on white so that curves under it do not hide it.
+  double legend_w = 0;
+  for (const auto& s : series) legend_w = std::max(legend_w, measure_text(s.name, kLabelPx).width);
+  const double lx = g.right - 12 - legend_w - 34;
+  double legend_y = g.top + 8;
+  c.rect(lx - 8, legend_y - 4, legend_w + 50, static_cast<double>(series.size()) * (line_h + 6) + 4, kWhite);
+  for (const auto& s : series) {
+    c.line(lx, legend_y + line_h / 2, lx + 24, legend_y + line_h / 2, s.color, 2.5, s.dashed);
+    c.text(lx + 32, legend_y, s.name, kLabelPx, kInk);
+    legend_y += line_h + 6;
+  }
+  c.save(path, options);
+  return g;
 }
 
 }  // namespace qkv::viz

@@ -1,10 +1,11 @@
-// The attention report: grid and per-head PNGs, the weights as safetensors and a self-contained HTML page
+// The attention report: grid and per-head pictures, the weights as safetensors and a self-contained HTML page
 // (see qkv/viz/report.hpp).
 #include "qkv/viz/report.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 
 #include "qkv/core/error.hpp"
@@ -188,19 +189,9 @@ draw();
 
 }  // namespace
 
-std::string ascii_label(const std::string& token) {
-  std::string out;
-  for (size_t i = 0; i < token.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c == ' ') out += i == 0 ? '_' : ' ';
-    else if (c == '\n') out += "\\n";
-    else if (c >= 32 && c < 127) out += static_cast<char>(c);
-    else if ((c & 0xC0) != 0x80) out += '?';  // one '?' per UTF-8 character
-  }
-  return out.empty() ? "?" : out;
-}
-
-std::vector<std::string> write_attention_report(const std::string& dir, const AttentionReport& r, bool per_head_png) {
+std::vector<std::string> write_attention_report(const std::string& dir, const AttentionReport& r, bool per_head,
+                                                const PictureOptions& pictures) {
+  check_picture_options(pictures);
   if (r.maps.rank() != 4 || r.maps.size(0) != static_cast<int64_t>(r.layers.size()) ||
       r.maps.size(1) != static_cast<int64_t>(r.heads.size()) || r.maps.size(2) != static_cast<int64_t>(r.tokens.size()) ||
       r.maps.size(3) != r.maps.size(2)) {
@@ -213,7 +204,7 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
   if (ec) throw IoError(dir + ": cannot create the output directory: " + ec.message());
   const int64_t L = r.maps.size(0), H = r.maps.size(1), T = r.maps.size(2);
   std::vector<std::string> labels;
-  for (const auto& t : r.tokens) labels.push_back(ascii_label(t));
+  for (const auto& t : r.tokens) labels.push_back(token_label(t));
   std::vector<std::string> written;
   auto head_matrix = [&](int64_t l, int64_t h) {
     return Tensor::from(std::span<const float>(r.maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T});
@@ -225,11 +216,22 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
                             (r.kv_group > 1 ? " kv" + std::to_string(kv_head(r, static_cast<size_t>(h))) : "") +
                             (window_of(r, static_cast<size_t>(l)) > 0 ? " w" + std::to_string(window_of(r, static_cast<size_t>(l))) : ""),
                         head_matrix(l, h)});
-  written.push_back(dir + "/attention-grid.png");
-  heatmap_grid_png(written.back(), "Attention: layers (rows) x heads (columns)", panels, static_cast<int>(H), labels, 1.0);
-  if (per_head_png) {
+  written.push_back(picture_path(dir + "/attention-grid", pictures));
+  save_heatmap_grid(written.back(), "Attention: layers (rows) \u00d7 heads (columns)", panels, static_cast<int>(H), labels, 1.0,
+                    pictures);
+  if (per_head) {
+    // One picture per head, drawn on every thread (each thread its own Cairo surfaces and Pango context); the names
+    // are fixed first so the list returned keeps its order.
+    std::vector<std::string> paths;
     for (int64_t l = 0; l < L; ++l)
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t h = 0; h < H; ++h)
+        paths.push_back(picture_path(dir + "/layer" + two_digits(r.layers[static_cast<size_t>(l)]) + "-head" +
+                                         two_digits(r.heads[static_cast<size_t>(h)]), pictures));
+    std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t i = 0; i < L * H; ++i) {
+      const int64_t l = i / H, h = i % H;
+      try {
         HeatmapStyle style;
         style.title = "Layer " + std::to_string(r.layers[static_cast<size_t>(l)]) + ", head " +
                       std::to_string(r.heads[static_cast<size_t>(h)]) +
@@ -238,10 +240,14 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
                            ? ", sliding window " + std::to_string(window_of(r, static_cast<size_t>(l))) : "");
         style.row_labels = style.col_labels = labels;
         style.vmax = 1.0;
-        written.push_back(dir + "/layer" + two_digits(r.layers[static_cast<size_t>(l)]) + "-head" +
-                          two_digits(r.heads[static_cast<size_t>(h)]) + ".png");
-        heatmap_png(written.back(), head_matrix(l, h), style);
+        save_heatmap(paths[static_cast<size_t>(i)], head_matrix(l, h), style, pictures);
+      } catch (...) {
+#pragma omp critical(qkv_attention_report)
+        if (!failure) failure = std::current_exception();
       }
+    }
+    if (failure) std::rethrow_exception(failure);
+    written.insert(written.end(), paths.begin(), paths.end());
   }
   std::string tokens_json = "[";
   for (size_t i = 0; i < r.tokens.size(); ++i) tokens_json += (i ? "," : "") + json_string(r.tokens[i]);

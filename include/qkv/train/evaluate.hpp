@@ -24,6 +24,7 @@ struct TextEvaluation {
   double loss = 0;       // mean over the scored tokens (natural log)
   double perplexity = 0;
   int64_t scored = 0, windows = 0;
+  std::vector<double> window_losses;  // the mean loss of each window's scored tokens, in window order
 };
 // Runs `batch` windows per forward pass (eval mode, no gradient); `progress(done, total)` after each pass.
 // ValueError for a token id outside the model's vocabulary or a context beyond its context_length.

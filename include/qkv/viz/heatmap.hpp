@@ -1,13 +1,15 @@
-// Pictures of attention weights as PNG heatmaps: one matrix with its token labels on both axes, a colour bar,
+// Pictures of attention weights as heatmaps: one matrix with its token labels on both axes, a colour bar,
 // the viridis colour map (perceptually uniform, colour-blind safe) and, up to 16×16, each cell's value; a grid
-// of small multiples (layers × heads); and animations of a matrix changing (GIF). Part of qkv::viz, which
-// links libpng and giflib; the rest of qkv links neither.
+// of small multiples (layers × heads); and animations of a matrix changing (GIF). Each is written as PNG, SVG
+// or PDF, the format its file name ends in (picture.hpp). Part of qkv::viz, which links Cairo, Pango and
+// giflib; the rest of qkv links none of them.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
+#include "qkv/viz/picture.hpp"
 
 namespace qkv::viz {
 
@@ -18,16 +20,23 @@ struct HeatmapStyle {
   double vmax = 0.0;     // the colour scale runs 0 … vmax; 0: the matrix's largest finite value
   int show_values = -1;  // print each cell's value: -1 when the matrix is at most 16×16, 0 never, 1 always
   std::string caption;   // a line under the title (e.g. "step 12, loss 0.41")
+  // Digits after the point in printed values; -1: whole numbers as such (counts), others with 2 (or 1 in small cells).
+  int decimals = -1;
 };
 
-// Where the cells landed: cell (r, c) covers x ∈ [left + c·cell, left + (c+1)·cell), y likewise from top.
+// Where the cells landed, in logical pixels (PNG pixels at scale 1): cell (r, c) covers x ∈ [left + c·cell,
+// left + (c+1)·cell), y likewise from top. Row r's label ends at label_right, centred on the row; its size is
+// label_px (0: the rows are too small for labels).
 struct HeatmapGeometry {
-  int width = 0, height = 0, left = 0, top = 0, cell = 0;
+  int width = 0, height = 0, left = 0, top = 0, cell = 0, label_right = 0;
+  double label_px = 0;
 };
 
-// Writes a (rows, cols) matrix (or one with leading dimensions of size 1) as a PNG, atomically. ValueError for
-// another shape; IoError if the file cannot be written.
-HeatmapGeometry heatmap_png(const std::string& path, const Tensor& weights, const HeatmapStyle& style);
+// Writes a (rows, cols) matrix (or one with leading dimensions of size 1) as a picture, atomically, in the
+// format `path` ends in (.png, .svg, .pdf). ValueError for another shape or extension; IoError if the file
+// cannot be written.
+HeatmapGeometry save_heatmap(const std::string& path, const Tensor& weights, const HeatmapStyle& style,
+                             const PictureOptions& options = {});
 
 struct HeatmapPanel {
   std::string label;  // e.g. "layer 2, head 5"
@@ -36,14 +45,15 @@ struct HeatmapPanel {
 
 // Small multiples: the panels in a grid of `columns` per row (heads across, layers down), each labelled, one
 // colour bar for all (0 … vmax, or the largest value of all panels), the tokens along the first panel's axes.
-void heatmap_grid_png(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
-                      int columns, const std::vector<std::string>& labels, double vmax = 0.0);
+void save_heatmap_grid(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
+                       int columns, const std::vector<std::string>& labels, double vmax = 0.0,
+                       const PictureOptions& options = {});
 
 // The same grid as it changes (attention snapshots during training), one frame per (panels, caption), as a looping
 // GIF; vmax 0 means 1. Every frame must have the same panels' shapes.
-void heatmap_grid_gif(const std::string& path, const std::string& title,
-                      const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
-                      const std::vector<std::string>& labels, double vmax = 1.0, int delay_cs = 50);
+void save_heatmap_grid_gif(const std::string& path, const std::string& title,
+                           const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
+                           const std::vector<std::string>& labels, double vmax = 1.0, int delay_cs = 50);
 
 // Frames of one heatmap as it changes (every training step, say), saved as a looping GIF. All frames share
 // the style's labels and colour scale (vmax 0 means 1: attention weights).

@@ -1,5 +1,6 @@
-// A line chart as a PNG (libpng), for loss curves: axes with numbered ticks, one coloured line per series,
-// a legend. Text uses a built-in 5×7 pixel font, so no font files are needed.
+// Line charts for loss, accuracy and learning-rate curves: numbered ticks on both axes, one coloured line per
+// series (solid or dashed), an optional second axis on the right (the learning rate beside the loss), a linear
+// or logarithmic y axis, and a legend. Written as PNG, SVG or PDF, the format the file name ends in.
 #pragma once
 
 #include <array>
@@ -7,16 +8,41 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/viz/picture.hpp"
+
 namespace qkv::viz {
 
+/// One curve.
 struct Series {
-  std::string name;                               // lower-case letters, digits, spaces, ".-()="
+  std::string name;                               ///< its legend entry (any text)
   std::array<unsigned char, 3> color{31, 119, 180};
-  std::vector<std::pair<double, double>> points;  // (x, y), x increasing
+  std::vector<std::pair<double, double>> points;  ///< (x, y), x increasing; NaN or infinite points are left out
+  bool dashed = false;
+  bool right_axis = false;  ///< drawn against the right-hand axis (PlotStyle::y2_label), e.g. the learning rate
 };
 
-// Writes the chart atomically; throws IoError if the file cannot be written, ValueError with no points.
-void plot_lines(const std::string& path, const std::string& title, const std::string& x_label,
-                const std::string& y_label, const std::vector<Series>& series, int width = 800, int height = 480);
+/// What surrounds the curves.
+struct PlotStyle {
+  std::string title = "", x_label = "", y_label = "";
+  std::string y2_label = "";  ///< the right-hand axis's name, used when a series has right_axis
+  bool log_y = false;    ///< logarithmic left axis (points with y ≤ 0 are left out)
+  int width = 800, height = 480;  ///< logical pixels
+};
+
+/// Where the data landed, to find it again in the picture: x_pixel/y_pixel map data to logical pixels.
+struct PlotGeometry {
+  int width = 0, height = 0;
+  double left = 0, right = 0, top = 0, bottom = 0;  ///< the plotting area
+  double x_min = 0, x_max = 1, y_min = 0, y_max = 1, y2_min = 0, y2_max = 1;
+  bool log_y = false;
+  double x_pixel(double x) const;
+  double y_pixel(double y) const;   ///< on the left axis
+  double y2_pixel(double y) const;  ///< on the right axis
+};
+
+/// Writes the chart atomically in the format `path` ends in. ValueError when no series has a finite point (a run
+/// that diverged) or for a bad extension; IoError if the file cannot be written.
+PlotGeometry save_plot(const std::string& path, const std::vector<Series>& series, const PlotStyle& style,
+                       const PictureOptions& options = {});
 
 }  // namespace qkv::viz

@@ -1,4 +1,4 @@
-// What a GPT attends to, written out for people and for programs: a grid of every chosen layer × head, one
+// What a language model attends to, written out for people and for programs: a grid of every chosen layer × head, one
 // heatmap per head, the weights themselves (attention.safetensors, (layers, heads, T, T)) and a self-contained
 // HTML page (no network, the data inline) in which hovering or clicking a token shows what it attends to in each
 // layer and head, in the style of bertviz's head view.
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
+#include "qkv/viz/picture.hpp"
 
 namespace qkv::viz {
 
@@ -23,12 +24,9 @@ struct AttentionReport {
 };
 
 // Writes into `dir` (created if needed), each file atomically: attention-grid.png, layerLL-headHH.png per head
-// (unless per_head_png is false), attention.safetensors and attention.html. Returns the paths written.
+// (unless per_head is false; .svg or .pdf as the options say), attention.safetensors and attention.html. Tokens are
+// labelled with token_label(). Returns the paths written.
 std::vector<std::string> write_attention_report(const std::string& dir, const AttentionReport& report,
-                                                bool per_head_png = true);
-
-// A token as a short ASCII label for the PNG font: a leading space becomes '_', other bytes outside printable
-// ASCII '?' ("Ġthe" style tokens stay readable).
-std::string ascii_label(const std::string& token);
+                                                bool per_head = true, const PictureOptions& pictures = {});
 
 }  // namespace qkv::viz
