@@ -6,6 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cctype>
+#include <algorithm>
+#include <sstream>
+#include <set>
+#include <regex>
 
 #include "helpers.hpp"
 #include "qkv/io/safetensors.hpp"
@@ -118,6 +123,78 @@ TEST(Readme, ShowsTheCompiledExampleVerbatimAndTheTwoCommands) {
   EXPECT_NE(readme.find("scripts/run demo"), std::string::npos);
   EXPECT_NE(readme.find("scripts/run test"), std::string::npos);
   EXPECT_NE(read_text(root + "/.ci/run").find("scripts/run test"), std::string::npos);
+  const auto lines = std::count(readme.begin(), readme.end(), '\n');
+  EXPECT_LE(lines, 300) << "the README is for a newcomer's five minutes: details belong in docs/";
+}
+
+// GitHub's anchor for a heading: lower case, spaces to '-', ASCII punctuation dropped (letters of other scripts kept).
+std::string anchor_of(const std::string& heading) {
+  std::string out;
+  for (unsigned char c : heading) {
+    if (c == ' ') out += '-';
+    else if (c >= 0x80 || std::isalnum(c) || c == '-' || c == '_') out += static_cast<char>(std::tolower(c));
+  }
+  return out;
+}
+
+struct Markdown {
+  std::vector<std::string> anchors, links, cpp_blocks;
+};
+Markdown parse_markdown(const std::string& text) {
+  Markdown md;
+  std::istringstream in(text);
+  std::string line, block;
+  bool fenced = false, cpp = false;
+  const std::regex link(R"(\[[^\]]*\]\(([^)\s]+)\))");
+  while (std::getline(in, line)) {
+    if (line.rfind("```", 0) == 0) {
+      if (fenced && cpp) md.cpp_blocks.push_back(block);
+      cpp = !fenced && line == "```cpp";
+      fenced = !fenced;
+      block.clear();
+      continue;
+    }
+    if (fenced) {
+      block += line + "\n";
+      continue;
+    }
+    if (line.rfind("#", 0) == 0) md.anchors.push_back(anchor_of(line.substr(line.find_first_not_of('#') + 1)));
+    for (std::sregex_iterator m(line.begin(), line.end(), link), end; m != end; ++m) md.links.push_back((*m)[1]);
+  }
+  return md;
+}
+
+// Every relative link in the README and docs/ names a file that exists, and every #anchor a heading of its page;
+// every C++ block is one of the examples the suite compiles and runs.
+TEST(Readme, EveryLinkResolvesAndEveryCppExampleIsCompiled) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(QKV_FIXTURES) / ".." / "..";
+  std::vector<fs::path> pages = {root / "README.md"};
+  for (const auto& entry : fs::directory_iterator(root / "docs"))
+    if (entry.path().extension() == ".md") pages.push_back(entry.path());
+  ASSERT_GE(pages.size(), 8u) << "docs/ holds the details the README links to";
+  std::set<std::string> examples;
+  for (const char* f : {"readme_example.cpp", "pictures_example.cpp"}) examples.insert(read_text((root / "tests" / f).string()));
+  int links = 0;
+  for (const fs::path& page : pages) {
+    const Markdown md = parse_markdown(read_text(page.string()));
+    for (const std::string& target : md.links) {
+      if (target.rfind("http://", 0) == 0 || target.rfind("https://", 0) == 0 || target.rfind("mailto:", 0) == 0) continue;
+      ++links;
+      const size_t hash = target.find('#');
+      const std::string file = target.substr(0, hash), anchor = hash == std::string::npos ? "" : target.substr(hash + 1);
+      const fs::path resolved = file.empty() ? page : page.parent_path() / file;
+      ASSERT_TRUE(fs::exists(resolved)) << page.filename() << " links to " << target << ", which does not exist";
+      if (!anchor.empty()) {
+        const Markdown linked = parse_markdown(read_text(resolved.string()));
+        EXPECT_NE(std::find(linked.anchors.begin(), linked.anchors.end(), anchor), linked.anchors.end())
+            << page.filename() << " links to " << target << ": no heading of " << resolved.filename() << " has that anchor";
+      }
+    }
+    for (const std::string& block : md.cpp_blocks)
+      EXPECT_TRUE(examples.count(block)) << page.filename() << " shows C++ that no compiled example holds:\n" << block;
+  }
+  EXPECT_GE(links, 10);
 }
 
 }  // namespace
