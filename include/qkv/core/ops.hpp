@@ -25,9 +25,11 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // A low-rank (LoRA) update of a weight W (out, in): W + scale·B·A with A (rank, in) and B (out, rank), PEFT's layout.
 struct LowRankUpdate {
-  Tensor a, b;
-  float scale = 0.0f;
+  Tensor a, b;  // A (rank, in) and B (out, rank)
+  float scale = 0.0f;  // alpha / rank
+  // Whether there is an update
   bool defined() const { return a.defined(); }
+  // Its rank r (0 when there is none)
   int64_t rank() const { return a.defined() ? a.size(0) : 0; }
 };
 
@@ -163,6 +165,7 @@ Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, ke
 
 // ---- fused attention ----
 
+// How scaled_dot_product_attention reads its inputs and what it computes: heads, mask, window, scale, dropout
 struct AttentionConfig {
   int64_t num_heads = 1;   // for rank-3 inputs (B, T, H·D): how many heads share the channel dimension
   // Key/value heads (grouped-query attention): for the packed input, how many of its heads are K and V heads each;

@@ -9,9 +9,10 @@
 
 namespace qkv {
 
+// The time one op took in a profiled run, summed over its calls
 struct OpTime {
-  double forward_seconds = 0, backward_seconds = 0;
-  int64_t calls = 0;
+  double forward_seconds = 0, backward_seconds = 0;  // in its forward and in its backward
+  int64_t calls = 0;  // how many times it ran
 };
 
 void set_op_profiling(bool on);

@@ -20,11 +20,13 @@
 
 namespace qkv {
 
+// PyTorch's CPU generator (MT19937 with its normal cache and vectorised draws): the same seed gives the same tensors, bit for bit
 class Generator {
  public:
   explicit Generator(uint64_t seed = 67280421310721ULL);  // PyTorch's default seed
 
-  void manual_seed(uint64_t seed);
+  void manual_seed(uint64_t seed);  // Restarts the stream from `seed` (torch.manual_seed)
+  // The seed it was started from
   uint64_t initial_seed() const { return seed_; }
 
   uint32_t next_u32();  // one MT19937 output
@@ -38,8 +40,8 @@ class Generator {
   void normal_(Tensor& t, double mean = 0.0, double std = 1.0);
   void bernoulli_(Tensor& t, double p);
 
-  Tensor rand(const Shape& shape);
-  Tensor randn(const Shape& shape);
+  Tensor rand(const Shape& shape);  // A new tensor of uniform [0, 1) draws (torch.rand)
+  Tensor randn(const Shape& shape);  // A new tensor of standard normal draws (torch.randn)
 
   // A generator whose tensor fills (uniform_, normal_, rand, randn) write zeros and draw nothing, for building
   // a model whose weights a loader will overwrite (GPT-2's 1558M parameters would otherwise cost seconds of

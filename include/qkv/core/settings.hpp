@@ -22,13 +22,14 @@ bool parse_bool(std::string_view text, const std::string& what);     // true/fal
 std::string format_real(double v);
 
 template <typename S>
+// One setting of a settings struct S: its names, help, how to print and parse it
 struct Setting {
   const char* key;   // the name in checkpoints and configuration files, e.g. "learning_rate"
   const char* flag;  // the command-line flag, e.g. "--lr" (nullptr: not on the command line)
-  const char* help;
+  const char* help;  // the command line's help text
   bool is_flag = false;          // a boolean given as a bare flag (--qkv-bias)
   bool must_match = true;        // a resumed run must keep it (model shape, data, seed) or may change it
-  std::function<std::string(const S&)> get;
+  std::function<std::string(const S&)> get;  // prints the setting's value
   std::function<void(S&, std::string_view)> set;  // parses with the checks above
 };
 

@@ -26,11 +26,12 @@ inline constexpr int64_t kMaxElements = int64_t{1} << 40;
 class Shape {
  public:
   Shape() = default;
-  Shape(std::initializer_list<int64_t> dims);
-  explicit Shape(std::span<const int64_t> dims);
+  Shape(std::initializer_list<int64_t> dims);  // A shape from its sizes, e.g. Shape{2, 6, 3}
+  explicit Shape(std::span<const int64_t> dims);  // A shape from a span of sizes
 
+  // Dimensions (0 for a scalar)
   int rank() const { return rank_; }
-  int64_t numel() const;
+  int64_t numel() const;  // Elements: the product of the sizes (1 for a scalar)
   // i may be negative, counting from the back (-1 is the last dimension).
   int64_t operator[](int i) const { return dims_[static_cast<size_t>(normalize(i))]; }
   int64_t& operator[](int i) { return dims_[static_cast<size_t>(normalize(i))]; }
@@ -39,7 +40,7 @@ class Shape {
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
   std::string str() const;  // "(2, 6, 3)"
 
-  friend bool operator==(const Shape& a, const Shape& b);
+  friend bool operator==(const Shape& a, const Shape& b);  // same rank and sizes
 
  private:
   int rank_ = 0;
@@ -51,31 +52,39 @@ struct TensorImpl;
 struct Node;
 }  // namespace detail
 
+// A dense float32 tensor: owns its values or views another's, and records the ops that made it for backward()
 class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
   static Tensor empty(const Shape& shape);  // uninitialised values
-  static Tensor zeros(const Shape& shape);
-  static Tensor ones(const Shape& shape);
-  static Tensor full(const Shape& shape, float value);
-  static Tensor scalar(float value);
+  static Tensor zeros(const Shape& shape);  // All zeros
+  static Tensor ones(const Shape& shape);  // All ones
+  static Tensor full(const Shape& shape, float value);  // Every element `value`
+  static Tensor scalar(float value);  // A rank-0 tensor holding `value`
   // Copies `values` (row-major) into a new tensor; throws ShapeError if the count does not match.
   static Tensor from(std::span<const float> values, const Shape& shape);
   static Tensor from(std::initializer_list<float> values, const Shape& shape);
   // A 2-D tensor from nested rows, e.g. {{0.43f, 0.15f, 0.89f}, {...}}; all rows must have one length.
   static Tensor from_rows(std::initializer_list<std::initializer_list<float>> rows);
 
+  // Whether it holds a tensor (a default-constructed Tensor does not)
   bool defined() const { return impl_ != nullptr; }
-  const Shape& shape() const;
+  const Shape& shape() const;  // Its shape
+  // Dimensions
   int rank() const { return shape().rank(); }
+  // The size of dimension `dim`
   int64_t size(int dim) const { return shape()[dim]; }
+  // Elements
   int64_t numel() const { return shape().numel(); }
 
-  float* data();
-  const float* data() const;
+  float* data();  // The values, row-major (contiguous)
+  const float* data() const;  // The values, row-major (contiguous)
+  // The values as a span
   std::span<float> values() { return {data(), static_cast<size_t>(numel())}; }
+  // The values as a span
   std::span<const float> values() const { return {data(), static_cast<size_t>(numel())}; }
+  // A copy of the values
   std::vector<float> to_vector() const { return {data(), data() + numel()}; }
   float item() const;                                 // the value of a one-element tensor
   float at(std::initializer_list<int64_t> index) const;  // bounds-checked element read
@@ -98,7 +107,7 @@ class Tensor {
   Tensor detach() const;               // same storage, no history, requires_grad false
   Tensor clone() const;                // a copy of the values, no history
   void copy_(const Tensor& source);    // copies values in place; the shapes must be equal
-  void fill_(float value);
+  void fill_(float value);  // Sets every element to `value`, in place (no gradient is recorded)
   // A tensor of another shape over the same storage (numel must match). No history: ops.hpp's reshape
   // is the differentiable form.
   Tensor view_as_shape(const Shape& shape) const;

@@ -31,13 +31,13 @@ namespace qkv::io {
 
 // A tensor in a .pth: a view (offset, size, stride, in elements) of a storage.
 struct PthTensor {
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // the storage's element type
   std::string storage;  // the storage's key: the archive entry data/<key>
-  int64_t storage_numel = 0;
-  int64_t offset = 0;
-  std::vector<int64_t> shape, stride;
+  int64_t storage_numel = 0;  // elements in the storage
+  int64_t offset = 0;  // where the view starts, in elements
+  std::vector<int64_t> shape, stride;  // the view's sizes and strides, in elements
   bool parameter = false;  // saved as a torch.nn.Parameter
-  int64_t numel() const;
+  int64_t numel() const;  // The elements of the view (the product of shape)
 };
 
 enum class PyKind { None, Bool, Int, Float, String, List, Tuple, Dict, Tensor };
@@ -48,13 +48,14 @@ class PthFile;
 // One object of the unpickled data: a handle into its PthFile (which must outlive it).
 class PyRef {
  public:
-  PyKind kind() const;
+  PyKind kind() const;  // What kind of Python object this is
+  // Whether it is of kind `k`
   bool is(PyKind k) const { return kind() == k; }
   bool as_bool() const;             // IoError naming `what` if the object is something else
-  int64_t as_int() const;
+  int64_t as_int() const;  // The int (IoError naming `where()` otherwise); likewise as_string and as_tensor
   double as_number() const;         // an int or a float
-  const std::string& as_string() const;
-  const PthTensor& as_tensor() const;
+  const std::string& as_string() const;  // The string
+  const PthTensor& as_tensor() const;  // The tensor's view of its storage
   // Lists and tuples: the elements; dicts: the number of entries.
   size_t size() const;
   PyRef operator[](size_t i) const;
@@ -76,6 +77,7 @@ class PyRef {
   std::string where_;
 };
 
+// A torch.save file (the zip format of PyTorch ≥ 1.6), unpickled as data: nothing in it ever runs
 class PthFile {
  public:
   // Opens and checks a torch.save file; IoError naming the file and the problem (not a zip, a legacy or
@@ -86,12 +88,13 @@ class PthFile {
   // From the archive's entries by their names inside its folder ("data.pkl", "data/0", …): for tests and fuzzing.
   static PthFile from_records(std::map<std::string, std::vector<std::byte>> records, const std::string& label = "<memory>");
 
-  PthFile(PthFile&&) noexcept;
-  PthFile& operator=(PthFile&&) noexcept;
+  PthFile(PthFile&&) noexcept;  // Movable, not copyable
+  PthFile& operator=(PthFile&&) noexcept;  // Movable, not copyable
   ~PthFile();
 
+  // The file's path (or the label it was parsed under)
   const std::string& path() const { return label_; }
-  PyRef root() const;
+  PyRef root() const;  // The unpickled object (a dict for a state dict)
   // The tensor's values as float32 (from F32, F16, BF16 or F64 storage), contiguous. Weights: IoError for an
   // integer storage or a non-finite value, naming the object. At most kMaxRank dimensions.
   Tensor weights(const PyRef& ref) const;
@@ -111,26 +114,28 @@ class PthFile {
 
 // A Python value to save: the tree torch.save would pickle. Tensors carry their bytes (TensorData: F32 or I64).
 struct PyValue {
-  PyKind kind = PyKind::None;
+  PyKind kind = PyKind::None;  // which member holds the value
   bool ordered = false;  // a dict written as collections.OrderedDict (what state_dict() returns)
-  bool boolean = false;
-  int64_t integer = 0;
-  double real = 0;
-  std::string text;
+  bool boolean = false;  // for Bool
+  int64_t integer = 0;  // for Int
+  double real = 0;  // for Float
+  std::string text;  // for String
   std::vector<PyValue> items;                          // lists, tuples
   std::vector<std::pair<PyValue, PyValue>> entries;    // dicts, in order
-  std::shared_ptr<const TensorData> tensor;
+  std::shared_ptr<const TensorData> tensor;  // for Tensor
 
+  // Python's None
   static PyValue none() { return {}; }
-  static PyValue of(bool v);
-  static PyValue of(int64_t v);
-  static PyValue of(double v);
-  static PyValue of(std::string v);
+  static PyValue of(bool v);  // A bool
+  static PyValue of(int64_t v);  // An int
+  static PyValue of(double v);  // A float
+  static PyValue of(std::string v);  // A str
+  // A str
   static PyValue of(const char* v) { return of(std::string(v)); }
   static PyValue of(TensorData t);  // t.name is not written
-  static PyValue list(std::vector<PyValue> items = {});
-  static PyValue tuple(std::vector<PyValue> items = {});
-  static PyValue dict(bool ordered = false);
+  static PyValue list(std::vector<PyValue> items = {});  // A list of `items`
+  static PyValue tuple(std::vector<PyValue> items = {});  // A tuple of `items`
+  static PyValue dict(bool ordered = false);  // An empty dict (an OrderedDict when `ordered`); fill it with set()
   PyValue& set(PyValue key, PyValue value);  // appends to a dict; returns the value just stored
 };
 

@@ -23,14 +23,16 @@ size_t dtype_size(DType dtype);
 // One element of `dtype` at p (little-endian) as a double: exact for every dtype but I64 beyond 2^53.
 double element_value(const std::byte* p, DType dtype);
 
+// One tensor's entry in a safetensors header
 struct TensorInfo {
-  std::string name;
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
+  std::string name;  // its key
+  DType dtype = DType::F32;  // its element type
+  std::vector<int64_t> shape;  // its sizes
   uint64_t begin = 0, end = 0;  // byte range within the data buffer
-  int64_t numel() const;
+  int64_t numel() const;  // Elements (the product of shape)
 };
 
+// A safetensors file, memory-mapped and validated as the reference implementation validates it
 class SafetensorsFile {
  public:
   // Maps the file and validates it; throws IoError naming the file and the problem.
@@ -38,11 +40,15 @@ class SafetensorsFile {
   // Validates bytes already in memory (kept alive by the returned object).
   static SafetensorsFile parse(std::vector<std::byte> bytes, const std::string& label = "<memory>");
 
+  // The path it was opened from
   const std::string& path() const { return label_; }
+  // The header's __metadata__ strings
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in buffer order
-  const TensorInfo* find(const std::string& name) const;
+  const TensorInfo* find(const std::string& name) const;  // The entry named `name`, or nullptr
+  // Whether there is an entry named `name`
   bool contains(const std::string& name) const { return find(name) != nullptr; }
+  // The entry's raw little-endian bytes (in the mapped file)
   std::span<const std::byte> bytes(const TensorInfo& info) const;
 
   // The named tensor converted to float32 (from F32, F16, BF16, F64 or an integer type).
@@ -71,11 +77,11 @@ class SafetensorsFile {
 
 // One tensor to write: raw little-endian bytes of `dtype` with `shape`.
 struct TensorData {
-  std::string name;
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
-  static TensorData from_tensor(std::string name, const Tensor& t);
+  std::string name;  // the key to write it under
+  DType dtype = DType::F32;  // the element type of `bytes`
+  std::vector<int64_t> shape;  // its sizes
+  std::vector<std::byte> bytes;  // raw little-endian values
+  static TensorData from_tensor(std::string name, const Tensor& t);  // The tensor's float32 values
   // The tensor rounded to bfloat16 (nearest even; NaN kept), half the bytes.
   static TensorData from_tensor_bf16(std::string name, const Tensor& t);
   static TensorData from_int64s(std::string name, std::span<const int64_t> values);

@@ -22,14 +22,16 @@ namespace qkv::kernels {
 // H query heads share H_kv key/value heads (grouped-query attention; H_kv = 1 is multi-query): query head h reads
 // K/V head h / (H / H_kv), in place. H_kv = 0 means H (ordinary multi-head attention). H_kv must divide H.
 struct AttentionDims {
+  // batch, query heads, query and key tokens, head width, K/V heads (0: H)
   int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0, H_kv = 0;
+  // K/V heads (H when H_kv is 0)
   int64_t kv_heads() const { return H_kv > 0 ? H_kv : H; }
   int64_t group() const { return H / kv_heads(); }  // query heads per K/V head
 };
 
 // Strides in floats between consecutive batches, heads and tokens of one tensor.
 struct AttentionStrides {
-  int64_t batch = 0, head = 0, token = 0;
+  int64_t batch = 0, head = 0, token = 0;  // floats between consecutive batches, heads and tokens
   // (B, T, H·D): the layout Linear projections produce.
   static AttentionStrides btc(const AttentionDims& d, int64_t T) { return btc(d.H, d.D, T); }
   static AttentionStrides btc(int64_t heads, int64_t D, int64_t T) { return {T * heads * D, D, heads * D}; }
@@ -38,6 +40,7 @@ struct AttentionStrides {
   static AttentionStrides bhtd(int64_t heads, int64_t D, int64_t T) { return {heads * T * D, T * D, D}; }
 };
 
+// What the fused attention computes besides softmax(QKᵀ·scale)V
 struct AttentionOptions {
   bool causal = false;     // key j is visible to query i iff j ≤ i + (Tk − Tq)
   // Sliding window (Mistral, Gemma 3's local layers; Hugging Face's `sliding_window`): with window W > 0, key j is
@@ -53,6 +56,7 @@ struct AttentionOptions {
   int threads = 0;         // 0: OpenMP's default
 };
 
+// The strides of the four tensors a fused attention call reads and writes
 struct AttentionLayout {
   AttentionStrides q, k, v, o;  // dQ, dK, dV, dO use the strides of Q, K, V, O
 };

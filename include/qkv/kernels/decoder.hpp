@@ -40,11 +40,13 @@ enum class RopeLayout { RotateHalf, Interleaved };
 
 // The frequencies of one layer's rotation: inv_freq[i] = 1 / theta^(2i / D), then scaled.
 struct RopeFrequencies {
-  double theta = 10000.0;
+  double theta = 10000.0;  // rope_theta: the base of the frequencies
+  // rope_scaling's rope_type: none, linear, or Llama 3's
   enum class Scaling { None, Linear, Llama3 } scaling = Scaling::None;
   double factor = 1.0;                      // linear: inv_freq / factor; llama3: the low-frequency divisor
+  // Llama 3's: wavelengths below original/high_freq_factor stay, above original/low_freq_factor are divided by factor
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
-  double original_max_position_embeddings = 8192.0;
+  double original_max_position_embeddings = 8192.0;  // Llama 3's: the context the model was first trained with
   // The P = D / 2 inverse frequencies, in float as Hugging Face computes them (float32 tensors).
   std::vector<float> inverse_frequencies(int64_t D) const;
   bool operator==(const RopeFrequencies&) const = default;
@@ -53,8 +55,9 @@ struct RopeFrequencies {
 // cos and sin of t·inv_freq[i] for positions [0, positions): (positions × P) each, row-major. The angle is the
 // float32 product t·inv_freq[i], as Hugging Face forms it, and its cos/sin are rounded from double.
 struct RopeTable {
-  int64_t positions = 0, P = 0;
-  std::vector<float> cos, sin;
+  int64_t positions = 0, P = 0;  // positions tabulated, and P = D / 2 frequencies per position
+  std::vector<float> cos, sin;  // (positions × P) each, row-major
+  // The table of `inv_freq` for positions [0, positions)
   static RopeTable make(const std::vector<float>& inv_freq, int64_t positions);
 };
 

@@ -16,8 +16,9 @@ enum class BinaryOp { Add, Sub, Mul, Div };
 // Operands seen with the broadcast output's shape, padded to 4 dimensions (outermost first): dims of the
 // output, and element strides of a and b in it (0 along a stretched dimension).
 struct Broadcast {
-  std::array<int64_t, 4> dims{1, 1, 1, 1};
-  std::array<int64_t, 4> a_stride{}, b_stride{};
+  std::array<int64_t, 4> dims{1, 1, 1, 1};  // the output's sizes, outermost first
+  std::array<int64_t, 4> a_stride{}, b_stride{};  // element strides of a and b in it
+  // Elements of the output
   int64_t numel() const { return dims[0] * dims[1] * dims[2] * dims[3]; }
 };
 

@@ -31,14 +31,18 @@ void free_block(void* p, size_t bytes);
 template <class T>
 class Buffer {
  public:
+  // n elements, uninitialised
   explicit Buffer(size_t n) : n_(n), data_(static_cast<T*>(allocate_block(bytes()))) {
     if (!data_) throw std::bad_alloc();
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { free_block(data_, bytes()); }
+  // The first element
   T* data() const { return data_; }
+  // Element i
   T& operator[](size_t i) const { return data_[i]; }
+  // Elements
   size_t size() const { return n_; }
 
  private:

@@ -17,8 +17,9 @@ namespace qkv::kernels {
 //   g ← g·grad_scale (gradient clipping, when not 1);
 //   w ← w·decay;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  w ← w − step_size · m / (√v / bc2_sqrt + eps)
 struct AdamWStep {
+  // the update's constants, as in the formula above (bc2_sqrt: √(1 − β2^t))
   float decay, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, bc2_sqrt, eps;
-  float grad_scale = 1.0f;
+  float grad_scale = 1.0f;  // the gradient's factor (clipping)
 };
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
 void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
@@ -27,7 +28,7 @@ void adamw_update_reference(float* w, const float* g, float* m, float* v, int64_
 // d = nesterov ? d + μ·buf : buf; then w ← w − lr·d. buf may be null (no momentum).
 struct SGDStep {
   float lr, weight_decay, momentum, keep;  // keep = 1 − dampening
-  bool nesterov, first;
+  bool nesterov, first;  // Nesterov momentum; the first step (the buffer starts as d)
   float grad_scale = 1.0f;  // gradient clipping folded into the sweep
 };
 void sgd_update(float* w, const float* g, float* buf, int64_t n, const SGDStep& s);

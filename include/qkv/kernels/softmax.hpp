@@ -40,8 +40,8 @@ void cross_entropy_backward_reference(const float* logits, const int64_t* target
 // is computed.
 struct CrossEntropySum {
   double total = 0.0;    // Σ over counted rows of logsumexp(z) − z[target]
-  int64_t counted = 0;
-  int64_t bad_row = -1;
+  int64_t counted = 0;  // rows that counted
+  int64_t bad_row = -1;  // the first row whose target is outside [0, V), or −1
 };
 CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const float* bias, const int64_t* targets,
                                      int64_t N, int64_t C, int64_t V, int64_t ignore_index, float* dx, float* dweight,

@@ -15,6 +15,7 @@ namespace qkv::nn {
 // arguments, and the state dict under PyTorch names. Throws IoError naming the file and the problem.
 std::unique_ptr<UnaryModule> load_attention_module(const std::string& path);
 
+// How qkv apply runs a module: training mode (dropout) or not, and the seed
 struct ApplyOptions {
   // Dropout on; the default generator is seeded with `seed` just before forward, and attention takes the
   // plain path so the masks are torch.nn.Dropout's. In eval mode the fused kernel runs.

@@ -32,12 +32,12 @@ struct AttentionTrace {
 
 // The book's constructor arguments, checked once (each class uses the ones it has).
 struct AttentionArgs {
-  int64_t d_in = 0, d_out = 0;
+  int64_t d_in = 0, d_out = 0;  // input and output widths
   bool causal = false;         // the class has a causal mask of context_length (CausalAttention, MultiHead…)
-  int64_t context_length = 0;
-  double dropout = 0.0;
-  int64_t num_heads = 1;
-  bool qkv_bias = false;
+  int64_t context_length = 0;  // the tokens the causal mask covers
+  double dropout = 0.0;  // dropout probability on the attention weights (training only)
+  int64_t num_heads = 1;  // heads (MultiHeadAttention, MultiHeadAttentionWrapper)
+  bool qkv_bias = false;  // biases on the query, key and value projections
   // This, or ValueError naming `layer` and the bad argument: sizes (and, when causal, context_length) must be
   // positive, dropout in [0, 1] and d_out a multiple of num_heads.
   AttentionArgs validated(const char* layer) const;
@@ -45,31 +45,35 @@ struct AttentionArgs {
 
 // Keys and values of one attention layer for the tokens seen so far: (B, capacity, d_out) each.
 struct KVCacheLayer {
-  Tensor keys, values;
+  Tensor keys, values;  // (B, capacity, d_out) each
 };
 
 // What one attention call may do besides attending: append to a KV cache (generation), and hand back what
 // the weights can be recomputed from (pictures of attention: kernels::attention_probabilities).
 struct AttentionStep {
   KVCacheLayer* cache = nullptr;  // x holds the tokens at positions [position, position + T)
-  int64_t position = 0;
+  int64_t position = 0;  // the position of x's first token
+  // Filled by the forward when set: what the attention weights can be recomputed from
   struct Record {
     Tensor queries;        // (B, T, d_out) as projected
     Tensor keys;           // (B, Tk, d_out): with a cache, the cache buffer, of which kv_tokens rows are filled
-    int64_t kv_tokens = 0;
+    int64_t kv_tokens = 0;  // how many rows of keys are filled
     Tensor lse;            // (B, H, T): log-sum-exp of each query row's scaled scores
-  }* record = nullptr;
+  }* record = nullptr;  // where to record (nullptr: nothing)
 };
 
+// The book's SelfAttention_v1: three raw (d_in, d_out) parameter matrices, C = softmax(XWq (XWk)ᵀ / √d_out) XWv
 class SelfAttentionV1 : public UnaryModule {
  public:
+  // Wq, Wk, Wv drawn from `gen` with rand, in the order query, key, value (torch.manual_seed(123) gives the book's)
   SelfAttentionV1(int64_t d_in, int64_t d_out, Generator& gen = default_generator());
 
   // x (T, d_in) or (B, T, d_in) → context (.., T, d_out)
   Tensor forward(const Tensor& x) const override { return trace(x).context; }
   AttentionTrace trace(const Tensor& x) const;
 
-  int64_t d_in, d_out;
+  int64_t d_in, d_out;  // input and output widths
+  // W_query, W_key and W_value: (d_in, d_out) each, drawn with rand in this order
   Tensor W_query, W_key, W_value;  // (d_in, d_out), drawn with rand in this order
   std::string type_name() const override { return "SelfAttention_v1"; }
 };
@@ -78,7 +82,7 @@ class SelfAttentionV1 : public UnaryModule {
 // in the book's order (query, key, value), and the one place their input is checked and projected.
 class ProjectedAttention : public UnaryModule {
  public:
-  int64_t d_in, d_out;
+  int64_t d_in, d_out;  // input and output widths
   int64_t context_length;  // 0: no causal mask (SelfAttention_v2)
   // The one buffer the three weights live in, (3·d_out, d_in), rows in the book's order query, key, value (and
   // the biases', (3·d_out), undefined without them): linear_concat reads it as one matrix. Not parameters
@@ -87,7 +91,9 @@ class ProjectedAttention : public UnaryModule {
   Linear W_query, W_key, W_value;
 
  protected:
+  // The three nn.Linear layers of `args`, drawn from `gen` in the book's order
   ProjectedAttention(const AttentionArgs& args, Generator& gen);
+  // The three projections of an input
   struct Projections {
     Tensor queries, keys, values;  // (.., T, d_out)
   };
@@ -103,17 +109,23 @@ class ProjectedAttention : public UnaryModule {
   void check_input(const Tensor& x) const;  // x is (T, d_in) or (B, T, d_in), T ≤ context_length
 };
 
+// The book's SelfAttention_v2: nn.Linear projections (weights (d_out, d_in)), no mask
 class SelfAttentionV2 : public ProjectedAttention {
  public:
+  // The three Linear layers drawn from `gen` as PyTorch's nn.Linear draws them, query first
   SelfAttentionV2(int64_t d_in, int64_t d_out, bool qkv_bias = false, Generator& gen = default_generator());
 
+  // x (T, d_in) or (B, T, d_in) → context (.., T, d_out)
   Tensor forward(const Tensor& x) const override { return trace(x).context; }
+  // Every intermediate of the forward (queries, keys, values, scores, weights, context)
   AttentionTrace trace(const Tensor& x) const;
   std::string type_name() const override { return "SelfAttention_v2"; }
 };
 
+// The book's CausalAttention: SelfAttention_v2 with a causal mask and dropout on the weights
 class CausalAttention : public ProjectedAttention {
  public:
+  // The projections for d_in → d_out, a mask of context_length, dropout p (drawn from `gen`, its masks too)
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false,
                   Generator& gen = default_generator());
 
@@ -122,7 +134,7 @@ class CausalAttention : public ProjectedAttention {
   // weights are the ones used for the context: after the mask, the softmax and (in training) dropout.
   AttentionTrace trace(const Tensor& x) const;
 
-  double dropout;
+  double dropout;  // the probability of zeroing a weight in training
   // The book's "mask" buffer (1 above the diagonal) is never read: the mask is computed where it is needed.
   // It appears in the state dict, as in PyTorch, and is made only when a state dict is written.
   std::string type_name() const override { return "CausalAttention"; }
@@ -131,20 +143,24 @@ class CausalAttention : public ProjectedAttention {
   Generator* gen_;
 };
 
+// The book's MultiHeadAttentionWrapper: num_heads CausalAttention modules side by side, outputs concatenated
 class MultiHeadAttentionWrapper : public UnaryModule {
  public:
+  // num_heads heads of d_in → d_out each (the output is num_heads · d_out wide)
   MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                             bool qkv_bias = false, Generator& gen = default_generator());
 
   // x (B, T, d_in) → (B, T, num_heads · d_out)
   Tensor forward(const Tensor& x) const override;
 
-  std::vector<std::unique_ptr<CausalAttention>> heads;
+  std::vector<std::unique_ptr<CausalAttention>> heads;  // the heads, in order ("heads.0", "heads.1", …)
   std::string type_name() const override { return "MultiHeadAttentionWrapper"; }
 };
 
+// The book's MultiHeadAttention: one set of projections split into heads, the fused kernel, and out_proj
 class MultiHeadAttention : public ProjectedAttention {
  public:
+  // d_in → d_out split into num_heads heads of d_out / num_heads, a causal mask of context_length, dropout p
   MultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                      bool qkv_bias = false, Generator& gen = default_generator());
 
@@ -161,9 +177,9 @@ class MultiHeadAttention : public ProjectedAttention {
   // Head h's attention weights (T, Tk) for batch row b, recomputed from a record of forward(x, {.record}).
   Tensor weights(const AttentionStep::Record& record, int64_t b, int64_t h) const;
 
-  int64_t num_heads, head_dim;
-  double dropout;
-  Linear out_proj;
+  int64_t num_heads, head_dim;  // heads, and each head's width (d_out / num_heads)
+  double dropout;  // dropout probability on the attention weights (training only)
+  Linear out_proj;  // the projection after the heads are joined (d_out → d_out)
   std::string type_name() const override { return "MultiHeadAttention"; }
 
  private:

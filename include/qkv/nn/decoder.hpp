@@ -21,39 +21,44 @@
 
 namespace qkv::nn {
 
-enum class NormKind { LayerNorm, RMSNorm, GemmaRMSNorm };  // GemmaRMSNorm: x̂·(1 + w), its weight starts at 0
-enum class MlpKind { GELU, SwiGLU, GeGLU };  // GELU: down(gelu(up x)); gated: down(act(gate x) ∘ up x)
+// A block's norms: LayerNorm (GPT-2), RMSNorm (Llama, Qwen), or Gemma's RMSNorm x̂·(1 + w), whose weight starts at 0.
+enum class NormKind { LayerNorm, RMSNorm, GemmaRMSNorm };
+// The MLP: GELU is down(gelu(up x)); the gated ones down(act(gate x) ∘ up x) with SiLU (SwiGLU) or GELU (GeGLU).
+enum class MlpKind { GELU, SwiGLU, GeGLU };
 
 // What one layer's attention does differently from the others.
 struct DecoderLayerSettings {
   int64_t window = 0;  // sliding window (Gemma 3's local layers, Qwen2's use_sliding_window); 0: global
   int64_t rope = 0;    // which of DecoderConfig::ropes rotates its q and k
-  bool operator==(const DecoderLayerSettings&) const = default;
+  bool operator==(const DecoderLayerSettings&) const = default;  // Field by field
 };
 
+// One decoder, composed from its config: what a Hugging Face config.json (or the book's GPT config) describes
 struct DecoderConfig {
   std::string family = "llama";  // llama, qwen2, qwen3, gemma3, gpt2: the parameter names and their order
+  // vocabulary, residual width C, the MLP's inner width, blocks
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim may differ from hidden/heads (Qwen3, Gemma 3)
   int64_t max_positions = 0;                               // max_position_embeddings (GPT-2: n_positions)
-  NormKind norm = NormKind::RMSNorm;
-  double norm_eps = 1e-6;
-  MlpKind mlp = MlpKind::SwiGLU;
-  bool mlp_bias = false;
+  NormKind norm = NormKind::RMSNorm;  // LayerNorm, RMSNorm or Gemma's (1 + w) RMSNorm
+  double norm_eps = 1e-6;  // added to the variance in every norm
+  MlpKind mlp = MlpKind::SwiGLU;  // the MLP's kind
+  bool mlp_bias = false;  // biases in the MLP's projections
   bool qkv_bias = false, o_bias = false;  // Qwen2: q/k/v biases; GPT-2: all
   bool qk_norm = false;                   // RMSNorm of each head's q and k over head_dim (Qwen3, Gemma 3)
   bool learned_positions = false;         // GPT-2's position table; otherwise RoPE
   bool sandwich_norms = false;            // Gemma 3: norms after attention and after the MLP too (four per block)
-  bool tie_word_embeddings = false;
+  bool tie_word_embeddings = false;  // the head reads tok_emb
   double embedding_scale = 0.0;           // token embeddings × this (Gemma: √hidden_size); 0: none
   double attention_scale = 0.0;           // 0: 1/√head_dim (Gemma 3: query_pre_attn_scalar^−½)
   double attn_softcap = 0.0;              // attention logit soft-capping (Gemma 2); 0: none
   double drop_rate = 0.0;                 // embedding and residual dropout (GPT-2's); attention dropout is 0
+  // rotate-half (Hugging Face) or interleaved (Meta's original checkpoints)
   RopeLayout rope_layout = RopeLayout::RotateHalf;
   std::vector<RopeFrequencies> ropes;  // one per distinct rotation; empty with learned positions
   std::vector<DecoderLayerSettings> layers;      // num_layers entries
   std::vector<int64_t> eos_token_ids;            // generation stops at any of them
-  int64_t bos_token_id = -1;
+  int64_t bos_token_id = -1;  // the beginning-of-text token (-1: none)
 
   void validate() const;  // ValueError naming the field and what is allowed
 
@@ -63,17 +68,20 @@ struct DecoderConfig {
     AttnNorm, AttnNormBias, Query, QueryBias, Key, KeyBias, Value, ValueBias, Output, OutputBias, QueryNorm, KeyNorm,
     PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
   };
+  // One parameter: its state-dict name (the family's), shape, role and block
   struct Parameter {
-    std::string name;
-    Shape shape;
-    Role role;
+    std::string name;  // as in the family's checkpoints ("model.layers.0.self_attn.q_proj.weight")
+    Shape shape;  // its shape
+    Role role;  // what it does
     int64_t layer = -1;  // -1 outside the blocks
   };
   std::vector<Parameter> layout() const;  // ValueError when a size overflows
   int64_t parameter_count() const;         // Σ over layout()
+  // Query projection's output width, num_heads · head_dim
   int64_t q_width() const { return num_heads * head_dim; }
+  // Key and value projections' output width, num_kv_heads · head_dim
   int64_t kv_width() const { return num_kv_heads * head_dim; }
-  bool operator==(const DecoderConfig&) const = default;
+  bool operator==(const DecoderConfig&) const = default;  // Field by field
 };
 
 // Short names for the supported families and what they are, for messages: "llama (Llama 3.x), qwen2, …".
@@ -81,11 +89,14 @@ const std::vector<std::string>& decoder_families();
 
 // One block's parameters, by role (undefined where the config has none).
 struct DecoderBlock {
+  // attention's norm, projections (with biases where the config has them) and q/k norms
   Tensor attn_norm, attn_norm_bias, wq, bq, wk, bk, wv, bv, wo, bo, q_norm, k_norm;
+  // the norms after attention, before and after the MLP, and the MLP's projections
   Tensor post_attn_norm, mlp_norm, mlp_norm_bias, post_mlp_norm, gate, gate_bias, up, up_bias, down, down_bias;
   LoraWeights lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;  // adapters (fine-tuning), usually none
 };
 
+// The decoder of today's models, composed from a DecoderConfig: Llama 3, Qwen2, Qwen3, Gemma 3 and GPT-2 are configurations of it
 class Decoder : public LanguageModel {
  public:
   // Weights drawn as Hugging Face initialises them (normal(0, 0.02) matrices and embeddings, norms at their
@@ -116,11 +127,15 @@ class Decoder : public LanguageModel {
   std::string final_norm_prefix() const override;
   std::string head_prefix() const override;
 
+  // the rows of the token table
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t context_length() const override { return config.max_positions; }
+  // blocks
   int64_t num_layers() const override { return config.num_layers; }
   int64_t num_heads() const override { return config.num_heads; }
+  // K/V heads (grouped-query attention: fewer than the query heads)
   int64_t num_kv_heads() const override { return config.num_kv_heads; }
+  // Layer `layer`'s sliding window (0: full causal)
   int64_t layer_window(int64_t layer) const override {
     return layer >= 0 && layer < config.num_layers ? config.layers[static_cast<size_t>(layer)].window : 0;
   }
@@ -138,9 +153,9 @@ class Decoder : public LanguageModel {
   // layer's cache needs only window − 1 + kCacheChunk rows.
   static constexpr int64_t kCacheChunk = 256;
 
-  const DecoderConfig config;
+  const DecoderConfig config;  // what the model was built from
   Tensor tok_emb, pos_emb, final_norm, final_norm_bias, head;  // head is tok_emb when tied
-  std::vector<DecoderBlock> blocks;
+  std::vector<DecoderBlock> blocks;  // the blocks' parameters, in order
 
  private:
   Decoder(const DecoderConfig& config, Generator* gen, bool fill = true);

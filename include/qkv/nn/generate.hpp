@@ -11,13 +11,14 @@
 
 namespace qkv::nn {
 
+// How generate() picks each new token, and when it stops
 struct SamplingOptions {
-  int64_t max_new_tokens = 100;
+  int64_t max_new_tokens = 100;  // tokens to add at most
   double temperature = 1.0;  // 0: greedy (argmax)
   int64_t top_k = 0;         // 0: all tokens
   double top_p = 1.0;        // nucleus: the smallest set of tokens whose probability reaches top_p
-  uint64_t seed = 0;
-  bool use_cache = true;
+  uint64_t seed = 0;  // the sampling stream's seed
+  bool use_cache = true;  // keep every layer's keys and values (false: recompute the whole context per token)
   int64_t stop_token = -1;   // e.g. <|endoftext|>; −1: never stop early
   std::vector<int64_t> stop_tokens;  // more tokens that end generation (a model's EOS ids)
 };

@@ -22,15 +22,17 @@
 
 namespace qkv::nn {
 
+// The book's GPT_CONFIG_124M: the configuration names and defaults of its chapter 4 (GPT-2 small)
 struct GPTConfig {
-  int64_t vocab_size = 50257;
-  int64_t context_length = 1024;
-  int64_t emb_dim = 768;
-  int64_t n_heads = 12;
-  int64_t n_layers = 12;
+  int64_t vocab_size = 50257;  // tokens in the vocabulary (GPT-2's BPE: 50,257)
+  int64_t context_length = 1024;  // positions the model reads at most (the position table's rows)
+  int64_t emb_dim = 768;  // the residual width C
+  int64_t n_heads = 12;  // attention heads per block (emb_dim must divide by it)
+  int64_t n_layers = 12;  // transformer blocks
+  // dropout after embeddings, on attention weights and in the residual branches (training only)
   double drop_rate = 0.1;
-  bool qkv_bias = false;
-  bool tie_weights = false;
+  bool qkv_bias = false;  // biases on W_query, W_key and W_value
+  bool tie_weights = false;  // the output head shares tok_emb.weight (GPT-2's own checkpoints do)
 
   void validate() const;  // ValueError naming the bad field
   // Every parameter's state-dict name and shape, in registration order (tied: no out_head.weight), computed
@@ -40,6 +42,7 @@ struct GPTConfig {
   // This model as a configuration of the composed decoder: family gpt2, the book's names.
   DecoderConfig decoder_config() const;
   int64_t parameter_count() const;  // ValueError if it does not fit int64
+  // This configuration after validate(): for initialisers
   GPTConfig validated() const {
     validate();
     return *this;
@@ -47,40 +50,49 @@ struct GPTConfig {
   // The book's names as strings (gpt_config_schema); from_strings parses with checks, then validates.
   std::map<std::string, std::string> to_strings() const;
   static GPTConfig from_strings(const std::map<std::string, std::string>& values);  // ValueError on a bad value
-  bool operator==(const GPTConfig&) const = default;
+  bool operator==(const GPTConfig&) const = default;  // field by field
 };
 
 // Every GPTConfig field once: its key (the book's name), command-line flag and help.
 const std::vector<Setting<GPTConfig>>& gpt_config_schema();
 
+// A lookup table (torch.nn.Embedding): row i is token (or position) i's vector
 class Embedding : public Module {
  public:
+  // A (num_embeddings, embedding_dim) table drawn from `gen`, standard normal as PyTorch draws it
   Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& gen = default_generator());
+  // The rows of `ids` (any shape `ids_shape`), as a tensor of shape ids_shape + (embedding_dim)
   Tensor forward(std::span<const int64_t> ids, const Shape& ids_shape) const;
   Tensor weight;  // (num, dim), standard normal like torch.nn.Embedding
   std::string type_name() const override { return "Embedding"; }
 };
 
+// The book's LayerNorm: (x − mean) / √(var + eps) · scale + shift over the last dimension (biased variance)
 class LayerNorm : public UnaryModule {
  public:
-  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f);
-  Tensor forward(const Tensor& x) const override;
+  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f);  // Over the last dimension of width emb_dim
+  Tensor forward(const Tensor& x) const override;  // x (…, emb_dim) normalised, same shape
   Tensor scale, shift;  // the book's names (ones, zeros)
-  float eps;
+  float eps;  // added to the variance (1e-5)
   std::string type_name() const override { return "LayerNorm"; }
 };
 
+// The book's FeedForward: Linear(C, 4C), tanh-approximated GELU, Linear(4C, C)
 class FeedForward : public UnaryModule {
  public:
+  // Its two Linear layers for width emb_dim, drawn from `gen` as PyTorch draws them
   FeedForward(int64_t emb_dim, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) const override;  // Linear(C, 4C) → GELU → Linear(4C, C)
   Linear fc, proj;                                   // "layers.0", "layers.2" (layers.1 is the GELU)
   std::string type_name() const override { return "FeedForward"; }
 };
 
+// One pre-LayerNorm block: x + Dropout(MultiHeadAttention(LayerNorm(x))), then x + Dropout(FeedForward(LayerNorm(x)))
 class TransformerBlock : public UnaryModule {
  public:
+  // The block's attention, feed-forward and norms for `config`, drawn from `gen` in the book's order
   TransformerBlock(const GPTConfig& config, Generator& gen = default_generator());
+  // x (B, T, C) through the block
   Tensor forward(const Tensor& x) const override { return forward(x, {}); }
   // With a KV cache and/or a record of the attention (see AttentionStep).
   Tensor forward(const Tensor& x, const AttentionStep& step) const;
@@ -94,8 +106,10 @@ class TransformerBlock : public UnaryModule {
   Generator* gen_;
 };
 
+// The book's GPTModel (chapter 4): embeddings, trf_blocks, final_norm and out_head under the book's state-dict names
 class GPTModel : public LanguageModel {
  public:
+  // All parameters for `config`, drawn from `gen` in the book's order: same seed, same weights as PyTorch
   explicit GPTModel(const GPTConfig& config, Generator& gen = default_generator());
 
   // A model whose weights a loader will overwrite: nothing is drawn (the parameters start as zeros). It owns
@@ -134,16 +148,18 @@ class GPTModel : public LanguageModel {
   std::string final_norm_prefix() const override { return "final_norm."; }
   std::string head_prefix() const override { return "out_head."; }
 
+  // the rows of tok_emb.weight
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t context_length() const override { return config.context_length; }
+  // the blocks in trf_blocks
   int64_t num_layers() const override { return config.n_layers; }
   int64_t num_heads() const override { return config.n_heads; }
 
-  GPTConfig config;
-  Embedding tok_emb, pos_emb;
-  std::vector<std::unique_ptr<TransformerBlock>> trf_blocks;
-  LayerNorm final_norm;
-  Linear out_head;
+  GPTConfig config;  // what the model was built from
+  Embedding tok_emb, pos_emb;  // the token and position tables
+  std::vector<std::unique_ptr<TransformerBlock>> trf_blocks;  // the transformer blocks, in order
+  LayerNorm final_norm;  // the LayerNorm after the last block
+  Linear out_head;  // the output head (C → vocab_size; tied: reads tok_emb.weight)
   std::string type_name() const override { return "GPTModel"; }
 
  private:

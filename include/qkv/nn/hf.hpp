@@ -27,6 +27,7 @@ std::string hf_model_type(const std::string& dir);
 // a missing, truncated or misshapen tensor, an unexpected one, or a bad config.
 std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir);
 
+// The element type save_hf_decoder writes: float32, or bfloat16 (half the bytes).
 enum class HfDType { F32, BF16 };
 // Writes config.json and model.safetensors (tensors under the family's names; bf16 rounds to nearest even) into
 // `dir`, created if missing. Files already there are replaced whole, each atomically.

@@ -19,18 +19,20 @@ namespace qkv::nn {
 // full forward pass. layers[i] holds (B, capacity[i], H_kv·D) keys and values: a global layer up to the cache's
 // length, a sliding-window layer only its last window − 1 positions plus room for one chunk of new ones.
 struct KVCache {
-  std::vector<KVCacheLayer> layers;
+  std::vector<KVCacheLayer> layers;  // one per layer, (B, capacity, H_kv·D) keys and values
   std::vector<int64_t> filled;  // per layer: how many rows of its buffers hold keys (== length for global layers)
   int64_t batch = 0, capacity = 0, length = 0;  // capacity: the most positions the cache can reach
   int64_t bytes() const;                        // what its buffers hold, in bytes
 };
 
+// What generate, eval, attention and the fine-tuning take: the book's GPTModel and the composed Decoder both are one
 class LanguageModel : public Module {
  public:
-  virtual int64_t vocab_size() const = 0;
+  virtual int64_t vocab_size() const = 0;  // Tokens in the vocabulary
   virtual int64_t context_length() const = 0;  // the longest sequence forward() accepts
-  virtual int64_t num_layers() const = 0;
+  virtual int64_t num_layers() const = 0;  // Transformer blocks
   virtual int64_t num_heads() const = 0;       // query heads per layer
+  // K/V heads per layer (grouped-query attention: fewer than num_heads)
   virtual int64_t num_kv_heads() const { return num_heads(); }
   virtual int64_t layer_window(int64_t /*layer*/) const { return 0; }  // a layer's sliding window, 0 for full causal
 

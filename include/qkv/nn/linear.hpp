@@ -10,8 +10,10 @@ namespace qkv::nn {
 // Tag for a layer whose weights the caller initialises (zeros until then; no random numbers drawn).
 struct NoInit {};
 
+// torch.nn.Linear: y = x Wᵀ + b, weight (out, in), optionally with a LoRA adapter fused into the same products
 class Linear : public UnaryModule {
  public:
+  // Weight and bias drawn from `gen` as PyTorch's nn.Linear draws them (kaiming-uniform and its bias rule)
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator& gen = default_generator());
   // The same numbers drawn into given tensors (out, in) and (out) (the bias one ignored without a bias), e.g.
   // views into one buffer that several layers share so that one product reads them all.

@@ -23,8 +23,10 @@ namespace qkv::nn {
 class StateDict {
  public:
   void insert(std::string name, Tensor tensor);  // replaces an existing entry of that name
-  const Tensor* find(const std::string& name) const;
+  const Tensor* find(const std::string& name) const;  // The entry named `name`, or nullptr
+  // Every entry, in registration order
   const std::vector<std::pair<std::string, Tensor>>& entries() const { return entries_; }
+  // Entries
   size_t size() const { return entries_.size(); }
 
  private:
@@ -48,11 +50,12 @@ using LoraWeights = LowRankUpdate;
 struct LoraSite {
   std::string name;        // the module name PEFT uses: "trf_blocks.0.att.W_query", "model.layers.0.self_attn.q_proj"
   Tensor weight;           // (out, in)
-  LoraWeights* lora = nullptr;
-  Module* owner = nullptr;
-  std::string owner_prefix;
+  LoraWeights* lora = nullptr;  // the adapter at this site (nullptr: none)
+  Module* owner = nullptr;  // the module its parameters are registered in
+  std::string owner_prefix;  // their name prefix there
 };
 
+// The base of every layer and model: one registry of named parameters, buffers and children, with PyTorch's names, that serves state dicts, optimisers, counts, train()/eval() and LoRA
 class Module {
  public:
   Module() = default;
@@ -106,6 +109,7 @@ class Module {
   static void remove_lora(LoraSite& site);
 
  protected:
+  // Registers a trainable parameter under `name` and returns it
   Tensor& register_parameter(std::string name, Tensor tensor);
   // A buffer is state that is not trained. `optional_on_load` buffers may be absent from a loaded dict.
   Tensor& register_buffer(std::string name, Tensor tensor, bool optional_on_load = false);
@@ -138,7 +142,8 @@ class Module {
 // A module that maps one tensor to one tensor: Linear and every attention class.
 class UnaryModule : public Module {
  public:
-  virtual Tensor forward(const Tensor& x) const = 0;
+  virtual Tensor forward(const Tensor& x) const = 0;  // The module's output for x
+  // The same as forward(x), as PyTorch's module(x)
   Tensor operator()(const Tensor& x) const { return forward(x); }
 };
 

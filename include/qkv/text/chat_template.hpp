@@ -15,16 +15,19 @@
 
 namespace qkv::text {
 
+// One message of a conversation
 struct ChatMessage {
-  std::string role, content;
+  std::string role, content;  // "system", "user" or "assistant", and its text
 };
 
+// What a template reads besides the messages
 struct ChatOptions {
-  bool add_generation_prompt = true;
-  std::string bos_token, eos_token;
+  bool add_generation_prompt = true;  // end with the assistant's turn opened, for the model to write
+  std::string bos_token, eos_token;  // the tokenizer's special tokens, as bos_token and eos_token
   bool enable_thinking = true;  // Qwen3's switch: false renders an empty <think></think>
 };
 
+// A chat template (tokenizer_config.json's Jinja), parsed once and rendered as Hugging Face's apply_chat_template renders it
 class ChatTemplate {
  public:
   // ValueError naming the line and what is wrong for a syntax error or a construct qkv does not render.
@@ -35,8 +38,8 @@ class ChatTemplate {
   struct Node;
   ChatTemplate();
   ~ChatTemplate();
-  ChatTemplate(ChatTemplate&&) noexcept;
-  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+  ChatTemplate(ChatTemplate&&) noexcept;  // Movable, not copyable
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;  // Movable, not copyable
 
  private:
   std::shared_ptr<const Node> root_;

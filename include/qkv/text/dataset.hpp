@@ -9,6 +9,7 @@
 
 namespace qkv::text {
 
+// The book's GPTDatasetV1: windows of max_length tokens every `stride` tokens, each with its next-token targets
 class SlidingWindowDataset {
  public:
   // ValueError if the ids hold no full window (fewer than max_length + 1 tokens) or an argument is < 1.
@@ -24,11 +25,13 @@ class SlidingWindowDataset {
   int64_t max_length_, stride_, windows_;
 };
 
+// A batch of windows: inputs and their next-token targets
 struct Batch {
   std::vector<int64_t> inputs, targets;  // (batch × tokens), row-major
-  int64_t batch = 0, tokens = 0;
+  int64_t batch = 0, tokens = 0;  // windows and tokens per window
 };
 
+// Batches of windows in a seeded order per epoch (the book's DataLoader with shuffle)
 class DataLoader {
  public:
   // Windows are reshuffled every epoch with a generator seeded by (seed, epoch); the last partial batch

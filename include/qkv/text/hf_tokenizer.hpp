@@ -15,6 +15,7 @@
 
 namespace qkv::text {
 
+// A Hugging Face tokenizer.json (BPE: Llama 3, Qwen, Gemma 3, GPT-2) with its tokenizer_config.json: ids as Hugging Face's
 class HfTokenizer : public Tokenizer {
  public:
   // Reads tokenizer.json (and tokenizer_config.json if `config_path` is not empty and exists). IoError naming the
@@ -43,7 +44,7 @@ class HfTokenizer : public Tokenizer {
 
   int64_t token_id(std::string_view token) const;  // −1 when the vocabulary has no such token
   int64_t bos_id() const;                          // tokenizer_config.json's bos_token, else −1
-  bool is_special(int64_t id) const;
+  bool is_special(int64_t id) const;  // Whether `id` is a special (added, special) token
   const std::string& chat_template() const;        // tokenizer_config.json's (empty when none)
   std::string token_content(int64_t id) const;     // the token's text as the vocabulary spells it
 

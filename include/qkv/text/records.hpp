@@ -13,11 +13,13 @@
 
 namespace qkv::text {
 
+// One row of a classification file: its text and label
 struct LabelledText {
-  std::string text, label;
+  std::string text, label;  // the text and its label, as written
   int64_t line = 0;  // where the record starts in its file (1-based)
 };
 
+// Which columns (or JSON keys) hold the texts and the labels
 struct TableColumns {
   std::string text = "Text", label = "Label";  // header names (CSV, TSV with a header) or JSON keys (case-sensitive)
 };
@@ -32,8 +34,9 @@ std::vector<LabelledText> read_labelled_texts(const std::string& path, const Tab
 std::vector<std::vector<std::string>> parse_delimited(const std::string& text, char delimiter, const std::string& label,
                                                       std::vector<int64_t>* lines = nullptr);
 
+// One Alpaca entry
 struct Instruction {
-  std::string instruction, input, output;
+  std::string instruction, input, output;  // the task, its optional input, and the expected response
 };
 // The book's instruction-data.json (a JSON list of objects with "instruction", "output" and an optional "input").
 std::vector<Instruction> read_instructions(const std::string& path);

@@ -13,6 +13,7 @@
 
 namespace qkv::text {
 
+// Text ↔ token ids: GPT-2's BPE, bytes, or a Hugging Face tokenizer.json
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -36,6 +37,7 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "bytes"; }
 };
 
+// GPT-2's byte-level BPE (encoder.json + vocab.bpe): ids identical to tiktoken's
 class GPT2Tokenizer : public Tokenizer {
  public:
   // Reads encoder.json and vocab.bpe from `directory`. A missing file is an IoError that says how to get

@@ -17,11 +17,12 @@ class CollectiveError : public Error {
   using Error::Error;
 };
 
+// How training processes talk: sums of gradients, agreement on errors. One process (SingleProcess) or MPI
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  virtual int rank() const = 0;  // This process's number, 0 … size() − 1
+  virtual int size() const = 0;  // How many processes train together
   // values ← Σ over ranks, added in rank order (0 + 1 + … + N−1), so every rank gets the same bits and a run is
   // repeatable for a given world size. Collective: every rank calls it with the same n.
   virtual void sum(float* values, int64_t n) = 0;
@@ -35,9 +36,12 @@ class Communicator {
   [[noreturn]] virtual void abort_all(int code) = 0;
 };
 
+// Training in one process: sums are the values themselves
 class SingleProcess : public Communicator {
  public:
+  // Always 0
   int rank() const override { return 0; }
+  // Always 1
   int size() const override { return 1; }
   void sum(float*, int64_t) override {}
   void sum(double*, int64_t) override {}

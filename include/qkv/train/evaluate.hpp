@@ -13,6 +13,7 @@
 
 namespace qkv::train {
 
+// One window of an evaluation and the targets it scores
 struct EvalWindow {
   int64_t begin = 0, end = 0;  // inputs ids[begin, end), targets ids[begin + 1, end + 1)
   int64_t fresh = 0;           // the last `fresh` targets are scored here
@@ -20,10 +21,11 @@ struct EvalWindow {
 // ValueError unless 2 ≤ tokens, 1 ≤ stride ≤ context.
 std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t context, int64_t stride);
 
+// A text's loss and perplexity, and how they were counted
 struct TextEvaluation {
   double loss = 0;       // mean over the scored tokens (natural log)
-  double perplexity = 0;
-  int64_t scored = 0, windows = 0;
+  double perplexity = 0;  // exp(loss)
+  int64_t scored = 0, windows = 0;  // tokens scored (every token after the first, once) and windows run
   std::vector<double> window_losses;  // the mean loss of each window's scored tokens, in window order
 };
 // Runs `batch` windows per forward pass (eval mode, no gradient); `progress(done, total)` after each pass.

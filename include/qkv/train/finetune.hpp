@@ -36,6 +36,7 @@ std::string with_commas(int64_t n);
 
 // ---- LoRA ----
 
+// LoRA adapters to add: rank, alpha and the layers they adapt (appendix E's LinearWithLoRA)
 struct LoraOptions {
   int64_t rank = 0;  // 0: no LoRA
   double alpha = 0;  // 0: alpha = rank
@@ -55,10 +56,11 @@ void merge_lora(nn::Module& model);
 // ".lora_B.weight" (out, r), and fully trained modules' tensors under "base_model.model.<name>") and
 // adapter_config.json (peft_type LORA, r, lora_alpha, target_modules, modules_to_save, base_model_name_or_path).
 struct PeftAdapter {
-  int64_t rank = 0;
-  double alpha = 0;
+  int64_t rank = 0;  // r
+  double alpha = 0;  // lora_alpha: the update is scaled by alpha / r
+  // the adapted modules' names; the fully trained ones (a new head)
   std::vector<std::string> target_modules, modules_to_save;
-  std::string base_model;
+  std::string base_model;  // base_model_name_or_path: the model the adapter was trained on
   std::map<std::string, Tensor> tensors;  // names without the "base_model.model." prefix
 };
 void save_peft_adapter(const std::string& dir, nn::Module& model, const PeftAdapter& description,
@@ -77,15 +79,17 @@ std::map<std::string, Tensor> apply_peft_adapter(nn::Module& model, const PeftAd
 enum class Pooling { Last, LastReal };  // the last position (the book: padding included) or the last real token
 enum class TrainableSet { LastBlock, All, Head };
 
+// The book's classification fine-tuning recipe (chapter 6); every field an option of qkv finetune classify
 struct ClassifierOptions {
-  double lr = 5e-5, weight_decay = 0.1;
+  double lr = 5e-5, weight_decay = 0.1;  // AdamW's learning rate and weight decay
+  // passes, examples per step, steps between evaluations, batches per evaluation
   int64_t epochs = 5, batch_size = 8, eval_freq = 50, eval_iter = 5;
   uint64_t seed = 123;  // the head's weights (torch.manual_seed(123); torch.nn.Linear(C, classes)), LoRA's A, shuffling
-  TrainableSet trainable = TrainableSet::LastBlock;
-  Pooling pooling = Pooling::Last;
+  TrainableSet trainable = TrainableSet::LastBlock;  // what trains besides the new head
+  Pooling pooling = Pooling::Last;  // the position the head reads
   int64_t max_length = 0;  // 0: the longest training text (cut to the model's context)
-  int64_t pad_id = 50256;
-  LoraOptions lora;
+  int64_t pad_id = 50256;  // padding token (GPT-2's <|endoftext|>)
+  LoraOptions lora;  // LoRA instead of training the weights (rank 0: none)
   // The frozen blocks before the first trainable one compute the same residual for a text every epoch: keep it, up to
   // this many bytes (0: recompute every time). See SequenceClassifier::enable_prefix_cache.
   int64_t prefix_cache_bytes = int64_t{2} << 30;
@@ -96,7 +100,8 @@ struct ClassificationSplit {
   std::vector<int64_t> ids;        // (size × length), row-major
   std::vector<int64_t> labels;     // class indices
   std::vector<int64_t> last_real;  // position of each text's last token
-  int64_t length = 0;
+  int64_t length = 0;  // tokens per text
+  // the number of texts
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
 };
 // Labels in order of first appearance in the training texts, unless they are all integers: then in numeric order
@@ -138,8 +143,9 @@ class SequenceClassifier {
   mutable std::map<const ClassificationSplit*, std::vector<Tensor>> cache_;
 };
 
+// Mean loss and accuracy of a classifier over a split
 struct ClassifierMetrics {
-  double loss = 0, accuracy = 0;
+  double loss = 0, accuracy = 0;  // mean cross-entropy (nats) and the fraction classified right
 };
 // Mean loss and accuracy over the first `batches` batches (0: all), in order, no gradient (the book's
 // calc_loss_loader and calc_accuracy_loader).
@@ -153,22 +159,28 @@ std::vector<std::vector<int64_t>> confusion_matrix(const SequenceClassifier& mod
 // be reproduced in PyTorch.
 std::vector<int64_t> randperm(int64_t n, Generator& gen);
 
+// Where classification training is, after each step (ClassifierCallbacks::on_step)
 struct ClassifierProgress {
+  // steps taken, the epoch (1-based), texts seen, steps the run will take
   int64_t step = 0, epoch = 0, examples_seen = 0, steps_total = 0;
   double loss = 0;  // this step's
 };
+// An evaluation every eval_freq steps (ClassifierCallbacks::on_eval): the mean losses over eval_iter batches
 struct ClassifierEvaluation {
-  int64_t step = 0, examples_seen = 0;
-  double train_loss = 0, val_loss = 0;
+  int64_t step = 0, examples_seen = 0;  // the step it follows and the texts seen by then
+  double train_loss = 0, val_loss = 0;  // mean loss on the training and the validation split
 };
+// The accuracies at the end of an epoch (ClassifierCallbacks::on_epoch)
 struct ClassifierEpoch {
-  int64_t epoch = 0;
+  int64_t epoch = 0;  // the epoch that ended (1-based)
+  // accuracy over eval_iter batches of each split, as the book's train_classifier_simple reports
   double train_accuracy = 0, val_accuracy = 0;
 };
+// What train_classifier reports as it goes; any may be empty
 struct ClassifierCallbacks {
-  std::function<void(const ClassifierProgress&)> on_step;
-  std::function<void(const ClassifierEvaluation&)> on_eval;
-  std::function<void(const ClassifierEpoch&)> on_epoch;
+  std::function<void(const ClassifierProgress&)> on_step;  // after every step
+  std::function<void(const ClassifierEvaluation&)> on_eval;  // after every evaluation
+  std::function<void(const ClassifierEpoch&)> on_epoch;  // after every epoch
 };
 // The book's train_classifier_simple: epochs over the training split, shuffled per epoch (epoch e's order is
 // randperm(n, Generator(seed + e)); the last partial batch dropped), AdamW on the trainable parameters. A non-finite
@@ -178,25 +190,27 @@ int64_t train_classifier(SequenceClassifier& model, const ClassificationSplit& t
 
 // ---- instruction fine-tuning (chapter 7) ----
 
+// The book's instruction fine-tuning recipe (chapter 7); every field an option of qkv finetune instruct
 struct InstructOptions {
-  double lr = 5e-5, weight_decay = 0.1;
+  double lr = 5e-5, weight_decay = 0.1;  // AdamW's learning rate and weight decay
+  // passes, examples per step, steps between evaluations, batches per evaluation
   int64_t epochs = 2, batch_size = 8, eval_freq = 5, eval_iter = 5;
-  uint64_t seed = 123;
-  int64_t allowed_max_length = 1024;
+  uint64_t seed = 123;  // the seed of LoRA's A and of the shuffling
+  int64_t allowed_max_length = 1024;  // tokens per example at most (the collate cuts longer ones)
   bool mask_prompt = false;  // the loss on the response only
   int64_t pad_id = 50256;    // also the end of text appended to every entry
-  LoraOptions lora;
+  LoraOptions lora;  // LoRA instead of training the weights (rank 0: none)
 };
 // The book's split: 85 % train, 10 % test, the rest validation, after shuffling with `seed` (randperm); seed 0 keeps
 // the file's order as the book does.
 struct InstructionSplits {
-  std::vector<text::Instruction> train, test, validation;
+  std::vector<text::Instruction> train, test, validation;  // the three splits, entries in order
 };
 InstructionSplits split_instructions(const std::vector<text::Instruction>& entries, uint64_t seed);
 // One entry's token ids (prompt + response) and how many of them are the prompt.
 struct EncodedInstruction {
-  std::vector<int64_t> ids;
-  int64_t prompt_tokens = 0;
+  std::vector<int64_t> ids;  // prompt and response, token ids
+  int64_t prompt_tokens = 0;  // how many of ids are the prompt
 };
 // The prompt is `prompt(entry)` (the Alpaca format unless a chat template renders it) and the response follows.
 EncodedInstruction encode_instruction(const text::Instruction& entry, const text::Tokenizer& tokenizer,
@@ -205,22 +219,26 @@ EncodedInstruction encode_instruction(const text::Instruction& entry, const text
 // targets = all but the first; every pad in the targets after the first becomes -100 (and with mask_prompt the
 // prompt's targets too); then both cut to allowed_max_length.
 struct InstructionBatch {
-  std::vector<int64_t> inputs, targets;
-  int64_t batch = 0, tokens = 0;
+  std::vector<int64_t> inputs, targets;  // (batch × tokens) each, row-major; targets -100 where no loss is taken
+  int64_t batch = 0, tokens = 0;  // rows and tokens per row
 };
 InstructionBatch collate_instructions(const std::vector<const EncodedInstruction*>& entries, int64_t pad_id,
                                       int64_t allowed_max_length, bool mask_prompt);
+// Where instruction training is, after each step (InstructCallbacks::on_step)
 struct InstructProgress {
+  // steps taken, the epoch (1-based), steps the run will take, tokens seen
   int64_t step = 0, epoch = 0, steps_total = 0, tokens_seen = 0;
-  double loss = 0;
+  double loss = 0;  // this step's loss
 };
+// An evaluation every eval_freq steps (InstructCallbacks::on_eval): the mean losses over eval_iter batches
 struct InstructEvaluation {
-  int64_t step = 0, tokens_seen = 0;
-  double train_loss = 0, val_loss = 0;
+  int64_t step = 0, tokens_seen = 0;  // the step it follows and the tokens seen by then
+  double train_loss = 0, val_loss = 0;  // mean loss on the training and the validation split
 };
+// What train_instructions reports as it goes; either may be empty
 struct InstructCallbacks {
-  std::function<void(const InstructProgress&)> on_step;
-  std::function<void(const InstructEvaluation&)> on_eval;
+  std::function<void(const InstructProgress&)> on_step;  // after every step
+  std::function<void(const InstructEvaluation&)> on_eval;  // after every evaluation
 };
 // The book's train_model_simple on the collated instruction batches: shuffled per epoch as train_classifier's, the last
 // partial batch dropped (the book's train loader has drop_last=True).

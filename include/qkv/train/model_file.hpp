@@ -35,6 +35,7 @@ const std::vector<std::string>& preset_names();  // gpt2-small, gpt2-medium, gpt
 // Unknown keys are a ValueError naming them.
 std::map<std::string, std::string> read_config_hint(const std::string& preset_or_path);
 
+// What a user says about a book state dict that its tensors do not: its configuration, heads and tokenizer
 struct ConfigHint {
   std::string config;       // preset name or JSON path (empty: none)
   int64_t n_heads = 0;      // 0: not given
@@ -48,18 +49,19 @@ nn::GPTConfig resolve_book_config(const std::vector<std::pair<std::string, Shape
 
 // torch.optim.AdamW's state for a model's parameters (in named_parameters order, as model.parameters() in PyTorch).
 struct TorchAdamW {
-  optim::AdamWOptions options;
-  int64_t step = 0;
+  optim::AdamWOptions options;  // lr, betas, eps and weight decay as saved
+  int64_t step = 0;  // the optimiser's step count
   std::map<std::string, Tensor> exp_avg, exp_avg_sq;  // by parameter name
   // The moment qkv's AdamW names "exp_avg.<parameter>" or "exp_avg_sq.<parameter>" (optim::Optimizer::for_each_state);
   // nullptr if there is none.
   const Tensor* state(const std::string& name) const;
 };
 
+// A model read from any file qkv reads (told apart by content), with what came with it
 struct ModelFile {
   std::unique_ptr<nn::GPTModel> model;  // in eval mode
-  ModelFormat format = ModelFormat::QkvCheckpoint;
-  std::string tokenizer = "gpt2";
+  ModelFormat format = ModelFormat::QkvCheckpoint;  // which of the formats it was
+  std::string tokenizer = "gpt2";  // gpt2 or bytes
   std::string description;                // "checkpoint runs/gpt/checkpoint.safetensors"
   std::optional<TrainSettings> settings;  // a qkv checkpoint's (or a .pth written by qkv)
   std::optional<TorchAdamW> optimizer;    // a .pth with an optimizer_state_dict
@@ -96,8 +98,9 @@ TorchAdamW read_checkpoint_optimizer(const std::string& checkpoint_path, nn::GPT
 // moved on to step + base.max_steps.
 TrainSettings settings_for(const ModelFile& file, TrainSettings base = {});
 
+// What convert_model_file did
 struct Conversion {
-  ModelFormat from = ModelFormat::Pth, to = ModelFormat::Pth;
+  ModelFormat from = ModelFormat::Pth, to = ModelFormat::Pth;  // the formats read and written
   bool with_optimizer = false;  // the optimizer state went along
   std::string note;             // what the reader should know ("zero Q/K/V biases were written")
 };

@@ -12,23 +12,24 @@
 
 namespace qkv::train {
 
+// Everything a qkv train run is made of: the model, the batch, the schedule and the data split (one schema names them)
 struct TrainSettings {
-  nn::GPTConfig model;
+  nn::GPTConfig model;  // the GPT to train
   int64_t batch_size = 8;   // windows per micro-batch on each process
   int64_t grad_accum = 1;   // micro-batches per optimiser step on each process: global batch = ranks × batch × accum
-  int64_t max_steps = 500;
-  int64_t warmup_steps = 50;
-  double learning_rate = 1e-3;
-  double min_learning_rate = 1e-4;
-  double weight_decay = 0.1;
+  int64_t max_steps = 500;  // optimiser steps in all
+  int64_t warmup_steps = 50;  // linear warmup steps before the cosine decay
+  double learning_rate = 1e-3;  // the learning rate after warmup
+  double min_learning_rate = 1e-4;  // where the cosine decay ends
+  double weight_decay = 0.1;  // AdamW's decoupled weight decay
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;  // AdamW's (PyTorch's defaults)
   double grad_clip = 1.0;  // 0: no clipping
-  double train_fraction = 0.9;
-  int64_t eval_every = 50;
-  int64_t eval_batches = 10;
+  double train_fraction = 0.9;  // the share of the text's windows that train (the rest validate)
+  int64_t eval_every = 50;  // steps between evaluations
+  int64_t eval_batches = 10;  // batches per evaluation
   int64_t checkpoint_every = 100;  // 0: only at the end (and on interruption)
-  uint64_t seed = 123;
-  std::string tokenizer = "gpt2";
+  uint64_t seed = 123;  // the weights' and the data order's seed
+  std::string tokenizer = "gpt2";  // gpt2 (GPT-2's BPE) or bytes
 
   void validate() const;  // ValueError naming the bad setting
   std::map<std::string, std::string> to_strings() const;  // every setting of train_settings_schema()

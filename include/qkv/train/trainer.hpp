@@ -35,14 +35,17 @@ class TrainingDiverged : public Error {
   using Error::Error;
 };
 
+// What one optimiser step did
 struct StepReport {
   int64_t step = 0;  // 1-based: the number of optimiser steps taken
+  // mean loss of the step's batches, the rate it used, the gradient's norm before clipping, speed, wall time
   double loss = 0, learning_rate = 0, grad_norm = 0, tokens_per_second = 0, seconds = 0;
   double communication_seconds = 0;  // summing gradients across processes (0 in one process)
 };
+// An evaluation's mean losses on the training and validation windows
 struct EvalReport {
-  int64_t step = 0;
-  double train_loss = 0, validation_loss = 0;
+  int64_t step = 0;  // the step it follows
+  double train_loss = 0, validation_loss = 0;  // mean next-token loss on each split (nats)
 };
 
 // The settings stored in a checkpoint (IoError if the file is not a qkv training checkpoint).
@@ -60,6 +63,7 @@ void write_checkpoint(const std::string& path, nn::GPTModel& model,
                       const TrainSettings& settings, int64_t step, const std::vector<uint64_t>& rng_state,
                       const std::map<std::string, std::string>& extra_metadata = {});
 
+// Trains a GPTModel on a token stream: batches, AdamW with warmup and cosine decay, clipping, evaluation, checkpoints (across processes with a Communicator)
 class Trainer {
  public:
   // Splits `tokens` into training and validation windows of context_length; ValueError if either part is
@@ -91,9 +95,13 @@ class Trainer {
   // Mean loss over up to `batches` batches of the training or validation windows (no dropout, no grad).
   double evaluate(bool validation, int64_t batches);
 
+  // Optimiser steps taken
   int64_t step() const { return step_; }
+  // Windows per optimiser step over every process
   int64_t global_batch() const { return world_ * settings_.batch_size * settings_.grad_accum; }
+  // The model being trained
   nn::GPTModel& model() { return *model_; }
+  // The run's settings
   const TrainSettings& settings() const { return settings_; }
 
  private:

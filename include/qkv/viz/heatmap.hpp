@@ -13,10 +13,11 @@
 
 namespace qkv::viz {
 
+// What a heatmap shows besides its cells
 struct HeatmapStyle {
   std::string title;                                // the matrix's name; its shape is appended, e.g. "(6×6)"
   std::vector<std::string> row_labels, col_labels;  // queries (rows) and keys (columns); empty: 1, 2, …
-  std::string row_axis = "query", col_axis = "key";
+  std::string row_axis = "query", col_axis = "key";  // the axes' names
   double vmax = 0.0;     // the colour scale runs 0 … vmax; 0: the matrix's largest finite value
   int show_values = -1;  // print each cell's value: -1 when the matrix is at most 16×16, 0 never, 1 always
   std::string caption;   // a line under the title (e.g. "step 12, loss 0.41")
@@ -28,8 +29,9 @@ struct HeatmapStyle {
 // left + (c+1)·cell), y likewise from top. Row r's label ends at label_right, centred on the row; its size is
 // label_px (0: the rows are too small for labels).
 struct HeatmapGeometry {
+  // the picture's size; the grid's top-left corner and cell size; where row labels end
   int width = 0, height = 0, left = 0, top = 0, cell = 0, label_right = 0;
-  double label_px = 0;
+  double label_px = 0;  // the labels' font size in pixels
 };
 
 // Writes a (rows, cols) matrix (or one with leading dimensions of size 1) as a picture, atomically, in the
@@ -38,6 +40,7 @@ struct HeatmapGeometry {
 HeatmapGeometry save_heatmap(const std::string& path, const Tensor& weights, const HeatmapStyle& style,
                              const PictureOptions& options = {});
 
+// One matrix of a grid, with its label
 struct HeatmapPanel {
   std::string label;  // e.g. "layer 2, head 5"
   Tensor weights;     // (T, T)
@@ -59,8 +62,10 @@ void save_heatmap_grid_gif(const std::string& path, const std::string& title,
 // the style's labels and colour scale (vmax 0 means 1: attention weights).
 class HeatmapAnimation {
  public:
-  explicit HeatmapAnimation(HeatmapStyle style);
+  explicit HeatmapAnimation(HeatmapStyle style);  // An animation drawn with `style` (vmax 0 becomes 1)
+  // Adds a frame: `weights` (rows, cols) with a caption under the title
   void add_frame(const Tensor& weights, const std::string& caption);
+  // Frames added so far
   size_t frames() const { return frames_.size(); }
   // delay_cs: each frame's display time in 1/100 s; the last frame stays for 2 s. Atomically.
   void save_gif(const std::string& path, int delay_cs = 10) const;

@@ -7,37 +7,37 @@
 
 namespace qkv::viz {
 
-/// A picture's file format: raster (PNG) or vector (SVG, PDF; text stays text-sized glyph outlines).
+// A picture's file format: raster (PNG) or vector (SVG, PDF; text stays text-sized glyph outlines).
 enum class PictureFormat { png, svg, pdf };
 
-/// How pictures are written.
+// How pictures are written.
 struct PictureOptions {
-  PictureFormat format = PictureFormat::png;  ///< the format picture_path() names; saving goes by the extension
-  double scale = 1.0;  ///< PNG device pixels per logical pixel (2 for HiDPI screens), 0.25 … 8; vectors ignore it
+  PictureFormat format = PictureFormat::png;  // the format picture_path() names; saving goes by the extension
+  double scale = 1.0;  // PNG device pixels per logical pixel (2 for HiDPI screens), 0.25 … 8; vectors ignore it
 };
 
-/// "png", "svg" or "pdf" as a format; ValueError naming the three otherwise.
+// "png", "svg" or "pdf" as a format; ValueError naming the three otherwise.
 PictureFormat parse_picture_format(const std::string& name);
 
-/// ".png", ".svg" or ".pdf".
+// ".png", ".svg" or ".pdf".
 const char* picture_extension(PictureFormat format);
 
-/// The format a file name's extension names; ValueError for another extension (the message lists the three).
+// The format a file name's extension names; ValueError for another extension (the message lists the three).
 PictureFormat picture_format_of(const std::string& path);
 
-/// `stem` with the options' extension: picture_path("out/loss", {svg}) is "out/loss.svg".
+// `stem` with the options' extension: picture_path("out/loss", {svg}) is "out/loss.svg".
 std::string picture_path(const std::string& stem, const PictureOptions& options);
 
-/// Checks the options (a scale outside 0.25 … 8 is a ValueError that says so).
+// Checks the options (a scale outside 0.25 … 8 is a ValueError that says so).
 void check_picture_options(const PictureOptions& options);
 
-/// A token as the pictures label it: valid UTF-8 drawn with its real glyphs, a leading space shown as '␣', a
-/// newline as "\n", tabs and other control bytes as "\xNN", and bytes that are not UTF-8 (a character split
-/// across byte-level tokens) as U+FFFD; an empty token as "∅".
+// A token as the pictures label it: valid UTF-8 drawn with its real glyphs, a leading space shown as '␣', a
+// newline as "\n", tabs and other control bytes as "\xNN", and bytes that are not UTF-8 (a character split
+// across byte-level tokens) as U+FFFD; an empty token as "∅".
 std::string token_label(const std::string& token);
 
-/// One line of text alone on a white picture, drawn as every picture draws its labels (same font, size,
-/// fallback and snapping), with `margin` logical pixels around it: what a label's pixels are compared with.
+// One line of text alone on a white picture, drawn as every picture draws its labels (same font, size,
+// fallback and snapping), with `margin` logical pixels around it: what a label's pixels are compared with.
 void save_text_picture(const std::string& path, const std::string& text, double px, double margin = 8,
                        const PictureOptions& options = {});
 

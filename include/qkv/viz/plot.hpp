@@ -12,36 +12,37 @@
 
 namespace qkv::viz {
 
-/// One curve.
+// One curve.
 struct Series {
-  std::string name;                               ///< its legend entry (any text)
-  std::array<unsigned char, 3> color{31, 119, 180};
-  std::vector<std::pair<double, double>> points;  ///< (x, y), x increasing; NaN or infinite points are left out
-  bool dashed = false;
-  bool right_axis = false;  ///< drawn against the right-hand axis (PlotStyle::y2_label), e.g. the learning rate
+  std::string name;                               // its legend entry (any text)
+  std::array<unsigned char, 3> color{31, 119, 180};  // RGB
+  std::vector<std::pair<double, double>> points;  // (x, y), x increasing; NaN or infinite points are left out
+  bool dashed = false;  // a dashed line (a rate, a mean) instead of a solid one
+  bool right_axis = false;  // drawn against the right-hand axis (PlotStyle::y2_label), e.g. the learning rate
 };
 
-/// What surrounds the curves.
+// What surrounds the curves.
 struct PlotStyle {
-  std::string title = "", x_label = "", y_label = "";
-  std::string y2_label = "";  ///< the right-hand axis's name, used when a series has right_axis
-  bool log_y = false;    ///< logarithmic left axis (points with y ≤ 0 are left out)
-  int width = 800, height = 480;  ///< logical pixels
+  std::string title = "", x_label = "", y_label = "";  // the title on top, and the axes' names
+  std::string y2_label = "";  // the right-hand axis's name, used when a series has right_axis
+  bool log_y = false;    // logarithmic left axis (points with y ≤ 0 are left out)
+  int width = 800, height = 480;  // logical pixels
 };
 
-/// Where the data landed, to find it again in the picture: x_pixel/y_pixel map data to logical pixels.
+// Where the data landed, to find it again in the picture: x_pixel/y_pixel map data to logical pixels.
 struct PlotGeometry {
-  int width = 0, height = 0;
-  double left = 0, right = 0, top = 0, bottom = 0;  ///< the plotting area
+  int width = 0, height = 0;  // the picture's size in logical pixels
+  double left = 0, right = 0, top = 0, bottom = 0;  // the plotting area
+  // the axes' ranges (whole ticks), left and right
   double x_min = 0, x_max = 1, y_min = 0, y_max = 1, y2_min = 0, y2_max = 1;
-  bool log_y = false;
-  double x_pixel(double x) const;
-  double y_pixel(double y) const;   ///< on the left axis
-  double y2_pixel(double y) const;  ///< on the right axis
+  bool log_y = false;  // whether the left axis is logarithmic
+  double x_pixel(double x) const;  // The x of a data point, in logical pixels
+  double y_pixel(double y) const;   // on the left axis
+  double y2_pixel(double y) const;  // on the right axis
 };
 
-/// Writes the chart atomically in the format `path` ends in. ValueError when no series has a finite point (a run
-/// that diverged) or for a bad extension; IoError if the file cannot be written.
+// Writes the chart atomically in the format `path` ends in. ValueError when no series has a finite point (a run
+// that diverged) or for a bad extension; IoError if the file cannot be written.
 PlotGeometry save_plot(const std::string& path, const std::vector<Series>& series, const PlotStyle& style,
                        const PictureOptions& options = {});
 

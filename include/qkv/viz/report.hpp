@@ -13,6 +13,7 @@
 
 namespace qkv::viz {
 
+// What write_attention_report draws: every chosen head's weights for one prompt, with what names them
 struct AttentionReport {
   std::string title;                  // what model, e.g. "checkpoint runs/gpt/checkpoint.safetensors"
   std::vector<std::string> tokens;    // the T tokens as text

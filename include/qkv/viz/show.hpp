@@ -10,8 +10,9 @@
 
 namespace qkv::viz {
 
+// How the terminal pictures print numbers
 struct Style {
-  int decimals = 4;
+  int decimals = 4;  // digits after the point
   bool color = false;  // ANSI colours for the heat map
 };
 
