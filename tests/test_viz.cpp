@@ -223,7 +223,8 @@ TEST(Formats, SvgAndPdfAreWellFormedVectorsThatToolsOpen) {
   viz::save_heatmap((dir / "a.svg").string(), random_tensor({3, 3}, 1), style);
   viz::save_heatmap((dir / "a.pdf").string(), random_tensor({3, 3}, 1), style);
   viz::save_plot((dir / "p.svg").string(), {{"loss", {31, 119, 180}, {{0, 3}, {1, 2}, {2, 1.5}}}}, {.title = "t"});
-  EXPECT_NE(slurp(dir / "a.svg").find("<svg"), std::string::npos);
+  EXPECT_NE(slurp(dir / "a.svg").find("<svg style=\"image-rendering:pixelated\""), std::string::npos)
+      << "without it, browsers smooth the cells' image into a blur";
   EXPECT_EQ(slurp(dir / "a.pdf").substr(0, 5), "%PDF-");
   const CliResult xml = run_cli("", "xmllint --noout " + (dir / "a.svg").string() + " " + (dir / "p.svg").string() + " && echo ok; true #");
   EXPECT_NE(xml.out.find("ok"), std::string::npos) << "xmllint (libxml2-utils) refused the SVG or is missing:\n" << xml.out;

@@ -378,6 +378,23 @@ std::vector<std::byte> encode_png(const Pixels& pixels, const std::string& path)
   png_destroy_write_struct(&png, &info);
   return bytes;
 }
+
+// Cairo 1.16 writes an SVG's images without a rendering hint, so browsers smooth a heatmap's cells (one small
+// image scaled up) into a blur (seen in Chromium). The only images in qkv's pictures are such cells: the root gets
+// image-rendering: pixelated, which every image inherits. PDF images already say /Interpolate false.
+void keep_cells_sharp(std::vector<std::byte>& svg) {
+  const std::string_view text(reinterpret_cast<const char*>(svg.data()), svg.size());
+  const size_t root = text.find("<svg ");
+  if (root == std::string_view::npos) return;
+  static constexpr std::string_view kStyle = "<svg style=\"image-rendering:pixelated\" ";
+  std::vector<std::byte> out;
+  out.reserve(svg.size() + kStyle.size());
+  out.insert(out.end(), svg.begin(), svg.begin() + static_cast<std::ptrdiff_t>(root));
+  for (char c : kStyle) out.push_back(static_cast<std::byte>(c));
+  out.insert(out.end(), svg.begin() + static_cast<std::ptrdiff_t>(root + 5), svg.end());
+  svg = std::move(out);
+}
+
 }  // namespace
 
 Pixels Canvas::render(double scale) const {
@@ -426,6 +443,7 @@ void Canvas::save(const std::string& path, const PictureOptions& options) const 
     cairo_surface_finish(target);
     status = cairo_surface_status(target);
     cairo_surface_destroy(target);
+    if (format == PictureFormat::svg) keep_cells_sharp(bytes);
   }
   if (status != CAIRO_STATUS_SUCCESS) {
     throw IoError(path + ": could not draw the picture (" + cairo_status_to_string(status) + ")");
