@@ -130,7 +130,9 @@ Canvas draw_heatmap(const Tensor& input, const HeatmapStyle& style, HeatmapGeome
   // Labels as large as the cells allow, up to the label size; none below 7 px.
   const double label_px = std::min(kLabelPx, std::floor(cell * 0.8));
   const bool label_text = label_px >= 7;
-  const auto rl = labels_or_numbers(style.row_labels, rows, label_px), cl = labels_or_numbers(style.col_labels, cols, label_px);
+  // Fitted only when drawn: a 1024-token head has 2048 labels, each a Pango layout to measure.
+  const auto rl = label_text ? labels_or_numbers(style.row_labels, rows, label_px) : std::vector<std::string>{};
+  const auto cl = label_text ? labels_or_numbers(style.col_labels, cols, label_px) : std::vector<std::string>{};
   const double title_h = measure_text("Ag", kTitlePx, true).height, line_h = measure_text("Ag", kLabelPx).height;
   const int left = 40 + (label_text ? static_cast<int>(std::ceil(widest(rl, label_px))) + 10 : 0);
   const int top = static_cast<int>(std::ceil(16 + title_h + 12 + (style.caption.empty() ? 0 : line_h + 6)));
