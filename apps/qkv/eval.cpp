@@ -19,12 +19,7 @@ namespace qkv::cli {
 namespace fs = std::filesystem;
 
 int run_eval(const EvalCommand& options) {
-  const auto start = std::chrono::steady_clock::now();
-  LoadedModel loaded = load_model(options.model);
-  const nn::LanguageModel& model = *loaded.model;
-  const text::Tokenizer* tokenizer = loaded.tokenizer.get();
-  const std::string path = options.text_path == "-" ? "/dev/stdin" : options.text_path;
-  // --plot NAME: NAME.png/.svg/.pdf as given, else with --format's extension; decided before the work.
+  // --plot NAME: NAME.png/.svg/.pdf as given, else with --format's extension; checked before the model loads.
   std::string plot_path = options.plot_path;
   if (!plot_path.empty() && fs::path(plot_path).extension().empty()) plot_path = viz::picture_path(plot_path, options.pictures);
   if (!plot_path.empty()) {
@@ -34,6 +29,11 @@ int run_eval(const EvalCommand& options) {
       throw UsageError(std::string("--plot: ") + e.what());
     }
   }
+  const auto start = std::chrono::steady_clock::now();
+  LoadedModel loaded = load_model(options.model);
+  const nn::LanguageModel& model = *loaded.model;
+  const text::Tokenizer* tokenizer = loaded.tokenizer.get();
+  const std::string path = options.text_path == "-" ? "/dev/stdin" : options.text_path;
   const std::vector<std::byte> bytes = io::read_file(path, kMaxTextBytes);
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   if (options.replace_invalid) text = text::replace_invalid_utf8(text);
