@@ -81,4 +81,40 @@ double measure_fma_peak(int threads, double seconds) {
   return best;
 }
 
+// The bf16 dot-product peak: independent VDPBF16PS chains (each does 32 bf16 products and their sums into 16 floats,
+// counted as 64 FLOPs) on every thread; 0 where the build lacks AVX512_BF16. What gemm_bf16 is read against.
+inline double measure_bf16_peak(int threads, double seconds) {
+  double best = 0.0;
+#if defined(__AVX512BF16__)
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int64_t iterations = static_cast<int64_t>(seconds * 1e8 / 3);
+    const auto start = std::chrono::steady_clock::now();
+    float sink = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      __m512 acc[12];
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+      const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
+      for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+      }
+      __m512 total = acc[0];
+      for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
+      float lanes[16];
+      _mm512_storeu_ps(lanes, total);
+      for (float l : lanes) sink += l;
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    keep(sink);
+    best = std::max(best, static_cast<double>(iterations) * 12 * 64 * threads / elapsed / 1e9);
+  }
+#else
+  (void)threads;
+  (void)seconds;
+#endif
+  return best;
+}
+
 }  // namespace qkv::bench

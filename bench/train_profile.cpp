@@ -4,7 +4,9 @@
 // and where the time goes (each op's forward and backward, the optimiser). tools/bench_gpt2_compare.py runs it
 // beside PyTorch and llm.c.
 //   qkv_train_profile [--vocab V] [--context T] [--emb C] [--heads H] [--layers L] [--batch B] [--steps N]
-//                     [--threads N] [--drop P] [--tied] [--no-profile] [--no-ceiling]
+//                     [--threads N] [--drop P] [--tied] [--no-profile] [--no-ceiling] [--precision fp32|bf16|auto]
+// With bf16 the step runs under PrecisionGuard(BF16) (qkv/core/precision.hpp) and its figures are read against both
+// the fp32 FMA peak and the measured bf16 dot-product peak (VDPBF16PS).
 // After the step it times the step's GEMMs alone (--no-ceiling skips it): the speed the step could reach if every
 // other op took no time, so "% of peak" can be read against what the BLAS gives on this machine.
 #include <sys/resource.h>
@@ -18,8 +20,10 @@
 #include <vector>
 
 #include "peak.hpp"
+#include "qkv/core/precision.hpp"
 #include "qkv/core/profile.hpp"
 #include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/memory.hpp"
@@ -66,7 +70,7 @@ struct GemmTime {
 // The step's GEMMs alone: each shape timed on its own through qkv's gemm() on the step's threads (median of 3
 // after a warm-up, operands reused, so warmer than in the step), weighted by its count. Nothing else runs, so a
 // step cannot make its GEMMs faster than this: it is the ceiling that the step's "% of peak" is read against.
-std::pair<GemmTime, GemmTime> measure_gemms(const std::vector<GemmShape>& shapes) {
+std::pair<GemmTime, GemmTime> measure_gemms(const std::vector<GemmShape>& shapes, qkv::Precision precision) {
   size_t a_size = 0, b_size = 0, c_size = 0;
   for (const GemmShape& g : shapes) {
     a_size = std::max(a_size, static_cast<size_t>(g.M * g.K));
@@ -77,13 +81,20 @@ std::pair<GemmTime, GemmTime> measure_gemms(const std::vector<GemmShape>& shapes
   std::vector<float> a(a_size), b(b_size), out(c_size);
   for (float& x : a) x = gen.uniform_float(-0.5f, 0.5f);
   for (float& x : b) x = gen.uniform_float(-0.5f, 0.5f);
+  std::vector<uint16_t> a16(a_size), b16(b_size);
+  qkv::kernels::f32_to_bf16(a.data(), a16.data(), static_cast<int64_t>(a_size));
+  qkv::kernels::f32_to_bf16(b.data(), b16.data(), static_cast<int64_t>(b_size));
   GemmTime linear, head;
   for (const GemmShape& g : shapes) {
     const int64_t lda = g.trans_a ? g.M : g.K, ldb = g.trans_b ? g.K : g.N;
     std::vector<double> seconds;
     for (int run = 0; run < 4; ++run) {
       const auto began = std::chrono::steady_clock::now();
-      qkv::kernels::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(), g.N);
+      if (precision == qkv::Precision::BF16)
+        qkv::kernels::gemm_bf16(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f,
+                                out.data(), g.N);
+      else
+        qkv::kernels::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(), g.N);
       if (run > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
     }
     std::sort(seconds.begin(), seconds.end());
@@ -102,6 +113,7 @@ int main(int argc, char** argv) {
   int64_t batch = 4, steps = 3;
   int threads = 0;
   bool profile = true, ceiling = true;
+  std::string precision_text = "fp32";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t {
@@ -123,6 +135,7 @@ int main(int argc, char** argv) {
     else if (a == "--tied") c.tie_weights = true;
     else if (a == "--no-profile") profile = false;
     else if (a == "--no-ceiling") ceiling = false;
+    else if (a == "--precision" && i + 1 < argc) precision_text = argv[++i];
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -139,6 +152,15 @@ int main(int argc, char** argv) {
   // lower one (a 2-thread reading of 377 GFLOP/s instead of ~467 once made a step look 74% efficient), and a
   // single core's turbo comes and goes (1-thread AVX2 readings of 110-129 GFLOP/s in one session).
   double peak = qkv::bench::measure_fma_peak(threads, 0.3);
+  double bf16_peak = qkv::bench::measure_bf16_peak(threads, 0.3);
+  qkv::Precision precision;
+  try {
+    precision = qkv::resolve_precision(precision_text, "--precision");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  const qkv::PrecisionGuard guard(precision);
   qkv::Generator gen(1);
   qkv::nn::GPTModel model(c, gen);
   qkv::optim::AdamW optimizer(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
@@ -169,6 +191,7 @@ int main(int argc, char** argv) {
     step();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
     peak = std::max(peak, qkv::bench::measure_fma_peak(threads, 0.15));
+    bf16_peak = std::max(bf16_peak, qkv::bench::measure_bf16_peak(threads, 0.15));
   }
   std::sort(seconds.begin(), seconds.end());
   const double median = seconds[seconds.size() / 2];
@@ -191,6 +214,10 @@ int main(int argc, char** argv) {
               static_cast<long long>(steps), tokens_per_second, gflops, 100 * gflops / peak, peak, rss_mib,
               static_cast<double>(qkv::memory::peak_bytes()) / (1 << 20));
   std::printf("kernels: attention %s, GEMM %s\n", qkv::kernels::attention_isa(), qkv::kernels::gemm_backend());
+  std::printf("precision: %s\n", qkv::describe_precision(precision, precision_text).c_str());
+  if (bf16_peak > 0)
+    std::printf("bf16 dot-product peak (VDPBF16PS) %.1f GFLOP/s = %.2f× the FMA peak; the step is %.1f%% of it\n",
+                bf16_peak, bf16_peak / peak, 100 * gflops / bf16_peak);
   if (profile) {
     qkv::reset_op_profile();
     qkv::set_op_profiling(true);
@@ -216,7 +243,7 @@ int main(int argc, char** argv) {
   // The ceiling: the same GEMMs with nothing else running (see measure_gemms).
   double gemm_gflops = 0;
   if (ceiling) {
-    const auto [linear, head] = measure_gemms(step_gemms(c, tokens));
+    const auto [linear, head] = measure_gemms(step_gemms(c, tokens), precision);
     const GemmTime all{linear.flops + head.flops, linear.seconds + head.seconds};
     gemm_gflops = all.gflops();
     std::printf("\nthe step's GEMMs alone (each shape on its own through gemm(), %d thread(s), median of 3):\n", threads);
@@ -227,8 +254,10 @@ int main(int argc, char** argv) {
   }
   std::printf("RESULT {\"tokens_per_second\": %.3f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"rss_mib\": %.1f, "
               "\"params\": %.0f, \"flops_per_token\": %.0f, \"gemm_gflops\": %.3f, "
-              "\"attention_isa\": \"%s\", \"gemm_backend\": \"%s\"}\n",
+              "\"attention_isa\": \"%s\", \"gemm_backend\": \"%s\", \"precision\": \"%s\", \"bf16_peak_gflops\": %.3f}\n",
               tokens_per_second, gflops, peak, rss_mib, params, flops_per_token, gemm_gflops,
-              qkv::kernels::attention_isa(), qkv::kernels::gemm_backend());
+              qkv::kernels::attention_isa(),
+              precision == qkv::Precision::BF16 ? qkv::kernels::gemm_bf16_backend() : qkv::kernels::gemm_backend(),
+              qkv::precision_name(precision), bf16_peak);
   return 0;
 }

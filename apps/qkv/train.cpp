@@ -326,6 +326,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                static_cast<long long>(settings.model.context_length), static_cast<long long>(settings.model.vocab_size),
                static_cast<long long>(trainer.global_batch()), static_cast<long long>(trainer.step()),
                static_cast<long long>(settings.max_steps), options.out_dir.c_str());
+  if (lead) std::fprintf(stderr, "precision: %s\n", describe_precision(trainer.precision(), settings.precision).c_str());
   if (lead && comm.size() > 1) {
     std::fprintf(stderr, "data parallel: %d processes × batch %lld × grad-accum %lld = %lld windows per step\n", comm.size(),
                  static_cast<long long>(settings.batch_size), static_cast<long long>(settings.grad_accum),

@@ -21,6 +21,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/error.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/core/precision.hpp"
 #include "qkv/core/random.hpp"
 #include "qkv/core/tensor.hpp"
 #include "qkv/nn/attention.hpp"

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/core/precision.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/kernels/optim.hpp"
 #include "qkv/kernels/softmax.hpp"
@@ -209,9 +210,10 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     if (bias.defined() && bias.requires_grad()) dbias = Tensor::empty(bias.shape());
   }
   auto data = [](Tensor& t) { return t.defined() ? t.data() : nullptr; };
+  const bool half = precision() == Precision::BF16;  // the backward is computed here, in the same precision
   const kernels::CrossEntropySum sum = kernels::linear_cross_entropy(
       x.data(), weight.data(), bias.defined() ? bias.data() : nullptr, targets.data(), rows, C, vocab, ignore_index,
-      data(dx), data(dweight), data(dbias));
+      data(dx), data(dweight), data(dbias), 0, half ? x.bf16() : nullptr, half ? weight.bf16() : nullptr);
   check_target_row("linear_cross_entropy", targets, sum.bad_row, vocab);
   // All rows ignored: NaN (0/0), as PyTorch.
   Tensor out = Tensor::scalar(static_cast<float>(sum.total / static_cast<double>(sum.counted)));

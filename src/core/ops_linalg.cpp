@@ -4,8 +4,8 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/elementwise.hpp"
-#include "qkv/kernels/gemm.hpp"
 #include "qkv/core/ops.hpp"
+#include "product.hpp"
 
 namespace qkv {
 
@@ -62,31 +62,30 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(out_shape);
   const int64_t a_step = layout == Layout::SharedA ? 0 : M * K;
   const int64_t b_step = layout == Layout::SharedB ? 0 : K * N;
+  const Precision pr = precision();
   if (layout == Layout::SharedB) {
-    kernels::gemm(false, false, batch * M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, out.data(), N);
+    detail::product(pr, false, false, batch * M, N, K, 1.0f, a, 0, K, b, 0, N, 0.0f, out.data(), N);
   } else {
+    float* c = out.data();
     for (int64_t i = 0; i < batch; ++i)
-      kernels::gemm(false, false, M, N, K, 1.0f, a.data() + i * a_step, K, b.data() + i * b_step, N, 0.0f,
-                    out.data() + i * M * N, N);
+      detail::product(pr, false, false, M, N, K, 1.0f, a, i * a_step, K, b, i * b_step, N, 0.0f, c + i * M * N, N);
   }
   if (detail::needs_grad({&a, &b})) {
-    detail::record(out, "MatmulBackward", {a, b}, [a, b, layout, batch, M, N, K, a_step, b_step](const Tensor& dout) {
+    detail::record(out, "MatmulBackward", {a, b}, [a, b, layout, batch, M, N, K, a_step, b_step, pr](const Tensor& dout) {
       if (float* da = detail::grad_buffer(a)) {  // dA (M,K) += dC (M,N) @ Bᵀ
         if (layout == Layout::SharedB) {
-          kernels::gemm(false, true, batch * M, K, N, 1.0f, dout.data(), N, b.data(), N, 1.0f, da, K);
+          detail::product(pr, false, true, batch * M, K, N, 1.0f, dout, 0, N, b, 0, N, 1.0f, da, K);
         } else {
           for (int64_t i = 0; i < batch; ++i)
-            kernels::gemm(false, true, M, K, N, 1.0f, dout.data() + i * M * N, N, b.data() + i * b_step, N, 1.0f,
-                          da + i * a_step, K);
+            detail::product(pr, false, true, M, K, N, 1.0f, dout, i * M * N, N, b, i * b_step, N, 1.0f, da + i * a_step, K);
         }
       }
       if (float* db = detail::grad_buffer(b)) {  // dB (K,N) += Aᵀ @ dC (M,N)
         if (layout == Layout::SharedB) {
-          kernels::gemm(true, false, K, N, batch * M, 1.0f, a.data(), K, dout.data(), N, 1.0f, db, N);
+          detail::product(pr, true, false, K, N, batch * M, 1.0f, a, 0, K, dout, 0, N, 1.0f, db, N);
         } else {
           for (int64_t i = 0; i < batch; ++i)
-            kernels::gemm(true, false, K, N, M, 1.0f, a.data() + i * a_step, K, dout.data() + i * M * N, N, 1.0f,
-                          db + i * b_step, N);
+            detail::product(pr, true, false, K, N, M, 1.0f, a, i * a_step, K, dout, i * M * N, N, 1.0f, db + i * b_step, N);
         }
       }
     });
@@ -112,16 +111,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape);
   float* y = out.data();
   if (bias.defined()) kernels::copy_rows(bias.data(), 0, y, out_features, rows, out_features, false);  // y = bias
-  kernels::gemm(false, true, rows, out_features, in, 1.0f, x.data(), in, weight.data(), in,
-                bias.defined() ? 1.0f : 0.0f, y, out_features);
+  const Precision pr = precision();
+  detail::product(pr, false, true, rows, out_features, in, 1.0f, x, 0, in, weight, 0, in, bias.defined() ? 1.0f : 0.0f, y,
+                  out_features);
   if (detail::needs_grad({&x, &weight, &bias})) {
-    detail::record(out, "LinearBackward", {x, weight, bias}, [x, weight, bias, rows, in, out_features](const Tensor& dout) {
+    detail::record(out, "LinearBackward", {x, weight, bias}, [x, weight, bias, rows, in, out_features, pr](const Tensor& dout) {
       if (const auto dx = detail::grad_target(x); dx.data)
-        kernels::gemm(false, false, rows, in, out_features, 1.0f, dout.data(), out_features, weight.data(), in,
-                      dx.accumulate ? 1.0f : 0.0f, dx.data, in);
+        detail::product(pr, false, false, rows, in, out_features, 1.0f, dout, 0, out_features, weight, 0, in,
+                        dx.accumulate ? 1.0f : 0.0f, dx.data, in);
       if (const auto dw = detail::grad_target(weight); dw.data)
-        kernels::gemm(true, false, out_features, in, rows, 1.0f, dout.data(), out_features, x.data(), in,
-                      dw.accumulate ? 1.0f : 0.0f, dw.data, in);
+        detail::product(pr, true, false, out_features, in, rows, 1.0f, dout, 0, out_features, x, 0, in,
+                        dw.accumulate ? 1.0f : 0.0f, dw.data, in);
       if (float* db = detail::grad_buffer(bias)) kernels::add_column_sums(dout.data(), db, rows, out_features);
     });
   }
@@ -153,34 +153,34 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   Tensor out = Tensor::empty(out_shape);
   float* y = out.data();
   if (bias.defined()) kernels::copy_rows(bias.data(), 0, y, out_features, rows, out_features, false);
-  kernels::gemm(false, true, rows, out_features, in, 1.0f, x.data(), in, weight.data(), in, bias.defined() ? 1.0f : 0.0f,
-                y, out_features);
+  const Precision pr = precision();
+  detail::product(pr, false, true, rows, out_features, in, 1.0f, x, 0, in, weight, 0, in, bias.defined() ? 1.0f : 0.0f, y,
+                  out_features);
   Tensor u = Tensor::empty({rows, r});
-  kernels::gemm(false, true, rows, r, in, 1.0f, x.data(), in, lora_a.data(), in, 0.0f, u.data(), r);
-  kernels::gemm(false, true, rows, out_features, r, scale, u.data(), r, lora_b.data(), r, 1.0f, y, out_features);
+  detail::product(pr, false, true, rows, r, in, 1.0f, x, 0, in, lora_a, 0, in, 0.0f, u.data(), r);
+  detail::product(pr, false, true, rows, out_features, r, scale, u, 0, r, lora_b, 0, r, 1.0f, y, out_features);
   if (detail::needs_grad({&x, &weight, &bias, &lora_a, &lora_b})) {
     detail::record(out, "LoraLinearBackward", {x, weight, bias, lora_a, lora_b},
-                   [x, weight, bias, lora_a, lora_b, u, rows, in, out_features, r, scale](const Tensor& dout) {
-      const float* dy = dout.data();
+                   [x, weight, bias, lora_a, lora_b, u, rows, in, out_features, r, scale, pr](const Tensor& dout) {
       Tensor du;
       if (x.requires_grad() || lora_a.requires_grad()) {
         du = Tensor::empty({rows, r});
-        kernels::gemm(false, false, rows, r, out_features, scale, dy, out_features, lora_b.data(), r, 0.0f, du.data(), r);
+        detail::product(pr, false, false, rows, r, out_features, scale, dout, 0, out_features, lora_b, 0, r, 0.0f, du.data(), r);
       }
       if (const auto dx = detail::grad_target(x); dx.data) {
-        kernels::gemm(false, false, rows, in, out_features, 1.0f, dy, out_features, weight.data(), in,
-                      dx.accumulate ? 1.0f : 0.0f, dx.data, in);
-        kernels::gemm(false, false, rows, in, r, 1.0f, du.data(), r, lora_a.data(), in, 1.0f, dx.data, in);
+        detail::product(pr, false, false, rows, in, out_features, 1.0f, dout, 0, out_features, weight, 0, in,
+                        dx.accumulate ? 1.0f : 0.0f, dx.data, in);
+        detail::product(pr, false, false, rows, in, r, 1.0f, du, 0, r, lora_a, 0, in, 1.0f, dx.data, in);
       }
       if (const auto dw = detail::grad_target(weight); dw.data)
-        kernels::gemm(true, false, out_features, in, rows, 1.0f, dy, out_features, x.data(), in,
-                      dw.accumulate ? 1.0f : 0.0f, dw.data, in);
-      if (float* db = detail::grad_buffer(bias)) kernels::add_column_sums(dy, db, rows, out_features);
+        detail::product(pr, true, false, out_features, in, rows, 1.0f, dout, 0, out_features, x, 0, in,
+                        dw.accumulate ? 1.0f : 0.0f, dw.data, in);
+      if (float* db = detail::grad_buffer(bias)) kernels::add_column_sums(dout.data(), db, rows, out_features);
       if (const auto da = detail::grad_target(lora_a); da.data)
-        kernels::gemm(true, false, r, in, rows, 1.0f, du.data(), r, x.data(), in, da.accumulate ? 1.0f : 0.0f, da.data, in);
+        detail::product(pr, true, false, r, in, rows, 1.0f, du, 0, r, x, 0, in, da.accumulate ? 1.0f : 0.0f, da.data, in);
       if (const auto dbb = detail::grad_target(lora_b); dbb.data)
-        kernels::gemm(true, false, out_features, r, rows, scale, dy, out_features, u.data(), r,
-                      dbb.accumulate ? 1.0f : 0.0f, dbb.data, r);
+        detail::product(pr, true, false, out_features, r, rows, scale, dout, 0, out_features, u, 0, r,
+                        dbb.accumulate ? 1.0f : 0.0f, dbb.data, r);
     });
   }
   return out;
@@ -229,9 +229,11 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
     throw ShapeError(shapes_message("linear_concat", x, weights[0],
                                     "the input's last dimension must equal the weights' in-features (dim 1)"));
   }
-  // The stacked weight (and bias): the parameters themselves when they lie back to back, else a copy.
-  auto stack = [](std::span<const Tensor> parts, const Shape& shape) {
-    if (contiguous_run(parts)) return parts[0];  // its data() starts the whole run
+  // The stacked weight (and bias): the parameters themselves when they lie back to back, else a copy. In bf16 the
+  // weight is always a copy: its bf16 copy (Tensor::bf16) must cover the whole stack, not the first part.
+  const Precision pr = precision();
+  auto stack = [pr](std::span<const Tensor> parts, const Shape& shape) {
+    if (pr == Precision::FP32 && contiguous_run(parts)) return parts[0];  // its data() starts the whole run
     Tensor out = Tensor::empty(shape);
     int64_t at = 0;
     for (const Tensor& p : parts) {
@@ -247,7 +249,7 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   out_shape[-1] = total;
   Tensor out = Tensor::empty(out_shape);
   if (has_bias) kernels::copy_rows(b.data(), 0, out.data(), total, rows, total, false);
-  kernels::gemm(false, true, rows, total, in, 1.0f, x.data(), in, w.data(), in, has_bias ? 1.0f : 0.0f, out.data(), total);
+  detail::product(pr, false, true, rows, total, in, 1.0f, x, 0, in, w, 0, in, has_bias ? 1.0f : 0.0f, out.data(), total);
   // The low-rank updates: u_i = x A_iᵀ (rows, r_i) kept for the backward, then s_i·u_i B_iᵀ added into part i's columns.
   struct Part {
     LowRankUpdate update;
@@ -263,8 +265,8 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
       throw ShapeError(shapes_message("linear_concat", up.a, up.b, "a low-rank update needs A (rank, in) and B (out, rank)"));
     }
     Part p{up, Tensor::empty({rows, r}), static_cast<int64_t>(column), out_i};
-    kernels::gemm(false, true, rows, r, in, 1.0f, x.data(), in, up.a.data(), in, 0.0f, p.u.data(), r);
-    kernels::gemm(false, true, rows, out_i, r, up.scale, p.u.data(), r, up.b.data(), r, 1.0f, out.data() + p.column, total);
+    detail::product(pr, false, true, rows, r, in, 1.0f, x, 0, in, up.a, 0, in, 0.0f, p.u.data(), r);
+    detail::product(pr, false, true, rows, out_i, r, up.scale, p.u, 0, r, up.b, 0, r, 1.0f, out.data() + p.column, total);
     low_rank.push_back(std::move(p));
   }
   std::vector<Tensor> inputs{x};
@@ -274,24 +276,24 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   if (grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) {
     const std::vector<Tensor> ws(weights.begin(), weights.end());
     const std::vector<Tensor> bs = has_bias ? std::vector<Tensor>(biases.begin(), biases.end()) : std::vector<Tensor>{};
-    detail::record(out, "LinearConcatBackward", inputs, [x, w, ws, bs, low_rank, rows, in, total](const Tensor& dout) {
+    detail::record(out, "LinearConcatBackward", inputs, [x, w, ws, bs, low_rank, rows, in, total, pr](const Tensor& dout) {
       const auto dx = detail::grad_target(x);
       if (dx.data)
-        kernels::gemm(false, false, rows, in, total, 1.0f, dout.data(), total, w.data(), in, dx.accumulate ? 1.0f : 0.0f,
-                      dx.data, in);
+        detail::product(pr, false, false, rows, in, total, 1.0f, dout, 0, total, w, 0, in, dx.accumulate ? 1.0f : 0.0f,
+                        dx.data, in);
       for (const Part& p : low_rank) {  // du = s·dy_i B;  dx += du A;  dA = duᵀ x;  dB = s·dy_iᵀ u
         const int64_t r = p.update.rank();
-        const float* dy = dout.data() + p.column;
         if (dx.data || p.update.a.requires_grad()) {
           Tensor du = Tensor::empty({rows, r});
-          kernels::gemm(false, false, rows, r, p.width, p.update.scale, dy, total, p.update.b.data(), r, 0.0f, du.data(), r);
-          if (dx.data) kernels::gemm(false, false, rows, in, r, 1.0f, du.data(), r, p.update.a.data(), in, 1.0f, dx.data, in);
+          detail::product(pr, false, false, rows, r, p.width, p.update.scale, dout, p.column, total, p.update.b, 0, r, 0.0f,
+                          du.data(), r);
+          if (dx.data) detail::product(pr, false, false, rows, in, r, 1.0f, du, 0, r, p.update.a, 0, in, 1.0f, dx.data, in);
           if (const auto da = detail::grad_target(p.update.a); da.data)
-            kernels::gemm(true, false, r, in, rows, 1.0f, du.data(), r, x.data(), in, da.accumulate ? 1.0f : 0.0f, da.data, in);
+            detail::product(pr, true, false, r, in, rows, 1.0f, du, 0, r, x, 0, in, da.accumulate ? 1.0f : 0.0f, da.data, in);
         }
         if (const auto db = detail::grad_target(p.update.b); db.data)
-          kernels::gemm(true, false, p.width, r, rows, p.update.scale, dy, total, p.u.data(), r, db.accumulate ? 1.0f : 0.0f,
-                        db.data, r);
+          detail::product(pr, true, false, p.width, r, rows, p.update.scale, dout, p.column, total, p.u, 0, r,
+                          db.accumulate ? 1.0f : 0.0f, db.data, r);
       }
       // Each part's gradient is a row block of one product (or of one column-sum vector): views, no copies.
       auto hand_out = [](const std::vector<Tensor>& parts, const Tensor& whole) {
@@ -306,7 +308,7 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
       };
       if (wanted(ws)) {
         Tensor dw = Tensor::empty({total, in});
-        kernels::gemm(true, false, total, in, rows, 1.0f, dout.data(), total, x.data(), in, 0.0f, dw.data(), in);
+        detail::product(pr, true, false, total, in, rows, 1.0f, dout, 0, total, x, 0, in, 0.0f, dw.data(), in);
         hand_out(ws, dw);
       }
       if (wanted(bs)) {

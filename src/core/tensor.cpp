@@ -1,6 +1,7 @@
 // Tensor storage, construction, element access and printing. The tape walk lives in autograd.cpp.
 #include "qkv/core/tensor.hpp"
 
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/memory.hpp"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
+#include <mutex>
 #include <ostream>
 #include <sstream>
 
@@ -102,6 +104,7 @@ detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& impl) {
 Tensor Tensor::empty(const Shape& shape) {
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = allocate(shape.numel());
+  impl->state = std::make_shared<detail::StorageState>();
   impl->ptr = impl->storage.get();
   impl->shape = shape;
   return Tensor(std::move(impl));
@@ -148,7 +151,34 @@ Tensor Tensor::from_rows(std::initializer_list<std::initializer_list<float>> row
 }
 
 const Shape& Tensor::shape() const { return checked(impl_).shape; }
-float* Tensor::data() { return checked(impl_).ptr; }
+float* Tensor::data() {
+  detail::TensorImpl& impl = checked(impl_);
+  // A write may follow: copies made from this storage are stale from here on (a relaxed load when there are none).
+  if (impl.state->copied.load(std::memory_order_relaxed)) impl.state->writes.fetch_add(1, std::memory_order_relaxed);
+  return impl.ptr;
+}
+
+namespace {
+std::mutex g_bf16_mutex;  // Tensor::bf16 may be called on a shared weight from several threads
+}
+
+const uint16_t* Tensor::bf16() const {
+  detail::TensorImpl& impl = checked(impl_);
+  std::lock_guard<std::mutex> lock(g_bf16_mutex);
+  impl.state->copied.store(true, std::memory_order_relaxed);  // before reading the count: later writes bump it
+  const uint64_t writes = impl.state->writes.load(std::memory_order_relaxed);
+  if (impl.bf16 && impl.bf16_writes == writes) return impl.bf16.get();
+  const int64_t n = numel();
+  if (!impl.bf16) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(uint16_t);
+    auto* p = static_cast<uint16_t*>(memory::allocate_block(bytes));
+    if (!p) throw ValueError("cannot allocate a bf16 copy of " + std::to_string(n) + " values: not enough memory");
+    impl.bf16 = std::shared_ptr<uint16_t>(p, [bytes](uint16_t* q) { memory::free_block(q, bytes); });
+  }
+  kernels::f32_to_bf16(impl.ptr, impl.bf16.get(), n);
+  impl.bf16_writes = writes;
+  return impl.bf16.get();
+}
 const float* Tensor::data() const { return checked(impl_).ptr; }
 
 float Tensor::item() const {
@@ -205,6 +235,7 @@ Tensor Tensor::detach() const {
   auto& src = checked(impl_);
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = src.storage;
+  impl->state = src.state;
   impl->ptr = src.ptr;
   impl->shape = src.shape;
   return Tensor(std::move(impl));
@@ -234,6 +265,7 @@ Tensor Tensor::view_as_shape(const Shape& new_shape) const {
   }
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = src.storage;
+  impl->state = src.state;
   impl->ptr = src.ptr;
   impl->shape = new_shape;
   return Tensor(std::move(impl));
@@ -247,6 +279,7 @@ Tensor Tensor::view_at(int64_t offset, const Shape& new_shape) const {
   }
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = src.storage;
+  impl->state = src.state;
   impl->ptr = src.ptr + offset;
   impl->shape = new_shape;
   return Tensor(std::move(impl));

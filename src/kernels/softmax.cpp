@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/gemm.hpp"
 
 #include "parallel.hpp"
@@ -159,7 +160,8 @@ int64_t linear_cross_entropy_block_rows(int64_t N, int64_t C, int64_t V) {
 
 CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const float* bias, const int64_t* targets,
                                      int64_t N, int64_t C, int64_t V, int64_t ignore_index, float* dx, float* dweight,
-                                     float* dbias, int64_t block_rows) {
+                                     float* dbias, int64_t block_rows, const uint16_t* x_bf16,
+                                     const uint16_t* weight_bf16) {
   CrossEntropySum out;
   out.bad_row = check_targets(targets, N, V, ignore_index, &out.counted);
   if (out.bad_row >= 0 || N <= 0 || V <= 0) return out;
@@ -168,13 +170,18 @@ CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const 
   const int64_t R = block_rows > 0 ? std::min(block_rows, N) : linear_cross_entropy_block_rows(N, C, V);
   memory::Buffer<float> block(static_cast<size_t>(R * V));
   memory::Buffer<double> row_loss(static_cast<size_t>(N));
+  const bool half = x_bf16 && weight_bf16;
+  memory::Buffer<uint16_t> block_bf16(half && grad ? static_cast<size_t>(R * V) : 1);  // dlogits in bf16
   std::fill_n(row_loss.data(), N, 0.0);
   if (dbias) std::fill_n(dbias, V, 0.0f);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     float* z = block.data();
     if (bias) copy_rows(bias, 0, z, V, rows, V, false);
-    gemm(false, true, rows, V, C, 1.0f, x + r0 * C, C, weight, C, bias ? 1.0f : 0.0f, z, V);  // logits
+    if (half)
+      gemm_bf16(false, true, rows, V, C, 1.0f, x_bf16 + r0 * C, C, weight_bf16, C, bias ? 1.0f : 0.0f, z, V);
+    else
+      gemm(false, true, rows, V, C, 1.0f, x + r0 * C, C, weight, C, bias ? 1.0f : 0.0f, z, V);  // logits
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * V))
     for (int64_t r = 0; r < rows; ++r) {
       float* zr = z + r * V;
@@ -197,8 +204,15 @@ CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const 
     if (!grad) continue;
     // dz holds probabilities down to 1.2e-38; their products with small weights would be denormals (gemm.hpp).
     const Denormals flush = Denormals::Flush;
-    if (dx) gemm(false, false, rows, C, V, 1.0f, z, V, weight, C, 0.0f, dx + r0 * C, C, flush);  // dx = dz W
-    if (dweight) gemm(true, false, V, C, rows, 1.0f, z, V, x + r0 * C, C, r0 == 0 ? 0.0f : 1.0f, dweight, C, flush);  // += dzᵀ x
+    if (half) {  // bf16 products flush denormals in hardware (VDPBF16PS): no assists to avoid
+      uint16_t* dz = block_bf16.data();
+      f32_to_bf16(z, dz, rows * V);
+      if (dx) gemm_bf16(false, false, rows, C, V, 1.0f, dz, V, weight_bf16, C, 0.0f, dx + r0 * C, C);
+      if (dweight) gemm_bf16(true, false, V, C, rows, 1.0f, dz, V, x_bf16 + r0 * C, C, r0 == 0 ? 0.0f : 1.0f, dweight, C);
+    } else {
+      if (dx) gemm(false, false, rows, C, V, 1.0f, z, V, weight, C, 0.0f, dx + r0 * C, C, flush);  // dx = dz W
+      if (dweight) gemm(true, false, V, C, rows, 1.0f, z, V, x + r0 * C, C, r0 == 0 ? 0.0f : 1.0f, dweight, C, flush);  // += dzᵀ x
+    }
     if (dbias) add_column_sums(z, dbias, rows, V);
   }
   for (int64_t r = 0; r < N; ++r) out.total += row_loss[static_cast<size_t>(r)];

@@ -39,6 +39,9 @@ const std::vector<Setting<TrainSettings>>& train_settings_schema() {
                       &TrainSettings::checkpoint_every, may_change));
     s.push_back(field("seed", "--seed", "Seed for weights, dropout and data order", &TrainSettings::seed));
     s.push_back(field("tokenizer", "--tokenizer", "gpt2 or bytes", &TrainSettings::tokenizer));
+    s.push_back(field("precision", "--precision",
+                      "Matrix products in fp32, bf16 (bf16 operands, float32 sums; CPUs with AVX512_BF16 or AMX) or auto",
+                      &TrainSettings::precision, may_change));
     return s;
   }();
   return schema;
@@ -64,6 +67,8 @@ void TrainSettings::validate() const {
   }
   if (!(train_fraction > 0 && train_fraction < 1)) throw ValueError("train fraction must lie in (0, 1)");
   if (tokenizer != "gpt2" && tokenizer != "bytes") throw ValueError("tokenizer must be gpt2 or bytes");
+  if (precision != "fp32" && precision != "bf16" && precision != "auto")
+    throw ValueError("precision = \"" + precision + "\" is not a precision; use fp32, bf16 or auto");
 }
 
 std::map<std::string, std::string> TrainSettings::to_strings() const {
@@ -77,6 +82,7 @@ TrainSettings TrainSettings::from_strings(const std::map<std::string, std::strin
   values.emplace("adam_beta1", "0.9");
   values.emplace("adam_beta2", "0.999");
   values.emplace("adam_eps", "1e-08");
+  values.emplace("precision", "fp32");  // and before bf16
   const TrainSettings s = settings::from_strings(train_settings_schema(), values, TrainSettings{}, "the settings");
   s.validate();
   return s;

@@ -114,6 +114,7 @@ std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, Tra
 Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator)
     : settings_(settings), generator_(settings.seed), comm_(communicator ? communicator : &single_) {
   settings_.validate();
+  precision_ = resolve_precision(settings_.precision);
   // Every step allocates the same sizes: keep large freed blocks for the next step instead of page-faulting in
   // fresh ones (qkv/kernels/memory.hpp).
   memory::set_block_cache_limit(std::max<int64_t>(memory::block_cache_limit(), int64_t{2} << 30));
@@ -279,6 +280,7 @@ void Trainer::resume(const std::string& path) {
 
 double Trainer::evaluate(bool validation, int64_t batches) {
   NoGradGuard no_grad;
+  const PrecisionGuard precision(precision_);
   model_->eval();
   text::DataLoader fixed(validation ? *validation_data_ : *train_data_,
                          std::min<int64_t>(settings_.batch_size, (validation ? validation_data_ : train_data_)->size()),
@@ -310,6 +312,7 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
                      const std::function<void(const EvalReport&)>& on_eval,
                      const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop) {
   model_->train();
+  const PrecisionGuard precision(precision_);
   const auto parameters = model_->named_trainable_parameters();
   const int64_t B = settings_.batch_size, K = settings_.grad_accum, slices = world_ * K;
   if (world_ > 1 && !gradient_arena_.defined()) {

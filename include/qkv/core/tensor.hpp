@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -84,6 +85,12 @@ class Tensor {
   std::span<float> values() { return {data(), static_cast<size_t>(numel())}; }
   // The values as a span
   std::span<const float> values() const { return {data(), static_cast<size_t>(numel())}; }
+  // The values rounded to bfloat16 (nearest even, NaN kept; kernels/convert.hpp's bit patterns), row-major: made on
+  // first use and kept with the tensor until its storage is next written through data() (by this handle or any view
+  // of the same storage), then made afresh. So a weight's bf16 copy is rounded once per optimiser step however
+  // often the step reads it, and an activation's once however many products read it. Writes through a pointer
+  // taken from data() before this call are not seen: take the pointer again to write.
+  const uint16_t* bf16() const;
   // A copy of the values
   std::vector<float> to_vector() const { return {data(), data() + numel()}; }
   float item() const;                                 // the value of a one-element tensor
@@ -134,8 +141,17 @@ struct Node {
   std::function<void(const Tensor& grad_output)> backward;
 };
 
+// What every view of one storage shares: whether any of them has a bf16 copy, and a count of writes since.
+struct StorageState {
+  std::atomic<bool> copied{false};
+  std::atomic<uint64_t> writes{0};
+};
+
 struct TensorImpl {
   std::shared_ptr<float> storage;  // aligned allocation shared by views
+  std::shared_ptr<StorageState> state;  // shared by views, as storage
+  std::shared_ptr<uint16_t> bf16;       // Tensor::bf16()'s copy, or null
+  uint64_t bf16_writes = 0;             // state->writes when that copy was made
   float* ptr = nullptr;
   Shape shape;
   bool requires_grad = false;

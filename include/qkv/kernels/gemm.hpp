@@ -1,4 +1,5 @@
-// Matrix products: OpenBLAS sgemm, split between OpenMP threads by output slices, beside a plain reference.
+// Matrix products: OpenBLAS sgemm, split between OpenMP threads by output slices, beside a plain reference; and
+// products of bfloat16 operands with float32 accumulation through oneDNN's matmul (VDPBF16PS or AMX tiles).
 // Not here: the attention kernel's own micro-kernel (kernels/attention.hpp).
 #pragma once
 
@@ -22,6 +23,27 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 // The BLAS kernels this process runs, e.g. "OpenBLAS SkylakeX" (OpenBLAS picks them at load time from the CPU, or
 // from OPENBLAS_CORETYPE), for benchmarks to report beside their figures.
 const char* gemm_backend();
+
+// C (M,N) = alpha * op(A) @ op(B) + beta * C with bfloat16 operands (kernels/convert.hpp's bit patterns) and a
+// float32 result, every product of two bf16 values summed in float32 — PyTorch's CPU autocast. The same layout
+// rules as gemm(). Through oneDNN's matmul when qkv was built with it (one primitive per shape, created on first use
+// and kept; oneDNN runs on qkv's OpenMP threads, so results are identical for a given thread count); otherwise, or
+// where oneDNN has no bf16 kernel for the CPU, by widening both operands to float32 and calling gemm() — the same
+// values, at float32's speed less the widening.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16), so gemm_bf16 runs at up to twice
+// float32's rate; false on a Zen 3 or an Ice Lake, where gemm_bf16 widens to float32.
+bool bf16_native();
+// What gemm_bf16 runs here, e.g. "oneDNN 2.6.3 brgemm avx512_core_bf16", or why it widens ("widened to float32:
+// the CPU lacks AVX512_BF16 and AMX-BF16"), for benchmarks and run headers.
+const char* gemm_bf16_backend();
+// The missing instruction sets in words when !bf16_native(), else "".
+const char* bf16_missing();
+
+// The reference: every operand widened exactly, products summed in double.
+void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                         int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);

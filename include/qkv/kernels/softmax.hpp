@@ -37,7 +37,8 @@ void cross_entropy_backward_reference(const float* logits, const int64_t* target
 // (N, V) logits never exist whole: one block of rows (`block_rows`; 0 picks 64 MiB of logits, or C rows up to
 // 256 MiB) is computed, soft-maxed in place and used while it is hot. Rows whose target is ignore_index count in
 // neither loss nor mean; a target outside [0, V) is reported through bad_row (its index, else −1) before anything
-// is computed.
+// is computed. With x_bf16 and weight_bf16 (x's and weight's values rounded to bfloat16) the three products run in
+// gemm_bf16 on them, dlogits rounded to bfloat16 per block; the softmax, the loss and every sum stay float32.
 struct CrossEntropySum {
   double total = 0.0;    // Σ over counted rows of logsumexp(z) − z[target]
   int64_t counted = 0;  // rows that counted
@@ -45,7 +46,8 @@ struct CrossEntropySum {
 };
 CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const float* bias, const int64_t* targets,
                                      int64_t N, int64_t C, int64_t V, int64_t ignore_index, float* dx, float* dweight,
-                                     float* dbias, int64_t block_rows = 0);
+                                     float* dbias, int64_t block_rows = 0, const uint16_t* x_bf16 = nullptr,
+                                     const uint16_t* weight_bf16 = nullptr);
 // The rows per block linear_cross_entropy takes when block_rows is 0 (at most N).
 int64_t linear_cross_entropy_block_rows(int64_t N, int64_t C, int64_t V);
 // In double, the logits materialised: what the fused pass must equal.

@@ -30,6 +30,9 @@ struct TrainSettings {
   int64_t checkpoint_every = 100;  // 0: only at the end (and on interruption)
   uint64_t seed = 123;  // the weights' and the data order's seed
   std::string tokenizer = "gpt2";  // gpt2 (GPT-2's BPE) or bytes
+  // Products in fp32, bf16 (bf16 operands, float32 sums: qkv/core/precision.hpp) or auto (bf16 where the CPU has
+  // AVX512_BF16 or AMX). Weights, optimiser state and losses stay float32 either way.
+  std::string precision = "fp32";
 
   void validate() const;  // ValueError naming the bad setting
   std::map<std::string, std::string> to_strings() const;  // every setting of train_settings_schema()

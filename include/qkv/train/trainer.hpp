@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/core/precision.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/communicator.hpp"
 #include "qkv/train/model_file.hpp"
@@ -103,9 +104,12 @@ class Trainer {
   nn::GPTModel& model() { return *model_; }
   // The run's settings
   const TrainSettings& settings() const { return settings_; }
+  // The precision run() and evaluate() multiply in: settings().precision resolved for this CPU.
+  Precision precision() const { return precision_; }
 
  private:
   TrainSettings settings_;
+  Precision precision_ = Precision::FP32;
   Generator generator_;  // weights at construction, then dropout
   std::unique_ptr<nn::GPTModel> model_;
   std::unique_ptr<optim::AdamW> optimizer_;

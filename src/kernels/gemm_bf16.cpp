@@ -1,0 +1,181 @@
+// bf16 × bf16 → f32 products: oneDNN's matmul where the CPU multiplies bf16 in hardware, else both operands
+// widened to float32 and handed to gemm() (see qkv/kernels/gemm.hpp).
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#if defined(QKV_HAVE_DNNL)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+#include "qkv/kernels/convert.hpp"
+#include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/memory.hpp"
+
+namespace qkv::kernels {
+
+namespace {
+
+struct CpuBf16 {
+  bool avx512_bf16 = false, amx_bf16 = false;
+};
+
+CpuBf16 detect() {
+  CpuBf16 cpu;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    const bool avx512f = (b >> 16) & 1u;
+    cpu.amx_bf16 = (d >> 22) & 1u;
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    if (a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) cpu.avx512_bf16 = avx512f && ((a1 >> 5) & 1u);
+  }
+#endif
+  return cpu;
+}
+
+const CpuBf16& cpu() {
+  static const CpuBf16 c = detect();
+  return c;
+}
+
+// Widens both operands and multiplies in float32: exact operands, float32 sums, so the values gemm_bf16 promises.
+void widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+             const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t a_rows = trans_a ? K : M, b_rows = trans_b ? N : K;
+  const int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+  memory::Buffer<float> a(static_cast<size_t>(a_rows * a_cols)), b(static_cast<size_t>(b_rows * b_cols));
+  for (int64_t r = 0; r < a_rows; ++r) bf16_to_f32(A + r * lda, a.data() + r * a_cols, a_cols);
+  for (int64_t r = 0; r < b_rows; ++r) bf16_to_f32(B + r * ldb, b.data() + r * b_cols, b_cols);
+  gemm(trans_a, trans_b, M, N, K, alpha, a.data(), a_cols, b.data(), b_cols, beta, C, ldc);
+}
+
+#if defined(QKV_HAVE_DNNL)
+// One matmul primitive per layout, created on first use and kept: creating one JIT-compiles its kernel (~ms).
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+struct Primitive {
+  dnnl::matmul matmul;
+  dnnl::memory::desc a, b, c;
+  std::string impl;
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+std::mutex g_mutex;
+std::map<Key, std::shared_ptr<const Primitive>> g_primitives;
+std::string g_last_impl;  // the implementation oneDNN chose most recently, for gemm_bf16_backend()
+
+std::shared_ptr<const Primitive> primitive(const Key& key) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (auto it = g_primitives.find(key); it != g_primitives.end()) return it->second;
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  auto p = std::make_shared<Primitive>();
+  p->a = dnnl::memory::desc({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
+  p->b = dnnl::memory::desc({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+  p->c = dnnl::memory::desc({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p->a, p->b, p->c), attr, engine());
+  p->impl = pd.impl_info_str();
+  p->matmul = dnnl::matmul(pd);
+  g_last_impl = p->impl;
+  g_primitives.emplace(key, p);
+  return p;
+}
+
+// Runs the product through oneDNN; false if oneDNN has no kernel for it (then the caller widens).
+bool run_dnnl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+              const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  std::shared_ptr<const Primitive> p;
+  try {
+    p = primitive(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta});
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  thread_local dnnl::stream stream(engine());
+  const dnnl::memory a(p->a, engine(), const_cast<uint16_t*>(A)), b(p->b, engine(), const_cast<uint16_t*>(B)),
+      c(p->c, engine(), C);
+  p->matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+  return true;
+}
+#endif
+
+}  // namespace
+
+bool bf16_native() { return cpu().avx512_bf16 || cpu().amx_bf16; }
+
+const char* bf16_missing() {
+  return bf16_native() ? "" : "AVX512_BF16 and AMX-BF16 (bf16 products in hardware: AMD Zen 4 and later, Intel Cooper "
+                              "Lake and Sapphire Rapids and later)";
+}
+
+const char* gemm_bf16_backend() {
+  static std::string name;
+#if defined(QKV_HAVE_DNNL)
+  if (bf16_native()) {
+    const dnnl_version_t* v = dnnl_version();
+    std::string impl;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      impl = g_last_impl.empty() ? std::string(cpu().amx_bf16 ? "AMX" : "AVX512_BF16") : g_last_impl;
+    }
+    name = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+           " matmul " + impl;
+    return name.c_str();
+  }
+  name = std::string("widened to float32 (") + gemm_backend() + "): the CPU lacks " + bf16_missing();
+#else
+  name = std::string("widened to float32 (") + gemm_backend() + "): qkv was built without oneDNN";
+#endif
+  return name.c_str();
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0 || K == 0) {  // nothing to multiply: gemm() makes the empty sum
+    gemm(trans_a, trans_b, M, N, K, alpha, nullptr, lda, nullptr, ldb, beta, C, ldc);
+    return;
+  }
+#if defined(QKV_HAVE_DNNL)
+  if (bf16_native() && run_dnnl(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+#endif
+  widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                         int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float a = bf16_to_f32_reference(trans_a ? A[k * lda + i] : A[i * lda + k]);
+        const float b = bf16_to_f32_reference(trans_b ? B[j * ldb + k] : B[k * ldb + j]);
+        acc += static_cast<double>(a) * b;
+      }
+      const float prior = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+      C[i * ldc + j] = static_cast<float>(alpha * acc) + prior;
+    }
+  }
+}
+
+}  // namespace qkv::kernels

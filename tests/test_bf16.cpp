@@ -1,0 +1,261 @@
+// bf16 products: the kernel against its reference, Tensor::bf16's rounded copies, every op that multiplies under
+// PrecisionGuard(BF16) against float32 arithmetic on the rounded operands, and training that tracks float32.
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "helpers.hpp"
+#include "qkv/kernels.hpp"
+#include "qkv/qkv.hpp"
+#include "qkv/train/trainer.hpp"
+
+namespace qkv::test {
+namespace {
+
+std::vector<uint16_t> to_bf16(const Tensor& t) {
+  std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<size_t>(i)] = kernels::f32_to_bf16_reference(t.data()[i]);
+  return out;
+}
+
+// t with every value rounded to bf16 (as float32): what a bf16 product reads.
+Tensor rounded(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    out.data()[i] = kernels::bf16_to_f32_reference(kernels::f32_to_bf16_reference(t.data()[i]));
+  return out;
+}
+
+TEST(Bf16, GemmMatchesReferenceForEveryLayoutAlphaAndBeta) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple{1, 1, 1}, {1, 70, 33}, {3, 5, 7}, {17, 33, 9}, {64, 48, 80}, {130, 96, 257}})
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {2.0f, 0.25f}}) {
+          const int64_t pad = 3;  // row strides longer than the rows
+          const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+          const Tensor A = random_tensor({ta ? K : M, lda}, 1), B = random_tensor({tb ? N : K, ldb}, 2);
+          const std::vector<uint16_t> a = to_bf16(A), b = to_bf16(B);
+          Tensor C = random_tensor({M, ldc}, 3), R = C.clone();
+          kernels::gemm_bf16(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C.data(), ldc);
+          kernels::gemm_bf16_reference(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, R.data(), ldc);
+          // Same exact products; float32 sums in another order: ~K ulps at worst.
+          EXPECT_TRUE(all_close(C, R, 1e-5, 1e-5 * K)) << "ta=" << ta << " tb=" << tb << " " << M << "x" << N << "x" << K
+                                                      << " alpha " << alpha << " beta " << beta;
+        }
+}
+
+TEST(Bf16, GemmWithEmptyInnerDimensionScalesC) {
+  Tensor C = Tensor::full({2, 2}, 3.0f);
+  kernels::gemm_bf16(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2);
+  EXPECT_TRUE(all_close(C, Tensor::full({2, 2}, 1.5f)));
+}
+
+// Benchmarks and run headers say what ran: oneDNN where the CPU multiplies bf16 and qkv has oneDNN, else widening.
+TEST(Bf16, BackendSaysWhatRuns) {
+  const std::string name = kernels::gemm_bf16_backend();
+#if defined(QKV_TEST_HAVE_DNNL)
+  if (kernels::bf16_native()) {
+    EXPECT_EQ(name.rfind("oneDNN ", 0), 0u) << name;
+    return;
+  }
+#endif
+  EXPECT_EQ(name.rfind("widened to float32", 0), 0u) << name;
+  if (!kernels::bf16_native()) EXPECT_NE(name.find("AVX512_BF16"), std::string::npos) << name;
+}
+
+TEST(Bf16, PrecisionIsReadAndCheckedAgainstTheCpu) {
+  EXPECT_EQ(resolve_precision("fp32"), Precision::FP32);
+  EXPECT_EQ(resolve_precision("auto"), kernels::bf16_native() ? Precision::BF16 : Precision::FP32);
+  try {
+    resolve_precision("fast", "--precision");
+    FAIL() << "fast is not a precision";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("--precision = \"fast\" is not a precision; use fp32, bf16 or auto"), std::string::npos)
+        << e.what();
+  }
+  if (kernels::bf16_native()) {
+    EXPECT_EQ(resolve_precision("bf16"), Precision::BF16);
+  } else {  // refused, naming what is missing: it would run slower than fp32
+    try {
+      resolve_precision("bf16");
+      FAIL() << "bf16 on a CPU without bf16 products";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("AVX512_BF16"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(precision(), Precision::FP32);
+  {
+    const PrecisionGuard guard(Precision::BF16);
+    EXPECT_EQ(precision(), Precision::BF16);
+  }
+  EXPECT_EQ(precision(), Precision::FP32);
+}
+
+// The copy is rounded to nearest even (NaN kept), made once, and made again after any write to the storage — through
+// the tensor or through a view of it (a parameter written by the optimiser through its handle into an arena).
+TEST(Bf16, TensorCopyIsRoundedOnceAndRefreshedAfterWrites) {
+  Tensor t = Tensor::from({1.0f, 1.00390625f, 1.01171875f, -3.3f, NAN, INFINITY}, {6});
+  const std::vector<uint16_t> expected = to_bf16(t);
+  const uint16_t* copy = t.bf16();
+  EXPECT_EQ(std::vector<uint16_t>(copy, copy + 6), expected);
+  EXPECT_EQ(copy[1], 0x3f80);  // a tie: to even
+  EXPECT_EQ(copy[2], 0x3f82);  // a tie: to even, upwards
+  EXPECT_TRUE(std::isnan(kernels::bf16_to_f32_reference(copy[4])));
+  EXPECT_EQ(t.bf16(), copy);  // unchanged storage: the same copy
+
+  t.data()[0] = 2.0f;
+  EXPECT_EQ(t.bf16()[0], 0x4000);
+  const Tensor whole = Tensor::zeros({8});
+  const Tensor part = whole.view_at(4, {4});
+  EXPECT_EQ(part.bf16()[1], 0);
+  Tensor writer = whole.view_at(0, {8});
+  writer.data()[5] = -1.0f;
+  EXPECT_EQ(part.bf16()[1], 0xbf80);
+}
+
+// ‖a − b‖ / ‖b‖
+double relative_error(const Tensor& a, const Tensor& b) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff += std::pow(static_cast<double>(a.data()[i]) - b.data()[i], 2);
+    norm += std::pow(static_cast<double>(b.data()[i]), 2);
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Runs op on fresh leaf copies of `inputs` in precision p, then backward from dy outside the guard (an op records
+// its precision, so its backward keeps it). Returns the output, then each leaf's gradient.
+std::vector<Tensor> run(Precision p, const std::vector<Tensor>& inputs, const Tensor& dy,
+                        const std::function<Tensor(const std::vector<Tensor>&)>& op) {
+  std::vector<Tensor> leaves;
+  for (const Tensor& t : inputs) leaves.push_back(t.clone().requires_grad_());
+  Tensor y;
+  {
+    const PrecisionGuard guard(p);
+    y = op(leaves);
+  }
+  y.backward(dy);
+  std::vector<Tensor> out{y.detach()};
+  for (const Tensor& t : leaves) out.push_back(t.grad());
+  return out;
+}
+
+std::vector<Tensor> rounded(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(rounded(t));
+  return out;
+}
+
+// Under BF16 a product is float32 arithmetic on bf16-rounded operands: x and W forward; dy, W and x backward. So
+// each op equals itself run in FP32 on rounded inputs with a rounded dy, to float32's rounding of the sums.
+TEST(Bf16, ProductsAreFloat32ArithmeticOnRoundedOperands) {
+  struct Case {
+    const char* name;
+    std::vector<Tensor> inputs;  // every one rounded in the reference (biases are not multiplied: left out here)
+    Tensor dy;
+    std::function<Tensor(const std::vector<Tensor>&)> op;
+  };
+  const std::vector<Case> cases = {
+      {"linear", {random_tensor({2, 5, 40}, 11), random_tensor({24, 40}, 12, 0.2f)}, random_tensor({2, 5, 24}, 14),
+       [](const std::vector<Tensor>& t) { return linear(t[0], t[1], Tensor()); }},
+      {"matmul, batched", {random_tensor({3, 4, 16}, 21), random_tensor({3, 16, 8}, 22, 0.3f)}, random_tensor({3, 4, 8}, 26),
+       [](const std::vector<Tensor>& t) { return matmul(t[0], t[1]); }},
+      {"matmul, shared B", {random_tensor({3, 4, 16}, 21), random_tensor({16, 8}, 22, 0.3f)}, random_tensor({3, 4, 8}, 26),
+       [](const std::vector<Tensor>& t) { return matmul(t[0], t[1]); }},
+      {"linear_concat",
+       {random_tensor({3, 4, 16}, 31), random_tensor({8, 16}, 32, 0.3f), random_tensor({8, 16}, 33, 0.3f),
+        random_tensor({4, 16}, 34, 0.3f)},
+       random_tensor({3, 4, 20}, 35),
+       [](const std::vector<Tensor>& t) {
+         const std::vector<Tensor> ws = {t[1], t[2], t[3]};
+         return linear_concat(t[0], ws);
+       }},
+  };
+  for (const Case& c : cases) {
+    const std::vector<Tensor> half = run(Precision::BF16, c.inputs, c.dy, c.op);
+    const std::vector<Tensor> ref = run(Precision::FP32, rounded(c.inputs), rounded(c.dy), c.op);
+    const std::vector<Tensor> full = run(Precision::FP32, c.inputs, c.dy, c.op);
+    for (size_t i = 0; i < half.size(); ++i) {
+      EXPECT_TRUE(all_close(half[i], ref[i], 1e-5, 1e-5)) << c.name << ", " << (i ? "gradient " : "output ") << i;
+      EXPECT_TRUE(all_close(half[i], full[i], 3e-2, 3e-2)) << c.name << ": bf16 keeps 8 bits, " << i;
+    }
+    EXPECT_FALSE(all_close(half[0], full[0], 1e-6, 1e-6)) << c.name << ": it did round";
+  }
+}
+
+// Biases add in float32, and a LoRA update's u = x Aᵀ is rounded again before u Bᵀ: both checked against float32
+// to bf16's tolerance.
+TEST(Bf16, BiasesAndLoraTrackFloat32) {
+  const std::vector<Tensor> inputs = {random_tensor({3, 4, 16}, 41), random_tensor({12, 16}, 42, 0.3f),
+                                      random_tensor({12}, 43), random_tensor({4, 16}, 44, 0.3f),
+                                      random_tensor({12, 4}, 45, 0.3f)};
+  const Tensor dy = random_tensor({3, 4, 12}, 46);
+  auto op = [](const std::vector<Tensor>& t) { return lora_linear(t[0], t[1], t[2], t[3], t[4], 2.0f); };
+  const std::vector<Tensor> half = run(Precision::BF16, inputs, dy, op), full = run(Precision::FP32, inputs, dy, op);
+  // Relative to each tensor's size: dA and dB come from du = s·dy B, whose small entries lose most to rounding.
+  for (size_t i = 0; i < half.size(); ++i) EXPECT_LT(relative_error(half[i], full[i]), 1e-2) << i;
+  EXPECT_TRUE(all_close(half[3], full[3], 1e-6, 1e-6));  // the bias gradient: float32 sums of dy
+}
+
+// The fused head and loss: logits from rounded operands; softmax and loss in float32; gradients from dlogits
+// rounded to bf16. The loss equals float32 arithmetic on the rounded operands; gradients track float32.
+TEST(Bf16, FusedHeadLossAndGradientsTrackFloat32) {
+  const std::vector<Tensor> inputs = {random_tensor({2, 8, 32}, 31), random_tensor({300, 32}, 32, 0.3f), random_tensor({300}, 33)};
+  std::vector<int64_t> targets(16);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<int64_t>((i * 37) % 300);
+  targets[3] = -100;
+  auto op = [&](const std::vector<Tensor>& t) { return linear_cross_entropy(t[0], t[1], t[2], targets, -100); };
+  const Tensor one = Tensor::scalar(1.0f);
+  const std::vector<Tensor> half = run(Precision::BF16, inputs, one, op), full = run(Precision::FP32, inputs, one, op);
+  const std::vector<Tensor> ref = run(Precision::FP32, {rounded(inputs[0]), rounded(inputs[1]), inputs[2]}, one, op);
+  EXPECT_NEAR(half[0].item(), ref[0].item(), 1e-5);
+  EXPECT_NEAR(half[0].item(), full[0].item(), 1e-2 * full[0].item());
+  EXPECT_NE(half[0].item(), full[0].item());
+  EXPECT_TRUE(all_close(half[1], full[1], 3e-2, 3e-3));
+  EXPECT_TRUE(all_close(half[2], full[2], 3e-2, 3e-3));
+  EXPECT_TRUE(all_close(half[3], ref[3], 1e-5, 1e-7));  // the bias gradient: float32 dlogits of the rounded logits
+}
+
+train::TrainSettings tiny_run(const std::string& precision) {
+  train::TrainSettings settings;
+  settings.model = nn::GPTConfig{.vocab_size = 97, .context_length = 32, .emb_dim = 64, .n_heads = 4, .n_layers = 2,
+                                 .drop_rate = 0.0, .qkv_bias = false};
+  settings.batch_size = 4;
+  settings.max_steps = 40;
+  settings.warmup_steps = 4;
+  settings.learning_rate = 3e-3;
+  settings.eval_every = 0;
+  settings.checkpoint_every = 0;
+  settings.precision = precision;
+  return settings;
+}
+
+std::vector<double> train_losses(const train::TrainSettings& settings) {
+  std::vector<int64_t> tokens(6000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7 + i / 13) % 97);
+  train::Trainer trainer(settings, tokens);
+  std::vector<double> losses;
+  trainer.run([&](const train::StepReport& r) { losses.push_back(r.loss); }, [](const train::EvalReport&) {},
+              [](int64_t) {}, nullptr);
+  return losses;
+}
+
+// bf16 training tracks float32: 40 steps of a small GPT, every loss within 2% of float32's; and it is repeatable,
+// bit for bit, for a given thread count. Where the CPU lacks bf16 products the library widens (the CLI refuses).
+TEST(Bf16, TrainingTracksFloat32WithinTwoPercentAndRepeats) {
+  const ThreadCount scope(2);
+  const std::vector<double> fp32 = train_losses(tiny_run("fp32"));
+  train::TrainSettings bf16 = tiny_run("auto");
+  if (!kernels::bf16_native()) GTEST_SKIP() << "this CPU lacks " << kernels::bf16_missing() << "; auto is fp32 here";
+  const std::vector<double> half = train_losses(bf16), again = train_losses(bf16);
+  ASSERT_EQ(half.size(), 40u);
+  for (size_t i = 0; i < half.size(); ++i)
+    EXPECT_NEAR(half[i], fp32[i], 0.02 * fp32[i]) << "step " << i + 1;
+  EXPECT_LT(half.back(), 0.8 * half.front());  // it trained
+  EXPECT_EQ(half, again);
+  EXPECT_NE(half, fp32);  // and it did run in bf16
+}
+
+}  // namespace
+}  // namespace qkv::test
