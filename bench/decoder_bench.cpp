@@ -5,6 +5,7 @@
 //     measured read bandwidth ÷ the bytes one token reads (every weight matrix once, the KV cache so far);
 //   - peak RSS against weights + KV cache (target ≤ 1.2×).
 //   qkv_decoder_bench [--shape qwen3-0.6b|llama-3.2-1b|gemma-3-270m] [--dir DIR] [--tokens N] [--threads N] [--smoke]
+//                     [--precision fp32|bf16] (bf16: products on the weights' bf16 copies, half the bytes per token)
 // The folder (DIR, default /tmp/qkv_bench_<shape>) is made once, in a child process, so this process's peak RSS is
 // the loaded model's alone.
 #include <spawn.h>
@@ -25,6 +26,7 @@
 
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/threads.hpp"
+#include "qkv/core/precision.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/hf.hpp"
 #include "qkv/core/autograd.hpp"
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
   int64_t tokens = 32;
   int threads = 2;
   bool smoke = false, make = false;
+  std::string precision_text = "fp32";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(next());
     else if (a == "--smoke") smoke = true;
     else if (a == "--make") make = true;
+    else if (a == "--precision") precision_text = next();
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -191,6 +195,14 @@ int main(int argc, char** argv) {
     if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * 4;
   const int64_t weight_bytes = model->parameter_count() * 4;
 
+  // bf16: products read the weights' bf16 copies (half the bytes of float32), made on first use, before the clock.
+  const qkv::Precision precision = qkv::resolve_precision(precision_text, "--precision");
+  const qkv::PrecisionGuard guard(precision);
+  if (precision == qkv::Precision::BF16) {
+    for (const auto& [name, p] : model->named_parameters())
+      if (p.rank() == 2) p.bf16();
+    matrix_bytes /= 2;
+  }
   std::vector<int64_t> prompt(16);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((i * 7919 + 11) % static_cast<size_t>(c.vocab_size));
   qkv::nn::SamplingOptions options;

@@ -422,6 +422,22 @@ int run(int argc, char** argv) {
 
   // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
   // required").
+  // --precision of every command that multiplies matrices (train's is one of its settings, stored in checkpoints).
+  std::string precision_text = "fp32";
+  for (CLI::App* cmd : {apply_cmd, generate_cmd, chat_cmd, attention_cmd, eval_cmd, ft_classify_cmd, ft_instruct_cmd,
+                        classify_cmd}) {
+    cmd->add_option("--precision", precision_text,
+                    "Matrix products in fp32, bf16 (bf16 operands, float32 sums; CPUs with AVX512_BF16 or AMX) or auto")
+        ->capture_default_str()
+        ->check(checked("PRECISION", [](const std::string& text) {
+          try {
+            qkv::resolve_precision(text, "--precision");
+            return std::string();
+          } catch (const qkv::ValueError& e) {
+            return std::string(e.what());
+          }
+        }));
+  }
   if (argc >= 2 && argv[1][0] != '-') {
     bool known = false;
     std::string names;
@@ -443,6 +459,9 @@ int run(int argc, char** argv) {
   }
 
   if (threads > 0) qkv::set_num_threads(threads);
+  const qkv::Precision precision = qkv::resolve_precision(precision_text, "--precision");  // checked while parsing
+  const qkv::PrecisionGuard precision_guard(precision);
+  if (precision_text != "fp32") std::fprintf(stderr, "precision: %s\n", qkv::describe_precision(precision, precision_text).c_str());
   try {
     if (*demo_cmd) {
       // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.

@@ -229,11 +229,13 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
     throw ShapeError(shapes_message("linear_concat", x, weights[0],
                                     "the input's last dimension must equal the weights' in-features (dim 1)"));
   }
-  // The stacked weight (and bias): the parameters themselves when they lie back to back, else a copy. In bf16 the
-  // weight is always a copy: its bf16 copy (Tensor::bf16) must cover the whole stack, not the first part.
+  // The stacked weight (and bias): the parameters themselves when they lie back to back, else a copy. In bf16 each
+  // part's product reads the part's own bf16 copy (Tensor::bf16, made once per optimiser step): a stacked copy would
+  // be made and rounded again at every call, reading every float32 weight once per generated token.
   const Precision pr = precision();
-  auto stack = [pr](std::span<const Tensor> parts, const Shape& shape) {
-    if (pr == Precision::FP32 && contiguous_run(parts)) return parts[0];  // its data() starts the whole run
+  const bool by_part = pr == Precision::BF16 && weights.size() > 1;
+  auto stack = [](std::span<const Tensor> parts, const Shape& shape) {
+    if (contiguous_run(parts)) return parts[0];  // its data() starts the whole run
     Tensor out = Tensor::empty(shape);
     int64_t at = 0;
     for (const Tensor& p : parts) {
@@ -242,14 +244,25 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
     }
     return out;
   };
-  const Tensor w = stack(weights, {total, in});
+  const Tensor w = by_part ? Tensor() : stack(weights, {total, in});
   const Tensor b = has_bias ? stack(biases, {total}) : Tensor();
   const int64_t rows = leading(x.shape(), 1);
   Shape out_shape = x.shape();
   out_shape[-1] = total;
   Tensor out = Tensor::empty(out_shape);
   if (has_bias) kernels::copy_rows(b.data(), 0, out.data(), total, rows, total, false);
-  detail::product(pr, false, true, rows, total, in, 1.0f, x, 0, in, w, 0, in, has_bias ? 1.0f : 0.0f, out.data(), total);
+  // What the products read, each with its rows of the stack: in bf16 every part, else the whole stack at once (whose
+  // tensor may be the first part, its data() starting the run).
+  std::vector<std::pair<Tensor, int64_t>> parts;
+  if (by_part)
+    for (const Tensor& part : weights) parts.emplace_back(part, part.size(0));
+  else
+    parts.emplace_back(w, total);
+  for (int64_t column = 0; const auto& [part, width] : parts) {  // out[:, column + j] = x · part[j]
+    detail::product(pr, false, true, rows, width, in, 1.0f, x, 0, in, part, 0, in, has_bias ? 1.0f : 0.0f,
+                    out.data() + column, total);
+    column += width;
+  }
   // The low-rank updates: u_i = x A_iᵀ (rows, r_i) kept for the backward, then s_i·u_i B_iᵀ added into part i's columns.
   struct Part {
     LowRankUpdate update;
@@ -276,11 +289,14 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   if (grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) {
     const std::vector<Tensor> ws(weights.begin(), weights.end());
     const std::vector<Tensor> bs = has_bias ? std::vector<Tensor>(biases.begin(), biases.end()) : std::vector<Tensor>{};
-    detail::record(out, "LinearConcatBackward", inputs, [x, w, ws, bs, low_rank, rows, in, total, pr](const Tensor& dout) {
+    detail::record(out, "LinearConcatBackward", inputs, [x, parts, ws, bs, low_rank, rows, in, total, pr](const Tensor& dout) {
       const auto dx = detail::grad_target(x);
-      if (dx.data)
-        detail::product(pr, false, false, rows, in, total, 1.0f, dout, 0, total, w, 0, in, dx.accumulate ? 1.0f : 0.0f,
-                        dx.data, in);
+      for (int64_t column = 0; const auto& [part, width] : parts) {  // dx = Σ dy_i W_i
+        if (dx.data)
+          detail::product(pr, false, false, rows, in, width, 1.0f, dout, column, total, part, 0, in,
+                          dx.accumulate || column > 0 ? 1.0f : 0.0f, dx.data, in);
+        column += width;
+      }
       for (const Part& p : low_rank) {  // du = s·dy_i B;  dx += du A;  dA = duᵀ x;  dB = s·dy_iᵀ u
         const int64_t r = p.update.rank();
         if (dx.data || p.update.a.requires_grad()) {
@@ -308,7 +324,10 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
       };
       if (wanted(ws)) {
         Tensor dw = Tensor::empty({total, in});
-        detail::product(pr, true, false, total, in, rows, 1.0f, dout, 0, total, x, 0, in, 0.0f, dw.data(), in);
+        for (int64_t at = 0; const auto& [part, width] : parts) {  // dW_i = dy_iᵀ x: row block i of dw
+          detail::product(pr, true, false, width, in, rows, 1.0f, dout, at, total, x, 0, in, 0.0f, dw.data() + at * in, in);
+          at += width;
+        }
         hand_out(ws, dw);
       }
       if (wanted(bs)) {
