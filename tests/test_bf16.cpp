@@ -259,3 +259,26 @@ TEST(Bf16, TrainingTracksFloat32WithinTwoPercentAndRepeats) {
 
 }  // namespace
 }  // namespace qkv::test
+
+namespace qkv::test {
+namespace {
+
+// A bad --precision is a usage error naming the choices, on train (a setting) and on the commands that multiply;
+// bf16 on a CPU without bf16 products is refused naming what is missing; auto says what it took.
+TEST(Bf16Cli, PrecisionIsCheckedAndReported) {
+  for (const std::string command : {"train --steps 1", "eval --text /dev/null", "generate --prompt hi", "attention"}) {
+    const CliResult r = run_cli(command + " --precision fast");
+    EXPECT_EQ(r.code, 2) << command << ": " << r.out;
+    EXPECT_NE(r.out.find("\"fast\" is not a precision; use fp32, bf16 or auto"), std::string::npos) << command << ": " << r.out;
+  }
+  const CliResult bf16 = run_cli("eval --text /dev/null --precision bf16");
+  if (kernels::bf16_native()) {
+    EXPECT_NE(bf16.out.find("precision: bf16 (bf16 products with float32 sums"), std::string::npos) << bf16.out;
+  } else {
+    EXPECT_EQ(bf16.code, 2) << bf16.out;
+    EXPECT_NE(bf16.out.find("lacks AVX512_BF16"), std::string::npos) << bf16.out;
+  }
+}
+
+}  // namespace
+}  // namespace qkv::test

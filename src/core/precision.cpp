@@ -34,7 +34,7 @@ Precision resolve_precision(std::string_view text, const std::string& what) {
 std::string describe_precision(Precision p, std::string_view asked) {
   std::string out = precision_name(p);
   if (p == Precision::BF16)
-    out += std::string(" (") + (asked == "auto" ? "auto; " : "") + "bf16 products, float32 sums, weights and optimiser: " +
+    out += std::string(" (") + (asked == "auto" ? "auto; " : "") + "bf16 products with float32 sums: " +
            kernels::gemm_bf16_backend() + ")";
   else if (asked == "auto")
     out += std::string(" (auto: this CPU lacks ") + kernels::bf16_missing() + ")";
