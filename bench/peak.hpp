@@ -16,67 +16,74 @@ inline void keep(float v) {
   (void)sink;
 }
 
-inline // 12 independent FMA chains per thread hide the 4-cycle latency on both FMA pipes.
-double measure_fma_peak(int threads, double seconds) {
+// The best of three timed runs of `chains(iterations)` on every thread (each returns a value to keep, so the loop
+// cannot be dropped), in GFLOP/s of `flops` per iteration and thread.
+template <class Chains>
+double best_of_three(int threads, int64_t iterations, double flops, Chains chains) {
   double best = 0.0;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const int64_t iterations = static_cast<int64_t>(seconds * 2e8 / 3);
     const auto start = std::chrono::steady_clock::now();
     float sink = 0.0f;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-#if defined(__AVX2__) && defined(__FMA__)
-      __m256 acc[12];
-      for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
-      const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-      for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12  // acc[] must live in registers: rolled (GCC at -O2), it goes through memory at a third the rate
-        for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-      }
-      float lanes[8];
-      __m256 total = acc[0];
-      for (int i = 1; i < 12; ++i) total = _mm256_add_ps(total, acc[i]);
-      _mm256_storeu_ps(lanes, total);
-      for (float l : lanes) sink += l;
-#else
-      float acc[12][8] = {};
-      for (int64_t it = 0; it < iterations; ++it)
-        for (int i = 0; i < 12; ++i)
-          for (int l = 0; l < 8; ++l) acc[i][l] = acc[i][l] * 0.999999f + 1e-7f;
-      for (auto& row : acc)
-        for (float v : row) sink += v;
-#endif
-    }
+    sink += chains(iterations);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     keep(sink);
-    best = std::max(best, static_cast<double>(iterations) * 12 * 8 * 2 * threads / elapsed / 1e9);
+    best = std::max(best, static_cast<double>(iterations) * flops * threads / elapsed / 1e9);
   }
+  return best;
+}
+
+#if defined(__AVX512F__)
+inline float lanes_sum(const __m512* acc) {  // of 12 accumulators
+  __m512 total = acc[0];
+  for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
+  float lanes[16], sum = 0.0f;  // not _mm512_reduce_add_ps: GCC 12 warns inside it (-Wuninitialized)
+  _mm512_storeu_ps(lanes, total);
+  for (float l : lanes) sum += l;
+  return sum;
+}
+#endif
+
+// 12 independent FMA chains per thread hide the 4-cycle latency on both FMA pipes.
+inline double measure_fma_peak(int threads, double seconds) {
+  double best = best_of_three(threads, static_cast<int64_t>(seconds * 2e8 / 3), 12 * 8 * 2, [](int64_t iterations) {
+    float sink = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12  // acc[] must live in registers: rolled (GCC at -O2), it goes through memory at a third the rate
+      for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+    }
+    float lanes[8];
+    __m256 total = acc[0];
+    for (int i = 1; i < 12; ++i) total = _mm256_add_ps(total, acc[i]);
+    _mm256_storeu_ps(lanes, total);
+    for (float l : lanes) sink += l;
+#else
+    float acc[12][8] = {};
+    for (int64_t it = 0; it < iterations; ++it)
+      for (int i = 0; i < 12; ++i)
+        for (int l = 0; l < 8; ++l) acc[i][l] = acc[i][l] * 0.999999f + 1e-7f;
+    for (auto& row : acc)
+      for (float v : row) sink += v;
+#endif
+    return sink;
+  });
 #if defined(__AVX512F__)
   // A machine with AVX-512 may have twice the FMA width (two 512-bit units), or the same (Zen 4 splits 512-bit
   // FMAs in two): the peak is the faster of the two loops, so "% of peak" is of what the machine can do.
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    const int64_t iterations = static_cast<int64_t>(seconds * 1e8 / 3);
-    const auto start = std::chrono::steady_clock::now();
-    float sink = 0.0f;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-      __m512 acc[12];
-      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-      const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-      for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12  // acc[] must live in registers: rolled (GCC at -O2), it goes through memory at a third the rate
-        for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-      }
-      __m512 total = acc[0];
-      for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
-      float lanes[16];
-      _mm512_storeu_ps(lanes, total);
-      for (float l : lanes) sink += l;
+  best = std::max(best, best_of_three(threads, static_cast<int64_t>(seconds * 1e8 / 3), 12 * 16 * 2, [](int64_t iterations) {
+    __m512 acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
     }
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    keep(sink);
-    best = std::max(best, static_cast<double>(iterations) * 12 * 16 * 2 * threads / elapsed / 1e9);
-  }
+    return lanes_sum(acc);
+  }));
 #endif
   return best;
 }
@@ -84,37 +91,23 @@ double measure_fma_peak(int threads, double seconds) {
 // The bf16 dot-product peak: independent VDPBF16PS chains (each does 32 bf16 products and their sums into 16 floats,
 // counted as 64 FLOPs) on every thread; 0 where the build lacks AVX512_BF16. What gemm_bf16 is read against.
 inline double measure_bf16_peak(int threads, double seconds) {
-  double best = 0.0;
 #if defined(__AVX512BF16__)
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    const int64_t iterations = static_cast<int64_t>(seconds * 1e8 / 3);
-    const auto start = std::chrono::steady_clock::now();
-    float sink = 0.0f;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-      __m512 acc[12];
-      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-      const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
-      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
-      for (int64_t it = 0; it < iterations; ++it) {
+  return best_of_three(threads, static_cast<int64_t>(seconds * 1e8 / 3), 12 * 64, [](int64_t iterations) {
+    __m512 acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
+    for (int64_t it = 0; it < iterations; ++it) {
 #pragma GCC unroll 12
-        for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-      }
-      __m512 total = acc[0];
-      for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
-      float lanes[16];
-      _mm512_storeu_ps(lanes, total);
-      for (float l : lanes) sink += l;
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
     }
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    keep(sink);
-    best = std::max(best, static_cast<double>(iterations) * 12 * 64 * threads / elapsed / 1e9);
-  }
+    return lanes_sum(acc);
+  });
 #else
   (void)threads;
   (void)seconds;
+  return 0.0;
 #endif
-  return best;
 }
 
 }  // namespace qkv::bench

@@ -79,7 +79,10 @@ void gemv_bf16(int64_t N, int64_t K, float alpha, const uint16_t* a, const uint1
         acc[r] = _mm512_dpbf16_ps(acc[r], x, reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, B + (n0 + r) * ldb + k)));
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const float sum = alpha * _mm512_reduce_add_ps(acc[r]);
+      float lanes[16], dot = 0.0f;  // not _mm512_reduce_add_ps: GCC 12 warns inside it (-Wuninitialized)
+      _mm512_storeu_ps(lanes, acc[r]);
+      for (float l : lanes) dot += l;
+      const float sum = alpha * dot;
       y[n0 + r] = beta == 0.0f ? sum : sum + beta * y[n0 + r];
     }
   }
