@@ -5,7 +5,7 @@
 //     measured read bandwidth ÷ the bytes one token reads (every weight matrix once, the KV cache so far);
 //   - peak RSS against weights + KV cache (target ≤ 1.2×).
 //   qkv_decoder_bench [--shape qwen3-0.6b|llama-3.2-1b|gemma-3-270m] [--dir DIR] [--tokens N] [--threads N] [--smoke]
-//                     [--precision fp32|bf16] (bf16: products on the weights' bf16 copies, half the bytes per token)
+//                     [--precision fp32|bf16] (bf16: matrices read and kept as bfloat16, half the bytes per token)
 // The folder (DIR, default /tmp/qkv_bench_<shape>) is made once, in a child process, so this process's peak RSS is
 // the loaded model's alone.
 #include <spawn.h>
@@ -181,28 +181,26 @@ int main(int argc, char** argv) {
   const double read_seconds = read_folder_seconds(dir, &folder_bytes);
   // Loaded twice: the first load's fresh pages may be this VM's first touch of that memory (measured below), the
   // second reuses pages the first gave back, as a long-running process would.
+  // bf16: the matrices are read as bfloat16 (what `qkv generate --precision bf16` does): half the bytes to hold and to
+  // read per token, and products in bf16.
+  const qkv::Precision precision = qkv::resolve_precision(precision_text, "--precision");
+  const qkv::PrecisionGuard guard(precision);
+  const qkv::DType matrices = precision == qkv::Precision::BF16 ? qkv::DType::BF16 : qkv::DType::F32;
+  const int64_t matrix_element = matrices == qkv::DType::BF16 ? 2 : 4;
   auto t = Clock::now();
-  auto model = qkv::nn::load_hf_decoder(dir.string());
+  auto model = qkv::nn::load_hf_decoder(dir.string(), matrices);
   const double first_load_seconds = since(t);
   model.reset();
   t = Clock::now();
-  model = qkv::nn::load_hf_decoder(dir.string());
+  model = qkv::nn::load_hf_decoder(dir.string(), matrices);
   const double load_seconds = since(t);
   model->eval();
   const auto& c = model->config;
   int64_t matrix_bytes = 0;  // what one token reads of the weights: every matrix, the head once (tied: the table)
+  int64_t weight_bytes = 0;
   for (const auto& p : c.layout())
-    if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * 4;
-  const int64_t weight_bytes = model->parameter_count() * 4;
-
-  // bf16: products read the weights' bf16 copies (half the bytes of float32), made on first use, before the clock.
-  const qkv::Precision precision = qkv::resolve_precision(precision_text, "--precision");
-  const qkv::PrecisionGuard guard(precision);
-  if (precision == qkv::Precision::BF16) {
-    for (const auto& [name, p] : model->named_parameters())
-      if (p.rank() == 2) p.bf16();
-    matrix_bytes /= 2;
-  }
+    if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * matrix_element;
+  for (const auto& [name, p] : model->named_parameters()) weight_bytes += p.numel() * (p.rank() == 2 ? matrix_element : 4);
   std::vector<int64_t> prompt(16);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((i * 7919 + 11) % static_cast<size_t>(c.vocab_size));
   qkv::nn::SamplingOptions options;
@@ -227,15 +225,15 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 5; ++rep) {
       const auto g = Clock::now();
       const Tensor y = qkv::linear(x, model->head, Tensor());
-      gemv_rate = std::max(gemv_rate, static_cast<double>(model->head.numel() * 4) / since(g));
+      gemv_rate = std::max(gemv_rate, static_cast<double>(model->head.numel() * matrix_element) / since(g));
     }
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const double rss = static_cast<double>(usage.ru_maxrss) * 1024.0;
 
-  std::printf("\n%s (%s family), %lld parameters, %d threads\n", smoke ? "smoke" : shape.c_str(), c.family.c_str(),
-              static_cast<long long>(model->parameter_count()), threads);
+  std::printf("\n%s (%s family), %lld parameters, %d threads, matrices in %s\n", smoke ? "smoke" : shape.c_str(),
+              c.family.c_str(), static_cast<long long>(model->parameter_count()), threads, qkv::dtype_name(matrices));
   std::printf("  load      %.2f s for %.2f GB; reading those bytes from the warm page cache %.2f s: %.2fx (target <= 1.5x);"
               " first load %.2f s (%.2fx)\n", load_seconds, static_cast<double>(folder_bytes) / 1e9, read_seconds,
               load_seconds / read_seconds, first_load_seconds, first_load_seconds / read_seconds);

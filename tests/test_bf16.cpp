@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "helpers.hpp"
 #include "qkv/kernels.hpp"
 #include "qkv/qkv.hpp"
@@ -271,12 +273,110 @@ TEST(Bf16Cli, PrecisionIsCheckedAndReported) {
     EXPECT_EQ(r.code, 2) << command << ": " << r.out;
     EXPECT_NE(r.out.find("\"fast\" is not a precision; use fp32, bf16 or auto"), std::string::npos) << command << ": " << r.out;
   }
+  // The book's GPT evaluated with its matrices held in bf16: PyTorch's float32 loss to bf16's tolerance (or refused
+  // where the CPU lacks bf16 products); the model's generate runs in bf16 too.
+  const std::string model = " --checkpoint " + fixture("pth/model.pth") + " --config " + fixture("pth/config.json");
+  const CliResult eval = run_cli("eval" + model + " --text " + fixture("pth/eval.txt") + " --json --precision bf16");
+  if (kernels::bf16_native()) {
+    ASSERT_EQ(eval.code, 0) << eval.out;
+    const double expected = io::SafetensorsFile::open(fixture("pth/expected.safetensors")).tensor("eval.stride16").data()[0];
+    const double loss = nlohmann::json::parse(eval.out.substr(eval.out.find('{')))["loss"].get<double>();  // after stderr
+    EXPECT_NEAR(loss, expected, 0.01 * expected);
+    EXPECT_NE(loss, expected);
+    const CliResult gen = run_cli("generate" + model + " --prompt Hello --greedy --max-new-tokens 4 --precision bf16");
+    EXPECT_EQ(gen.code, 0) << gen.out;
+  } else {
+    EXPECT_EQ(eval.code, 2) << eval.out;
+  }
   const CliResult bf16 = run_cli("eval --text /dev/null --precision bf16");
   if (kernels::bf16_native()) {
     EXPECT_NE(bf16.out.find("precision: bf16 (bf16 products with float32 sums"), std::string::npos) << bf16.out;
   } else {
     EXPECT_EQ(bf16.code, 2) << bf16.out;
     EXPECT_NE(bf16.out.find("lacks AVX512_BF16"), std::string::npos) << bf16.out;
+  }
+}
+
+}  // namespace
+}  // namespace qkv::test
+
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/hf.hpp"
+
+namespace qkv::test {
+namespace {
+
+// A BF16 tensor holds bfloat16 values only: half the memory, no float32 values to read (a clear error, not a
+// crash), views of it are BF16 too, and products take it in bf16 whatever the precision.
+TEST(Bf16Weights, ATensorBecomesBf16InPlaceForEveryHandle) {
+  Tensor w = random_tensor({6, 8}, 51);
+  const std::vector<uint16_t> expected = to_bf16(w);
+  const Tensor handle = w;  // another handle of the same tensor
+  const int64_t before = memory::bytes_in_use();
+  w.to_bf16_();
+  EXPECT_EQ(handle.dtype(), DType::BF16);
+  EXPECT_EQ(memory::bytes_in_use() - before, 6 * 8 * (2 - 4));  // 2 bytes a value instead of 4
+  EXPECT_EQ(std::vector<uint16_t>(handle.bf16(), handle.bf16() + 48), expected);
+  try {
+    (void)handle.data();
+    FAIL() << "a bf16 tensor has no float32 values";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("bfloat16 tensor (6, 8) has no float32 values"), std::string::npos) << e.what();
+  }
+  const Tensor row = w.view_at(8, {8});
+  EXPECT_EQ(row.dtype(), DType::BF16);
+  EXPECT_EQ(row.bf16()[0], expected[8]);
+  EXPECT_TRUE(row.shares_storage_with(w));
+  EXPECT_FALSE(row.shares_storage_with(random_tensor({8}, 1)));
+  // A product with it runs in bf16 even under FP32: the same as float32 arithmetic on the rounded values.
+  const Tensor x = random_tensor({3, 8}, 52);
+  const Tensor y = linear(x, w, Tensor());
+  const Tensor ref = linear(rounded(x), [&] {
+    Tensor r = Tensor::empty({6, 8});
+    for (int64_t i = 0; i < 48; ++i) r.data()[i] = kernels::bf16_to_f32_reference(expected[static_cast<size_t>(i)]);
+    return r;
+  }(), Tensor());
+  EXPECT_TRUE(all_close(y, ref, 1e-5, 1e-5));
+  // A lookup widens its rows exactly; training it is refused.
+  const std::vector<int64_t> ids = {5, 0};
+  const Tensor rows = embedding(w, ids, {2});
+  EXPECT_EQ(rows.at({0, 3}), kernels::bf16_to_f32_reference(expected[5 * 8 + 3]));
+  Tensor trained = random_tensor({6, 8}, 53).requires_grad_();
+  trained.to_bf16_();
+  EXPECT_THROW(embedding(trained, ids, {2}), ValueError);
+}
+
+// A folder read with its matrices in bf16 is the folder read in float32 and then rounded, bit for bit; it answers as
+// the float32 model multiplying in bf16 does, within bf16's tolerance, and its matrices take half the memory.
+TEST(Bf16Weights, AFolderLoadsInBf16AndAnswersAsTheFloat32ModelInBf16) {
+  for (const std::string family : {"llama", "qwen3", "gemma3"}) {
+    const std::string dir = fixture("hf/" + family);
+    const auto half = nn::load_hf_decoder(dir, DType::BF16);
+    const auto rounded_after = nn::load_hf_decoder(dir);
+    rounded_after->weights_to_bf16();
+    const auto full = nn::load_hf_decoder(dir);
+    for (auto* m : {half.get(), rounded_after.get(), full.get()}) m->eval();
+    int64_t matrices = 0;
+    half->for_each_parameter([&](const std::string& name, Tensor& p) {
+      EXPECT_EQ(p.dtype(), p.rank() == 2 ? DType::BF16 : DType::F32) << family << " " << name;
+      matrices += p.rank() == 2;
+    });
+    EXPECT_GT(matrices, 4) << family;
+    const std::vector<int64_t> ids = {1, 5, 9, 2, 7, 3, 4, 8};
+    NoGradGuard no_grad;
+    const Tensor a = half->forward(ids, 2, 4), b = rounded_after->forward(ids, 2, 4);
+    EXPECT_TRUE(all_close(a, b, 0, 0)) << family;
+    Tensor c;
+    {
+      const PrecisionGuard guard(Precision::BF16);
+      c = full->forward(ids, 2, 4);
+    }
+    EXPECT_LT(relative_error(a, c), 2e-2) << family;  // only the embedding lookup reads differently rounded values
+    EXPECT_LT(relative_error(a, full->forward(ids, 2, 4)), 5e-2) << family;
+    nn::SamplingOptions options;
+    options.temperature = 0;
+    options.max_new_tokens = 6;
+    EXPECT_EQ(nn::generate(*half, ids, options).size(), 6u) << family;
   }
 }
 

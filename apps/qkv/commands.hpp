@@ -83,6 +83,8 @@ struct ModelOptions {
   std::string checkpoint, gpt2_path, vocab_dir;
   std::string adapter;  // a PEFT LoRA adapter folder applied to the model (qkv finetune … --lora-rank writes one)
   train::ConfigHint hint;
+  // Inference under --precision bf16: matrices kept in bfloat16 only (half the memory; a folder's are read as such).
+  bool bf16_weights = false;
   std::string path() const { return checkpoint.empty() ? gpt2_path : checkpoint; }
 };
 

@@ -27,7 +27,9 @@ LoadedModel load_folder(const ModelOptions& options) {
   if (type == "gpt2") {
     loaded.model = nn::load_gpt2((std::filesystem::path(dir) / "model.safetensors").string());
   } else {
-    auto decoder = nn::load_hf_decoder(dir);
+    // With an adapter the weights are changed after loading, in float32; then rounded (load_model).
+    const bool bf16 = options.bf16_weights && options.adapter.empty();
+    auto decoder = nn::load_hf_decoder(dir, bf16 ? DType::BF16 : DType::F32);
     loaded.stop_ids = decoder->config.eos_token_ids;
     loaded.description = decoder->config.family + " folder " + dir;
     loaded.model = std::move(decoder);
@@ -90,6 +92,7 @@ LoadedModel load_model(const ModelOptions& options) {
   loaded.model->eval();
   if (loaded.tokenizer->end_of_text() >= 0) loaded.stop_ids.push_back(loaded.tokenizer->end_of_text());
   if (!options.adapter.empty()) apply_adapter(options.adapter, loaded);
+  if (options.bf16_weights) loaded.model->weights_to_bf16();  // a no-op for matrices already read as bf16
   return loaded;
 }
 

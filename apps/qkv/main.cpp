@@ -461,6 +461,9 @@ int run(int argc, char** argv) {
   if (threads > 0) qkv::set_num_threads(threads);
   const qkv::Precision precision = qkv::resolve_precision(precision_text, "--precision");  // checked while parsing
   const qkv::PrecisionGuard precision_guard(precision);
+  // Inference in bf16 keeps the weights in bf16 alone (fine-tuning keeps float32 master weights, as train does).
+  for (qkv::cli::ModelOptions* m : {&generate.model, &chat.generation.model, &attention.model, &eval.model, &classify.model})
+    m->bf16_weights = precision == qkv::Precision::BF16;
   if (precision_text != "fp32") std::fprintf(stderr, "precision: %s\n", qkv::describe_precision(precision, precision_text).c_str());
   try {
     if (*demo_cmd) {

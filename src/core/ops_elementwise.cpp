@@ -210,9 +210,11 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     if (bias.defined() && bias.requires_grad()) dbias = Tensor::empty(bias.shape());
   }
   auto data = [](Tensor& t) { return t.defined() ? t.data() : nullptr; };
-  const bool half = precision() == Precision::BF16;  // the backward is computed here, in the same precision
+  // The backward is computed here, in the same precision; a BF16 weight (Tensor::to_bf16_) is multiplied in bf16.
+  const bool half = precision() == Precision::BF16 || weight.dtype() == DType::BF16;
   const kernels::CrossEntropySum sum = kernels::linear_cross_entropy(
-      x.data(), weight.data(), bias.defined() ? bias.data() : nullptr, targets.data(), rows, C, vocab, ignore_index,
+      half ? nullptr : x.data(), half ? nullptr : weight.data(), bias.defined() ? bias.data() : nullptr, targets.data(),
+      rows, C, vocab, ignore_index,
       data(dx), data(dweight), data(dbias), 0, half ? x.bf16() : nullptr, half ? weight.bf16() : nullptr);
   check_target_row("linear_cross_entropy", targets, sum.bad_row, vocab);
   // All rows ignored: NaN (0/0), as PyTorch.

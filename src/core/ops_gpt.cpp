@@ -27,6 +27,13 @@ Tensor embedding(const Tensor& weight, std::span<const int64_t> ids, const Shape
   std::vector<int64_t> dims(ids_shape.dims().begin(), ids_shape.dims().end());
   dims.push_back(C);
   Tensor out = Tensor::empty(Shape(std::span<const int64_t>(dims)));
+  if (weight.dtype() == DType::BF16) {  // an inference weight: rows widened as they are read
+    if (detail::needs_grad({&weight}))
+      throw ValueError("embedding: a bfloat16 weight " + weight.shape().str() + " cannot be trained; load the model in "
+                       "float32 (train with --precision bf16 keeps float32 weights)");
+    kernels::embedding_forward_bf16(weight.bf16(), ids.data(), n, C, out.data());
+    return out;
+  }
   kernels::embedding_forward(weight.data(), ids.data(), n, C, out.data());
   if (detail::needs_grad({&weight})) {
     std::vector<int64_t> kept(ids.begin(), ids.end());

@@ -233,7 +233,9 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   // part's product reads the part's own bf16 copy (Tensor::bf16, made once per optimiser step): a stacked copy would
   // be made and rounded again at every call, reading every float32 weight once per generated token.
   const Precision pr = precision();
-  const bool by_part = pr == Precision::BF16 && weights.size() > 1;
+  const bool by_part = weights.size() > 1 && (pr == Precision::BF16 || std::any_of(weights.begin(), weights.end(), [](const Tensor& w) {
+                         return w.dtype() == DType::BF16;
+                       }));
   auto stack = [](std::span<const Tensor> parts, const Shape& shape) {
     if (contiguous_run(parts)) return parts[0];  // its data() starts the whole run
     Tensor out = Tensor::empty(shape);

@@ -151,8 +151,21 @@ Tensor Tensor::from_rows(std::initializer_list<std::initializer_list<float>> row
 }
 
 const Shape& Tensor::shape() const { return checked(impl_).shape; }
+const char* dtype_name(DType d) { return d == DType::BF16 ? "bfloat16" : "float32"; }
+
+namespace {
+[[noreturn]] void no_float32(const detail::TensorImpl& impl) {
+  throw ValueError("a bfloat16 tensor " + impl.shape.str() + " has no float32 values: it is an inference weight (made "
+                   "by --precision bf16 or Tensor::to_bf16_); read it with bf16 products, or load the model in float32 "
+                   "to train or save it");
+}
+}  // namespace
+
+DType Tensor::dtype() const { return checked(impl_).dtype; }
+
 float* Tensor::data() {
   detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype != DType::F32) no_float32(impl);
   // A write may follow: copies made from this storage are stale from here on (a relaxed load when there are none).
   if (impl.state->copied.load(std::memory_order_relaxed)) impl.state->writes.fetch_add(1, std::memory_order_relaxed);
   return impl.ptr;
@@ -160,26 +173,54 @@ float* Tensor::data() {
 
 namespace {
 std::mutex g_bf16_mutex;  // Tensor::bf16 may be called on a shared weight from several threads
+
+std::shared_ptr<uint16_t> allocate_bf16(int64_t n) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(uint16_t);
+  auto* p = static_cast<uint16_t*>(memory::allocate_block(bytes));
+  if (!p) throw ValueError("cannot allocate " + std::to_string(n) + " bfloat16 values: not enough memory");
+  return std::shared_ptr<uint16_t>(p, [bytes](uint16_t* q) { memory::free_block(q, bytes); });
 }
+}  // namespace
 
 const uint16_t* Tensor::bf16() const {
   detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype == DType::BF16) return impl.bf16.get();
   std::lock_guard<std::mutex> lock(g_bf16_mutex);
   impl.state->copied.store(true, std::memory_order_relaxed);  // before reading the count: later writes bump it
   const uint64_t writes = impl.state->writes.load(std::memory_order_relaxed);
   if (impl.bf16 && impl.bf16_writes == writes) return impl.bf16.get();
   const int64_t n = numel();
-  if (!impl.bf16) {
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(uint16_t);
-    auto* p = static_cast<uint16_t*>(memory::allocate_block(bytes));
-    if (!p) throw ValueError("cannot allocate a bf16 copy of " + std::to_string(n) + " values: not enough memory");
-    impl.bf16 = std::shared_ptr<uint16_t>(p, [bytes](uint16_t* q) { memory::free_block(q, bytes); });
-  }
+  if (!impl.bf16) impl.bf16 = allocate_bf16(n);
   kernels::f32_to_bf16(impl.ptr, impl.bf16.get(), n);
   impl.bf16_writes = writes;
   return impl.bf16.get();
 }
-const float* Tensor::data() const { return checked(impl_).ptr; }
+
+void Tensor::to_bf16_(bool keep_values) {
+  detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype == DType::BF16) return;
+  if (keep_values) {
+    bf16();
+  } else {
+    std::lock_guard<std::mutex> lock(g_bf16_mutex);
+    if (!impl.bf16) impl.bf16 = allocate_bf16(numel());
+  }
+  impl.dtype = DType::BF16;
+  impl.storage.reset();
+  impl.ptr = nullptr;
+}
+
+uint16_t* Tensor::bf16_data() {
+  detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype != DType::BF16)
+    throw ValueError("bf16_data: the tensor " + impl.shape.str() + " holds float32 values; to_bf16_ makes it bfloat16");
+  return impl.bf16.get();
+}
+const float* Tensor::data() const {
+  const detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype != DType::F32) no_float32(impl);
+  return impl.ptr;
+}
 
 float Tensor::item() const {
   if (numel() != 1) throw ShapeError("item(): the tensor has shape " + shape().str() + ", not one element");
@@ -231,15 +272,21 @@ void Tensor::zero_grad() {
 
 const char* Tensor::grad_fn_name() const { return impl_ && impl_->node ? impl_->node->name : nullptr; }
 
-Tensor Tensor::detach() const {
-  auto& src = checked(impl_);
+namespace {
+// A tensor of `shape` over src's storage from element `offset` on, without history (a BF16 tensor's view is BF16).
+Tensor view_of(const detail::TensorImpl& src, const Shape& shape, int64_t offset) {
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = src.storage;
   impl->state = src.state;
-  impl->ptr = src.ptr;
-  impl->shape = src.shape;
+  impl->ptr = src.ptr ? src.ptr + offset : nullptr;
+  impl->shape = shape;
+  impl->dtype = src.dtype;
+  if (src.dtype == DType::BF16) impl->bf16 = std::shared_ptr<uint16_t>(src.bf16, src.bf16.get() + offset);
   return Tensor(std::move(impl));
 }
+}  // namespace
+
+Tensor Tensor::detach() const { return view_of(checked(impl_), shape(), 0); }
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape());
@@ -263,12 +310,7 @@ Tensor Tensor::view_as_shape(const Shape& new_shape) const {
     throw ShapeError("view: cannot view a tensor of shape " + src.shape.str() + " as " + new_shape.str() + " (" +
                      std::to_string(src.shape.numel()) + " vs " + std::to_string(new_shape.numel()) + " elements)");
   }
-  auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = src.storage;
-  impl->state = src.state;
-  impl->ptr = src.ptr;
-  impl->shape = new_shape;
-  return Tensor(std::move(impl));
+  return view_of(src, new_shape, 0);
 }
 
 Tensor Tensor::view_at(int64_t offset, const Shape& new_shape) const {
@@ -277,16 +319,14 @@ Tensor Tensor::view_at(int64_t offset, const Shape& new_shape) const {
     throw ShapeError("view_at: " + new_shape.str() + " at element " + std::to_string(offset) + " does not fit in " +
                      src.shape.str());
   }
-  auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = src.storage;
-  impl->state = src.state;
-  impl->ptr = src.ptr + offset;
-  impl->shape = new_shape;
-  return Tensor(std::move(impl));
+  return view_of(src, new_shape, offset);
 }
 
 bool Tensor::shares_storage_with(const Tensor& other) const {
-  return impl_ && other.impl_ && impl_->storage == other.impl_->storage;
+  if (!impl_ || !other.impl_ || impl_->dtype != other.impl_->dtype) return false;
+  if (impl_->dtype == DType::BF16)  // the same bf16 buffer (views alias it)
+    return !impl_->bf16.owner_before(other.impl_->bf16) && !other.impl_->bf16.owner_before(impl_->bf16);
+  return impl_->storage == other.impl_->storage;
 }
 
 // ---- printing ----

@@ -346,6 +346,51 @@ Tensor SafetensorsFile::weights(const std::string& name) const {
   return t;
 }
 
+namespace {
+// Lets go of the whole pages of the file's mapping inside [begin, begin + length): they stay in the page cache, but
+// this process's peak RSS need not hold the weights a second time.
+void release_pages(const std::byte* begin, size_t length) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + length) / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+bool bf16_finite(const uint16_t* v, int64_t n) {
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) ok &= (v[i] & 0x7f80u) != 0x7f80u;
+  return ok;
+}
+}  // namespace
+
+// Into a BF16 tensor: a BF16 tensor's bytes as they are; any other dtype a chunk at a time, widened to float, checked and
+// rounded, each chunk's pages let go after it, so no float32 copy of the tensor ever exists.
+void SafetensorsFile::read_weights_bf16(const std::string& name, Tensor& dst) const {
+  const TensorInfo* info = find(name);
+  const std::byte* src = data_ + info->begin;
+  const int64_t n = info->numel();
+  uint16_t* out = dst.bf16_data();
+  bool finite = true;
+  if (info->dtype == DType::BF16) {
+    std::memcpy(out, src, static_cast<size_t>(n) * 2);
+    finite = bf16_finite(out, n);
+  } else {
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    const size_t step = dtype_size(info->dtype);
+    std::vector<float> buffer(static_cast<size_t>(std::min(kChunk, n)));
+    for (int64_t first = 0; first < n; first += kChunk) {
+      const int64_t count = std::min(kChunk, n - first);
+      const std::byte* chunk = src + static_cast<size_t>(first) * step;
+      convert_to_float(chunk, info->dtype, count, buffer.data());
+      finite = finite && kernels::all_finite(buffer.data(), count);
+      kernels::f32_to_bf16(buffer.data(), out + first, count);
+      if (mapping_ && mapping_->address) release_pages(chunk, static_cast<size_t>(count) * step);
+    }
+  }
+  if (!finite) fail(label_, "tensor '" + name + "' holds a non-finite value (NaN or Inf); the weights are corrupt");
+  if (mapping_ && mapping_->address) release_pages(src, static_cast<size_t>(info->end - info->begin));
+}
+
 void SafetensorsFile::read_weights(const std::string& name, Tensor& dst) const {
   const TensorInfo* info = find(name);
   if (!info) fail(label_, "has no tensor '" + name + "'");
@@ -354,6 +399,7 @@ void SafetensorsFile::read_weights(const std::string& name, Tensor& dst) const {
     fail(label_, "tensor '" + name + "' has shape " + Shape(std::span<const int64_t>(info->shape)).str() + ", expected " +
                      dst.shape().str());
   }
+  if (dst.dtype() == qkv::DType::BF16) return read_weights_bf16(name, dst);
   const std::byte* src = data_ + info->begin;
   const size_t length = static_cast<size_t>(info->end - info->begin);
   if (info->dtype == DType::F32 && mapping_ && mapping_->fd >= 0 && mapping_->address) {
@@ -430,12 +476,7 @@ void SafetensorsFile::read_weights(const std::string& name, Tensor& dst) const {
   }
   // The file's pages are in the page cache; this process need not keep them mapped too (peak RSS would hold the
   // weights twice). Only whole pages inside the tensor's bytes are released.
-  if (mapping_ && mapping_->address) {
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t first = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
-    const uintptr_t last = (reinterpret_cast<uintptr_t>(src) + (info->end - info->begin)) / page * page;
-    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-  }
+  if (mapping_ && mapping_->address) release_pages(src, length);
 }
 
 std::vector<int64_t> SafetensorsFile::int64s(const std::string& name) const {

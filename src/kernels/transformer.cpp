@@ -1,6 +1,7 @@
 // Layer norm, embedding and GELU kernels (see qkv/kernels/transformer.hpp), each beside its reference.
 // GELU (tanh form) with AVX2: y = 0.5·x·(1 + tanh u), u = k(x + 0.044715·x³), k = √(2/π);
 // dy/dx = 0.5(1 + t) + 0.5·x·(1 − t²)·k·(1 + 3·0.044715·x²).
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/transformer.hpp"
 
@@ -177,6 +178,11 @@ void layer_norm_backward_reference(const float* x, const float* scale, const flo
 void embedding_forward(const float* weight, const int64_t* ids, int64_t n, int64_t C, float* y) {
 #pragma omp parallel for schedule(static) if (worth_parallel(n * C))
   for (int64_t i = 0; i < n; ++i) std::copy_n(weight + ids[i] * C, C, y + i * C);
+}
+
+void embedding_forward_bf16(const uint16_t* weight, const int64_t* ids, int64_t n, int64_t C, float* y) {
+#pragma omp parallel for schedule(static) if (worth_parallel(n * C))
+  for (int64_t i = 0; i < n; ++i) bf16_to_f32(weight + ids[i] * C, y + i * C, C);
 }
 
 void embedding_backward(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight) {

@@ -391,7 +391,7 @@ std::string hf_model_type(const std::string& dir) {
   return j["model_type"].get<std::string>();
 }
 
-std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name) {
+std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matrices) {
   const fs::path dir(dir_name);
   const fs::path config_path = dir / "config.json";
   const DecoderConfig config = decoder_config_from_hf(read_text(config_path), config_path.string());
@@ -431,6 +431,7 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name) {
   }
   auto model = Decoder::for_loading(config);  // every parameter is written below: no zero fill first
   model->for_each_parameter([&](const std::string& name, Tensor& parameter) {
+    if (matrices == DType::BF16 && parameter.rank() == 2) parameter.to_bf16_(/*keep_values=*/false);  // read below
     shards.files[shards.where.at(name)].read_weights(name, parameter);
   });
   return model;

@@ -170,6 +170,12 @@ std::vector<Tensor> Module::parameters() {
   return out;
 }
 
+void Module::weights_to_bf16() {
+  for_each_parameter([](const std::string&, Tensor& p) {
+    if (p.rank() == 2) p.to_bf16_();
+  });
+}
+
 int64_t Module::parameter_count() {
   int64_t n = 0;
   for_each_parameter([&](const std::string&, Tensor& p) { n += p.numel(); });

@@ -48,6 +48,11 @@ class Shape {
   std::array<int64_t, kMaxRank> dims_{};
 };
 
+// How a tensor stores its values: float32 (every tensor unless made otherwise), or bfloat16 only — inference
+// weights at half the memory (Tensor::to_bf16_), read as they are by bf16 products (kernels::gemm_bf16) and lookups.
+enum class DType { F32, BF16 };
+const char* dtype_name(DType d);  // "float32" or "bfloat16"
+
 namespace detail {
 struct TensorImpl;
 struct Node;
@@ -79,8 +84,10 @@ class Tensor {
   // Elements
   int64_t numel() const { return shape().numel(); }
 
-  float* data();  // The values, row-major (contiguous)
-  const float* data() const;  // The values, row-major (contiguous)
+  // The values, row-major (contiguous). A BF16 tensor has no float32 values: ValueError naming it.
+  float* data();
+  const float* data() const;  // The values, row-major (contiguous); ValueError for a BF16 tensor
+  DType dtype() const;  // F32 unless to_bf16_ made it BF16
   // The values as a span
   std::span<float> values() { return {data(), static_cast<size_t>(numel())}; }
   // The values as a span
@@ -90,7 +97,14 @@ class Tensor {
   // of the same storage), then made afresh. So a weight's bf16 copy is rounded once per optimiser step however
   // often the step reads it, and an activation's once however many products read it. Writes through a pointer
   // taken from data() before this call are not seen: take the pointer again to write.
+  // A BF16 tensor's own values are returned as they are.
   const uint16_t* bf16() const;
+  // In place, for every handle of this tensor: its values become bfloat16 (rounded to nearest even) and its float32
+  // storage is let go (views made before keep their float32 values), so a weight takes half the memory and bf16
+  // products read it as it is. With keep_values false the values are left unset for a loader to write through
+  // bf16_data() (the float32 ones are never read: pages never touched stay unallocated). A no-op on a BF16 tensor.
+  void to_bf16_(bool keep_values = true);
+  uint16_t* bf16_data();  // a BF16 tensor's writable values (ValueError for F32)
   // A copy of the values
   std::vector<float> to_vector() const { return {data(), data() + numel()}; }
   float item() const;                                 // the value of a one-element tensor
@@ -152,6 +166,7 @@ struct TensorImpl {
   std::shared_ptr<StorageState> state;  // shared by views, as storage
   std::shared_ptr<uint16_t> bf16;       // Tensor::bf16()'s copy, or null
   uint64_t bf16_writes = 0;             // state->writes when that copy was made
+  DType dtype = DType::F32;             // BF16: storage and ptr are null, bf16 holds the values
   float* ptr = nullptr;
   Shape shape;
   bool requires_grad = false;

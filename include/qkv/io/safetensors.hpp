@@ -61,10 +61,12 @@ class SafetensorsFile {
   // outside int64.
   std::vector<int64_t> int64s(const std::string& name) const;
   // Weights read straight into `dst` (a tensor of the same shape, e.g. a model's parameter): converted from F32,
-  // F16, BF16 or F64 in one pass with no temporary, then checked finite. IoError naming the tensor otherwise.
+  // F16, BF16 or F64 in one pass with no temporary, then checked finite. IoError naming the tensor otherwise. Into a
+  // BF16 tensor (Tensor::to_bf16_): BF16 bytes as they are, other dtypes rounded a chunk at a time.
   void read_weights(const std::string& name, Tensor& dst) const;
 
  private:
+  void read_weights_bf16(const std::string& name, Tensor& dst) const;
   struct Mapping;
   std::shared_ptr<Mapping> mapping_;
   const std::byte* data_ = nullptr;  // start of the byte buffer

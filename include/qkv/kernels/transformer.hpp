@@ -23,6 +23,8 @@ void layer_norm_backward_reference(const float* x, const float* scale, const flo
 
 // y (n, C) = weight[ids[i], :]. Ids must lie in [0, V): the caller checks them.
 void embedding_forward(const float* weight, const int64_t* ids, int64_t n, int64_t C, float* y);
+// The same from a bfloat16 table (an inference weight, Tensor::to_bf16_), each row widened exactly.
+void embedding_forward_bf16(const uint16_t* weight, const int64_t* ids, int64_t n, int64_t C, float* y);
 // dweight[ids[i], :] += g[i, :], in id order (the same bits for any thread count: rows of dweight are owned
 // by the thread that owns their id).
 void embedding_backward(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight);

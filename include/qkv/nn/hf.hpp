@@ -24,8 +24,10 @@ bool is_hf_folder(const std::string& path);
 std::string hf_model_type(const std::string& dir);
 
 // Loads a folder's decoder (not gpt2: load_language_model takes both). IoError naming the file for a missing shard,
-// a missing, truncated or misshapen tensor, an unexpected one, or a bad config.
-std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir);
+// a missing, truncated or misshapen tensor, an unexpected one, or a bad config. With `matrices` BF16 every matrix
+// parameter is read as bfloat16 (Module::weights_to_bf16: BF16 tensors read as they are, others rounded a chunk at a
+// time), so no float32 copy of the weights is ever made: for inference at half the memory.
+std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir, DType matrices = DType::F32);
 
 // The element type save_hf_decoder writes: float32, or bfloat16 (half the bytes).
 enum class HfDType { F32, BF16 };

@@ -71,6 +71,10 @@ class Module {
   void for_each_module(const std::function<void(const std::string& name, Module& module)>& fn);
   std::vector<Tensor> parameters();
   int64_t parameter_count();
+  // For inference in bf16: every matrix parameter (rank 2: projections, embedding tables, the head) becomes a BF16
+  // tensor in place (Tensor::to_bf16_: half the memory, read as is by bf16 products and lookups); vectors (norms,
+  // biases) stay float32. Such a model no longer trains or saves: load it again in float32 for that.
+  void weights_to_bf16();
   // The parameters that train (requires_grad): what optimisers, gradient clipping and the all-reduce cover. A frozen
   // parameter (requires_grad_(false)) gets no gradient, and no backward product is run for it alone.
   std::vector<std::pair<std::string, Tensor>> named_trainable_parameters();
