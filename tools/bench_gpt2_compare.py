@@ -4,7 +4,12 @@ peak in model FLOPs (6 × the parameters a token is multiplied by — the embedd
 layers × width × T per token, as PaLM and nanoGPT count), and peak RSS.
 
   /usr/bin/python3 tools/bench_gpt2_compare.py [--build build] [--steps 3] [--llmc DIR] [--configs a,b] [--profile]
-                                               [--avx2]
+                                               [--avx2] [--bf16] [--threads 1,2]
+
+--bf16 adds qkv with --precision bf16 and PyTorch under torch.autocast("cpu", dtype=torch.bfloat16), each beside
+the float32 runs, and a second table: bf16 / fp32 for qkv, and qkv bf16 / PyTorch's best (fp32 or autocast).
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from every child's environment (some machines set them, which
+halves OpenBLAS on AVX-512), except under --avx2, which sets the Haswell kernels on purpose.
 
 Configurations: GPT-2 124M (tied head, dropout 0: llm.c's CPU setting) at (B=4, T=64), (B=8, T=256) and
 (B=1, T=1024), and `qkv train`'s default model (B=8, T=128, dropout 0.1). Threads: 1 and 2.
@@ -69,7 +74,8 @@ def torch_worker(args):
 
     def step():
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), targets.flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -85,11 +91,21 @@ def torch_worker(args):
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def run_torch(config, torch_threads, blas_threads, steps, avx2):
-    env = dict(os.environ, OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads),
-               MKL_NUM_THREADS=str(blas_threads), **(AVX2_ENV if avx2 else {}))
+def child_env(avx2, **extra):
+    """The environment of a measured child: OpenBLAS left to choose its kernels for the CPU, unless --avx2."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env.update(extra)
+    if avx2:
+        env.update(AVX2_ENV)
+    return env
+
+
+def run_torch(config, torch_threads, blas_threads, steps, avx2, autocast=False):
+    env = child_env(avx2, OMP_NUM_THREADS=str(blas_threads), OPENBLAS_NUM_THREADS=str(blas_threads),
+                    MKL_NUM_THREADS=str(blas_threads))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", config,
-                          "--torch-threads", str(torch_threads), "--steps", str(steps)],
+                          "--torch-threads", str(torch_threads), "--steps", str(steps)] +
+                         (["--autocast"] if autocast else []),
                          env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -105,13 +121,13 @@ def build_qkv_avx2(build):
                    check=True, stdout=subprocess.DEVNULL)
 
 
-def run_qkv(build, config, threads, steps, avx2):
+def run_qkv(build, config, threads, steps, avx2, precision="fp32"):
     cfg, batch, tied = CONFIGS[config]
     cmd = [os.path.join(build, "bench", "qkv_train_profile"), "--vocab", str(cfg["vocab_size"]),
            "--context", str(cfg["context_length"]), "--emb", str(cfg["emb_dim"]), "--heads", str(cfg["n_heads"]),
            "--layers", str(cfg["n_layers"]), "--batch", str(batch), "--steps", str(steps), "--threads", str(threads),
-           "--drop", str(cfg["drop_rate"])] + (["--tied"] if tied else [])
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(AVX2_ENV if avx2 else {}))
+           "--drop", str(cfg["drop_rate"]), "--precision", precision] + (["--tied"] if tied else [])
+    env = child_env(avx2, OPENBLAS_NUM_THREADS="1")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
     if avx2 and not result.get("attention_isa", "").startswith("avx2"):
@@ -189,6 +205,9 @@ def main():
     parser.add_argument("--llmc", help="a checkout of karpathy/llm.c")
     parser.add_argument("--profile", action="store_true", help="also print qkv's per-op profile of each setting")
     parser.add_argument("--avx2", action="store_true", help="every library on AVX2 + FMA alone (a Zen 3's ISA)")
+    parser.add_argument("--bf16", action="store_true", help="also qkv --precision bf16 and PyTorch's CPU autocast")
+    parser.add_argument("--threads", default="1,2", help="thread counts to measure (default 1,2)")
+    parser.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--torch-threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -205,7 +224,7 @@ def main():
     for config in args.configs.split(","):
         cfg, batch, _ = CONFIGS[config]
         tokens = batch * cfg["context_length"]
-        for threads in (1, 2):
+        for threads in [int(t) for t in args.threads.split(",")]:
             q, profile = run_qkv(args.build, config, threads, args.steps, args.avx2)
             fpt = q["flops_per_token"]
             peak = q["peak_gflops"]
@@ -218,6 +237,13 @@ def main():
                    "qkv_rss": q["rss_mib"], "torch_tps": t_tps,
                    "torch_all": [tokens / r["seconds"] for r in t_runs],
                    "torch_peak": 100 * fpt * t_tps / 1e9 / peak, "torch_rss": t_best["rss_mib"], "peak": peak}
+            if args.bf16:
+                qb, _ = run_qkv(args.build, config, threads, args.steps, args.avx2, "bf16")
+                a_runs = [run_torch(config, a, b, args.steps, args.avx2, autocast=True) for a, b in settings]
+                a_best = min(a_runs, key=lambda r: r["seconds"])
+                row.update(qkv_bf16_tps=qb["tokens_per_second"], qkv_bf16_rss=qb["rss_mib"],
+                           bf16_peak=qb.get("bf16_peak_gflops", 0), qkv_bf16_gflops=qb["gflops"],
+                           torch_autocast_tps=tokens / a_best["seconds"], torch_autocast_rss=a_best["rss_mib"])
             if llmc and config == "gpt2_124M_B4T64":
                 l = run_llmc(*llmc, threads)
                 row["llmc_tps"] = tokens / l["seconds"]
@@ -239,6 +265,16 @@ def main():
               f"{r['qkv_rss']:.0f} MiB | "
               f"{r['torch_tps']:.1f}{torch_note} | {r['torch_peak']:.1f}% | {r['torch_rss']:.0f} MiB | "
               f"{r['qkv_tps'] / r['torch_tps']:.2f}× | {bound(r)} | {llmc_cells} |")
+    if args.bf16:
+        print("\n| configuration | threads | qkv fp32 tok/s | qkv bf16 tok/s | bf16 / fp32 | % of bf16 peak | peak RSS | "
+              "PyTorch fp32 | PyTorch autocast | qkv bf16 / PyTorch's best |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            best = max(r["torch_tps"], r["torch_autocast_tps"])
+            bf16_peak = f"{100 * r['qkv_bf16_gflops'] / r['bf16_peak']:.1f}%" if r["bf16_peak"] > 0 else ""
+            print(f"| {r['config']} | {r['threads']} | {r['qkv_tps']:.1f} | {r['qkv_bf16_tps']:.1f} | "
+                  f"{r['qkv_bf16_tps'] / r['qkv_tps']:.2f}× | {bf16_peak} | {r['qkv_bf16_rss']:.0f} MiB | "
+                  f"{r['torch_tps']:.1f} | {r['torch_autocast_tps']:.1f} | {r['qkv_bf16_tps'] / best:.2f}× |")
     isa = ("AVX2 + FMA alone (--avx2: qkv's AVX2 build, OpenBLAS's Haswell kernels, PyTorch's AVX2 kernels); the "
            "AVX2 FMA loop" if args.avx2 else "the faster of AVX2 and AVX-512 FMA loops")
     print(f"\nFMA peak measured by qkv_train_profile: {rows[0]['peak']:.0f} GFLOP/s on 1 thread "
