@@ -1,6 +1,7 @@
 // bf16 products: the kernel against its reference, Tensor::bf16's rounded copies, every op that multiplies under
 // PrecisionGuard(BF16) against float32 arithmetic on the rounded operands, and training that tracks float32.
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -377,6 +378,23 @@ TEST(Bf16Weights, AFolderLoadsInBf16AndAnswersAsTheFloat32ModelInBf16) {
     options.temperature = 0;
     options.max_new_tokens = 6;
     EXPECT_EQ(nn::generate(*half, ids, options).size(), 6u) << family;
+    // Saved as a BF16 folder, its matrices are written as they are (no widening) and load back bit for bit; the
+    // float32 vectors (norms) are rounded by the file's dtype, so the answers stay within bf16's tolerance.
+    const std::string out = (std::filesystem::temp_directory_path() / ("qkv_bf16_weights_" + family)).string();
+    std::filesystem::remove_all(out);
+    nn::save_hf_folder(out, *half, nn::HfDType::BF16);
+    const auto back = nn::load_hf_decoder(out, DType::BF16);
+    back->eval();
+    const auto saved = half->named_parameters(), loaded = back->named_parameters();
+    ASSERT_EQ(saved.size(), loaded.size());
+    for (size_t i = 0; i < saved.size(); ++i) {
+      const Tensor& p = saved[i].second;
+      if (p.rank() != 2) continue;
+      EXPECT_EQ(std::vector<uint16_t>(p.bf16(), p.bf16() + p.numel()),
+                std::vector<uint16_t>(loaded[i].second.bf16(), loaded[i].second.bf16() + p.numel())) << saved[i].first;
+    }
+    EXPECT_LT(relative_error(back->forward(ids, 2, 4), a), 2e-2) << family;
+    std::filesystem::remove_all(out);
   }
 }
 

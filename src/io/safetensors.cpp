@@ -507,9 +507,13 @@ TensorData TensorData::from_tensor_bf16(std::string name, const Tensor& t) {
   d.dtype = DType::BF16;
   d.shape.assign(t.shape().dims().begin(), t.shape().dims().end());
   d.bytes.resize(static_cast<size_t>(t.numel()) * 2);
-  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
-  kernels::f32_to_bf16(t.data(), bits.data(), t.numel());
-  std::memcpy(d.bytes.data(), bits.data(), d.bytes.size());
+  if (t.numel() > 0 && t.dtype() == qkv::DType::BF16) {
+    std::memcpy(d.bytes.data(), t.bf16(), d.bytes.size());  // a BF16 tensor's own values, as they are
+  } else if (t.numel() > 0) {  // rounded here, not through Tensor::bf16 (whose copy would stay with the tensor)
+    std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+    kernels::f32_to_bf16(t.data(), bits.data(), t.numel());
+    std::memcpy(d.bytes.data(), bits.data(), d.bytes.size());
+  }
   return d;
 }
 
@@ -518,7 +522,12 @@ TensorData TensorData::from_tensor(std::string name, const Tensor& t) {
   d.name = std::move(name);
   d.dtype = DType::F32;
   d.shape.assign(t.shape().dims().begin(), t.shape().dims().end());
-  if (t.numel() > 0) {  // an empty tensor has no bytes to copy (and its data pointer is not to be read)
+  if (t.numel() > 0 && t.dtype() == qkv::DType::BF16) {  // widened exactly
+    std::vector<float> values(static_cast<size_t>(t.numel()));
+    kernels::bf16_to_f32(t.bf16(), values.data(), t.numel());
+    const auto* p = reinterpret_cast<const std::byte*>(values.data());
+    d.bytes.assign(p, p + t.numel() * static_cast<int64_t>(sizeof(float)));
+  } else if (t.numel() > 0) {  // an empty tensor has no bytes to copy (and its data pointer is not to be read)
     const auto* p = reinterpret_cast<const std::byte*>(t.data());
     d.bytes.assign(p, p + t.numel() * static_cast<int64_t>(sizeof(float)));
   }

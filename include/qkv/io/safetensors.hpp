@@ -83,8 +83,9 @@ struct TensorData {
   DType dtype = DType::F32;  // the element type of `bytes`
   std::vector<int64_t> shape;  // its sizes
   std::vector<std::byte> bytes;  // raw little-endian values
-  static TensorData from_tensor(std::string name, const Tensor& t);  // The tensor's float32 values
-  // The tensor rounded to bfloat16 (nearest even; NaN kept), half the bytes.
+  // The tensor's float32 values (a BF16 tensor's widened exactly)
+  static TensorData from_tensor(std::string name, const Tensor& t);
+  // The tensor rounded to bfloat16 (nearest even; NaN kept), half the bytes; a BF16 tensor's values as they are.
   static TensorData from_tensor_bf16(std::string name, const Tensor& t);
   static TensorData from_int64s(std::string name, std::span<const int64_t> values);
 };
