@@ -22,6 +22,7 @@
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
+#include "reference_product.hpp"
 
 namespace qkv::kernels {
 
@@ -217,18 +218,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 
 void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                          int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  for (int64_t i = 0; i < M; ++i) {
-    for (int64_t j = 0; j < N; ++j) {
-      double acc = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        const float a = bf16_to_f32_reference(trans_a ? A[k * lda + i] : A[i * lda + k]);
-        const float b = bf16_to_f32_reference(trans_b ? B[j * ldb + k] : B[k * ldb + j]);
-        acc += static_cast<double>(a) * b;
-      }
-      const float prior = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-      C[i * ldc + j] = static_cast<float>(alpha * acc) + prior;
-    }
-  }
+  reference_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_to_f32_reference);
 }
 
 }  // namespace qkv::kernels
