@@ -167,7 +167,7 @@ float* Tensor::data() {
   detail::TensorImpl& impl = checked(impl_);
   if (impl.dtype != DType::F32) no_float32(impl);
   // A write may follow: copies made from this storage are stale from here on (a relaxed load when there are none).
-  if (impl.state->copied.load(std::memory_order_relaxed)) impl.state->writes.fetch_add(1, std::memory_order_relaxed);
+  if (impl.state && impl.state->copied.load(std::memory_order_relaxed)) impl.state->writes.fetch_add(1, std::memory_order_relaxed);
   return impl.ptr;
 }
 
