@@ -246,7 +246,6 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
     }
     return out;
   };
-  const Tensor w = by_part ? Tensor() : stack(weights, {total, in});
   const Tensor b = has_bias ? stack(biases, {total}) : Tensor();
   const int64_t rows = leading(x.shape(), 1);
   Shape out_shape = x.shape();
@@ -259,7 +258,7 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   if (by_part)
     for (const Tensor& part : weights) parts.emplace_back(part, part.size(0));
   else
-    parts.emplace_back(w, total);
+    parts.emplace_back(stack(weights, {total, in}), total);
   for (int64_t column = 0; const auto& [part, width] : parts) {  // out[:, column + j] = x · part[j]
     detail::product(pr, false, true, rows, width, in, 1.0f, x, 0, in, part, 0, in, has_bias ? 1.0f : 0.0f,
                     out.data() + column, total);
