@@ -74,6 +74,55 @@ TEST_P(FusedVsReference, ValuesAndAllGradientsAgree) {
   EXPECT_TRUE(agree(dv, dv_ref)) << "dv";
 }
 
+// With bf16 products (options.bf16): against the reference on the same rounded operands, to bf16's precision. The
+// kernel also rounds each tile of P and dS to bf16 (relative 2⁻⁹), so each output may be off by about 2⁻⁹ of the
+// magnitude of its sum, more where dS = P ∘ (G − Di) cancels: 4e-3 relative plus 8e-3 of the tensor's scale (the
+// worst seen is 7e-3, D = 1). A wrong pairing of the bf16 operands or a
+// skipped tile is off by the values themselves. Where the build or the CPU lacks AVX512_BF16 the flag is ignored:
+// then the bits are float32's.
+TEST_P(FusedVsReference, ValuesAndAllGradientsAgreeWithBf16Products) {
+  const Case c = GetParam();
+  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D, c.H_kv};
+  const auto layout = layout_of(c, d);
+  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1), k = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 2),
+               v = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 3), d_o = random_tensor({c.B * c.H * c.Tq * c.D}, 4);
+  kernels::AttentionOptions options{
+      .causal = c.causal, .window = c.window, .softcap = c.softcap, .dropout_p = c.dropout, .seed = 1234, .bf16 = true};
+  kernels::AttentionOptions fp32 = options;
+  fp32.bf16 = false;
+  auto run = [&](const kernels::AttentionOptions& o, std::vector<Tensor>& out) {
+    out = {Tensor::empty(q.shape()), Tensor::empty({c.B * c.H * c.Tq}), Tensor::empty(q.shape()),
+           Tensor::empty(k.shape()), Tensor::empty(v.shape())};
+    kernels::attention_forward(d, layout, o, q.data(), k.data(), v.data(), out[0].data(), out[1].data());
+    kernels::attention_backward(d, layout, o, q.data(), k.data(), v.data(), out[0].data(), out[1].data(), d_o.data(),
+                                out[2].data(), out[3].data(), out[4].data());
+  };
+  std::vector<Tensor> got, exact;
+  run(options, got);
+  run(fp32, exact);
+  const char* names[] = {"output", "lse", "dq", "dk", "dv"};
+  if (!kernels::attention_bf16_available()) {
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(all_close(got[i], exact[i], 0, 0)) << names[i];
+    return;
+  }
+  Tensor o_ref = Tensor::empty(q.shape()), dq_ref = Tensor::empty(q.shape()), dk_ref = Tensor::empty(k.shape()),
+         dv_ref = Tensor::empty(v.shape());
+  kernels::attention_forward_reference(d, layout, options, q.data(), k.data(), v.data(), o_ref.data());
+  kernels::attention_backward_reference(d, layout, options, q.data(), k.data(), v.data(), d_o.data(), dq_ref.data(),
+                                        dk_ref.data(), dv_ref.data());
+  auto agree_bf16 = [](const Tensor& fused, const Tensor& reference) {
+    double largest = 0;
+    for (float x : reference.values()) largest = std::max(largest, std::fabs(static_cast<double>(x)));
+    return all_close(fused, reference, 4e-3, 8e-3 * std::max(largest, 1.0));
+  };
+  EXPECT_TRUE(agree_bf16(got[0], o_ref)) << "output";
+  EXPECT_TRUE(agree_bf16(got[2], dq_ref)) << "dq";
+  EXPECT_TRUE(agree_bf16(got[3], dk_ref)) << "dk";
+  EXPECT_TRUE(agree_bf16(got[4], dv_ref)) << "dv";
+  // The log-sum-exp (what the pictures are recomputed from) to bf16's precision of the scores, |S| ≲ 2⁻⁸ |S| + 1e-3.
+  EXPECT_TRUE(all_close(got[1], exact[1], 1e-2, 1e-2)) << "lse";
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int64_t D : {1, 2, 16, 32, 64, 80, 128})
@@ -115,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedVsReference, ::testing::ValuesIn(cases()),
 
 // Few heads (items go round-robin between threads, and the backward splits heads into blocks) and many heads (each
 // thread takes a contiguous run of heads), with and without dropout.
-void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int64_t D, float dropout) {
+void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int64_t D, float dropout, bool bf16 = false) {
   const kernels::AttentionDims d{B, H, T, T, D};
   const auto strides = kernels::AttentionStrides::btc(d, T);
   const kernels::AttentionLayout layout{strides, strides, strides, strides};
@@ -123,7 +172,7 @@ void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int6
   const Tensor q = random_tensor({n}, 1), k = random_tensor({n}, 2), v = random_tensor({n}, 3);
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
-    kernels::AttentionOptions options{.causal = true, .dropout_p = dropout, .seed = 9, .threads = threads};
+    kernels::AttentionOptions options{.causal = true, .dropout_p = dropout, .seed = 9, .threads = threads, .bf16 = bf16};
     Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
            dk = Tensor::empty(q.shape()), dv = Tensor::empty(q.shape());
     kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
@@ -140,6 +189,9 @@ void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int6
 TEST(FusedAttention, SameBitsForAnyThreadCount) {
   expect_same_bits_for_any_thread_count(2, 3, 150, 32, 0.1f);
   expect_same_bits_for_any_thread_count(2, 12, 100, 16, 0.0f);
+  // bf16 products: the same ownership, so the same guarantee
+  expect_same_bits_for_any_thread_count(2, 3, 150, 32, 0.1f, true);
+  expect_same_bits_for_any_thread_count(2, 12, 100, 16, 0.0f, true);
 }
 
 // dK and dV of a K/V head are sums over its group of query heads: for 1, 2 and 3 threads (one pass with whole groups,
@@ -153,20 +205,22 @@ TEST(FusedAttention, GroupedQuerySameBitsForAnyThreadCount) {
                                           kernels::AttentionStrides::btc(H_kv, D, T), kernels::AttentionStrides::btc(d, T)};
     const Tensor q = random_tensor({B * T * H * D}, 1), k = random_tensor({B * T * H_kv * D}, 2),
                  v = random_tensor({B * T * H_kv * D}, 3), d_o = random_tensor({B * T * H * D}, 4);
-    std::vector<std::vector<float>> results;
-    for (int threads : {1, 2, 3}) {
-      kernels::AttentionOptions options{.causal = true, .window = window, .threads = threads};
-      Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
-             dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
-      kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
-      kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), d_o.data(),
-                                  dq.data(), dk.data(), dv.data());
-      std::vector<float> all = o.to_vector();
-      for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
-      results.push_back(all);
+    for (bool bf16 : {false, true}) {  // bf16 products: the same ownership, so the same guarantee
+      std::vector<std::vector<float>> results;
+      for (int threads : {1, 2, 3}) {
+        kernels::AttentionOptions options{.causal = true, .window = window, .threads = threads, .bf16 = bf16};
+        Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
+               dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
+        kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
+        kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), d_o.data(),
+                                    dq.data(), dk.data(), dv.data());
+        std::vector<float> all = o.to_vector();
+        for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
+        results.push_back(all);
+      }
+      EXPECT_EQ(results[0], results[1]) << B << "x" << H << "/" << H_kv << " window " << window << " bf16 " << bf16;
+      EXPECT_EQ(results[0], results[2]) << B << "x" << H << "/" << H_kv << " window " << window << " bf16 " << bf16;
     }
-    EXPECT_EQ(results[0], results[1]) << B << "x" << H << "/" << H_kv << " window " << window;
-    EXPECT_EQ(results[0], results[2]) << B << "x" << H << "/" << H_kv << " window " << window;
   }
 }
 

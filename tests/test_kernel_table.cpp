@@ -380,11 +380,14 @@ std::vector<KernelCase> kernel_cases() {
     int64_t H_kv, window;
     float softcap;
     int causal;  // 0 no, 1 yes, 2 when n is even
+    bool bf16 = false;  // bf16 products, against the reference on rounded operands (to bf16's precision)
   };
   for (const Variant variant : {Variant{"attention forward and backward", 4, 0, 0.0f, 2},
                                 Variant{"attention, grouped-query (4 heads, 2 K/V)", 2, 0, 0.0f, 2},
                                 Variant{"attention, multi-query, sliding window 3", 1, 3, 0.0f, 1},
-                                Variant{"attention, grouped-query, soft-capped, window 5", 2, 5, 1.5f, 1}}) {
+                                Variant{"attention, grouped-query, soft-capped, window 5", 2, 5, 1.5f, 1},
+                                Variant{"attention, bf16 products, grouped-query", 2, 0, 0.0f, 2, true},
+                                Variant{"attention, bf16 products, multi-query, window 5", 1, 5, 0.0f, 1, true}}) {
     cases.push_back({variant.name, [variant](int64_t n, int m) {
                        if (n == 0) return ::testing::AssertionSuccess();  // T = 0 has its own tests
                        const AttentionDims d{1, 4, n, n, 5, variant.H_kv};
@@ -395,18 +398,22 @@ std::vector<KernelCase> kernel_cases() {
                        o.causal = variant.causal == 1 || (variant.causal == 2 && n % 2 == 0);
                        o.window = variant.window;
                        o.softcap = variant.softcap;
+                       o.bf16 = variant.bf16 && attention_bf16_available();
+                       // float32: 1e-5; bf16 products: the rounding of the P and dS tiles (2⁻⁹) on sums of N(0, 1)
+                       const double rtol = o.bf16 ? 4e-3 : 1e-5, atol = o.bf16 ? 1e-2 : 1e-6, grad_rtol = o.bf16 ? 4e-3 : 1e-4,
+                                    grad_atol = o.bf16 ? 1e-2 : 1e-5;
                        const int64_t size = 4 * n * 5, kv_size = variant.H_kv * n * 5;
                        Buffer q(size, m, 1), k(kv_size, m, 2), v(kv_size, m, 3), out(size, m, 4), ref(size, m, 5), lse(4 * n, m, 6);
                        attention_forward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data());
                        attention_forward_reference(d, l, o, q.data(), k.data(), v.data(), ref.data());
-                       if (auto ok = close(out.data(), ref.data(), size, 1e-5, 1e-6); !ok) return ok;
+                       if (auto ok = close(out.data(), ref.data(), size, rtol, atol); !ok) return ok;
                        Buffer g(size, m, 7), dq(size, m, 8), dk(kv_size, m, 9), dv(kv_size, m, 10), rq(size, m, 11),
                            rk(kv_size, m, 12), rv(kv_size, m, 13);
                        attention_backward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(), dv.data());
                        attention_backward_reference(d, l, o, q.data(), k.data(), v.data(), g.data(), rq.data(), rk.data(), rv.data());
-                       if (auto ok = close(dq.data(), rq.data(), size, 1e-4, 1e-5); !ok) return ok;
+                       if (auto ok = close(dq.data(), rq.data(), size, grad_rtol, grad_atol); !ok) return ok;
                        for (auto [a, b] : {std::pair{dk.data(), rk.data()}, {dv.data(), rv.data()}})
-                         if (auto ok = close(a, b, kv_size, 1e-4, 1e-5); !ok) return ok;
+                         if (auto ok = close(a, b, kv_size, grad_rtol, grad_atol); !ok) return ok;
                        return ::testing::AssertionSuccess();
                      }});
   }

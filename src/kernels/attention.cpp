@@ -36,9 +36,14 @@
 #include <vector>
 
 #include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/convert.hpp"
+#include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "simd.hpp"
 
+#if defined(QKV_AVX512) && defined(__AVX512BF16__)
+#define QKV_ATTENTION_BF16 1  // bf16 products (options.bf16): VDPBF16PS micro-kernels
+#endif
 
 namespace qkv::kernels {
 
@@ -58,32 +63,34 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// A float buffer aligned to 64 bytes, sized once per call and reused across blocks.
-class Scratch {
+// A buffer of T (floats, or bf16 bit patterns) aligned to 64 bytes, sized once per call and reused across blocks.
+template <typename T>
+class ScratchOf {
  public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* get(size_t n) {
+  ScratchOf() = default;
+  ScratchOf(const ScratchOf&) = delete;
+  ScratchOf& operator=(const ScratchOf&) = delete;
+  T* get(size_t n) {
     if (n > capacity_) {
       release();
-      data_ = static_cast<float*>(memory::allocate_block(n * sizeof(float)));
+      data_ = static_cast<T*>(memory::allocate_block(n * sizeof(T)));
       if (!data_) throw std::bad_alloc();
       capacity_ = n;
     }
     return data_;
   }
-  ~Scratch() { release(); }
+  ~ScratchOf() { release(); }
 
  private:
   void release() {
-    memory::free_block(data_, capacity_ * sizeof(float));
+    memory::free_block(data_, capacity_ * sizeof(T));
     data_ = nullptr;
     capacity_ = 0;
   }
-  float* data_ = nullptr;
+  T* data_ = nullptr;
   size_t capacity_ = 0;
 };
+using Scratch = ScratchOf<float>;
 
 // ---- the micro-kernel: C (MR × 16) (+)= A (MR × K) · B (K × 16) ----
 // A element (r, k) sits at A[r·lda + k·ak] (ak = 1 for row-major, lda = 1 for a transposed read);
@@ -215,44 +222,50 @@ enum class Trim {
   Columns,   // C = S-like (rows = queries, columns = keys): compute only columns < last row's limit
   KEnd,      // C rows = queries, K = keys (P·V, dS·K): the sum stops at the last row's limit
   KBegin,    // C rows = keys, K = queries (Pᵀ·dO, dSᵀ·Q): the sum starts at the first query that sees them
+  KBeginColumns,  // C columns = keys, K = queries (dOᵀ·P, Qsᵀ·dS: the bf16 backward's transposed accumulators)
 };
 
-// C (M × N) (+)= A (M × K) · B (K × N); N a multiple of 16. A has row stride lda and column stride ak.
-// With a sliding window W (> 0) the band has a lower edge too: local key c is visible to local row r only if also
-// c ≥ r + diag − W, and the trims skip what lies below it as they skip the future.
-void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
-                float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0, int64_t window = 0) {
-  // One strip: rows m0 .. m0 + mr, columns n0 .. n0 + width (16, or 32 with AVX-512).
-  auto strip = [&](int mr, int64_t m0, int64_t n0, int64_t width) {
-    int64_t k_begin = 0, k_end = K;
-    if (trim == Trim::KEnd) {
-      k_end = std::clamp<int64_t>(m0 + mr - 1 + diag, 0, K);
-      if (window > 0) k_begin = std::clamp<int64_t>(m0 + diag - window, 0, K);  // the first row's oldest key
-    }
-    if (trim == Trim::KBegin) {
-      k_begin = std::clamp<int64_t>(m0 - diag + 1, 0, K);
-      if (window > 0) k_end = std::clamp<int64_t>(m0 + mr - diag + window, 0, K);  // the last query that sees the last key
-    }
-    if (trim == Trim::Columns &&
-        (n0 >= m0 + mr - 1 + diag || (window > 0 && n0 + width <= m0 + diag - window))) {
-      if (!accumulate)  // nothing visible here: the caller reads only visible columns, but keep C defined
-        for (int r = 0; r < mr; ++r) std::fill_n(C + (m0 + r) * ldc + n0, width, 0.0f);
-      return;
-    }
-    const float* a = A + m0 * lda + k_begin * ak;
-    const float* b = B + k_begin * ldb + n0;
-    float* c = C + m0 * ldc + n0;
-    const int64_t k = std::max<int64_t>(k_end - k_begin, 0);
-#ifdef QKV_AVX512
-    if (width == 32) return micro_kernel_rows<Avx512Lanes>(mr, k, a, lda, ak, b, ldb, c, ldc, accumulate);
-#endif
-    micro_kernel_rows<Lanes16>(mr, k, a, lda, ak, b, ldb, c, ldc, accumulate);
-  };
+// What one strip of a trimmed product computes: rows m0 .. m0 + mr, columns n0 .. n0 + width, the sum over
+// [k_begin, k_end) of K; `skip` when nothing in it is visible. With a sliding window W (> 0) the band has a lower
+// edge too: local key c is visible to local row r only if also c ≥ r + diag − W.
+struct StripRange {
+  bool skip = false;
+  int64_t k_begin = 0, k_end = 0;
+};
+StripRange strip_range(Trim trim, int64_t m0, int mr, int64_t n0, int64_t width, int64_t K, int64_t diag,
+                       int64_t window) {
+  StripRange r{false, 0, K};
+  switch (trim) {
+    case Trim::None:
+      break;
+    case Trim::Columns:
+      r.skip = n0 >= m0 + mr - 1 + diag || (window > 0 && n0 + width <= m0 + diag - window);
+      break;
+    case Trim::KEnd:
+      r.k_end = std::clamp<int64_t>(m0 + mr - 1 + diag, 0, K);
+      if (window > 0) r.k_begin = std::clamp<int64_t>(m0 + diag - window, 0, K);  // the first row's oldest key
+      break;
+    case Trim::KBegin:
+      r.k_begin = std::clamp<int64_t>(m0 - diag + 1, 0, K);
+      if (window > 0) r.k_end = std::clamp<int64_t>(m0 + mr - diag + window, 0, K);  // the last query that sees the last key
+      break;
+    case Trim::KBeginColumns:
+      r.k_begin = std::clamp<int64_t>(n0 - diag + 1, 0, K);
+      if (window > 0) r.k_end = std::clamp<int64_t>(n0 + width - diag + window, 0, K);
+      break;
+  }
+  return r;
+}
+
+// Calls strip(mr, m0, n0, width) over C (M × N), N a multiple of 16: strips of 32 columns (with AVX-512) and 16, rows
+// in runs of `rows_wide` (32-column strips) and kMR (16-column strips), the last run of each shorter.
+template <typename Strip>
+void for_each_strip(int64_t M, int64_t N, [[maybe_unused]] int rows_wide, Strip&& strip) {
   int64_t n0 = 0;
 #ifdef QKV_AVX512
   for (; n0 + 2 * kNR <= N; n0 += 2 * kNR) {
     int64_t m0 = 0;
-    for (; m0 + kMR512 <= M; m0 += kMR512) strip(kMR512, m0, n0, 2 * kNR);
+    for (; m0 + rows_wide <= M; m0 += rows_wide) strip(rows_wide, m0, n0, 2 * kNR);
     if (m0 < M) strip(static_cast<int>(M - m0), m0, n0, 2 * kNR);
   }
 #endif
@@ -262,6 +275,163 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
     if (m0 < M) strip(static_cast<int>(M - m0), m0, n0, kNR);
   }
 }
+
+// C (M × N) (+)= A (M × K) · B (K × N); N a multiple of 16. A has row stride lda and column stride ak. The trims
+// skip what lies in the future of a row (and, with a window, before it).
+void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, int64_t ak, const float* B, int64_t ldb,
+                float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0, int64_t window = 0) {
+#ifdef QKV_AVX512
+  constexpr int rows_wide = kMR512;
+#else
+  constexpr int rows_wide = kMR;
+#endif
+  for_each_strip(M, N, rows_wide, [&](int mr, int64_t m0, int64_t n0, int64_t width) {
+    const StripRange range = strip_range(trim, m0, mr, n0, width, K, diag, window);
+    if (range.skip) {
+      if (!accumulate)  // nothing visible here: the caller reads only visible columns, but keep C defined
+        for (int r = 0; r < mr; ++r) std::fill_n(C + (m0 + r) * ldc + n0, width, 0.0f);
+      return;
+    }
+    const float* a = A + m0 * lda + range.k_begin * ak;
+    const float* b = B + range.k_begin * ldb + n0;
+    float* c = C + m0 * ldc + n0;
+    const int64_t k = std::max<int64_t>(range.k_end - range.k_begin, 0);
+#ifdef QKV_AVX512
+    if (width == 32) return micro_kernel_rows<Avx512Lanes>(mr, k, a, lda, ak, b, ldb, c, ldc, accumulate);
+#endif
+    micro_kernel_rows<Lanes16>(mr, k, a, lda, ak, b, ldb, c, ldc, accumulate);
+  });
+}
+
+#ifdef QKV_ATTENTION_BF16
+// ---- bf16 products (VDPBF16PS): C (float32) (+)= A · B with bf16 operands ----
+// VDPBF16PS adds to each float lane the products of one pair of k: c[n] += a[2kk]·b[2kk][n] + a[2kk+1]·b[2kk+1][n].
+// So A is read a pair at a time (row r's pair kk is the 32-bit word at A + r·lda + 2·kk: k contiguous in A's rows)
+// and B is packed in pair rows (pair row kk holds (b[2kk][n], b[2kk+1][n]) for every column n, ldb bf16 apart).
+// K is even, and every operand is zero beyond its valid part, so a sum that runs one k too far adds 0 · 0.
+
+// C (MR × 16·NV) (+)= A (MR × 2·KK) · B (2·KK × 16·NV). The same shape as the float kernel (8 × 32 with 16 named
+// accumulators), each instruction taking two k.
+template <int MR, int NV>
+inline void micro_kernel_bf16(int64_t KK, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float* C,
+                              int64_t ldc, bool accumulate) {
+  static_assert(MR >= 1 && MR <= 8 && (NV == 1 || NV == 2));
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+#define QKV_ROW(r, x0, x1)                                     \
+  if constexpr (MR > r) {                                      \
+    if (accumulate) {                                          \
+      x0 = _mm512_loadu_ps(C + r * ldc);                       \
+      if constexpr (NV == 2) x1 = _mm512_loadu_ps(C + r * ldc + 16); \
+    }                                                          \
+  }
+  QKV_ROW(0, c00, c01) QKV_ROW(1, c10, c11) QKV_ROW(2, c20, c21) QKV_ROW(3, c30, c31) QKV_ROW(4, c40, c41)
+  QKV_ROW(5, c50, c51) QKV_ROW(6, c60, c61) QKV_ROW(7, c70, c71)
+#undef QKV_ROW
+  const uint16_t* a[8];
+  for (int r = 0; r < 8; ++r) a[r] = A + (r < MR ? r : 0) * lda;
+  for (int64_t kk = 0; kk < KK; ++kk) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B));
+    const __m512bh b1 = NV == 2 ? reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + 32)) : b0;
+    B += ldb;
+    __m512bh x;
+#define QKV_DOT(r, x0, x1)                                                \
+  if constexpr (MR > r) {                                                 \
+    int32_t pair;                                                         \
+    std::memcpy(&pair, a[r] + 2 * kk, sizeof pair);                       \
+    x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));              \
+    x0 = _mm512_dpbf16_ps(x0, x, b0);                                     \
+    if constexpr (NV == 2) x1 = _mm512_dpbf16_ps(x1, x, b1);              \
+  }
+    QKV_DOT(0, c00, c01) QKV_DOT(1, c10, c11) QKV_DOT(2, c20, c21) QKV_DOT(3, c30, c31) QKV_DOT(4, c40, c41)
+    QKV_DOT(5, c50, c51) QKV_DOT(6, c60, c61) QKV_DOT(7, c70, c71)
+#undef QKV_DOT
+  }
+#define QKV_STORE(r, x0, x1)                                   \
+  if constexpr (MR > r) {                                      \
+    _mm512_storeu_ps(C + r * ldc, x0);                         \
+    if constexpr (NV == 2) _mm512_storeu_ps(C + r * ldc + 16, x1); \
+  }
+  QKV_STORE(0, c00, c01) QKV_STORE(1, c10, c11) QKV_STORE(2, c20, c21) QKV_STORE(3, c30, c31)
+  QKV_STORE(4, c40, c41) QKV_STORE(5, c50, c51) QKV_STORE(6, c60, c61) QKV_STORE(7, c70, c71)
+#undef QKV_STORE
+}
+
+template <int NV, int MR = 8>
+inline void micro_kernel_bf16_rows(int mr, int64_t KK, const uint16_t* A, int64_t lda, const uint16_t* B,
+                                   int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if constexpr (MR >= 1) {
+    if (mr == MR) return micro_kernel_bf16<MR, NV>(KK, A, lda, B, ldb, C, ldc, accumulate);
+    micro_kernel_bf16_rows<NV, MR - 1>(mr, KK, A, lda, B, ldb, C, ldc, accumulate);
+  }
+}
+
+// C (M × N) (+)= A (M × K) · B (K × N) with bf16 operands as above (K even, N a multiple of 16) and the float
+// kernel's trims, each strip's k range widened to whole pairs.
+void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                     float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0,
+                     int64_t window = 0) {
+  for_each_strip(M, N, 8, [&](int mr, int64_t m0, int64_t n0, int64_t width) {
+    const StripRange range = strip_range(trim, m0, mr, n0, width, K, diag, window);
+    if (range.skip) {
+      if (!accumulate)
+        for (int r = 0; r < mr; ++r) std::fill_n(C + (m0 + r) * ldc + n0, width, 0.0f);
+      return;
+    }
+    const int64_t kk_begin = range.k_begin / 2, kk_end = std::max((range.k_end + 1) / 2, kk_begin);
+    const uint16_t* a = A + m0 * lda + 2 * kk_begin;
+    const uint16_t* b = B + kk_begin * ldb + 2 * n0;
+    float* c = C + m0 * ldc + n0;
+    if (width == 32) return micro_kernel_bf16_rows<2>(mr, kk_end - kk_begin, a, lda, b, ldb, c, ldc, accumulate);
+    micro_kernel_bf16_rows<1>(mr, kk_end - kk_begin, a, lda, b, ldb, c, ldc, accumulate);
+  });
+}
+
+// Conversions into the products' layouts, rounding to nearest even (VCVTNE2PS2BF16: NaN stays NaN; float32
+// denormals become zero, which at bf16's 8-bit mantissa is below its own rounding error).
+// dst[j] = bf16(src[j] · factor) for j < n, zero for n ≤ j < n_pad.
+void to_bf16_scaled(const float* src, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
+  const __m512 f = _mm512_set1_ps(factor);
+  int64_t j = 0;
+  for (; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + j), f));
+    _mm256_mask_storeu_epi16(dst + j, m, reinterpret_cast<__m256i>(h));
+  }
+  std::fill(dst + n, dst + n_pad, uint16_t{0});
+}
+
+// One pair row: dst[2j] = bf16(r0[j] · factor), dst[2j + 1] = bf16(r1[j] · factor) for j < n (r1 null: zeros),
+// zero pairs for n ≤ j < n_pad.
+void interleave_bf16(const float* r0, const float* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i order = _mm512_load_si512(kInterleave);
+  const __m512 f = _mm512_set1_ps(factor);
+  int64_t j = 0;
+  for (; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r0 + j), f);
+    const __m512 x1 = r1 ? _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r1 + j), f) : _mm512_setzero_ps();
+    const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));  // x0 in the low half, x1 high
+    _mm512_mask_storeu_epi16(dst + 2 * j, n - j >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * (n - j))) - 1),
+                             _mm512_permutexvar_epi16(order, both));
+  }
+  std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
+}
+
+// Σ bf16(a[j]) · b[j] over j < n, in float32.
+float dot_rounded_bf16(const float* a, const float* b, int64_t n) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, a + j)));
+    const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    sum = _mm512_fmadd_ps(rounded, _mm512_maskz_loadu_ps(m, b + j), sum);
+  }
+  return simd::reduce_add(sum);
+}
+#endif
 
 #ifdef QKV_AVX2
 // The vector part of probabilities_and_dscores_row in L's lanes, from j on; returns where it stopped.
@@ -517,48 +687,142 @@ bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64
   return simd::keep_hash(dropout_row_key(seed, bh, i), static_cast<uint32_t>(j)) >= simd::drop_threshold(p);
 }
 
-void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
-                       const float* q, const float* k, const float* v, float* o, float* lse) {
-  if (dims.B <= 0 || dims.H <= 0 || dims.Tq <= 0) return;
-  const Plan p(dims, layout, options);
-  const int64_t D = dims.D, Dp = p.Dp;
-  if (dims.Tk <= 0 || D <= 0) {  // nothing to attend to (Tk = 0: NaN rows) or nothing to carry (D = 0)
-    for (int64_t bh = 0; bh < dims.B * dims.H; ++bh)
-      for (int64_t i = 0; i < dims.Tq; ++i) {
-        std::fill_n(p.row(o, layout.o, bh, i), D, std::numeric_limits<float>::quiet_NaN());
-        lse[bh * dims.Tq + i] = dims.Tk <= 0 ? kNegInf : std::log(static_cast<float>(p.visible(i)));
-      }
-    return;
+namespace {
+
+// The forward's packs and its two products per (query block × key block), in float32: S = Qs Kᵀ_j from Kᵀ in
+// (D × kBc) blocks, and O += P V_j from V's rows padded to Dp.
+struct ForwardF32 {
+  Scratch kt_buf, v_buf, q_buf;
+  float *kt = nullptr, *vp = nullptr, *qs = nullptr;
+  void reserve(const Plan& p) {
+    kt = kt_buf.get(static_cast<size_t>(p.dims.D * p.Tk_pad));
+    vp = v_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
+    qs = q_buf.get(static_cast<size_t>(kBr * p.Dp));
   }
+  void pack_kv(const Plan& p, const float* k, const float* v, int64_t bkv) {
+    pack_transposed(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, kt);
+    pack_rows(p, p.kv_row(v, p.layout.v, bkv, 0), p.layout.v.token, p.dims.Tk, p.Tk_pad, 1.0f, vp);
+  }
+  void pack_queries(const Plan& p, const float* q, int64_t bh, int64_t q0, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) scaled_copy(p.row(q, p.layout.q, bh, q0 + r), qs + r * p.Dp, p.dims.D, p.scale);
+  }
+  void scores(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, float* s, Trim trim, int64_t diag) {
+    block_gemm(rows, cols_pad, p.dims.D, qs, p.Dp, 1, kt + k0 * p.dims.D, kBc, s, kBc, false, trim, diag, p.band());
+  }
+  void add_values(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, const float* s, float* acc, Trim trim,
+                  int64_t diag) {
+    block_gemm(rows, p.Dp, cols_pad, s, kBc, 1, vp + k0 * p.Dp, p.Dp, acc, p.Dp, true, trim, diag, p.band());
+  }
+};
+
+#ifdef QKV_ATTENTION_BF16
+// De: D rounded up to a whole pair, the sum length of the products over the head width.
+int64_t pair_width(const Plan& p) { return round_up(p.dims.D, 2); }
+
+// Kᵀ (or Vᵀ) of one head as bf16 pair rows, key block by key block: block j holds De/2 pair rows of kBc words,
+// word (dd, c) = (x[k0 + c][2dd], x[k0 + c][2dd + 1]); zero beyond Tk and D. Tokens go 16 at a time through `tile`.
+void pack_pairs_transposed(const Plan& p, const float* first, int64_t token, ScratchOf<uint16_t>& tile, uint16_t* dst) {
+  constexpr int64_t kTile = 16;
+  const int64_t D = p.dims.D, T = p.dims.Tk, De = pair_width(p), pairs = De / 2;
+  uint16_t* rows = tile.get(static_cast<size_t>(kTile * De));
+  for (int64_t k0 = 0; k0 < p.Tk_pad; k0 += kBc) {
+    uint16_t* block = dst + k0 * De;
+    const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
+    for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
+      const int64_t n = std::min(kTile, cols - t0);
+      for (int64_t t = 0; t < n; ++t) to_bf16_scaled(first + (k0 + t0 + t) * token, D, De, 1.0f, rows + t * De);
+      // Pair dd of the n tokens: one gather of 16 words (rows past n read row 0 and are not stored).
+      alignas(64) int32_t step[kTile];
+      for (int64_t t = 0; t < kTile; ++t) step[t] = static_cast<int32_t>((t < n ? t : 0) * pairs);
+      const __m512i index = _mm512_load_si512(step);
+      const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+      for (int64_t dd = 0; dd < pairs; ++dd)
+        _mm512_mask_storeu_epi32(block + 2 * (dd * kBc + t0), keep, _mm512_i32gather_epi32(index, rows + 2 * dd, 4));
+    }
+    for (int64_t dd = 0; dd < pairs; ++dd) std::fill(block + 2 * (dd * kBc + cols), block + 2 * (dd + 1) * kBc, uint16_t{0});
+  }
+}
+
+// Rows of one head as bf16 pair rows of Dp columns: pair row kk = (x[2kk][n], x[2kk + 1][n]) · factor, T tokens,
+// zero up to rows_pad (even).
+void pack_pair_rows(const Plan& p, const float* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
+                    uint16_t* dst) {
+  for (int64_t t = 0; t < rows_pad; t += 2) {
+    const float* r0 = t < T ? first + t * token : nullptr;
+    const float* r1 = t + 1 < T ? first + (t + 1) * token : nullptr;
+    if (r0) interleave_bf16(r0, r1, p.dims.D, p.Dp, factor, dst + t * p.Dp);
+    else std::fill_n(dst + t * p.Dp, 2 * p.Dp, uint16_t{0});
+  }
+}
+
+// The float32 tile (rows × kBc, the first cols_pad columns) as bf16 pair rows over its rows: (rows_even / 2) pair
+// rows of kBc columns.
+void tile_pair_rows(const float* tile, int64_t rows, int64_t cols_pad, uint16_t* dst) {
+  for (int64_t r = 0; r < rows; r += 2)
+    interleave_bf16(tile + r * kBc, r + 1 < rows ? tile + (r + 1) * kBc : nullptr, cols_pad, cols_pad, 1.0f,
+                    dst + r * kBc);
+}
+
+// The forward with bf16 operands: Qs, P and the packs of K and V rounded to bf16, the sums and the online softmax
+// in float32. Kᵀ in pair rows per key block (S = Qs Kᵀ_j sums over D), V in pair rows of keys (O += P V_j sums over
+// keys), P rounded once per tile.
+struct ForwardBf16 {
+  ScratchOf<uint16_t> kt_buf, v_buf, q_buf, p_buf, tile;
+  uint16_t *kt = nullptr, *vp = nullptr, *qs = nullptr, *pb = nullptr;
+  void reserve(const Plan& p) {
+    kt = kt_buf.get(static_cast<size_t>(pair_width(p) * p.Tk_pad));
+    vp = v_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
+    qs = q_buf.get(static_cast<size_t>(kBr * p.Dp));
+    pb = p_buf.get(static_cast<size_t>(kBr * kBc));
+    tile.get(static_cast<size_t>(16 * pair_width(p)));
+  }
+  void pack_kv(const Plan& p, const float* k, const float* v, int64_t bkv) {
+    pack_pairs_transposed(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, tile, kt);
+    pack_pair_rows(p, p.kv_row(v, p.layout.v, bkv, 0), p.layout.v.token, p.dims.Tk, p.Tk_pad, 1.0f, vp);
+  }
+  void pack_queries(const Plan& p, const float* q, int64_t bh, int64_t q0, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r)
+      to_bf16_scaled(p.row(q, p.layout.q, bh, q0 + r), p.dims.D, p.Dp, p.scale, qs + r * p.Dp);
+  }
+  void scores(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, float* s, Trim trim, int64_t diag) {
+    const int64_t De = pair_width(p);
+    block_gemm_bf16(rows, cols_pad, De, qs, p.Dp, kt + k0 * De, 2 * kBc, s, kBc, false, trim, diag, p.band());
+  }
+  void add_values(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, const float* s, float* acc, Trim trim,
+                  int64_t diag) {
+    for (int64_t r = 0; r < rows; ++r) to_bf16_scaled(s + r * kBc, cols_pad, cols_pad, 1.0f, pb + r * kBc);
+    block_gemm_bf16(rows, p.Dp, cols_pad, pb, kBc, vp + k0 * p.Dp, 2 * p.Dp, acc, p.Dp, true, trim, diag, p.band());
+  }
+};
+#endif
+
+template <typename Products>
+void forward_blocks(const Plan& p, const float* q, const float* k, const float* v, float* o, float* lse) {
+  const AttentionDims& dims = p.dims;
+  const AttentionOptions& options = p.options;
+  const int64_t Dp = p.Dp;
   struct Workspace {
-    Scratch kt, v, q, s, o;
-    int64_t packed_kv = -1;  // the K/V head kt and v hold: query heads of one group reuse them
+    Products products;
+    Scratch s_buf, o_buf;
+    float *s = nullptr, *acc = nullptr;
+    int64_t packed_kv = -1;  // the K/V head the products hold: query heads of one group reuse them
     void reserve(const Plan& p) {
-      kt.get(static_cast<size_t>(p.dims.D * p.Tk_pad));
-      v.get(static_cast<size_t>(p.Tk_pad * p.Dp));
-      q.get(static_cast<size_t>(kBr * p.Dp));
-      s.get(static_cast<size_t>(kBr * kBc));
-      o.get(static_cast<size_t>(kBr * p.Dp));
+      products.reserve(p);
+      s = s_buf.get(static_cast<size_t>(kBr * kBc));
+      acc = o_buf.get(static_cast<size_t>(kBr * p.Dp));
     }
   };
   auto spaces = workspaces<Workspace>(p.threads(), p);
   parallel_items(spaces, dims.B * dims.H, p.q_blocks, [&](Workspace& ws, int64_t bh, int64_t qb, bool) {
-    float* kt = ws.kt.get(static_cast<size_t>(D * p.Tk_pad));
-    float* vp = ws.v.get(static_cast<size_t>(p.Tk_pad * Dp));
     const int64_t bkv = p.kv_of(bh);
     if (bkv != ws.packed_kv) {
-      pack_transposed(p, p.kv_row(k, layout.k, bkv, 0), layout.k.token, kt);
-      pack_rows(p, p.kv_row(v, layout.v, bkv, 0), layout.v.token, dims.Tk, p.Tk_pad, 1.0f, vp);
+      ws.products.pack_kv(p, k, v, bkv);
       ws.packed_kv = bkv;
     }
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
-    float* qs = ws.q.get(static_cast<size_t>(kBr * Dp));
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = p.row(q, layout.q, bh, q0 + r);
-      scaled_copy(src, qs + r * Dp, D, p.scale);
-    }
-    float* s = ws.s.get(static_cast<size_t>(kBr * kBc));
-    float* acc = ws.o.get(static_cast<size_t>(kBr * Dp));
+    ws.products.pack_queries(p, q, bh, q0, rows);
+    float* s = ws.s;
+    float* acc = ws.acc;
     std::fill_n(acc, rows * Dp, 0.0f);
     float m[kBr], l[kBr], m_new[kBr], alpha[kBr];
     int64_t lo[kBr], hi[kBr];  // the keys of the current block each row sees: local columns [lo, hi)
@@ -569,7 +833,7 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
       const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
       const Trim columns = options.causal ? Trim::Columns : Trim::None, k_end = options.causal ? Trim::KEnd : Trim::None;
       const int64_t diag = q0 + p.offset - k0 + 1;  // local key c visible to local row r iff c < r + diag
-      block_gemm(rows, cols_pad, D, qs, Dp, 1, kt + k0 * D, kBc, s, kBc, false, columns, diag, p.band());  // S = Qs Kᵀ
+      ws.products.scores(p, rows, cols_pad, k0, s, columns, diag);  // S = Qs Kᵀ
       // The new running maxima, then every row's rescale factor e^(m − m') in one vector pass (e^−∞ = 0 for a
       // row's first visible block): a scalar exp per row and block was 2–4% of the pass.
       for (int64_t r = 0; r < rows; ++r) {
@@ -589,15 +853,44 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
         if (alpha[r] != 1.0f) scale_row(acc + r * Dp, Dp, alpha[r]);
         m[r] = m_new[r];
       }
-      block_gemm(rows, Dp, cols_pad, s, kBc, 1, vp + k0 * Dp, Dp, acc, Dp, true, k_end, diag, p.band());  // O += P V
+      ws.products.add_values(p, rows, cols_pad, k0, s, acc, k_end, diag);  // O += P V
     }
     for (int64_t r = 0; r < rows; ++r) {
-      float* dst = p.row(o, layout.o, bh, q0 + r);
+      float* dst = p.row(o, p.layout.o, bh, q0 + r);
       // l = 0 (no visible key) gives NaN, as PyTorch does
-      scaled_copy(acc + r * Dp, dst, D, l[r] > 0.0f ? 1.0f / l[r] : std::numeric_limits<float>::quiet_NaN());
+      scaled_copy(acc + r * Dp, dst, dims.D, l[r] > 0.0f ? 1.0f / l[r] : std::numeric_limits<float>::quiet_NaN());
       lse[bh * dims.Tq + q0 + r] = m[r] + std::log(l[r]);
     }
   });
+}
+
+}  // namespace
+
+bool attention_bf16_available() {
+#ifdef QKV_ATTENTION_BF16
+  return bf16_native();
+#else
+  return false;
+#endif
+}
+
+void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                       const float* q, const float* k, const float* v, float* o, float* lse) {
+  if (dims.B <= 0 || dims.H <= 0 || dims.Tq <= 0) return;
+  const Plan p(dims, layout, options);
+  const int64_t D = dims.D;
+  if (dims.Tk <= 0 || D <= 0) {  // nothing to attend to (Tk = 0: NaN rows) or nothing to carry (D = 0)
+    for (int64_t bh = 0; bh < dims.B * dims.H; ++bh)
+      for (int64_t i = 0; i < dims.Tq; ++i) {
+        std::fill_n(p.row(o, layout.o, bh, i), D, std::numeric_limits<float>::quiet_NaN());
+        lse[bh * dims.Tq + i] = dims.Tk <= 0 ? kNegInf : std::log(static_cast<float>(p.visible(i)));
+      }
+    return;
+  }
+#ifdef QKV_ATTENTION_BF16
+  if (options.bf16 && attention_bf16_available()) return forward_blocks<ForwardBf16>(p, q, k, v, o, lse);
+#endif
+  forward_blocks<ForwardF32>(p, q, k, v, o, lse);
 }
 
 void attention_probabilities(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
@@ -651,10 +944,11 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
 namespace {
 
 // The packs of one K/V head and of the `group` query heads that read it, for the backward pass, owned by one
-// thread: Kᵀ, Vᵀ (and K row-major) of the K/V head; Q·scale and dO of each query head, one after another.
-struct BackwardGroup {
+// thread, and the backward's five products in float32: Kᵀ, Vᵀ (and K row-major) of the K/V head; Q·scale and dO of
+// each query head, one after another.
+struct BackwardF32 {
   Scratch kt_buf, vt_buf, k_buf, qs_buf, do_buf;
-  float *kt, *vt, *kp, *qs, *dop;
+  float *kt = nullptr, *vt = nullptr, *kp = nullptr, *qs = nullptr, *dop = nullptr;
   int64_t head_floats = 0;  // Tq_pad · Dp: the offset between query heads in qs and dop
   void reserve(const Plan& p, bool need_k) {
     for (Scratch* b : {&kt_buf, &vt_buf}) b->get(static_cast<size_t>(p.dims.D * p.Tk_pad));
@@ -680,21 +974,155 @@ struct BackwardGroup {
       pack_rows(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, p.dims.Tk, p.Tk_pad, 1.0f, kp);
     }
   }
-  const float* queries(int64_t g) const { return qs + g * head_floats; }
-  const float* d_out(int64_t g) const { return dop + g * head_floats; }
+  // S = Qs Kᵀ_j into pz and G = dO Vᵀ_j into ds for query block (q0, rows) of query head g.
+  void scores(const Plan& p, int64_t g, int64_t q0, int64_t rows, int64_t k0, int64_t cols_pad, float* pz, float* ds,
+              Trim trim, int64_t diag) {
+    const int64_t D = p.dims.D, Dp = p.Dp;
+    block_gemm(rows, cols_pad, D, qs + g * head_floats + q0 * Dp, Dp, 1, kt + k0 * D, kBc, pz, kBc, false, trim, diag, p.band());
+    block_gemm(rows, cols_pad, D, dop + g * head_floats + q0 * Dp, Dp, 1, vt + k0 * D, kBc, ds, kBc, false, trim, diag, p.band());
+  }
+  // dV_j += (P∘Z)ᵀ dO and dK_j += dSᵀ Qs: accumulators (cols × Dp).
+  void add_dv_dk(const Plan& p, int64_t g, int64_t q0, int64_t rows, int64_t cols, const float* pz, const float* ds,
+                 float* dv_acc, float* dk_acc, int64_t diag) {
+    const int64_t Dp = p.Dp;
+    const Trim k_begin = p.options.causal ? Trim::KBegin : Trim::None;
+    block_gemm(cols, Dp, rows, pz, 1, kBc, dop + g * head_floats + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag, p.band());
+    block_gemm(cols, Dp, rows, ds, 1, kBc, qs + g * head_floats + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag, p.band());
+  }
+  // dq_acc (rows × Dp) += dS K_j
+  void add_dq(const Plan& p, int64_t rows, int64_t k0, int64_t cols_pad, const float* ds, float* dq_acc, int64_t diag) {
+    block_gemm(rows, p.Dp, cols_pad, ds, kBc, 1, kp + k0 * p.Dp, p.Dp, dq_acc, p.Dp, true,
+               p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());
+  }
+  // The block's dK and dV rows out of the accumulators.
+  void store(const Plan& p, int64_t bkv, int64_t k0, int64_t cols, const float* dk_acc, const float* dv_acc, float* dk,
+             float* dv) const {
+    for (int64_t j = 0; j < cols; ++j) {
+      std::copy_n(dk_acc + j * p.Dp, p.dims.D, p.kv_row(dk, p.layout.k, bkv, k0 + j));
+      std::copy_n(dv_acc + j * p.Dp, p.dims.D, p.kv_row(dv, p.layout.v, bkv, k0 + j));
+    }
+  }
 };
+
+#ifdef QKV_ATTENTION_BF16
+// Transposed rows of one head in bf16: dst (Dp × rows_pad, queries contiguous) = x[t][d] · factor, zero beyond T and
+// D. Tokens go 16 at a time through `tile`.
+void pack_transposed_bf16(const Plan& p, const float* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
+                          ScratchOf<uint16_t>& tile, uint16_t* dst) {
+  constexpr int64_t kTile = 16;
+  const int64_t D = p.dims.D, Dp = p.Dp;
+  uint16_t* rows = tile.get(static_cast<size_t>(kTile * Dp));
+  for (int64_t t0 = 0; t0 < rows_pad; t0 += kTile) {
+    const int64_t n = std::clamp<int64_t>(T - t0, 0, kTile);
+    for (int64_t t = 0; t < n; ++t) to_bf16_scaled(first + (t0 + t) * token, D, D, factor, rows + t * Dp);
+    for (int64_t d = 0; d < D; ++d) {
+      uint16_t* out = dst + d * rows_pad + t0;
+      for (int64_t t = 0; t < n; ++t) out[t] = rows[t * Dp + d];
+      std::fill(out + n, out + std::min(kTile, rows_pad - t0), uint16_t{0});
+    }
+  }
+  std::fill(dst + D * rows_pad, dst + Dp * rows_pad, uint16_t{0});
+}
+
+// The backward with bf16 operands. S and G sum over D (Qs, dO row-major; Kᵀ, Vᵀ in pair rows per key block, as the
+// forward's Kᵀ); dQ += dS K_j sums over keys (K in pair rows of keys, dS rounded row-major). dK and dV sum over
+// queries, so their products run transposed, dVᵀ += dOᵀ (P∘Z) and dKᵀ += Qsᵀ dS, with dOᵀ and Qsᵀ packed once per
+// head and the tiles of P∘Z and dS in pair rows of queries: accumulators (Dp × kBc), turned back when stored.
+struct BackwardBf16 {
+  ScratchOf<uint16_t> kt_buf, vt_buf, k_buf, qs_buf, do_buf, qst_buf, dot_buf, tile_buf, pair_buf, ds_buf;
+  uint16_t *kt = nullptr, *vt = nullptr, *kp = nullptr, *qs = nullptr, *dop = nullptr, *qst = nullptr,
+           *dot = nullptr, *pairs = nullptr, *dsb = nullptr;
+  int64_t head = 0;  // Tq_pad · Dp: the offset between query heads in every per-head pack
+  void reserve(const Plan& p, bool need_k) {
+    const size_t kv = static_cast<size_t>(pair_width(p) * p.Tk_pad), per_group = static_cast<size_t>(p.group * p.Tq_pad * p.Dp);
+    kt = kt_buf.get(kv);
+    vt = vt_buf.get(kv);
+    qs = qs_buf.get(per_group);
+    dop = do_buf.get(per_group);
+    qst = qst_buf.get(per_group);
+    dot = dot_buf.get(per_group);
+    tile_buf.get(static_cast<size_t>(16 * std::max(p.Dp, pair_width(p))));
+    pairs = pair_buf.get(static_cast<size_t>(kBr * kBc));
+    dsb = ds_buf.get(static_cast<size_t>(kBr * kBc));
+    if (need_k) kp = k_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
+  }
+  void pack(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bkv, bool need_k) {
+    const int64_t Dp = p.Dp, Tq = p.dims.Tq;
+    head = p.Tq_pad * Dp;
+    pack_pairs_transposed(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, tile_buf, kt);
+    pack_pairs_transposed(p, p.kv_row(v, p.layout.v, bkv, 0), p.layout.v.token, tile_buf, vt);
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t bh = p.query_head(bkv, g);
+      const float* qh = p.row(q, p.layout.q, bh, 0);
+      const float* oh = p.row(d_o, p.layout.o, bh, 0);
+      for (int64_t t = 0; t < p.Tq_pad; ++t) {
+        if (t < Tq) {
+          to_bf16_scaled(qh + t * p.layout.q.token, p.dims.D, Dp, p.scale, qs + g * head + t * Dp);
+          to_bf16_scaled(oh + t * p.layout.o.token, p.dims.D, Dp, 1.0f, dop + g * head + t * Dp);
+        } else {
+          std::fill_n(qs + g * head + t * Dp, Dp, uint16_t{0});
+          std::fill_n(dop + g * head + t * Dp, Dp, uint16_t{0});
+        }
+      }
+      pack_transposed_bf16(p, qh, p.layout.q.token, Tq, p.Tq_pad, p.scale, tile_buf, qst + g * head);
+      pack_transposed_bf16(p, oh, p.layout.o.token, Tq, p.Tq_pad, 1.0f, tile_buf, dot + g * head);
+    }
+    if (need_k) pack_pair_rows(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, p.dims.Tk, p.Tk_pad, 1.0f, kp);
+  }
+  void scores(const Plan& p, int64_t g, int64_t q0, int64_t rows, int64_t k0, int64_t cols_pad, float* pz, float* ds,
+              Trim trim, int64_t diag) {
+    const int64_t De = pair_width(p), Dp = p.Dp;
+    block_gemm_bf16(rows, cols_pad, De, qs + g * head + q0 * Dp, Dp, kt + k0 * De, 2 * kBc, pz, kBc, false, trim, diag, p.band());
+    block_gemm_bf16(rows, cols_pad, De, dop + g * head + q0 * Dp, Dp, vt + k0 * De, 2 * kBc, ds, kBc, false, trim, diag, p.band());
+  }
+  // dVᵀ (Dp × kBc) += dOᵀ (P∘Z) and dKᵀ += Qsᵀ dS, summing over the block's query rows (rounded up to a pair: the
+  // packs are zero there).
+  void add_dv_dk(const Plan& p, int64_t g, int64_t q0, int64_t rows, int64_t cols, const float* pz, const float* ds,
+                 float* dv_acc, float* dk_acc, int64_t diag) {
+    const int64_t cols_pad = round_up(cols, kNR), rows_even = round_up(rows, 2);
+    const Trim k_begin = p.options.causal ? Trim::KBeginColumns : Trim::None;
+    tile_pair_rows(pz, rows, cols_pad, pairs);
+    block_gemm_bf16(p.Dp, cols_pad, rows_even, dot + g * head + q0, p.Tq_pad, pairs, 2 * kBc, dv_acc, kBc, true, k_begin,
+                    diag, p.band());
+    tile_pair_rows(ds, rows, cols_pad, pairs);
+    block_gemm_bf16(p.Dp, cols_pad, rows_even, qst + g * head + q0, p.Tq_pad, pairs, 2 * kBc, dk_acc, kBc, true, k_begin,
+                    diag, p.band());
+  }
+  void add_dq(const Plan& p, int64_t rows, int64_t k0, int64_t cols_pad, const float* ds, float* dq_acc, int64_t diag) {
+    for (int64_t r = 0; r < rows; ++r) to_bf16_scaled(ds + r * kBc, cols_pad, cols_pad, 1.0f, dsb + r * kBc);
+    block_gemm_bf16(rows, p.Dp, cols_pad, dsb, kBc, kp + k0 * p.Dp, 2 * p.Dp, dq_acc, p.Dp, true,
+                    p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());
+  }
+  void store(const Plan& p, int64_t bkv, int64_t k0, int64_t cols, const float* dk_acc, const float* dv_acc, float* dk,
+             float* dv) const {
+    // 16 keys at a time, so the accumulators are read along their rows and 16 output rows are written at once.
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      const int64_t n = std::min<int64_t>(16, cols - j0);
+      float* dk_rows[16];
+      float* dv_rows[16];
+      for (int64_t j = 0; j < n; ++j) {
+        dk_rows[j] = p.kv_row(dk, p.layout.k, bkv, k0 + j0 + j);
+        dv_rows[j] = p.kv_row(dv, p.layout.v, bkv, k0 + j0 + j);
+      }
+      for (int64_t d = 0; d < p.dims.D; ++d)
+        for (int64_t j = 0; j < n; ++j) {
+          dk_rows[j][d] = dk_acc[d * kBc + j0 + j];
+          dv_rows[j][d] = dv_acc[d * kBc + j0 + j];
+        }
+    }
+  }
+};
+#endif
 
 // For query block (q0, rows) of query head g of the group × key block (k0, cols): P (or P∘Z when `dropped`) into pz
 // and dS into ds, both (rows × kBc), zero outside the visible region. With soft-capping, S is capped before the
 // exponential and dS carries its derivative: d(cap·tanh(s/cap))/ds = 1 − (capped / cap)².
-void probabilities_and_dscores(const Plan& p, const BackwardGroup& h, int64_t g, const float* lse_head,
-                               const float* delta_head, int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols,
-                               float* pz, float* ds) {
-  const int64_t D = p.dims.D, Dp = p.Dp, cols_pad = round_up(cols, kNR);
-  const Trim columns = p.options.causal ? Trim::Columns : Trim::None;
-  const int64_t diag = q0 + p.offset - k0 + 1;
-  block_gemm(rows, cols_pad, D, h.queries(g) + q0 * Dp, Dp, 1, h.kt + k0 * D, kBc, pz, kBc, false, columns, diag, p.band());  // S
-  block_gemm(rows, cols_pad, D, h.d_out(g) + q0 * Dp, Dp, 1, h.vt + k0 * D, kBc, ds, kBc, false, columns, diag, p.band());  // G
+template <typename Group>
+void probabilities_and_dscores(const Plan& p, Group& group, int64_t g, const float* lse_head, const float* delta_head,
+                               int64_t bh, int64_t q0, int64_t rows, int64_t k0, int64_t cols, float* pz, float* ds) {
+  const int64_t cols_pad = round_up(cols, kNR);
+  group.scores(p, g, q0, rows, k0, cols_pad, pz, ds, p.options.causal ? Trim::Columns : Trim::None,
+               q0 + p.offset - k0 + 1);  // S and G
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q0 + r;
     float* pr = pz + r * kBc;
@@ -740,16 +1168,14 @@ void probabilities_and_dscores(const Plan& p, const BackwardGroup& h, int64_t g,
 // One key block (k0) of one K/V head against every query block of every query head of its group that sees it, in
 // head order: dK and dV of the block, written to dk and dv; with dq_acc (the group's Tq_pad × Dp accumulators, one
 // per query head) also dQ += dS K, so S and dO·Vᵀ are computed once per tile.
-void key_block_backward(const Plan& p, const BackwardGroup& group, const float* lse, const float* delta, int64_t bkv,
-                        int64_t k0, float* pz, float* ds, float* dk_acc, float* dv_acc, float* dq_acc, float* dk,
-                        float* dv) {
-  const int64_t D = p.dims.D, Dp = p.Dp;
+template <typename Group>
+void key_block_backward(const Plan& p, Group& group, const float* lse, const float* delta, int64_t bkv, int64_t k0,
+                        float* pz, float* ds, float* dk_acc, float* dv_acc, float* dq_acc, float* dk, float* dv) {
   const int64_t cols = std::min(kBc, p.dims.Tk - k0), cols_pad = round_up(cols, kNR);
-  std::fill_n(dk_acc, cols * Dp, 0.0f);
-  std::fill_n(dv_acc, cols * Dp, 0.0f);
+  std::fill_n(dk_acc, kBc * p.Dp, 0.0f);
+  std::fill_n(dv_acc, kBc * p.Dp, 0.0f);
   // The query rows that see some key of the block: from the first that sees key k0 to the last that sees its last.
   const int64_t first_row = p.query_begin(k0), end_row = p.query_end(k0 + cols - 1);
-  const Trim k_begin = p.options.causal ? Trim::KBegin : Trim::None;
   for (int64_t g = 0; g < p.group; ++g) {
     const int64_t bh = p.query_head(bkv, g);
     for (int64_t q0 = first_row / kBr * kBr; q0 < end_row; q0 += kBr) {
@@ -757,51 +1183,22 @@ void key_block_backward(const Plan& p, const BackwardGroup& group, const float* 
       probabilities_and_dscores(p, group, g, lse + bh * p.dims.Tq, delta + bh * p.dims.Tq, bh, q0, rows, k0, cols, pz,
                                 ds);
       const int64_t diag = q0 + p.offset - k0 + 1;
-      block_gemm(cols, Dp, rows, pz, 1, kBc, group.d_out(g) + q0 * Dp, Dp, dv_acc, Dp, true, k_begin, diag, p.band());  // dV += (P∘Z)ᵀ dO
-      block_gemm(cols, Dp, rows, ds, 1, kBc, group.queries(g) + q0 * Dp, Dp, dk_acc, Dp, true, k_begin, diag, p.band());  // dK += dSᵀ Qs
-      if (dq_acc) {
-        block_gemm(rows, Dp, cols_pad, ds, kBc, 1, group.kp + k0 * Dp, Dp, dq_acc + g * p.Tq_pad * Dp + q0 * Dp, Dp,
-                   true, p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());  // dQ += dS K
-      }
+      group.add_dv_dk(p, g, q0, rows, cols, pz, ds, dv_acc, dk_acc, diag);  // dV += (P∘Z)ᵀ dO, dK += dSᵀ Qs
+      if (dq_acc) group.add_dq(p, rows, k0, cols_pad, ds, dq_acc + g * p.Tq_pad * p.Dp + q0 * p.Dp, diag);  // dQ += dS K
     }
   }
-  for (int64_t j = 0; j < cols; ++j) {
-    std::copy_n(dk_acc + j * Dp, D, p.kv_row(dk, p.layout.k, bkv, k0 + j));
-    std::copy_n(dv_acc + j * Dp, D, p.kv_row(dv, p.layout.v, bkv, k0 + j));
-  }
+  group.store(p, bkv, k0, cols, dk_acc, dv_acc, dk, dv);
 }
 
-}  // namespace
-
-void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
-                        const float* q, const float* k, const float* v, const float* o, const float* lse,
-                        const float* d_o, float* dq, float* dk, float* dv) {
-  if (dims.B <= 0 || dims.H <= 0) return;
-  const Plan p(dims, layout, options);
-  const int64_t D = dims.D, Dp = p.Dp, heads = dims.B * dims.H, units = dims.B * p.kv_heads;
-  if (dims.Tq <= 0 || dims.Tk <= 0 || D <= 0) {
-    for (int64_t bh = 0; bh < heads; ++bh)
-      for (int64_t t = 0; t < dims.Tq; ++t) std::fill_n(p.row(dq, layout.q, bh, t), D, 0.0f);
-    for (int64_t bkv = 0; bkv < units; ++bkv)
-      for (int64_t t = 0; t < dims.Tk; ++t) {
-        std::fill_n(p.kv_row(dk, layout.k, bkv, t), D, 0.0f);
-        std::fill_n(p.kv_row(dv, layout.v, bkv, t), D, 0.0f);
-      }
-    return;
-  }
-  // Di = rowsum(dO ∘ O), one per query row.
-  Scratch delta_buf;
-  float* delta = delta_buf.get(static_cast<size_t>(heads * dims.Tq));
-#pragma omp parallel for num_threads(p.threads()) schedule(static)
-  for (int64_t row = 0; row < heads * dims.Tq; ++row) {
-    const int64_t bh = row / dims.Tq, i = row % dims.Tq;
-    delta[row] = simd::dot(p.row(d_o, layout.o, bh, i), p.row(o, layout.o, bh, i), D);
-  }
-
+template <typename Group>
+void backward_blocks(const Plan& p, const float* q, const float* k, const float* v, const float* lse,
+                     const float* delta, const float* d_o, float* dq, float* dk, float* dv) {
+  const AttentionDims& dims = p.dims;
+  const int64_t D = dims.D, Dp = p.Dp, units = dims.B * p.kv_heads;
   // Per thread: the group's packs, the P and dS tiles, up to two block accumulators, and with whole groups per
   // thread the group's dQ accumulators.
   struct Workspace {
-    BackwardGroup group;
+    Group group;
     Scratch pz_buf, ds_buf, acc_a, acc_b, dq_buf;
     float *pz, *ds;
     void reserve(const Plan& p, bool whole_groups) {
@@ -837,7 +1234,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
         for (int64_t g = 0; g < p.group; ++g) {
           const int64_t bh = p.query_head(bkv, g);
           for (int64_t i = 0; i < dims.Tq; ++i)
-            scaled_copy(dq_acc + g * p.Tq_pad * Dp + i * Dp, p.row(dq, layout.q, bh, i), D, p.scale);
+            scaled_copy(dq_acc + g * p.Tq_pad * Dp + i * Dp, p.row(dq, p.layout.q, bh, i), D, p.scale);
         }
       }
     }
@@ -854,7 +1251,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   // Pass 2: dQ, one query block (of every head of the group) per item.
   parallel_items(spaces, units, p.q_blocks, [&](Workspace& ws, int64_t bkv, int64_t qb, bool new_group) {
     if (new_group) ws.group.pack(p, q, k, v, d_o, bkv, true);
-    const BackwardGroup& group = ws.group;
+    Group& group = ws.group;
     float *pz = ws.pz, *ds = ws.ds;
     float* dq_acc = ws.acc_a.get(static_cast<size_t>(kBr * Dp));
     const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
@@ -865,12 +1262,54 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
       for (int64_t k0 = p.first_key_block(q0); k0 < key_end; k0 += kBc) {
         const int64_t cols = std::min(kBc, dims.Tk - k0), cols_pad = round_up(cols, kNR);
         probabilities_and_dscores(p, group, g, lse + bh * dims.Tq, delta + bh * dims.Tq, bh, q0, rows, k0, cols, pz, ds);
-        block_gemm(rows, Dp, cols_pad, ds, kBc, 1, group.kp + k0 * Dp, Dp, dq_acc, Dp, true,
-                   options.causal ? Trim::KEnd : Trim::None, q0 + p.offset - k0 + 1, p.band());  // dQ += dS K
+        group.add_dq(p, rows, k0, cols_pad, ds, dq_acc, q0 + p.offset - k0 + 1);  // dQ += dS K
       }
-      for (int64_t r = 0; r < rows; ++r) scaled_copy(dq_acc + r * Dp, p.row(dq, layout.q, bh, q0 + r), D, p.scale);
+      for (int64_t r = 0; r < rows; ++r) scaled_copy(dq_acc + r * Dp, p.row(dq, p.layout.q, bh, q0 + r), D, p.scale);
     }
   });
+}
+
+}  // namespace
+
+void attention_backward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
+                        const float* q, const float* k, const float* v, const float* o, const float* lse,
+                        const float* d_o, float* dq, float* dk, float* dv) {
+  if (dims.B <= 0 || dims.H <= 0) return;
+  const Plan p(dims, layout, options);
+  const int64_t D = dims.D, heads = dims.B * dims.H, units = dims.B * p.kv_heads;
+  if (dims.Tq <= 0 || dims.Tk <= 0 || D <= 0) {
+    for (int64_t bh = 0; bh < heads; ++bh)
+      for (int64_t t = 0; t < dims.Tq; ++t) std::fill_n(p.row(dq, layout.q, bh, t), D, 0.0f);
+    for (int64_t bkv = 0; bkv < units; ++bkv)
+      for (int64_t t = 0; t < dims.Tk; ++t) {
+        std::fill_n(p.kv_row(dk, layout.k, bkv, t), D, 0.0f);
+        std::fill_n(p.kv_row(dv, layout.v, bkv, t), D, 0.0f);
+      }
+    return;
+  }
+  // Di = rowsum(dO ∘ O), one per query row; with bf16 products from dO as they round it, so that dS = P ∘ (G − Di)
+  // is zero where it should be (one visible key: G = Di exactly), not bf16's rounding error.
+  const bool bf16 = options.bf16 && attention_bf16_available();
+  Scratch delta_buf;
+  float* delta = delta_buf.get(static_cast<size_t>(heads * dims.Tq));
+#pragma omp parallel for num_threads(p.threads()) schedule(static)
+  for (int64_t row = 0; row < heads * dims.Tq; ++row) {
+    const int64_t bh = row / dims.Tq, i = row % dims.Tq;
+    const float* d_o_row = p.row(d_o, layout.o, bh, i);
+    const float* o_row = p.row(o, layout.o, bh, i);
+#ifdef QKV_ATTENTION_BF16
+    if (bf16) {
+      delta[row] = dot_rounded_bf16(d_o_row, o_row, D);
+      continue;
+    }
+#endif
+    delta[row] = simd::dot(d_o_row, o_row, D);
+  }
+
+#ifdef QKV_ATTENTION_BF16
+  if (bf16) return backward_blocks<BackwardBf16>(p, q, k, v, lse, delta, d_o, dq, dk, dv);
+#endif
+  backward_blocks<BackwardF32>(p, q, k, v, lse, delta, d_o, dq, dk, dv);
 }
 
 // ---- the plain reference: scores and weights materialised, double precision ----
@@ -930,10 +1369,41 @@ ReferenceHead reference_weights(const Plan& p, const float* q, const float* k, i
 }
 }  // namespace
 
+namespace {
+
+// What options.bf16 rounds, as the fused kernel rounds it: a copy of a strided tensor (heads × T rows of D) with every
+// value x → bf16(x · factor) / factor. (The kernel also rounds the tiles of P and dS; the reference does not.)
+std::vector<float> rounded_bf16(const AttentionDims& d, const AttentionStrides& s, int64_t heads, int64_t T,
+                                const float* x, float factor) {
+  const int64_t extent = (d.B - 1) * s.batch + (heads - 1) * s.head + (T - 1) * s.token + d.D;
+  std::vector<float> out(x, x + std::max<int64_t>(extent, 0));
+  for (float& value : out) value = bf16_to_f32_reference(f32_to_bf16_reference(value * factor)) / factor;
+  return out;
+}
+
+struct RoundedInputs {
+  std::vector<float> q, k, v, d_o;
+  RoundedInputs(const Plan& p, const float* q_in, const float* k_in, const float* v_in, const float* d_o_in) {
+    const AttentionDims& d = p.dims;
+    q = rounded_bf16(d, p.layout.q, d.H, d.Tq, q_in, p.scale);
+    k = rounded_bf16(d, p.layout.k, p.kv_heads, d.Tk, k_in, 1.0f);
+    v = rounded_bf16(d, p.layout.v, p.kv_heads, d.Tk, v_in, 1.0f);
+    if (d_o_in) d_o = rounded_bf16(d, p.layout.o, d.H, d.Tq, d_o_in, 1.0f);
+  }
+};
+
+}  // namespace
+
 void attention_forward_reference(const AttentionDims& dims, const AttentionLayout& layout,
                                  const AttentionOptions& options, const float* q, const float* k, const float* v,
                                  float* o) {
   const Plan p(dims, layout, options);
+  if (options.bf16 && dims.B > 0 && dims.H > 0 && dims.Tq > 0 && dims.Tk > 0 && dims.D > 0) {
+    AttentionOptions exact = options;
+    exact.bf16 = false;
+    const RoundedInputs r(p, q, k, v, nullptr);
+    return attention_forward_reference(dims, layout, exact, r.q.data(), r.k.data(), r.v.data(), o);
+  }
   for (int64_t bh = 0; bh < dims.B * dims.H; ++bh) {
     const ReferenceHead h = reference_weights(p, q, k, bh);
     const int64_t bkv = p.kv_of(bh);
@@ -954,6 +1424,12 @@ void attention_backward_reference(const AttentionDims& dims, const AttentionLayo
                                   const AttentionOptions& options, const float* q, const float* k, const float* v,
                                   const float* d_o, float* dq, float* dk, float* dv) {
   const Plan p(dims, layout, options);
+  if (options.bf16 && dims.B > 0 && dims.H > 0 && dims.Tq > 0 && dims.Tk > 0 && dims.D > 0) {
+    AttentionOptions exact = options;
+    exact.bf16 = false;
+    const RoundedInputs r(p, q, k, v, d_o);
+    return attention_backward_reference(dims, layout, exact, r.q.data(), r.k.data(), r.v.data(), r.d_o.data(), dq, dk, dv);
+  }
   const int64_t Tq = dims.Tq, Tk = dims.Tk, D = dims.D, units = dims.B * p.kv_heads;
   // dK and dV of every K/V head, summed over the query heads that read it.
   std::vector<double> dk_all(static_cast<size_t>(units * Tk * D), 0.0), dv_all(static_cast<size_t>(units * Tk * D), 0.0);

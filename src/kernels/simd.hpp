@@ -147,6 +147,19 @@ inline void exp_difference(const float* a, const float* b, float* y, int64_t n) 
 }
 
 // y[j] = exp(x[j] − shift) for j < n (x and y may alias); returns Σ y.
+#ifdef QKV_AVX512
+// The sum of 16 lanes in _mm512_reduce_add_ps's order (halves, quarters, pairs), so its bits, without GCC 12's
+// -Wuninitialized false alarms from inside the lane-extracting intrinsics (their _mm256_undefined_*).
+inline float reduce_add(__m512 v) {
+  alignas(64) float x[16];
+  _mm512_store_ps(x, v);
+  float h[8], q[4];
+  for (int i = 0; i < 8; ++i) h[i] = x[i + 8] + x[i];
+  for (int i = 0; i < 4; ++i) q[i] = h[i + 4] + h[i];
+  return (q[2] + q[0]) + (q[3] + q[1]);
+}
+#endif
+
 inline float exp_shifted_sum(const float* x, float* y, int64_t n, float shift) {
   int64_t j = 0;
   float total = 0.0f;
@@ -158,7 +171,7 @@ inline float exp_shifted_sum(const float* x, float* y, int64_t n, float shift) {
     _mm512_storeu_ps(y + j, e);
     sum16 = _mm512_add_ps(sum16, e);
   }
-  total = _mm512_reduce_add_ps(sum16);
+  total = reduce_add(sum16);
 #endif
 #ifdef QKV_AVX2
   if (j + 8 <= n) {

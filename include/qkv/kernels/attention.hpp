@@ -54,6 +54,10 @@ struct AttentionOptions {
   float dropout_p = 0.0f;  // on the softmax weights; kept ones are scaled by 1/(1 − p)
   uint64_t seed = 0;       // dropout stream: element (b·H + h, i, j) is a pure function of the seed
   int threads = 0;         // 0: OpenMP's default
+  // bf16 products (autocast): Q·scale, K, V, dO and the tiles of P and dS rounded to bf16 (nearest even) and multiplied
+  // with VDPBF16PS, every sum, the online softmax, the log-sum-exp and the outputs in float32. Only where
+  // attention_bf16_available(); elsewhere the flag is ignored and the products stay float32.
+  bool bf16 = false;
 };
 
 // The strides of the four tensors a fused attention call reads and writes
@@ -78,7 +82,9 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
                         const float* d_o, float* dq, float* dk, float* dv);
 
 // The plain composition, materialising scores and weights, in double: the reference the fused kernel
-// is tested against. Same arguments; dropout uses the same keep decisions (attention_dropout_keep).
+// is tested against. Same arguments; dropout uses the same keep decisions (attention_dropout_keep). With options.bf16
+// the operands are first rounded as the kernel rounds them (Q·scale, K, V, dO to bf16); the kernel's rounding of the
+// P and dS tiles is not modelled, so it agrees with this to bf16's precision (≈ 2⁻⁹ of each sum's magnitude).
 void attention_forward_reference(const AttentionDims& dims, const AttentionLayout& layout,
                                  const AttentionOptions& options, const float* q, const float* k, const float* v,
                                  float* o);
@@ -88,6 +94,9 @@ void attention_backward_reference(const AttentionDims& dims, const AttentionLayo
 
 // Whether dropout keeps weight (bh, i, j): a counter-based hash (murmur3's finalizer) of (seed, bh, i, j).
 bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j);
+
+// Whether options.bf16 takes effect: a build with AVX512_BF16 (-march=native on such a CPU), running on one.
+bool attention_bf16_available();
 
 // Which micro-kernels this build uses: "avx2+fma" or "portable".
 const char* attention_isa();
