@@ -222,6 +222,40 @@ TEST(Bf16, FusedHeadLossAndGradientsTrackFloat32) {
   EXPECT_TRUE(all_close(half[3], ref[3], 1e-5, 1e-7));  // the bias gradient: float32 dlogits of the rounded logits
 }
 
+// The fused attention op under BF16 runs the kernel's bf16 products (where the CPU has them): outputs and every
+// gradient track float32 to bf16's precision, and differ from it; the backward runs as the forward did, even when
+// the guard is gone by then. The pictures' weights, recomputed in float32 from the bf16 forward's log-sum-exp, sum
+// to 1 within bf16's precision.
+TEST(Bf16, FusedAttentionTracksFloat32) {
+  const std::vector<Tensor> inputs = {random_tensor({2, 40, 32}, 51), random_tensor({2, 40, 16}, 52),
+                                      random_tensor({2, 40, 16}, 53)};
+  const Tensor dy = random_tensor({2, 40, 32}, 54);
+  Tensor lse;
+  AttentionConfig config;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.causal = true;
+  auto op = [&](const std::vector<Tensor>& t) {
+    config.lse = &lse;
+    return scaled_dot_product_attention(t[0], t[1], t[2], config);
+  };
+  const std::vector<Tensor> half = run(Precision::BF16, inputs, dy, op);
+  const Tensor half_lse = lse;
+  const std::vector<Tensor> full = run(Precision::FP32, inputs, dy, op);
+  for (size_t i = 0; i < half.size(); ++i) {
+    EXPECT_LT(relative_error(half[i], full[i]), 1e-2) << i;
+    if (kernels::attention_bf16_available()) EXPECT_GT(relative_error(half[i], full[i]), 0.0) << i;
+    else EXPECT_TRUE(all_close(half[i], full[i], 0, 0)) << i;
+  }
+  config.lse = nullptr;
+  const Tensor weights = attention_weights(inputs[0], inputs[1], half_lse, config, 1, 3);
+  for (int64_t i = 0; i < 40; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < 40; ++j) sum += weights.data()[i * 40 + j];
+    EXPECT_NEAR(sum, 1.0, 1e-2) << "row " << i;
+  }
+}
+
 train::TrainSettings tiny_run(const std::string& precision) {
   train::TrainSettings settings;
   settings.model = nn::GPTConfig{.vocab_size = 97, .context_length = 32, .emb_dim = 64, .n_heads = 4, .n_layers = 2,

@@ -9,6 +9,7 @@
 #include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/core/precision.hpp"
 #include "qkv/core/random.hpp"
 
 namespace qkv {
@@ -91,6 +92,9 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
     throw ValueError("scaled_dot_product_attention: dropout must lie in [0, 1], got " + std::to_string(config.dropout_p));
   }
   kernels::AttentionOptions options = kernel_options(config);
+  // Autocast: under Precision::BF16 the kernel's products take bf16 operands (softmax, sums and lse stay float32);
+  // the backward runs as the forward did.
+  options.bf16 = precision() == Precision::BF16;
   if (config.training && config.dropout_p > 0.0) {
     options.dropout_p = static_cast<float>(config.dropout_p);
     options.seed = (config.generator ? *config.generator : default_generator()).next_u64();
