@@ -39,6 +39,7 @@ struct Shape4 {
 };
 
 std::map<int, double> g_peak_gflops;  // threads → measured FMA peak: the higher of a reading before and after
+std::map<int, double> g_bf16_peak_gflops;  // threads → measured VDPBF16PS peak (0 where the CPU has none)
 double g_peak_seconds = 0.3;           // per reading
 
 
@@ -56,8 +57,10 @@ void report(benchmark::State& state, double flops, int64_t extra_bytes) {
 }
 
 // Fused: the autograd op on (B, T, H·D), as MultiHeadAttention calls it.
-void bm_fused(benchmark::State& state, Shape4 s, bool causal, bool backward, int threads) {
+void bm_fused(benchmark::State& state, Shape4 s, bool causal, bool backward, int threads, bool bf16) {
   set_threads(threads);
+  // bf16: the op under autocast, so the kernel's products take bf16 operands (the backward runs as recorded)
+  const qkv::PrecisionGuard precision(bf16 ? qkv::Precision::BF16 : qkv::Precision::FP32);
   qkv::Generator gen(1);
   const qkv::Shape shape{s.B, s.T, s.H * s.D};
   Tensor q = gen.randn(shape), k = gen.randn(shape), v = gen.randn(shape);
@@ -278,6 +281,20 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                   plain != results_.end() ? plain->second.ms / fused.ms : 0.0, fused.extra_mib,
                   plain != results_.end() ? plain->second.extra_mib : 0.0);
     }
+    // bf16 products against float32's, same shapes, same run
+    std::printf("\nbf16 products (VDPBF16PS) vs float32, fused kernel, same run:%s\n",
+                qkv::kernels::attention_bf16_available() ? "" : " not run (this CPU or build has no AVX512_BF16)");
+    for (const auto& [name, half] : results_) {
+      if (name.rfind("bf16/", 0) != 0) continue;
+      const std::string rest = name.substr(5);
+      const auto fp32 = results_.find("fused/" + rest);
+      if (fp32 == results_.end()) continue;
+      const int threads = rest.find("threads:2") != std::string::npos ? 2 : 1;
+      std::printf("  %-44s bf16 %8.2f ms (%5.1f%% of the FMA peak, %5.1f%% of the bf16 peak); fp32 %8.2f ms: %.2fx\n",
+                  rest.c_str(), half.ms, 100.0 * half.gflops / g_peak_gflops[threads],
+                  g_bf16_peak_gflops[threads] > 0 ? 100.0 * half.gflops / g_bf16_peak_gflops[threads] : 0.0,
+                  fp32->second.ms, fp32->second.ms / half.ms);
+    }
   }
 
  private:
@@ -305,6 +322,8 @@ int main(int argc, char** argv) {
 
   if (smoke) g_peak_seconds = 0.01;
   for (int threads : {1, 2}) g_peak_gflops[threads] = qkv::bench::measure_fma_peak(threads, g_peak_seconds);
+  if (qkv::kernels::attention_bf16_available())
+    for (int threads : {1, 2}) g_bf16_peak_gflops[threads] = qkv::bench::measure_bf16_peak(threads, g_peak_seconds);
 
   const std::vector<Shape4> shapes = smoke ? std::vector<Shape4>{{1, 2, 64, 16}}
                                            : std::vector<Shape4>{{8, 12, 256, 64}, {4, 12, 1024, 64},
@@ -320,8 +339,11 @@ int main(int argc, char** argv) {
         for (int threads : {1, 2}) {
           const std::string tag = std::string(backward ? "fwd+bwd/" : "fwd/") + (causal ? "causal/" : "full/") +
                                   s.str() + "/threads:" + std::to_string(threads);
-          configure(benchmark::RegisterBenchmark(("fused/" + tag).c_str(), bm_fused, s, causal, backward, threads));
+          configure(benchmark::RegisterBenchmark(("fused/" + tag).c_str(), bm_fused, s, causal, backward, threads, false));
           configure(benchmark::RegisterBenchmark(("plain/" + tag).c_str(), bm_plain, s, causal, backward, threads));
+          // bf16 products beside float32, causal (what training runs), where the CPU has AVX512_BF16
+          if (causal && qkv::kernels::attention_bf16_available())
+            configure(benchmark::RegisterBenchmark(("bf16/" + tag).c_str(), bm_fused, s, causal, backward, threads, true));
         }
   const int64_t B = smoke ? 1 : 4, T = smoke ? 32 : 1024, C = smoke ? 48 : 768, H = 12;
   for (int threads : {1, 2}) {

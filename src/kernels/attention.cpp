@@ -222,7 +222,6 @@ enum class Trim {
   Columns,   // C = S-like (rows = queries, columns = keys): compute only columns < last row's limit
   KEnd,      // C rows = queries, K = keys (P·V, dS·K): the sum stops at the last row's limit
   KBegin,    // C rows = keys, K = queries (Pᵀ·dO, dSᵀ·Q): the sum starts at the first query that sees them
-  KBeginColumns,  // C columns = keys, K = queries (dOᵀ·P, Qsᵀ·dS: the bf16 backward's transposed accumulators)
 };
 
 // What one strip of a trimmed product computes: rows m0 .. m0 + mr, columns n0 .. n0 + width, the sum over
@@ -248,10 +247,6 @@ StripRange strip_range(Trim trim, int64_t m0, int mr, int64_t n0, int64_t width,
     case Trim::KBegin:
       r.k_begin = std::clamp<int64_t>(m0 - diag + 1, 0, K);
       if (window > 0) r.k_end = std::clamp<int64_t>(m0 + mr - diag + window, 0, K);  // the last query that sees the last key
-      break;
-    case Trim::KBeginColumns:
-      r.k_begin = std::clamp<int64_t>(n0 - diag + 1, 0, K);
-      if (window > 0) r.k_end = std::clamp<int64_t>(n0 + width - diag + window, 0, K);
       break;
   }
   return r;
@@ -311,10 +306,11 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, in
 // K is even, and every operand is zero beyond its valid part, so a sum that runs one k too far adds 0 · 0.
 
 // C (MR × 16·NV) (+)= A (MR × 2·KK) · B (2·KK × 16·NV). The same shape as the float kernel (8 × 32 with 16 named
-// accumulators), each instruction taking two k.
+// accumulators), each instruction taking two k. A's pair kk of row r is at A + r·lda + kk·ak2 (ak2 = 2: rows with k
+// contiguous; a tile in pair rows is read transposed with lda = 2, ak2 = 2·its width).
 template <int MR, int NV>
-inline void micro_kernel_bf16(int64_t KK, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float* C,
-                              int64_t ldc, bool accumulate) {
+inline void micro_kernel_bf16(int64_t KK, const uint16_t* A, int64_t lda, int64_t ak2, const uint16_t* B, int64_t ldb,
+                              float* C, int64_t ldc, bool accumulate) {
   static_assert(MR >= 1 && MR <= 8 && (NV == 1 || NV == 2));
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
@@ -338,7 +334,7 @@ inline void micro_kernel_bf16(int64_t KK, const uint16_t* A, int64_t lda, const 
 #define QKV_DOT(r, x0, x1)                                                \
   if constexpr (MR > r) {                                                 \
     int32_t pair;                                                         \
-    std::memcpy(&pair, a[r] + 2 * kk, sizeof pair);                       \
+    std::memcpy(&pair, a[r] + kk * ak2, sizeof pair);                     \
     x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));              \
     x0 = _mm512_dpbf16_ps(x0, x, b0);                                     \
     if constexpr (NV == 2) x1 = _mm512_dpbf16_ps(x1, x, b1);              \
@@ -358,18 +354,18 @@ inline void micro_kernel_bf16(int64_t KK, const uint16_t* A, int64_t lda, const 
 }
 
 template <int NV, int MR = 8>
-inline void micro_kernel_bf16_rows(int mr, int64_t KK, const uint16_t* A, int64_t lda, const uint16_t* B,
+inline void micro_kernel_bf16_rows(int mr, int64_t KK, const uint16_t* A, int64_t lda, int64_t ak2, const uint16_t* B,
                                    int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   if constexpr (MR >= 1) {
-    if (mr == MR) return micro_kernel_bf16<MR, NV>(KK, A, lda, B, ldb, C, ldc, accumulate);
-    micro_kernel_bf16_rows<NV, MR - 1>(mr, KK, A, lda, B, ldb, C, ldc, accumulate);
+    if (mr == MR) return micro_kernel_bf16<MR, NV>(KK, A, lda, ak2, B, ldb, C, ldc, accumulate);
+    micro_kernel_bf16_rows<NV, MR - 1>(mr, KK, A, lda, ak2, B, ldb, C, ldc, accumulate);
   }
 }
 
-// C (M × N) (+)= A (M × K) · B (K × N) with bf16 operands as above (K even, N a multiple of 16) and the float
-// kernel's trims, each strip's k range widened to whole pairs.
-void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                     float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0,
+// C (M × N) (+)= A (M × K) · B (K × N) with bf16 operands as above (K even, N a multiple of 16; A's pairs ak2 apart)
+// and the float kernel's trims, each strip's k range widened to whole pairs.
+void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, int64_t ak2, const uint16_t* B,
+                     int64_t ldb, float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0,
                      int64_t window = 0) {
   for_each_strip(M, N, 8, [&](int mr, int64_t m0, int64_t n0, int64_t width) {
     const StripRange range = strip_range(trim, m0, mr, n0, width, K, diag, window);
@@ -379,11 +375,11 @@ void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t
       return;
     }
     const int64_t kk_begin = range.k_begin / 2, kk_end = std::max((range.k_end + 1) / 2, kk_begin);
-    const uint16_t* a = A + m0 * lda + 2 * kk_begin;
+    const uint16_t* a = A + m0 * lda + kk_begin * ak2;
     const uint16_t* b = B + kk_begin * ldb + 2 * n0;
     float* c = C + m0 * ldc + n0;
-    if (width == 32) return micro_kernel_bf16_rows<2>(mr, kk_end - kk_begin, a, lda, b, ldb, c, ldc, accumulate);
-    micro_kernel_bf16_rows<1>(mr, kk_end - kk_begin, a, lda, b, ldb, c, ldc, accumulate);
+    if (width == 32) return micro_kernel_bf16_rows<2>(mr, kk_end - kk_begin, a, lda, ak2, b, ldb, c, ldc, accumulate);
+    micro_kernel_bf16_rows<1>(mr, kk_end - kk_begin, a, lda, ak2, b, ldb, c, ldc, accumulate);
   });
 }
 
@@ -786,12 +782,12 @@ struct ForwardBf16 {
   }
   void scores(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, float* s, Trim trim, int64_t diag) {
     const int64_t De = pair_width(p);
-    block_gemm_bf16(rows, cols_pad, De, qs, p.Dp, kt + k0 * De, 2 * kBc, s, kBc, false, trim, diag, p.band());
+    block_gemm_bf16(rows, cols_pad, De, qs, p.Dp, 2, kt + k0 * De, 2 * kBc, s, kBc, false, trim, diag, p.band());
   }
   void add_values(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, const float* s, float* acc, Trim trim,
                   int64_t diag) {
     for (int64_t r = 0; r < rows; ++r) to_bf16_scaled(s + r * kBc, cols_pad, cols_pad, 1.0f, pb + r * kBc);
-    block_gemm_bf16(rows, p.Dp, cols_pad, pb, kBc, vp + k0 * p.Dp, 2 * p.Dp, acc, p.Dp, true, trim, diag, p.band());
+    block_gemm_bf16(rows, p.Dp, cols_pad, pb, kBc, 2, vp + k0 * p.Dp, 2 * p.Dp, acc, p.Dp, true, trim, diag, p.band());
   }
 };
 #endif
@@ -943,6 +939,15 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
 
 namespace {
 
+// The dK and dV rows of key block k0 (cols keys) out of their (kBc × Dp) accumulators.
+void store_key_block(const Plan& p, int64_t bkv, int64_t k0, int64_t cols, const float* dk_acc, const float* dv_acc,
+                     float* dk, float* dv) {
+  for (int64_t j = 0; j < cols; ++j) {
+    std::copy_n(dk_acc + j * p.Dp, p.dims.D, p.kv_row(dk, p.layout.k, bkv, k0 + j));
+    std::copy_n(dv_acc + j * p.Dp, p.dims.D, p.kv_row(dv, p.layout.v, bkv, k0 + j));
+  }
+}
+
 // The packs of one K/V head and of the `group` query heads that read it, for the backward pass, owned by one
 // thread, and the backward's five products in float32: Kᵀ, Vᵀ (and K row-major) of the K/V head; Q·scale and dO of
 // each query head, one after another.
@@ -994,44 +999,21 @@ struct BackwardF32 {
     block_gemm(rows, p.Dp, cols_pad, ds, kBc, 1, kp + k0 * p.Dp, p.Dp, dq_acc, p.Dp, true,
                p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());
   }
-  // The block's dK and dV rows out of the accumulators.
   void store(const Plan& p, int64_t bkv, int64_t k0, int64_t cols, const float* dk_acc, const float* dv_acc, float* dk,
              float* dv) const {
-    for (int64_t j = 0; j < cols; ++j) {
-      std::copy_n(dk_acc + j * p.Dp, p.dims.D, p.kv_row(dk, p.layout.k, bkv, k0 + j));
-      std::copy_n(dv_acc + j * p.Dp, p.dims.D, p.kv_row(dv, p.layout.v, bkv, k0 + j));
-    }
+    store_key_block(p, bkv, k0, cols, dk_acc, dv_acc, dk, dv);
   }
 };
 
 #ifdef QKV_ATTENTION_BF16
-// Transposed rows of one head in bf16: dst (Dp × rows_pad, queries contiguous) = x[t][d] · factor, zero beyond T and
-// D. Tokens go 16 at a time through `tile`.
-void pack_transposed_bf16(const Plan& p, const float* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
-                          ScratchOf<uint16_t>& tile, uint16_t* dst) {
-  constexpr int64_t kTile = 16;
-  const int64_t D = p.dims.D, Dp = p.Dp;
-  uint16_t* rows = tile.get(static_cast<size_t>(kTile * Dp));
-  for (int64_t t0 = 0; t0 < rows_pad; t0 += kTile) {
-    const int64_t n = std::clamp<int64_t>(T - t0, 0, kTile);
-    for (int64_t t = 0; t < n; ++t) to_bf16_scaled(first + (t0 + t) * token, D, D, factor, rows + t * Dp);
-    for (int64_t d = 0; d < D; ++d) {
-      uint16_t* out = dst + d * rows_pad + t0;
-      for (int64_t t = 0; t < n; ++t) out[t] = rows[t * Dp + d];
-      std::fill(out + n, out + std::min(kTile, rows_pad - t0), uint16_t{0});
-    }
-  }
-  std::fill(dst + D * rows_pad, dst + Dp * rows_pad, uint16_t{0});
-}
-
 // The backward with bf16 operands. S and G sum over D (Qs, dO row-major; Kᵀ, Vᵀ in pair rows per key block, as the
-// forward's Kᵀ); dQ += dS K_j sums over keys (K in pair rows of keys, dS rounded row-major). dK and dV sum over
-// queries, so their products run transposed, dVᵀ += dOᵀ (P∘Z) and dKᵀ += Qsᵀ dS, with dOᵀ and Qsᵀ packed once per
-// head and the tiles of P∘Z and dS in pair rows of queries: accumulators (Dp × kBc), turned back when stored.
+// forward's Kᵀ); dQ += dS K_j sums over keys (K in pair rows of keys, dS rounded row-major); dV += (P∘Z)ᵀ dO and
+// dK += dSᵀ Qs sum over queries: dO and Qs in pair rows of queries, the tiles of P∘Z and dS turned into pair rows of
+// queries and read transposed. Accumulators as float32's, (kBc × Dp).
 struct BackwardBf16 {
-  ScratchOf<uint16_t> kt_buf, vt_buf, k_buf, qs_buf, do_buf, qst_buf, dot_buf, tile_buf, pair_buf, ds_buf;
-  uint16_t *kt = nullptr, *vt = nullptr, *kp = nullptr, *qs = nullptr, *dop = nullptr, *qst = nullptr,
-           *dot = nullptr, *pairs = nullptr, *dsb = nullptr;
+  ScratchOf<uint16_t> kt_buf, vt_buf, k_buf, qs_buf, do_buf, qsp_buf, dop_buf, tile_buf, pair_buf, ds_buf;
+  uint16_t *kt = nullptr, *vt = nullptr, *kp = nullptr, *qs = nullptr, *dop = nullptr, *qs_pairs = nullptr,
+           *do_pairs = nullptr, *pairs = nullptr, *dsb = nullptr;
   int64_t head = 0;  // Tq_pad · Dp: the offset between query heads in every per-head pack
   void reserve(const Plan& p, bool need_k) {
     const size_t kv = static_cast<size_t>(pair_width(p) * p.Tk_pad), per_group = static_cast<size_t>(p.group * p.Tq_pad * p.Dp);
@@ -1039,9 +1021,9 @@ struct BackwardBf16 {
     vt = vt_buf.get(kv);
     qs = qs_buf.get(per_group);
     dop = do_buf.get(per_group);
-    qst = qst_buf.get(per_group);
-    dot = dot_buf.get(per_group);
-    tile_buf.get(static_cast<size_t>(16 * std::max(p.Dp, pair_width(p))));
+    qs_pairs = qsp_buf.get(per_group);
+    do_pairs = dop_buf.get(per_group);
+    tile_buf.get(static_cast<size_t>(16 * pair_width(p)));
     pairs = pair_buf.get(static_cast<size_t>(kBr * kBc));
     dsb = ds_buf.get(static_cast<size_t>(kBr * kBc));
     if (need_k) kp = k_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
@@ -1064,52 +1046,37 @@ struct BackwardBf16 {
           std::fill_n(dop + g * head + t * Dp, Dp, uint16_t{0});
         }
       }
-      pack_transposed_bf16(p, qh, p.layout.q.token, Tq, p.Tq_pad, p.scale, tile_buf, qst + g * head);
-      pack_transposed_bf16(p, oh, p.layout.o.token, Tq, p.Tq_pad, 1.0f, tile_buf, dot + g * head);
+      pack_pair_rows(p, qh, p.layout.q.token, Tq, p.Tq_pad, p.scale, qs_pairs + g * head);
+      pack_pair_rows(p, oh, p.layout.o.token, Tq, p.Tq_pad, 1.0f, do_pairs + g * head);
     }
     if (need_k) pack_pair_rows(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, p.dims.Tk, p.Tk_pad, 1.0f, kp);
   }
   void scores(const Plan& p, int64_t g, int64_t q0, int64_t rows, int64_t k0, int64_t cols_pad, float* pz, float* ds,
               Trim trim, int64_t diag) {
     const int64_t De = pair_width(p), Dp = p.Dp;
-    block_gemm_bf16(rows, cols_pad, De, qs + g * head + q0 * Dp, Dp, kt + k0 * De, 2 * kBc, pz, kBc, false, trim, diag, p.band());
-    block_gemm_bf16(rows, cols_pad, De, dop + g * head + q0 * Dp, Dp, vt + k0 * De, 2 * kBc, ds, kBc, false, trim, diag, p.band());
+    block_gemm_bf16(rows, cols_pad, De, qs + g * head + q0 * Dp, Dp, 2, kt + k0 * De, 2 * kBc, pz, kBc, false, trim, diag, p.band());
+    block_gemm_bf16(rows, cols_pad, De, dop + g * head + q0 * Dp, Dp, 2, vt + k0 * De, 2 * kBc, ds, kBc, false, trim, diag, p.band());
   }
-  // dVᵀ (Dp × kBc) += dOᵀ (P∘Z) and dKᵀ += Qsᵀ dS, summing over the block's query rows (rounded up to a pair: the
-  // packs are zero there).
+  // dV += (P∘Z)ᵀ dO and dK += dSᵀ Qs over the block's query rows (rounded up to a pair: the packs are zero there).
   void add_dv_dk(const Plan& p, int64_t g, int64_t q0, int64_t rows, int64_t cols, const float* pz, const float* ds,
                  float* dv_acc, float* dk_acc, int64_t diag) {
-    const int64_t cols_pad = round_up(cols, kNR), rows_even = round_up(rows, 2);
-    const Trim k_begin = p.options.causal ? Trim::KBeginColumns : Trim::None;
+    const int64_t cols_pad = round_up(cols, kNR), rows_even = round_up(rows, 2), Dp = p.Dp;
+    const Trim k_begin = p.options.causal ? Trim::KBegin : Trim::None;
     tile_pair_rows(pz, rows, cols_pad, pairs);
-    block_gemm_bf16(p.Dp, cols_pad, rows_even, dot + g * head + q0, p.Tq_pad, pairs, 2 * kBc, dv_acc, kBc, true, k_begin,
-                    diag, p.band());
+    block_gemm_bf16(cols, Dp, rows_even, pairs, 2, 2 * kBc, do_pairs + g * head + q0 * Dp, 2 * Dp, dv_acc, Dp, true,
+                    k_begin, diag, p.band());
     tile_pair_rows(ds, rows, cols_pad, pairs);
-    block_gemm_bf16(p.Dp, cols_pad, rows_even, qst + g * head + q0, p.Tq_pad, pairs, 2 * kBc, dk_acc, kBc, true, k_begin,
-                    diag, p.band());
+    block_gemm_bf16(cols, Dp, rows_even, pairs, 2, 2 * kBc, qs_pairs + g * head + q0 * Dp, 2 * Dp, dk_acc, Dp, true,
+                    k_begin, diag, p.band());
   }
   void add_dq(const Plan& p, int64_t rows, int64_t k0, int64_t cols_pad, const float* ds, float* dq_acc, int64_t diag) {
     for (int64_t r = 0; r < rows; ++r) to_bf16_scaled(ds + r * kBc, cols_pad, cols_pad, 1.0f, dsb + r * kBc);
-    block_gemm_bf16(rows, p.Dp, cols_pad, dsb, kBc, kp + k0 * p.Dp, 2 * p.Dp, dq_acc, p.Dp, true,
+    block_gemm_bf16(rows, p.Dp, cols_pad, dsb, kBc, 2, kp + k0 * p.Dp, 2 * p.Dp, dq_acc, p.Dp, true,
                     p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());
   }
   void store(const Plan& p, int64_t bkv, int64_t k0, int64_t cols, const float* dk_acc, const float* dv_acc, float* dk,
              float* dv) const {
-    // 16 keys at a time, so the accumulators are read along their rows and 16 output rows are written at once.
-    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
-      const int64_t n = std::min<int64_t>(16, cols - j0);
-      float* dk_rows[16];
-      float* dv_rows[16];
-      for (int64_t j = 0; j < n; ++j) {
-        dk_rows[j] = p.kv_row(dk, p.layout.k, bkv, k0 + j0 + j);
-        dv_rows[j] = p.kv_row(dv, p.layout.v, bkv, k0 + j0 + j);
-      }
-      for (int64_t d = 0; d < p.dims.D; ++d)
-        for (int64_t j = 0; j < n; ++j) {
-          dk_rows[j][d] = dk_acc[d * kBc + j0 + j];
-          dv_rows[j][d] = dv_acc[d * kBc + j0 + j];
-        }
-    }
+    store_key_block(p, bkv, k0, cols, dk_acc, dv_acc, dk, dv);
   }
 };
 #endif
