@@ -416,6 +416,23 @@ void interleave_bf16(const float* r0, const float* r1, int64_t n, int64_t n_pad,
   std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
 }
 
+// y[j] = bf16(exp(x[j] − shift)) for lo ≤ j < hi, 0 elsewhere below n; returns the float32 Σ exp (lanes of 16
+// summed in order, then across lanes).
+float exp_to_bf16(const float* x, uint16_t* y, int64_t lo, int64_t hi, int64_t n, float shift) {
+  std::fill(y, y + std::min(lo, n), uint16_t{0});
+  std::fill(y + std::max(hi, lo), y + n, uint16_t{0});
+  if (hi <= lo) return 0.0f;
+  const __m512 s16 = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = lo; j < hi; j += 16) {
+    const __mmask16 m = hi - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (hi - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, simd::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), s16)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_mask_storeu_epi16(y + j, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+  }
+  return simd::reduce_add(sum);
+}
+
 // Σ bf16(a[j]) · b[j] over j < n, in float32.
 float dot_rounded_bf16(const float* a, const float* b, int64_t n) {
   __m512 sum = _mm512_setzero_ps();
@@ -705,6 +722,15 @@ struct ForwardF32 {
   void scores(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, float* s, Trim trim, int64_t diag) {
     block_gemm(rows, cols_pad, p.dims.D, qs, p.Dp, 1, kt + k0 * p.dims.D, kBc, s, kBc, false, trim, diag, p.band());
   }
+  // Row r of the tile: P = exp(S − m) on the visible columns [lo, hi), 0 elsewhere, then dropout's Z; returns Σ P
+  // before dropout. A row with nothing visible is all 0.
+  float exp_row(const Plan& p, float* sr, int64_t r, int64_t lo, int64_t hi, int64_t cols_pad, float m, int64_t bh,
+                int64_t i, int64_t k0) {
+    static_cast<void>(r);
+    const float sum = exp_range(sr, sr, lo, hi, cols_pad, m);
+    if (p.dropout && hi > lo) apply_dropout_row(sr, hi, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);
+    return sum;
+  }
   void add_values(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, const float* s, float* acc, Trim trim,
                   int64_t diag) {
     block_gemm(rows, p.Dp, cols_pad, s, kBc, 1, vp + k0 * p.Dp, p.Dp, acc, p.Dp, true, trim, diag, p.band());
@@ -784,9 +810,19 @@ struct ForwardBf16 {
     const int64_t De = pair_width(p);
     block_gemm_bf16(rows, cols_pad, De, qs, p.Dp, 2, kt + k0 * De, 2 * kBc, s, kBc, false, trim, diag, p.band());
   }
+  // As ForwardF32's, with P written straight to its bf16 tile (through the float tile only with dropout).
+  float exp_row(const Plan& p, float* sr, int64_t r, int64_t lo, int64_t hi, int64_t cols_pad, float m, int64_t bh,
+                int64_t i, int64_t k0) {
+    uint16_t* dst = pb + r * kBc;
+    if (!p.dropout) return exp_to_bf16(sr, dst, lo, hi, cols_pad, m);
+    const float sum = exp_range(sr, sr, lo, hi, cols_pad, m);
+    if (hi > lo) apply_dropout_row(sr, hi, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);
+    to_bf16_scaled(sr, cols_pad, cols_pad, 1.0f, dst);
+    return sum;
+  }
   void add_values(const Plan& p, int64_t rows, int64_t cols_pad, int64_t k0, const float* s, float* acc, Trim trim,
                   int64_t diag) {
-    for (int64_t r = 0; r < rows; ++r) to_bf16_scaled(s + r * kBc, cols_pad, cols_pad, 1.0f, pb + r * kBc);
+    static_cast<void>(s);  // P is already in pb
     block_gemm_bf16(rows, p.Dp, cols_pad, pb, kBc, 2, vp + k0 * p.Dp, 2 * p.Dp, acc, p.Dp, true, trim, diag, p.band());
   }
 };
@@ -839,13 +875,9 @@ void forward_blocks(const Plan& p, const float* q, const float* k, const float* 
       }
       simd::exp_difference(m, m_new, alpha, rows);
       for (int64_t r = 0; r < rows; ++r) {
-        float* sr = s + r * kBc;
-        if (hi[r] <= lo[r]) {
-          std::fill_n(sr, cols_pad, 0.0f);
-          continue;
-        }
-        l[r] = l[r] * alpha[r] + exp_range(sr, sr, lo[r], hi[r], cols_pad, m_new[r]);
-        if (p.dropout) apply_dropout_row(sr, hi[r], options.seed, p.threshold, p.inv_keep, bh, q0 + r, k0);
+        const float sum = ws.products.exp_row(p, s + r * kBc, r, lo[r], hi[r], cols_pad, m_new[r], bh, q0 + r, k0);
+        if (hi[r] <= lo[r]) continue;  // nothing visible in this block: P's row is 0
+        l[r] = l[r] * alpha[r] + sum;
         if (alpha[r] != 1.0f) scale_row(acc + r * Dp, Dp, alpha[r]);
         m[r] = m_new[r];
       }
