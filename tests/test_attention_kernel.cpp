@@ -123,6 +123,32 @@ TEST_P(FusedVsReference, ValuesAndAllGradientsAgreeWithBf16Products) {
   EXPECT_TRUE(all_close(got[1], exact[1], 1e-2, 1e-2)) << "lse";
 }
 
+// K and V held in bf16 (a bf16 KV cache) give the bits of the same call on float32 K and V holding the same values:
+// with bf16 products rounding a bf16 value is exact, and without them K and V are widened exactly.
+TEST_P(FusedVsReference, Bf16KeysAndValuesAreReadAsTheirFloat32Values) {
+  const Case c = GetParam();
+  if (c.dropout > 0) return;  // inference only
+  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D, c.H_kv};
+  const auto layout = layout_of(c, d);
+  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1);
+  const int64_t kv = c.B * c.kv_heads() * c.Tk * c.D;
+  std::vector<uint16_t> k16(static_cast<size_t>(kv)), v16(static_cast<size_t>(kv));
+  const Tensor k = random_tensor({kv}, 2), v = random_tensor({kv}, 3);
+  kernels::f32_to_bf16(k.data(), k16.data(), kv);
+  kernels::f32_to_bf16(v.data(), v16.data(), kv);
+  Tensor kw = Tensor::empty({kv}), vw = Tensor::empty({kv});
+  kernels::bf16_to_f32(k16.data(), kw.data(), kv);
+  kernels::bf16_to_f32(v16.data(), vw.data(), kv);
+  kernels::AttentionOptions options{.causal = c.causal, .window = c.window, .softcap = c.softcap, .bf16 = true};
+  Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({c.B * c.H * c.Tq});
+  Tensor o_ref = Tensor::empty(q.shape()), lse_ref = Tensor::empty({c.B * c.H * c.Tq});
+  kernels::attention_forward_bf16_kv(d, layout, options, q.data(), k16.data(), v16.data(), o.data(), lse.data());
+  options.bf16 = kernels::attention_bf16_available();
+  kernels::attention_forward(d, layout, options, q.data(), kw.data(), vw.data(), o_ref.data(), lse_ref.data());
+  EXPECT_TRUE(all_close(o, o_ref, 0, 0)) << "output";
+  EXPECT_TRUE(all_close(lse, lse_ref, 0, 0)) << "lse";
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int64_t D : {1, 2, 16, 32, 64, 80, 128})

@@ -392,6 +392,40 @@ TEST(Bf16Weights, ATensorBecomesBf16InPlaceForEveryHandle) {
   EXPECT_THROW(embedding(trained, ids, {2}), ValueError);
 }
 
+// A KV cache made under BF16 holds bf16 keys and values: half the bytes, and generation token by token through it
+// answers as the whole bf16 forward over the same prefix does, to bf16's tolerance; with grouped-query heads (llama),
+// q/k norms (qwen3) and a sliding window of 4 that the cache slides past (gemma3), and GPT-2's own class.
+TEST(Bf16Weights, ABf16KvCacheHalvesTheCacheAndAnswersAsTheWholeForward) {
+  std::vector<std::pair<std::string, std::shared_ptr<nn::LanguageModel>>> models;
+  for (const std::string family : {"llama", "qwen3", "gemma3"}) models.emplace_back(family, nn::load_hf_decoder(fixture("hf/" + family)));
+  Generator gen(7);
+  models.emplace_back("GPTModel", std::make_shared<nn::GPTModel>(
+                                      nn::GPTConfig{.vocab_size = 50, .context_length = 32, .emb_dim = 32, .n_heads = 4,
+                                                    .n_layers = 2, .drop_rate = 0.0, .qkv_bias = true}, gen));
+  for (auto& [name, model] : models) {
+    model->eval();
+    NoGradGuard no_grad;
+    const nn::KVCache full_cache = model->make_cache(1, 20);
+    const PrecisionGuard guard(Precision::BF16);
+    nn::KVCache cache = model->make_cache(1, 20);
+    EXPECT_EQ(cache.layers[0].keys.dtype(), DType::BF16) << name;
+    EXPECT_EQ(cache.bytes() * 2, full_cache.bytes()) << name;
+    std::vector<int64_t> ids = {1, 5, 9, 2, 7, 3};
+    Tensor last = model->forward_cached(ids, 1, 6, cache);
+    for (int64_t step = 0; step < 12; ++step) {
+      const Tensor whole = model->forward(ids, 1, static_cast<int64_t>(ids.size()));
+      const int64_t T = whole.size(1);
+      const Tensor want = select_token(whole, T - 1);
+      EXPECT_LT(relative_error(last, want), 3e-2) << name << " at " << ids.size() << " tokens";
+      const int64_t next = (step * 7 + 3) % 11 + 1;
+      ids.push_back(next);
+      const std::vector<int64_t> one = {next};
+      last = model->forward_cached(one, 1, 1, cache);
+    }
+    EXPECT_EQ(cache.length, 18) << name;
+  }
+}
+
 // A folder read with its matrices in bf16 is the folder read in float32 and then rounded, bit for bit; it answers as
 // the float32 model multiplying in bf16 does, within bf16's tolerance, and its matrices take half the memory.
 TEST(Bf16Weights, AFolderLoadsInBf16AndAnswersAsTheFloat32ModelInBf16) {

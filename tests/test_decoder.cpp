@@ -139,21 +139,27 @@ TEST(DecoderCache, SlidingWindowCacheShiftsAndMatchesTheFullForward) {
   std::vector<int64_t> ids(300);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + 3) % 50);
   NoGradGuard no_grad;
-  const Tensor full = model.forward(ids, 1, 300);
-  nn::KVCache cache = model.make_cache(1, 300);
-  EXPECT_EQ(cache.layers[0].keys.size(1), 3 - 1 + nn::Decoder::kCacheChunk);
-  EXPECT_EQ(cache.layers[1].keys.size(1), 300);
-  Tensor last = model.forward_cached(std::span(ids).subspan(0, 10), 1, 10, cache);
-  for (int64_t t = 10; t < 300; ++t) {
-    if (t == 10 || t == 258 || t == 259 || t == 299) {
-      const Tensor want = Tensor::from(std::span<const float>(full.data() + (t - 1) * 50, 50), {1, 50});
-      EXPECT_TRUE(all_close(last, want, 1e-4, 1e-5)) << "position " << t - 1;
+  // float32, and a bf16 cache (made under BF16, products in bf16) against the bf16 full forward, to bf16's tolerance
+  for (const Precision precision : {Precision::FP32, Precision::BF16}) {
+    const PrecisionGuard guard(precision);
+    const bool bf16 = precision == Precision::BF16;
+    const Tensor full = model.forward(ids, 1, 300);
+    nn::KVCache cache = model.make_cache(1, 300);
+    EXPECT_EQ(cache.layers[0].keys.dtype(), bf16 ? DType::BF16 : DType::F32);
+    EXPECT_EQ(cache.layers[0].keys.size(1), 3 - 1 + nn::Decoder::kCacheChunk);
+    EXPECT_EQ(cache.layers[1].keys.size(1), 300);
+    Tensor last = model.forward_cached(std::span(ids).subspan(0, 10), 1, 10, cache);
+    for (int64_t t = 10; t < 300; ++t) {
+      if (t == 10 || t == 258 || t == 259 || t == 299) {
+        const Tensor want = Tensor::from(std::span<const float>(full.data() + (t - 1) * 50, 50), {1, 50});
+        EXPECT_TRUE(all_close(last, want, bf16 ? 3e-2 : 1e-4, bf16 ? 3e-2 : 1e-5)) << "position " << t - 1 << " bf16 " << bf16;
+      }
+      last = model.forward_cached(std::span(ids).subspan(static_cast<size_t>(t), 1), 1, 1, cache);
     }
-    last = model.forward_cached(std::span(ids).subspan(static_cast<size_t>(t), 1), 1, 1, cache);
+    EXPECT_LT(cache.filled[0], 3 + nn::Decoder::kCacheChunk);
+    EXPECT_EQ(cache.filled[1], 300);
+    EXPECT_EQ(cache.bytes(), (2 * (258 + 300) * 8) * (bf16 ? 2 : 4));
   }
-  EXPECT_LT(cache.filled[0], 3 + nn::Decoder::kCacheChunk);
-  EXPECT_EQ(cache.filled[1], 300);
-  EXPECT_EQ(cache.bytes(), (2 * (258 + 300) * 8) * 4);
 }
 
 // Attention maps of a GQA model with windows: one map per query head, zero outside each layer's window.

@@ -149,7 +149,13 @@ int run_generate(const GenerateCommand& options) {
   sampling.stop_tokens = loaded.stop_ids;
   // What the KV cache holds: H_kv heads per layer, and a sliding-window layer only its window.
   const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
-  const int64_t cache_bytes = options.no_cache ? 0 : model.make_cache(1, positions).bytes();
+  int64_t cache_bytes = 0;
+  const char* cache_dtype = "";
+  if (!options.no_cache) {  // what generation's cache will hold (made as it will be: bf16 under --precision bf16)
+    const nn::KVCache probe = model.make_cache(1, positions);
+    cache_bytes = probe.bytes();
+    if (!probe.layers.empty()) cache_dtype = dtype_name(probe.layers[0].keys.dtype());
+  }
   const auto began = std::chrono::steady_clock::now();
   if (!options.chat) std::cout << options.prompt << std::flush;
   // Decode the whole continuation each time and print what is new, so multi-byte characters split across
@@ -171,8 +177,8 @@ int run_generate(const GenerateCommand& options) {
                static_cast<double>(produced.size()) / std::max(seconds, 1e-9));
   if (options.no_cache) std::fprintf(stderr, "no KV cache (--no-cache)\n");
   else
-    std::fprintf(stderr, "KV cache %.2f MiB for %lld positions (%lld layers × %lld K/V heads)\n",
-                 static_cast<double>(cache_bytes) / (1 << 20), static_cast<long long>(positions),
+    std::fprintf(stderr, "KV cache %.2f MiB of %s for %lld positions (%lld layers × %lld K/V heads)\n",
+                 static_cast<double>(cache_bytes) / (1 << 20), cache_dtype, static_cast<long long>(positions),
                  static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "qkv/core/autograd.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/core/random.hpp"
@@ -93,6 +94,13 @@ void write_tokens(const Tensor& src, Tensor& dst, int64_t position) {
                      std::to_string(position));
   }
   const int64_t T = src.size(1), C = src.size(2), capacity = dst.size(1);
+  if (dst.dtype() == DType::BF16) {  // a bf16 KV cache: rounded as written
+    const float* from = src.data();
+    uint16_t* to = dst.bf16_data();
+    for (int64_t b = 0; b < src.size(0); ++b)
+      kernels::f32_to_bf16(from + b * T * C, to + (b * capacity + position) * C, T * C);
+    return;
+  }
   for (int64_t b = 0; b < src.size(0); ++b)
     kernels::copy_rows(src.data() + b * T * C, C, dst.data() + (b * capacity + position) * C, C, T, C, false);
 }

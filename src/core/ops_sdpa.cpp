@@ -7,6 +7,7 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/core/precision.hpp"
@@ -133,6 +134,30 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
   return out;
 }
 
+// Keys and values held in bf16 (a bf16 KV cache): read as they are by the kernel's bf16 products. Inference only.
+Tensor attend_bf16_cache(const Resolved& r, const AttentionConfig& config, const Tensor& q, const Tensor& k,
+                         const Tensor& v) {
+  if (k.dtype() != DType::BF16 || v.dtype() != DType::BF16 || q.dtype() != DType::F32) {
+    throw ValueError(std::string("scaled_dot_product_attention: keys and values must both be bfloat16 (a bf16 KV "
+                                 "cache) or both float32, and queries float32; got q ") + dtype_name(q.dtype()) +
+                     ", k " + dtype_name(k.dtype()) + ", v " + dtype_name(v.dtype()));
+  }
+  if (detail::needs_grad({&q, &k, &v})) {
+    throw ValueError("scaled_dot_product_attention: bfloat16 keys and values (a bf16 KV cache) are for inference; run "
+                     "it under NoGradGuard");
+  }
+  if (config.training && config.dropout_p > 0.0) {
+    throw ValueError("scaled_dot_product_attention: no dropout with bfloat16 keys and values (inference only)");
+  }
+  kernels::AttentionOptions options = kernel_options(config);
+  options.bf16 = true;
+  Tensor out = Tensor::empty(q.shape());
+  Tensor lse = Tensor::empty({r.dims.B, r.dims.H, r.dims.Tq});
+  kernels::attention_forward_bf16_kv(r.dims, r.layout, options, q.data(), k.bf16(), v.bf16(), out.data(), lse.data());
+  if (config.lse) *config.lse = lse;
+  return out;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionConfig& config) {
@@ -142,6 +167,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     throw ValueError("scaled_dot_product_attention: a partly filled key/value cache is for inference; run it "
                      "under NoGradGuard");
   }
+  if (k.dtype() == DType::BF16 || v.dtype() == DType::BF16) return attend_bf16_cache(r, config, q, k, v);
   return attend(r, config, Operands{.inputs = {q, k, v}}, q.shape());
 }
 
@@ -178,8 +204,13 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, co
                      std::to_string(r.dims.B) + " rows of " + std::to_string(r.dims.H) + " heads");
   }
   const kernels::AttentionOptions options = kernel_options(config);
+  Tensor keys = k;
+  if (k.dtype() == DType::BF16) {  // a bf16 KV cache's keys, widened exactly
+    keys = Tensor::empty(k.shape());
+    kernels::bf16_to_f32(k.bf16(), keys.data(), k.numel());
+  }
   Tensor out = Tensor::empty({r.dims.Tq, r.dims.Tk});
-  kernels::attention_probabilities(r.dims, r.layout, options, q.data(), k.data(), lse.data(), b, h, out.data());
+  kernels::attention_probabilities(r.dims, r.layout, options, q.data(), keys.data(), lse.data(), b, h, out.data());
   return out;
 }
 

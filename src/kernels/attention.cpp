@@ -399,9 +399,11 @@ void to_bf16_scaled(const float* src, int64_t n, int64_t n_pad, float factor, ui
 
 // One pair row: dst[2j] = bf16(r0[j] · factor), dst[2j + 1] = bf16(r1[j] · factor) for j < n (r1 null: zeros),
 // zero pairs for n ≤ j < n_pad.
+// Words 0…15 and 16…31 of a vector of 32 bf16, interleaved: (0, 16, 1, 17, …)
+alignas(64) constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
 void interleave_bf16(const float* r0, const float* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
-  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i order = _mm512_load_si512(kInterleave);
   const __m512 f = _mm512_set1_ps(factor);
   int64_t j = 0;
@@ -410,6 +412,26 @@ void interleave_bf16(const float* r0, const float* r1, int64_t n, int64_t n_pad,
     const __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r0 + j), f);
     const __m512 x1 = r1 ? _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r1 + j), f) : _mm512_setzero_ps();
     const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));  // x0 in the low half, x1 high
+    _mm512_mask_storeu_epi16(dst + 2 * j, n - j >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * (n - j))) - 1),
+                             _mm512_permutexvar_epi16(order, both));
+  }
+  std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
+}
+
+// The same from values already in bf16 (a bf16 KV cache): copied, zero-padded (factor must be 1).
+void to_bf16_scaled(const uint16_t* src, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
+  static_cast<void>(factor);
+  std::copy_n(src, n, dst);
+  std::fill(dst + n, dst + n_pad, uint16_t{0});
+}
+void interleave_bf16(const uint16_t* r0, const uint16_t* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
+  static_cast<void>(factor);
+  const __m512i order = _mm512_load_si512(kInterleave);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m256i x0 = _mm256_maskz_loadu_epi16(m, r0 + j);
+    const __m256i x1 = r1 ? _mm256_maskz_loadu_epi16(m, r1 + j) : _mm256_setzero_si256();
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
     _mm512_mask_storeu_epi16(dst + 2 * j, n - j >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * (n - j))) - 1),
                              _mm512_permutexvar_epi16(order, both));
   }
@@ -583,7 +605,9 @@ struct Plan {
   float* row(float* base, const AttentionStrides& s, int64_t bh, int64_t t) const {
     return base + (bh / dims.H) * s.batch + (bh % dims.H) * s.head + t * s.token;
   }
-  const float* kv_row(const float* base, const AttentionStrides& s, int64_t bkv, int64_t t) const {
+  // K/V rows, float32 or (a bf16 KV cache) bf16
+  template <typename T>
+  const T* kv_row(const T* base, const AttentionStrides& s, int64_t bkv, int64_t t) const {
     return base + (bkv / kv_heads) * s.batch + (bkv % kv_heads) * s.head + t * s.token;
   }
   float* kv_row(float* base, const AttentionStrides& s, int64_t bkv, int64_t t) const {
@@ -743,7 +767,8 @@ int64_t pair_width(const Plan& p) { return round_up(p.dims.D, 2); }
 
 // Kᵀ (or Vᵀ) of one head as bf16 pair rows, key block by key block: block j holds De/2 pair rows of kBc words,
 // word (dd, c) = (x[k0 + c][2dd], x[k0 + c][2dd + 1]); zero beyond Tk and D. Tokens go 16 at a time through `tile`.
-void pack_pairs_transposed(const Plan& p, const float* first, int64_t token, ScratchOf<uint16_t>& tile, uint16_t* dst) {
+template <typename Src>
+void pack_pairs_transposed(const Plan& p, const Src* first, int64_t token, ScratchOf<uint16_t>& tile, uint16_t* dst) {
   constexpr int64_t kTile = 16;
   const int64_t D = p.dims.D, T = p.dims.Tk, De = pair_width(p), pairs = De / 2;
   uint16_t* rows = tile.get(static_cast<size_t>(kTile * De));
@@ -752,7 +777,7 @@ void pack_pairs_transposed(const Plan& p, const float* first, int64_t token, Scr
     const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
     for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
       const int64_t n = std::min(kTile, cols - t0);
-      for (int64_t t = 0; t < n; ++t) to_bf16_scaled(first + (k0 + t0 + t) * token, D, De, 1.0f, rows + t * De);
+      for (int64_t t = 0; t < n; ++t) to_bf16_scaled(first + (k0 + t0 + t) * token, D, De, 1.0f, rows + t * De);  // or copied
       // Pair dd of the n tokens: one gather of 16 words (rows past n read row 0 and are not stored).
       alignas(64) int32_t step[kTile];
       for (int64_t t = 0; t < kTile; ++t) step[t] = static_cast<int32_t>((t < n ? t : 0) * pairs);
@@ -767,11 +792,12 @@ void pack_pairs_transposed(const Plan& p, const float* first, int64_t token, Scr
 
 // Rows of one head as bf16 pair rows of Dp columns: pair row kk = (x[2kk][n], x[2kk + 1][n]) · factor, T tokens,
 // zero up to rows_pad (even).
-void pack_pair_rows(const Plan& p, const float* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
+template <typename Src>
+void pack_pair_rows(const Plan& p, const Src* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
                     uint16_t* dst) {
   for (int64_t t = 0; t < rows_pad; t += 2) {
-    const float* r0 = t < T ? first + t * token : nullptr;
-    const float* r1 = t + 1 < T ? first + (t + 1) * token : nullptr;
+    const Src* r0 = t < T ? first + t * token : nullptr;
+    const Src* r1 = t + 1 < T ? first + (t + 1) * token : nullptr;
     if (r0) interleave_bf16(r0, r1, p.dims.D, p.Dp, factor, dst + t * p.Dp);
     else std::fill_n(dst + t * p.Dp, 2 * p.Dp, uint16_t{0});
   }
@@ -788,6 +814,7 @@ void tile_pair_rows(const float* tile, int64_t rows, int64_t cols_pad, uint16_t*
 // The forward with bf16 operands: Qs, P and the packs of K and V rounded to bf16, the sums and the online softmax
 // in float32. Kᵀ in pair rows per key block (S = Qs Kᵀ_j sums over D), V in pair rows of keys (O += P V_j sums over
 // keys), P rounded once per tile.
+template <typename KV = float>  // K and V as the caller holds them: float32, or bf16 (a bf16 KV cache)
 struct ForwardBf16 {
   ScratchOf<uint16_t> kt_buf, v_buf, q_buf, p_buf, tile;
   uint16_t *kt = nullptr, *vp = nullptr, *qs = nullptr, *pb = nullptr;
@@ -798,7 +825,7 @@ struct ForwardBf16 {
     pb = p_buf.get(static_cast<size_t>(kBr * kBc));
     tile.get(static_cast<size_t>(16 * pair_width(p)));
   }
-  void pack_kv(const Plan& p, const float* k, const float* v, int64_t bkv) {
+  void pack_kv(const Plan& p, const KV* k, const KV* v, int64_t bkv) {
     pack_pairs_transposed(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, tile, kt);
     pack_pair_rows(p, p.kv_row(v, p.layout.v, bkv, 0), p.layout.v.token, p.dims.Tk, p.Tk_pad, 1.0f, vp);
   }
@@ -828,8 +855,8 @@ struct ForwardBf16 {
 };
 #endif
 
-template <typename Products>
-void forward_blocks(const Plan& p, const float* q, const float* k, const float* v, float* o, float* lse) {
+template <typename Products, typename KV = float>
+void forward_blocks(const Plan& p, const float* q, const KV* k, const KV* v, float* o, float* lse) {
   const AttentionDims& dims = p.dims;
   const AttentionOptions& options = p.options;
   const int64_t Dp = p.Dp;
@@ -916,9 +943,36 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
     return;
   }
 #ifdef QKV_ATTENTION_BF16
-  if (options.bf16 && attention_bf16_available()) return forward_blocks<ForwardBf16>(p, q, k, v, o, lse);
+  if (options.bf16 && attention_bf16_available()) return forward_blocks<ForwardBf16<>>(p, q, k, v, o, lse);
 #endif
   forward_blocks<ForwardF32>(p, q, k, v, o, lse);
+}
+
+void attention_forward_bf16_kv(const AttentionDims& dims, const AttentionLayout& layout,
+                               const AttentionOptions& options, const float* q, const uint16_t* k, const uint16_t* v,
+                               float* o, float* lse) {
+  if (dims.B <= 0 || dims.H <= 0 || dims.Tq <= 0) return;
+  const Plan p(dims, layout, options);
+#ifdef QKV_ATTENTION_BF16
+  if (attention_bf16_available() && dims.Tk > 0 && dims.D > 0) {
+    AttentionOptions bf16 = options;
+    bf16.bf16 = true;
+    return forward_blocks<ForwardBf16<uint16_t>>(Plan(dims, layout, bf16), q, k, v, o, lse);
+  }
+#endif
+  // Without bf16 products: K and V widened (exactly) over their extent, then the float32 kernel.
+  auto widen = [&](const uint16_t* x, const AttentionStrides& s) {
+    const int64_t extent = dims.Tk <= 0 || dims.D <= 0
+                               ? 0
+                               : (dims.B - 1) * s.batch + (p.kv_heads - 1) * s.head + (dims.Tk - 1) * s.token + dims.D;
+    std::vector<float> out(static_cast<size_t>(std::max<int64_t>(extent, 0)));
+    bf16_to_f32(x, out.data(), static_cast<int64_t>(out.size()));
+    return out;
+  };
+  const std::vector<float> kf = widen(k, layout.k), vf = widen(v, layout.v);
+  AttentionOptions fp32 = options;
+  fp32.bf16 = false;
+  attention_forward(dims, layout, fp32, q, kf.data(), vf.data(), o, lse);
 }
 
 void attention_probabilities(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,

@@ -1,11 +1,13 @@
 // SelfAttention_v1 and _v2: the seed's trainable scaled dot-product attention.
 #include "qkv/nn/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/core/precision.hpp"
 
 namespace qkv::nn {
 
@@ -230,7 +232,18 @@ AttentionTrace MultiHeadAttention::trace(const Tensor& input) const {
 KVCacheLayer MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
   require_positive(batch, "MultiHeadAttention::make_cache", "batch");
   if (capacity <= 0 || capacity > context_length) capacity = context_length;
-  return {Tensor::zeros({batch, capacity, d_out}), Tensor::zeros({batch, capacity, d_out})};
+  return KVCacheLayer::make(batch, capacity, d_out);
+}
+
+KVCacheLayer KVCacheLayer::make(int64_t batch, int64_t rows, int64_t width) {
+  auto buffer = [&] {
+    if (precision() != Precision::BF16) return Tensor::zeros({batch, rows, width});
+    Tensor t = Tensor::empty({batch, rows, width});
+    t.to_bf16_(false);
+    std::fill_n(t.bf16_data(), t.numel(), uint16_t{0});
+    return t;
+  };
+  return {buffer(), buffer()};
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const AttentionStep& step) const {

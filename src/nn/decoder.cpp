@@ -404,11 +404,15 @@ int64_t append_to_cache(KVCacheLayer& cache, int64_t filled, int64_t window, con
     }
     const int64_t keep = std::min(filled, window - 1);
     if (keep + T > capacity) throw ShapeError("Decoder: a chunk of " + std::to_string(T) + " tokens exceeds the sliding-window cache");
-    for (Tensor* buffer : {&cache.keys, &cache.values})
+    for (Tensor* buffer : {&cache.keys, &cache.values}) {
+      const bool bf16 = buffer->dtype() == DType::BF16;  // a bf16 cache: 2 bytes a value
+      char* base = bf16 ? reinterpret_cast<char*>(buffer->bf16_data()) : reinterpret_cast<char*>(buffer->data());
+      const size_t size = bf16 ? sizeof(uint16_t) : sizeof(float);
       for (int64_t b = 0; b < B; ++b) {
-        float* row0 = buffer->data() + b * capacity * W;
-        std::memmove(row0, row0 + (filled - keep) * W, static_cast<size_t>(keep * W) * sizeof(float));
+        char* row0 = base + static_cast<size_t>(b * capacity * W) * size;
+        std::memmove(row0, row0 + static_cast<size_t>((filled - keep) * W) * size, static_cast<size_t>(keep * W) * size);
       }
+    }
     filled = keep;
   }
   write_tokens(keys, cache.keys, filled);
@@ -577,7 +581,7 @@ KVCache Decoder::make_cache(int64_t batch, int64_t max_tokens) const {
     const int64_t rows =
         layer.window > 0 ? std::min(cache.capacity, layer.window - 1 + kCacheChunk) : cache.capacity;
     product({batch, rows, config.kv_width()});
-    cache.layers.push_back({Tensor::zeros({batch, rows, config.kv_width()}), Tensor::zeros({batch, rows, config.kv_width()})});
+    cache.layers.push_back(KVCacheLayer::make(batch, rows, config.kv_width()));
     cache.filled.push_back(0);
   }
   return cache;

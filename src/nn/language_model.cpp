@@ -10,7 +10,8 @@ namespace qkv::nn {
 int64_t KVCache::bytes() const {
   int64_t total = 0;
   for (const KVCacheLayer& layer : layers)
-    total += (layer.keys.numel() + layer.values.numel()) * static_cast<int64_t>(sizeof(float));
+    for (const Tensor* t : {&layer.keys, &layer.values})
+      total += t->numel() * (t->dtype() == DType::BF16 ? 2 : static_cast<int64_t>(sizeof(float)));
   return total;
 }
 

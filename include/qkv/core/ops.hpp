@@ -120,7 +120,8 @@ Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
 // parallel, and the mask is regenerated in backward rather than stored. Its masks differ from
 // torch.nn.Dropout's; GPTModel uses it for the residual and embedding dropout.
 Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen);
-// Copies src (B, T, C) into dst (B, capacity, C) at tokens [position, position + T): filling a KV cache.
+// Copies src (B, T, C) into dst (B, capacity, C) at tokens [position, position + T): filling a KV cache (a BF16 dst:
+// rounded to bf16).
 // Records no gradient.
 void write_tokens(const Tensor& src, Tensor& dst, int64_t position);
 // Columns [first, first + count) of a 2-D m (rows, cols), transposed: (count, rows). Records no gradient.

@@ -71,6 +71,12 @@ struct AttentionLayout {
 // A query row with no visible key (only when Tq > Tk with causal) gets NaN, like PyTorch.
 void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
                        const float* q, const float* k, const float* v, float* o, float* lse);
+// The forward with K and V held in bf16 (a bf16 KV cache; strides in elements): bf16 products as options.bf16 gives
+// them, K and V read as they are. Where attention_bf16_available() is false, K and V are widened (exactly) to float32
+// and the float32 kernel runs. Inference only: there is no backward for it.
+void attention_forward_bf16_kv(const AttentionDims& dims, const AttentionLayout& layout,
+                               const AttentionOptions& options, const float* q, const uint16_t* k, const uint16_t* v,
+                               float* o, float* lse);
 // The attention weights of one head, recomputed from q, k and the forward's lse instead of stored:
 // out (Tq × Tk, row stride Tk) = exp(scale · q_i · k_j − lse_i) where key j is visible to query i, 0 elsewhere
 // (before dropout). Memory is O(Tq·Tk) for the asked head only; rows in parallel.

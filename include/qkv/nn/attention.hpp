@@ -43,9 +43,12 @@ struct AttentionArgs {
   AttentionArgs validated(const char* layer) const;
 };
 
-// Keys and values of one attention layer for the tokens seen so far: (B, capacity, d_out) each.
+// Keys and values of one attention layer for the tokens seen so far: (B, capacity, d_out) each, float32 or, made under
+// PrecisionGuard(BF16) (`--precision bf16`), bfloat16: half the memory, read as they are by the bf16 attention kernel.
 struct KVCacheLayer {
   Tensor keys, values;  // (B, capacity, d_out) each
+  // Zeroed buffers of (batch, rows, width), in bf16 when this thread's precision is BF16, else float32
+  static KVCacheLayer make(int64_t batch, int64_t rows, int64_t width);
 };
 
 // What one attention call may do besides attending: append to a KV cache (generation), and hand back what
