@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "peak.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/core/precision.hpp"
@@ -75,38 +76,6 @@ std::string config_json(const std::string& shape, bool smoke) {
       "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": [1, 106]})";
   std::fprintf(stderr, "unknown --shape %s: qwen3-0.6b, llama-3.2-1b or gemma-3-270m\n", shape.c_str());
   std::exit(2);
-}
-
-// Read bandwidth: the best of a few passes summing a buffer well beyond the caches, on the run's threads.
-double read_bandwidth(int64_t bytes) {
-  std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
-  double best = 0.0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const auto t = Clock::now();
-    double total = 0.0;
-    const int64_t n = static_cast<int64_t>(buffer.size());
-    // Four independent vector sums per thread: the loads, not the adds, set the pace.
-#pragma omp parallel reduction(+ : total)
-    {
-      const int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
-      const int64_t begin = n * t / parts / 32 * 32, end = t + 1 == parts ? n / 32 * 32 : n * (t + 1) / parts / 32 * 32;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      const float* p = buffer.data();
-      for (int64_t i = begin; i < end; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-      }
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-      for (float l : lanes) total += l;
-    }
-    const double seconds = since(t);
-    if (total < 0) std::printf("%f", total);
-    best = std::max(best, static_cast<double>(bytes) / seconds);
-  }
-  return best;
 }
 
 // Reads every file of the folder once (to warm the page cache) and again, timed.
@@ -176,7 +145,7 @@ int main(int argc, char** argv) {
   qkv::set_num_threads(threads);
   // Bandwidth first, on a buffer well beyond the caches but smaller than any of these models, so this process's
   // peak RSS stays the model's.
-  const double bandwidth = read_bandwidth(smoke ? (int64_t{64} << 20) : (int64_t{512} << 20));
+  const double bandwidth = qkv::bench::read_bandwidth(smoke ? (int64_t{64} << 20) : (int64_t{512} << 20));
   int64_t folder_bytes = 0;
   const double read_seconds = read_folder_seconds(dir, &folder_bytes);
   // Loaded twice: the first load's fresh pages may be this VM's first touch of that memory (measured below), the

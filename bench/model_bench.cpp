@@ -5,10 +5,17 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "peak.hpp"
+#include "qkv/core/precision.hpp"
+#include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
@@ -50,18 +57,52 @@ void bm_train_step(benchmark::State& state, GPTConfig c, int64_t batch, int thre
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(ids.size()), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void bm_generate(benchmark::State& state, GPTConfig c, int64_t new_tokens, bool cache, int threads) {
+// What each generation run measured, for the summary: tokens/s and the bytes one token reads.
+struct GenerationResult {
+  std::vector<double> tokens_per_second;  // one per run
+  double bytes_per_token = 0, weight_bytes = 0, cache_bytes = 0;
+  double median() const {
+    std::vector<double> v = tokens_per_second;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  }
+};
+std::map<std::string, GenerationResult> g_generation;
+
+// bf16: the matrices held in bf16 alone (what `qkv generate --precision bf16` does) and the KV cache in bf16.
+void bm_generate(benchmark::State& state, const std::string& name, GPTConfig c, int64_t new_tokens, bool cache,
+                 int threads, bool bf16) {
   omp_set_num_threads(threads);
   qkv::Generator gen(2);
   qkv::nn::GPTModel model(c, gen);
   model.eval();
+  const qkv::PrecisionGuard precision(bf16 ? qkv::Precision::BF16 : qkv::Precision::FP32);
+  if (bf16) model.weights_to_bf16();
   qkv::nn::SamplingOptions options;
   options.max_new_tokens = new_tokens;
   options.temperature = 0.0;
   options.use_cache = cache;
   const std::vector<int64_t> prompt = {1, 2, 3, 4};
-  for (auto _ : state) benchmark::DoNotOptimize(qkv::nn::generate(model, prompt, options).size());
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(qkv::nn::generate(model, prompt, options).size());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(new_tokens), benchmark::Counter::kIsIterationInvariantRate);
+  // Bytes one token reads: every matrix but the embedding tables (a row each), and half the final cache on average.
+  GenerationResult r;
+  r.tokens_per_second = g_generation[name].tokens_per_second;  // the runs before this one
+  model.for_each_parameter([&](const std::string& name, qkv::Tensor& p) {
+    const double bytes = static_cast<double>(p.numel()) * (p.dtype() == qkv::DType::BF16 ? 2 : 4);
+    r.weight_bytes += bytes;
+    if (p.rank() == 2 && name.find("_emb.") == std::string::npos) r.bytes_per_token += bytes;
+  });
+  r.cache_bytes = static_cast<double>(model.make_cache(1, static_cast<int64_t>(prompt.size()) + new_tokens).bytes());
+  r.bytes_per_token += 0.5 * r.cache_bytes;
+  r.tokens_per_second.push_back(static_cast<double>(new_tokens) * static_cast<double>(state.iterations()) /
+                                std::max(seconds, 1e-9));
+  g_generation[name] = r;
 }
 
 void bm_tokenize(benchmark::State& state, int64_t bytes) {
@@ -107,13 +148,37 @@ int main(int argc, char** argv) {
   }
   const GPTConfig generator_model = smoke ? config(300, 64, 32, 2, 1) : config(50257, 1024, 768, 12, 12);
   const int64_t new_tokens = smoke ? 8 : 256;
-  // One run each: without the cache, 256 tokens of GPT-2 124M take about a minute.
-  for (bool cache : {true, false})
-    benchmark::RegisterBenchmark(
-        (std::string("generate_256/gpt2_124M/") + (cache ? "kv_cache" : "no_cache") + "/threads:2").c_str(), bm_generate,
-        generator_model, new_tokens, cache, 2)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+  // One run each: without the cache, 256 tokens of GPT-2 124M take about a minute. With bf16 (where the CPU has it):
+  // the matrices and the KV cache in bf16, three runs.
+  const bool bf16 = qkv::kernels::bf16_native();
+  for (const char* mode : {"kv_cache", "no_cache", "kv_cache_bf16"}) {
+    const bool cache = std::string(mode) != "no_cache", half = std::string(mode) == "kv_cache_bf16";
+    if (half && !bf16) continue;
+    const std::string name = std::string("generate_256/gpt2_124M/") + mode + "/threads:2";
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_generate, name, generator_model, new_tokens, cache, 2, half);
+    b->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+    if (cache && !smoke) b->Repetitions(3);
+  }
   configure(benchmark::RegisterBenchmark("tokenize_gpt2/1MB", bm_tokenize, smoke ? 10000 : 1000000));
   benchmark::RunSpecifiedBenchmarks();
+  // Generation against the memory-bound limit: the machine's read bandwidth (measured now, 2 threads) ÷ the bytes a
+  // token reads.
+  if (!g_generation.empty()) {
+    omp_set_num_threads(2);
+    const double bandwidth = qkv::bench::read_bandwidth(smoke ? (int64_t{64} << 20) : (int64_t{512} << 20));
+    std::printf("\nGeneration, 2 threads: read bandwidth %.1f GB/s measured (medians of the runs)\n", bandwidth / 1e9);
+    for (const auto& [name, r] : g_generation) {
+      const double limit = bandwidth / r.bytes_per_token;
+      std::printf("  %-44s %7.1f tok/s; %.0f MB a token -> limit %.1f tok/s: %.0f%%; weights %.0f MB, KV cache %.1f MB\n",
+                  name.c_str(), r.median(), r.bytes_per_token / 1e6, limit, 100.0 * r.median() / limit,
+                  r.weight_bytes / 1e6, r.cache_bytes / 1e6);
+    }
+    const auto fp32 = g_generation.find("generate_256/gpt2_124M/kv_cache/threads:2");
+    const auto half = g_generation.find("generate_256/gpt2_124M/kv_cache_bf16/threads:2");
+    if (fp32 != g_generation.end() && half != g_generation.end())
+      std::printf("  bf16 / fp32: %.2fx tokens/s, weights %.2fx\n", half->second.median() / fp32->second.median(),
+                  half->second.weight_bytes / fp32->second.weight_bytes);
+  }
   benchmark::Shutdown();
   return 0;
 }

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <vector>
 
 namespace qkv::bench {
 
@@ -108,6 +110,38 @@ inline double measure_bf16_peak(int threads, double seconds) {
   (void)seconds;
   return 0.0;
 #endif
+}
+
+// Read bandwidth: the best of a few passes summing a buffer well beyond the caches, on the run's threads.
+inline double read_bandwidth(int64_t bytes) {
+  std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
+  double best = 0.0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t = std::chrono::steady_clock::now();
+    double total = 0.0;
+    const int64_t n = static_cast<int64_t>(buffer.size());
+    // Four independent vector sums per thread: the loads, not the adds, set the pace.
+#pragma omp parallel reduction(+ : total)
+    {
+      const int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
+      const int64_t begin = n * t / parts / 32 * 32, end = t + 1 == parts ? n / 32 * 32 : n * (t + 1) / parts / 32 * 32;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      const float* p = buffer.data();
+      for (int64_t i = begin; i < end; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (float l : lanes) total += l;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    if (total < 0) std::printf("%f", total);
+    best = std::max(best, static_cast<double>(bytes) / seconds);
+  }
+  return best;
 }
 
 }  // namespace qkv::bench
