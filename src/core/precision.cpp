@@ -2,6 +2,7 @@
 #include "qkv/core/precision.hpp"
 
 #include "qkv/core/error.hpp"
+#include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/gemm.hpp"
 
 namespace qkv {
@@ -35,7 +36,9 @@ std::string describe_precision(Precision p, std::string_view asked) {
   std::string out = precision_name(p);
   if (p == Precision::BF16)
     out += std::string(" (") + (asked == "auto" ? "auto; " : "") + "bf16 products with float32 sums: " +
-           kernels::gemm_bf16_backend() + ")";
+           kernels::gemm_bf16_backend() + "; attention " +
+           (kernels::attention_bf16_available() ? "qkv's VDPBF16PS kernel" : "float32 (no bf16 kernel in this build)") +
+           ")";
   else if (asked == "auto")
     out += std::string(" (auto: this CPU lacks ") + kernels::bf16_missing() + ")";
   return out;
