@@ -49,16 +49,31 @@ kernels::AttentionLayout layout_of(const Case& c, const kernels::AttentionDims& 
   return all_close(fused, reference, 1e-5, 1e-5 * std::max(largest, 1.0));
 }
 
+// A case's dimensions, layout, inputs (N(0, 1), seeds 1 to 4: q, k, v, dO) and kernel options (dropout seed 1234).
+struct CaseInputs {
+  kernels::AttentionDims d;
+  kernels::AttentionLayout layout;
+  Tensor q, k, v, d_o;
+  kernels::AttentionOptions options;
+  explicit CaseInputs(const Case& c)
+      : d{c.B, c.H, c.Tq, c.Tk, c.D, c.H_kv},
+        layout(layout_of(c, d)),
+        q(random_tensor({c.B * c.H * c.Tq * c.D}, 1)),
+        k(random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 2)),
+        v(random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 3)),
+        d_o(random_tensor({c.B * c.H * c.Tq * c.D}, 4)),
+        options{.causal = c.causal, .window = c.window, .softcap = c.softcap, .dropout_p = c.dropout, .seed = 1234} {}
+};
+
 class FusedVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FusedVsReference, ValuesAndAllGradientsAgree) {
   const Case c = GetParam();
-  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D, c.H_kv};
-  const auto layout = layout_of(c, d);
-  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1), k = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 2),
-               v = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 3), d_o = random_tensor({c.B * c.H * c.Tq * c.D}, 4);
-  kernels::AttentionOptions options{
-      .causal = c.causal, .window = c.window, .softcap = c.softcap, .dropout_p = c.dropout, .seed = 1234};
+  const CaseInputs in(c);
+  const kernels::AttentionDims& d = in.d;
+  const auto& layout = in.layout;
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &d_o = in.d_o;
+  const kernels::AttentionOptions options = in.options;
   Tensor o = Tensor::empty(q.shape()), o_ref = Tensor::empty(q.shape()), lse = Tensor::empty({c.B * c.H * c.Tq});
   kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
   kernels::attention_forward_reference(d, layout, options, q.data(), k.data(), v.data(), o_ref.data());
@@ -82,12 +97,12 @@ TEST_P(FusedVsReference, ValuesAndAllGradientsAgree) {
 // then the bits are float32's.
 TEST_P(FusedVsReference, ValuesAndAllGradientsAgreeWithBf16Products) {
   const Case c = GetParam();
-  const kernels::AttentionDims d{c.B, c.H, c.Tq, c.Tk, c.D, c.H_kv};
-  const auto layout = layout_of(c, d);
-  const Tensor q = random_tensor({c.B * c.H * c.Tq * c.D}, 1), k = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 2),
-               v = random_tensor({c.B * c.kv_heads() * c.Tk * c.D}, 3), d_o = random_tensor({c.B * c.H * c.Tq * c.D}, 4);
-  kernels::AttentionOptions options{
-      .causal = c.causal, .window = c.window, .softcap = c.softcap, .dropout_p = c.dropout, .seed = 1234, .bf16 = true};
+  const CaseInputs in(c);
+  const kernels::AttentionDims& d = in.d;
+  const auto& layout = in.layout;
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &d_o = in.d_o;
+  kernels::AttentionOptions options = in.options;
+  options.bf16 = true;
   kernels::AttentionOptions fp32 = options;
   fp32.bf16 = false;
   auto run = [&](const kernels::AttentionOptions& o, std::vector<Tensor>& out) {
@@ -188,6 +203,20 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedVsReference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return name(info.param); });
 
+// The fused forward and backward with these options: O, dQ, dK and dV, one after another.
+std::vector<float> forward_and_backward(const kernels::AttentionDims& d, const kernels::AttentionLayout& layout,
+                                        const kernels::AttentionOptions& options, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& d_o) {
+  Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({d.B * d.H * d.Tq}), dq = Tensor::empty(q.shape()),
+         dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
+  kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
+  kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), d_o.data(),
+                              dq.data(), dk.data(), dv.data());
+  std::vector<float> all = o.to_vector();
+  for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
+  return all;
+}
+
 // Few heads (items go round-robin between threads, and the backward splits heads into blocks) and many heads (each
 // thread takes a contiguous run of heads), with and without dropout.
 void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int64_t D, float dropout, bool bf16 = false) {
@@ -198,15 +227,8 @@ void expect_same_bits_for_any_thread_count(int64_t B, int64_t H, int64_t T, int6
   const Tensor q = random_tensor({n}, 1), k = random_tensor({n}, 2), v = random_tensor({n}, 3);
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
-    kernels::AttentionOptions options{.causal = true, .dropout_p = dropout, .seed = 9, .threads = threads, .bf16 = bf16};
-    Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
-           dk = Tensor::empty(q.shape()), dv = Tensor::empty(q.shape());
-    kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
-    kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(),
-                                dq.data(), dk.data(), dv.data());
-    std::vector<float> all = o.to_vector();
-    for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
-    results.push_back(all);
+    const kernels::AttentionOptions options{.causal = true, .dropout_p = dropout, .seed = 9, .threads = threads, .bf16 = bf16};
+    results.push_back(forward_and_backward(d, layout, options, q, k, v, q));
   }
   EXPECT_EQ(results[0], results[1]) << B << "x" << H << " heads, T " << T;
   EXPECT_EQ(results[0], results[2]) << B << "x" << H << " heads, T " << T;
@@ -234,15 +256,8 @@ TEST(FusedAttention, GroupedQuerySameBitsForAnyThreadCount) {
     for (bool bf16 : {false, true}) {  // bf16 products: the same ownership, so the same guarantee
       std::vector<std::vector<float>> results;
       for (int threads : {1, 2, 3}) {
-        kernels::AttentionOptions options{.causal = true, .window = window, .threads = threads, .bf16 = bf16};
-        Tensor o = Tensor::empty(q.shape()), lse = Tensor::empty({B * H * T}), dq = Tensor::empty(q.shape()),
-               dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
-        kernels::attention_forward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data());
-        kernels::attention_backward(d, layout, options, q.data(), k.data(), v.data(), o.data(), lse.data(), d_o.data(),
-                                    dq.data(), dk.data(), dv.data());
-        std::vector<float> all = o.to_vector();
-        for (const Tensor* t : {&dq, &dk, &dv}) all.insert(all.end(), t->data(), t->data() + t->numel());
-        results.push_back(all);
+        const kernels::AttentionOptions options{.causal = true, .window = window, .threads = threads, .bf16 = bf16};
+        results.push_back(forward_and_backward(d, layout, options, q, k, v, d_o));
       }
       EXPECT_EQ(results[0], results[1]) << B << "x" << H << "/" << H_kv << " window " << window << " bf16 " << bf16;
       EXPECT_EQ(results[0], results[2]) << B << "x" << H << "/" << H_kv << " window " << window << " bf16 " << bf16;
