@@ -1342,7 +1342,7 @@ void attention_backward(const AttentionDims& dims, const AttentionLayout& layout
   }
   // Di = rowsum(dO ∘ O), one per query row; with bf16 products from dO as they round it, so that dS = P ∘ (G − Di)
   // is zero where it should be (one visible key: G = Di exactly), not bf16's rounding error.
-  const bool bf16 = options.bf16 && attention_bf16_available();
+  [[maybe_unused]] const bool bf16 = options.bf16 && attention_bf16_available();  // read only where bf16 is built
   Scratch delta_buf;
   float* delta = delta_buf.get(static_cast<size_t>(heads * dims.Tq));
 #pragma omp parallel for num_threads(p.threads()) schedule(static)
