@@ -1,5 +1,5 @@
 // Fused scaled-dot-product attention, forward and backward, FlashAttention-2 style, on the CPU.
-// Not here: the autograd op that wraps it (autograd/ops_sdpa.cpp) or the plain materialised path
+// Not here: the autograd op that wraps it (core/ops_sdpa.cpp) or the plain materialised path
 // (nn/attention.cpp), which the tests compare this against.
 //
 // Blocking. Queries go in blocks of kBr rows, keys in blocks of kBc columns. Per (b, h) each thread packs
@@ -7,6 +7,12 @@
 // and dO padded to Dp. Every product is then one shape of GEMM, C (M × N) (+)= A (M × K) · B (K × N) with
 // B rows of 16 contiguous floats, done by one register-blocked micro-kernel: 6 × 16 (12 AVX2 accumulators), or
 // 8 × 32 with AVX-512 (16 accumulators).
+//
+// bf16 products (options.bf16, AVX512_BF16): the same blocks, ownership and softmax, with bf16 operands and float32
+// sums. VDPBF16PS adds a pair of k per lane, so B operands are packed in pair rows (Kᵀ per key block, V and K by
+// pairs of keys, Qs and dO by pairs of queries) and A is read a pair at a time; P and dS are rounded once per tile.
+// ForwardF32/ForwardBf16 and BackwardF32/BackwardBf16 hold the packs and products; forward_blocks and
+// backward_blocks are written once over them.
 //
 // Forward, per query block (thread-owned):
 //   S = Qs Kᵀ_j (Br × Bc);  m' = max(m, rowmax S);  P = exp(S − m');  l = l·e^(m−m') + rowsum P
