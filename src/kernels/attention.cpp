@@ -409,17 +409,21 @@ void to_bf16_scaled(const float* src, int64_t n, int64_t n_pad, float factor, ui
 alignas(64) constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
+// Stores the 32 bf16 of `both` (values j… of row 0 in its low half, of row 1 in its high half) as pairs at dst + 2j,
+// only the first `left` pairs when fewer than 16 are left.
+void store_pairs(__m512i both, int64_t j, int64_t left, uint16_t* dst) {
+  const __mmask32 keep = left >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * left)) - 1);
+  _mm512_mask_storeu_epi16(dst + 2 * j, keep, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
+}
+
 void interleave_bf16(const float* r0, const float* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
-  const __m512i order = _mm512_load_si512(kInterleave);
   const __m512 f = _mm512_set1_ps(factor);
   int64_t j = 0;
   for (; j < n; j += 16) {
     const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
     const __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r0 + j), f);
     const __m512 x1 = r1 ? _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r1 + j), f) : _mm512_setzero_ps();
-    const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));  // x0 in the low half, x1 high
-    _mm512_mask_storeu_epi16(dst + 2 * j, n - j >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * (n - j))) - 1),
-                             _mm512_permutexvar_epi16(order, both));
+    store_pairs(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0)), j, n - j, dst);  // x0 in the low half
   }
   std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
 }
@@ -432,14 +436,11 @@ void to_bf16_scaled(const uint16_t* src, int64_t n, int64_t n_pad, float factor,
 }
 void interleave_bf16(const uint16_t* r0, const uint16_t* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
   static_cast<void>(factor);
-  const __m512i order = _mm512_load_si512(kInterleave);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
     const __m256i x0 = _mm256_maskz_loadu_epi16(m, r0 + j);
     const __m256i x1 = r1 ? _mm256_maskz_loadu_epi16(m, r1 + j) : _mm256_setzero_si256();
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
-    _mm512_mask_storeu_epi16(dst + 2 * j, n - j >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * (n - j))) - 1),
-                             _mm512_permutexvar_epi16(order, both));
+    store_pairs(_mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1), j, n - j, dst);
   }
   std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
 }
@@ -618,6 +619,11 @@ struct Plan {
   }
   float* kv_row(float* base, const AttentionStrides& s, int64_t bkv, int64_t t) const {
     return base + (bkv / kv_heads) * s.batch + (bkv % kv_heads) * s.head + t * s.token;
+  }
+  // The elements a strided tensor of `heads` heads × T tokens spans from its first: where a copy of it must reach.
+  int64_t extent(const AttentionStrides& s, int64_t heads, int64_t T) const {
+    if (dims.B <= 0 || heads <= 0 || T <= 0 || dims.D <= 0) return 0;
+    return (dims.B - 1) * s.batch + (heads - 1) * s.head + (T - 1) * s.token + dims.D;
   }
   // Soft-capping of a row's visible scores [lo, hi), in place: s = cap·tanh(s / cap).
   void cap_scores(float* s, int64_t lo, int64_t hi) const {
@@ -960,18 +966,11 @@ void attention_forward_bf16_kv(const AttentionDims& dims, const AttentionLayout&
   if (dims.B <= 0 || dims.H <= 0 || dims.Tq <= 0) return;
   const Plan p(dims, layout, options);
 #ifdef QKV_ATTENTION_BF16
-  if (attention_bf16_available() && dims.Tk > 0 && dims.D > 0) {
-    AttentionOptions bf16 = options;
-    bf16.bf16 = true;
-    return forward_blocks<ForwardBf16<uint16_t>>(Plan(dims, layout, bf16), q, k, v, o, lse);
-  }
+  if (attention_bf16_available() && dims.Tk > 0 && dims.D > 0) return forward_blocks<ForwardBf16<uint16_t>>(p, q, k, v, o, lse);
 #endif
   // Without bf16 products: K and V widened (exactly) over their extent, then the float32 kernel.
   auto widen = [&](const uint16_t* x, const AttentionStrides& s) {
-    const int64_t extent = dims.Tk <= 0 || dims.D <= 0
-                               ? 0
-                               : (dims.B - 1) * s.batch + (p.kv_heads - 1) * s.head + (dims.Tk - 1) * s.token + dims.D;
-    std::vector<float> out(static_cast<size_t>(std::max<int64_t>(extent, 0)));
+    std::vector<float> out(static_cast<size_t>(p.extent(s, p.kv_heads, dims.Tk)));
     bf16_to_f32(x, out.data(), static_cast<int64_t>(out.size()));
     return out;
   };
@@ -1432,10 +1431,9 @@ namespace {
 
 // What options.bf16 rounds, as the fused kernel rounds it: a copy of a strided tensor (heads × T rows of D) with every
 // value x → bf16(x · factor) / factor. (The kernel also rounds the tiles of P and dS; the reference does not.)
-std::vector<float> rounded_bf16(const AttentionDims& d, const AttentionStrides& s, int64_t heads, int64_t T,
-                                const float* x, float factor) {
-  const int64_t extent = (d.B - 1) * s.batch + (heads - 1) * s.head + (T - 1) * s.token + d.D;
-  std::vector<float> out(x, x + std::max<int64_t>(extent, 0));
+std::vector<float> rounded_bf16(const Plan& p, const AttentionStrides& s, int64_t heads, int64_t T, const float* x,
+                                float factor) {
+  std::vector<float> out(x, x + p.extent(s, heads, T));
   for (float& value : out) value = bf16_to_f32_reference(f32_to_bf16_reference(value * factor)) / factor;
   return out;
 }
@@ -1444,10 +1442,10 @@ struct RoundedInputs {
   std::vector<float> q, k, v, d_o;
   RoundedInputs(const Plan& p, const float* q_in, const float* k_in, const float* v_in, const float* d_o_in) {
     const AttentionDims& d = p.dims;
-    q = rounded_bf16(d, p.layout.q, d.H, d.Tq, q_in, p.scale);
-    k = rounded_bf16(d, p.layout.k, p.kv_heads, d.Tk, k_in, 1.0f);
-    v = rounded_bf16(d, p.layout.v, p.kv_heads, d.Tk, v_in, 1.0f);
-    if (d_o_in) d_o = rounded_bf16(d, p.layout.o, d.H, d.Tq, d_o_in, 1.0f);
+    q = rounded_bf16(p, p.layout.q, d.H, d.Tq, q_in, p.scale);
+    k = rounded_bf16(p, p.layout.k, p.kv_heads, d.Tk, k_in, 1.0f);
+    v = rounded_bf16(p, p.layout.v, p.kv_heads, d.Tk, v_in, 1.0f);
+    if (d_o_in) d_o = rounded_bf16(p, p.layout.o, d.H, d.Tq, d_o_in, 1.0f);
   }
 };
 
