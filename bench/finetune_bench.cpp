@@ -62,7 +62,7 @@ double median(std::vector<double> v) {
 
 // The model, its head and the optimiser of one recipe.
 struct Recipe {
-  std::unique_ptr<qkv::nn::GPTModel> model;
+  std::unique_ptr<qkv::nn::Decoder> model;
   std::unique_ptr<qkv::train::SequenceClassifier> classifier;
   std::unique_ptr<qkv::optim::AdamW> optimizer;
   std::vector<int64_t> ids, labels, positions;
@@ -73,7 +73,7 @@ Recipe make_recipe(const std::string& mode) {
   const qkv::nn::GPTConfig c = model_config();
   Recipe r;
   qkv::Generator gen(123);
-  r.model = std::make_unique<qkv::nn::GPTModel>(c, gen);
+  r.model = std::make_unique<qkv::nn::Decoder>(c, gen);
   r.model->eval();
   r.classifier = std::make_unique<qkv::train::SequenceClassifier>(*r.model, 2, gen);
   if (mode == "classify" || mode == "cached")
@@ -159,7 +159,7 @@ int rss_child(const std::string& mode) {
   omp_set_num_threads(settings.threads);
   const qkv::nn::GPTConfig c = model_config();
   qkv::Generator gen(123);
-  qkv::nn::GPTModel model(c, gen);
+  qkv::nn::Decoder model(c, gen);
   model.eval();
   qkv::train::SequenceClassifier classifier(model, 2, gen);
   std::vector<int64_t> ids, labels(static_cast<size_t>(settings.batch), 1), positions(static_cast<size_t>(settings.batch), settings.tokens - 1);

@@ -39,7 +39,7 @@ void bm_train_step(benchmark::State& state, GPTConfig c, int64_t batch, int thre
   omp_set_num_threads(threads);
   qkv::memory::set_block_cache_limit(int64_t{2} << 30);  // as train::Trainer does
   qkv::Generator gen(1);
-  qkv::nn::GPTModel model(c, gen);
+  qkv::nn::Decoder model(c, gen);
   qkv::optim::AdamW optimizer(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   const auto parameters = model.named_parameters();
   std::vector<int64_t> ids(static_cast<size_t>(batch * c.context_length)), targets(ids.size());
@@ -74,7 +74,7 @@ void bm_generate(benchmark::State& state, const std::string& name, GPTConfig c, 
                  int threads, bool bf16) {
   omp_set_num_threads(threads);
   qkv::Generator gen(2);
-  qkv::nn::GPTModel model(c, gen);
+  qkv::nn::Decoder model(c, gen);
   model.eval();
   const qkv::PrecisionGuard precision(bf16 ? qkv::Precision::BF16 : qkv::Precision::FP32);
   if (bf16) model.weights_to_bf16();

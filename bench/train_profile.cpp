@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   }
   const qkv::PrecisionGuard guard(precision);
   qkv::Generator gen(1);
-  qkv::nn::GPTModel model(c, gen);
+  qkv::nn::Decoder model(c, gen);
   qkv::optim::AdamW optimizer(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   const auto parameters = model.named_parameters();
   const int64_t T = c.context_length, tokens = batch * T;

@@ -399,7 +399,7 @@ TEST(Bf16Weights, ABf16KvCacheHalvesTheCacheAndAnswersAsTheWholeForward) {
   std::vector<std::pair<std::string, std::shared_ptr<nn::LanguageModel>>> models;
   for (const std::string family : {"llama", "qwen3", "gemma3"}) models.emplace_back(family, nn::load_hf_decoder(fixture("hf/" + family)));
   Generator gen(7);
-  models.emplace_back("GPTModel", std::make_shared<nn::GPTModel>(
+  models.emplace_back("GPTModel", std::make_shared<nn::Decoder>(
                                       nn::GPTConfig{.vocab_size = 50, .context_length = 32, .emb_dim = 32, .n_heads = 4,
                                                     .n_layers = 2, .drop_rate = 0.0, .qkv_bias = true}, gen));
   for (auto& [name, model] : models) {

@@ -24,9 +24,9 @@ class Finetune : public ::testing::Test {
     file_ = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(fixture("finetune.safetensors")));
     config_ = nn::GPTConfig::from_strings(file_->metadata());
   }
-  std::unique_ptr<nn::GPTModel> base() const {
+  std::unique_ptr<nn::Decoder> base() const {
     Generator gen(123);
-    auto model = std::make_unique<nn::GPTModel>(config_, gen);
+    auto model = std::make_unique<nn::Decoder>(config_, gen);
     model->eval();
     return model;
   }
@@ -63,7 +63,7 @@ TEST_F(Finetune, ClassifierHeadGradientsAndAdamWStepsMatchPyTorch) {
   train::SequenceClassifier classifier(*model, 3, head_gen);
   EXPECT_TRUE(all_close(classifier.head.weight, file_->tensor("classify.head_init.weight"), 0, 0));
   EXPECT_TRUE(all_close(classifier.head.bias, file_->tensor("classify.head_init.bias"), 0, 0));
-  const int64_t total = model->parameter_count() - model->out_head.weight.numel() + classifier.head.parameter_count();
+  const int64_t total = model->parameter_count() - model->head.numel() + classifier.head.parameter_count();
   train::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
   auto trainable = classifier.trainable_parameters();
   int64_t count = 0;
@@ -139,22 +139,21 @@ TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
   ASSERT_EQ(adapted.size(), 12u);  // six Linear layers per block
   EXPECT_EQ(adapted[0], "trf_blocks.0.att.W_query");
   EXPECT_EQ(model->trainable_parameter_count() + classifier.head.parameter_count(), file_->int64s("lora.trainable")[0]);
-  std::map<std::string, nn::Linear*> layers;
-  model->for_each_module([&](const std::string& name, nn::Module& m) {
-    if (auto* l = dynamic_cast<nn::Linear*>(&m); l && l->has_lora()) layers[name] = l;
-  });
+  std::map<std::string, nn::LoraSite> layers;
+  for (const nn::LoraSite& site : model->lora_sites())
+    if (site.lora && site.lora->defined()) layers[site.name] = site;
   for (const std::string& name : adapted) {
-    EXPECT_TRUE(all_close(layers.at(name)->lora.a, file_->tensor("lora.A_init." + name), 0, 0)) << name;
-    layers.at(name)->lora.b.copy_(file_->tensor("lora.B_set." + name));
+    EXPECT_TRUE(all_close(layers.at(name).lora->a, file_->tensor("lora.A_init." + name), 0, 0)) << name;
+    layers.at(name).lora->b.copy_(file_->tensor("lora.B_set." + name));
   }
   const std::vector<int64_t> ids = file_->int64s("lora.ids"), labels = file_->int64s("lora.labels"), last(4, 9);
   const Tensor logits = classifier.logits(ids, 4, 10, last);
   expect_close(logits, "lora.logits");
   cross_entropy(logits, labels).backward();
   for (const std::string& name : adapted) {
-    expect_close(layers.at(name)->lora.a.grad(), "lora.grad_A." + name);
-    expect_close(layers.at(name)->lora.b.grad(), "lora.grad_B." + name);
-    EXPECT_FALSE(layers.at(name)->weight.grad().defined()) << name;
+    expect_close(layers.at(name).lora->a.grad(), "lora.grad_A." + name);
+    expect_close(layers.at(name).lora->b.grad(), "lora.grad_B." + name);
+    EXPECT_FALSE(layers.at(name).weight.grad().defined()) << name;
   }
   expect_close(classifier.head.weight.grad(), "lora.grad.out_head.weight");
 
@@ -171,11 +170,11 @@ TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
   int states = 0;
   optimizer.for_each_state([&](const std::string&, Tensor&) { ++states; });
   EXPECT_EQ(states, 2 * (2 * 12 + 2));  // AdamW's two moments for the adapters and the head, none for the frozen base
-  expect_close(layers.at(adapted[0])->lora.b, "lora.final_B." + adapted[0]);
+  expect_close(layers.at(adapted[0]).lora->b, "lora.final_B." + adapted[0]);
   const Tensor before = classifier.logits(ids, 4, 10, last);
   train::merge_lora(*model);
-  expect_close(layers.at(adapted[0])->weight, "lora.merged." + adapted[0]);
-  EXPECT_FALSE(layers.at(adapted[0])->has_lora());
+  expect_close(layers.at(adapted[0]).weight, "lora.merged." + adapted[0]);
+  EXPECT_FALSE(layers.at(adapted[0]).lora->defined());
   EXPECT_TRUE(all_close(classifier.logits(ids, 4, 10, last), before, 1e-4, 1e-5));  // merged computes the same
 }
 
@@ -246,12 +245,11 @@ TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
   train::set_trainable(*model, {});
   const auto names = train::add_lora(*model, {.rank = 4, .alpha = 8, .targets = {"attention"}}, gen, {"out_head"});
   EXPECT_EQ(names.size(), 8u);
-  nn::Linear* first = nullptr;
-  model->for_each_module([&](const std::string& name, nn::Module& m) {
-    if (name == names[0]) first = dynamic_cast<nn::Linear*>(&m);
-  });
+  nn::LoraWeights* first = nullptr;
+  for (const nn::LoraSite& site : model->lora_sites())
+    if (site.name == names[0]) first = site.lora;
   ASSERT_NE(first, nullptr);
-  first->lora.b.copy_(random_tensor(first->lora.b.shape(), 3));
+  first->b.copy_(random_tensor(first->b.shape(), 3));
   const std::string dir = ::testing::TempDir() + "/qkv_adapter";
   std::filesystem::remove_all(dir);
   train::save_peft_adapter(dir, *model, {.rank = 4, .alpha = 8, .target_modules = names, .base_model = "tiny"},
@@ -268,7 +266,7 @@ TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
   nn::GPTConfig other = config_;
   other.emb_dim = 16;
   other.n_heads = 2;
-  nn::GPTModel wrong(other);
+  nn::Decoder wrong(other);
   EXPECT_THROW(train::apply_peft_adapter(wrong, adapter), ValueError);
   EXPECT_THROW(train::read_peft_adapter(::testing::TempDir()), IoError);
 }

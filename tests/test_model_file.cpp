@@ -28,7 +28,7 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-void expect_weights(nn::GPTModel& model, const std::string& prefix = "state.") {
+void expect_weights(nn::Decoder& model, const std::string& prefix = "state.") {
   const io::SafetensorsFile expected = io::SafetensorsFile::open(pth("expected.safetensors"));
   for (const auto& [name, p] : model.named_parameters()) {
     const Tensor e = expected.tensor(prefix + name);
@@ -47,8 +47,8 @@ TEST(ModelFile, DetectsEachFormatByContent) {
 TEST(ModelFile, BookPthAndSafetensorsWithTheBooksConfig) {
   for (const char* name : {"model.pth", "model.safetensors"}) {
     train::ModelFile f = train::load_model_file(pth(name), config_json());
-    EXPECT_EQ(f.model->config.n_heads, 4);
-    EXPECT_EQ(f.model->config.context_length, 16);
+    EXPECT_EQ(f.model->config.num_heads, 4);
+    EXPECT_EQ(f.model->config.max_positions, 16);
     EXPECT_FALSE(f.model->config.qkv_bias);
     EXPECT_EQ(f.tokenizer, "bytes");  // a vocabulary of 256
     expect_weights(*f.model);
@@ -61,7 +61,7 @@ TEST(ModelFile, InfersTheShapesAndAsksForTheHeads) {
   EXPECT_NE(message.find("--config"), std::string::npos) << message;
   train::ModelFile f = train::load_model_file(pth("model.pth"), {"", 4, ""});
   EXPECT_EQ(f.model->config.vocab_size, 256);
-  EXPECT_EQ(f.model->config.n_layers, 2);
+  EXPECT_EQ(f.model->config.num_layers, 2);
   // A configuration that contradicts the tensors is named with the tensor that says otherwise.
   const std::string wrong = error_of([] { train::load_model_file(pth("model.pth"), {"gpt2-small", 0, ""}); });
   EXPECT_NE(wrong.find("emb_dim = 768"), std::string::npos) << wrong;
@@ -95,7 +95,7 @@ TEST(ModelFile, ContinuesTheBooksTrainingExactly) {
   EXPECT_EQ(f.optimizer->step, expected.int64s("step")[0]);
   EXPECT_DOUBLE_EQ(f.optimizer->options.lr, 4e-4);
   EXPECT_DOUBLE_EQ(f.optimizer->options.weight_decay, 0.1);
-  nn::GPTModel& model = *f.model;
+  nn::Decoder& model = *f.model;
   expect_weights(model);
   optim::AdamW adamw(model.named_parameters(), f.optimizer->options);
   adamw.ensure_state();
@@ -131,7 +131,7 @@ TEST(ModelFile, WritersReadBack) {
     expect_weights(*back.model);
   }
   train::TrainSettings settings;
-  settings.model = f.model->config;
+  settings.model = nn::GPTConfig::of(f.model->config);
   settings.tokenizer = "bytes";
   settings.learning_rate = 4e-4;
   std::vector<uint64_t> rng = Generator(5).state();

@@ -80,9 +80,9 @@ train::PeftAdapter adapter_description(const ModelOptions& m, const train::LoraO
 // The book's configuration dict (GPT_CONFIG_124M's keys) beside model.pth, which carries none: what the book's
 // GPTModel(cfg) needs, and what qkv classify reads back.
 void write_book_config(const std::string& dir, nn::LanguageModel& model) {
-  const auto* gpt = dynamic_cast<const nn::GPTModel*>(&model);
-  if (!gpt) return;
-  const nn::GPTConfig& c = gpt->config;
+  const auto* decoder = dynamic_cast<const nn::Decoder*>(&model);
+  if (!decoder || decoder->config.family != "gpt2") return;
+  const nn::GPTConfig c = nn::GPTConfig::of(decoder->config);
   const nlohmann::ordered_json config = {{"vocab_size", c.vocab_size}, {"context_length", c.context_length},
                                          {"emb_dim", c.emb_dim}, {"n_heads", c.n_heads}, {"n_layers", c.n_layers},
                                          {"drop_rate", c.drop_rate}, {"qkv_bias", c.qkv_bias}};

@@ -364,7 +364,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     for (int64_t id : probe) probe_labels.push_back(viz::token_label(tokenizer->decode(std::vector<int64_t>{id})));
   }
   auto snapshot = [&](int64_t step) {
-    nn::GPTModel& model = trainer.model();
+    nn::Decoder& model = trainer.model();
     const bool was_training = model.is_training();
     model.eval();
     const Tensor maps = model.attention_maps(probe, {}, {});

@@ -61,6 +61,7 @@ void DecoderConfig::validate() const {
   }
   if (!(norm_eps > 0.0 && norm_eps < 1.0)) invalid("the norm epsilon must lie in (0, 1), got " + std::to_string(norm_eps));
   if (!(drop_rate >= 0.0 && drop_rate < 1.0)) invalid("drop_rate must lie in [0, 1)");
+  if (!(attention_dropout >= 0.0 && attention_dropout < 1.0)) invalid("attention_dropout must lie in [0, 1)");
   if (!(attention_scale >= 0.0) || !(embedding_scale >= 0.0) || !(attn_softcap >= 0.0) || !std::isfinite(attention_scale) ||
       !std::isfinite(embedding_scale) || !std::isfinite(attn_softcap)) {
     invalid("attention_scale, embedding_scale and attn_softcap must be finite and ≥ 0");
@@ -252,10 +253,26 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   blocks.resize(static_cast<size_t>(c.num_layers));
   const float norm_identity = c.norm == NormKind::GemmaRMSNorm ? 0.0f : 1.0f;
   // Each layer's W_q, W_k, W_v (and their biases) live back to back in one buffer, so one product reads all three
-  // in place (linear_concat), as GPTModel's attention does.
+  // in place (linear_concat).
   std::vector<Tensor> qkv_home(blocks.size()), qkv_bias_home(blocks.size());
   const int64_t qkv_rows = c.q_width() + 2 * c.kv_width();
   auto make = [fill](const Shape& shape) { return fill ? Tensor::zeros(shape) : Tensor::empty(shape); };
+  // gpt2: torch.nn.Embedding and torch.nn.Linear's initialisation, in the book's order (the layout's): a Linear's
+  // weight, then its bias uniform in ±1/√(its fan-in).
+  const bool book = c.family == "gpt2";
+  int64_t fan_in = 0;
+  auto book_draw = [&](const DecoderConfig::Parameter& p, Tensor& t) {
+    if (p.role == Role::TokenEmbedding || p.role == Role::PositionEmbedding) {
+      gen->normal_(t, 0.0, 1.0);
+    } else if (p.shape.rank() == 2) {
+      kaiming_uniform_(t, std::sqrt(5.0), *gen);
+      fan_in = p.shape[1];
+    } else if (is_bias(p.role) && p.role != Role::AttnNormBias && p.role != Role::MlpNormBias &&
+               p.role != Role::FinalNormBias) {  // a Linear's bias; a LayerNorm's shift stays 0
+      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+      gen->uniform_(t, -bound, bound);
+    }
+  };
   for (size_t i = 0; i < blocks.size(); ++i) {
     qkv_home[i] = make({qkv_rows, c.hidden_size});
     if (c.qkv_bias) qkv_bias_home[i] = make({qkv_rows});
@@ -277,9 +294,16 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
     if (!fill) {
     } else if (is_norm(p.role)) {
       t.fill_(norm_identity);
+    } else if (book) {
+      book_draw(p, t);
     } else if (!is_bias(p.role)) {
       gen->normal_(t, 0.0, 0.02);
     }
+    // The book's MultiHeadAttention keeps its causal mask as a buffer: its state dict (and .pth files) name one per
+    // block, recomputed here rather than stored.
+    if (book && p.role == Role::Query)
+      register_derived_buffer(block_prefix(p.layer) + "att.mask", Shape{c.max_positions, c.max_positions},
+                              [n = c.max_positions] { return causal_mask(n); });
     Tensor& registered = register_parameter(p.name, t);
     if (p.layer >= 0) {
       *slot(blocks[static_cast<size_t>(p.layer)], p.role) = registered;
@@ -294,7 +318,14 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       default: break;
     }
   }
-  if (c.tie_word_embeddings) head = tok_emb;
+  if (c.tie_word_embeddings) {
+    head = tok_emb;
+    // The book's GPTModel draws its out_head before tying it: the draws that follow (dropout) stay the same.
+    if (book && fill && gen->draws()) {
+      Tensor discarded = Tensor::empty({c.vocab_size, c.hidden_size});
+      kaiming_uniform_(discarded, std::sqrt(5.0), *gen);
+    }
+  }
   auto ropes = std::make_shared<RopeTables>();
   for (const auto& r : c.ropes) {
     ropes->inverse_frequencies.push_back(r.inverse_frequencies(c.head_dim));
@@ -435,6 +466,9 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
   attention.window = layer.window;
   attention.scale = static_cast<float>(config.attention_scale);
   attention.softcap = static_cast<float>(config.attn_softcap);
+  attention.dropout_p = config.attention_dropout;
+  attention.training = is_training();
+  attention.generator = gen_;
   const std::vector<Tensor> weights = {b.wq, b.wk, b.wv};
   const std::vector<Tensor> biases = b.bq.defined() ? std::vector<Tensor>{b.bq, b.bk, b.bv} : std::vector<Tensor>{};
   Tensor context;

@@ -1,4 +1,4 @@
-// load_gpt2: Hugging Face GPT-2 safetensors → GPTModel (see qkv/nn/gpt2.hpp).
+// load_gpt2: Hugging Face GPT-2 safetensors → the decoder in its gpt2 configuration (see qkv/nn/gpt2.hpp).
 #include "qkv/nn/gpt2.hpp"
 
 #include <algorithm>
@@ -20,7 +20,7 @@ void copy_transposed_columns(const Tensor& src, int64_t c0, Tensor& dst) {
 
 }  // namespace
 
-std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
+std::unique_ptr<Decoder> load_gpt2(const std::string& path) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   std::string prefix;
   if (!file.contains("wte.weight") && file.contains("transformer.wte.weight")) prefix = "transformer.";
@@ -91,34 +91,34 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
       }
     }
   }
-  auto model = GPTModel::uninitialised(config);
-  model->tok_emb.weight.copy_(wte);
-  model->pos_emb.weight.copy_(wpe);
+  auto model = Decoder::uninitialised(config.decoder_config());
+  model->tok_emb.copy_(wte);
+  model->pos_emb.copy_(wpe);
   for (int64_t i = 0; i < config.n_layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    TransformerBlock& block = *model->trf_blocks[static_cast<size_t>(i)];
-    block.norm1.scale.copy_(get(h + "ln_1.weight", {C}));
-    block.norm1.shift.copy_(get(h + "ln_1.bias", {C}));
+    DecoderBlock& block = model->blocks[static_cast<size_t>(i)];
+    block.attn_norm.copy_(get(h + "ln_1.weight", {C}));
+    block.attn_norm_bias.copy_(get(h + "ln_1.bias", {C}));
     const Tensor c_attn = get(h + "attn.c_attn.weight", {C, 3 * C}), c_attn_bias = get(h + "attn.c_attn.bias", {3 * C});
-    Linear* projections[] = {&block.att.W_query, &block.att.W_key, &block.att.W_value};
+    Tensor* projections[][2] = {{&block.wq, &block.bq}, {&block.wk, &block.bk}, {&block.wv, &block.bv}};
     for (int part = 0; part < 3; ++part) {
-      copy_transposed_columns(c_attn, part * C, projections[part]->weight);
-      std::copy_n(c_attn_bias.data() + part * C, C, projections[part]->bias.data());
+      copy_transposed_columns(c_attn, part * C, *projections[part][0]);
+      std::copy_n(c_attn_bias.data() + part * C, C, projections[part][1]->data());
     }
-    copy_transposed_columns(get(h + "attn.c_proj.weight", {C, C}), 0, block.att.out_proj.weight);
-    block.att.out_proj.bias.copy_(get(h + "attn.c_proj.bias", {C}));
-    block.norm2.scale.copy_(get(h + "ln_2.weight", {C}));
-    block.norm2.shift.copy_(get(h + "ln_2.bias", {C}));
-    copy_transposed_columns(get(h + "mlp.c_fc.weight", {C, 4 * C}), 0, block.ff.fc.weight);
-    block.ff.fc.bias.copy_(get(h + "mlp.c_fc.bias", {4 * C}));
-    copy_transposed_columns(get(h + "mlp.c_proj.weight", {4 * C, C}), 0, block.ff.proj.weight);
-    block.ff.proj.bias.copy_(get(h + "mlp.c_proj.bias", {C}));
+    copy_transposed_columns(get(h + "attn.c_proj.weight", {C, C}), 0, block.wo);
+    block.bo.copy_(get(h + "attn.c_proj.bias", {C}));
+    block.mlp_norm.copy_(get(h + "ln_2.weight", {C}));
+    block.mlp_norm_bias.copy_(get(h + "ln_2.bias", {C}));
+    copy_transposed_columns(get(h + "mlp.c_fc.weight", {C, 4 * C}), 0, block.up);
+    block.up_bias.copy_(get(h + "mlp.c_fc.bias", {4 * C}));
+    copy_transposed_columns(get(h + "mlp.c_proj.weight", {4 * C, C}), 0, block.down);
+    block.down_bias.copy_(get(h + "mlp.c_proj.bias", {C}));
     // Buffers of older checkpoints: the causal mask, recomputed here.
     for (const char* buffer : {"attn.bias", "attn.masked_bias"})
       if (file.contains(prefix + h + buffer)) used.insert(prefix + h + buffer);
   }
-  model->final_norm.scale.copy_(get("ln_f.weight", {C}));
-  model->final_norm.shift.copy_(get("ln_f.bias", {C}));
+  model->final_norm.copy_(get("ln_f.weight", {C}));
+  model->final_norm_bias.copy_(get("ln_f.bias", {C}));
   if (file.contains(prefix + "lm_head.weight")) used.insert(prefix + "lm_head.weight");  // tied to wte anyway
   std::string unexpected;
   int extra = 0;
@@ -132,11 +132,11 @@ std::unique_ptr<GPTModel> load_gpt2(const std::string& path) {
   return model;
 }
 
-void save_gpt2(const std::string& path, GPTModel& model) {
-  const GPTConfig& config = model.config;
+void save_gpt2(const std::string& path, Decoder& model) {
+  const GPTConfig config = GPTConfig::of(model.config);
   if (!config.tie_weights) {
-    const Tensor& head = model.out_head.weight;
-    const Tensor& wte = model.tok_emb.weight;
+    const Tensor& head = model.head;
+    const Tensor& wte = model.tok_emb;
     if (std::memcmp(head.data(), wte.data(), static_cast<size_t>(wte.numel()) * sizeof(float)) != 0) {
       throw ValueError("GPT-2's safetensors layout ties the output head to wte, but this model has its own out_head.weight "
                        "(different from tok_emb.weight), which would be lost; keep it as a .pth or book safetensors");
@@ -149,31 +149,31 @@ void save_gpt2(const std::string& path, GPTModel& model) {
     const int64_t in = t.size(0), out = t.size(1), width = into.size(1);
     for (int64_t r = 0; r < in; ++r) std::copy_n(t.data() + r * out, out, into.data() + r * width + at);
   };
-  auto bias_of = [&](const Linear& l, int64_t n) { return l.bias.defined() ? l.bias : Tensor::zeros({n}); };
-  std::vector<std::pair<std::string, Tensor>> tensors{{"wte.weight", model.tok_emb.weight}, {"wpe.weight", model.pos_emb.weight}};
+  auto bias_of = [&](const Tensor& bias, int64_t n) { return bias.defined() ? bias : Tensor::zeros({n}); };
+  std::vector<std::pair<std::string, Tensor>> tensors{{"wte.weight", model.tok_emb}, {"wpe.weight", model.pos_emb}};
   for (int64_t i = 0; i < config.n_layers; ++i) {
-    const TransformerBlock& b = *model.trf_blocks[static_cast<size_t>(i)];
+    const DecoderBlock& b = model.blocks[static_cast<size_t>(i)];
     const std::string h = "h." + std::to_string(i) + ".";
     Tensor c_attn = Tensor::empty({C, 3 * C}), c_attn_bias = Tensor::empty({3 * C});
-    const Linear* parts[] = {&b.att.W_query, &b.att.W_key, &b.att.W_value};
+    const Tensor* parts[][2] = {{&b.wq, &b.bq}, {&b.wk, &b.bk}, {&b.wv, &b.bv}};
     for (int part = 0; part < 3; ++part) {
-      conv1d(parts[part]->weight, c_attn, part * C);
-      const Tensor bias = bias_of(*parts[part], C);  // no Q/K/V bias (the book's default): zeros, the same function
+      conv1d(*parts[part][0], c_attn, part * C);
+      const Tensor bias = bias_of(*parts[part][1], C);  // no Q/K/V bias (the book's default): zeros, the same function
       std::copy_n(bias.data(), C, c_attn_bias.data() + part * C);
     }
     Tensor c_proj = Tensor::empty({C, C}), c_fc = Tensor::empty({C, 4 * C}), mlp_proj = Tensor::empty({4 * C, C});
-    conv1d(b.att.out_proj.weight, c_proj, 0);
-    conv1d(b.ff.fc.weight, c_fc, 0);
-    conv1d(b.ff.proj.weight, mlp_proj, 0);
-    tensors.insert(tensors.end(), {{h + "ln_1.weight", b.norm1.scale}, {h + "ln_1.bias", b.norm1.shift},
+    conv1d(b.wo, c_proj, 0);
+    conv1d(b.up, c_fc, 0);
+    conv1d(b.down, mlp_proj, 0);
+    tensors.insert(tensors.end(), {{h + "ln_1.weight", b.attn_norm}, {h + "ln_1.bias", b.attn_norm_bias},
                                    {h + "attn.c_attn.weight", c_attn}, {h + "attn.c_attn.bias", c_attn_bias},
-                                   {h + "attn.c_proj.weight", c_proj}, {h + "attn.c_proj.bias", bias_of(b.att.out_proj, C)},
-                                   {h + "ln_2.weight", b.norm2.scale}, {h + "ln_2.bias", b.norm2.shift},
-                                   {h + "mlp.c_fc.weight", c_fc}, {h + "mlp.c_fc.bias", bias_of(b.ff.fc, 4 * C)},
-                                   {h + "mlp.c_proj.weight", mlp_proj}, {h + "mlp.c_proj.bias", bias_of(b.ff.proj, C)}});
+                                   {h + "attn.c_proj.weight", c_proj}, {h + "attn.c_proj.bias", bias_of(b.bo, C)},
+                                   {h + "ln_2.weight", b.mlp_norm}, {h + "ln_2.bias", b.mlp_norm_bias},
+                                   {h + "mlp.c_fc.weight", c_fc}, {h + "mlp.c_fc.bias", bias_of(b.up_bias, 4 * C)},
+                                   {h + "mlp.c_proj.weight", mlp_proj}, {h + "mlp.c_proj.bias", bias_of(b.down_bias, C)}});
   }
-  tensors.emplace_back("ln_f.weight", model.final_norm.scale);
-  tensors.emplace_back("ln_f.bias", model.final_norm.shift);
+  tensors.emplace_back("ln_f.weight", model.final_norm);
+  tensors.emplace_back("ln_f.bias", model.final_norm_bias);
   io::save_safetensors(path, tensors, {{"format", "pt"}, {"n_head", std::to_string(config.n_heads)}});
 }
 

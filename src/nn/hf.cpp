@@ -181,8 +181,8 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   c.eos_token_ids = token_ids(keys, "eos_token_id");
   const auto bos = token_ids(keys, "bos_token_id");
   if (!bos.empty()) c.bos_token_id = bos.front();
-  if (keys.number("attention_dropout", 0.0) != 0.0)
-    keys.fail("attention_dropout", "is not 0; qkv's decoders have no attention dropout");
+  c.attention_dropout = keys.number("attention_dropout", 0.0);
+  if (!(c.attention_dropout >= 0.0 && c.attention_dropout < 1.0)) keys.fail("attention_dropout", "must lie in [0, 1)");
   if (keys.integer("pretraining_tp", 1) != 1) keys.fail("pretraining_tp", "must be 1 (the split only changes rounding)");
   if (keys.has("final_logit_softcapping"))
     keys.fail("final_logit_softcapping", "is set; qkv has no final logit soft-capping (Gemma 2)");

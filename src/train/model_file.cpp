@@ -92,9 +92,9 @@ std::string tokenizer_for(const ConfigHint& hint, int64_t vocab_size) {
 }
 
 // Loads a book state dict (name → tensor on demand) into a new model, after checking every name and shape.
-std::unique_ptr<nn::GPTModel> build_book_model(const std::vector<std::pair<std::string, Shape>>& shapes,
-                                               const std::function<Tensor(const std::string&)>& tensor,
-                                               const nn::GPTConfig& config, const std::string& label) {
+std::unique_ptr<nn::Decoder> build_book_model(const std::vector<std::pair<std::string, Shape>>& shapes,
+                                              const std::function<Tensor(const std::string&)>& tensor,
+                                              const nn::GPTConfig& config, const std::string& label) {
   std::string problems;
   for (const auto& [name, shape] : config.parameter_shapes()) {
     const Shape* got = find_shape(shapes, name);
@@ -103,12 +103,9 @@ std::unique_ptr<nn::GPTModel> build_book_model(const std::vector<std::pair<std::
   }
   if (!problems.empty()) fail(label, "does not fit the configuration " + config.to_strings().at("emb_dim") + " wide, " +
                                          std::to_string(config.n_layers) + " layers:" + problems);
-  auto model = nn::GPTModel::uninitialised(config);
+  auto model = nn::Decoder::uninitialised(config.decoder_config());
   nn::StateDict state;
   for (const auto& [name, shape] : shapes) state.insert(name, tensor(name));
-  // A tied head (no out_head.weight in the file) is the embedding table under its second name.
-  if (config.tie_weights && !state.find("out_head.weight"))
-    if (const Tensor* emb = state.find("tok_emb.weight")) state.insert("out_head.weight", *emb);
   try {
     model->load_state_dict(state);
   } catch (const Error& e) {
@@ -118,7 +115,7 @@ std::unique_ptr<nn::GPTModel> build_book_model(const std::vector<std::pair<std::
   return model;
 }
 
-TorchAdamW read_torch_adamw(const io::PthFile& file, const io::PyRef& ref, nn::GPTModel& model) {
+TorchAdamW read_torch_adamw(const io::PthFile& file, const io::PyRef& ref, nn::Decoder& model) {
   const std::string& label = file.path();
   auto need = [&](const io::PyRef& r, const char* key) {
     auto v = r.get(key);
@@ -191,13 +188,13 @@ std::map<std::string, std::string> config_strings(const io::PyRef& ref) {
   return out;
 }
 
-io::PyValue state_dict_value(nn::GPTModel& model) {
+io::PyValue state_dict_value(nn::Decoder& model) {
   io::PyValue sd = io::PyValue::dict(/*ordered=*/true);
   const nn::StateDict state = model.state_dict(/*with_derived=*/true);
   for (const auto& [name, t] : state.entries()) sd.set(io::PyValue::of(name), io::PyValue::of(io::TensorData::from_tensor("", t)));
   // A tied model still gives the book's GPTModel its out_head.weight (a copy of tok_emb.weight).
   if (!state.find("out_head.weight")) {
-    sd.set(io::PyValue::of("out_head.weight"), io::PyValue::of(io::TensorData::from_tensor("", model.tok_emb.weight)));
+    sd.set(io::PyValue::of("out_head.weight"), io::PyValue::of(io::TensorData::from_tensor("", model.tok_emb)));
   }
   return sd;
 }
@@ -471,7 +468,7 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
   return out;
 }
 
-void save_book_pth(const std::string& path, nn::GPTModel& model) { io::save_pth(path, state_dict_value(model)); }
+void save_book_pth(const std::string& path, nn::Decoder& model) { io::save_pth(path, state_dict_value(model)); }
 
 void save_state_dict_pth(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& state) {
   io::PyValue sd = io::PyValue::dict(/*ordered=*/true);
@@ -479,7 +476,7 @@ void save_state_dict_pth(const std::string& path, const std::vector<std::pair<st
   io::save_pth(path, sd);
 }
 
-void save_book_pth_with_optimizer(const std::string& path, nn::GPTModel& model, const TorchAdamW& optimizer,
+void save_book_pth_with_optimizer(const std::string& path, nn::Decoder& model, const TorchAdamW& optimizer,
                                   const TrainSettings& settings, const std::vector<uint64_t>& rng_state) {
   io::PyValue root = io::PyValue::dict();
   root.set(io::PyValue::of("model_state_dict"), state_dict_value(model));
@@ -510,7 +507,7 @@ void save_book_pth_with_optimizer(const std::string& path, nn::GPTModel& model, 
   opt.set(io::PyValue::of("param_groups"), io::PyValue::list({std::move(group)}));
   root.set(io::PyValue::of("optimizer_state_dict"), std::move(opt));
   io::PyValue config = io::PyValue::dict();
-  const nn::GPTConfig& c = model.config;
+  const nn::GPTConfig c = nn::GPTConfig::of(model.config);
   for (const auto& [key, value] : std::initializer_list<std::pair<const char*, int64_t>>{
            {"vocab_size", c.vocab_size}, {"context_length", c.context_length}, {"emb_dim", c.emb_dim},
            {"n_heads", c.n_heads}, {"n_layers", c.n_layers}}) {
@@ -529,15 +526,15 @@ void save_book_pth_with_optimizer(const std::string& path, nn::GPTModel& model, 
   io::save_pth(path, root);
 }
 
-void save_book_safetensors(const std::string& path, nn::GPTModel& model) {
+void save_book_safetensors(const std::string& path, nn::Decoder& model) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   const nn::StateDict state = model.state_dict(/*with_derived=*/true);
   for (const auto& [name, t] : state.entries()) tensors.emplace_back(name, t);
-  if (!state.find("out_head.weight")) tensors.emplace_back("out_head.weight", model.tok_emb.weight);
+  if (!state.find("out_head.weight")) tensors.emplace_back("out_head.weight", model.tok_emb);
   io::save_safetensors(path, tensors, {{"format", "pt"}});
 }
 
-TorchAdamW read_checkpoint_optimizer(const std::string& path, nn::GPTModel& model, const TrainSettings& settings,
+TorchAdamW read_checkpoint_optimizer(const std::string& path, nn::Decoder& model, const TrainSettings& settings,
                                      std::vector<uint64_t>* rng_state) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   check_checkpoint(path, settings);
@@ -561,7 +558,7 @@ TorchAdamW read_checkpoint_optimizer(const std::string& path, nn::GPTModel& mode
 
 TrainSettings settings_for(const ModelFile& file, TrainSettings base) {
   if (file.settings) return *file.settings;
-  base.model = file.model->config;
+  base.model = nn::GPTConfig::of(file.model->config);
   base.tokenizer = file.tokenizer;
   if (file.optimizer) {
     const optim::AdamWOptions& o = file.optimizer->options;
@@ -610,7 +607,8 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
                      std::to_string(source.optimizer->step) + ", which would be lost; write a .pth (--to pth) or a qkv "
                      "checkpoint to keep it, or add --weights-only to drop it");
   }
-  nn::GPTModel& model = *source.model;
+  nn::Decoder& model = *source.model;
+  const nn::GPTConfig config = nn::GPTConfig::of(model.config);
   switch (to) {
     case ModelFormat::Pth:
       if (optimizer) {
@@ -623,7 +621,7 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
     case ModelFormat::BookSafetensors: save_book_safetensors(output, model); break;
     case ModelFormat::HuggingFaceGPT2:
       nn::save_gpt2(output, model);
-      if (!model.config.qkv_bias) c.note = "the model has no Q/K/V biases; GPT-2's layout gets zero biases (the same function)";
+      if (!config.qkv_bias) c.note = "the model has no Q/K/V biases; GPT-2's layout gets zero biases (the same function)";
       break;
     case ModelFormat::QkvCheckpoint: {
       const TrainSettings settings = settings_for(source);
@@ -647,10 +645,10 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
     }
   }
   // Read it back: every parameter must come out bit for bit (a tied head comes back as its own copy of tok_emb).
-  ModelFile back = load_model_file(output, {"", model.config.n_heads, source.tokenizer});
+  ModelFile back = load_model_file(output, {"", config.n_heads, source.tokenizer});
   std::map<std::string, Tensor> original;
   for (auto& [name, p] : model.named_parameters()) original[name] = p;
-  if (!original.count("out_head.weight")) original["out_head.weight"] = model.tok_emb.weight;
+  if (!original.count("out_head.weight")) original["out_head.weight"] = model.tok_emb;
   for (auto& [name, p] : back.model->named_parameters()) {
     const auto it = original.find(name);
     QKV_CHECK(it != original.end(), "convert: the written model has a parameter " + name + " the input lacks");
@@ -658,7 +656,7 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
                       std::memcmp(it->second.data(), p.data(), static_cast<size_t>(p.numel()) * sizeof(float)) == 0;
     QKV_CHECK(same, "convert: " + name + " did not survive the round trip");
   }
-  if (model.config.tie_weights && to != ModelFormat::HuggingFaceGPT2 && to != ModelFormat::QkvCheckpoint) {
+  if (config.tie_weights && to != ModelFormat::HuggingFaceGPT2 && to != ModelFormat::QkvCheckpoint) {
     c.note = "the input ties its output head to tok_emb.weight; the book's GPTModel has its own out_head.weight, so it "
              "gets a copy";
   }

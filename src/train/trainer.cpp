@@ -100,11 +100,11 @@ void check_checkpoint(const std::string& path, const TrainSettings& settings) {
   check_tensors(file, settings, true);
 }
 
-std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings_out) {
+std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, TrainSettings* settings_out) {
   const TrainSettings settings = read_checkpoint_settings(path);
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   check_tensors(file, settings, false);
-  auto model = nn::GPTModel::uninitialised(settings.model, settings.seed);
+  auto model = nn::Decoder::uninitialised(settings.model.decoder_config(), settings.seed);
   for (auto& [name, p] : model->named_parameters()) p.copy_(file.weights("model." + name));
   model->eval();
   if (settings_out) *settings_out = settings;
@@ -147,7 +147,7 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
   }
   validation_loader_ = std::make_unique<text::DataLoader>(
       *validation_data_, std::min<int64_t>(settings_.batch_size, validation_data_->size()), false, settings_.seed);
-  model_ = std::make_unique<nn::GPTModel>(settings_.model, generator_);
+  model_ = std::make_unique<nn::Decoder>(settings_.model, generator_);
   optimizer_ = std::make_unique<optim::AdamW>(
       model_->named_trainable_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .beta1 = settings_.adam_beta1, .beta2 = settings_.adam_beta2,
                                                 .eps = settings_.adam_eps, .weight_decay = settings_.weight_decay});
@@ -156,7 +156,7 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
   settings_fingerprint_ = fingerprint(all);
 }
 
-void write_checkpoint(const std::string& path, nn::GPTModel& model,
+void write_checkpoint(const std::string& path, nn::Decoder& model,
                       const std::function<void(const std::function<void(const std::string&, Tensor&)>&)>& for_each_state,
                       const TrainSettings& settings, int64_t step, const std::vector<uint64_t>& rng_state,
                       const std::map<std::string, std::string>& extra_metadata) {
@@ -184,9 +184,9 @@ void Trainer::resume_from(const ModelFile& file) {
     throw ValueError(label + " is a fine-tuned classifier, not a language model (its out_head has " +
                      std::to_string(file.classifier_weight.size(0)) + " classes); pretrain from its base model instead");
   }
-  if (!(file.model->config == settings_.model)) {
+  if (const nn::GPTConfig config = nn::GPTConfig::of(file.model->config); !(config == settings_.model)) {
     std::string diff;
-    const auto theirs = file.model->config.to_strings(), mine = settings_.model.to_strings();
+    const auto theirs = config.to_strings(), mine = settings_.model.to_strings();
     for (const auto& [k, v] : theirs)
       if (k != "drop_rate" && mine.at(k) != v) diff += "\n  " + k + ": file " + v + ", this run " + mine.at(k);
     if (!diff.empty()) throw ValueError(label + " holds another model than this run's settings:" + diff);

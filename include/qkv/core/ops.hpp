@@ -118,7 +118,7 @@ Tensor causal_mask(int64_t T);
 Tensor dropout(const Tensor& t, double p, bool training, Generator& gen);
 // Inverted dropout with a counter-based mask (kernels::hashed_dropout) seeded by one draw from `gen`: fast,
 // parallel, and the mask is regenerated in backward rather than stored. Its masks differ from
-// torch.nn.Dropout's; GPTModel uses it for the residual and embedding dropout.
+// torch.nn.Dropout's; the decoder uses it for the residual and embedding dropout.
 Tensor hashed_dropout(const Tensor& t, double p, bool training, Generator& gen);
 // Copies src (B, T, C) into dst (B, capacity, C) at tokens [position, position + T): filling a KV cache (a BF16 dst:
 // rounded to bf16).

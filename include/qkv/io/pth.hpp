@@ -12,7 +12,7 @@
 // builtins.eval, a user's class) is refused with a message naming it, before anything else is read. Storages are
 // checked against the archive (present, uncompressed, large enough for every tensor that views them) before
 // any tensor data is allocated.
-// Not here: what the tensors mean (nn/book.hpp maps the book's state dicts onto GPTModel).
+// Not here: what the tensors mean (train/model_file.hpp maps the book's state dicts onto the decoder's gpt2 configuration).
 #pragma once
 
 #include <cstddef>

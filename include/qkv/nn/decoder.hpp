@@ -8,7 +8,9 @@
 // The layout is written once: DecoderConfig::layout() is the table of every parameter — its state-dict name (the
 // family's own: Hugging Face's for llama/qwen/gemma, the book's for gpt2), shape and role — and the module's
 // registry, the parameter count and the loaders all come from it.
-// Not here: reading config.json or a Hugging Face folder (hf.hpp), the book's GPTModel (gpt.hpp), sampling.
+// The book's GPTModel (chapter 4) is the gpt2 family: Decoder(GPTConfig) draws its weights as PyTorch draws the book's
+// model from the same seed, and its state dict has the book's names (causal masks included).
+// Not here: reading config.json or a Hugging Face folder (hf.hpp), the book's configuration names (gpt.hpp), sampling.
 #pragma once
 
 #include <memory>
@@ -20,6 +22,8 @@
 #include "qkv/nn/language_model.hpp"
 
 namespace qkv::nn {
+
+struct GPTConfig;  // the book's GPT_CONFIG (gpt.hpp): a gpt2-family DecoderConfig under the book's names
 
 // A block's norms: LayerNorm (GPT-2), RMSNorm (Llama, Qwen), or Gemma's RMSNorm x̂·(1 + w), whose weight starts at 0.
 enum class NormKind { LayerNorm, RMSNorm, GemmaRMSNorm };
@@ -52,7 +56,8 @@ struct DecoderConfig {
   double embedding_scale = 0.0;           // token embeddings × this (Gemma: √hidden_size); 0: none
   double attention_scale = 0.0;           // 0: 1/√head_dim (Gemma 3: query_pre_attn_scalar^−½)
   double attn_softcap = 0.0;              // attention logit soft-capping (Gemma 2); 0: none
-  double drop_rate = 0.0;                 // embedding and residual dropout (GPT-2's); attention dropout is 0
+  double drop_rate = 0.0;                 // embedding and residual dropout (GPT-2's)
+  double attention_dropout = 0.0;         // dropout on the attention weights, in training (the book's GPTModel: drop_rate)
   // rotate-half (Hugging Face) or interleaved (Meta's original checkpoints)
   RopeLayout rope_layout = RopeLayout::RotateHalf;
   std::vector<RopeFrequencies> ropes;  // one per distinct rotation; empty with learned positions
@@ -99,9 +104,13 @@ struct DecoderBlock {
 // The decoder of today's models, composed from a DecoderConfig: Llama 3, Qwen2, Qwen3, Gemma 3 and GPT-2 are configurations of it
 class Decoder : public LanguageModel {
  public:
-  // Weights drawn as Hugging Face initialises them (normal(0, 0.02) matrices and embeddings, norms at their
-  // identity, biases 0) from `gen`.
+  // Weights drawn from `gen`: for llama, qwen2, qwen3 and gemma3 as Hugging Face initialises them (normal(0, 0.02)
+  // matrices and embeddings, norms at their identity, biases 0); for gpt2 as PyTorch builds the book's GPTModel
+  // (embeddings standard normal, each Linear's kaiming_uniform_(a = √5) weight then its uniform bias, the head last
+  // and drawn even when tied), so the same seed gives the book's weights.
   explicit Decoder(const DecoderConfig& config, Generator& gen = default_generator());
+  // The book's GPTModel(cfg): this decoder in its gpt2 configuration (config.decoder_config()), drawn as above.
+  explicit Decoder(const GPTConfig& config, Generator& gen = default_generator());
   // A model whose weights a loader will overwrite: nothing is drawn, zeros everywhere.
   static std::unique_ptr<Decoder> uninitialised(const DecoderConfig& config, uint64_t seed = 0);
   // The same without even the zeros: for a loader that writes every parameter (load_hf_decoder), so loading is one

@@ -1,4 +1,4 @@
-// Text generation from any LanguageModel (GPTModel, Decoder): greedy or sampled (temperature, top-k, top-p), with a KV cache so each
+// Text generation from any LanguageModel (the Decoder: GPT-2, Llama, Qwen, Gemma): greedy or sampled (temperature, top-k, top-p), with a KV cache so each
 // new token costs one position's work instead of a full forward pass.
 #pragma once
 

@@ -1,4 +1,4 @@
-// OpenAI's GPT-2 weights in Hugging Face's model.safetensors layout, loaded into GPTModel.
+// OpenAI's GPT-2 weights in Hugging Face's model.safetensors layout, loaded into the decoder's gpt2 configuration (the book's GPTModel).
 // Hugging Face stores GPT-2's linear layers as Conv1D, weight [in, out]: c_attn.weight [C, 3C] holds Wq, Wk
 // and Wv side by side, so each third is split off and transposed into Linear's (out, in). The output
 // head is tied to wte. The configuration (124M, 355M, 774M, 1558M, or any other size) is read off the
@@ -13,9 +13,9 @@
 namespace qkv::nn {
 
 // Throws IoError naming the file and listing missing or unexpected tensors.
-std::unique_ptr<GPTModel> load_gpt2(const std::string& path);
+std::unique_ptr<Decoder> load_gpt2(const std::string& path);
 // Writes a model in that layout (with __metadata__ n_head). Q/K/V projections without bias get zero biases (the
 // same function). ValueError when the model's output head is not tok_emb.weight: GPT-2's layout cannot hold it.
-void save_gpt2(const std::string& path, GPTModel& model);
+void save_gpt2(const std::string& path, Decoder& model);
 
 }  // namespace qkv::nn

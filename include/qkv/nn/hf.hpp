@@ -1,7 +1,7 @@
 // A Hugging Face model folder as a checkpoint: config.json read into a DecoderConfig, the weights from
 // model.safetensors or the shards a model.safetensors.index.json names (F32, BF16 or F16), and the same layout
 // written back. Every tensor's name and shape is checked against the config before the model is allocated.
-// Families: llama (Llama 3.x), qwen2, qwen3, gemma3 (gemma3_text); a gpt2 folder loads into the book's GPTModel.
+// Families: llama (Llama 3.x), qwen2, qwen3, gemma3 (gemma3_text); a gpt2 folder loads into the decoder's gpt2 configuration (the book's GPTModel).
 // Not here: the tokenizer files (text/), the decoder itself (decoder.hpp).
 #pragma once
 

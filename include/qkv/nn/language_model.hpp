@@ -1,6 +1,6 @@
 // What every causal language model in qkv offers the code that uses one — generation, evaluation, training, pictures
-// of attention — so that code takes a LanguageModel, not one architecture: GPTModel (the book's chapter 4) and
-// Decoder (a block stack composed from a config: GPT-2, Llama 3, Qwen2/3, Gemma 3) both are one.
+// of attention — so that code takes a LanguageModel, not one architecture. The Decoder (a block stack composed from
+// a config: the book's GPT-2, Llama 3, Qwen2/3, Gemma 3) is one.
 // Not here: any architecture (gpt.hpp, decoder.hpp), sampling (generate.hpp).
 #pragma once
 
@@ -25,7 +25,7 @@ struct KVCache {
   int64_t bytes() const;                        // what its buffers hold, in bytes
 };
 
-// What generate, eval, attention and the fine-tuning take: the book's GPTModel and the composed Decoder both are one
+// What generate, eval, attention and the fine-tuning take: the composed Decoder in any of its families is one
 class LanguageModel : public Module {
  public:
   virtual int64_t vocab_size() const = 0;  // Tokens in the vocabulary

@@ -59,7 +59,7 @@ struct TorchAdamW {
 
 // A model read from any file qkv reads (told apart by content), with what came with it
 struct ModelFile {
-  std::unique_ptr<nn::GPTModel> model;  // in eval mode
+  std::unique_ptr<nn::Decoder> model;  // the book's GPTModel: the decoder in its gpt2 configuration, in eval mode
   ModelFormat format = ModelFormat::QkvCheckpoint;  // which of the formats it was
   std::string tokenizer = "gpt2";  // gpt2 or bytes
   std::string description;                // "checkpoint runs/gpt/checkpoint.safetensors"
@@ -78,18 +78,18 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint = {});
 
 // The book's state dict (with the causal masks, as PyTorch's state_dict() has them) as a .pth that
 // torch.load(path, weights_only=True) reads and the book's GPTModel.load_state_dict accepts.
-void save_book_pth(const std::string& path, nn::GPTModel& model);
+void save_book_pth(const std::string& path, nn::Decoder& model);
 // {"model_state_dict", "optimizer_state_dict"} like the book's model_and_optimizer.pth, plus "config" (the book's
 // dict) and qkv's own settings and generator state, so a qkv checkpoint survives the round trip whole.
-void save_book_pth_with_optimizer(const std::string& path, nn::GPTModel& model, const TorchAdamW& optimizer,
+void save_book_pth_with_optimizer(const std::string& path, nn::Decoder& model, const TorchAdamW& optimizer,
                                   const TrainSettings& settings, const std::vector<uint64_t>& rng_state);
 // Any state dict (names → tensors, in order) as a .pth that torch.load reads: a fine-tuned classifier's model.pth.
 void save_state_dict_pth(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& state);
 // The book's state dict as safetensors (what safetensors.torch.save_file(model.state_dict()) writes).
-void save_book_safetensors(const std::string& path, nn::GPTModel& model);
+void save_book_safetensors(const std::string& path, nn::Decoder& model);
 
 // The optimizer state of a qkv checkpoint in torch's terms.
-TorchAdamW read_checkpoint_optimizer(const std::string& checkpoint_path, nn::GPTModel& model, const TrainSettings& settings,
+TorchAdamW read_checkpoint_optimizer(const std::string& checkpoint_path, nn::Decoder& model, const TrainSettings& settings,
                                      std::vector<uint64_t>* rng_state);
 
 // The settings to train a model file on with: its own (a qkv checkpoint, or a .pth written by qkv), else `base`

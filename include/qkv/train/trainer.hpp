@@ -1,4 +1,4 @@
-// Training a GPTModel on token ids: AdamW, linear warmup then cosine decay, gradient clipping, evaluation
+// Training the book's GPTModel (the decoder's gpt2 configuration) on token ids: AdamW, linear warmup then cosine decay, gradient clipping, evaluation
 // on a validation split, and checkpoints that resume exactly (weights, optimiser state, step, the
 // dropout generator's state, and the settings, in one safetensors file written atomically).
 // Not here: reading text or drawing progress (the CLI does), plotting (plot.hpp).
@@ -55,16 +55,16 @@ TrainSettings read_checkpoint_settings(const std::string& path);
 // with their shapes; nothing is allocated. Run it before building a Trainer to resume from the file.
 void check_checkpoint(const std::string& path, const TrainSettings& settings);
 // The model of a checkpoint, in eval mode, for generation; every tensor is checked before the model is built.
-std::unique_ptr<nn::GPTModel> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr);
+std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr);
 
 // Writes a qkv checkpoint from its parts (what Trainer::save_checkpoint and qkv convert write): every parameter,
 // every optimiser state tensor ("exp_avg.<name>", "exp_avg_sq.<name>"), the generator and the settings; atomically.
-void write_checkpoint(const std::string& path, nn::GPTModel& model,
+void write_checkpoint(const std::string& path, nn::Decoder& model,
                       const std::function<void(const std::function<void(const std::string&, Tensor&)>&)>& for_each_state,
                       const TrainSettings& settings, int64_t step, const std::vector<uint64_t>& rng_state,
                       const std::map<std::string, std::string>& extra_metadata = {});
 
-// Trains a GPTModel on a token stream: batches, AdamW with warmup and cosine decay, clipping, evaluation, checkpoints (across processes with a Communicator)
+// Trains the book's GPTModel (the decoder in its gpt2 configuration) on a token stream: batches, AdamW with warmup and cosine decay, clipping, evaluation, checkpoints (across processes with a Communicator)
 class Trainer {
  public:
   // Splits `tokens` into training and validation windows of context_length; ValueError if either part is
@@ -101,7 +101,7 @@ class Trainer {
   // Windows per optimiser step over every process
   int64_t global_batch() const { return world_ * settings_.batch_size * settings_.grad_accum; }
   // The model being trained
-  nn::GPTModel& model() { return *model_; }
+  nn::Decoder& model() { return *model_; }
   // The run's settings
   const TrainSettings& settings() const { return settings_; }
   // The precision run() and evaluate() multiply in: settings().precision resolved for this CPU.
@@ -111,7 +111,7 @@ class Trainer {
   TrainSettings settings_;
   Precision precision_ = Precision::FP32;
   Generator generator_;  // weights at construction, then dropout
-  std::unique_ptr<nn::GPTModel> model_;
+  std::unique_ptr<nn::Decoder> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<text::SlidingWindowDataset> train_data_, validation_data_;
   std::unique_ptr<text::DataLoader> train_loader_, validation_loader_;
