@@ -2,11 +2,13 @@
 # Data-parallel qkv train under mpirun (ctest, when qkv is built with MPI):
 #  1. the same global batch trains the same way: 1 process × grad-accum 4, 2 × 2 and 4 × 1 (losses to 1e-5);
 #  2. a run resumes with another number of processes when the global batch is the same, and says why not when not;
-#  3. a process that cannot read its text stops every process with a message naming it.
-# Usage: mpi_train.sh QKV_BINARY SCRATCH_DIR
+#  3. a process that cannot read its text stops every process with a message naming it;
+#  4. continued pretraining of a Hugging Face folder (qkv train --resume DIR) on 2 processes equals 1 process.
+# Usage: mpi_train.sh QKV_BINARY SCRATCH_DIR [HF_LLAMA_FOLDER]
 set -euo pipefail
 qkv=$1
 dir=$2
+folder=${3:-}
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
 for i in $(seq 60); do echo "In the beginning was the word; the fat cat sat on the mat $i. Then the dog ran after the cat."; done > text.txt
 mpi=(mpirun --oversubscribe -x OMP_NUM_THREADS=1)
@@ -50,4 +52,21 @@ set -e
 grep -q "rank 1: /nonexistent/text.txt: cannot open" failed.txt || { cat failed.txt; exit 1; }
 [[ ! -e failed/checkpoint.safetensors ]] || { echo "a checkpoint was written"; exit 1; }
 echo "a failing process: every process stopped, naming rank 1"
+if [[ -n "$folder" ]]; then
+  # The tiny Llama folder with a character-level tokenizer.json: global batch 4 as 1 × 4 and 2 × 2.
+  cp -r "$folder" llama
+  python3 - <<'PY'
+import json
+chars = " abcdefghijklmnopqrstuvwxyz"
+json.dump({"model": {"type": "BPE", "vocab": {c: i + 4 for i, c in enumerate(chars)}, "merges": []}}, open("llama/tokenizer.json", "w"))
+open("cats.txt", "w").write("the cat sat on the mat " * 60)
+PY
+  folder_args=(--text cats.txt --steps 20 --context-length 32 --lr 3e-3 --warmup 2 --eval-every 10 --eval-batches 1)
+  OMP_NUM_THREADS=1 "$qkv" train --resume llama "${folder_args[@]}" --batch-size 4 --out folder_one >/dev/null 2>&1
+  "${mpi[@]}" -np 2 "$qkv" train --resume llama "${folder_args[@]}" --batch-size 2 --out folder_two >/dev/null 2>&1
+  losses() { cut -d, -f2 "$1/losses.csv" | tail -n +2; }
+  same folder_one folder_two
+  [[ -f folder_two/model/config.json ]] || { echo "folder_two/model was not written"; exit 1; }
+  echo "a Hugging Face folder: 2 processes x batch 2 continue it as 1 process x batch 4 does"
+fi
 echo "mpi: all passed"

@@ -277,10 +277,21 @@ TEST(DecoderCli, ContinuedPretrainingOfAFolder) {
   const CliResult before = run_cli("eval --checkpoint " + dir.string() + " --text " + t + " --context 32 --json");
   ASSERT_EQ(before.code, 0) << before.out;
   const CliResult r = run_cli("train --resume " + dir.string() + " --text " + t + " --out " + out.string() +
-                              " --steps 30 --batch-size 4 --context-length 32 --lr 3e-3 --warmup 2");
+                              " --steps 30 --batch-size 4 --context-length 32 --lr 3e-3 --warmup 2 --eval-every 10 --eval-batches 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(out / "model" / "config.json") && fs::exists(out / "model" / "tokenizer.json") &&
               fs::exists(out / "losses.csv"));
+  // qkv train's trainer: a validation split, evaluated every 10 steps and recorded beside the losses.
+  EXPECT_NE(r.out.find("validation windows"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 30: train loss"), std::string::npos) << r.out;
+  std::ifstream csv(out / "losses.csv");
+  std::string header, line, row10;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,loss,learning_rate,grad_norm,eval_train_loss,eval_validation_loss");
+  while (std::getline(csv, line))
+    if (line.rfind("10,", 0) == 0) row10 = line;
+  EXPECT_EQ(std::count(row10.begin(), row10.end(), ','), 5) << row10;
+  EXPECT_NE(row10.back(), ',') << row10;  // the evaluation's two losses filled in
   const CliResult after = run_cli("eval --checkpoint " + (out / "model").string() + " --text " + t + " --context 32 --json");
   ASSERT_EQ(after.code, 0) << after.out;
   auto loss_of = [](const std::string& json) { return std::stod(json.substr(json.find("\"loss\":") + 7)); };

@@ -72,7 +72,10 @@ struct TrainCommand {
 };
 int run_train(const TrainCommand& options, train::Communicator& comm);
 // qkv train --resume DIR with a Hugging Face folder: continued pretraining, the result written as a folder.
-int run_train_folder(const TrainCommand& options);
+int run_train_folder(const TrainCommand& options, train::Communicator& comm);
+// Runs `setup` on every process; under mpirun a problem on any process stops them all with an Error naming it
+// ("rank N: …"), so none waits for the others.
+void set_up_everywhere(train::Communicator& comm, const std::function<void()>& setup);
 std::string read_corpus(const std::string& path);  // --text FILE, or the default corpus
 
 // Where a model comes from: --checkpoint FILE (a qkv checkpoint, a .pth, a book-named or Hugging Face safetensors

@@ -92,27 +92,6 @@ void prepare_output_directory(const TrainCommand& options, const std::string& ch
 }
 
 // The training's progress line: step, loss, learning rate, tokens/s and the time left.
-class Progress {
- public:
-  Progress(int64_t total, int64_t start, bool shown = true) : total_(total), start_(start), line_(shown) {}
-  void step(const train::StepReport& r) {
-    smoothed_ = smoothed_ == 0 ? r.tokens_per_second : 0.9 * smoothed_ + 0.1 * r.tokens_per_second;
-    elapsed_ += r.seconds;
-    const double eta = elapsed_ / static_cast<double>(r.step - start_) * static_cast<double>(total_ - r.step);
-    char text[200];
-    std::snprintf(text, sizeof text, " step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s",
-                  static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.learning_rate, smoothed_,
-                  format_duration(eta).c_str());
-    line_.draw(r.step, total_, text);
-  }
-  void message(const std::string& text) { line_.message(text); }
-
- private:
-  int64_t total_, start_;
-  ProgressLine line_;
-  double smoothed_ = 0, elapsed_ = 0;
-};
-
 struct CsvRow {
   int64_t step;
   double loss, lr, grad_norm, tokens_per_second;
@@ -218,10 +197,20 @@ std::string read_corpus(const std::string& path) {
   return text;
 }
 
+void set_up_everywhere(train::Communicator& comm, const std::function<void()>& setup) {
+  if (comm.size() == 1) return setup();
+  std::string problem;
+  try {
+    setup();
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  comm.agree(problem);  // every process stops if any could not start, naming it
+}
+
 int run_train(const TrainCommand& options, train::Communicator& comm) {
   if (!options.resume.empty() && nn::is_hf_folder(options.resume)) {
-    if (comm.size() > 1) throw UsageError("continuing a Hugging Face folder runs in one process; run it without mpirun");
-    return run_train_folder(options);
+    return run_train_folder(options, comm);
   }
   namespace fs = std::filesystem;
   const std::string checkpoint = options.out_dir + "/checkpoint.safetensors";
@@ -306,17 +295,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     if (qkv_checkpoint) trainer_owner->resume(options.resume);
     if (model_file) trainer_owner->resume_from(*model_file);
   };
-  if (comm.size() == 1) {
-    setup();
-  } else {
-    std::string problem;
-    try {
-      setup();
-    } catch (const Error& e) {
-      problem = e.what();
-    }
-    comm.agree(problem);  // every process stops if any could not start, naming it
-  }
+  set_up_everywhere(comm, setup);
   train::Trainer& trainer = *trainer_owner;
   if (lead) std::fprintf(stderr,
                "model: %lld parameters (emb %lld, %lld layers, %lld heads, context %lld, vocab %lld); "

@@ -111,17 +111,27 @@ std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, Trai
   return model;
 }
 
-Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator)
+Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator,
+                 std::unique_ptr<nn::Decoder> model)
     : settings_(settings), generator_(settings.seed), comm_(communicator ? communicator : &single_) {
   settings_.validate();
+  if (model) {
+    if (settings_.model.context_length > model->context_length()) {
+      throw ValueError("context_length " + std::to_string(settings_.model.context_length) + " is longer than the " +
+                       std::to_string(model->context_length()) + " positions the model has");
+    }
+    model->use_generator(generator_);
+    model_ = std::move(model);
+  }
+  const int64_t vocab = model_ ? model_->vocab_size() : settings_.model.vocab_size;
   precision_ = resolve_precision(settings_.precision);
   // Every step allocates the same sizes: keep large freed blocks for the next step instead of page-faulting in
   // fresh ones (qkv/kernels/memory.hpp).
   memory::set_block_cache_limit(std::max<int64_t>(memory::block_cache_limit(), int64_t{2} << 30));
   world_ = comm_->size();
   for (int64_t id : tokens) {
-    if (id < 0 || id >= settings_.model.vocab_size) {
-      throw ValueError("token id " + std::to_string(id) + " does not fit vocab_size " + std::to_string(settings_.model.vocab_size));
+    if (id < 0 || id >= vocab) {
+      throw ValueError("token id " + std::to_string(id) + " does not fit vocab_size " + std::to_string(vocab));
     }
   }
   auto [train_ids, validation_ids] = text::split_tokens(tokens, settings_.train_fraction);
@@ -147,7 +157,7 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
   }
   validation_loader_ = std::make_unique<text::DataLoader>(
       *validation_data_, std::min<int64_t>(settings_.batch_size, validation_data_->size()), false, settings_.seed);
-  model_ = std::make_unique<nn::Decoder>(settings_.model, generator_);
+  if (!model_) model_ = std::make_unique<nn::Decoder>(settings_.model, generator_);
   optimizer_ = std::make_unique<optim::AdamW>(
       model_->named_trainable_parameters(), optim::AdamWOptions{.lr = settings_.learning_rate, .beta1 = settings_.adam_beta1, .beta2 = settings_.adam_beta2,
                                                 .eps = settings_.adam_eps, .weight_decay = settings_.weight_decay});
@@ -277,6 +287,9 @@ void Trainer::resume(const std::string& path) {
   step_ = step;
   optimizer_->set_step_count(step_);
 }
+
+int64_t Trainer::train_windows() const { return train_data_->size(); }
+int64_t Trainer::validation_windows() const { return validation_data_->size(); }
 
 double Trainer::evaluate(bool validation, int64_t batches) {
   NoGradGuard no_grad;

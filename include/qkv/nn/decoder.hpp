@@ -155,6 +155,8 @@ class Decoder : public LanguageModel {
 
   // The parameter with this role (and layer); ValueError when the config has none.
   Tensor& parameter(DecoderConfig::Role role, int64_t layer = -1);
+  // Dropout (in training) draws from `gen` from now on; the caller keeps it alive as long as the model.
+  void use_generator(Generator& gen) { gen_ = &gen; }
   // Layer `layer`'s attention weights for batch row b and query head h, (T, Tk), from a record of forward().
   Tensor weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const;
 

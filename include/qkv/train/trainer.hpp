@@ -75,7 +75,12 @@ class Trainer {
   // process s mod N, gradients are summed in rank order (Communicator::sum) and averaged, and every process takes
   // the same step. Each micro-batch's dropout is seeded by (seed, step, s), so the same global batch trains the
   // same way however it is split. Without a communicator: one process.
-  Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator = nullptr);
+  //
+  // With `model`, that decoder is trained instead (continued pretraining of a Hugging Face folder: Llama, Qwen,
+  // Gemma or GPT-2 alike); settings.model then gives only the window length (context_length, at most the model's),
+  // and the model's dropout draws from this trainer's generator.
+  Trainer(const TrainSettings& settings, const std::vector<int64_t>& tokens, Communicator* communicator = nullptr,
+          std::unique_ptr<nn::Decoder> model = nullptr);
 
   // Restores weights, optimiser state, step and generator from a checkpoint. IoError if the file is not a
   // qkv checkpoint; ValueError listing every setting that differs from this run's (a checkpoint from
@@ -102,6 +107,9 @@ class Trainer {
   int64_t global_batch() const { return world_ * settings_.batch_size * settings_.grad_accum; }
   // The model being trained
   nn::Decoder& model() { return *model_; }
+  // Windows in the training and validation splits
+  int64_t train_windows() const;
+  int64_t validation_windows() const;
   // The run's settings
   const TrainSettings& settings() const { return settings_; }
   // The precision run() and evaluate() multiply in: settings().precision resolved for this CPU.
