@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/train/model_file.hpp"
 #include "qkv/train/trainer.hpp"
 
@@ -42,6 +43,41 @@ TEST(ModelFile, DetectsEachFormatByContent) {
   EXPECT_EQ(train::detect_model_format(pth("model.safetensors")), train::ModelFormat::BookSafetensors);
   EXPECT_EQ(train::detect_model_format(fixture("gpt2_tiny_hf.safetensors")), train::ModelFormat::HuggingFaceGPT2);
   EXPECT_NE(error_of([] { train::detect_model_format(fixture("optim.safetensors")); }).find("not a GPT model"), std::string::npos);
+}
+
+// Read for bf16 inference, every file kind gives its matrices as bf16 — each value the float32 load's rounded to nearest
+// even — and its vectors in float32, read one tensor at a time (no float32 model first).
+TEST(ModelFile, EveryFormatLoadsStraightIntoBf16) {
+  train::TrainSettings settings;
+  settings.model = {.vocab_size = 61, .context_length = 16, .emb_dim = 24, .n_heads = 4, .n_layers = 2, .drop_rate = 0.0};
+  Generator gen(9);
+  nn::Decoder made(settings.model, gen);
+  const std::string dir = ::testing::TempDir();
+  train::write_checkpoint(dir + "/bf16_check.safetensors", made, [](const auto&) {}, settings, 0, gen.state());
+  std::vector<std::pair<std::string, train::ConfigHint>> files = {
+      {pth("model.pth"), config_json()}, {pth("model.safetensors"), config_json()},
+      {pth("model_half.pth"), config_json()}, {fixture("gpt2_tiny_hf.safetensors"), {}},
+      {dir + "/bf16_check.safetensors", {}}};
+  for (const auto& [file, hint] : files) {
+    SCOPED_TRACE(file);
+    const train::ModelFile f32 = train::load_model_file(file, hint);
+    const train::ModelFile b16 = train::load_model_file(file, hint, DType::BF16);
+    auto a = f32.model->named_parameters(), b = b16.model->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Tensor& x = a[i].second;
+      const Tensor& y = b[i].second;
+      ASSERT_EQ(y.dtype(), x.rank() == 2 ? DType::BF16 : DType::F32) << a[i].first;
+      for (int64_t k = 0; k < x.numel(); ++k) {
+        const float want = x.rank() == 2 ? kernels::bf16_to_f32_reference(kernels::f32_to_bf16_reference(x.data()[k])) : x.data()[k];
+        const float got = y.rank() == 2 ? kernels::bf16_to_f32_reference(y.bf16()[k]) : y.data()[k];
+        if (got != want) {
+          ADD_FAILURE() << a[i].first << "[" << k << "]: " << got << " vs " << want;
+          break;
+        }
+      }
+    }
+  }
 }
 
 TEST(ModelFile, BookPthAndSafetensorsWithTheBooksConfig) {

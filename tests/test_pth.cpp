@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/io/pth.hpp"
 
 namespace qkv::test {
@@ -59,7 +60,19 @@ TEST(Pth, ViewsOffsetsStridesAndSharedStorages) {
   for (const char* name : {"base", "rows", "strided", "transposed", "element", "half_view"}) {
     const io::PyRef ref = *file.root().get(name);
     EXPECT_TRUE(bit_equal(file.weights(ref), expected.tensor(name))) << name;
+    // read_weights: the same values straight into a tensor (row-major storages in chunks, views gathered), and into
+    // a bf16 tensor each rounded to nearest even.
+    const Tensor want = file.weights(ref);  // the expected values, checked above
+    Tensor into = Tensor::empty(want.shape()), half = Tensor::empty(want.shape());
+    file.read_weights(ref, into);
+    EXPECT_TRUE(bit_equal(into, want)) << name;
+    half.to_bf16_(false);
+    file.read_weights(ref, half);
+    for (int64_t i = 0; i < want.numel(); ++i)
+      EXPECT_EQ(half.bf16()[i], kernels::f32_to_bf16_reference(want.data()[i])) << name << "[" << i << "]";
   }
+  Tensor wrong = Tensor::empty({7});
+  EXPECT_THROW(file.read_weights(*file.root().get("base"), wrong), ShapeError);
   // rows, strided, transposed and element view base's storage: one key, different offsets and strides.
   const io::PthTensor& rows = file.root().get("rows")->as_tensor();
   const io::PthTensor& transposed = file.root().get("transposed")->as_tensor();

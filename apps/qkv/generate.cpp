@@ -19,17 +19,21 @@
 namespace qkv::cli {
 
 namespace {
+// What the matrices are read as: bf16 for inference in bf16 (no float32 copy of the model is ever made), except with
+// an adapter, whose updates are added in float32 before the weights are rounded (load_model).
+DType matrices_of(const ModelOptions& options) {
+  return options.bf16_weights && options.adapter.empty() ? DType::BF16 : DType::F32;
+}
+
 // A Hugging Face model folder: the decoder (or GPT-2) and the folder's own tokenizer.
 LoadedModel load_folder(const ModelOptions& options) {
   const std::string& dir = options.checkpoint;
   LoadedModel loaded;
   const std::string type = nn::hf_model_type(dir);
   if (type == "gpt2") {
-    loaded.model = nn::load_gpt2((std::filesystem::path(dir) / "model.safetensors").string());
+    loaded.model = nn::load_gpt2((std::filesystem::path(dir) / "model.safetensors").string(), matrices_of(options));
   } else {
-    // With an adapter the weights are changed after loading, in float32; then rounded (load_model).
-    const bool bf16 = options.bf16_weights && options.adapter.empty();
-    auto decoder = nn::load_hf_decoder(dir, bf16 ? DType::BF16 : DType::F32);
+    auto decoder = nn::load_hf_decoder(dir, matrices_of(options));
     loaded.stop_ids = decoder->config.eos_token_ids;
     loaded.description = decoder->config.family + " folder " + dir;
     loaded.model = std::move(decoder);
@@ -76,7 +80,7 @@ LoadedModel load_model(const ModelOptions& options) {
   if (!options.checkpoint.empty() && nn::is_hf_folder(options.checkpoint)) {
     loaded = load_folder(options);
   } else {
-    train::ModelFile file = train::load_model_file(options.path(), options.hint);
+    train::ModelFile file = train::load_model_file(options.path(), options.hint, matrices_of(options));
     if (!options.gpt2_path.empty() && file.format != train::ModelFormat::HuggingFaceGPT2) {
       std::fprintf(stderr, "qkv: note: %s is a %s, not Hugging Face GPT-2 weights; read as such (--checkpoint takes any)\n",
                    options.gpt2_path.c_str(), train::model_format_name(file.format));

@@ -299,6 +299,7 @@ void Tensor::copy_(const Tensor& source) {
     throw ShapeError("copy_: source shape " + source.shape().str() + " differs from destination shape " +
                      shape().str());
   }
+  if (dtype() == DType::BF16) return kernels::f32_to_bf16(source.data(), bf16_data(), numel());
   std::copy_n(source.data(), numel(), data());
 }
 

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "qkv/io/file.hpp"
+#include "qkv/kernels/convert.hpp"
 
 namespace qkv::io {
 
@@ -40,7 +41,13 @@ class Archive {
  public:
   virtual ~Archive() = default;
   virtual std::optional<Record> find(const std::string& name) const = 0;  // name inside the folder
-  virtual std::vector<std::byte> read(const std::string& name, uint64_t offset, uint64_t bytes) const = 0;
+  // `bytes` bytes of the record from `offset`, into `out` (which has room for them)
+  virtual void read_into(const std::string& name, uint64_t offset, uint64_t bytes, std::byte* out) const = 0;
+  std::vector<std::byte> read(const std::string& name, uint64_t offset, uint64_t bytes) const {
+    std::vector<std::byte> out(bytes);
+    read_into(name, offset, bytes, out.data());
+    return out;
+  }
 };
 
 class MemoryArchive final : public Archive {
@@ -51,9 +58,9 @@ class MemoryArchive final : public Archive {
     if (it == records_.end()) return std::nullopt;
     return Record{false, it->second.size()};
   }
-  std::vector<std::byte> read(const std::string& name, uint64_t offset, uint64_t bytes) const override {
+  void read_into(const std::string& name, uint64_t offset, uint64_t bytes, std::byte* out) const override {
     const auto& r = records_.at(name);
-    return std::vector<std::byte>(r.begin() + static_cast<ptrdiff_t>(offset), r.begin() + static_cast<ptrdiff_t>(offset + bytes));
+    std::copy_n(r.begin() + static_cast<ptrdiff_t>(offset), bytes, out);
   }
 
  private:
@@ -101,22 +108,20 @@ class ZipArchive final : public Archive {
     return Record{st.comp_method != ZIP_CM_STORE, st.size};
   }
 
-  std::vector<std::byte> read(const std::string& name, uint64_t offset, uint64_t bytes) const override {
+  void read_into(const std::string& name, uint64_t offset, uint64_t bytes, std::byte* out) const override {
     const std::string entry = folder_ + "/" + printable(name);
     zip_file_t* f = zip_fopen_index(zip_.get(), index_.at(name), 0);
     if (!f) fail(label_, "cannot open the zip entry " + entry + ": " + zip_strerror(zip_.get()));
-    std::vector<std::byte> out(bytes);
     bool ok = offset == 0 || zip_fseek(f, static_cast<zip_int64_t>(offset), SEEK_SET) == 0;
     uint64_t got = 0;
     while (ok && got < bytes) {
-      const zip_int64_t n = zip_fread(f, out.data() + got, bytes - got);
+      const zip_int64_t n = zip_fread(f, out + got, bytes - got);
       if (n <= 0) ok = false;
       else got += static_cast<uint64_t>(n);
     }
     const std::string why = ok ? "" : zip_file_strerror(f);
     zip_fclose(f);
     if (!ok) fail(label_, "cannot read the zip entry " + entry + " (" + why + "); the file is truncated or corrupt");
-    return out;
   }
 
  private:
@@ -867,6 +872,40 @@ void gather(const Archive& archive, const PthTensor& t, Put put) {
 }
 }  // namespace
 
+bool PthFile::read_row_major(const PyRef& ref, Tensor& dst) const {
+  const PthTensor& t = ref.as_tensor();
+  bool row_major = t.dtype == DType::F32;
+  for (int64_t d = static_cast<int64_t>(t.shape.size()) - 1, step = 1; d >= 0 && row_major; step *= t.shape[static_cast<size_t>(d)], --d)
+    row_major = t.shape[static_cast<size_t>(d)] == 1 || t.stride[static_cast<size_t>(d)] == step;
+  if (!row_major || dst.numel() == 0) return false;
+  const std::string name = ref.where().empty() ? "the tensor" : ref.where();
+  // Chunks of 1 Mi values: into the tensor itself, or through one buffer into a bf16 tensor.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const bool bf16 = dst.dtype() == qkv::DType::BF16;
+  std::vector<float> buffer(bf16 ? static_cast<size_t>(std::min(kChunk, dst.numel())) : 0);
+  for (int64_t first = 0; first < dst.numel(); first += kChunk) {
+    const int64_t n = std::min(kChunk, dst.numel() - first);
+    float* into = bf16 ? buffer.data() : dst.data() + first;
+    impl_->archive->read_into("data/" + t.storage, static_cast<uint64_t>(t.offset + first) * sizeof(float),
+                              static_cast<uint64_t>(n) * sizeof(float), reinterpret_cast<std::byte*>(into));
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(into[i])) {
+        fail(label_, name + " holds a non-finite value at element " + std::to_string(first + i) + "; the weights are corrupt");
+      }
+    if (bf16) kernels::f32_to_bf16(into, dst.bf16_data() + first, n);
+  }
+  return true;
+}
+
+void PthFile::read_weights(const PyRef& ref, Tensor& dst) const {
+  const PthTensor& t = ref.as_tensor();
+  if (!(Shape(std::span<const int64_t>(t.shape)) == dst.shape())) {
+    throw ShapeError(label_ + ": " + ref.where() + " is " + Shape(std::span<const int64_t>(t.shape)).str() + ", not " +
+                     dst.shape().str());
+  }
+  if (t.dtype != DType::F32 || !read_row_major(ref, dst)) dst.copy_(weights(ref));
+}
+
 Tensor PthFile::weights(const PyRef& ref) const {
   const PthTensor& t = ref.as_tensor();
   const std::string name = ref.where().empty() ? "the tensor" : ref.where();
@@ -877,6 +916,7 @@ Tensor PthFile::weights(const PyRef& ref) const {
     fail(label_, name + " has " + std::to_string(t.shape.size()) + " dimensions; qkv supports up to " + std::to_string(kMaxRank));
   }
   Tensor out = Tensor::empty(Shape(std::span<const int64_t>(t.shape)));
+  if (read_row_major(ref, out)) return out;
   float* dst = out.data();
   gather(*impl_->archive, t, [&](int64_t i, const std::byte* p) {
     float v;

@@ -15,12 +15,12 @@ namespace {
 
 // dst (out, in) = columns [c0, c0 + out) of src [in, total]: a Conv1D slice, transposed.
 void copy_transposed_columns(const Tensor& src, int64_t c0, Tensor& dst) {
-  dst.copy_(transpose_columns(src, c0, dst.size(0)));
+  dst.copy_(transpose_columns(src, c0, dst.size(0)));  // rounded where dst is bf16
 }
 
 }  // namespace
 
-std::unique_ptr<Decoder> load_gpt2(const std::string& path) {
+std::unique_ptr<Decoder> load_gpt2(const std::string& path, DType matrices) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   std::string prefix;
   if (!file.contains("wte.weight") && file.contains("transformer.wte.weight")) prefix = "transformer.";
@@ -30,22 +30,29 @@ std::unique_ptr<Decoder> load_gpt2(const std::string& path) {
       throw IoError(path + ": not a GPT-2 model.safetensors: missing tensor '" + prefix + name + "'");
     }
     used.insert(prefix + name);
-    Tensor t = file.weights(prefix + name);
-    if (expected.rank() > 0 && !(t.shape() == expected)) {
-      throw IoError(path + ": tensor '" + prefix + name + "' has shape " + t.shape().str() + ", expected " +
-                    expected.str());
+    const io::TensorInfo& info = *file.find(prefix + name);
+    if (info.shape.size() > static_cast<size_t>(kMaxRank)) throw IoError(path + ": tensor '" + prefix + name + "' has too many dimensions");
+    const Shape shape(std::span<const int64_t>(info.shape));
+    if (expected.rank() > 0 && !(shape == expected)) {
+      throw IoError(path + ": tensor '" + prefix + name + "' has shape " + shape.str() + ", expected " + expected.str());
     }
+    return shape;
+  };
+  // One tensor at a time, read with pread (no page of the file mapped), into a temporary or straight into its parameter.
+  auto read = [&](const std::string& name, const Shape& expected) {
+    Tensor t = Tensor::empty(get(name, expected));
+    file.read_weights(prefix + name, t);
     return t;
   };
-  const Tensor wte = get("wte.weight"), wpe = get("wpe.weight");
-  if (wte.rank() != 2 || wpe.rank() != 2 || wte.size(1) != wpe.size(1)) {
-    throw IoError(path + ": wte.weight " + wte.shape().str() + " and wpe.weight " + wpe.shape().str() +
+  const Shape wte = get("wte.weight"), wpe = get("wpe.weight");
+  if (wte.rank() != 2 || wpe.rank() != 2 || wte[1] != wpe[1]) {
+    throw IoError(path + ": wte.weight " + wte.str() + " and wpe.weight " + wpe.str() +
                   " must be (vocab, C) and (context, C) with the same C");
   }
   GPTConfig config;
-  config.vocab_size = wte.size(0);
-  config.emb_dim = wte.size(1);
-  config.context_length = wpe.size(0);
+  config.vocab_size = wte[0];
+  config.emb_dim = wte[1];
+  config.context_length = wpe[0];
   config.n_layers = 0;
   while (file.contains(prefix + "h." + std::to_string(config.n_layers) + ".ln_1.weight")) ++config.n_layers;
   if (auto it = file.metadata().find("n_head"); it != file.metadata().end()) {
@@ -91,34 +98,43 @@ std::unique_ptr<Decoder> load_gpt2(const std::string& path) {
       }
     }
   }
-  auto model = Decoder::uninitialised(config.decoder_config());
-  model->tok_emb.copy_(wte);
-  model->pos_emb.copy_(wpe);
+  auto model = Decoder::for_loading(config.decoder_config());  // every parameter is written below
+  // With `matrices` BF16 every matrix is bfloat16 before anything is read: no float32 copy of the model is made.
+  if (matrices == DType::BF16)
+    model->for_each_parameter([](const std::string&, Tensor& p) {
+      if (p.rank() == 2) p.to_bf16_(/*keep_values=*/false);
+    });
+  auto into = [&](const std::string& name, Tensor& dst) {
+    get(name, dst.shape());
+    file.read_weights(prefix + name, dst);
+  };
+  into("wte.weight", model->tok_emb);
+  into("wpe.weight", model->pos_emb);
   for (int64_t i = 0; i < config.n_layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
     DecoderBlock& block = model->blocks[static_cast<size_t>(i)];
-    block.attn_norm.copy_(get(h + "ln_1.weight", {C}));
-    block.attn_norm_bias.copy_(get(h + "ln_1.bias", {C}));
-    const Tensor c_attn = get(h + "attn.c_attn.weight", {C, 3 * C}), c_attn_bias = get(h + "attn.c_attn.bias", {3 * C});
+    into(h + "ln_1.weight", block.attn_norm);
+    into(h + "ln_1.bias", block.attn_norm_bias);
+    const Tensor c_attn = read(h + "attn.c_attn.weight", {C, 3 * C}), c_attn_bias = read(h + "attn.c_attn.bias", {3 * C});
     Tensor* projections[][2] = {{&block.wq, &block.bq}, {&block.wk, &block.bk}, {&block.wv, &block.bv}};
     for (int part = 0; part < 3; ++part) {
       copy_transposed_columns(c_attn, part * C, *projections[part][0]);
       std::copy_n(c_attn_bias.data() + part * C, C, projections[part][1]->data());
     }
-    copy_transposed_columns(get(h + "attn.c_proj.weight", {C, C}), 0, block.wo);
-    block.bo.copy_(get(h + "attn.c_proj.bias", {C}));
-    block.mlp_norm.copy_(get(h + "ln_2.weight", {C}));
-    block.mlp_norm_bias.copy_(get(h + "ln_2.bias", {C}));
-    copy_transposed_columns(get(h + "mlp.c_fc.weight", {C, 4 * C}), 0, block.up);
-    block.up_bias.copy_(get(h + "mlp.c_fc.bias", {4 * C}));
-    copy_transposed_columns(get(h + "mlp.c_proj.weight", {4 * C, C}), 0, block.down);
-    block.down_bias.copy_(get(h + "mlp.c_proj.bias", {C}));
+    copy_transposed_columns(read(h + "attn.c_proj.weight", {C, C}), 0, block.wo);
+    into(h + "attn.c_proj.bias", block.bo);
+    into(h + "ln_2.weight", block.mlp_norm);
+    into(h + "ln_2.bias", block.mlp_norm_bias);
+    copy_transposed_columns(read(h + "mlp.c_fc.weight", {C, 4 * C}), 0, block.up);
+    into(h + "mlp.c_fc.bias", block.up_bias);
+    copy_transposed_columns(read(h + "mlp.c_proj.weight", {4 * C, C}), 0, block.down);
+    into(h + "mlp.c_proj.bias", block.down_bias);
     // Buffers of older checkpoints: the causal mask, recomputed here.
     for (const char* buffer : {"attn.bias", "attn.masked_bias"})
       if (file.contains(prefix + h + buffer)) used.insert(prefix + h + buffer);
   }
-  model->final_norm.copy_(get("ln_f.weight", {C}));
-  model->final_norm_bias.copy_(get("ln_f.bias", {C}));
+  into("ln_f.weight", model->final_norm);
+  into("ln_f.bias", model->final_norm_bias);
   if (file.contains(prefix + "lm_head.weight")) used.insert(prefix + "lm_head.weight");  // tied to wte anyway
   std::string unexpected;
   int extra = 0;

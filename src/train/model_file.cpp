@@ -91,10 +91,12 @@ std::string tokenizer_for(const ConfigHint& hint, int64_t vocab_size) {
   return vocab_size == 256 ? "bytes" : "gpt2";
 }
 
-// Loads a book state dict (name → tensor on demand) into a new model, after checking every name and shape.
+// Loads a book state dict (name → `read` into a parameter, on demand) into a new model, after checking every name
+// and shape. One tensor at a time: nothing but the model (and one tensor's temporary) is held, and with `matrices`
+// BF16 every matrix is bfloat16 from the start, so no float32 copy of the model is ever made.
 std::unique_ptr<nn::Decoder> build_book_model(const std::vector<std::pair<std::string, Shape>>& shapes,
-                                              const std::function<Tensor(const std::string&)>& tensor,
-                                              const nn::GPTConfig& config, const std::string& label) {
+                                              const std::function<void(const std::string&, Tensor&)>& read,
+                                              const nn::GPTConfig& config, const std::string& label, DType matrices) {
   std::string problems;
   for (const auto& [name, shape] : config.parameter_shapes()) {
     const Shape* got = find_shape(shapes, name);
@@ -103,14 +105,20 @@ std::unique_ptr<nn::Decoder> build_book_model(const std::vector<std::pair<std::s
   }
   if (!problems.empty()) fail(label, "does not fit the configuration " + config.to_strings().at("emb_dim") + " wide, " +
                                          std::to_string(config.n_layers) + " layers:" + problems);
-  auto model = nn::Decoder::uninitialised(config.decoder_config());
-  nn::StateDict state;
-  for (const auto& [name, shape] : shapes) state.insert(name, tensor(name));
-  try {
-    model->load_state_dict(state);
-  } catch (const Error& e) {
-    fail(label, e.what());
+  // Beyond the parameters, a file may hold only the book's causal masks (recomputed, so only their shape is checked).
+  std::string unexpected;
+  for (const auto& [name, shape] : shapes) {
+    if (find_shape(config.parameter_shapes(), name)) continue;
+    const bool mask = name.size() > 9 && name.rfind("trf_blocks.", 0) == 0 && name.substr(name.size() - 9) == ".att.mask";
+    if (mask && shape == Shape{config.context_length, config.context_length}) continue;
+    unexpected += (unexpected.empty() ? "" : ", ") + name + " " + shape.str();
   }
+  if (!unexpected.empty()) fail(label, "holds tensors the book's GPTModel does not have: " + unexpected);
+  auto model = nn::Decoder::for_loading(config.decoder_config());
+  model->for_each_parameter([&](const std::string& name, Tensor& p) {
+    if (matrices == DType::BF16 && p.rank() == 2) p.to_bf16_(/*keep_values=*/false);
+    read(name, p);
+  });
   model->eval();
   return model;
 }
@@ -380,21 +388,21 @@ void split_classifier_head(std::vector<std::pair<std::string, Shape>>& shapes, M
 
 }  // namespace
 
-ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
+ModelFile load_model_file(const std::string& path, const ConfigHint& hint, DType matrices) {
   ModelFile out;
   out.format = detect_model_format(path);
   out.description = std::string(model_format_name(out.format)) + " " + path;
   switch (out.format) {
     case ModelFormat::QkvCheckpoint: {
       TrainSettings settings;
-      out.model = load_checkpoint_model(path, &settings);
+      out.model = load_checkpoint_model(path, &settings, matrices);
       out.tokenizer = hint.tokenizer.empty() ? settings.tokenizer : hint.tokenizer;
       out.settings = settings;
       out.description = "checkpoint " + path;
       break;
     }
     case ModelFormat::HuggingFaceGPT2:
-      out.model = nn::load_gpt2(path);
+      out.model = nn::load_gpt2(path, matrices);
       out.tokenizer = hint.tokenizer.empty() ? "gpt2" : hint.tokenizer;
       out.description = "GPT-2 weights " + path;
       break;
@@ -407,7 +415,8 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
       }
       split_classifier_head(shapes, out, [&](const std::string& name) { return file.weights(name); });
       const nn::GPTConfig config = resolve_book_config(shapes, hint, path);
-      out.model = build_book_model(shapes, [&](const std::string& name) { return file.weights(name); }, config, path);
+      out.model = build_book_model(shapes, [&](const std::string& name, Tensor& p) { file.read_weights(name, p); }, config,
+                                   path, matrices);
       out.tokenizer = tokenizer_for(hint, config.vocab_size);
       break;
     }
@@ -454,7 +463,8 @@ ModelFile load_model_file(const std::string& path, const ConfigHint& hint) {
       } else {
         config = resolve_book_config(shapes, effective, path);
       }
-      out.model = build_book_model(shapes, [&](const std::string& name) { return file.weights(refs.at(name)); }, config, path);
+      out.model = build_book_model(shapes, [&](const std::string& name, Tensor& p) { file.read_weights(refs.at(name), p); },
+                                   config, path, matrices);
       if (auto opt = root.get("optimizer_state_dict")) out.optimizer = read_torch_adamw(file, *opt, *out.model);
       if (auto rng = root.get("qkv_rng_state")) {
         const std::vector<int64_t> words = file.int64s(*rng);

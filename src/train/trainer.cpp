@@ -100,12 +100,15 @@ void check_checkpoint(const std::string& path, const TrainSettings& settings) {
   check_tensors(file, settings, true);
 }
 
-std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, TrainSettings* settings_out) {
+std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, TrainSettings* settings_out, DType matrices) {
   const TrainSettings settings = read_checkpoint_settings(path);
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   check_tensors(file, settings, false);
-  auto model = nn::Decoder::uninitialised(settings.model.decoder_config(), settings.seed);
-  for (auto& [name, p] : model->named_parameters()) p.copy_(file.weights("model." + name));
+  auto model = nn::Decoder::for_loading(settings.model.decoder_config());  // every parameter is read below
+  model->for_each_parameter([&](const std::string& name, Tensor& p) {
+    if (matrices == DType::BF16 && p.rank() == 2) p.to_bf16_(/*keep_values=*/false);
+    file.read_weights("model." + name, p);  // straight into the parameter, bf16 rounded where it is one
+  });
   model->eval();
   if (settings_out) *settings_out = settings;
   return model;

@@ -98,6 +98,10 @@ class PthFile {
   // The tensor's values as float32 (from F32, F16, BF16 or F64 storage), contiguous. Weights: IoError for an
   // integer storage or a non-finite value, naming the object. At most kMaxRank dimensions.
   Tensor weights(const PyRef& ref) const;
+  // The same straight into `dst` (a tensor of that shape, e.g. a model's parameter), checked the same way: a float32
+  // row-major storage is read in chunks with no temporary of the tensor's size, into a BF16 tensor rounded to nearest
+  // even. ShapeError for another shape.
+  void read_weights(const PyRef& ref, Tensor& dst) const;
   // Every element as int64, from any storage (IoError for a fraction, NaN or a value outside int64).
   std::vector<int64_t> int64s(const PyRef& ref) const;
 
@@ -105,6 +109,8 @@ class PthFile {
 
  private:
   explicit PthFile(std::unique_ptr<Impl> impl);
+  // A row-major float32 storage read into `dst` in chunks (rounded where dst is BF16); false for any other storage.
+  bool read_row_major(const PyRef& ref, Tensor& dst) const;
   friend class PyRef;
   std::unique_ptr<Impl> impl_;
   std::string label_;

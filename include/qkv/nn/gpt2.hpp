@@ -12,8 +12,9 @@
 
 namespace qkv::nn {
 
-// Throws IoError naming the file and listing missing or unexpected tensors.
-std::unique_ptr<Decoder> load_gpt2(const std::string& path);
+// Throws IoError naming the file and listing missing or unexpected tensors. Tensors are read one at a time; with
+// `matrices` BF16 every matrix is held as bfloat16 from the start (half the memory, no float32 copy first).
+std::unique_ptr<Decoder> load_gpt2(const std::string& path, DType matrices = DType::F32);
 // Writes a model in that layout (with __metadata__ n_head). Q/K/V projections without bias get zero biases (the
 // same function). ValueError when the model's output head is not tok_emb.weight: GPT-2's layout cannot hold it.
 void save_gpt2(const std::string& path, Decoder& model);

@@ -71,8 +71,10 @@ struct ModelFile {
   // (tied to tok_emb).
   Tensor classifier_weight, classifier_bias;
 };
-// Opens any of the formats above. IoError naming the file for everything wrong with it.
-ModelFile load_model_file(const std::string& path, const ConfigHint& hint = {});
+// Opens any of the formats above. IoError naming the file for everything wrong with it. With `matrices` BF16 every
+// matrix parameter is read as bfloat16 (rounded to nearest even) one tensor at a time, never as a float32 model first:
+// inference at half the memory (qkv generate --precision bf16).
+ModelFile load_model_file(const std::string& path, const ConfigHint& hint = {}, DType matrices = DType::F32);
 
 // ---- writing ----
 

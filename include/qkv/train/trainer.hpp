@@ -54,8 +54,10 @@ TrainSettings read_checkpoint_settings(const std::string& path);
 // IoError unless the checkpoint holds every tensor its settings imply (weights, AdamW's moments, the generator),
 // with their shapes; nothing is allocated. Run it before building a Trainer to resume from the file.
 void check_checkpoint(const std::string& path, const TrainSettings& settings);
-// The model of a checkpoint, in eval mode, for generation; every tensor is checked before the model is built.
-std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr);
+// The model of a checkpoint, in eval mode, for generation; every tensor is checked before the model is built. With
+// `matrices` BF16 the matrices are read as bfloat16 (half the memory, no float32 copy first).
+std::unique_ptr<nn::Decoder> load_checkpoint_model(const std::string& path, TrainSettings* settings = nullptr,
+                                                   DType matrices = DType::F32);
 
 // Writes a qkv checkpoint from its parts (what Trainer::save_checkpoint and qkv convert write): every parameter,
 // every optimiser state tensor ("exp_avg.<name>", "exp_avg_sq.<name>"), the generator and the settings; atomically.
