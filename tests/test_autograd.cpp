@@ -41,6 +41,31 @@ TEST(Tape, AnOpWhoseOperandsAreOneTensorGetsBothContributions) {
   }
 }
 
+// GradientReadyGuard reports each leaf once, when its gradient is final: the last layer's weights before the first's,
+// a weight read by two layers (tied) only after both, and what it sees then is the gradient the backward leaves.
+TEST(Tape, EachLeafIsReportedOnceWhenItsGradientIsFinal) {
+  Tensor x = random_tensor({4, 3}, 1), w1 = random_tensor({3, 3}, 2), w2 = random_tensor({3, 3}, 3);
+  w1.requires_grad_(true);
+  w2.requires_grad_(true);
+  const Tensor loss = sum(matmul(matmul(matmul(x, w1), w2), w1));  // w1 read first and last
+  std::vector<std::string> seen;
+  std::vector<Tensor> at_report;
+  {
+    const GradientReadyGuard guard([&](const Tensor& leaf) {
+      seen.push_back(leaf.impl() == w1.impl() ? "w1" : leaf.impl() == w2.impl() ? "w2" : "other");
+      at_report.push_back(leaf.grad().clone());
+    });
+    loss.backward();
+  }
+  ASSERT_EQ(seen, (std::vector<std::string>{"w2", "w1"}));
+  EXPECT_TRUE(all_close(at_report[0], w2.grad(), 0, 0));
+  EXPECT_TRUE(all_close(at_report[1], w1.grad(), 0, 0));
+  // Outside the guard nothing is reported.
+  const Tensor again = sum(matmul(x, w2));
+  again.backward();
+  EXPECT_EQ(seen.size(), 2u);
+}
+
 TEST(Tape, ASecondBackwardThroughAFreedGraphIsAnError) {
   Tensor x = Tensor::from({2.0f}, {1}).requires_grad_();
   Tensor y = sum(mul(x, x));

@@ -39,5 +39,12 @@ awk -v a="$m1" -v b="$m2" -v c="$m3" 'BEGIN { printf "  2 processes / 1 process 
 # GPT-2 124M's shape (GPT-2 vocabulary, emb 768, 12 layers, 12 heads), B = 4 × T = 64 per step, 2 processes.
 gpt2=(--text "$work/kjv.txt" --emb-dim 768 --n-layers 12 --n-heads 12 --context-length 64 --steps 8 --eval-every 0
       --checkpoint-every 0 --sample-tokens 1 --drop-rate 0)
-"${mpi[@]}" -np 2 -x OMP_NUM_THREADS=1 "$qkv" train "${gpt2[@]}" --batch-size 2 --out "$work/g" >/dev/null 2>&1
-echo "GPT-2 124M shape, 2 processes × 1 thread, B 4 × T 64: $(rate "$work/g") tokens/s; communication $(comm_share "$work/g" 256) of a step"
+# The gradients' sum after the backward (bucket 0), in 25 MiB buckets during it (the default), and exchanged as bf16;
+# "communication" is the wait left after the backward, medians over steps.
+echo "GPT-2 124M shape, 2 processes × 1 thread, B 4 × T 64:"
+for variant in "after:--allreduce-bucket-mib 0" "overlapped:--allreduce-bucket-mib 25" "overlapped, bf16:--allreduce-precision bf16"; do
+  name=${variant%%:*}
+  read -r -a flags <<< "${variant#*:}"
+  "${mpi[@]}" -np 2 -x OMP_NUM_THREADS=1 "$qkv" train "${gpt2[@]}" "${flags[@]}" --batch-size 2 --out "$work/g" --overwrite >/dev/null 2>&1
+  echo "  sum $name: $(rate "$work/g") tokens/s; communication $(comm_share "$work/g" 256) of a step"
+done

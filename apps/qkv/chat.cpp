@@ -147,7 +147,7 @@ int run_chat(const ChatCommand& options) {
     std::vector<int64_t> reply;
     std::string shown;
     for (int64_t n = 0; n < g.max_new_tokens; ++n) {
-      const int64_t token = nn::sample_token(logits.data(), model.vocab_size(), sampling, gen);
+      const int64_t token = nn::sample_token(logits.data(), std::min(model.vocab_size(), loaded.tokenizer->vocab_size()), sampling, gen);
       if (std::find(loaded.stop_ids.begin(), loaded.stop_ids.end(), token) != loaded.stop_ids.end()) break;
       reply.push_back(token);
       const std::string text = tokenizer->decode_text(reply);

@@ -151,6 +151,7 @@ int run_generate(const GenerateCommand& options) {
   sampling.seed = options.seed;
   sampling.use_cache = !options.no_cache;
   sampling.stop_tokens = loaded.stop_ids;
+  sampling.vocab_limit = loaded.tokenizer->vocab_size();
   // What the KV cache holds: H_kv heads per layer, and a sliding-window layer only its window.
   const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
   int64_t cache_bytes = 0;

@@ -445,6 +445,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   sampling.top_k = 40;
   sampling.seed = settings.seed;
   sampling.stop_token = tokenizer->end_of_text();
+  sampling.vocab_limit = tokenizer->vocab_size();
   // The prompt: --sample-prompt, else the first words of the text (a Bible verse means nothing to other texts).
   std::string sample_prompt = options.sample_prompt;
   if (sample_prompt.empty()) {

@@ -24,6 +24,16 @@ NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false;
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
 namespace detail {
+thread_local const std::function<void(const Tensor&)>* t_gradient_ready = nullptr;
+}
+
+GradientReadyGuard::GradientReadyGuard(std::function<void(const Tensor& leaf)> ready)
+    : ready_(std::move(ready)), previous_(detail::t_gradient_ready) {
+  detail::t_gradient_ready = &ready_;
+}
+GradientReadyGuard::~GradientReadyGuard() { detail::t_gradient_ready = previous_; }
+
+namespace detail {
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;
@@ -156,8 +166,11 @@ void Tensor::backward(Tensor&& grad_output) const {
   using detail::Clock;
   using detail::g_profiling;
   using detail::profile_backward;
+  const auto* ready = detail::t_gradient_ready;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     detail::TensorImpl* impl = it->impl();
+    // The walk reaches a leaf only after every op that reads it: its gradient is final for this backward.
+    if (ready && !impl->node && impl->grad.defined()) (*ready)(*it);
     if (impl->node) {  // a leaf has no node: its gradient stays for the caller
       std::shared_ptr<detail::Node> node = std::move(impl->node);  // frees the graph as we go
       impl->graph_released = true;

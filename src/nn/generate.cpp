@@ -62,7 +62,7 @@ std::vector<int64_t> generate(const LanguageModel& model, std::vector<int64_t> p
       const Tensor all = model.forward(window, 1, T);
       logits = Tensor::from(std::span<const float>(all.data() + (T - 1) * V, static_cast<size_t>(V)), {1, V});
     }
-    const int64_t token = sample_token(logits.data(), V, options, gen);
+    const int64_t token = sample_token(logits.data(), options.vocab_limit > 0 ? std::min(V, options.vocab_limit) : V, options, gen);
     produced.push_back(token);
     sequence.push_back(token);
     if (on_token) on_token(token);

@@ -4,8 +4,19 @@
 #include <cstdlib>
 
 #include "qkv/core/error.hpp"
+#include "qkv/kernels/convert.hpp"
 
 namespace qkv::train {
+
+void Communicator::enqueue_sum(float* values, int64_t n, bool bf16) {
+  // Rounded as the exchange would round them: every rank's values, then the sum.
+  auto round = [&] {
+    for (int64_t i = 0; i < n; ++i) values[i] = kernels::bf16_to_f32_reference(kernels::f32_to_bf16_reference(values[i]));
+  };
+  if (bf16) round();
+  sum(values, n);
+  if (bf16) round();
+}
 
 void SingleProcess::agree(const std::string& problem) {
   if (!problem.empty()) throw CollectiveError(problem);

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <vector>
 
 #include "qkv/core/error.hpp"
+#include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/elementwise.hpp"
 
 #ifdef QKV_HAVE_MPI
@@ -33,9 +35,16 @@ class MpiCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void sum(float* values, int64_t n) override { ordered_sum(values, n, MPI_FLOAT); }
-  void sum(double* values, int64_t n) override { ordered_sum(values, n, MPI_DOUBLE); }
+  void sum(float* values, int64_t n) override {
+    finish_sums();  // collectives in queue order
+    ordered_sum(values, n, MPI_FLOAT);
+  }
+  void sum(double* values, int64_t n) override {
+    finish_sums();
+    ordered_sum(values, n, MPI_DOUBLE);
+  }
   bool any(bool flag) override {
+    finish_sums();
     int mine = flag ? 1 : 0, all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     return all != 0;
@@ -56,6 +65,15 @@ class MpiCommunicator : public Communicator {
   [[noreturn]] void abort_all(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
+  }
+  void enqueue_sum(float* values, int64_t n, bool bf16) override {
+    if (size_ == 1 || n == 0) return;
+    queue_.push_back({values, n, bf16});
+    advance(false);
+  }
+  void progress() override { advance(false); }
+  void finish_sums() override {
+    while (!queue_.empty()) advance(true);
   }
 
  private:
@@ -96,6 +114,86 @@ class MpiCommunicator : public Communicator {
     for (int r = 1; r < size_; ++r)
       for (int i = 0; i < shard; ++i) mine[i] += received[static_cast<size_t>(r) * shard + i];
   }
+  // ---- the queue of overlapped sums: ordered_sum's two phases per piece as non-blocking collectives ----
+  struct Job {
+    float* values;
+    int64_t n;
+    bool bf16;
+  };
+  std::deque<Job> queue_;
+  int phase_ = 0;          // of the head job's current piece: 0 not started, 1 exchanging shards, 2 gathering sums
+  int64_t first_ = 0;      // the piece's first value
+  int64_t count_ = 0;      // values in the piece
+  int shard_ = 0;          // values per rank's shard (the piece padded to a multiple of the ranks)
+  bool in_place_ = false;  // the piece is sent from and gathered into the values themselves
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<float> send_, received_, mine_;  // float32 pieces
+  std::vector<uint16_t> send_h_, received_h_, mine_h_;  // the same as bf16
+
+  // Moves the head job on as far as its requests allow (with `block`, waits for each).
+  void advance(bool block) {
+    constexpr int64_t kShard = int64_t{1} << 20;
+    while (!queue_.empty()) {
+      Job& job = queue_.front();
+      if (phase_ == 0) {
+        count_ = std::min(kShard * size_, job.n - first_);
+        shard_ = static_cast<int>((count_ + size_ - 1) / size_);
+        const size_t padded = static_cast<size_t>(shard_) * static_cast<size_t>(size_);
+        // A whole piece goes from and comes back into the values themselves; a short last one through a padded copy.
+        in_place_ = static_cast<int64_t>(padded) == count_ && !job.bf16;
+        if (!in_place_ && !job.bf16) {
+          send_.assign(padded, 0.0f);
+          std::copy_n(job.values + first_, count_, send_.data());
+        }
+        received_.resize(padded);
+        mine_.resize(static_cast<size_t>(shard_));
+        if (job.bf16) {  // rounded straight from the values (the padding is zeros)
+          send_h_.assign(padded, 0);
+          received_h_.resize(padded);
+          kernels::f32_to_bf16(job.values + first_, send_h_.data(), count_);
+          MPI_Ialltoall(send_h_.data(), shard_, MPI_UINT16_T, received_h_.data(), shard_, MPI_UINT16_T, MPI_COMM_WORLD, &request_);
+        } else {
+          MPI_Ialltoall(in_place_ ? job.values + first_ : send_.data(), shard_, MPI_FLOAT, received_.data(), shard_, MPI_FLOAT,
+                        MPI_COMM_WORLD, &request_);
+        }
+        phase_ = 1;
+      }
+      if (!done(block)) return;
+      if (phase_ == 1) {  // this rank's shard from every rank: summed in rank order, sent back to all
+        if (job.bf16) kernels::bf16_to_f32(received_h_.data(), received_.data(), static_cast<int64_t>(received_.size()));
+        add_in_rank_order(received_.data(), mine_.data(), shard_);
+        if (job.bf16) {
+          mine_h_.resize(mine_.size());
+          kernels::f32_to_bf16(mine_.data(), mine_h_.data(), shard_);
+          MPI_Iallgather(mine_h_.data(), shard_, MPI_UINT16_T, send_h_.data(), shard_, MPI_UINT16_T, MPI_COMM_WORLD, &request_);
+        } else {
+          MPI_Iallgather(mine_.data(), shard_, MPI_FLOAT, in_place_ ? job.values + first_ : send_.data(), shard_, MPI_FLOAT,
+                         MPI_COMM_WORLD, &request_);
+        }
+        phase_ = 2;
+        if (!done(block)) return;
+      }
+      // phase 2 done: every shard's sum is here
+      if (job.bf16) kernels::bf16_to_f32(send_h_.data(), job.values + first_, count_);
+      else if (!in_place_) std::copy_n(send_.data(), count_, job.values + first_);
+      phase_ = 0;
+      first_ += count_;
+      if (first_ >= job.n) {
+        queue_.pop_front();
+        first_ = 0;
+      }
+    }
+  }
+  bool done(bool block) {
+    if (block) {
+      MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      return true;
+    }
+    int flag = 0;
+    MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  }
+
   int rank_ = 0, size_ = 1;
 };
 

@@ -42,6 +42,14 @@ const std::vector<Setting<TrainSettings>>& train_settings_schema() {
     s.push_back(field("precision", "--precision",
                       "Matrix products in fp32, bf16 (bf16 operands, float32 sums; CPUs with AVX512_BF16 or AMX) or auto",
                       &TrainSettings::precision, may_change));
+    s.push_back(field("allreduce_precision", "--allreduce-precision",
+                      "Under mpirun, gradients summed across processes in fp32, or exchanged as bf16 (half the bytes; "
+                      "the sum itself in float32)",
+                      &TrainSettings::allreduce_precision, may_change));
+    s.push_back(field("allreduce_bucket_mib", "--allreduce-bucket-mib",
+                      "Under mpirun, gradients are summed in buckets of this many MiB as the backward finishes them, "
+                      "while it goes on (0: all at once after the backward)",
+                      &TrainSettings::allreduce_bucket_mib, may_change));
     return s;
   }();
   return schema;
@@ -69,6 +77,10 @@ void TrainSettings::validate() const {
   if (tokenizer != "gpt2" && tokenizer != "bytes") throw ValueError("tokenizer must be gpt2 or bytes");
   if (precision != "fp32" && precision != "bf16" && precision != "auto")
     throw ValueError("precision = \"" + precision + "\" is not a precision; use fp32, bf16 or auto");
+  if (allreduce_precision != "fp32" && allreduce_precision != "bf16")
+    throw ValueError("allreduce precision = \"" + allreduce_precision + "\"; use fp32 or bf16");
+  if (allreduce_bucket_mib < 0 || allreduce_bucket_mib > 65536)
+    throw ValueError("allreduce bucket must be 0 to 65536 MiB, got " + std::to_string(allreduce_bucket_mib));
 }
 
 std::map<std::string, std::string> TrainSettings::to_strings() const {
@@ -83,6 +95,8 @@ TrainSettings TrainSettings::from_strings(const std::map<std::string, std::strin
   values.emplace("adam_beta2", "0.999");
   values.emplace("adam_eps", "1e-08");
   values.emplace("precision", "fp32");  // and before bf16
+  values.emplace("allreduce_precision", "fp32");  // and before overlapped sums
+  values.emplace("allreduce_bucket_mib", "25");
   const TrainSettings s = settings::from_strings(train_settings_schema(), values, TrainSettings{}, "the settings");
   s.validate();
   return s;

@@ -324,6 +324,34 @@ uint64_t slice_seed(uint64_t seed, int64_t step, int64_t slice) {
 }
 }  // namespace
 
+void Trainer::backward_summing(const Tensor& loss) {
+  const bool bf16 = settings_.allreduce_precision == "bf16";
+  for (Bucket& b : buckets_) b.ready = 0, b.queued = false;
+  auto queue = [&](Bucket& b) {
+    b.queued = true;
+    comm_->enqueue_sum(gradient_arena_.data() + b.first, b.count, bf16);
+  };
+  if (settings_.allreduce_bucket_mib == 0) {
+    loss.backward();
+    for (Bucket& b : buckets_) queue(b);
+    return;
+  }
+  // As the backward finishes each parameter, its bucket may be complete: its sum starts while the backward goes on
+  // (in the walk's order, the same on every process), and queued sums are moved along at every finished parameter.
+  const GradientReadyGuard guard([&](const Tensor& leaf) {
+    if (auto it = bucket_of_.find(leaf.impl()); it != bucket_of_.end()) {
+      Bucket& b = buckets_[it->second];
+      if (++b.ready == b.parameters) queue(b);
+    }
+    comm_->progress();
+  });
+  loss.backward();
+  for (Bucket& b : buckets_)  // a parameter the step did not reach: its bucket goes now, in bucket order
+    if (!b.queued) queue(b);
+}
+
+void Trainer::finish_sums() { comm_->finish_sums(); }
+
 int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
                      const std::function<void(const EvalReport&)>& on_eval,
                      const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop) {
@@ -341,6 +369,21 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       Tensor handle = p;
       handle.set_grad(gradient_arena_.view_at(at, p.shape()));
       at += p.numel();
+    }
+    // Buckets of whole parameters, from the arena's end (the backward finishes the last layers first), each summed
+    // across processes as soon as the backward has finished every parameter in it.
+    const int64_t cap = settings_.allreduce_bucket_mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float));
+    buckets_.clear();
+    bucket_of_.clear();
+    at = total;
+    for (auto p = parameters.rbegin(); p != parameters.rend(); ++p) {
+      const int64_t n = p->second.numel();
+      at -= n;
+      if (buckets_.empty() || (cap > 0 && buckets_.back().count + n > cap)) buckets_.push_back({at, 0, 0, 0});
+      buckets_.back().first = at;
+      buckets_.back().count += n;
+      ++buckets_.back().parameters;
+      bucket_of_[p->second.impl()] = buckets_.size() - 1;
     }
   }
   const float share = 1.0f / static_cast<float>(slices);  // each micro-batch's part of the mean loss
@@ -362,22 +405,30 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       Tensor loss = model_->loss(inputs, B, T, targets);
       const float value = loss.item();
       local[0] += value;
-      if (!std::isfinite(value)) {
+      const bool last = k == K - 1;
+      if (last) {
+        // Every process learns the step's loss before the last backward, whose gradient sums are collectives.
+        if (!std::isfinite(value)) local[1] += 1;
+        comm_->sum(local, 2);
+        if (local[1] > 0) {
+          throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the loss is " +
+                                 std::to_string(local[0] / slices) + " (the training diverged); stopped before applying the step");
+        }
+      } else if (!std::isfinite(value)) {
         local[1] += 1;
         continue;
       }
       if (slices > 1) loss = mul(loss, share);
-      loss.backward();
-    }
-    comm_->sum(local, 2);
-    if (local[1] > 0) {
-      throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the loss is " + std::to_string(local[0] / slices) +
-                             " (the training diverged); stopped before applying the step");
+      if (last && world_ > 1) {
+        backward_summing(loss);
+      } else {
+        loss.backward();
+      }
     }
     double communication = 0.0;
-    if (world_ > 1) {  // Σ gradients over processes, in rank order, in place: they live in one buffer
+    if (world_ > 1) {  // what is left of Σ gradients over processes once the backward is done
       const auto began = std::chrono::steady_clock::now();
-      comm_->sum(gradient_arena_.data(), gradient_arena_.numel());
+      finish_sums();
       communication = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     }
     // The norm is a read-only pre-pass; the clipping factor is applied inside AdamW's one sweep over parameter,

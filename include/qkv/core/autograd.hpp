@@ -26,7 +26,25 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Inside this scope every backward() on this thread calls `ready(leaf)` as soon as a leaf's gradient is final (every
+// op that reads the leaf has run its backward), while the walk goes on: what lets the trainer sum finished layers'
+// gradients across processes during the backward. Leaves come in the walk's fixed order, the same for the same graph.
+class GradientReadyGuard {
+ public:
+  // Calls `ready` for each leaf whose gradient is final, in every backward() on this thread until destroyed
+  explicit GradientReadyGuard(std::function<void(const Tensor& leaf)> ready);
+  ~GradientReadyGuard();
+  GradientReadyGuard(const GradientReadyGuard&) = delete;
+  GradientReadyGuard& operator=(const GradientReadyGuard&) = delete;
+
+ private:
+  std::function<void(const Tensor&)> ready_;
+  const std::function<void(const Tensor&)>* previous_;
+};
+
 namespace detail {
+// The innermost GradientReadyGuard's callback on this thread (null: none).
+extern thread_local const std::function<void(const Tensor&)>* t_gradient_ready;
 
 // True when an op with these inputs must be recorded: grad mode is on and one input requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);

@@ -21,6 +21,9 @@ struct SamplingOptions {
   bool use_cache = true;  // keep every layer's keys and values (false: recompute the whole context per token)
   int64_t stop_token = -1;   // e.g. <|endoftext|>; −1: never stop early
   std::vector<int64_t> stop_tokens;  // more tokens that end generation (a model's EOS ids)
+  // Sample only ids below this (0: the model's whole vocabulary): a model whose table is wider than its tokenizer's
+  // vocabulary (a padded table, or --vocab-size above a byte tokenizer's 256) never picks an id nothing decodes.
+  int64_t vocab_limit = 0;
 };
 
 // Returns the new tokens (not the prompt). A prompt longer than context_length keeps its last

@@ -33,6 +33,10 @@ struct TrainSettings {
   // Products in fp32, bf16 (bf16 operands, float32 sums: qkv/core/precision.hpp) or auto (bf16 where the CPU has
   // AVX512_BF16 or AMX). Weights, optimiser state and losses stay float32 either way.
   std::string precision = "fp32";
+  // Under mpirun: gradients exchanged in fp32 or bf16 (rounded for the exchange, summed in float32 in rank order), in
+  // buckets of this many MiB started as the backward completes them (0: one sum after the backward).
+  std::string allreduce_precision = "fp32";
+  int64_t allreduce_bucket_mib = 25;
 
   void validate() const;  // ValueError naming the bad setting
   std::map<std::string, std::string> to_strings() const;  // every setting of train_settings_schema()

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "qkv/core/precision.hpp"
@@ -122,6 +123,16 @@ class Trainer {
   Precision precision_ = Precision::FP32;
   Generator generator_;  // weights at construction, then dropout
   std::unique_ptr<nn::Decoder> model_;
+  // Under mpirun: the gradients' buckets (ranges of the arena, whole parameters) and which bucket holds each
+  struct Bucket {
+    int64_t first = 0, count = 0, parameters = 0, ready = 0;
+    bool queued = false;
+  };
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const void*, size_t> bucket_of_;
+  // The last micro-batch's backward, its buckets' sums across processes started as it completes them.
+  void backward_summing(const Tensor& loss);
+  void finish_sums();
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<text::SlidingWindowDataset> train_data_, validation_data_;
   std::unique_ptr<text::DataLoader> train_loader_, validation_loader_;
