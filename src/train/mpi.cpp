@@ -36,8 +36,8 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void sum(float* values, int64_t n) override {
-    finish_sums();  // collectives in queue order
-    ordered_sum(values, n, MPI_FLOAT);
+    enqueue_sum(values, n, false);  // behind any sums already queued: collectives in queue order
+    finish_sums();
   }
   void sum(double* values, int64_t n) override {
     finish_sums();
@@ -82,6 +82,7 @@ class MpiCommunicator : public Communicator {
   // shards are gathered back everywhere (MPI_Allgather). Each rank moves 2·(N−1)/N of the buffer and does 1/N of
   // the adding — half of what gathering everything to rank 0 costs with two ranks — and the order of the
   // additions is fixed, so the bits do not depend on MPI's algorithms.
+  // (float32 buffers go through the queue below, the same scheme as non-blocking collectives; this serves doubles)
   template <typename T>
   void ordered_sum(T* values, int64_t n, MPI_Datatype type) {
     if (size_ == 1 || n == 0) return;

@@ -350,8 +350,6 @@ void Trainer::backward_summing(const Tensor& loss) {
     if (!b.queued) queue(b);
 }
 
-void Trainer::finish_sums() { comm_->finish_sums(); }
-
 int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
                      const std::function<void(const EvalReport&)>& on_eval,
                      const std::function<void(int64_t step)>& on_checkpoint, const std::atomic<bool>* stop) {
@@ -428,7 +426,7 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     double communication = 0.0;
     if (world_ > 1) {  // what is left of Σ gradients over processes once the backward is done
       const auto began = std::chrono::steady_clock::now();
-      finish_sums();
+      comm_->finish_sums();
       communication = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     }
     // The norm is a read-only pre-pass; the clipping factor is applied inside AdamW's one sweep over parameter,

@@ -132,7 +132,6 @@ class Trainer {
   std::unordered_map<const void*, size_t> bucket_of_;
   // The last micro-batch's backward, its buckets' sums across processes started as it completes them.
   void backward_summing(const Tensor& loss);
-  void finish_sums();
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<text::SlidingWindowDataset> train_data_, validation_data_;
   std::unique_ptr<text::DataLoader> train_loader_, validation_loader_;
