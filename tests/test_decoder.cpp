@@ -120,6 +120,13 @@ TEST(DecoderConfig, ReadsEachFamilysKeys) {
   EXPECT_EQ(llama.num_kv_heads, 2);
   // and the config written back reads as the same configuration
   for (const auto* c : {&gemma, &qwen2, &qwen3, &llama}) EXPECT_EQ(nn::decoder_config_from_hf(nn::decoder_config_to_hf(*c)), *c);
+  // attention_dropout (dropout on the attention weights in training) is read and written back
+  nn::DecoderConfig dropped = llama;
+  dropped.attention_dropout = 0.25;
+  EXPECT_EQ(nn::decoder_config_from_hf(nn::decoder_config_to_hf(dropped)).attention_dropout, 0.25);
+  EXPECT_THROW(nn::decoder_config_from_hf(R"({"model_type": "llama", "attention_dropout": 1.5, "vocab_size": 8,
+      "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "max_position_embeddings": 8})"), IoError);
 }
 
 // A sliding-window layer's cache keeps only window − 1 + one chunk of rows and shifts when full: decoding 300
@@ -212,6 +219,20 @@ TEST(DecoderGpt2, IsTheBooksGPTModel) {
   nn::DecoderConfig llama = c;
   llama.family = "llama";
   EXPECT_THROW(nn::GPTConfig::of(llama), ValueError);
+  // Dropout on the attention weights alone (the residual dropout off): training draws masks, evaluation none, and
+  // the same seed draws the same masks.
+  nn::DecoderConfig attention_only = c;
+  attention_only.drop_rate = 0.0;
+  attention_only.attention_dropout = 0.5;
+  Generator g1(5), g2(5);
+  nn::Decoder a(attention_only, g1), b(attention_only, g2);
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8}, targets = {2, 3, 4, 5, 6, 7, 8, 9};
+  a.train();
+  b.train();
+  const float trained = a.loss(ids, 1, 8, targets).item();
+  EXPECT_EQ(trained, b.loss(ids, 1, 8, targets).item());
+  a.eval();
+  EXPECT_NE(trained, a.loss(ids, 1, 8, targets).item());
 }
 
 // qkv convert DIR OUT --to hf: the folder rewritten (here in BF16) loads as the weights rounded; a folder onto

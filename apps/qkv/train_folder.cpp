@@ -36,9 +36,10 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm) {
     ModelOptions source;
     source.checkpoint = options.resume;
     LoadedModel loaded = load_model(source);
-    std::unique_ptr<nn::Decoder> decoder(dynamic_cast<nn::Decoder*>(loaded.model.get()));
-    if (!decoder) throw UsageError(options.resume + " holds no decoder qkv can train");
-    loaded.model.release();
+    auto* raw = dynamic_cast<nn::Decoder*>(loaded.model.get());
+    if (!raw) throw UsageError(options.resume + " holds no decoder qkv can train");
+    std::unique_ptr<nn::Decoder> decoder(raw);
+    loaded.model.release();  // owned by `decoder` now
     // Windows of 256 tokens unless --context-length says otherwise, never more than the model has.
     context = options.overrides.count("context_length")
                                 ? std::min(parse_int(options.overrides.at("context_length"), "--context-length"), decoder->context_length())
@@ -58,8 +59,6 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm) {
     } catch (const ValueError& e) {
       throw ValueError((options.text_path.empty() ? std::string("the corpus") : options.text_path) + ": " + e.what());
     }
-    for (int64_t id : ids)
-      if (id >= decoder->vocab_size()) throw ValueError("token id " + std::to_string(id) + " is outside the model's vocabulary");
     if (fs::exists(model_dir / "config.json", ec) && !options.overwrite)
       throw UsageError(model_dir.string() + " already holds a model; give --overwrite to replace it, or another --out");
     if (lead) fs::create_directories(out_dir, ec);

@@ -267,6 +267,7 @@ std::string decoder_config_to_hf(const DecoderConfig& c) {
   j["head_dim"] = c.head_dim;
   j["max_position_embeddings"] = c.max_positions;
   j["rms_norm_eps"] = c.norm_eps;
+  j["attention_dropout"] = c.attention_dropout;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["torch_dtype"] = "float32";
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
