@@ -9,7 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto model = qkv::train::load_checkpoint_model(path, &settings);
     qkv::fuzz::expect_only_qkv_errors([&] { qkv::train::check_checkpoint(path, settings); });
     const int64_t ids[2] = {0, 0};
-    (void)model->forward(ids, 1, std::min<int64_t>(2, model->config.context_length));
+    (void)model->forward(ids, 1, std::min<int64_t>(2, model->context_length()));
   });
   return 0;
 }
