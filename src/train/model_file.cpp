@@ -98,7 +98,8 @@ std::unique_ptr<nn::Decoder> build_book_model(const std::vector<std::pair<std::s
                                               const std::function<void(const std::string&, Tensor&)>& read,
                                               const nn::GPTConfig& config, const std::string& label, DType matrices) {
   std::string problems;
-  for (const auto& [name, shape] : config.parameter_shapes()) {
+  const std::vector<std::pair<std::string, Shape>> wanted = config.parameter_shapes();
+  for (const auto& [name, shape] : wanted) {
     const Shape* got = find_shape(shapes, name);
     if (!got) problems += "\n  missing " + name + " " + shape.str();
     else if (!(*got == shape)) problems += "\n  " + name + " is " + got->str() + ", the configuration needs " + shape.str();
@@ -108,7 +109,7 @@ std::unique_ptr<nn::Decoder> build_book_model(const std::vector<std::pair<std::s
   // Beyond the parameters, a file may hold only the book's causal masks (recomputed, so only their shape is checked).
   std::string unexpected;
   for (const auto& [name, shape] : shapes) {
-    if (find_shape(config.parameter_shapes(), name)) continue;
+    if (find_shape(wanted, name)) continue;
     const bool mask = name.size() > 9 && name.rfind("trf_blocks.", 0) == 0 && name.substr(name.size() - 9) == ".att.mask";
     if (mask && shape == Shape{config.context_length, config.context_length}) continue;
     unexpected += (unexpected.empty() ? "" : ", ") + name + " " + shape.str();
