@@ -37,7 +37,7 @@ GPTConfig config(int64_t vocab, int64_t ctx, int64_t emb, int64_t heads, int64_t
 // One AdamW step: forward, cross-entropy, backward, clipping, update.
 void bm_train_step(benchmark::State& state, GPTConfig c, int64_t batch, int threads) {
   omp_set_num_threads(threads);
-  qkv::memory::set_block_cache_limit(int64_t{2} << 30);  // as train::Trainer does
+  qkv::memory::cache_blocks_for_steps();  // as train::Trainer does, and after each step
   qkv::Generator gen(1);
   qkv::nn::Decoder model(c, gen);
   qkv::optim::AdamW optimizer(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
@@ -50,6 +50,7 @@ void bm_train_step(benchmark::State& state, GPTConfig c, int64_t batch, int thre
     loss.backward();
     qkv::train::clip_grad_norm(parameters, 1.0);
     optimizer.step();
+    qkv::memory::cache_blocks_for_steps();
     return loss.item();
   };
   step();  // warm-up: the first step allocates every gradient and the AdamW state

@@ -132,6 +132,28 @@ TEST(Memory, BlockCacheReusesAFreedBlockOfTheSameSize) {
   EXPECT_EQ(memory::fresh_blocks(), fresh + 1);
 }
 
+// Steps whose tensors outgrow the floor: after a step, the limit follows the most the step held at once, so the
+// next step's blocks all come from the cache.
+TEST(Memory, CacheForStepsFollowsTheStepsPeak) {
+  memory::set_block_cache_limit(0);
+  memory::reset_peak();
+  const int64_t floor = int64_t{1} << 20, before = memory::block_cache_limit();
+  memory::cache_blocks_for_steps(floor);
+  EXPECT_GE(memory::block_cache_limit(), std::max(before, floor));
+  auto step = [] {  // three 8 MiB tensors at once
+    std::vector<Tensor> held;
+    for (int i = 0; i < 3; ++i) held.push_back(Tensor::empty({int64_t{1} << 21}));
+  };
+  step();  // 24 MiB at its peak: more than a 1 MiB floor would keep
+  memory::cache_blocks_for_steps(floor);
+  EXPECT_GE(memory::block_cache_limit(), memory::bytes_in_use() + (int64_t{24} << 20));
+  step();  // kept this time
+  const int64_t fresh = memory::fresh_blocks();
+  step();
+  EXPECT_EQ(memory::fresh_blocks(), fresh);
+  memory::set_block_cache_limit(0);
+}
+
 // The fused head's rows per block: 64 MiB of logits or C rows, whichever is more, up to 256 MiB, never more than N.
 TEST(Kernels, LinearCrossEntropyBlocksAreTheWeightsSizeUpTo256MiB) {
   EXPECT_EQ(kernels::linear_cross_entropy_block_rows(2048, 768, 50257), 768);    // GPT-2 124M: C rows

@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -111,6 +112,10 @@ void set_block_cache_limit(int64_t bytes) {
   block_cache().trim(static_cast<size_t>(block_cache_limit()));
 }
 int64_t block_cache_limit() { return g_block_cache_limit.load(std::memory_order_relaxed); }
+void cache_blocks_for_steps(int64_t floor) {
+  const int64_t wanted = std::max(floor, peak_bytes());
+  if (wanted > block_cache_limit()) set_block_cache_limit(wanted);
+}
 int64_t fresh_blocks() { return g_fresh_blocks.load(std::memory_order_relaxed); }
 
 int64_t bytes_in_use() { return g_in_use.load(std::memory_order_relaxed); }

@@ -10,6 +10,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/io/file.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/train/trainer.hpp"
@@ -472,6 +473,7 @@ int64_t train_classifier(SequenceClassifier& model, const ClassificationSplit& t
       check_finite(value, step + 1);
       loss.backward();
       optimizer.step();
+      memory::cache_blocks_for_steps();  // the next step reuses this one's blocks (no page faults)
       examples += o.batch_size;
       if (callbacks.on_step) callbacks.on_step({step + 1, epoch + 1, examples, per_epoch * o.epochs, value});
       if (step % o.eval_freq == 0 && callbacks.on_eval) {
@@ -592,6 +594,7 @@ int64_t train_instructions(nn::LanguageModel& model, const std::vector<EncodedIn
       check_finite(value, step + 1);
       loss.backward();
       optimizer.step();
+      memory::cache_blocks_for_steps();  // the next step reuses this one's blocks (no page faults)
       tokens += b.batch * b.tokens;
       if (callbacks.on_step) callbacks.on_step({step + 1, epoch + 1, per_epoch * o.epochs, tokens, value});
       if (step % o.eval_freq == 0 && callbacks.on_eval)

@@ -129,8 +129,8 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
   const int64_t vocab = model_ ? model_->vocab_size() : settings_.model.vocab_size;
   precision_ = resolve_precision(settings_.precision);
   // Every step allocates the same sizes: keep large freed blocks for the next step instead of page-faulting in
-  // fresh ones (qkv/kernels/memory.hpp).
-  memory::set_block_cache_limit(std::max<int64_t>(memory::block_cache_limit(), int64_t{2} << 30));
+  // fresh ones (qkv/kernels/memory.hpp); the limit follows the step's peak after each step.
+  memory::cache_blocks_for_steps();
   world_ = comm_->size();
   for (int64_t id : tokens) {
     if (id < 0 || id >= vocab) {
@@ -438,6 +438,7 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     }
     optimizer_->set_gradient_scale(clip_coefficient(norm, settings_.grad_clip));
     optimizer_->step();
+    memory::cache_blocks_for_steps();
     ++step_;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (on_step) {
