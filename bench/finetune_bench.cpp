@@ -8,6 +8,7 @@
 // side, and the peak RSS of LoRA training against frozen weights + activations + 1.2 × the adapter's state, each
 // measured in a process of its own.
 //   qkv_finetune_bench [--threads 2] [--steps 5] [--no-torch] [--smoke]
+//   qkv_finetune_bench --profile classify|cached|full|lora   where one step of that recipe spends its time, op by op
 // OpenBLAS's kernel choice matters here (qkv's GEMMs and PyTorch's): run as
 //   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE qkv_finetune_bench
 #include <benchmark/benchmark.h>
@@ -25,6 +26,8 @@
 
 #include "peak.hpp"
 #include "qkv/core/autograd.hpp"
+#include "qkv/core/precision.hpp"
+#include "qkv/core/profile.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/nn/gpt.hpp"
@@ -37,6 +40,7 @@ struct Settings {
   int threads = 2, steps = 5;
   int64_t batch = 8, tokens = 120;
   bool torch = true, smoke = false;
+  qkv::Precision precision = qkv::Precision::FP32;  // qkv's products (--precision bf16: autocast, the base in bf16)
 };
 Settings settings;
 
@@ -112,7 +116,8 @@ double step_flops(const std::string& mode, const qkv::nn::GPTConfig& c) {
 
 void bm_recipe(benchmark::State& state, const std::string& mode) {
   omp_set_num_threads(settings.threads);
-  qkv::memory::set_block_cache_limit(int64_t{2} << 30);
+  const qkv::PrecisionGuard precision(settings.precision);
+  qkv::memory::cache_blocks_for_steps();  // as the fine-tuning loops do, and after each step
   Recipe r = make_recipe(mode);
   std::vector<double> steps, forwards, backwards;
   auto step = [&] {
@@ -124,6 +129,7 @@ void bm_recipe(benchmark::State& state, const std::string& mode) {
     loss.backward();
     const auto t2 = clock::now();
     r.optimizer->step();
+    qkv::memory::cache_blocks_for_steps();
     const auto t3 = clock::now();
     forwards.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     backwards.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
@@ -141,6 +147,35 @@ void bm_recipe(benchmark::State& state, const std::string& mode) {
   state.counters["fwd_ms"] = t.forward_ms;
   state.counters["bwd_ms"] = t.backward_ms;
   state.counters["GFLOP/s"] = t.flops / t.step_ms / 1e6;
+}
+
+// `--profile MODE`: one step of the recipe after a warm-up, op by op.
+int profile_recipe(const std::string& mode) {
+  omp_set_num_threads(settings.threads);
+  const qkv::PrecisionGuard precision(settings.precision);
+  qkv::memory::cache_blocks_for_steps();  // as the fine-tuning loops do, and after each step
+  Recipe r = make_recipe(mode);
+  double optimizer_seconds = 0;
+  auto step = [&] {
+    qkv::op_profile_mark();
+    r.optimizer->zero_grad(true);
+    qkv::cross_entropy(r.classifier->batch_logits(r.split, r.rows, qkv::train::Pooling::Last), r.labels).backward();
+    const auto began = std::chrono::steady_clock::now();
+    r.optimizer->step();
+    qkv::memory::cache_blocks_for_steps();
+    optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  };
+  step(), step();  // the gradients, AdamW's moments and (cached) the prefix are in place
+  qkv::reset_op_profile();
+  qkv::set_op_profiling(true);
+  const auto began = std::chrono::steady_clock::now();
+  step();
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  qkv::set_op_profiling(false);
+  std::printf("recipe %s, B %lld × T %lld, %d threads, GEMM kernel: %s", mode.c_str(), static_cast<long long>(settings.batch),
+              static_cast<long long>(settings.tokens), settings.threads, qkv::kernels::gemm_backend());
+  qkv::bench::print_op_profile(total, {{"AdamW", optimizer_seconds}});
+  return 0;
 }
 
 // VmHWM of this process (the peak resident set), in MiB.
@@ -232,17 +267,20 @@ TorchRun torch_run(const std::string& mode) {
 
 int main(int argc, char** argv) {
   std::vector<char*> rest = {argv[0]};
-  std::string rss_mode;
+  std::string rss_mode, profile_mode;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) settings.threads = std::atoi(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) settings.steps = std::atoi(argv[++i]);
     else if (a == "--rss" && i + 1 < argc) rss_mode = argv[++i];
+    else if (a == "--profile" && i + 1 < argc) profile_mode = argv[++i];
     else if (a == "--no-torch") settings.torch = false;
+    else if (a == "--precision" && i + 1 < argc) settings.precision = qkv::resolve_precision(argv[++i], "--precision");
     else if (a == "--smoke") settings.smoke = true, settings.steps = 1, settings.torch = std::getenv("QKV_BENCH_TORCH") != nullptr;
     else rest.push_back(argv[i]);
   }
   if (!rss_mode.empty()) return rss_child(rss_mode);
+  if (!profile_mode.empty()) return profile_recipe(profile_mode);
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
   for (const char* mode : {"classify", "cached", "full", "lora"})

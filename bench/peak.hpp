@@ -9,7 +9,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "qkv/core/profile.hpp"
 
 namespace qkv::bench {
 
@@ -142,6 +146,30 @@ inline double read_bandwidth(int64_t bytes) {
     best = std::max(best, static_cast<double>(bytes) / seconds);
   }
   return best;
+}
+
+
+// The op profile of one profiled step (qkv::op_profile()), largest first: each op's forward and backward
+// milliseconds, its share of the step's `total` seconds and its calls, then the rows timed outside the ops
+// (`extra`: name, seconds) and what no row accounts for.
+inline void print_op_profile(double total, const std::vector<std::pair<std::string, double>>& extra) {
+  const auto profile = qkv::op_profile();
+  std::vector<std::pair<std::string, qkv::OpTime>> rows(profile.begin(), profile.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second.forward_seconds + a.second.backward_seconds > b.second.forward_seconds + b.second.backward_seconds;
+  });
+  std::printf("\nwhere one step's %.3f s go (op: forward ms, backward ms, share of the step, calls):\n", total);
+  double accounted = 0;
+  for (const auto& [name, t] : rows) {
+    accounted += t.forward_seconds + t.backward_seconds;
+    std::printf("  %-22s %9.1f %9.1f %6.1f%% %6lld\n", name.c_str(), 1e3 * t.forward_seconds, 1e3 * t.backward_seconds,
+                100 * (t.forward_seconds + t.backward_seconds) / total, static_cast<long long>(t.calls));
+  }
+  for (const auto& [name, seconds] : extra) {
+    accounted += seconds;
+    std::printf("  %-22s %9.1f %9s %6.1f%%\n", name.c_str(), 1e3 * seconds, "", 100 * seconds / total);
+  }
+  std::printf("  %-22s %9.1f %9s %6.1f%%\n", "other (loss, glue)", 1e3 * (total - accounted), "", 100 * (total - accounted) / total);
 }
 
 }  // namespace qkv::bench

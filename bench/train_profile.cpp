@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
     _mm_setcsr(_mm_getcsr() | 0x8040);
   }
   if (threads > 0) qkv::set_num_threads(threads);
-  qkv::memory::set_block_cache_limit(int64_t{2} << 30);  // as train::Trainer does
+  qkv::memory::cache_blocks_for_steps();  // as train::Trainer does, and after each step
   threads = qkv::num_threads();
   // Measured before the steps, after each and after them all, the highest reading kept: a VM's stolen time can only
   // lower one (a 2-thread reading of 377 GFLOP/s instead of ~467 once made a step look 74% efficient), and a
@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
     const double norm = qkv::train::gradient_norm(parameters);
     optimizer.set_gradient_scale(qkv::train::clip_coefficient(norm, 1.0));
     optimizer.step();
+    qkv::memory::cache_blocks_for_steps();
     optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return loss.item();
   };
@@ -225,20 +226,7 @@ int main(int argc, char** argv) {
     step();
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     qkv::set_op_profiling(false);
-    const auto profile = qkv::op_profile();
-    std::vector<std::pair<std::string, qkv::OpTime>> rows(profile.begin(), profile.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-      return a.second.forward_seconds + a.second.backward_seconds > b.second.forward_seconds + b.second.backward_seconds;
-    });
-    std::printf("\nwhere one step's %.3f s go (op: forward ms, backward ms, share of the step, calls):\n", total);
-    double accounted = optimizer_seconds;
-    for (const auto& [name, t] : rows) {
-      accounted += t.forward_seconds + t.backward_seconds;
-      std::printf("  %-22s %9.1f %9.1f %6.1f%% %6lld\n", name.c_str(), 1e3 * t.forward_seconds, 1e3 * t.backward_seconds,
-                  100 * (t.forward_seconds + t.backward_seconds) / total, static_cast<long long>(t.calls));
-    }
-    std::printf("  %-22s %9.1f %9s %6.1f%%\n", "clip + AdamW", 1e3 * optimizer_seconds, "", 100 * optimizer_seconds / total);
-    std::printf("  %-22s %9.1f %9s %6.1f%%\n", "other (loss, glue)", 1e3 * (total - accounted), "", 100 * (total - accounted) / total);
+    qkv::bench::print_op_profile(total, {{"clip + AdamW", optimizer_seconds}});
   }
   // The ceiling: the same GEMMs with nothing else running (see measure_gemms).
   double gemm_gflops = 0;

@@ -2,7 +2,7 @@
 """The book's fine-tuning recipes in PyTorch, timed: what qkv_finetune_bench compares itself with.
 
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /usr/bin/python3 tools/bench_finetune_compare.py \
-      --mode classify|lora|full [--threads N] [--steps 5] [--batch 8] [--tokens 120] [--tiny]
+      --mode classify|lora|full [--threads N] [--steps 5] [--batch 8] [--tokens 120] [--tiny] [--autocast]
 
 A GPT-2 124M-shaped GPTModel of the book (chapter 4; qkv_bias, no dropout), its head replaced by Linear(768, 2) as
 chapter 6 does, then
@@ -10,7 +10,8 @@ chapter 6 does, then
   full      everything trainable (the backward a frozen model is compared with);
   lora      appendix E's LinearWithLoRA (rank 16, alpha 16) on every Linear of the blocks, the base frozen, the head
             fully trained;
-and AdamW (lr 5e-5, weight decay 0.1) steps on a batch of random token ids, the loss on the last position. Prints one
+and AdamW (lr 5e-5, weight decay 0.1) steps on a batch of random token ids, the loss on the last position; with
+--autocast the forward runs under torch.autocast("cpu", dtype=torch.bfloat16) (its Linear layers in bf16). Prints one
 JSON line: the median step, forward and backward milliseconds, the peak RSS in MiB, and torch's thread count.
 """
 import argparse
@@ -35,6 +36,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (smoke runs)")
+    parser.add_argument("--autocast", action="store_true", help="the forward under CPU autocast to bfloat16")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12, "drop_rate": 0.0,
@@ -61,7 +63,8 @@ def main():
     for i in range(args.steps + 1):  # the first step (allocating gradients and AdamW state) is not counted
         t0 = time.perf_counter()
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(ids)[:, -1, :], labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            loss = torch.nn.functional.cross_entropy(model(ids)[:, -1, :].float(), labels)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -75,7 +78,7 @@ def main():
     def median_ms(values):
         return 1000 * sorted(values)[len(values) // 2]
 
-    print(json.dumps({"mode": args.mode, "threads": torch.get_num_threads(), "step_ms": median_ms(steps),
+    print(json.dumps({"mode": args.mode, "threads": torch.get_num_threads(), "autocast": args.autocast, "step_ms": median_ms(steps),
                       "forward_ms": median_ms(forwards), "backward_ms": median_ms(backwards),
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}))
