@@ -167,12 +167,7 @@ int profile_recipe(const std::string& mode) {
     optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   };
   step(), step();  // the gradients, AdamW's moments and (cached) the prefix are in place
-  qkv::reset_op_profile();
-  qkv::set_op_profiling(true);
-  const auto began = std::chrono::steady_clock::now();
-  step();
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  qkv::set_op_profiling(false);
+  const double total = qkv::bench::profiled_step(step);
   std::printf("recipe %s, B %lld × T %lld, %d threads, GEMM kernel: %s", mode.c_str(), static_cast<long long>(settings.batch),
               static_cast<long long>(settings.tokens), settings.threads, qkv::kernels::gemm_backend());
   qkv::bench::print_op_profile(total, {{"AdamW", optimizer_seconds}});

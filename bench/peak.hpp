@@ -149,6 +149,18 @@ inline double read_bandwidth(int64_t bytes) {
 }
 
 
+// Runs `step` once with the op profile on (qkv/core/profile.hpp), from an empty profile; returns its seconds.
+template <class Step>
+double profiled_step(Step&& step) {
+  qkv::reset_op_profile();
+  qkv::set_op_profiling(true);
+  const auto began = std::chrono::steady_clock::now();
+  step();
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  qkv::set_op_profiling(false);
+  return total;
+}
+
 // The op profile of one profiled step (qkv::op_profile()), largest first: each op's forward and backward
 // milliseconds, its share of the step's `total` seconds and its calls, then the rows timed outside the ops
 // (`extra`: name, seconds) and what no row accounts for.

@@ -220,12 +220,7 @@ int main(int argc, char** argv) {
     std::printf("bf16 dot-product peak (VDPBF16PS) %.1f GFLOP/s = %.2f× the FMA peak; the step is %.1f%% of it\n",
                 bf16_peak, bf16_peak / peak, 100 * gflops / bf16_peak);
   if (profile) {
-    qkv::reset_op_profile();
-    qkv::set_op_profiling(true);
-    const auto began = std::chrono::steady_clock::now();
-    step();
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    qkv::set_op_profiling(false);
+    const double total = qkv::bench::profiled_step(step);
     qkv::bench::print_op_profile(total, {{"clip + AdamW", optimizer_seconds}});
   }
   // The ceiling: the same GEMMs with nothing else running (see measure_gemms).
