@@ -10,8 +10,8 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/io/file.hpp"
-#include "qkv/kernels/memory.hpp"
 #include "qkv/io/safetensors.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/train/trainer.hpp"
 
