@@ -473,7 +473,7 @@ int64_t train_classifier(SequenceClassifier& model, const ClassificationSplit& t
       check_finite(value, step + 1);
       loss.backward();
       optimizer.step();
-      memory::cache_blocks_for_steps();  // the next step reuses this one's blocks (no page faults)
+      memory::cache_blocks_for_steps();  // every batch has the same shape: the next step reuses these blocks
       examples += o.batch_size;
       if (callbacks.on_step) callbacks.on_step({step + 1, epoch + 1, examples, per_epoch * o.epochs, value});
       if (step % o.eval_freq == 0 && callbacks.on_eval) {
@@ -594,7 +594,8 @@ int64_t train_instructions(nn::LanguageModel& model, const std::vector<EncodedIn
       check_finite(value, step + 1);
       loss.backward();
       optimizer.step();
-      memory::cache_blocks_for_steps();  // the next step reuses this one's blocks (no page faults)
+      // No block cache here: each batch is padded to its own longest entry, so the sizes differ from step to step and
+      // blocks kept by exact size would mostly wait for a size that never comes again.
       tokens += b.batch * b.tokens;
       if (callbacks.on_step) callbacks.on_step({step + 1, epoch + 1, per_epoch * o.epochs, tokens, value});
       if (step % o.eval_freq == 0 && callbacks.on_eval)

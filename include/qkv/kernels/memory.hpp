@@ -18,7 +18,8 @@ void reset_peak();  // peak := bytes_in_use()
 // cache, none from the system (no page faults, no heap growth). A single pass would only hold more memory.
 void set_block_cache_limit(int64_t bytes);
 int64_t block_cache_limit();
-// For work that repeats the same allocations, training steps: turn the cache on with room for at least `floor` bytes
+// For work that repeats the same allocations, training steps of one shape (not batches whose length varies: blocks
+// kept by exact size would wait for sizes that never come back): turn the cache on with room for at least `floor` bytes
 // and for the most the process's blocks ever held at once (peak_bytes()). Call it again after each step, so the
 // limit follows the step's own peak: GPT-2 124M at B 8 × T 256 holds 4 GiB of tensors at its peak, and under a
 // fixed 2 GiB limit every step faulted in dozens of fresh blocks again (10% of a bf16 step); with the limit at the
