@@ -118,7 +118,7 @@ double step_flops(const std::string& mode, const qkv::nn::GPTConfig& c) {
 void bm_recipe(benchmark::State& state, const std::string& mode) {
   omp_set_num_threads(settings.threads);
   const qkv::PrecisionGuard precision(settings.precision);
-  qkv::memory::cache_blocks_for_steps();  // as the fine-tuning loops do, and after each step
+  qkv::memory::cache_blocks_for_steps();  // as the classification loop does, and after each step
   Recipe r = make_recipe(mode);
   std::vector<double> steps, forwards, backwards;
   auto step = [&] {
@@ -154,7 +154,7 @@ void bm_recipe(benchmark::State& state, const std::string& mode) {
 int profile_recipe(const std::string& mode) {
   omp_set_num_threads(settings.threads);
   const qkv::PrecisionGuard precision(settings.precision);
-  qkv::memory::cache_blocks_for_steps();  // as the fine-tuning loops do, and after each step
+  qkv::memory::cache_blocks_for_steps();  // as the classification loop does, and after each step
   Recipe r = make_recipe(mode);
   double optimizer_seconds = 0;
   auto step = [&] {
@@ -280,7 +280,14 @@ int main(int argc, char** argv) {
     else if (a == "--rss" && i + 1 < argc) rss_mode = argv[++i];
     else if (a == "--profile" && i + 1 < argc) profile_mode = argv[++i];
     else if (a == "--no-torch") settings.torch = false;
-    else if (a == "--precision" && i + 1 < argc) settings.precision = qkv::resolve_precision(argv[++i], "--precision");
+    else if (a == "--precision" && i + 1 < argc) {
+      try {
+        settings.precision = qkv::resolve_precision(argv[++i], "--precision");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+      }
+    }
     else if (a == "--smoke") settings.smoke = true, settings.steps = 1, settings.torch = std::getenv("QKV_BENCH_TORCH") != nullptr;
     else rest.push_back(argv[i]);
   }
