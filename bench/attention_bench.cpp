@@ -282,7 +282,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                   plain != results_.end() ? plain->second.extra_mib : 0.0);
     }
     // bf16 products against float32's, same shapes, same run
-    std::printf("\nbf16 products (VDPBF16PS) vs float32, fused kernel, same run:%s\n",
+    std::printf("\nbf16 products (%s) vs float32, fused kernel, same run:%s\n", qkv::kernels::attention_bf16_products(),
                 qkv::kernels::attention_bf16_available() ? "" : " not run (this CPU or build has no AVX512_BF16)");
     for (const auto& [name, half] : results_) {
       if (name.rfind("bf16/", 0) != 0) continue;

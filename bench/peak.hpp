@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qkv/core/profile.hpp"
+#include "qkv/kernels/gemm.hpp"
 
 namespace qkv::bench {
 
@@ -95,8 +96,8 @@ inline double measure_fma_peak(int threads, double seconds) {
 }
 
 // The bf16 dot-product peak: independent VDPBF16PS chains (each does 32 bf16 products and their sums into 16 floats,
-// counted as 64 FLOPs) on every thread; 0 where the build lacks AVX512_BF16. What gemm_bf16 is read against.
-inline double measure_bf16_peak(int threads, double seconds) {
+// counted as 64 FLOPs) on every thread; 0 where the build lacks AVX512_BF16.
+inline double measure_vdpbf16ps_peak(int threads, double seconds) {
 #if defined(__AVX512BF16__)
   return best_of_three(threads, static_cast<int64_t>(seconds * 1e8 / 3), 12 * 64, [](int64_t iterations) {
     __m512 acc[12];
@@ -114,6 +115,55 @@ inline double measure_bf16_peak(int threads, double seconds) {
   (void)seconds;
   return 0.0;
 #endif
+}
+
+// AMX: four independent 16 × 16 float32 tiles, each TDPBF16PS a (16 × 32) · (32 × 16) product, 16,384 flops; the
+// operand tiles stay loaded, so this is the tile unit's rate alone. 0 where the CPU, build or kernel has no AMX.
+inline double measure_amx_peak(int threads, double seconds) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (!kernels::amx_bf16_ready()) return 0.0;
+  return best_of_three(threads, static_cast<int64_t>(seconds * 2e7 / 3), 4 * 16384, [](int64_t iterations) {
+    struct alignas(64) Config {
+      uint8_t palette = 1, start_row = 0, reserved[14] = {};
+      uint16_t colsb[16] = {};
+      uint8_t rows[16] = {};
+    } config;
+    for (int t = 0; t < 8; ++t) {
+      config.colsb[t] = 64;
+      config.rows[t] = 16;
+    }
+    alignas(64) uint16_t operand[16 * 32];
+    std::fill_n(operand, 16 * 32, uint16_t{0x3a83});  // 1e-3 in bf16
+    alignas(64) float out[16 * 16];
+    _tile_loadconfig(&config);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, operand, 64);
+    _tile_loadd(5, operand, 64);
+    _tile_loadd(6, operand, 64);
+    _tile_loadd(7, operand, 64);
+    for (int64_t it = 0; it < iterations; ++it) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+  });
+#else
+  (void)threads;
+  (void)seconds;
+  return 0.0;
+#endif
+}
+
+// The bf16 peak: the faster of VDPBF16PS chains and AMX tiles (where the CPU has them), 0 without either.
+inline double measure_bf16_peak(int threads, double seconds) {
+  return std::max(measure_vdpbf16ps_peak(threads, seconds), measure_amx_peak(threads, seconds));
 }
 
 // Read bandwidth: the best of a few passes summing a buffer well beyond the caches, on the run's threads.

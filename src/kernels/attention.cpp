@@ -49,6 +49,9 @@
 
 #if defined(QKV_AVX512) && defined(__AVX512BF16__)
 #define QKV_ATTENTION_BF16 1  // bf16 products (options.bf16): VDPBF16PS micro-kernels
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define QKV_ATTENTION_AMX 1  // and AMX tiles where the CPU and the kernel allow them (amx_bf16_ready)
+#endif
 #endif
 
 namespace qkv::kernels {
@@ -368,11 +371,19 @@ inline void micro_kernel_bf16_rows(int mr, int64_t KK, const uint16_t* A, int64_
   }
 }
 
+#ifdef QKV_ATTENTION_AMX
+void block_gemm_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                    float* C, int64_t ldc, bool accumulate, Trim trim, int64_t diag, int64_t window);
+#endif
+
 // C (M × N) (+)= A (M × K) · B (K × N) with bf16 operands as above (K even, N a multiple of 16; A's pairs ak2 apart)
 // and the float kernel's trims, each strip's k range widened to whole pairs.
 void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, int64_t ak2, const uint16_t* B,
                      int64_t ldb, float* C, int64_t ldc, bool accumulate, Trim trim = Trim::None, int64_t diag = 0,
                      int64_t window = 0) {
+#ifdef QKV_ATTENTION_AMX
+  if (ak2 == 2 && amx_bf16_ready()) return block_gemm_amx(M, N, K, A, lda, B, ldb, C, ldc, accumulate, trim, diag, window);
+#endif
   for_each_strip(M, N, 8, [&](int mr, int64_t m0, int64_t n0, int64_t width) {
     const StripRange range = strip_range(trim, m0, mr, n0, width, K, diag, window);
     if (range.skip) {
@@ -388,6 +399,131 @@ void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t
     micro_kernel_bf16_rows<1>(mr, kk_end - kk_begin, a, lda, ak2, b, ldb, c, ldc, accumulate);
   });
 }
+
+#ifdef QKV_ATTENTION_AMX
+// ---- bf16 products on AMX tiles (Intel Sapphire Rapids and later) ----
+// TDPBF16PS multiplies a 16 × 32 bf16 tile of A (rows with k contiguous, 64 bytes each) by a 16-pair-row tile of B
+// in the same pair rows as VDPBF16PS reads (16 columns × 2 k, 64 bytes each) into a 16 × 16 float32 tile: 16,384
+// flops an instruction. On a Xeon whose VDPBF16PS runs at half its FMA rate, the only way bf16 beats float32 here.
+// The tile state is asked of Linux once per process (amx_bf16_ready).
+
+// Every tile 16 rows × 64 bytes: tiles 0-3 the C blocks, 4-5 A, 6-7 B. Loaded per product (cheap next to one), as
+// oneDNN's AMX kernels, running on the same threads, load their own.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+void configure_tiles() {
+  static const TileConfig config = [] {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = 16;
+    }
+    return c;
+  }();
+  _tile_loadconfig(&config);
+}
+
+// C (16·MT × 16·NT) (+)= A · B over pair steps [kb, ke) (multiples of 16 but ke may pass KK: then the step's B
+// pair rows come from b_last, a zero-padded copy with rows 64 bf16 apart). A: rows la bf16 apart, k contiguous;
+// B: pair rows ldb bf16 apart, the strip's first column at b.
+template <int MT, int NT>
+void amx_tiles(int64_t kb, int64_t ke, int64_t KK, const uint16_t* a, int64_t la, const uint16_t* b, int64_t ldb,
+               const uint16_t* b_last, float* c, int64_t ldc, bool accumulate) {
+  const int64_t sa = la * 2, sc = ldc * 4;
+  if (accumulate) {
+    _tile_loadd(0, c, sc);
+    if constexpr (NT == 2) _tile_loadd(1, c + 16, sc);
+    if constexpr (MT == 2) _tile_loadd(2, c + 16 * ldc, sc);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT == 2) _tile_zero(1);
+    if constexpr (MT == 2) _tile_zero(2);
+    if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  }
+  for (int64_t kk = kb; kk < ke; kk += 16) {
+    const bool last = kk + 16 > KK;
+    const uint16_t* bk = last ? b_last : b + kk * ldb;
+    const int64_t sb = (last ? 64 : ldb) * 2;
+    _tile_loadd(6, bk, sb);
+    if constexpr (NT == 2) _tile_loadd(7, bk + 32, sb);
+    _tile_loadd(4, a + 2 * kk, sa);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) {
+      _tile_loadd(5, a + 16 * la + 2 * kk, sa);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NT == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, sc);
+  if constexpr (NT == 2) _tile_stored(1, c + 16, sc);
+  if constexpr (MT == 2) _tile_stored(2, c + 16 * ldc, sc);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+// block_gemm_bf16 for A with k contiguous in its rows (ak2 = 2), on tiles. Blocks of 32 × 32 (16 at the edges); the
+// trims are widened to whole steps of 16 pairs (what they skip is zero or masked, never needed). Rows past M and
+// pairs past K/2 are never read: A is copied zero-padded when M or K/2 is not a multiple of 16, B's last partial
+// step per strip, and a block with rows past M goes through a float tile.
+void block_gemm_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                    float* C, int64_t ldc, bool accumulate, Trim trim, int64_t diag, int64_t window) {
+  thread_local ScratchOf<uint16_t> a_pad, b_pad;
+  thread_local ScratchOf<float> c_pad;
+  const int64_t KK = K / 2, Mp = round_up(M, 16), KKp = round_up(KK, 16);
+  const uint16_t* a = A;
+  int64_t la = lda;
+  if (Mp != M || KKp != KK) {
+    uint16_t* dst = a_pad.get(static_cast<size_t>(Mp * 2 * KKp));
+    for (int64_t m = 0; m < Mp; ++m) {
+      uint16_t* row = dst + m * 2 * KKp;
+      if (m < M) std::copy_n(A + m * lda, 2 * KK, row);
+      std::fill(row + (m < M ? 2 * KK : 0), row + 2 * KKp, uint16_t{0});
+    }
+    a = dst;
+    la = 2 * KKp;
+  }
+  uint16_t* b_last = b_pad.get(16 * 64);
+  float* c_tile = c_pad.get(32 * 32);
+  configure_tiles();
+  for (int64_t n0 = 0; n0 < N; n0 += 32) {
+    const int64_t width = std::min<int64_t>(32, N - n0);
+    const uint16_t* b = B + 2 * n0;
+    if (KKp != KK) {  // the last step's pair rows of this strip, zero beyond KK
+      std::fill_n(b_last, 16 * 64, uint16_t{0});
+      for (int64_t kk = KKp - 16; kk < KK; ++kk) std::copy_n(b + kk * ldb, 2 * width, b_last + (kk - (KKp - 16)) * 64);
+    }
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
+      const int64_t height = std::min<int64_t>(32, Mp - m0), rows = std::min(height, M - m0);
+      const StripRange range = strip_range(trim, m0, static_cast<int>(rows), n0, width, K, diag, window);
+      const int64_t kb = range.k_begin / 2 / 16 * 16, ke = std::min(round_up((range.k_end + 1) / 2, 16), KKp);
+      float* c = C + m0 * ldc + n0;
+      if (range.skip || ke <= kb) {
+        if (!accumulate)
+          for (int64_t r = 0; r < rows; ++r) std::fill_n(c + r * ldc, width, 0.0f);
+        continue;
+      }
+      const bool direct = rows == height;  // else through c_tile (32 × 32), rows past M dropped
+      float* cc = direct ? c : c_tile;
+      const int64_t lc = direct ? ldc : 32;
+      if (!direct && accumulate) {
+        std::fill_n(c_tile, 32 * 32, 0.0f);
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(c + r * ldc, width, c_tile + r * 32);
+      }
+      const uint16_t* ar = a + m0 * la;
+      if (height == 32 && width == 32) amx_tiles<2, 2>(kb, ke, KK, ar, la, b, ldb, b_last, cc, lc, accumulate);
+      else if (height == 32) amx_tiles<2, 1>(kb, ke, KK, ar, la, b, ldb, b_last, cc, lc, accumulate);
+      else if (width == 32) amx_tiles<1, 2>(kb, ke, KK, ar, la, b, ldb, b_last, cc, lc, accumulate);
+      else amx_tiles<1, 1>(kb, ke, KK, ar, la, b, ldb, b_last, cc, lc, accumulate);
+      if (!direct)
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(c_tile + r * 32, width, c + r * ldc);
+    }
+  }
+}
+#endif
 
 // Conversions into the products' layouts, rounding to nearest even (VCVTNE2PS2BF16: NaN stays NaN; float32
 // denormals become zero, which at bf16's 8-bit mantissa is below its own rounding error).
@@ -823,6 +959,28 @@ void tile_pair_rows(const float* tile, int64_t rows, int64_t cols_pad, uint16_t*
                     dst + r * kBc);
 }
 
+#ifdef QKV_ATTENTION_AMX
+// dst (C × R 32-bit words, rows R apart) = srcᵀ, src (R × C words, rows C apart): pair rows of queries turned into
+// rows of k-contiguous pairs, 16 words a gather.
+void transpose_words(const uint16_t* src, int64_t R, int64_t C, uint16_t* dst) {
+  alignas(64) int32_t step[16];
+  for (int i = 0; i < 16; ++i) step[i] = static_cast<int32_t>(i * C);
+  const __m512i index = _mm512_load_si512(step);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t r0 = 0; r0 < R; r0 += 16) {
+      const __mmask16 keep = R - r0 >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (R - r0)) - 1);
+      const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, index, src + 2 * (r0 * C + c), 4);
+      _mm512_mask_storeu_epi32(dst + 2 * (c * R + r0), keep, words);
+    }
+}
+
+// dst (cols × rows, rows ld_dst apart) = the first `cols` columns of src (rows × ld_src), transposed.
+void transpose_block(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst) {
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t d = 0; d < rows; ++d) dst[j * ld_dst + d] = src[d * ld_src + j];
+}
+#endif
+
 // The forward with bf16 operands: Qs, P and the packs of K and V rounded to bf16, the sums and the online softmax
 // in float32. Kᵀ in pair rows per key block (S = Qs Kᵀ_j sums over D), V in pair rows of keys (O += P V_j sums over
 // keys), P rounded once per tile.
@@ -939,6 +1097,14 @@ bool attention_bf16_available() {
 #else
   return false;
 #endif
+}
+
+const char* attention_bf16_products() {
+  if (!attention_bf16_available()) return "none";
+#ifdef QKV_ATTENTION_AMX
+  if (amx_bf16_ready()) return "AMX tiles (TDPBF16PS)";
+#endif
+  return "VDPBF16PS";
 }
 
 void attention_forward(const AttentionDims& dims, const AttentionLayout& layout, const AttentionOptions& options,
@@ -1106,6 +1272,15 @@ struct BackwardBf16 {
   uint16_t *kt = nullptr, *vt = nullptr, *kp = nullptr, *qs = nullptr, *dop = nullptr, *qs_pairs = nullptr,
            *do_pairs = nullptr, *pairs = nullptr, *dsb = nullptr;
   int64_t head = 0;  // Tq_pad · Dp: the offset between query heads in every per-head pack
+#ifdef QKV_ATTENTION_AMX
+  // On AMX tiles A must have k contiguous in its rows, so dV and dK are summed transposed: dVᵀ += dOᵀ (P∘Z) and
+  // dKᵀ += Qsᵀ dS, with Qsᵀ and dOᵀ (Dp × Tq_pad: the pair-row packs turned word for word) and the tiles of P∘Z and
+  // dS in pair rows as B. The accumulators hold (Dp × kBc) and are turned back as the key block is stored.
+  bool amx = false;
+  ScratchOf<uint16_t> qst_buf, dot_buf;
+  ScratchOf<float> turned_buf;
+  uint16_t *qs_t = nullptr, *do_t = nullptr;
+#endif
   void reserve(const Plan& p, bool need_k) {
     const size_t kv = static_cast<size_t>(pair_width(p) * p.Tk_pad), per_group = static_cast<size_t>(p.group * p.Tq_pad * p.Dp);
     kt = kt_buf.get(kv);
@@ -1118,6 +1293,14 @@ struct BackwardBf16 {
     pairs = pair_buf.get(static_cast<size_t>(kBr * kBc));
     dsb = ds_buf.get(static_cast<size_t>(kBr * kBc));
     if (need_k) kp = k_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
+#ifdef QKV_ATTENTION_AMX
+    amx = amx_bf16_ready();
+    if (amx) {
+      qs_t = qst_buf.get(per_group);
+      do_t = dot_buf.get(per_group);
+      turned_buf.get(static_cast<size_t>(2 * kBc * p.Dp));
+    }
+#endif
   }
   void pack(const Plan& p, const float* q, const float* k, const float* v, const float* d_o, int64_t bkv, bool need_k) {
     const int64_t Dp = p.Dp, Tq = p.dims.Tq;
@@ -1139,6 +1322,12 @@ struct BackwardBf16 {
       }
       pack_pair_rows(p, qh, p.layout.q.token, Tq, p.Tq_pad, p.scale, qs_pairs + g * head);
       pack_pair_rows(p, oh, p.layout.o.token, Tq, p.Tq_pad, 1.0f, do_pairs + g * head);
+#ifdef QKV_ATTENTION_AMX
+      if (amx) {
+        transpose_words(qs_pairs + g * head, p.Tq_pad / 2, Dp, qs_t + g * head);
+        transpose_words(do_pairs + g * head, p.Tq_pad / 2, Dp, do_t + g * head);
+      }
+#endif
     }
     if (need_k) pack_pair_rows(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, p.dims.Tk, p.Tk_pad, 1.0f, kp);
   }
@@ -1154,6 +1343,16 @@ struct BackwardBf16 {
     const int64_t cols_pad = round_up(cols, kNR), rows_even = round_up(rows, 2), Dp = p.Dp;
     const Trim k_begin = p.options.causal ? Trim::KBegin : Trim::None;
     tile_pair_rows(pz, rows, cols_pad, pairs);
+#ifdef QKV_ATTENTION_AMX
+    if (amx) {  // transposed (see above); the tiles are zero where masked, so no trim is needed
+      block_gemm_amx(Dp, cols_pad, rows_even, do_t + g * head + q0, p.Tq_pad, pairs, 2 * kBc, dv_acc, kBc, true,
+                     Trim::None, 0, 0);
+      tile_pair_rows(ds, rows, cols_pad, pairs);
+      block_gemm_amx(Dp, cols_pad, rows_even, qs_t + g * head + q0, p.Tq_pad, pairs, 2 * kBc, dk_acc, kBc, true,
+                     Trim::None, 0, 0);
+      return;
+    }
+#endif
     block_gemm_bf16(cols, Dp, rows_even, pairs, 2, 2 * kBc, do_pairs + g * head + q0 * Dp, 2 * Dp, dv_acc, Dp, true,
                     k_begin, diag, p.band());
     tile_pair_rows(ds, rows, cols_pad, pairs);
@@ -1166,7 +1365,15 @@ struct BackwardBf16 {
                     p.options.causal ? Trim::KEnd : Trim::None, diag, p.band());
   }
   void store(const Plan& p, int64_t bkv, int64_t k0, int64_t cols, const float* dk_acc, const float* dv_acc, float* dk,
-             float* dv) const {
+             float* dv) {
+#ifdef QKV_ATTENTION_AMX
+    if (amx) {
+      float* turned = turned_buf.get(static_cast<size_t>(2 * kBc * p.Dp));
+      transpose_block(dk_acc, p.dims.D, cols, kBc, turned, p.Dp);
+      transpose_block(dv_acc, p.dims.D, cols, kBc, turned + kBc * p.Dp, p.Dp);
+      return store_key_block(p, bkv, k0, cols, turned, turned + kBc * p.Dp, dk, dv);
+    }
+#endif
     store_key_block(p, bkv, k0, cols, dk_acc, dv_acc, dk, dv);
   }
 };

@@ -14,6 +14,10 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(QKV_HAVE_DNNL)
 #include <oneapi/dnnl/dnnl.hpp>
@@ -29,7 +33,7 @@ namespace qkv::kernels {
 namespace {
 
 struct CpuBf16 {
-  bool avx512_bf16 = false, amx_bf16 = false;
+  bool avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
 };
 
 CpuBf16 detect() {
@@ -39,6 +43,7 @@ CpuBf16 detect() {
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     const bool avx512f = (b >> 16) & 1u;
     cpu.amx_bf16 = (d >> 22) & 1u;
+    cpu.amx_tile = (d >> 24) & 1u;
     unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
     if (a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) cpu.avx512_bf16 = avx512f && ((a1 >> 5) & 1u);
   }
@@ -176,6 +181,18 @@ bool run_dnnl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 }  // namespace
 
 bool bf16_native() { return cpu().avx512_bf16 || cpu().amx_bf16; }
+
+bool amx_bf16_ready() {
+  static const bool ready = [] {
+#if defined(__linux__) && defined(__x86_64__)
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return cpu().amx_bf16 && cpu().amx_tile && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ready;
+}
 
 const char* bf16_missing() {
   return bf16_native() ? "" : "AVX512_BF16 and AMX-BF16 (bf16 products in hardware: AMD Zen 4 and later, Intel Cooper "

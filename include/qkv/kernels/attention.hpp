@@ -103,6 +103,9 @@ bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64
 
 // Whether options.bf16 takes effect: a build with AVX512_BF16 (-march=native on such a CPU), running on one.
 bool attention_bf16_available();
+// What multiplies bf16 there: "AMX tiles (TDPBF16PS)" where amx_bf16_ready(), "VDPBF16PS" elsewhere with
+// AVX512_BF16, "none" where attention_bf16_available() is false.
+const char* attention_bf16_products();
 
 // Which micro-kernels this build uses: "avx2+fma" or "portable".
 const char* attention_isa();

@@ -35,6 +35,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 // Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16), so gemm_bf16 runs at up to twice
 // float32's rate; false on a Zen 3 or an Ice Lake, where gemm_bf16 widens to float32.
 bool bf16_native();
+// Whether AMX-BF16 tiles (TDPBF16PS, Intel Sapphire Rapids and later) can run in this process: the CPU has them and
+// Linux granted the tile state (asked for once, on the first call). The fused attention kernel's bf16 products use
+// them where true; oneDNN's matmul asks for itself.
+bool amx_bf16_ready();
 // What gemm_bf16 runs here, e.g. "oneDNN 2.6.3 brgemm avx512_core_bf16", or why it widens ("widened to float32:
 // the CPU lacks AVX512_BF16 and AMX-BF16"), for benchmarks and run headers.
 const char* gemm_bf16_backend();
