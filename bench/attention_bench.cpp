@@ -39,7 +39,7 @@ struct Shape4 {
 };
 
 std::map<int, double> g_peak_gflops;  // threads → measured FMA peak: the higher of a reading before and after
-std::map<int, double> g_bf16_peak_gflops;  // threads → measured VDPBF16PS peak (0 where the CPU has none)
+std::map<int, double> g_bf16_peak_gflops;  // threads → measured bf16 peak: VDPBF16PS or AMX, the faster (0 where the CPU has neither)
 double g_peak_seconds = 0.3;           // per reading
 
 

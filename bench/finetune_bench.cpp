@@ -307,7 +307,7 @@ int main(int argc, char** argv) {
               "(%% peak: of it); PyTorch %s\n",
               static_cast<long long>(settings.batch), static_cast<long long>(settings.tokens), settings.threads,
               qkv::precision_name(settings.precision), bf16 ? qkv::kernels::gemm_bf16_backend() : qkv::kernels::gemm_backend(),
-              bf16 ? "bf16 dot-product (VDPBF16PS)" : "FMA", peak, bf16 ? "under torch.autocast(\"cpu\", dtype=torch.bfloat16)" : "in float32");
+              bf16 ? (qkv::kernels::amx_bf16_ready() ? "bf16 (AMX tiles)" : "bf16 dot-product (VDPBF16PS)") : "FMA", peak, bf16 ? "under torch.autocast(\"cpu\", dtype=torch.bfloat16)" : "in float32");
   std::printf("%-9s %12s %9s %9s %9s %9s %8s | %9s %13s %8s\n", "recipe", "trainable", "step ms", "fwd ms", "bwd ms", "GFLOP/s",
               "% peak", "torch ms", "torch threads", "speed-up");
   std::map<std::string, TorchRun> torch;

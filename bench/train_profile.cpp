@@ -6,7 +6,7 @@
 //   qkv_train_profile [--vocab V] [--context T] [--emb C] [--heads H] [--layers L] [--batch B] [--steps N]
 //                     [--threads N] [--drop P] [--tied] [--no-profile] [--no-ceiling] [--precision fp32|bf16|auto]
 // With bf16 the step runs under PrecisionGuard(BF16) (qkv/core/precision.hpp) and its figures are read against both
-// the fp32 FMA peak and the measured bf16 dot-product peak (VDPBF16PS).
+// the fp32 FMA peak and the measured bf16 peak (VDPBF16PS chains, or AMX tiles where the CPU has them).
 // After the step it times the step's GEMMs alone (--no-ceiling skips it): the speed the step could reach if every
 // other op took no time, so "% of peak" can be read against what the BLAS gives on this machine.
 #include <sys/resource.h>
@@ -217,8 +217,8 @@ int main(int argc, char** argv) {
   std::printf("kernels: attention %s, GEMM %s\n", qkv::kernels::attention_isa(), qkv::kernels::gemm_backend());
   std::printf("precision: %s\n", qkv::describe_precision(precision, precision_text).c_str());
   if (bf16_peak > 0)
-    std::printf("bf16 dot-product peak (VDPBF16PS) %.1f GFLOP/s = %.2f× the FMA peak; the step is %.1f%% of it\n",
-                bf16_peak, bf16_peak / peak, 100 * gflops / bf16_peak);
+    std::printf("bf16 peak (%s) %.1f GFLOP/s = %.2f× the FMA peak; the step is %.1f%% of it\n",
+                qkv::kernels::amx_bf16_ready() ? "AMX tiles" : "VDPBF16PS chains", bf16_peak, bf16_peak / peak, 100 * gflops / bf16_peak);
   if (profile) {
     const double total = qkv::bench::profiled_step(step);
     qkv::bench::print_op_profile(total, {{"clip + AdamW", optimizer_seconds}});

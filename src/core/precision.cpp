@@ -37,7 +37,8 @@ std::string describe_precision(Precision p, std::string_view asked) {
   if (p == Precision::BF16)
     out += std::string(" (") + (asked == "auto" ? "auto; " : "") + "bf16 products with float32 sums: " +
            kernels::gemm_bf16_backend() + "; attention " +
-           (kernels::attention_bf16_available() ? "qkv's VDPBF16PS kernel" : "float32 (no bf16 kernel in this build)") +
+           (kernels::attention_bf16_available() ? std::string("qkv's kernel on ") + kernels::attention_bf16_products()
+                                                 : std::string("float32 (no bf16 kernel in this build)")) +
            ")";
   else if (asked == "auto")
     out += std::string(" (auto: this CPU lacks ") + kernels::bf16_missing() + ")";

@@ -55,7 +55,7 @@ struct AttentionOptions {
   uint64_t seed = 0;       // dropout stream: element (b·H + h, i, j) is a pure function of the seed
   int threads = 0;         // 0: OpenMP's default
   // bf16 products (autocast): Q·scale, K, V, dO and the tiles of P and dS rounded to bf16 (nearest even) and multiplied
-  // with VDPBF16PS, every sum, the online softmax, the log-sum-exp and the outputs in float32. Only where
+  // with AMX tiles or VDPBF16PS (attention_bf16_products()), every sum, the online softmax, the log-sum-exp and the outputs in float32. Only where
   // attention_bf16_available(); elsewhere the flag is ignored and the products stay float32.
   bool bf16 = false;
 };
