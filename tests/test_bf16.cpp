@@ -33,8 +33,11 @@ Tensor rounded(const Tensor& t) {
 TEST(Bf16, GemmMatchesReferenceForEveryLayoutAlphaAndBeta) {
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (auto [M, N, K] : {std::tuple{1, 1, 1}, {1, 70, 33}, {3, 5, 7}, {17, 33, 9}, {64, 48, 80}, {130, 96, 257}})
-        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {2.0f, 0.25f}}) {
+      // the last two: a short K against a wide N, which runs on AMX tiles where the CPU has them (edges of 32 rows and
+      // columns, an odd K)
+      for (auto [M, N, K] : {std::tuple{1, 1, 1}, {1, 70, 33}, {3, 5, 7}, {17, 33, 9}, {64, 48, 80}, {130, 96, 257},
+                             {45, 1100, 191}, {64, 1024, 256}})
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {2.0f, 0.25f}, {1.0f, 1.0f}}) {
           const int64_t pad = 3;  // row strides longer than the rows
           const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
           const Tensor A = random_tensor({ta ? K : M, lda}, 1), B = random_tensor({tb ? N : K, ldb}, 2);

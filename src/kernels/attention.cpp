@@ -45,11 +45,12 @@
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
+#include "amx.hpp"
 #include "simd.hpp"
 
 #if defined(QKV_AVX512) && defined(__AVX512BF16__)
 #define QKV_ATTENTION_BF16 1  // bf16 products (options.bf16): VDPBF16PS micro-kernels
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(QKV_AMX)
 #define QKV_ATTENTION_AMX 1  // and AMX tiles where the CPU and the kernel allow them (amx_bf16_ready)
 #endif
 #endif
@@ -407,24 +408,7 @@ void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t
 // flops an instruction. On a Xeon whose VDPBF16PS runs at half its FMA rate, the only way bf16 beats float32 here.
 // The tile state is asked of Linux once per process (amx_bf16_ready).
 
-// Every tile 16 rows × 64 bytes: tiles 0-3 the C blocks, 4-5 A, 6-7 B. Loaded per product (cheap next to one), as
-// oneDNN's AMX kernels, running on the same threads, load their own.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-void configure_tiles() {
-  static const TileConfig config = [] {
-    TileConfig c;
-    for (int t = 0; t < 8; ++t) {
-      c.colsb[t] = 64;
-      c.rows[t] = 16;
-    }
-    return c;
-  }();
-  _tile_loadconfig(&config);
-}
+// Tiles 0-3 hold the C blocks, 4-5 A, 6-7 B (configure_tiles, amx.hpp).
 
 // C (16·MT × 16·NT) (+)= A · B over pair steps [kb, ke) (multiples of 16 but ke may pass KK: then the step's B
 // pair rows come from b_last, a zero-padded copy with rows 64 bf16 apart). A: rows la bf16 apart, k contiguous;
