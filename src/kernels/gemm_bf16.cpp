@@ -136,14 +136,26 @@ bool amx_short_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
   const bool accumulate = beta != 0.0f;
 #pragma omp parallel
   {
+    alignas(64) int32_t step[16];  // byte offsets of 16 rows of B
+    for (int j = 0; j < 16; ++j) step[j] = static_cast<int32_t>(j * ldb * 2);
+    const __m512i rows16 = _mm512_load_si512(step);
 #pragma omp for schedule(static)
     for (int64_t nb = 0; nb < blocks; ++nb) {  // pair row kk of block nb: (B[n][2kk], B[n][2kk + 1]) for 32 n
       uint16_t* dst = packed.data() + nb * KKp * 64;
-      std::fill_n(dst, KKp * 64, uint16_t{0});
-      for (int64_t j = 0; j < 32 && nb * 32 + j < N; ++j) {
-        const uint16_t* row = B + (nb * 32 + j) * ldb;
-        for (int64_t k = 0; k < K; ++k) dst[(k / 2) * 64 + 2 * j + (k & 1)] = row[k];
+      for (int half = 0; half < 2; ++half) {  // columns 16·half … 16·half + 15: a gather of 16 words per pair row
+        const int64_t n0 = nb * 32 + 16 * half, n = std::clamp<int64_t>(N - n0, 0, 16);
+        const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+        const uint16_t* first = B + std::min(n0, N - 1) * ldb;
+        for (int64_t kk = 0; kk < K / 2; ++kk)
+          _mm512_storeu_si512(dst + kk * 64 + 32 * half,
+                              _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, rows16, first + 2 * kk, 1));
+        if (K % 2)  // the last k alone: its pair's second half is zero
+          for (int64_t j = 0; j < 16; ++j) {
+            dst[(K / 2) * 64 + 32 * half + 2 * j] = j < n ? first[j * ldb + K - 1] : uint16_t{0};
+            dst[(K / 2) * 64 + 32 * half + 2 * j + 1] = 0;
+          }
       }
+      std::fill(dst + KK * 64, dst + KKp * 64, uint16_t{0});
     }
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < Mp; ++m) {

@@ -29,7 +29,9 @@ const char* gemm_backend();
 // rules as gemm(). Through oneDNN's matmul when qkv was built with it (one primitive per shape, created on first use
 // and kept; oneDNN runs on qkv's OpenMP threads, so results are identical for a given thread count); otherwise, or
 // where oneDNN has no bf16 kernel for the CPU, by widening both operands to float32 and calling gemm() — the same
-// values, at float32's speed less the widening.
+// values, at float32's speed less the widening. Two shapes run on qkv's own loops instead: one row times a
+// transposed matrix (generation, VDPBF16PS at the memory rate) and, on AMX, a short K (≤ 256) against a wide N
+// times a transposed B (a small model's output head), where oneDNN 2.6 is slower than float32.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16), so gemm_bf16 runs at up to twice
