@@ -3,9 +3,9 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define QKV_AMX 1
-#include <immintrin.h>
-
 #include <cstdint>
+
+#include "simd.hpp"  // <immintrin.h>, without GCC 12's false warnings
 
 namespace qkv::kernels {
 
@@ -27,6 +27,45 @@ inline void configure_tiles() {
     return c;
   }();
   _tile_loadconfig(&config);
+}
+
+// C (16·MT × 16·NT) (+)= A · B over pair steps [kb, ke) (multiples of 16 but ke may pass KK: then the step's B
+// pair rows come from b_last, a zero-padded copy with rows 64 bf16 apart). A: rows la bf16 apart, k contiguous;
+// B: pair rows ldb bf16 apart, the strip's first column at b.
+template <int MT, int NT>
+void amx_tiles(int64_t kb, int64_t ke, int64_t KK, const uint16_t* a, int64_t la, const uint16_t* b, int64_t ldb,
+               const uint16_t* b_last, float* c, int64_t ldc, bool accumulate) {
+  const int64_t sa = la * 2, sc = ldc * 4;
+  if (accumulate) {
+    _tile_loadd(0, c, sc);
+    if constexpr (NT == 2) _tile_loadd(1, c + 16, sc);
+    if constexpr (MT == 2) _tile_loadd(2, c + 16 * ldc, sc);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT == 2) _tile_zero(1);
+    if constexpr (MT == 2) _tile_zero(2);
+    if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  }
+  for (int64_t kk = kb; kk < ke; kk += 16) {
+    const bool last = kk + 16 > KK;
+    const uint16_t* bk = last ? b_last : b + kk * ldb;
+    const int64_t sb = (last ? 64 : ldb) * 2;
+    _tile_loadd(6, bk, sb);
+    if constexpr (NT == 2) _tile_loadd(7, bk + 32, sb);
+    _tile_loadd(4, a + 2 * kk, sa);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) {
+      _tile_loadd(5, a + 16 * la + 2 * kk, sa);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NT == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, sc);
+  if constexpr (NT == 2) _tile_stored(1, c + 16, sc);
+  if constexpr (MT == 2) _tile_stored(2, c + 16 * ldc, sc);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c + 16 * ldc + 16, sc);
 }
 
 }  // namespace qkv::kernels

@@ -168,42 +168,17 @@ bool amx_short_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 #pragma omp for schedule(static)
     for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
       const uint16_t* a0 = a.data() + m0 * 2 * KKp;
-      const int64_t sa = 4 * KKp, rows = std::min<int64_t>(32, M - m0);
+      const int64_t rows = std::min<int64_t>(32, M - m0);
       for (int64_t nb = 0; nb < blocks; ++nb) {
         const int64_t n0 = nb * 32, width = std::min<int64_t>(32, N - n0);
         const bool direct = rows == 32 && width == 32;  // else through `tile`, the part inside C copied
         float* c = direct ? C + m0 * ldc + n0 : tile;
-        const int64_t lc = direct ? ldc : 32, sc = lc * 4;
+        const int64_t lc = direct ? ldc : 32;
         if (!direct && accumulate) {
           std::fill_n(tile, 32 * 32, 0.0f);
           for (int64_t r = 0; r < rows; ++r) std::copy_n(C + (m0 + r) * ldc + n0, width, tile + r * 32);
         }
-        if (accumulate) {
-          _tile_loadd(0, c, sc);
-          _tile_loadd(1, c + 16, sc);
-          _tile_loadd(2, c + 16 * lc, sc);
-          _tile_loadd(3, c + 16 * lc + 16, sc);
-        } else {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-        }
-        const uint16_t* b = packed.data() + nb * KKp * 64;
-        for (int64_t kk = 0; kk < KKp; kk += 16) {
-          _tile_loadd(6, b + kk * 64, 128);
-          _tile_loadd(7, b + kk * 64 + 32, 128);
-          _tile_loadd(4, a0 + 2 * kk, sa);
-          _tile_loadd(5, a0 + 16 * 2 * KKp + 2 * kk, sa);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, c, sc);
-        _tile_stored(1, c + 16, sc);
-        _tile_stored(2, c + 16 * lc, sc);
-        _tile_stored(3, c + 16 * lc + 16, sc);
+        amx_tiles<2, 2>(0, KKp, KKp, a0, 2 * KKp, packed.data() + nb * KKp * 64, 64, nullptr, c, lc, accumulate);
         if (!direct)
           for (int64_t r = 0; r < rows; ++r) std::copy_n(tile + r * 32, width, C + (m0 + r) * ldc + n0);
       }
