@@ -11,6 +11,8 @@
 // bf16 products (options.bf16, AVX512_BF16): the same blocks, ownership and softmax, with bf16 operands and float32
 // sums. VDPBF16PS adds a pair of k per lane, so B operands are packed in pair rows (Kᵀ per key block, V and K by
 // pairs of keys, Qs and dO by pairs of queries) and A is read a pair at a time; P and dS are rounded once per tile.
+// Where the CPU has AMX (amx_bf16_ready), the same packs feed TDPBF16PS tiles: A must then hold k contiguous in its
+// rows, so dV and dK are summed transposed (BackwardBf16).
 // ForwardF32/ForwardBf16 and BackwardF32/BackwardBf16 hold the packs and products; forward_blocks and
 // backward_blocks are written once over them.
 //
