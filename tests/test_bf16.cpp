@@ -33,10 +33,11 @@ Tensor rounded(const Tensor& t) {
 TEST(Bf16, GemmMatchesReferenceForEveryLayoutAlphaAndBeta) {
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      // the last two: a short K against a wide N, which runs on AMX tiles where the CPU has them (edges of 32 rows and
-      // columns, an odd K)
+      // On AMX (alpha 1, beta 0 or 1) every shape runs on qkv's tiles: edges of 32 rows and columns, odd K and M (the
+      // transposed A's pairs of rows), a K of several 1,024 chunks, more blocks of columns than of rows and the
+      // reverse (which the threads split), a transposed A 8× wider than B (oneDNN's).
       for (auto [M, N, K] : {std::tuple{1, 1, 1}, {1, 70, 33}, {3, 5, 7}, {17, 33, 9}, {64, 48, 80}, {130, 96, 257},
-                             {45, 1100, 191}, {64, 1024, 256}})
+                             {45, 1100, 191}, {64, 1024, 256}, {33, 65, 2100}, {97, 40, 63}, {300, 33, 20}})
         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {2.0f, 0.25f}, {1.0f, 1.0f}}) {
           const int64_t pad = 3;  // row strides longer than the rows
           const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -62,7 +63,8 @@ TEST(Bf16, BackendSaysWhatRuns) {
   const std::string name = kernels::gemm_bf16_backend();
 #if defined(QKV_TEST_HAVE_DNNL)
   if (kernels::bf16_native()) {
-    EXPECT_EQ(name.rfind("oneDNN ", 0), 0u) << name;
+    if (kernels::amx_bf16_ready()) EXPECT_EQ(name.rfind("qkv's AMX tiles (TDPBF16PS); oneDNN ", 0), 0u) << name;
+    else EXPECT_EQ(name.rfind("oneDNN ", 0), 0u) << name;
     return;
   }
 #endif

@@ -9,25 +9,41 @@
 
 namespace qkv::kernels {
 
-// Every tile 16 rows × 64 bytes: a 16 × 16 float32 block of C, a 16 × 32 bf16 block of A (k contiguous), or 16
-// pair rows of B (16 columns × 2 k). Loaded before each product (cheap next to one): oneDNN's AMX kernels, on the
-// same threads, load their own. Callers check amx_bf16_ready() first.
-inline void configure_tiles() {
-  struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+// The tile configuration qkv's products use, for the scope of one object on one thread: every tile 16 rows × 64
+// bytes (a 16 × 16 float32 block of C, a 16 × 32 bf16 block of A with k contiguous, or 16 pair rows of B: 16 columns
+// × 2 k). It puts back the configuration it found (or releases the tiles if none was loaded), so other AMX code on
+// the same threads (oneDNN's kernels) never finds qkv's configuration in place of its own, whatever it assumes about
+// the state it left. Callers check amx_bf16_ready() first.
+class Tiles {
+ public:
+  Tiles() {
+    _tile_storeconfig(&found_);
+    static const Config ours = [] {
+      Config c;
+      for (int t = 0; t < 8; ++t) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+      }
+      c.palette = 1;
+      return c;
+    }();
+    _tile_loadconfig(&ours);
+  }
+  ~Tiles() {
+    if (found_.palette != 0) _tile_loadconfig(&found_);
+    else _tile_release();
+  }
+  Tiles(const Tiles&) = delete;
+  Tiles& operator=(const Tiles&) = delete;
+
+ private:
+  struct alignas(64) Config {
+    uint8_t palette = 0, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
   };
-  static const TileConfig config = [] {
-    TileConfig c;
-    for (int t = 0; t < 8; ++t) {
-      c.colsb[t] = 64;
-      c.rows[t] = 16;
-    }
-    return c;
-  }();
-  _tile_loadconfig(&config);
-}
+  Config found_;
+};
 
 // C (16·MT × 16·NT) (+)= A · B over pair steps [kb, ke) (multiples of 16 but ke may pass KK: then the step's B
 // pair rows come from b_last, a zero-padded copy with rows 64 bf16 apart). A: rows la bf16 apart, k contiguous;

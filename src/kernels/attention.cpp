@@ -410,7 +410,7 @@ void block_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t
 // flops an instruction. On a Xeon whose VDPBF16PS runs at half its FMA rate, the only way bf16 beats float32 here.
 // The tile state is asked of Linux once per process (amx_bf16_ready).
 
-// The tiles: configure_tiles and amx_tiles (amx.hpp).
+// The tiles: Tiles and amx_tiles (amx.hpp).
 
 // block_gemm_bf16 for A with k contiguous in its rows (ak2 = 2), on tiles. Blocks of 32 × 32 (16 at the edges); the
 // trims are widened to whole steps of 16 pairs (what they skip is zero or masked, never needed). Rows past M and
@@ -435,7 +435,7 @@ void block_gemm_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
   }
   uint16_t* b_last = b_pad.get(16 * 64);
   float* c_tile = c_pad.get(32 * 32);
-  configure_tiles();
+  const Tiles tiles;
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
     const int64_t width = std::min<int64_t>(32, N - n0);
     const uint16_t* b = B + 2 * n0;

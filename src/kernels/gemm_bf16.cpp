@@ -12,7 +12,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#include <immintrin.h>
+#include "simd.hpp"  // <immintrin.h>, without GCC 12's false warnings
 #endif
 #if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
@@ -118,73 +118,174 @@ void gemv_bf16(int64_t N, int64_t K, float alpha, const uint16_t* a, const uint1
 #endif
 
 #if defined(QKV_AMX)
-// C (M × N) (+)= A · Bᵀ with a short K (B is N × K: a Linear layer's weight, an output head) on AMX tiles. oneDNN
-// 2.6's AMX matmul runs such products at a fraction of the tile rate: a 50,257-word head of width 192 (the default
-// `qkv train` model) at 70 / 151 GFLOP/s on 1 / 2 threads of a Sapphire Rapids, slower than OpenBLAS in float32
-// (105 / 210); this loop 195 / 491, measured alone. B is packed once per call into pair rows of 32 columns
-// (zero-padded in k and n), A into rows of whole 16-pair steps; threads own 32-row blocks of C and sweep its columns
-// in order, so C is written as it lies. Every C element is one thread's fixed sum: the bits do not depend on the
-// thread count.
-constexpr int64_t kShortK = 256;
-bool amx_short_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (trans_a || !trans_b || alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || K > kShortK || M < 32 || N < 1024 ||
-      !amx_bf16_ready())
-    return false;
-  const int64_t KK = (K + 1) / 2, KKp = (KK + 15) / 16 * 16, blocks = (N + 31) / 32, Mp = (M + 31) / 32 * 32;
-  memory::Buffer<uint16_t> packed(static_cast<size_t>(blocks * KKp * 64)), a(static_cast<size_t>(Mp * 2 * KKp));
-  const bool accumulate = beta != 0.0f;
-#pragma omp parallel
-  {
-    alignas(64) int32_t step[16];  // byte offsets of 16 rows of B
-    for (int j = 0; j < 16; ++j) step[j] = static_cast<int32_t>(j * ldb * 2);
-    const __m512i rows16 = _mm512_load_si512(step);
-#pragma omp for schedule(static)
-    for (int64_t nb = 0; nb < blocks; ++nb) {  // pair row kk of block nb: (B[n][2kk], B[n][2kk + 1]) for 32 n
-      uint16_t* dst = packed.data() + nb * KKp * 64;
-      for (int half = 0; half < 2; ++half) {  // columns 16·half … 16·half + 15: a gather of 16 words per pair row
-        const int64_t n0 = nb * 32 + 16 * half, n = std::clamp<int64_t>(N - n0, 0, 16);
-        const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
-        const uint16_t* first = B + std::min(n0, N - 1) * ldb;
-        for (int64_t kk = 0; kk < K / 2; ++kk)
-          _mm512_storeu_si512(dst + kk * 64 + 32 * half,
-                              _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, rows16, first + 2 * kk, 1));
-        if (K % 2)  // the last k alone: its pair's second half is zero
-          for (int64_t j = 0; j < 16; ++j) {
-            dst[(K / 2) * 64 + 32 * half + 2 * j] = j < n ? first[j * ldb + K - 1] : uint16_t{0};
-            dst[(K / 2) * 64 + 32 * half + 2 * j + 1] = 0;
-          }
+// ---- bf16 products on AMX tiles, qkv's own (see amx_product below) ----
+// Packed operands, in the layouts amx_tiles reads: a block of 32 rows of A over a chunk of `steps` 32-k steps is 32
+// rows of 32·steps k (zero past M and K); a block of 32 columns of B over the chunk is 16·steps pair rows of 64 words,
+// (B[2kk][n], B[2kk+1][n]) for its 32 n (zero past N and K).
+
+// Block mb of A over k-steps [ksb, kse) into `out`. A with rows k-contiguous (masked loads), or transposed (A is K × M:
+// each pair of packed rows m, m + 1 comes from two gathers of 16 dwords down the k rows, split into their halves).
+void pack_a_block(bool trans_a, int64_t M, int64_t K, const uint16_t* A, int64_t lda, int64_t mb, int64_t ksb,
+                  int64_t kse, uint16_t* out) {
+  const int64_t la = 32 * (kse - ksb);
+  alignas(64) int32_t offsets[16];  // bytes from a k row to the one two further on
+  for (int i = 0; i < 16; ++i) offsets[i] = static_cast<int32_t>(2 * i * lda * 2);
+  const __m512i rows2 = _mm512_load_si512(offsets), low = _mm512_set1_epi32(0xffff);
+  for (int64_t ks = ksb; ks < kse; ++ks) {
+    uint16_t* dst = out + (ks - ksb) * 32;
+    const int64_t k0 = ks * 32, kn = std::clamp<int64_t>(K - k0, 0, 32);
+    if (!trans_a) {
+      const __mmask32 keep = kn == 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << kn) - 1);
+      for (int64_t r = 0; r < 32; ++r) {
+        const int64_t m = mb * 32 + r;
+        const __m512i words = m < M ? _mm512_maskz_loadu_epi16(keep, A + m * lda + k0) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + r * la, words);
       }
-      std::fill(dst + KK * 64, dst + KKp * 64, uint16_t{0});
+      continue;
     }
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < Mp; ++m) {
-      uint16_t* row = a.data() + m * 2 * KKp;
-      if (m < M) std::copy_n(A + m * lda, K, row);
-      std::fill(row + (m < M ? K : 0), row + 2 * KKp, uint16_t{0});
-    }
-    configure_tiles();
-    alignas(64) float tile[32 * 32];
-#pragma omp for schedule(static)
-    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
-      const uint16_t* a0 = a.data() + m0 * 2 * KKp;
-      const int64_t rows = std::min<int64_t>(32, M - m0);
-      for (int64_t nb = 0; nb < blocks; ++nb) {
-        const int64_t n0 = nb * 32, width = std::min<int64_t>(32, N - n0);
-        const bool direct = rows == 32 && width == 32;  // else through `tile`, the part inside C copied
-        float* c = direct ? C + m0 * ldc + n0 : tile;
-        const int64_t lc = direct ? ldc : 32;
-        if (!direct && accumulate) {
-          std::fill_n(tile, 32 * 32, 0.0f);
-          for (int64_t r = 0; r < rows; ++r) std::copy_n(C + (m0 + r) * ldc + n0, width, tile + r * 32);
-        }
-        amx_tiles<2, 2>(0, KKp, KKp, a0, 2 * KKp, packed.data() + nb * KKp * 64, 64, nullptr, c, lc, accumulate);
-        if (!direct)
-          for (int64_t r = 0; r < rows; ++r) std::copy_n(tile + r * 32, width, C + (m0 + r) * ldc + n0);
+    const __mmask16 even = static_cast<__mmask16>((1u << ((kn + 1) / 2)) - 1);  // the k rows there are
+    const __mmask16 odd = static_cast<__mmask16>((1u << (kn / 2)) - 1);
+    for (int64_t r = 0; r < 32; r += 2) {
+      const int64_t m = mb * 32 + r;
+      if (m + 1 < M) {  // dwords (A[k][m], A[k][m+1]) for the even k, then the odd k
+        const uint16_t* at = A + k0 * lda + m;
+        const __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), even, rows2, at, 1);
+        const __m512i o = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), odd, rows2, at + lda, 1);
+        _mm512_storeu_si512(dst + r * la, _mm512_or_si512(_mm512_and_si512(e, low), _mm512_slli_epi32(o, 16)));
+        _mm512_storeu_si512(dst + (r + 1) * la, _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(low, o)));
+      } else {  // the last row alone (M odd), or rows past M
+        for (int64_t rr = r; rr < r + 2; ++rr)
+          for (int64_t k = 0; k < 32; ++k)
+            dst[rr * la + k] = mb * 32 + rr < M && k < kn ? A[(k0 + k) * lda + mb * 32 + rr] : uint16_t{0};
       }
     }
   }
-  return true;
+}
+
+// Block nb of B over k-steps [ksb, kse) into `out`. B k × n (n contiguous): two k rows interleaved word by word;
+// transposed (B is N × K, k contiguous): a gather of 16 dwords, one per column, per pair row.
+void pack_b_block(bool trans_b, int64_t N, int64_t K, const uint16_t* B, int64_t ldb, int64_t nb, int64_t ksb,
+                  int64_t kse, uint16_t* out) {
+  alignas(64) uint16_t first_half[32], second_half[32];  // word j of each output: row (j & 1), column j / 2 (+ 16)
+  for (int j = 0; j < 16; ++j) {
+    first_half[2 * j] = static_cast<uint16_t>(j), first_half[2 * j + 1] = static_cast<uint16_t>(32 + j);
+    second_half[2 * j] = static_cast<uint16_t>(16 + j), second_half[2 * j + 1] = static_cast<uint16_t>(48 + j);
+  }
+  const __m512i lo = _mm512_load_si512(first_half), hi = _mm512_load_si512(second_half);
+  alignas(64) int32_t offsets[16];  // bytes from one column's row of B to the next
+  for (int i = 0; i < 16; ++i) offsets[i] = static_cast<int32_t>(i * ldb * 2);
+  const __m512i columns = _mm512_load_si512(offsets);
+  const int64_t n0 = nb * 32, nn = std::clamp<int64_t>(N - n0, 0, 32);
+  for (int64_t ks = ksb; ks < kse; ++ks) {
+    uint16_t* dst = out + (ks - ksb) * 1024;
+    for (int64_t kk = 0; kk < 16; ++kk) {
+      const int64_t k = ks * 32 + 2 * kk;
+      if (!trans_b) {
+        const __mmask32 keep = nn == 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << nn) - 1);
+        const __m512i r0 = k < K ? _mm512_maskz_loadu_epi16(keep, B + k * ldb + n0) : _mm512_setzero_si512();
+        const __m512i r1 = k + 1 < K ? _mm512_maskz_loadu_epi16(keep, B + (k + 1) * ldb + n0) : _mm512_setzero_si512();
+        _mm512_store_si512(dst + kk * 64, _mm512_permutex2var_epi16(r0, lo, r1));
+        _mm512_store_si512(dst + kk * 64 + 32, _mm512_permutex2var_epi16(r0, hi, r1));
+        continue;
+      }
+      for (int64_t half = 0; half < 2; ++half) {
+        const int64_t h0 = n0 + 16 * half, hn = std::clamp<int64_t>(N - h0, 0, 16);
+        const uint16_t* first = B + std::min(h0, N - 1) * ldb;
+        uint16_t* row = dst + kk * 64 + 32 * half;
+        if (k + 1 < K) {
+          const __mmask16 there = static_cast<__mmask16>((1u << hn) - 1);
+          _mm512_store_si512(row, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), there, columns, first + k, 1));
+        } else {  // the last k alone (K odd: its pair's second word is zero), or past K
+          std::fill_n(row, 32, uint16_t{0});
+          if (k < K)
+            for (int64_t j = 0; j < hn; ++j) row[2 * j] = first[j * ldb + k];
+        }
+      }
+    }
+  }
+}
+
+// C (M × N) = alpha · op(A) · op(B) + beta · C on AMX tiles, any layout (beta 0: C is not read). oneDNN 2.6's AMX
+// matmul runs GPT-2's products at a tenth of the tile rate here; this loop, measured side by side on every product
+// of a GPT-2 124M bf16 step (B 8 × T 256, 2 threads of a Sapphire Rapids, each product alone), takes 1.25-1.28× less
+// time in all, and 1.5× less on a small model's output head (K 192). K goes in chunks of at most 1,024 (C
+// accumulates from the second on). The threads split the dimension with more 32-blocks (columns of C, else rows):
+// the other operand's blocks are packed once per chunk and shared; each thread packs its own blocks a group at a
+// time (as many as fit in about 1 MiB, so they stay in its L2) and multiplies the group by every shared block, so C
+// is written in runs of whole groups. Every C element is one thread's sum over the chunks in order: the bits do not
+// depend on the thread count.
+void amx_product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const bool plain = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);  // else each block is scaled into C
+  constexpr int64_t kChunk = 1024, kGroupBytes = int64_t{1} << 20;
+  const int64_t KS = (K + 31) / 32, MB = (M + 31) / 32, NB = (N + 31) / 32;
+  const int64_t chunks = (KS * 32 + kChunk - 1) / kChunk, chunk_steps = (KS + chunks - 1) / chunks;
+  const bool split_columns = NB >= MB;
+  const int64_t shared_blocks = split_columns ? MB : NB, block_words = chunk_steps * 1024;
+  const int64_t group = std::clamp<int64_t>(kGroupBytes / (block_words * 2), 4, 64);
+  const int threads = M * N * K < (int64_t{1} << 21) ? 1 : omp_get_max_threads();
+  memory::Buffer<uint16_t> shared(static_cast<size_t>(shared_blocks * block_words)),
+      own(static_cast<size_t>(threads * group * block_words));
+#pragma omp parallel num_threads(threads)
+  {
+    const Tiles tiles;
+    alignas(64) float edge[32 * 32];  // a block of C that C does not fill: multiplied here, its part copied
+    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+    const int64_t split = split_columns ? NB : MB, b0 = split * t / parts, b1 = split * (t + 1) / parts;
+    uint16_t* mine = own.data() + t * group * block_words;
+    for (int64_t ksb = 0; ksb < KS; ksb += chunk_steps) {
+      const int64_t kse = std::min(KS, ksb + chunk_steps), steps = kse - ksb, words = steps * 1024;
+      const bool accumulate = ksb > 0 || beta != 0.0f;
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < shared_blocks; ++i) {
+        if (split_columns) pack_a_block(trans_a, M, K, A, lda, i, ksb, kse, shared.data() + i * words);
+        else pack_b_block(trans_b, N, K, B, ldb, i, ksb, kse, shared.data() + i * words);
+      }
+      for (int64_t g0 = b0; g0 < b1; g0 += group) {
+        const int64_t g1 = std::min(b1, g0 + group);
+        for (int64_t g = g0; g < g1; ++g) {
+          if (split_columns) pack_b_block(trans_b, N, K, B, ldb, g, ksb, kse, mine + (g - g0) * words);
+          else pack_a_block(trans_a, M, K, A, lda, g, ksb, kse, mine + (g - g0) * words);
+        }
+        for (int64_t s = 0; s < shared_blocks; ++s)
+          for (int64_t g = g0; g < g1; ++g) {
+            const int64_t mb = split_columns ? s : g, nb = split_columns ? g : s;
+            const uint16_t* a = (split_columns ? shared.data() + s * words : mine + (g - g0) * words);
+            const uint16_t* b = (split_columns ? mine + (g - g0) * words : shared.data() + s * words);
+            const int64_t rows = std::min<int64_t>(32, M - mb * 32), width = std::min<int64_t>(32, N - nb * 32);
+            float* at = C + mb * 32 * ldc + nb * 32;
+            if (!plain) {  // the chunk's product apart, then C = (first chunk: beta·C) + alpha·product
+              amx_tiles<2, 2>(0, 16 * steps, 16 * steps, a, 32 * steps, b, 64, nullptr, edge, 32, false);
+              const float keep = ksb > 0 ? 1.0f : beta;
+              for (int64_t r = 0; r < rows; ++r)
+                for (int64_t c = 0; c < width; ++c)
+                  at[r * ldc + c] = (keep == 0.0f ? 0.0f : keep * at[r * ldc + c]) + alpha * edge[r * 32 + c];
+              continue;
+            }
+            const bool direct = rows == 32 && width == 32;
+            if (!direct && accumulate) {
+              std::fill_n(edge, 32 * 32, 0.0f);
+              for (int64_t r = 0; r < rows; ++r) std::copy_n(at + r * ldc, width, edge + r * 32);
+            }
+            amx_tiles<2, 2>(0, 16 * steps, 16 * steps, a, 32 * steps, b, 64, nullptr, direct ? at : edge,
+                            direct ? ldc : 32, accumulate);
+            if (!direct)
+              for (int64_t r = 0; r < rows; ++r) std::copy_n(edge + r * 32, width, at + r * ldc);
+          }
+      }
+#pragma omp barrier
+    }
+  }
+}
+
+// Whether amx_product takes this product: on a CPU whose tiles Linux grants, all but a transposed A much wider than B
+// (an output head's dW = dlogitsᵀ·x, M = the vocabulary; beta 0 or 1 and alpha 1 there): gathering the transposed
+// dlogits and streaming a C that big ran slower than oneDNN (338 against 466 GFLOP/s for the default model's
+// head). oneDNN 2.6's AMX matmul is kept from the rest: besides being slower, it dies of SIGILL in its own code on
+// some shapes (97 × 40 × 63 with alpha 0.5, any layout, in a fresh process).
+bool amx_takes(bool trans_a, bool trans_b, int64_t M, int64_t N, float alpha, float beta) {
+  const bool wide_dw = trans_a && !trans_b && M >= 8 * N && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+  return !wide_dw && amx_bf16_ready();
 }
 #endif
 
@@ -312,6 +413,9 @@ const char* gemm_bf16_backend() {
     }
     name = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
            " matmul " + impl;
+#if defined(QKV_AMX)
+    if (amx_bf16_ready()) name = "qkv's AMX tiles (TDPBF16PS); " + name + " for other alphas, betas and wide dW";
+#endif
     return name.c_str();
   }
   name = std::string("widened to float32 (") + gemm_backend() + "): the CPU lacks " + bf16_missing();
@@ -334,7 +438,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   }
 #endif
 #if defined(QKV_AMX)
-  if (amx_short_k(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (amx_takes(trans_a, trans_b, M, N, alpha, beta)) {
+    amx_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
 #endif
 #if defined(QKV_HAVE_DNNL)
   if (bf16_native() && run_dnnl_dense(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;

@@ -29,20 +29,21 @@ const char* gemm_backend();
 // rules as gemm(). Through oneDNN's matmul when qkv was built with it (one primitive per shape, created on first use
 // and kept; oneDNN runs on qkv's OpenMP threads, so results are identical for a given thread count); otherwise, or
 // where oneDNN has no bf16 kernel for the CPU, by widening both operands to float32 and calling gemm() — the same
-// values, at float32's speed less the widening. Two shapes run on qkv's own loops instead: one row times a
-// transposed matrix (generation, VDPBF16PS at the memory rate) and, on AMX, a short K (≤ 256) against a wide N
-// times a transposed B (a small model's output head), where oneDNN 2.6 is slower than float32.
+// values, at float32's speed less the widening. qkv's own loops run instead where they were measured faster: one
+// row times a transposed matrix (generation, VDPBF16PS at the memory rate) and, on AMX, every product with alpha 1
+// and beta 0 or 1 but an output head's dW (oneDNN 2.6's AMX matmul reaches about a tenth of the tile rate on
+// GPT-2's shapes; qkv's tile loop takes 1.25× less time over a training step's products).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16), so gemm_bf16 runs at up to twice
 // float32's rate; false on a Zen 3 or an Ice Lake, where gemm_bf16 widens to float32.
 bool bf16_native();
 // Whether AMX-BF16 tiles (TDPBF16PS, Intel Sapphire Rapids and later) can run in this process: the CPU has them and
-// Linux granted the tile state (asked for once, on the first call). The fused attention kernel's bf16 products use
-// them where true; oneDNN's matmul asks for itself.
+// Linux granted the tile state (asked for once, on the first call). gemm_bf16 and the fused attention kernel's bf16
+// products use them where true; oneDNN's matmul asks for itself.
 bool amx_bf16_ready();
-// What gemm_bf16 runs here, e.g. "oneDNN 2.6.3 brgemm avx512_core_bf16", or why it widens ("widened to float32:
-// the CPU lacks AVX512_BF16 and AMX-BF16"), for benchmarks and run headers.
+// What gemm_bf16 runs here, e.g. "oneDNN 2.6.3 brgemm avx512_core_bf16" or "qkv's AMX tiles (TDPBF16PS); …", or
+// why it widens ("widened to float32: the CPU lacks AVX512_BF16 and AMX-BF16"), for benchmarks and run headers.
 const char* gemm_bf16_backend();
 // The missing instruction sets in words when !bf16_native(), else "".
 const char* bf16_missing();
