@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "peak.hpp"
@@ -70,7 +71,12 @@ struct GemmTime {
 // The step's GEMMs alone: each shape timed on its own through qkv's gemm() on the step's threads (median of 3
 // after a warm-up, operands reused, so warmer than in the step), weighted by its count. Nothing else runs, so a
 // step cannot make its GEMMs faster than this: it is the ceiling that the step's "% of peak" is read against.
-std::pair<GemmTime, GemmTime> measure_gemms(const std::vector<GemmShape>& shapes, qkv::Precision precision) {
+// With `onednn` (bf16 on AMX, where gemm_bf16 runs qkv's own tile loop), each run of a shape is followed by the same
+// product through oneDNN's matmul alone, timed into the second pair: the two side by side, interleaved.
+struct GemmTimes {
+  GemmTime linear, head, linear_onednn, head_onednn;
+};
+GemmTimes measure_gemms(const std::vector<GemmShape>& shapes, qkv::Precision precision, bool onednn) {
   size_t a_size = 0, b_size = 0, c_size = 0;
   for (const GemmShape& g : shapes) {
     a_size = std::max(a_size, static_cast<size_t>(g.M * g.K));
@@ -84,25 +90,41 @@ std::pair<GemmTime, GemmTime> measure_gemms(const std::vector<GemmShape>& shapes
   std::vector<uint16_t> a16(a_size), b16(b_size);
   qkv::kernels::f32_to_bf16(a.data(), a16.data(), static_cast<int64_t>(a_size));
   qkv::kernels::f32_to_bf16(b.data(), b16.data(), static_cast<int64_t>(b_size));
-  GemmTime linear, head;
+  GemmTimes times;
   for (const GemmShape& g : shapes) {
     const int64_t lda = g.trans_a ? g.M : g.K, ldb = g.trans_b ? g.K : g.N;
-    std::vector<double> seconds;
-    for (int run = 0; run < 4; ++run) {
+    std::vector<double> seconds, seconds_onednn;
+    auto timed = [](auto&& product) {
       const auto began = std::chrono::steady_clock::now();
-      if (precision == qkv::Precision::BF16)
-        qkv::kernels::gemm_bf16(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f,
-                                out.data(), g.N);
-      else
-        qkv::kernels::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(), g.N);
-      if (run > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+      product();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    };
+    for (int run = 0; run < 4; ++run) {
+      const double s = timed([&] {
+        if (precision == qkv::Precision::BF16)
+          qkv::kernels::gemm_bf16(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f,
+                                  out.data(), g.N);
+        else
+          qkv::kernels::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(),
+                             g.N);
+      });
+      const double o = !onednn ? 0.0 : timed([&] {
+        qkv::kernels::gemm_bf16_onednn(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f,
+                                       out.data(), g.N);
+      });
+      if (run > 0) seconds.push_back(s), seconds_onednn.push_back(o);
     }
     std::sort(seconds.begin(), seconds.end());
-    GemmTime& part = g.head ? head : linear;
-    part.flops += 2.0 * static_cast<double>(g.M) * g.N * g.K * g.count;
+    std::sort(seconds_onednn.begin(), seconds_onednn.end());
+    const double flops = 2.0 * static_cast<double>(g.M) * g.N * g.K * g.count;
+    GemmTime& part = g.head ? times.head : times.linear;
+    part.flops += flops;
     part.seconds += seconds[1] * static_cast<double>(g.count);
+    GemmTime& other = g.head ? times.head_onednn : times.linear_onednn;
+    other.flops += flops;
+    other.seconds += seconds_onednn[1] * static_cast<double>(g.count);
   }
-  return {linear, head};
+  return times;
 }
 
 }  // namespace
@@ -226,14 +248,24 @@ int main(int argc, char** argv) {
   // The ceiling: the same GEMMs with nothing else running (see measure_gemms).
   double gemm_gflops = 0;
   if (ceiling) {
-    const auto [linear, head] = measure_gemms(step_gemms(c, tokens), precision);
-    const GemmTime all{linear.flops + head.flops, linear.seconds + head.seconds};
+    const bool onednn = precision == qkv::Precision::BF16 && qkv::kernels::amx_bf16_ready() &&
+                        std::string(qkv::kernels::gemm_bf16_backend()).find("oneDNN") != std::string::npos;
+    const GemmTimes t = measure_gemms(step_gemms(c, tokens), precision, onednn);
+    const GemmTime all{t.linear.flops + t.head.flops, t.linear.seconds + t.head.seconds};
+    const GemmTime all_onednn{t.linear_onednn.flops + t.head_onednn.flops, t.linear_onednn.seconds + t.head_onednn.seconds};
     gemm_gflops = all.gflops();
     std::printf("\nthe step's GEMMs alone (each shape on its own through gemm(), %d thread(s), median of 3):\n", threads);
-    for (const auto& [name, t] : {std::pair{"Linear layers", linear}, std::pair{"output head", head}, std::pair{"all", all}})
-      std::printf("  %-14s %9.2f GFLOP %10.2f ms %7.1f GFLOP/s %6.1f%% of the FMA peak\n", name, t.flops / 1e9,
-                  1e3 * t.seconds, t.gflops(), 100 * t.gflops() / peak);
+    for (const auto& [name, g] : {std::pair{"Linear layers", t.linear}, std::pair{"output head", t.head}, std::pair{"all", all}})
+      std::printf("  %-14s %9.2f GFLOP %10.2f ms %7.1f GFLOP/s %6.1f%% of the FMA peak\n", name, g.flops / 1e9,
+                  1e3 * g.seconds, g.gflops(), 100 * g.gflops() / peak);
     std::printf("  the step's model FLOP/s are %.0f%% of its GEMMs' alone\n", 100 * gflops / gemm_gflops);
+    if (onednn) {
+      std::printf("the same through oneDNN's matmul alone, each run after qkv's (gemm_bf16 runs qkv's AMX loop here):\n");
+      for (const auto& [name, g, ours] : {std::tuple{"Linear layers", t.linear_onednn, t.linear},
+                                          std::tuple{"output head", t.head_onednn, t.head}, std::tuple{"all", all_onednn, all}})
+        std::printf("  %-14s %9.2f GFLOP %10.2f ms %7.1f GFLOP/s; qkv's loop takes %.2f× less time\n", name, g.flops / 1e9,
+                    1e3 * g.seconds, g.gflops(), g.seconds / ours.seconds);
+    }
   }
   std::printf("RESULT {\"tokens_per_second\": %.3f, \"gflops\": %.3f, \"peak_gflops\": %.3f, \"rss_mib\": %.1f, "
               "\"params\": %.0f, \"flops_per_token\": %.0f, \"gemm_gflops\": %.3f, "

@@ -52,6 +52,27 @@ TEST(Bf16, GemmMatchesReferenceForEveryLayoutAlphaAndBeta) {
         }
 }
 
+// oneDNN's matmul alone (benchmarks set it beside qkv's AMX loop): the same values, or false where there is none.
+TEST(Bf16, OneDnnAloneMatchesReferenceOrSaysItIsMissing) {
+  const int64_t M = 70, N = 48, K = 81;
+  const Tensor A = random_tensor({M, K}, 4), B = random_tensor({N, K}, 5);
+  const std::vector<uint16_t> a = to_bf16(A), b = to_bf16(B);
+  Tensor C = random_tensor({M, N}, 6), R = C.clone();
+  const Tensor before = C.clone();
+  const bool ran = kernels::gemm_bf16_onednn(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 1.0f, C.data(), N);
+#if defined(QKV_TEST_HAVE_DNNL)
+  EXPECT_EQ(ran, kernels::bf16_native());
+#else
+  EXPECT_FALSE(ran);
+#endif
+  if (!ran) {
+    EXPECT_TRUE(all_close(C, before, 0.0, 0.0));
+    return;
+  }
+  kernels::gemm_bf16_reference(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 1.0f, R.data(), N);
+  EXPECT_TRUE(all_close(C, R, 1e-5, 1e-5 * K));
+}
+
 TEST(Bf16, GemmWithEmptyInnerDimensionScalesC) {
   Tensor C = Tensor::full({2, 2}, 3.0f);
   kernels::gemm_bf16(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2);

@@ -449,6 +449,18 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+bool gemm_bf16_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                      int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+#if defined(QKV_HAVE_DNNL)
+  return M > 0 && N > 0 && K > 0 && bf16_native() &&
+         run_dnnl_dense(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+  (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+  (void)beta, (void)C, (void)ldc;
+  return false;
+#endif
+}
+
 void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                          int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   reference_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_to_f32_reference);

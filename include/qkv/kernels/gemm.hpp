@@ -45,6 +45,10 @@ bool amx_bf16_ready();
 // What gemm_bf16 runs here, e.g. "oneDNN 2.6.3 brgemm avx512_core_bf16" or "qkv's AMX tiles (TDPBF16PS); …", or
 // why it widens ("widened to float32: the CPU lacks AVX512_BF16 and AMX-BF16"), for benchmarks and run headers.
 const char* gemm_bf16_backend();
+// gemm_bf16 through oneDNN's matmul alone, whatever gemm_bf16 would choose: for benchmarks that set qkv's AMX loop
+// beside it. False (C untouched) when qkv was built without oneDNN or the CPU has no bf16 products.
+bool gemm_bf16_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                      int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // The missing instruction sets in words when !bf16_native(), else "".
 const char* bf16_missing();
 
