@@ -282,10 +282,12 @@ void amx_product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 // (an output head's dW = dlogitsᵀ·x, M = the vocabulary; beta 0 or 1 and alpha 1 there): gathering the transposed
 // dlogits and streaming a C that big ran slower than oneDNN (338 against 466 GFLOP/s for the default model's
 // head). oneDNN 2.6's AMX matmul is kept from the rest: besides being slower, it dies of SIGILL in its own code on
-// some shapes (97 × 40 × 63 with alpha 0.5, any layout, in a fresh process).
-bool amx_takes(bool trans_a, bool trans_b, int64_t M, int64_t N, float alpha, float beta) {
+// some shapes (97 × 40 × 63 with alpha 0.5, any layout, in a fresh process). The packs gather 16 rows at int32 byte
+// offsets, so row strides stay below 2^25 elements.
+bool amx_takes(bool trans_a, bool trans_b, int64_t M, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta) {
   const bool wide_dw = trans_a && !trans_b && M >= 8 * N && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
-  return !wide_dw && amx_bf16_ready();
+  constexpr int64_t kStride = int64_t{1} << 25;
+  return !wide_dw && lda < kStride && ldb < kStride && amx_bf16_ready();
 }
 #endif
 
@@ -414,7 +416,7 @@ const char* gemm_bf16_backend() {
     name = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
            " matmul " + impl;
 #if defined(QKV_AMX)
-    if (amx_bf16_ready()) name = "qkv's AMX tiles (TDPBF16PS); " + name + " for other alphas, betas and wide dW";
+    if (amx_bf16_ready()) name = "qkv's AMX tiles (TDPBF16PS); " + name + " for output heads' dW";
 #endif
     return name.c_str();
   }
@@ -438,7 +440,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   }
 #endif
 #if defined(QKV_AMX)
-  if (amx_takes(trans_a, trans_b, M, N, alpha, beta)) {
+  if (amx_takes(trans_a, trans_b, M, N, alpha, lda, ldb, beta)) {
     amx_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
