@@ -30,9 +30,9 @@ const char* gemm_backend();
 // and kept; oneDNN runs on qkv's OpenMP threads, so results are identical for a given thread count); otherwise, or
 // where oneDNN has no bf16 kernel for the CPU, by widening both operands to float32 and calling gemm() — the same
 // values, at float32's speed less the widening. qkv's own loops run instead where they were measured faster: one
-// row times a transposed matrix (generation, VDPBF16PS at the memory rate) and, on AMX, every product with alpha 1
-// and beta 0 or 1 but an output head's dW (oneDNN 2.6's AMX matmul reaches about a tenth of the tile rate on
-// GPT-2's shapes; qkv's tile loop takes 1.25× less time over a training step's products).
+// row times a transposed matrix (generation, VDPBF16PS at the memory rate) and, on AMX, every product but an output
+// head's dW (oneDNN 2.6's AMX matmul reaches about a tenth of the tile rate on GPT-2's shapes; qkv's tile loop takes
+// 1.1-1.28× less time over a training step's products, measured alone).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16), so gemm_bf16 runs at up to twice
