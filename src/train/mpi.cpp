@@ -27,10 +27,12 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
     if (!finalized) MPI_Finalize();
   }
   int rank() const override { return rank_; }
@@ -41,7 +43,7 @@ class MpiCommunicator : public Communicator {
   }
   void sum(double* values, int64_t n) override {
     finish_sums();
-    ordered_sum(values, n, MPI_DOUBLE);
+    ordered_sum(values, n);
   }
   bool any(bool flag) override {
     finish_sums();
@@ -77,106 +79,109 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
-  // A deterministic all-reduce by shards: each piece of the buffer is cut into one shard per rank; every rank
-  // sends shard r to rank r (MPI_Alltoall), rank r adds the N copies of its shard in rank order, and the summed
-  // shards are gathered back everywhere (MPI_Allgather). Each rank moves 2·(N−1)/N of the buffer and does 1/N of
-  // the adding — half of what gathering everything to rank 0 costs with two ranks — and the order of the
-  // additions is fixed, so the bits do not depend on MPI's algorithms.
-  // (float32 buffers go through the queue below, the same scheme as non-blocking collectives; this serves doubles)
-  template <typename T>
-  void ordered_sum(T* values, int64_t n, MPI_Datatype type) {
+  // Small sums (the step's loss): every rank gathers every rank's values and adds them in rank order.
+  void ordered_sum(double* values, int64_t n) {
     if (size_ == 1 || n == 0) return;
-    constexpr int64_t kShard = int64_t{1} << 20;  // floats per shard (4 MiB): bounded scratch, large messages
-    const int64_t piece = kShard * size_;
-    std::vector<T> received(static_cast<size_t>(piece)), mine(static_cast<size_t>(kShard));
-    for (int64_t first = 0; first < n; first += piece) {
-      const int64_t count = std::min(piece, n - first);
-      const int shard = static_cast<int>((count + size_ - 1) / size_);  // the last piece may be short: pad
-      T* data = values + first;
-      std::vector<T> padded;
-      if (static_cast<int64_t>(shard) * size_ != count) {
-        padded.assign(static_cast<size_t>(shard) * size_, T(0));
-        std::copy_n(data, count, padded.data());
-      }
-      T* send = padded.empty() ? data : padded.data();
-      MPI_Alltoall(send, shard, type, received.data(), shard, type, MPI_COMM_WORLD);
-      add_in_rank_order(received.data(), mine.data(), shard);
-      MPI_Allgather(mine.data(), shard, type, send, shard, type, MPI_COMM_WORLD);
-      if (!padded.empty()) std::copy_n(padded.data(), count, data);
-    }
-  }
-  // mine = ((copy 0 + copy 1) + copy 2) + …: the N received copies of this rank's shard, in rank order.
-  void add_in_rank_order(const float* received, float* mine, int shard) const {
-    std::copy_n(received, shard, mine);
-    for (int r = 1; r < size_; ++r) kernels::accumulate(mine, received + static_cast<size_t>(r) * shard, shard);
-  }
-  void add_in_rank_order(const double* received, double* mine, int shard) const {
-    std::copy_n(received, shard, mine);
+    std::vector<double> all(static_cast<size_t>(n) * static_cast<size_t>(size_));
+    MPI_Allgather(values, static_cast<int>(n), MPI_DOUBLE, all.data(), static_cast<int>(n), MPI_DOUBLE, MPI_COMM_WORLD);
+    std::copy_n(all.data(), n, values);
     for (int r = 1; r < size_; ++r)
-      for (int i = 0; i < shard; ++i) mine[i] += received[static_cast<size_t>(r) * shard + i];
+      for (int64_t i = 0; i < n; ++i) values[i] += all[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(i)];
   }
-  // ---- the queue of overlapped sums: ordered_sum's two phases per piece as non-blocking collectives ----
+  // ---- the queue of overlapped sums ----
+  // A queued sum goes by pieces of up to kPiece values, each cut into one shard per rank (shard q: values
+  // [first + q·count/N, first + (q+1)·count/N)). Phase 1: every rank sends each other rank that rank's shard and
+  // receives its own shard's copies; it adds the N copies in rank order into its own values. Phase 2: it sends that
+  // sum to every other rank and receives theirs straight into its values. Only other ranks' shards move — nothing is
+  // copied to itself or padded — and pieces are large, so a sum is a few messages that the backward's progress()
+  // calls can move along (4 MiB pieces left most of the exchange for after the backward).
+  static constexpr int64_t kPiece = int64_t{1} << 24;  // values (64 MiB of float32)
+  static constexpr int kTag = 1;
   struct Job {
     float* values;
     int64_t n;
     bool bf16;
   };
   std::deque<Job> queue_;
-  int phase_ = 0;          // of the head job's current piece: 0 not started, 1 exchanging shards, 2 gathering sums
-  int64_t first_ = 0;      // the piece's first value
-  int64_t count_ = 0;      // values in the piece
-  int shard_ = 0;          // values per rank's shard (the piece padded to a multiple of the ranks)
-  bool in_place_ = false;  // the piece is sent from and gathered into the values themselves
-  MPI_Request request_ = MPI_REQUEST_NULL;
-  std::vector<float> send_, received_, mine_;  // float32 pieces
-  std::vector<uint16_t> send_h_, received_h_, mine_h_;  // the same as bf16
+  int phase_ = 0;      // of the head job's current piece: 0 not started, 1 exchanging copies, 2 exchanging sums
+  int64_t first_ = 0;  // the piece's first value
+  int64_t count_ = 0;  // values in the piece
+  int64_t stride_ = 0;  // values between two ranks' slots in the receive buffers: the longest shard
+  std::vector<MPI_Request> requests_;
+  std::vector<float> received_;                     // the other ranks' copies of this rank's shard
+  std::vector<uint16_t> send_h_, received_h_, mine_h_;  // bf16: the piece rounded, what arrives, this rank's sum
+  MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD: these messages never meet anyone else's
 
-  // Moves the head job on as far as its requests allow (with `block`, waits for each).
+  int64_t shard_begin(int q) const { return first_ + q * count_ / size_; }
+  int shard_size(int q) const { return static_cast<int>(shard_begin(q + 1) - shard_begin(q)); }
+  int64_t slot(int q) const { return (q < rank_ ? q : q - 1) * stride_; }  // a rank's place in the receive buffers
+
+  // Moves the head job on as far as its messages allow (with `block`, waits for each).
   void advance(bool block) {
-    constexpr int64_t kShard = int64_t{1} << 20;
     while (!queue_.empty()) {
       Job& job = queue_.front();
       if (phase_ == 0) {
-        count_ = std::min(kShard * size_, job.n - first_);
-        shard_ = static_cast<int>((count_ + size_ - 1) / size_);
-        const size_t padded = static_cast<size_t>(shard_) * static_cast<size_t>(size_);
-        // A whole piece goes from and comes back into the values themselves; a short last one through a padded copy.
-        in_place_ = static_cast<int64_t>(padded) == count_ && !job.bf16;
-        if (!in_place_ && !job.bf16) {
-          send_.assign(padded, 0.0f);
-          std::copy_n(job.values + first_, count_, send_.data());
-        }
-        received_.resize(padded);
-        mine_.resize(static_cast<size_t>(shard_));
-        if (job.bf16) {  // rounded straight from the values (the padding is zeros)
-          send_h_.assign(padded, 0);
-          received_h_.resize(padded);
+        count_ = std::min(kPiece, job.n - first_);
+        stride_ = (count_ + size_ - 1) / size_;
+        const size_t others = static_cast<size_t>(stride_) * static_cast<size_t>(size_ - 1);
+        requests_.clear();
+        if (job.bf16) {  // every rank's values travel rounded (its own too, below)
+          send_h_.resize(static_cast<size_t>(count_));
+          received_h_.resize(others);
           kernels::f32_to_bf16(job.values + first_, send_h_.data(), count_);
-          MPI_Ialltoall(send_h_.data(), shard_, MPI_UINT16_T, received_h_.data(), shard_, MPI_UINT16_T, MPI_COMM_WORLD, &request_);
-        } else {
-          MPI_Ialltoall(in_place_ ? job.values + first_ : send_.data(), shard_, MPI_FLOAT, received_.data(), shard_, MPI_FLOAT,
-                        MPI_COMM_WORLD, &request_);
+        }
+        received_.resize(others);
+        const int own_size = shard_size(rank_);
+        for (int q = 0; q < size_; ++q) {
+          if (q == rank_) continue;
+          requests_.emplace_back();
+          requests_.emplace_back();
+          const int64_t at = shard_begin(q) - first_;
+          if (job.bf16) {
+            MPI_Irecv(received_h_.data() + slot(q), own_size, MPI_UINT16_T, q, kTag, comm_, &requests_[requests_.size() - 2]);
+            MPI_Isend(send_h_.data() + at, shard_size(q), MPI_UINT16_T, q, kTag, comm_, &requests_.back());
+          } else {
+            MPI_Irecv(received_.data() + slot(q), own_size, MPI_FLOAT, q, kTag, comm_, &requests_[requests_.size() - 2]);
+            MPI_Isend(job.values + first_ + at, shard_size(q), MPI_FLOAT, q, kTag, comm_, &requests_.back());
+          }
         }
         phase_ = 1;
       }
       if (!done(block)) return;
-      if (phase_ == 1) {  // this rank's shard from every rank: summed in rank order, sent back to all
-        if (job.bf16) kernels::bf16_to_f32(received_h_.data(), received_.data(), static_cast<int64_t>(received_.size()));
-        add_in_rank_order(received_.data(), mine_.data(), shard_);
+      float* own = job.values + shard_begin(rank_);
+      const int mine = shard_size(rank_);
+      if (phase_ == 1) {  // every copy of this rank's shard is here: their sum, in rank order, goes to every rank
         if (job.bf16) {
-          mine_h_.resize(mine_.size());
-          kernels::f32_to_bf16(mine_.data(), mine_h_.data(), shard_);
-          MPI_Iallgather(mine_h_.data(), shard_, MPI_UINT16_T, send_h_.data(), shard_, MPI_UINT16_T, MPI_COMM_WORLD, &request_);
-        } else {
-          MPI_Iallgather(mine_.data(), shard_, MPI_FLOAT, in_place_ ? job.values + first_ : send_.data(), shard_, MPI_FLOAT,
-                         MPI_COMM_WORLD, &request_);
+          kernels::bf16_to_f32(received_h_.data(), received_.data(), static_cast<int64_t>(received_.size()));
+          kernels::bf16_to_f32(send_h_.data() + (shard_begin(rank_) - first_), own, mine);
+        }
+        add_in_rank_order(own, mine);
+        requests_.clear();
+        if (job.bf16) {  // the sum rounded, here too, so every rank holds the same bits
+          mine_h_.resize(static_cast<size_t>(mine));
+          kernels::f32_to_bf16(own, mine_h_.data(), mine);
+          kernels::bf16_to_f32(mine_h_.data(), own, mine);
+        }
+        for (int q = 0; q < size_; ++q) {
+          if (q == rank_) continue;
+          requests_.emplace_back();
+          requests_.emplace_back();
+          if (job.bf16) {
+            MPI_Irecv(received_h_.data() + slot(q), shard_size(q), MPI_UINT16_T, q, kTag, comm_, &requests_[requests_.size() - 2]);
+            MPI_Isend(mine_h_.data(), mine, MPI_UINT16_T, q, kTag, comm_, &requests_.back());
+          } else {
+            MPI_Irecv(job.values + shard_begin(q), shard_size(q), MPI_FLOAT, q, kTag, comm_, &requests_[requests_.size() - 2]);
+            MPI_Isend(own, mine, MPI_FLOAT, q, kTag, comm_, &requests_.back());
+          }
         }
         phase_ = 2;
         if (!done(block)) return;
       }
       // phase 2 done: every shard's sum is here
-      if (job.bf16) kernels::bf16_to_f32(send_h_.data(), job.values + first_, count_);
-      else if (!in_place_) std::copy_n(send_.data(), count_, job.values + first_);
+      if (job.bf16) {
+        for (int q = 0; q < size_; ++q)
+          if (q != rank_) kernels::bf16_to_f32(received_h_.data() + slot(q), job.values + shard_begin(q), shard_size(q));
+      }
       phase_ = 0;
       first_ += count_;
       if (first_ >= job.n) {
@@ -185,13 +190,24 @@ class MpiCommunicator : public Communicator {
       }
     }
   }
+  // own ← copy 0 + copy 1 + … + copy N−1, added left to right (own is this rank's copy; float addition of two
+  // values is commutative bit for bit, so acc + own is computed as own += acc).
+  void add_in_rank_order(float* own, int n) {
+    auto copy = [&](int q) { return received_.data() + slot(q); };
+    if (rank_ > 0) {
+      float* acc = copy(0);
+      for (int q = 1; q < rank_; ++q) kernels::accumulate(acc, copy(q), n);
+      kernels::accumulate(own, acc, n);
+    }
+    for (int q = rank_ + 1; q < size_; ++q) kernels::accumulate(own, copy(q), n);
+  }
   bool done(bool block) {
     if (block) {
-      MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
       return true;
     }
     int flag = 0;
-    MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
+    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
     return flag != 0;
   }
 
