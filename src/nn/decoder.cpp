@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
@@ -414,6 +415,22 @@ Tensor Decoder::embed(std::span<const int64_t> ids, int64_t batch, int64_t token
     x = add(x, embedding(pos_emb, positions, {tokens}));
   }
   return hashed_dropout(x, config.drop_rate, is_training(), *gen_);
+}
+
+std::vector<Decoder::SparseGradient> Decoder::sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const {
+  std::vector<SparseGradient> tables;
+  if (!config.tie_word_embeddings) {
+    std::vector<int64_t> rows(ids.begin(), ids.end());
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    tables.push_back({tok_emb, std::move(rows)});
+  }
+  if (config.learned_positions) {
+    std::vector<int64_t> rows(static_cast<size_t>(ids.empty() ? 0 : std::min(tokens, config.max_positions)));
+    std::iota(rows.begin(), rows.end(), int64_t{0});
+    tables.push_back({pos_emb, std::move(rows)});
+  }
+  return tables;
 }
 
 namespace {

@@ -324,30 +324,67 @@ uint64_t slice_seed(uint64_t seed, int64_t step, int64_t slice) {
 }
 }  // namespace
 
-void Trainer::backward_summing(const Tensor& loss) {
+double Trainer::backward_summing(const Tensor& loss, const text::Batch& global) {
   const bool bf16 = settings_.allreduce_precision == "bf16";
+  double inside = 0.0;  // seconds spent in the communicator: starting sums and moving them along
+  auto timed = [&inside](auto&& call) {
+    const auto began = std::chrono::steady_clock::now();
+    call();
+    inside += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  };
   for (Bucket& b : buckets_) b.ready = 0, b.queued = false;
   auto queue = [&](Bucket& b) {
     b.queued = true;
-    comm_->enqueue_sum(gradient_arena_.data() + b.first, b.count, bf16);
+    timed([&] { comm_->enqueue_sum(gradient_arena_.data() + b.first, b.count, bf16); });
   };
   if (settings_.allreduce_bucket_mib == 0) {
     loss.backward();
     for (Bucket& b : buckets_) queue(b);
-    return;
+    return inside;
   }
+  // The rows of the sparse tables this step's global batch reaches (every process's, every micro-batch's): the other
+  // rows' gradients are zero on every process, and so is their sum.
+  const auto reached = model_->sparse_gradients(global.inputs, global.tokens);
+  for (const auto& table : reached) {
+    if (auto it = sparse_of_.find(table.table.impl()); it != sparse_of_.end()) sparse_[it->second].rows = table.rows;
+  }
+  std::vector<bool> sparse_queued(sparse_.size(), false);
+  auto queue_rows = [&](size_t i) {
+    SparseTable& t = sparse_[i];
+    sparse_queued[i] = true;
+    timed([&] {
+      t.gathered.resize(t.rows.size() * static_cast<size_t>(t.width));
+      for (size_t r = 0; r < t.rows.size(); ++r) {
+        std::copy_n(gradient_arena_.data() + t.first + t.rows[r] * t.width, t.width, t.gathered.data() + r * t.width);
+      }
+      comm_->enqueue_sum(t.gathered.data(), static_cast<int64_t>(t.gathered.size()), bf16);
+    });
+  };
   // As the backward finishes each parameter, its bucket may be complete: its sum starts while the backward goes on
   // (in the walk's order, the same on every process), and queued sums are moved along at every finished parameter.
   const GradientReadyGuard guard([&](const Tensor& leaf) {
     if (auto it = bucket_of_.find(leaf.impl()); it != bucket_of_.end()) {
       Bucket& b = buckets_[it->second];
       if (++b.ready == b.parameters) queue(b);
+    } else if (auto sparse = sparse_of_.find(leaf.impl()); sparse != sparse_of_.end()) {
+      queue_rows(sparse->second);
     }
-    comm_->progress();
+    timed([&] { comm_->progress(); });
   });
   loss.backward();
   for (Bucket& b : buckets_)  // a parameter the step did not reach: its bucket goes now, in bucket order
     if (!b.queued) queue(b);
+  for (size_t i = 0; i < sparse_.size(); ++i)
+    if (!sparse_queued[i]) queue_rows(i);
+  return inside;
+}
+
+void Trainer::scatter_sparse_rows() {
+  for (SparseTable& t : sparse_) {
+    for (size_t r = 0; r < t.rows.size(); ++r) {
+      std::copy_n(t.gathered.data() + r * t.width, t.width, gradient_arena_.data() + t.first + t.rows[r] * t.width);
+    }
+  }
 }
 
 int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
@@ -369,15 +406,31 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       at += p.numel();
     }
     // Buckets of whole parameters, from the arena's end (the backward finishes the last layers first), each summed
-    // across processes as soon as the backward has finished every parameter in it.
+    // across processes as soon as the backward has finished every parameter in it. With buckets, the sparse tables
+    // are left out: each step sums only their rows it reached. (Without, one dense sum after the backward: the
+    // reference the overlapped sums must equal bit for bit.)
     const int64_t cap = settings_.allreduce_bucket_mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float));
     buckets_.clear();
     bucket_of_.clear();
+    sparse_.clear();
+    sparse_of_.clear();
+    std::unordered_map<const void*, int64_t> sparse_width;
+    if (cap > 0) {
+      for (const auto& table : model_->sparse_gradients({}, 0)) sparse_width[table.table.impl()] = table.table.size(1);
+    }
     at = total;
+    bool cut = true;  // the next parameter starts a bucket
     for (auto p = parameters.rbegin(); p != parameters.rend(); ++p) {
       const int64_t n = p->second.numel();
       at -= n;
-      if (buckets_.empty() || (cap > 0 && buckets_.back().count + n > cap)) buckets_.push_back({at, 0, 0, 0});
+      if (auto it = sparse_width.find(p->second.impl()); it != sparse_width.end()) {
+        sparse_of_[it->first] = sparse_.size();
+        sparse_.push_back({at, it->second, {}, {}});
+        cut = true;  // buckets are contiguous ranges of the arena
+        continue;
+      }
+      if (cut || (cap > 0 && buckets_.back().count + n > cap)) buckets_.push_back({at, 0, 0, 0});
+      cut = false;
       buckets_.back().first = at;
       buckets_.back().count += n;
       ++buckets_.back().parameters;
@@ -395,6 +448,7 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     // processes sum, so they stay and are cleared.
     optimizer_->zero_grad(/*set_to_none=*/world_ == 1);
     double local[2] = {0.0, 0.0};  // Σ micro-batch losses, count of non-finite ones
+    double communication = 0.0;    // seconds inside the gradients' sums: during the backward and the wait after it
     for (int64_t k = 0; k < K; ++k) {
       const int64_t slice = k * world_ + comm_->rank();
       const std::span<const int64_t> inputs(global.inputs.data() + slice * B * T, static_cast<size_t>(B * T));
@@ -418,16 +472,16 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       }
       if (slices > 1) loss = mul(loss, share);
       if (last && world_ > 1) {
-        backward_summing(loss);
+        communication += backward_summing(loss, global);
       } else {
         loss.backward();
       }
     }
-    double communication = 0.0;
     if (world_ > 1) {  // what is left of Σ gradients over processes once the backward is done
       const auto began = std::chrono::steady_clock::now();
       comm_->finish_sums();
-      communication = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      scatter_sparse_rows();
+      communication += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     }
     // The norm is a read-only pre-pass; the clipping factor is applied inside AdamW's one sweep over parameter,
     // gradient and moments instead of a pass of its own. The same on every process.

@@ -160,6 +160,16 @@ class Decoder : public LanguageModel {
   // Layer `layer`'s attention weights for batch row b and query head h, (T, Tk), from a record of forward().
   Tensor weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const;
 
+  // A table whose gradient from a training batch lands only in some of its rows, and those rows (ascending)
+  struct SparseGradient {
+    Tensor table;
+    std::vector<int64_t> rows;
+  };
+  // The tables a batch of `ids` (positions 0…tokens − 1) leaves gradient in only some rows of: the token embedding
+  // (the ids' rows) unless the head reads it too, and learned positions (rows 0…tokens − 1). Data-parallel training
+  // sums only those rows across processes. With no ids: the tables, with no rows.
+  std::vector<SparseGradient> sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const;
+
   // New positions are processed in chunks of at most this many tokens when a cache is used, so a sliding-window
   // layer's cache needs only window − 1 + kCacheChunk rows.
   static constexpr int64_t kCacheChunk = 256;

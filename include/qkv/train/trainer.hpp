@@ -42,7 +42,9 @@ struct StepReport {
   int64_t step = 0;  // 1-based: the number of optimiser steps taken
   // mean loss of the step's batches, the rate it used, the gradient's norm before clipping, speed, wall time
   double loss = 0, learning_rate = 0, grad_norm = 0, tokens_per_second = 0, seconds = 0;
-  double communication_seconds = 0;  // summing gradients across processes (0 in one process)
+  // summing gradients across processes (0 in one process): every moment the step spent inside the sums — moving them
+  // along during the backward (where the copies run on this process's core) and waiting for them after it
+  double communication_seconds = 0;
 };
 // An evaluation's mean losses on the training and validation windows
 struct EvalReport {
@@ -130,8 +132,19 @@ class Trainer {
   };
   std::vector<Bucket> buckets_;
   std::unordered_map<const void*, size_t> bucket_of_;
-  // The last micro-batch's backward, its buckets' sums across processes started as it completes them.
-  void backward_summing(const Tensor& loss);
+  // Tables whose gradient lands in few rows (untied token embedding, learned positions; nn::Decoder::sparse_gradients):
+  // outside the buckets, only the step's rows are summed, gathered into `rows` and put back after the sums.
+  struct SparseTable {
+    int64_t first = 0, width = 0;  // where its gradient starts in the arena, values per row
+    std::vector<int64_t> rows;     // this step's
+    std::vector<float> gathered;   // those rows' gradients, summed across processes in place
+  };
+  std::vector<SparseTable> sparse_;
+  std::unordered_map<const void*, size_t> sparse_of_;
+  // The last micro-batch's backward, its buckets' sums across processes started as it completes them; returns the
+  // seconds spent inside the communicator meanwhile (starting sums, moving them along).
+  double backward_summing(const Tensor& loss, const text::Batch& global);
+  void scatter_sparse_rows();  // the sparse tables' summed rows back into the arena
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<text::SlidingWindowDataset> train_data_, validation_data_;
   std::unique_ptr<text::DataLoader> train_loader_, validation_loader_;
