@@ -36,15 +36,19 @@ echo "  1 process  × 1 thread : $m1   (runs: ${one[*]})"
 echo "  1 process  × 2 threads: $m2   (runs: ${two[*]})"
 echo "  2 processes × 1 thread: $m3   (runs: ${ranks[*]})"
 awk -v a="$m1" -v b="$m2" -v c="$m3" 'BEGIN { printf "  2 processes / 1 process × 1 thread: %.2fx; / 1 process × 2 threads: %.2fx\n", c / a, c / b }'
-# GPT-2 124M's shape (GPT-2 vocabulary, emb 768, 12 layers, 12 heads), B = 4 × T = 64 per step, 2 processes.
-gpt2=(--text "$work/kjv.txt" --emb-dim 768 --n-layers 12 --n-heads 12 --context-length 64 --steps 8 --eval-every 0
+# GPT-2 124M's shape (GPT-2 vocabulary, emb 768, 12 layers, 12 heads), 2 processes × 1 thread each. B 4 × T 64 is the
+# smallest step (most communication per token); B 8 × T 256 is the step the bf16 and PyTorch comparisons use.
+gpt2=(--text "$work/kjv.txt" --emb-dim 768 --n-layers 12 --n-heads 12 --steps 8 --eval-every 0
       --checkpoint-every 0 --sample-tokens 1 --drop-rate 0)
-# The gradients' sum after the backward (bucket 0), in 25 MiB buckets during it (the default), and exchanged as bf16;
-# "communication" is the wait left after the backward, medians over steps.
-echo "GPT-2 124M shape, 2 processes × 1 thread, B 4 × T 64:"
-for variant in "after:--allreduce-bucket-mib 0" "overlapped:--allreduce-bucket-mib 25" "overlapped, bf16:--allreduce-precision bf16"; do
+# The gradients' sum after the backward (bucket 0: dense, every row of the embeddings), in 25 MiB buckets during it
+# (the default: the embeddings' reached rows only), and exchanged as bf16. "Communication" is every second rank 0
+# spends inside the sums — the copies and adds during the backward and the wait after it — medians over steps 4…8.
+echo "GPT-2 124M shape, 2 processes × 1 thread:"
+for variant in "B 4 × T 64, after:2 64 --allreduce-bucket-mib 0" "B 4 × T 64, overlapped:2 64 --allreduce-bucket-mib 25" \
+               "B 4 × T 64, overlapped, bf16:2 64 --allreduce-precision bf16" "B 8 × T 256, overlapped:4 256"; do
   name=${variant%%:*}
   read -r -a flags <<< "${variant#*:}"
-  "${mpi[@]}" -np 2 -x OMP_NUM_THREADS=1 "$qkv" train "${gpt2[@]}" "${flags[@]}" --batch-size 2 --out "$work/g" --overwrite >/dev/null 2>&1
-  echo "  sum $name: $(rate "$work/g") tokens/s; communication $(comm_share "$work/g" 256) of a step"
+  "${mpi[@]}" -np 2 -x OMP_NUM_THREADS=1 "$qkv" train "${gpt2[@]}" --batch-size "${flags[0]}" --context-length "${flags[1]}" \
+    "${flags[@]:2}" --out "$work/g" --overwrite >/dev/null 2>&1
+  echo "  $name: $(rate "$work/g") tokens/s; communication $(comm_share "$work/g" $((2 * flags[0] * flags[1]))) of a step"
 done
