@@ -38,7 +38,7 @@ class Communicator {
   // Sums that overlap other work (the backward). enqueue_sum queues values ← Σ over ranks, the same bits as sum();
   // with `bf16` each rank's values travel rounded to bf16 and their float32 sum (in rank order) comes back rounded
   // to bf16: half the bytes, the same result on every rank. A queued sum starts when the ones before it are done, so
-  // every rank issues the same collectives in the same order. progress() advances the queue without waiting;
+  // every rank sends the same messages in the same order. progress() advances the queue without waiting;
   // finish_sums() waits until every queued sum is done; `values` must stay put until then. Collective: every rank
   // queues the same sums (sizes, order, precision). This default does each sum at once.
   virtual void enqueue_sum(float* values, int64_t n, bool bf16);
