@@ -162,8 +162,8 @@ class Decoder : public LanguageModel {
 
   // A table whose gradient from a training batch lands only in some of its rows, and those rows (ascending)
   struct SparseGradient {
-    Tensor table;
-    std::vector<int64_t> rows;
+    Tensor table;               // the parameter (tok_emb or pos_emb)
+    std::vector<int64_t> rows;  // the rows a batch reaches, ascending (empty when asked with no ids)
   };
   // The tables a batch of `ids` (positions 0…tokens − 1) leaves gradient in only some rows of: the token embedding
   // (the ids' rows) unless the head reads it too, and learned positions (rows 0…tokens − 1). Data-parallel training
