@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <type_traits>
 #include <vector>
 
 #include "qkv/core/error.hpp"
@@ -134,16 +135,9 @@ class MpiCommunicator : public Communicator {
         const int own_size = shard_size(rank_);
         for (int q = 0; q < size_; ++q) {
           if (q == rank_) continue;
-          requests_.emplace_back();
-          requests_.emplace_back();
           const int64_t at = shard_begin(q) - first_;
-          if (job.bf16) {
-            MPI_Irecv(received_h_.data() + slot(q), own_size, MPI_UINT16_T, q, kTag, comm_, &requests_[requests_.size() - 2]);
-            MPI_Isend(send_h_.data() + at, shard_size(q), MPI_UINT16_T, q, kTag, comm_, &requests_.back());
-          } else {
-            MPI_Irecv(received_.data() + slot(q), own_size, MPI_FLOAT, q, kTag, comm_, &requests_[requests_.size() - 2]);
-            MPI_Isend(job.values + first_ + at, shard_size(q), MPI_FLOAT, q, kTag, comm_, &requests_.back());
-          }
+          if (job.bf16) exchange(q, received_h_.data() + slot(q), own_size, send_h_.data() + at, shard_size(q));
+          else exchange(q, received_.data() + slot(q), own_size, job.values + first_ + at, shard_size(q));
         }
         phase_ = 1;
       }
@@ -164,15 +158,8 @@ class MpiCommunicator : public Communicator {
         }
         for (int q = 0; q < size_; ++q) {
           if (q == rank_) continue;
-          requests_.emplace_back();
-          requests_.emplace_back();
-          if (job.bf16) {
-            MPI_Irecv(received_h_.data() + slot(q), shard_size(q), MPI_UINT16_T, q, kTag, comm_, &requests_[requests_.size() - 2]);
-            MPI_Isend(mine_h_.data(), mine, MPI_UINT16_T, q, kTag, comm_, &requests_.back());
-          } else {
-            MPI_Irecv(job.values + shard_begin(q), shard_size(q), MPI_FLOAT, q, kTag, comm_, &requests_[requests_.size() - 2]);
-            MPI_Isend(own, mine, MPI_FLOAT, q, kTag, comm_, &requests_.back());
-          }
+          if (job.bf16) exchange(q, received_h_.data() + slot(q), shard_size(q), mine_h_.data(), mine);
+          else exchange(q, job.values + shard_begin(q), shard_size(q), own, mine);
         }
         phase_ = 2;
         if (!done(block)) return;
@@ -189,6 +176,15 @@ class MpiCommunicator : public Communicator {
         first_ = 0;
       }
     }
+  }
+  // Posts a receive of `in_n` values from rank q into `in` and a send of `out_n` values from `out` to it.
+  template <typename T>
+  void exchange(int q, T* in, int in_n, const T* out, int out_n) {
+    const MPI_Datatype type = std::is_same_v<T, float> ? MPI_FLOAT : MPI_UINT16_T;
+    requests_.emplace_back();
+    MPI_Irecv(in, in_n, type, q, kTag, comm_, &requests_.back());
+    requests_.emplace_back();
+    MPI_Isend(out, out_n, type, q, kTag, comm_, &requests_.back());
   }
   // own ← copy 0 + copy 1 + … + copy N−1, added left to right (own is this rank's copy; float addition of two
   // values is commutative bit for bit, so acc + own is computed as own += acc).
