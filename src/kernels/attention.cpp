@@ -2,7 +2,7 @@
 // Not here: the autograd op that wraps it (core/ops_sdpa.cpp) or the plain materialised path
 // (nn/attention.cpp), which the tests compare this against.
 //
-// Blocking. Queries go in blocks of kBr rows, keys in blocks of kBc columns. Per (b, h) each thread packs
+// Blocking. Queries go in blocks of Br rows (48; 64 on AMX tiles), keys in blocks of kBc columns. Per (b, h) each thread packs
 // what it streams: Kᵀ in (D × kBc) blocks, V and K row-major padded to Dp = D rounded up to 16 columns, Q·scale
 // and dO padded to Dp. Every product is then one shape of GEMM, C (M × N) (+)= A (M × K) · B (K × N) with
 // B rows of 16 contiguous floats, done by one register-blocked micro-kernel: 6 × 16 (12 AVX2 accumulators), or
@@ -61,7 +61,12 @@ namespace qkv::kernels {
 
 namespace {
 
-constexpr int64_t kBr = 48;  // query rows per block: 8 strips of the 6-row micro-kernel
+// Query rows per block (Plan::Br): 48 = 8 strips of the AVX2 6-row micro-kernel, 6 of the 8-row AVX-512 and
+// VDPBF16PS ones.
+// On AMX tiles 64: the transposed dV and dK products sum over a block's queries, 32 (16 pairs) a tile step, so
+// 48 rows padded every such product to 64 with copies of both operands (measured: 8% of a bf16 backward).
+constexpr int64_t kBrF32 = 48, kBrAmx = 64, kBrMax = 64;
+static_assert(kBrF32 <= kBrMax && kBrAmx <= kBrMax && kBrAmx % 32 == 0);
 #ifdef QKV_AVX512
 // Keys per block: 4 strips of 32 columns. Twice the AVX2 block: longer runs for the 8 × 32 micro-kernel (the P·V
 // product's K), measured (4,12,1024,64) forward 5–13% and full fwd+bwd 5% faster than 64, in one session; the
@@ -642,12 +647,21 @@ void apply_dropout_row(float* z, int64_t n, uint64_t seed, uint32_t threshold, f
 
 // ---- per-call setup shared by forward and backward ----
 
+// Plan::Br for these options: whole tile steps where bf16 products run on AMX tiles.
+int64_t query_block_rows(const AttentionOptions& o) {
+#ifdef QKV_ATTENTION_AMX
+  if (o.bf16 && attention_bf16_available() && amx_bf16_ready()) return kBrAmx;
+#endif
+  static_cast<void>(o);
+  return kBrF32;
+}
+
 struct Plan {
   AttentionDims dims;
   AttentionLayout layout;
   AttentionOptions options;
   float scale, softcap;
-  int64_t Dp, Tk_pad, Tq_pad, q_blocks, k_blocks, offset;  // offset = Tk − Tq (causal diagonal shift)
+  int64_t Br, Dp, Tk_pad, Tq_pad, q_blocks, k_blocks, offset;  // Br: query rows per block; offset = Tk − Tq (causal diagonal shift)
   int64_t kv_heads, group;                                 // K/V heads, query heads per K/V head
   bool dropout;
   uint32_t threshold;
@@ -658,8 +672,9 @@ struct Plan {
     softcap = o.softcap > 0.0f ? o.softcap : 0.0f;
     Dp = round_up(std::max<int64_t>(d.D, 1), kNR);
     Tk_pad = round_up(std::max<int64_t>(d.Tk, 1), kBc);
-    Tq_pad = round_up(std::max<int64_t>(d.Tq, 1), kBr);
-    q_blocks = (d.Tq + kBr - 1) / kBr;
+    Br = query_block_rows(o);
+    Tq_pad = round_up(std::max<int64_t>(d.Tq, 1), Br);
+    q_blocks = (d.Tq + Br - 1) / Br;
     k_blocks = (d.Tk + kBc - 1) / kBc;
     offset = d.Tk - d.Tq;
     kv_heads = d.kv_heads();
@@ -732,6 +747,15 @@ float exp_range(const float* x, float* y, int64_t lo, int64_t hi, int64_t n, flo
   return total;
 }
 
+// A head's rows lie `token` floats apart (H·D in the (B, T, H·D) layout: 3 KiB at GPT-2's shape), a stride the
+// hardware prefetcher does not follow, so a pack waited on every row it read (on AMX, 85% of a bf16 K pack's samples
+// sat on its row loads and the packs were 18% of a forward + backward). The packs ask for the row kRowsAhead rows on.
+constexpr int64_t kRowsAhead = 8;
+template <typename Src>
+[[gnu::always_inline]] inline void prefetch_row(const Src* first, int64_t token, int64_t t, int64_t T, int64_t n) {
+  if (t < T) simd::prefetch(first + t * token, n * static_cast<int64_t>(sizeof(Src)));
+}
+
 // Kᵀ of one head, key block by key block: block j is (D × kBc) contiguous, zero beyond Tk. `first` is the head's
 // token 0 and `token` its token stride. Whole-head (D × Tk) rows would put the D rows a block reads a multiple of
 // 4 KiB apart — one L1 set for all of them. Tokens go 16 at a time: their rows stay in L1 while each of the D output
@@ -747,6 +771,7 @@ void pack_transposed(const Plan& p, const float* first, int64_t token, float* ds
       const int64_t n = std::min(kTile, cols - t0);
       const float* rows[kTile];
       for (int64_t t = 0; t < n; ++t) rows[t] = first + (k0 + t0 + t) * token;
+      for (int64_t t = 0; t < n; ++t) prefetch_row(first, token, k0 + t0 + kTile + t, T, D);
       for (int64_t d = 0; d < D; ++d)
         for (int64_t t = 0; t < n; ++t) block[d * kBc + t0 + t] = rows[t][d];
     }
@@ -759,6 +784,7 @@ void pack_rows(const Plan& p, const float* first, int64_t token, int64_t T, int6
                float* dst) {
   const int64_t D = p.dims.D, ld = p.Dp;
   for (int64_t t = 0; t < T; ++t) {
+    prefetch_row(first, token, t + kRowsAhead, T, D);
     scaled_copy(first + t * token, dst + t * ld, D, factor);
     std::fill(dst + t * ld + D, dst + (t + 1) * ld, 0.0f);
   }
@@ -829,7 +855,7 @@ struct ForwardF32 {
   void reserve(const Plan& p) {
     kt = kt_buf.get(static_cast<size_t>(p.dims.D * p.Tk_pad));
     vp = v_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
-    qs = q_buf.get(static_cast<size_t>(kBr * p.Dp));
+    qs = q_buf.get(static_cast<size_t>(p.Br * p.Dp));
   }
   void pack_kv(const Plan& p, const float* k, const float* v, int64_t bkv) {
     pack_transposed(p, p.kv_row(k, p.layout.k, bkv, 0), p.layout.k.token, kt);
@@ -872,7 +898,10 @@ void pack_pairs_transposed(const Plan& p, const Src* first, int64_t token, Scrat
     const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
     for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
       const int64_t n = std::min(kTile, cols - t0);
-      for (int64_t t = 0; t < n; ++t) to_bf16_scaled(first + (k0 + t0 + t) * token, D, De, 1.0f, rows + t * De);  // or copied
+      for (int64_t t = 0; t < n; ++t) {
+        prefetch_row(first, token, k0 + t0 + kTile + t, T, D);
+        to_bf16_scaled(first + (k0 + t0 + t) * token, D, De, 1.0f, rows + t * De);  // or copied
+      }
       // Pair dd of the n tokens: one gather of 16 words (rows past n read row 0 and are not stored).
       alignas(64) int32_t step[kTile];
       for (int64_t t = 0; t < kTile; ++t) step[t] = static_cast<int32_t>((t < n ? t : 0) * pairs);
@@ -891,6 +920,8 @@ template <typename Src>
 void pack_pair_rows(const Plan& p, const Src* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
                     uint16_t* dst) {
   for (int64_t t = 0; t < rows_pad; t += 2) {
+    prefetch_row(first, token, t + kRowsAhead, T, p.dims.D);
+    prefetch_row(first, token, t + kRowsAhead + 1, T, p.dims.D);
     const Src* r0 = t < T ? first + t * token : nullptr;
     const Src* r1 = t + 1 < T ? first + (t + 1) * token : nullptr;
     if (r0) interleave_bf16(r0, r1, p.dims.D, p.Dp, factor, dst + t * p.Dp);
@@ -938,8 +969,8 @@ struct ForwardBf16 {
   void reserve(const Plan& p) {
     kt = kt_buf.get(static_cast<size_t>(pair_width(p) * p.Tk_pad));
     vp = v_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
-    qs = q_buf.get(static_cast<size_t>(kBr * p.Dp));
-    pb = p_buf.get(static_cast<size_t>(kBr * kBc));
+    qs = q_buf.get(static_cast<size_t>(p.Br * p.Dp));
+    pb = p_buf.get(static_cast<size_t>(p.Br * kBc));
     tile.get(static_cast<size_t>(16 * pair_width(p)));
   }
   void pack_kv(const Plan& p, const KV* k, const KV* v, int64_t bkv) {
@@ -984,8 +1015,8 @@ void forward_blocks(const Plan& p, const float* q, const KV* k, const KV* v, flo
     int64_t packed_kv = -1;  // the K/V head the products hold: query heads of one group reuse them
     void reserve(const Plan& p) {
       products.reserve(p);
-      s = s_buf.get(static_cast<size_t>(kBr * kBc));
-      acc = o_buf.get(static_cast<size_t>(kBr * p.Dp));
+      s = s_buf.get(static_cast<size_t>(p.Br * kBc));
+      acc = o_buf.get(static_cast<size_t>(p.Br * p.Dp));
     }
   };
   auto spaces = workspaces<Workspace>(p.threads(), p);
@@ -995,13 +1026,13 @@ void forward_blocks(const Plan& p, const float* q, const KV* k, const KV* v, flo
       ws.products.pack_kv(p, k, v, bkv);
       ws.packed_kv = bkv;
     }
-    const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
+    const int64_t q0 = qb * p.Br, rows = std::min(p.Br, dims.Tq - q0);
     ws.products.pack_queries(p, q, bh, q0, rows);
     float* s = ws.s;
     float* acc = ws.acc;
     std::fill_n(acc, rows * Dp, 0.0f);
-    float m[kBr], l[kBr], m_new[kBr], alpha[kBr];
-    int64_t lo[kBr], hi[kBr];  // the keys of the current block each row sees: local columns [lo, hi)
+    float m[kBrMax], l[kBrMax], m_new[kBrMax], alpha[kBrMax];
+    int64_t lo[kBrMax], hi[kBrMax];  // the keys of the current block each row sees: local columns [lo, hi)
     std::fill_n(m, rows, kNegInf);
     std::fill_n(l, rows, 0.0f);
     const int64_t key_end = p.key_end(q0 + rows - 1);  // keys beyond this are masked for every row
@@ -1112,11 +1143,11 @@ void attention_probabilities(const AttentionDims& dims, const AttentionLayout& l
 #pragma omp parallel num_threads(p.threads())
   {
     Scratch qs_buf, s_buf;
-    float* qs = qs_buf.get(static_cast<size_t>(kBr * Dp));
-    float* s = s_buf.get(static_cast<size_t>(kBr * kBc));
+    float* qs = qs_buf.get(static_cast<size_t>(p.Br * Dp));
+    float* s = s_buf.get(static_cast<size_t>(p.Br * kBc));
 #pragma omp for schedule(static, 1)
     for (int64_t qb = 0; qb < p.q_blocks; ++qb) {
-      const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
+      const int64_t q0 = qb * p.Br, rows = std::min(p.Br, dims.Tq - q0);
       for (int64_t r = 0; r < rows; ++r) {
         const float* src = p.row(q, layout.q, bh, q0 + r);
         scaled_copy(src, qs + r * Dp, D, p.scale);
@@ -1237,8 +1268,8 @@ struct BackwardBf16 {
     qs_pairs = qsp_buf.get(per_group);
     do_pairs = dop_buf.get(per_group);
     tile_buf.get(static_cast<size_t>(16 * pair_width(p)));
-    pairs = pair_buf.get(static_cast<size_t>(kBr * kBc));
-    dsb = ds_buf.get(static_cast<size_t>(kBr * kBc));
+    pairs = pair_buf.get(static_cast<size_t>(p.Br * kBc));
+    dsb = ds_buf.get(static_cast<size_t>(p.Br * kBc));
     if (need_k) kp = k_buf.get(static_cast<size_t>(p.Tk_pad * p.Dp));
 #ifdef QKV_ATTENTION_AMX
     amx = amx_bf16_ready();
@@ -1260,6 +1291,8 @@ struct BackwardBf16 {
       const float* oh = p.row(d_o, p.layout.o, bh, 0);
       for (int64_t t = 0; t < p.Tq_pad; ++t) {
         if (t < Tq) {
+          prefetch_row(qh, p.layout.q.token, t + kRowsAhead, Tq, p.dims.D);
+          prefetch_row(oh, p.layout.o.token, t + kRowsAhead, Tq, p.dims.D);
           to_bf16_scaled(qh + t * p.layout.q.token, p.dims.D, Dp, p.scale, qs + g * head + t * Dp);
           to_bf16_scaled(oh + t * p.layout.o.token, p.dims.D, Dp, 1.0f, dop + g * head + t * Dp);
         } else {
@@ -1390,8 +1423,8 @@ void key_block_backward(const Plan& p, Group& group, const float* lse, const flo
   const int64_t first_row = p.query_begin(k0), end_row = p.query_end(k0 + cols - 1);
   for (int64_t g = 0; g < p.group; ++g) {
     const int64_t bh = p.query_head(bkv, g);
-    for (int64_t q0 = first_row / kBr * kBr; q0 < end_row; q0 += kBr) {
-      const int64_t rows = std::min(kBr, p.dims.Tq - q0);
+    for (int64_t q0 = first_row / p.Br * p.Br; q0 < end_row; q0 += p.Br) {
+      const int64_t rows = std::min(p.Br, p.dims.Tq - q0);
       probabilities_and_dscores(p, group, g, lse + bh * p.dims.Tq, delta + bh * p.dims.Tq, bh, q0, rows, k0, cols, pz,
                                 ds);
       const int64_t diag = q0 + p.offset - k0 + 1;
@@ -1415,9 +1448,9 @@ void backward_blocks(const Plan& p, const float* q, const float* k, const float*
     float *pz, *ds;
     void reserve(const Plan& p, bool whole_groups) {
       group.reserve(p, true);
-      pz = pz_buf.get(static_cast<size_t>(kBr * kBc));
-      ds = ds_buf.get(static_cast<size_t>(kBr * kBc));
-      acc_a.get(static_cast<size_t>(std::max(kBc, kBr) * p.Dp));
+      pz = pz_buf.get(static_cast<size_t>(p.Br * kBc));
+      ds = ds_buf.get(static_cast<size_t>(p.Br * kBc));
+      acc_a.get(static_cast<size_t>(std::max(kBc, p.Br) * p.Dp));
       acc_b.get(static_cast<size_t>(kBc * p.Dp));
       if (whole_groups) dq_buf.get(static_cast<size_t>(p.group * p.Tq_pad * p.Dp));
     }
@@ -1465,8 +1498,8 @@ void backward_blocks(const Plan& p, const float* q, const float* k, const float*
     if (new_group) ws.group.pack(p, q, k, v, d_o, bkv, true);
     Group& group = ws.group;
     float *pz = ws.pz, *ds = ws.ds;
-    float* dq_acc = ws.acc_a.get(static_cast<size_t>(kBr * Dp));
-    const int64_t q0 = qb * kBr, rows = std::min(kBr, dims.Tq - q0);
+    float* dq_acc = ws.acc_a.get(static_cast<size_t>(p.Br * Dp));
+    const int64_t q0 = qb * p.Br, rows = std::min(p.Br, dims.Tq - q0);
     const int64_t key_end = p.key_end(q0 + rows - 1);
     for (int64_t g = 0; g < p.group; ++g) {
       const int64_t bh = p.query_head(bkv, g);
