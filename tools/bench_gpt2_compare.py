@@ -277,7 +277,9 @@ def main():
                   f"{r['torch_tps']:.1f} | {r['torch_autocast_tps']:.1f} | {r['qkv_bf16_tps'] / best:.2f}× |")
     isa = ("AVX2 + FMA alone (--avx2: qkv's AVX2 build, OpenBLAS's Haswell kernels, PyTorch's AVX2 kernels); the "
            "AVX2 FMA loop" if args.avx2 else "the faster of AVX2 and AVX-512 FMA loops")
-    print(f"\nFMA peak measured by qkv_train_profile: {rows[0]['peak']:.0f} GFLOP/s on 1 thread "
+    peaks = ", ".join(f"{r['peak']:.0f} GFLOP/s on {r['threads']} thread{'s' if r['threads'] > 1 else ''}"
+                      for r in {r['threads']: r for r in rows}.values())
+    print(f"\nFMA peak measured by qkv_train_profile: {peaks} "
           f"({isa}); model FLOPs per token = 6N + 12·L·C·T, N without the lookup tables. \"Its GEMMs alone\": "
           f"the step's matrix products timed on their own (qkv_train_profile), the most a step could reach here; \"at most\": "
           f"qkv / PyTorch if qkv's step took only that time (PyTorch's GEMMs are the same OpenBLAS's).")
