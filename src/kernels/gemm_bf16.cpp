@@ -88,8 +88,7 @@ void gemv_row(int64_t n, int64_t K, float alpha, const uint16_t* a, const uint16
   };
   int64_t k = 0;
   for (; k + 64 <= K; k += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(row + k + kPrefetchAhead), _MM_HINT_T0);  // a hint: never faults
-    _mm_prefetch(reinterpret_cast<const char*>(row + k + kPrefetchAhead + 32), _MM_HINT_T0);
+    simd::prefetch(row + k + kPrefetchAhead, 64 * sizeof(uint16_t));  // the two lines 8 KiB on
     step(acc0, k);
     step(acc1, k + 32);
   }
