@@ -13,8 +13,8 @@ bible -l 0 "gen1:1-gen11:32" > "$work/text.txt"
 /usr/bin/python3 "$src/tools/kjv_testament.py" --out "$work/kjv" --train 64 --val 16 --test 40 --seed 5
 common="--train $work/kjv/train.csv --val $work/kjv/val.csv --test $work/kjv/test.csv --epochs 2 --batch-size 8 --lr 2e-3"
 "$qkv" finetune classify --checkpoint "$work/base.pth" --n-heads 2 --tokenizer bytes $common --trainable all --out "$work/full" >/dev/null
-/usr/bin/python3 "$src/tools/finetune_reference.py" --check-written "$work/full" --test "$work/kjv/test.csv"
 "$qkv" finetune classify --checkpoint "$work/base.pth" --n-heads 2 --tokenizer bytes $common --lora-rank 4 --lora-alpha 8 \
   --pooling last-real --out "$work/lora" >/dev/null
-/usr/bin/python3 "$src/tools/finetune_reference.py" --check-written "$work/lora" --test "$work/kjv/test.csv" \
-  --base "$work/base.pth" --adapter "$work/lora"
+# Both folders in one Python process: importing torch costs more than checking them.
+/usr/bin/python3 "$src/tools/finetune_reference.py" --check-written "$work/full" --check-written "$work/lora" \
+  --test "$work/kjv/test.csv" --base "$work/base.pth" --adapter "$work/lora"

@@ -17,7 +17,7 @@ torch.manual_seed(123):
               three AdamW steps of full fine-tuning on its batch;
   randperm    torch.randperm(12, generator=torch.Generator().manual_seed(123)).
 
-  /usr/bin/python3 tools/finetune_reference.py --check-written DIR --test TEST.csv [--base BASE.pth --adapter ADIR]
+  /usr/bin/python3 tools/finetune_reference.py --check-written DIR [--check-written DIR2 …] --test TEST.csv [--base BASE.pth --adapter ADIR]
 
 checks what qkv finetune classify wrote for a byte-level model: DIR/model.pth loads (weights_only, strict) into the book's
 GPTModel built from DIR/config.json with model.out_head = torch.nn.Linear(emb_dim, classes), and classifying TEST.csv
@@ -245,8 +245,7 @@ def classify_texts(model, texts, max_length, pad_id, pooling):
     return torch.stack(rows)
 
 
-def check_written(args):
-    directory = args.check_written
+def check_written(args, directory):
     cfg = json.load(open(os.path.join(directory, "config.json")))
     metrics = json.load(open(os.path.join(directory, "metrics.json")))
     labels = metrics["labels"]
@@ -263,7 +262,7 @@ def check_written(args):
     reported = metrics["test"]["accuracy"]
     print(f"PyTorch's accuracy on {len(texts)} test texts: {accuracy:.4f}; qkv reported {reported:.4f}")
     assert abs(accuracy - reported) <= 1.0 / len(texts) + 1e-9, "the accuracies differ"
-    if args.adapter:
+    if args.adapter and os.path.samefile(args.adapter, directory):
         config = json.load(open(os.path.join(args.adapter, "adapter_config.json")))
         weights = read_safetensors(os.path.join(args.adapter, "adapter_model.safetensors"))
         base = GPTModel(cfg)
@@ -293,14 +292,16 @@ def check_written(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
-    parser.add_argument("--check-written")
+    # Several folders in one run (importing torch takes seconds): --adapter names the one whose adapter is checked too.
+    parser.add_argument("--check-written", action="append")
     parser.add_argument("--test")
     parser.add_argument("--base")
     parser.add_argument("--adapter")
     args = parser.parse_args()
     if args.check_written:
         torch.set_num_threads(1)
-        check_written(args)
+        for directory in args.check_written:
+            check_written(args, directory)
         return
     torch.set_num_threads(1)
     out = {}
