@@ -77,7 +77,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
     if (b[i].second.to_vector() != want) throw IoError(options.output + ": " + a[i].first + " did not read back as written");
   }
   std::fprintf(stderr, "qkv convert: %s (%s folder) → %s (%s, %d tokenizer file%s); read back, every parameter %s\n",
-               options.input.c_str(), model->config.family.c_str(), options.output.c_str(), options.dtype.c_str(), copied,
+               options.input.c_str(), model->config.family->name.c_str(), options.output.c_str(), options.dtype.c_str(), copied,
                copied == 1 ? "" : "s", dtype == nn::HfDType::BF16 ? "its bf16 rounding" : "identical");
   return 0;
 }

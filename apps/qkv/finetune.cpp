@@ -81,7 +81,7 @@ train::PeftAdapter adapter_description(const ModelOptions& m, const train::LoraO
 // GPTModel(cfg) needs, and what qkv classify reads back.
 void write_book_config(const std::string& dir, nn::LanguageModel& model) {
   const auto* decoder = dynamic_cast<const nn::Decoder*>(&model);
-  if (!decoder || decoder->config.family != "gpt2") return;
+  if (!decoder || decoder->config.family->naming != nn::Naming::Book) return;
   const nn::GPTConfig c = nn::GPTConfig::of(decoder->config);
   const nlohmann::ordered_json config = {{"vocab_size", c.vocab_size}, {"context_length", c.context_length},
                                          {"emb_dim", c.emb_dim}, {"n_heads", c.n_heads}, {"n_layers", c.n_layers},

@@ -35,7 +35,7 @@ LoadedModel load_folder(const ModelOptions& options) {
   } else {
     auto decoder = nn::load_hf_decoder(dir, matrices_of(options));
     loaded.stop_ids = decoder->config.eos_token_ids;
-    loaded.description = decoder->config.family + " folder " + dir;
+    loaded.description = decoder->config.family->name + " folder " + dir;
     loaded.model = std::move(decoder);
   }
   if (auto hf = text::HfTokenizer::from_folder(dir)) {
@@ -56,7 +56,7 @@ LoadedModel load_folder(const ModelOptions& options) {
 // the parameters of those names — or, for a head with fewer rows than the vocabulary, kept as a classifier's head.
 void apply_adapter(const std::string& dir, LoadedModel& loaded) {
   const train::PeftAdapter adapter = train::read_peft_adapter(dir);
-  const std::string head = loaded.model->block_prefix(0).rfind("trf_blocks", 0) == 0 ? "out_head" : "score";
+  const std::string head = loaded.model->classifier_head_name();
   try {
     for (const auto& [name, t] : train::apply_peft_adapter(*loaded.model, adapter)) {
       if (name == head + ".weight" && t.rank() == 2 && t.size(1) == loaded.model->hidden_size()) {

@@ -76,22 +76,23 @@ std::string with_commas(int64_t n) {
 
 namespace {
 
-// The module-name patterns of a preset, covering the book's names and Hugging Face's.
-std::vector<std::string> target_patterns(const std::vector<std::string>& targets) {
-  std::vector<std::string> out;
+// The roles a preset chooses (module.hpp's LoraRoleBits), or 0 when `target` is a name pattern instead.
+constexpr unsigned kLoraQkv = nn::kLoraQuery | nn::kLoraKey | nn::kLoraValue;
+unsigned preset_roles(const std::string& target) {
+  if (target == "all") return ~0u;
+  if (target == "qkv") return kLoraQkv;
+  if (target == "attention") return kLoraQkv | nn::kLoraOutput;
+  if (target == "mlp") return nn::kLoraGate | nn::kLoraUp | nn::kLoraDown;
+  return 0;
+}
+
+// Whether `site` is one of `targets`: a preset by the roles the site projects to, anything else a name pattern.
+bool targeted(const std::vector<std::string>& targets, const nn::LoraSite& site) {
   for (const std::string& t : targets) {
-    if (t == "all") {
-      out.push_back("*");
-    } else if (t == "attention" || t == "qkv") {
-      for (const char* p : {"*W_query", "*W_key", "*W_value", "*q_proj", "*k_proj", "*v_proj"}) out.push_back(p);
-      if (t == "attention") for (const char* p : {"*out_proj", "*o_proj"}) out.push_back(p);
-    } else if (t == "mlp") {
-      for (const char* p : {"*ff.layers.0", "*ff.layers.2", "*gate_proj", "*up_proj", "*down_proj"}) out.push_back(p);
-    } else {
-      out.push_back(t);
-    }
+    const unsigned roles = preset_roles(t);
+    if (roles == ~0u || (roles ? (site.roles & roles) != 0 : name_matches(t, site.name))) return true;
   }
-  return out;
+  return false;
 }
 
 bool matches_any(const std::vector<std::string>& patterns, const std::string& name) {
@@ -104,10 +105,9 @@ std::vector<std::string> add_lora(nn::Module& model, const LoraOptions& options,
                                   const std::vector<std::string>& exclude) {
   if (options.rank < 1) throw ValueError("LoRA: the rank must be at least 1, got " + std::to_string(options.rank));
   const double alpha = options.alpha > 0 ? options.alpha : static_cast<double>(options.rank);
-  const std::vector<std::string> patterns = target_patterns(options.targets);
   std::vector<nn::LoraSite> chosen, all = model.lora_sites();
   for (auto& site : all)
-    if (matches_any(patterns, site.name) && !matches_any(exclude, site.name)) chosen.push_back(site);
+    if (targeted(options.targets, site) && !matches_any(exclude, site.name)) chosen.push_back(site);
   if (chosen.empty()) {
     std::vector<std::string> names;
     for (auto& site : all) names.push_back(site.name);
@@ -343,9 +343,7 @@ Tensor SequenceClassifier::batch_logits(const ClassificationSplit& data, std::sp
   return head(gather_tokens(base.hidden_from(x, cache_layer_), positions));
 }
 
-std::string SequenceClassifier::head_name() const {
-  return base.block_prefix(0).rfind("trf_blocks", 0) == 0 ? "out_head" : "score";
-}
+std::string SequenceClassifier::head_name() const { return base.classifier_head_name(); }
 
 std::vector<std::pair<std::string, Tensor>> SequenceClassifier::trainable_parameters() {
   auto out = base.named_trainable_parameters();
