@@ -549,6 +549,12 @@ Tensor& Decoder::parameter(const DecoderConfig::Parameter& entry) {
   }
 }
 
+int64_t Decoder::rotation_switch() const {
+  for (const auto& r : config.ropes)
+    if (r.scaling == RopeFrequencies::Scaling::LongRope) return static_cast<int64_t>(r.original_max_position_embeddings);
+  return 0;
+}
+
 Tensor Decoder::part(const DecoderConfig::Part& part, int64_t layer) const {
   return const_cast<Decoder*>(this)->parameter(part.role, layer);
 }
@@ -665,7 +671,8 @@ Tensor group_product(const Tensor& x, const DecoderBlock& b, const DecoderBlock:
 }
 }  // namespace
 
-Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record) const {
+Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
+                       AttentionStep::Record* record) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
   const int64_t H = config.num_heads, H_kv = config.num_kv_heads, T = x.size(1);
@@ -689,7 +696,7 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
   Tensor context;
   if (!cache && !record && config.qk_norm == QkNorm::None) {
     // Training and plain inference: rotated in place of a copy and read by the kernel with strides.
-    if (rotate) packed = rope(packed, rope_table(layer.rope, position + T), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
+    if (rotate) packed = rope(packed, rope_table(layer.rope, extent), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
     context = scaled_dot_product_attention(packed, attention);
   } else {
     Tensor q = narrow(packed, 0, Q), k = narrow(packed, Q, KV), v = narrow(packed, Q + KV, KV);
@@ -701,7 +708,7 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
       k = rms_norm(k, b[Role::KeyNorm], eps, norm_offset);
     }
     if (rotate) {
-      const auto table = rope_table(layer.rope, position + T);
+      const auto table = rope_table(layer.rope, extent);
       q = rope(q, table, config.rope_layout, H, position);
       k = rope(k, table, config.rope_layout, H_kv, position);
     }
@@ -745,11 +752,12 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
 //   Pre       h = x + attn(norm(x));            out = h + mlp(norm(h))
 //   Sandwich  h = x + norm(attn(norm(x)));      out = h + norm(mlp(norm(h)))
 //   Post      h = x + norm(attn(x));            out = h + norm(mlp(h))
-Tensor Decoder::block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache,
-                              AttentionStep::Record* record) const {
+Tensor Decoder::block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
+                              int64_t extent) const {
   const DecoderBlock& b = blocks[i];
   const bool before = config.placement != NormPlacement::Post, after = config.placement != NormPlacement::Pre;
-  Tensor a = attend(i, before ? norm(x, b[Role::AttnNorm], b[Role::AttnNormBias]) : x, position, cache, record);
+  if (extent <= 0) extent = position + x.size(1);
+  Tensor a = attend(i, before ? norm(x, b[Role::AttnNorm], b[Role::AttnNormBias]) : x, position, extent, cache, record);
   if (after) a = norm(a, b[Role::PostAttnNorm], Tensor());
   const Tensor h = add(x, hashed_dropout(a, config.drop_rate, is_training(), *gen_));
   Tensor m = mlp(b, before ? norm(h, b[Role::MlpNorm], b[Role::MlpNormBias]) : h);
@@ -857,6 +865,7 @@ Tensor Decoder::forward_cached(std::span<const int64_t> ids, int64_t batch, int6
                      std::to_string(cache.capacity) + " positions; make the cache for more tokens");
   }
   Tensor x;
+  const int64_t extent = cache.length + tokens;
   for (int64_t t0 = 0; t0 < tokens; t0 += kCacheChunk) {
     const int64_t n = std::min(kCacheChunk, tokens - t0);
     std::vector<int64_t> chunk;
@@ -864,7 +873,8 @@ Tensor Decoder::forward_cached(std::span<const int64_t> ids, int64_t batch, int6
     for (int64_t b = 0; b < batch; ++b)
       chunk.insert(chunk.end(), ids.begin() + b * tokens + t0, ids.begin() + b * tokens + t0 + n);
     x = embed(chunk, batch, n, cache.length);
-    for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x, cache.length, &cache, nullptr);
+    // The rotation is chosen for the whole call (LongRoPE's factors by its last position), not chunk by chunk.
+    for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x, cache.length, &cache, nullptr, extent);
     cache.length += n;
   }
   return logits(norm(select_token(x, x.size(1) - 1), final_norm, final_norm_bias));

@@ -163,7 +163,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float offset =
 // SiLU (swish): x·σ(x), the gate of SwiGLU.
 Tensor silu(const Tensor& x);
 // Rotary position embeddings on x (B, T, H·D): token t of every batch row is at position `position + t`, and each of
-// its first `rotated_heads` heads (0: all H) is rotated as kernels::rope_apply says; the others pass unchanged (so a
+// its first `rotated_heads` heads (0: all H) is rotated as kernels::rope_apply says (its first 2·table.P values: all D,
+// or fewer for a partial rotation); the others pass unchanged (so a
 // packed (B, T, (H + 2·H_kv)·D) projection rotates its q and k heads and keeps v). The table must hold position + T
 // positions (ShapeError otherwise). Backward: the inverse rotation of the gradient.
 Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, kernels::RopeLayout layout,

@@ -166,6 +166,7 @@ class Decoder : public LanguageModel {
   std::string final_norm_prefix() const override;
   std::string head_prefix() const override;
   std::string classifier_head_name() const override { return config.family->classifier_head; }
+  int64_t rotation_switch() const override;
 
   // the rows of the token table
   int64_t vocab_size() const override { return config.vocab_size; }
@@ -220,9 +221,12 @@ class Decoder : public LanguageModel {
   Decoder(const DecoderConfig& config, Generator* gen, bool fill = true);
   Tensor embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const;
   Tensor norm(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
-  Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache,
-                       AttentionStep::Record* record) const;
-  Tensor attend(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record) const;
+  // One block on x (B, T, C) at positions [position, position + T); `extent` is the end of the call's positions (0:
+  // position + T), which picks the rotation where it depends on the length (LongRoPE).
+  Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
+                       int64_t extent = 0) const;
+  Tensor attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
+                AttentionStep::Record* record) const;
   Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,

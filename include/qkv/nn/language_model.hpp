@@ -69,6 +69,10 @@ class LanguageModel : public Module {
   // `tokens` new ids per row at positions cache.length…, returns the logits of the last new position (B, vocab).
   // ShapeError when the cache would overflow.
   virtual KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const = 0;
+  // A length past which the rotation of every position changes (LongRoPE's original context, Phi-3), or 0: keys
+  // cached before a sequence grows past it are stale, so generation encodes the whole sequence again once when it
+  // crosses it, as transformers' generate does.
+  virtual int64_t rotation_switch() const { return 0; }
   virtual Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const = 0;
 };
 
