@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "qkv/core/error.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/gguf.hpp"
+#include "helpers.hpp"
 
 namespace qkv::test {
 namespace {
@@ -503,6 +505,108 @@ TEST(Gguf, RequireTypesNamesTheTensorAndItsType) {
   }
   const GgmlType all[] = {GgmlType::IQ2_XXS};
   EXPECT_NO_THROW(file.require_types(all));
+  std::filesystem::remove(path);
+}
+
+// A metadata value as node-llama-cpp's parser gives it in JSON: 64-bit integers as decimal strings (BigInt),
+// narrower integers and floats as numbers, arrays as arrays.
+nlohmann::json as_js(const GgufValue& v) {
+  if (v.is_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    if (v.element_type() == GgufType::Array) {
+      for (const GgufValue& item : v.as_arrays()) out.push_back(as_js(item));
+      return out;
+    }
+    if (v.element_type() == GgufType::String) return v.as_strings();
+    // A fixed-size array: each element as its own scalar.
+    const size_t step = v.raw().size() / std::max<uint64_t>(v.size(), 1);
+    for (uint64_t i = 0; i < v.size(); ++i) {
+      Builder one;
+      one.str("k").u32(static_cast<uint32_t>(v.element_type()));
+      one.b.insert(one.b.end(), v.raw().begin() + static_cast<std::ptrdiff_t>(i * step),
+                   v.raw().begin() + static_cast<std::ptrdiff_t>((i + 1) * step));
+      Builder file;
+      file.header(0, 1).b.insert(file.b.end(), one.b.begin(), one.b.end());
+      out.push_back(as_js(GgufFile::parse(file.b).value("k")));
+    }
+    return out;
+  }
+  switch (v.type()) {
+    case GgufType::String: return v.as_string();
+    case GgufType::Bool: return v.as_bool();
+    case GgufType::F32: case GgufType::F64: return v.as_double();
+    case GgufType::U64: return std::to_string(v.as_uint64());
+    case GgufType::I64: return std::to_string(v.as_int64());
+    default: return v.as_int64();
+  }
+}
+
+// llama.cpp's npm package (node-llama-cpp, its JS GGUF parser) reads the metadata and tensor table qkv writes.
+// Needs node-llama-cpp in QKV_NODE_LLAMA_CPP (a node_modules folder) or .cache/node/node_modules.
+TEST(Gguf, NodeLlamaCppReadsWhatQkvWrites) {
+  const char* env = std::getenv("QKV_NODE_LLAMA_CPP");
+  const std::string modules = env ? env : QKV_NODE_MODULES;
+  if (!std::filesystem::exists(modules + "/node-llama-cpp/package.json"))
+    GTEST_SKIP() << "node-llama-cpp is not in " << modules << " (npm install node-llama-cpp@3.22.1 there, or set QKV_NODE_LLAMA_CPP)";
+  const std::vector<float> scores = {0.f, -1.5f, -2.25f};
+  const std::vector<std::pair<std::string, GgufValue>> metadata = {
+      {"general.architecture", GgufValue::string("llama")},
+      {"general.alignment", GgufValue::u32(64)},
+      {"general.name", GgufValue::string("qkv \xe2\x9c\x93 \"test\"")},
+      {"llama.block_count", GgufValue::u32(2)},
+      {"llama.rope.freq_base", GgufValue::f32(500000.f)},
+      {"llama.attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f)},
+      {"t.u8", GgufValue::u8(255)},
+      {"t.i8", GgufValue::i8(-128)},
+      {"t.u16", GgufValue::u16(65535)},
+      {"t.i16", GgufValue::i16(-32768)},
+      {"t.i32", GgufValue::i32(-7)},
+      {"t.u64", GgufValue::u64(18446744073709551615ull)},
+      {"t.i64", GgufValue::i64(-9223372036854775807ll)},
+      {"t.f64", GgufValue::f64(0.1)},
+      {"t.bool", GgufValue::boolean(false)},
+      {"tokenizer.ggml.tokens", GgufValue::strings({"<s>", "\xc4\xa0the", ""})},
+      {"tokenizer.ggml.scores", GgufValue::f32s(scores)},
+      {"tokenizer.ggml.token_type", GgufValue::i32s(std::vector<int32_t>{3, 1, 1})},
+      {"a.u64", GgufValue::u64s(std::vector<uint64_t>{0, 1ull << 63})},
+      {"a.bool", GgufValue::booleans({true, false})},
+      {"a.nested", GgufValue::arrays({GgufValue::i16s(std::vector<int16_t>{-1, 2}), GgufValue::strings({"x"}),
+                                      GgufValue::empty_array(GgufType::F32)})},
+  };
+  std::vector<std::byte> f32(4 * 64 * 2), f16(2 * 64), q8(34 * 2 * 3), q4k(144 * 2), q6k(210);
+  const std::vector<io::GgufTensorData> tensors = {
+      {"token_embd.weight", {64, 2}, GgmlType::F32, f32}, {"output_norm.weight", {64}, GgmlType::F16, f16},
+      {"blk.0.attn_q.weight", {64, 3}, GgmlType::Q8_0, q8}, {"blk.0.ffn_up.weight", {256, 2}, GgmlType::Q4_K, q4k},
+      {"blk.0.ffn_down.weight", {256, 1, 1}, GgmlType::Q6_K, q6k},
+  };
+  const std::string path = scratch("node.gguf");
+  io::save_gguf(path, metadata, tensors);
+  const GgufFile file = GgufFile::open(path);
+
+  const std::string command = "node " + std::string(QKV_FIXTURES) + "/../gguf_llamacpp_info.js " + modules + " " + path + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  const nlohmann::json js = nlohmann::json::parse(out);
+  EXPECT_EQ(js["version"], 3);
+  EXPECT_EQ(js["tensorCount"], tensors.size());
+  EXPECT_EQ(js["dataOffset"], file.data_offset());  // the same alignment of the data section (64 here)
+  ASSERT_EQ(js["metadata"].size(), metadata.size());
+  for (const auto& [key, value] : metadata) {
+    ASSERT_TRUE(js["metadata"].contains(key)) << key;
+    EXPECT_EQ(js["metadata"][key], as_js(value)) << key << ": " << js["metadata"][key].dump();
+  }
+  ASSERT_EQ(js["tensors"].size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = js["tensors"][i];
+    EXPECT_EQ(t["name"], tensors[i].name);
+    EXPECT_EQ(t["dims"].get<std::vector<int64_t>>(), tensors[i].dims);
+    EXPECT_EQ(t["type"], static_cast<uint32_t>(tensors[i].type));
+    EXPECT_EQ(t["offset"], file.tensor(tensors[i].name).offset);
+  }
   std::filesystem::remove(path);
 }
 
