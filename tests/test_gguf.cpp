@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "qkv/core/error.hpp"
@@ -506,6 +507,35 @@ TEST(Gguf, RequireTypesNamesTheTensorAndItsType) {
   const GgmlType all[] = {GgmlType::IQ2_XXS};
   EXPECT_NO_THROW(file.require_types(all));
   std::filesystem::remove(path);
+}
+
+// A file llama.cpp wrote (llama_model_quantize to Q4_K_M of tools/tiny_llama_gguf.cpp's F32 model, through
+// tools/llamacpp.c): qkv reads its metadata and tensor table, and the tensors lie back to back as llama.cpp lays them.
+TEST(Gguf, ReadsAFileLlamaCppQuantized) {
+  const GgufFile file = GgufFile::open(std::string(QKV_FIXTURES) + "/gguf/tiny-llama-q4_k_m.gguf");
+  EXPECT_EQ(file.version(), 3u);
+  EXPECT_EQ(file.string("general.architecture"), "llama");
+  EXPECT_EQ(file.integer("general.file_type"), 15);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  EXPECT_EQ(file.integer("general.quantization_version"), 2);
+  EXPECT_EQ(file.integer("llama.embedding_length"), 64);
+  EXPECT_EQ(file.strings("tokenizer.ggml.tokens").size(), 265u);
+  EXPECT_EQ(file.strings("tokenizer.ggml.tokens")[3 + 0x41], "<0x41>");
+  EXPECT_EQ(file.floats("tokenizer.ggml.scores").size(), 265u);
+  EXPECT_EQ(file.integers("tokenizer.ggml.token_type")[1], 3);
+  ASSERT_EQ(file.tensors().size(), 21u);
+  std::map<std::string, int> types;
+  uint64_t expected_offset = 0;
+  for (const io::GgufTensor& t : file.tensors()) {
+    ++types[io::ggml_type_name(t.type)];
+    EXPECT_EQ(t.offset, expected_offset) << t.name;
+    expected_offset += (t.bytes + 31) / 32 * 32;
+  }
+  // 64 columns are not a multiple of 256: llama.cpp falls back from Q4_K / Q6_K to Q5_0 and Q8_0.
+  EXPECT_EQ(types, (std::map<std::string, int>{{"F32", 5}, {"Q5_0", 13}, {"Q8_0", 3}}));
+  const io::GgufTensor& embedding = file.tensor("token_embd.weight");
+  EXPECT_EQ(embedding.shape(), (std::vector<int64_t>{265, 64}));
+  EXPECT_EQ(file.tensor("blk.1.ffn_down.weight").dims, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(file.data_offset() + expected_offset, file.file_size());
 }
 
 // A metadata value as node-llama-cpp's parser gives it in JSON: 64-bit integers as decimal strings (BigInt),
