@@ -544,7 +544,10 @@ void GgufFile::validate(const std::byte* bytes, size_t size) {
   }
 
   // Metadata.
-  metadata_.reserve(static_cast<size_t>(metadata_count));  // ≤ the bytes left / 14
+  // Reserved up to a bound only: an entry takes ~100 bytes here and 14 in the file, so a count merely checked
+  // against the bytes left (tensor data included) could still ask for several times the file.
+  constexpr uint64_t kReserveAtMost = 4096;
+  metadata_.reserve(static_cast<size_t>(std::min(metadata_count, kReserveAtMost)));
   for (uint64_t i = 0; i < metadata_count; ++i) {
     std::string key = r.read_string("metadata key #" + std::to_string(i), kMaxKeyLength);
     if (key.empty()) r.fail("metadata key #" + std::to_string(i) + " is empty; the file is corrupt");
@@ -565,7 +568,7 @@ void GgufFile::validate(const std::byte* bytes, size_t size) {
   }
 
   // The tensor table.
-  tensors_.reserve(static_cast<size_t>(tensor_count));  // ≤ the bytes left / 25
+  tensors_.reserve(static_cast<size_t>(std::min(tensor_count, kReserveAtMost)));
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensor t;
     t.name = r.read_string("the name of tensor #" + std::to_string(i), kMaxNameLength);
