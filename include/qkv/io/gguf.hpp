@@ -35,7 +35,7 @@ enum class GgmlType : uint32_t {
 // One row of the table of ggml types: a tensor of this type is stored in blocks of `block_size` elements along
 // ne0, each `block_bytes` bytes (F32: 1 element in 4 bytes; Q8_0: 32 in 34; Q4_K: 256 in 144).
 struct GgmlTypeInfo {
-  GgmlType type;
+  GgmlType type;  // its id
   const char* name;  // as llama.cpp prints it: "F32", "Q4_K", "IQ2_XXS"
   int64_t block_size;  // elements per block
   int64_t block_bytes;  // bytes per block
@@ -63,18 +63,18 @@ const char* gguf_type_name(GgufType type);  // "u32", "str", "arr" (ggml's names
 class GgufValue {
  public:
   GgufValue() = default;  // a u8 0
-  static GgufValue u8(uint8_t v);
-  static GgufValue i8(int8_t v);
-  static GgufValue u16(uint16_t v);
-  static GgufValue i16(int16_t v);
-  static GgufValue u32(uint32_t v);
-  static GgufValue i32(int32_t v);
-  static GgufValue f32(float v);
-  static GgufValue boolean(bool v);
-  static GgufValue string(std::string v);
-  static GgufValue u64(uint64_t v);
-  static GgufValue i64(int64_t v);
-  static GgufValue f64(double v);
+  static GgufValue u8(uint8_t v);  // a u8 (type 0)
+  static GgufValue i8(int8_t v);  // an i8 (type 1)
+  static GgufValue u16(uint16_t v);  // a u16 (type 2)
+  static GgufValue i16(int16_t v);  // an i16 (type 3)
+  static GgufValue u32(uint32_t v);  // a u32 (type 4)
+  static GgufValue i32(int32_t v);  // an i32 (type 5)
+  static GgufValue f32(float v);  // an f32 (type 6)
+  static GgufValue boolean(bool v);  // a bool (type 7, one byte: 0 or 1)
+  static GgufValue string(std::string v);  // a str (type 8: u64 length, UTF-8 bytes)
+  static GgufValue u64(uint64_t v);  // a u64 (type 10)
+  static GgufValue i64(int64_t v);  // an i64 (type 11)
+  static GgufValue f64(double v);  // an f64 (type 12)
   // Arrays of numbers, bools, strings; arrays of arrays (each element an array).
   static GgufValue u8s(std::span<const uint8_t> v);
   static GgufValue i8s(std::span<const int8_t> v);
@@ -93,9 +93,9 @@ class GgufValue {
   static GgufValue empty_array(GgufType element);
 
   GgufType type() const { return type_; }  // String, Array, or a number's / bool's type
-  bool is_array() const { return type_ == GgufType::Array; }
+  bool is_array() const { return type_ == GgufType::Array; }  // an arr
   bool is_integer() const;  // any of u8 … i64 (not bool)
-  bool is_float() const { return type_ == GgufType::F32 || type_ == GgufType::F64; }
+  bool is_float() const { return type_ == GgufType::F32 || type_ == GgufType::F64; }  // f32 or f64
   GgufType element_type() const { return element_; }  // an array's element type
   uint64_t size() const;  // an array's length (1 for a scalar)
   std::string type_text() const;  // "u32", "str", "array of str", "array of array"
@@ -146,7 +146,7 @@ struct GgufTensor {
 
   std::vector<int64_t> shape() const;  // PyTorch order: dims reversed ((out, in) for a linear layer's weight)
   int64_t numel() const;  // elements: the product of dims
-  std::span<const std::byte> span() const { return {data, static_cast<size_t>(bytes)}; }
+  std::span<const std::byte> span() const { return {data, static_cast<size_t>(bytes)}; }  // its bytes, in place
 };
 
 // A GGUF file, version 2 or 3, little-endian, mapped and validated. Tensor data are used in place (no copy): the
@@ -160,7 +160,7 @@ struct GgufTensor {
 // its bytes in the file; nothing is sized by a count before that count is checked against the bytes left.
 class GgufFile {
  public:
-  static constexpr uint32_t kDefaultAlignment = 32;
+  static constexpr uint32_t kDefaultAlignment = 32;  // without general.alignment
   // Maps `path` and validates it.
   static GgufFile open(const std::string& path, MapAccess access = MapAccess::Normal);
   // Validates bytes already in memory (kept alive by the returned object); `label` names it in errors.
@@ -170,7 +170,7 @@ class GgufFile {
   uint32_t version() const { return version_; }  // 2 or 3
   uint32_t alignment() const { return alignment_; }  // general.alignment, or 32
   uint64_t data_offset() const { return data_offset_; }  // where the data section starts in the file
-  uint64_t file_size() const { return size_; }
+  uint64_t file_size() const { return size_; }  // bytes
   const MappedFile* mapping() const { return mapped_.get(); }  // the mapping (nullptr when parsed from memory)
 
   // Metadata, in file order.
@@ -229,7 +229,7 @@ class GgufFile {
 // general.alignment that is not a u32 power of two, bytes beyond or short of a tensor's size.
 class GgufWriter {
  public:
-  explicit GgufWriter(std::string path);
+  explicit GgufWriter(std::string path);  // creates path's temporary (AtomicFileWriter); IoError if it cannot
   void add_metadata(std::string key, GgufValue value);  // before the first tensor bytes
   // Declares a tensor: dims in ggml order (ne0 first). Returns its size in bytes.
   uint64_t add_tensor(std::string name, std::vector<int64_t> dims, GgmlType type);
@@ -261,10 +261,10 @@ class GgufWriter {
 
 // One tensor for save_gguf: dims in ggml order, bytes as stored.
 struct GgufTensorData {
-  std::string name;
-  std::vector<int64_t> dims;
-  GgmlType type = GgmlType::F32;
-  std::span<const std::byte> bytes;
+  std::string name;  // ≤ 63 bytes
+  std::vector<int64_t> dims;  // ggml order: ne0 first
+  GgmlType type = GgmlType::F32;  // how `bytes` are stored
+  std::span<const std::byte> bytes;  // exactly the size dims and type take (not owned)
 };
 // Writes a whole GGUF file in one call (GgufWriter underneath).
 void save_gguf(const std::string& path, const std::vector<std::pair<std::string, GgufValue>>& metadata,
