@@ -12,9 +12,9 @@ namespace {
 // Folds a PEFT adapter into the model's weights; its fully trained modules replace theirs. A module the model has no
 // place for (a classifier head) is a usage error naming it.
 void merge_adapter(const std::string& dir, nn::Module& model) {
-  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
+  const nn::PeftAdapter adapter = nn::read_peft_adapter(dir);
   try {
-    const auto rest = train::apply_peft_adapter(model, adapter);
+    const auto rest = nn::apply_peft_adapter(model, adapter);
     if (!rest.empty()) {
       throw ValueError("its " + rest.begin()->first + " " + rest.begin()->second.shape().str() +
                        " has no place in the model (a classifier head: use the model.pth qkv finetune classify wrote)");
@@ -22,7 +22,7 @@ void merge_adapter(const std::string& dir, nn::Module& model) {
   } catch (const ValueError& e) {
     throw UsageError("--merge " + dir + ": " + e.what());
   }
-  train::merge_lora(model);
+  nn::merge_lora(model);
 }
 
 // A book model file with an adapter merged in, written as the book's .pth or safetensors.

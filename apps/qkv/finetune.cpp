@@ -55,23 +55,23 @@ void print_trainable(int64_t before, int64_t after) {
 }
 
 // LoRA on the base model (the vocabulary head excluded), the base frozen; returns the adapted modules.
-std::vector<std::string> apply_lora(nn::LanguageModel& model, const train::LoraOptions& lora, const std::string& targets,
+std::vector<std::string> apply_lora(nn::LanguageModel& model, const nn::LoraOptions& lora, const std::string& targets,
                                     Generator& gen) {
   if (lora.rank <= 0) return {};
-  train::LoraOptions o = lora;
+  nn::LoraOptions o = lora;
   o.targets = split_list(targets);
   if (o.targets.empty()) throw UsageError("--lora-targets is empty; give all, attention, qkv, mlp or module names");
-  train::set_trainable(model, {});
+  nn::set_trainable(model, {});
   std::string head = model.head_prefix();
   head.pop_back();
   try {
-    return train::add_lora(model, o, gen, {head});
+    return nn::add_lora(model, o, gen, {head});
   } catch (const ValueError& e) {
     throw UsageError(e.what());
   }
 }
 
-train::PeftAdapter adapter_description(const ModelOptions& m, const train::LoraOptions& lora, std::vector<std::string> names,
+nn::PeftAdapter adapter_description(const ModelOptions& m, const nn::LoraOptions& lora, std::vector<std::string> names,
                                        std::vector<std::string> saved) {
   return {.rank = lora.rank, .alpha = lora.alpha > 0 ? lora.alpha : static_cast<double>(lora.rank),
           .target_modules = std::move(names), .modules_to_save = std::move(saved), .base_model = m.path()};
@@ -203,7 +203,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
     else if (cmd.trainable == "all") model.for_each_parameter([&](const std::string& name, Tensor&) { patterns.push_back(name); });
     else if (cmd.trainable != "head") patterns = split_list(cmd.trainable);
     try {
-      train::set_trainable(model, patterns);
+      nn::set_trainable(model, patterns);
     } catch (const ValueError& e) {
       throw UsageError(std::string("--trainable: ") + e.what());
     }
@@ -246,8 +246,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   if (o.lora.rank > 0) {
     std::vector<std::pair<std::string, Tensor>> head;
     for (auto& [name, p] : classifier.head.named_parameters()) head.emplace_back(classifier.head_name() + "." + name, p);
-    train::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}), head);
-    train::merge_lora(model);
+    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}), head);
+    nn::merge_lora(model);
   }
   train::save_state_dict_pth(dir + "/model.pth", classifier.state_dict());
   write_book_config(dir, model);
@@ -291,38 +291,19 @@ int run_classify(const ClassifyCommand& cmd) {
   if (m.hint.config.empty() && m.hint.n_heads == 0 && m.adapter.empty() && !fs::is_directory(m.path()) && fs::exists(beside))
     m.hint.config = beside.string();  // qkv finetune writes the book's configuration dict beside model.pth
   LoadedModel loaded = load_model(m);
-  if (!loaded.classifier_weight.defined()) {
-    throw UsageError(loaded.description + " has no classifier head; give the model.pth (or --adapter) that qkv finetune "
-                     "classify wrote");
+  if (!loaded.is_classifier()) {
+    throw UsageError(loaded.description + " has no classifier head; give the folder, model.pth or --adapter that qkv "
+                     "finetune classify wrote");
   }
-  // The labels and how the classifier reads a text, from the metrics.json written beside the model (or the adapter).
-  std::vector<std::string> labels;
-  int64_t length = 0, pad_id = loaded.tokenizer->end_of_text() >= 0 ? loaded.tokenizer->end_of_text() : 0;
-  train::Pooling pooling = train::Pooling::Last;
-  const fs::path where = !cmd.model.adapter.empty() ? fs::path(cmd.model.adapter) : fs::path(cmd.model.path()).parent_path();
-  if (fs::exists(where / "metrics.json")) {
-    try {
-      const auto m = nlohmann::json::parse(text::read_text_file((where / "metrics.json").string(), 1 << 24));
-      labels = m.at("labels").get<std::vector<std::string>>();
-      length = m.at("max_length").get<int64_t>();
-      pad_id = m.at("pad_id").get<int64_t>();
-      pooling = m.at("pooling").get<std::string>() == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
-    } catch (const nlohmann::json::exception& e) {
-      throw IoError((where / "metrics.json").string() + ": " + e.what());
-    }
-  }
-  const int64_t classes = loaded.classifier_weight.size(0);
-  if (labels.size() != static_cast<size_t>(classes)) {
-    labels.clear();
-    for (int64_t c = 0; c < classes; ++c) labels.push_back(std::to_string(c));
-  }
-  // metrics.json is user input too: a length beyond the model's context is cut to it.
-  if (length <= 0 || length > loaded.model->context_length()) length = std::min<int64_t>(loaded.model->context_length(), 1024);
+  // The labels and how the classifier reads a text: from the model's files (nn::ClassifierHead).
+  const nn::ClassifierHead& head = loaded.classifier;
+  const std::vector<std::string>& labels = head.labels;
+  const int64_t classes = head.classes(), length = head.max_length, pad_id = head.pad_id;
+  const train::Pooling pooling = head.last_real ? train::Pooling::LastReal : train::Pooling::Last;
   Generator unused = Generator::drawing_nothing();
-  train::SequenceClassifier classifier(*loaded.model, classes, unused);
-  classifier.head.weight.copy_(loaded.classifier_weight);
-  if (loaded.classifier_bias.defined()) classifier.head.bias.copy_(loaded.classifier_bias);
-  else classifier.head.bias.fill_(0.0f);
+  train::SequenceClassifier classifier(*loaded.model, classes, unused, head.bias.defined());
+  classifier.head.weight.copy_(head.weight);
+  if (head.bias.defined()) classifier.head.bias.copy_(head.bias);
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (const std::string& text : cmd.texts) {
     const Prediction p = classify_one(classifier, *loaded.tokenizer, text, length, pad_id, pooling);
@@ -429,8 +410,8 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   const std::string dir = cmd.out_dir;
   write_text(dir + "/instruction-data-with-response.json", with_responses.dump(4) + "\n");
   if (o.lora.rank > 0) {
-    train::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}), {});
-    train::merge_lora(model);
+    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}), {});
+    nn::merge_lora(model);
   }
   std::vector<std::pair<std::string, Tensor>> state;
   const nn::StateDict sd = model.state_dict();

@@ -66,6 +66,7 @@ constexpr RoleInfo kRoles[kRoleCount] = {
     {Role::UpBias, "up bias", Kind::Bias},
     {Role::Down, "down", Kind::Matrix},
     {Role::DownBias, "down bias", Kind::Bias},
+    {Role::HeadBias, "classifier head bias", Kind::Bias},
 };
 Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
 
@@ -238,6 +239,9 @@ void DecoderConfig::validate() const {
   positive(num_kv_heads, "num_key_value_heads");
   positive(head_dim, "head_dim");
   positive(max_positions, "max_position_embeddings");
+  if (num_labels < 0) invalid("num_labels must not be negative");
+  if (!labels.empty() && static_cast<int64_t>(labels.size()) != num_labels)
+    invalid(std::to_string(labels.size()) + " label names for " + std::to_string(num_labels) + " classes");
   if (num_heads % num_kv_heads != 0) {
     invalid("num_key_value_heads = " + std::to_string(num_kv_heads) + " does not divide num_attention_heads = " +
             std::to_string(num_heads) + " (grouped-query attention shares each K/V head among a whole group)");
@@ -302,13 +306,19 @@ std::vector<DecoderConfig::Parameter> DecoderConfig::layout(Names names) const {
     for (int64_t i = 0; i < num_layers; ++i) book_block(*this, i, out);
     add("final_norm.scale", {C}, Role::FinalNorm);
     add("final_norm.shift", {C}, Role::FinalNormBias);
-    if (!tie_word_embeddings) add("out_head.weight", {V, C}, Role::Head);
+    if (num_labels > 0) {  // the book's chapter 6: out_head = torch.nn.Linear(emb_dim, num_classes)
+      add("out_head.weight", {num_labels, C}, Role::Head);
+      add("out_head.bias", {num_labels}, Role::HeadBias);
+    } else if (!tie_word_embeddings) {
+      add("out_head.weight", {V, C}, Role::Head);
+    }
     return out;
   }
   add("model.embed_tokens.weight", {V, C}, Role::TokenEmbedding);
   for (int64_t i = 0; i < num_layers; ++i) hf_block(*this, i, out);
   add("model.norm.weight", {C}, Role::FinalNorm);
-  if (!tie_word_embeddings) add("lm_head.weight", {V, C}, Role::Head);
+  if (num_labels > 0) add("score.weight", {num_labels, C}, Role::Head);  // *ForSequenceClassification: no bias
+  else if (!tie_word_embeddings) add("lm_head.weight", {V, C}, Role::Head);
   return out;
 }
 
@@ -444,6 +454,7 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
         case Role::FinalNorm: final_norm = registered; break;
         case Role::FinalNormBias: final_norm_bias = registered; break;
         case Role::Head: head = registered; break;
+        case Role::HeadBias: head_bias = registered; break;
         default: break;
       }
       continue;
@@ -461,7 +472,7 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       group->sites.push_back(role);
     }
   }
-  if (c.tie_word_embeddings) {
+  if (c.tie_word_embeddings && c.num_labels == 0) {
     head = tok_emb;
     // The book's GPTModel draws its out_head before tying it: the draws that follow (dropout) stay the same.
     if (book && fill && gen->draws()) {
@@ -512,7 +523,7 @@ std::string Decoder::final_norm_prefix() const {
   return "";
 }
 std::string Decoder::head_prefix() const {
-  const Role role = config.tie_word_embeddings ? Role::TokenEmbedding : Role::Head;
+  const Role role = config.tie_word_embeddings && config.num_labels == 0 ? Role::TokenEmbedding : Role::Head;
   for (const auto& p : config.layout())
     if (p.role() == role) return module_of(p.name);
   return "";
@@ -529,6 +540,7 @@ Tensor& Decoder::parameter(Role role, int64_t layer) {
       case Role::FinalNorm: t = &final_norm; break;
       case Role::FinalNormBias: t = &final_norm_bias; break;
       case Role::Head: t = &head; break;
+      case Role::HeadBias: t = &head_bias; break;
       default: break;
     }
   }
@@ -603,7 +615,7 @@ Tensor Decoder::embed(std::span<const int64_t> ids, int64_t batch, int64_t token
 
 std::vector<Decoder::SparseGradient> Decoder::sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const {
   std::vector<SparseGradient> tables;
-  if (!config.tie_word_embeddings) {
+  if (!config.tie_word_embeddings || config.num_labels > 0) {
     std::vector<int64_t> rows(ids.begin(), ids.end());
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
@@ -788,8 +800,9 @@ Tensor Decoder::hidden_from(const Tensor& residual, int64_t layer) const {
 }
 
 Tensor Decoder::logits(const Tensor& hidden_states) const {
-  const Tensor z = linear(hidden_states, head, Tensor());
-  return config.final_softcap > 0.0 ? soft_cap(z, static_cast<float>(config.final_softcap)) : z;
+  const Tensor z = linear(hidden_states, head, head_bias);
+  // Gemma 2 caps its language-model logits; a classifier's scores are left as they are (as transformers does).
+  return config.final_softcap > 0.0 && !is_classifier() ? soft_cap(z, static_cast<float>(config.final_softcap)) : z;
 }
 
 Tensor Decoder::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
@@ -803,6 +816,9 @@ Tensor Decoder::loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens
     throw ShapeError("Decoder::loss: " + std::to_string(targets.size()) + " targets for " + std::to_string(batch) +
                      " × " + std::to_string(tokens) + " tokens");
   }
+  if (is_classifier())
+    throw ValueError("Decoder::loss: this model is a classifier (" + std::to_string(config.num_labels) +
+                     " classes), not a language model: it has no next-token loss");
   const Tensor h = hidden(ids, batch, tokens, nullptr);
   // Soft-capped logits (Gemma 2) are formed whole; otherwise the head and the loss go together, block by block.
   if (config.final_softcap > 0.0) return cross_entropy(reshape(logits(h), {batch * tokens, config.vocab_size}), targets, ignore_index);

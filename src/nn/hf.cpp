@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
 
@@ -277,6 +278,36 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   };
   c.attn_softcap = cap("attn_logit_softcapping", f.attn_softcap_default);
   c.final_softcap = cap("final_logit_softcapping", f.final_softcap_default);
+  // A *ForSequenceClassification folder: its classes from id2label (or num_labels; transformers' default is 2).
+  if (keys.has("architectures")) {
+    const json& arch = keys.raw("architectures");
+    if (!arch.is_array() || arch.empty() || !arch[0].is_string()) keys.fail("architectures", "must be a list of class names");
+    const std::string name = arch[0].get<std::string>();
+    const std::string suffix = "ForSequenceClassification";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      if (keys.has("id2label")) {
+        const json& names = keys.raw("id2label");
+        if (!names.is_object()) keys.fail("id2label", "must map class ids to names");
+        std::map<int64_t, std::string> by_id;
+        for (const auto& [id, label] : names.items()) {
+          int64_t k = -1;
+          try {
+            k = parse_int(id, "id2label key");
+          } catch (const ValueError&) {
+          }
+          if (k < 0 || k >= static_cast<int64_t>(names.size()) || !label.is_string())
+            keys.fail("id2label", "must map the ids 0 … " + std::to_string(names.size() - 1) + " to names, got " +
+                                      printable(id, 20) + ": " + printable(label.dump(), 40));
+          by_id[k] = label.get<std::string>();
+        }
+        for (auto& [k, label] : by_id) c.labels.push_back(label);
+        c.num_labels = static_cast<int64_t>(c.labels.size());
+      } else {
+        c.num_labels = keys.integer("num_labels", 2);
+      }
+      if (c.num_labels < 1 || c.num_labels > 1000000) keys.fail("id2label", "must name at least one class");
+    }
+  }
 
   // Sliding windows: layer_types when given, else the family's rule.
   std::vector<bool> sliding(static_cast<size_t>(c.num_layers), false);
@@ -348,7 +379,20 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
   if (!j.is_object()) j = json::object();
   const bool fresh = c.source.json.empty();
   j["model_type"] = f.model_types.front();
-  if (fresh || !j.contains("architectures")) j["architectures"] = {f.causal_lm};
+  if (c.num_labels > 0) {  // a classifier: transformers' *ForSequenceClassification reads these
+    j["architectures"] = {f.sequence_classifier};
+    json id2label = json::object(), label2id = json::object();
+    for (int64_t i = 0; i < c.num_labels; ++i) {
+      const std::string name = i < static_cast<int64_t>(c.labels.size()) ? c.labels[static_cast<size_t>(i)]
+                                                                          : "LABEL_" + std::to_string(i);
+      id2label[std::to_string(i)] = name;
+      label2id[name] = i;
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
+  } else if (fresh || !j.contains("architectures")) {
+    j["architectures"] = {f.causal_lm};
+  }
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;

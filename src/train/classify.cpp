@@ -63,8 +63,8 @@ ClassificationSplit make_split(const std::vector<text::LabelledText>& texts, con
   return s;
 }
 
-SequenceClassifier::SequenceClassifier(nn::LanguageModel& base_, int64_t classes, Generator& gen)
-    : base(base_), head(base_.hidden_size(), classes, true, gen) {}
+SequenceClassifier::SequenceClassifier(nn::LanguageModel& base_, int64_t classes, Generator& gen, bool bias)
+    : base(base_), head(base_.hidden_size(), classes, bias, gen) {}
 
 Tensor SequenceClassifier::logits(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                                   std::span<const int64_t> positions) const {

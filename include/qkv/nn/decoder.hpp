@@ -39,8 +39,9 @@ enum class Role {
   TokenEmbedding, PositionEmbedding, FinalNorm, FinalNormBias, Head,
   AttnNorm, AttnNormBias, Query, QueryBias, Key, KeyBias, Value, ValueBias, Output, OutputBias, QueryNorm, KeyNorm,
   PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
+  HeadBias,  // a classifier head's bias (the book's chapter 6 Linear(C, classes))
 };
-inline constexpr int kRoleCount = static_cast<int>(Role::DownBias) + 1;
+inline constexpr int kRoleCount = static_cast<int>(Role::HeadBias) + 1;
 const char* role_name(Role role);  // "query", "gate bias", … for messages
 
 // How a checkpoint's names and layout for a model are chosen:
@@ -78,6 +79,11 @@ struct DecoderConfig {
   std::vector<int64_t> eos_token_ids;            // generation stops at any of them
   int64_t bos_token_id = -1;  // the beginning-of-text token (-1: none)
   int64_t pad_token_id = -1;  // the padding token (-1: none); a classifier pools the last token before it
+  // A sequence classifier (Hugging Face's *ForSequenceClassification, the book's chapter 6): its head maps C to
+  // num_labels scores instead of the vocabulary (score.weight, no bias; the book's out_head with a bias). 0: a
+  // language model.
+  int64_t num_labels = 0;
+  std::vector<std::string> labels;  // the classes' names in id order (config.json's id2label); empty: unnamed
   // The config.json this configuration was read from (empty for a model made here): writing it back keeps its keys
   // and replaces only those qkv knows the value of. Not compared: two configurations are equal when they compute the
   // same.
@@ -215,6 +221,8 @@ class Decoder : public LanguageModel {
 
   const DecoderConfig config;  // what the model was built from
   Tensor tok_emb, pos_emb, final_norm, final_norm_bias, head;  // head is tok_emb when tied
+  Tensor head_bias;  // a classifier head's bias (the book's), else undefined
+  bool is_classifier() const { return config.num_labels > 0; }
   std::vector<DecoderBlock> blocks;  // the blocks' parameters, in order
 
  private:

@@ -62,8 +62,9 @@ int64_t longest_text(const std::vector<text::LabelledText>& texts, const text::T
 // A language model with a classification head read from one position of its hidden states.
 class SequenceClassifier {
  public:
-  // The head Linear(hidden_size, classes) with bias, drawn from `gen` as torch.nn.Linear draws it.
-  SequenceClassifier(nn::LanguageModel& base, int64_t classes, Generator& gen);
+  // The head Linear(hidden_size, classes), drawn from `gen` as torch.nn.Linear draws it: with a bias as the book's
+  // chapter 6, without one as Hugging Face's *ForSequenceClassification (score).
+  SequenceClassifier(nn::LanguageModel& base, int64_t classes, Generator& gen, bool bias = true);
   // Logits (B, classes) of ids (B × T) at `positions` (one per row).
   Tensor logits(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> positions) const;
   // The logits of rows `rows` of `data`, read where `pooling` says; through the prefix cache when it is on.
