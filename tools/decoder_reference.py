@@ -243,8 +243,9 @@ def softcap(x, cap):
     return torch.tanh(x / cap) * cap
 
 
-def forward(c, w, ids):
-    """ids (B, T) → logits (B, T, V), the family's forward pass written out."""
+def forward(c, w, ids, hidden=False):
+    """ids (B, T) → logits (B, T, V), the family's forward pass written out; with hidden, the final norm's output
+    (B, T, C), what a *ForSequenceClassification's score reads."""
     t = c["model_type"]
     gemma, olmo = t in GEMMA, t in OLMO
     B, T = ids.shape
@@ -312,6 +313,8 @@ def forward(c, w, ids):
             m = rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps, False)
         x = x + m
     x = rms_norm(x, w["model.norm.weight"], eps, gemma)
+    if hidden:
+        return x
     head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
     logits = x @ head.t()
     if c.get("final_logit_softcapping"):

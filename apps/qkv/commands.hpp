@@ -145,7 +145,8 @@ struct FinetuneClassifyCommand {
   std::string train_path, val_path, test_path, out_dir;
   text::TableColumns columns;
   train::ClassifierOptions options;
-  std::string trainable = "last-block", pooling = "last", lora_targets = "all";
+  // pooling: last, last-real, or empty: last-real for a Hugging Face folder (as transformers reads), else last
+  std::string trainable = "last-block", pooling, lora_targets = "all";
   int64_t prefix_cache_mib = 2048;
   bool overwrite = false;
   viz::PictureOptions pictures;

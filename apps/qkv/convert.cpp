@@ -5,6 +5,8 @@
 #include "commands.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/nn/hf.hpp"
+#include "qkv/nn/lora.hpp"
+#include "qkv/nn/pretrained.hpp"
 
 namespace qkv::cli {
 
@@ -54,10 +56,26 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   std::error_code same;
   if (fs::equivalent(options.input, options.output, same))
     throw UsageError("the output folder is the input folder; write to another");
-  auto model = nn::load_hf_decoder(options.input);
-  if (!options.merge.empty()) merge_adapter(options.merge, *model);
+  // With --merge: the adapter's pairs folded in; a classifier adapter's head (modules_to_save: score) makes the output
+  // a *ForSequenceClassification folder.
+  nn::PretrainedOptions o;
+  o.adapter = options.merge;
+  std::unique_ptr<nn::Pretrained> loaded;
+  try {
+    loaded = nn::load_pretrained(options.input, o);
+  } catch (const ValueError& e) {
+    throw UsageError("--merge " + options.merge + ": " + e.what());
+  }
+  nn::Decoder* model = loaded->model.get();
+  nn::merge_lora(*model);
   const nn::HfDType dtype = options.dtype == "bf16" ? nn::HfDType::BF16 : nn::HfDType::F32;
-  nn::save_hf_folder(options.output, *model, dtype);
+  const bool new_classifier = loaded->is_classifier() && !model->is_classifier();
+  if (new_classifier) {
+    nn::save_hf_classifier(options.output, *model, loaded->classifier.weight, loaded->classifier.labels,
+                           loaded->classifier.pad_id, "", dtype);
+  } else {
+    nn::save_hf_folder(options.output, *model, dtype);
+  }
   int copied = 0;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
     const fs::path from = fs::path(options.input) / f;
@@ -70,6 +88,11 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   // Read back: every parameter bit for bit (F32), or as its bf16 rounding.
   auto back = nn::load_hf_decoder(options.output);
   auto a = model->named_parameters(), b = back->named_parameters();
+  if (new_classifier) {  // the language-model head gives way to the adapter's classifier head
+    if (!model->config.tie_word_embeddings)
+      std::erase_if(a, [&](const auto& p) { return p.first == model->head_prefix() + "weight"; });
+    a.emplace_back("score.weight", loaded->classifier.weight);
+  }
   for (size_t i = 0; i < a.size(); ++i) {
     std::vector<float> want = a[i].second.to_vector();
     if (dtype == nn::HfDType::BF16)

@@ -15,6 +15,7 @@
 #include "qkv/io/file.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
+#include "qkv/nn/hf.hpp"
 #include "qkv/text/chat_template.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
 #include "qkv/viz/heatmap.hpp"
@@ -33,9 +34,9 @@ void write_text(const std::string& path, const std::string& text) {
 // An output folder that does not clobber a finished run unless told to.
 void prepare_out_dir(const std::string& dir, bool overwrite) {
   if (dir.empty()) throw UsageError("give --out DIR for the fine-tuned model");
-  if (!overwrite && fs::exists(fs::path(dir) / "model.pth")) {
-    throw UsageError(dir + " already holds a fine-tuned model (model.pth); choose another --out or pass --overwrite");
-  }
+  for (const char* file : {"model.pth", "model.safetensors"})
+    if (!overwrite && fs::exists(fs::path(dir) / file))
+      throw UsageError(dir + " already holds a fine-tuned model (" + file + "); choose another --out or pass --overwrite");
   fs::create_directories(dir);
 }
 
@@ -72,9 +73,10 @@ std::vector<std::string> apply_lora(nn::LanguageModel& model, const nn::LoraOpti
 }
 
 nn::PeftAdapter adapter_description(const ModelOptions& m, const nn::LoraOptions& lora, std::vector<std::string> names,
-                                       std::vector<std::string> saved) {
+                                    std::vector<std::string> saved, const char* task) {
   return {.rank = lora.rank, .alpha = lora.alpha > 0 ? lora.alpha : static_cast<double>(lora.rank),
-          .target_modules = std::move(names), .modules_to_save = std::move(saved), .base_model = m.path()};
+          .target_modules = std::move(names), .modules_to_save = std::move(saved), .base_model = m.path(),
+          .task_type = task};
 }
 
 // The book's configuration dict (GPT_CONFIG_124M's keys) beside model.pth, which carries none: what the book's
@@ -163,7 +165,12 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer& tokenizer = *loaded.tokenizer;
   train::ClassifierOptions o = cmd.options;
-  o.pooling = cmd.pooling == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
+  // A Hugging Face folder's classifier is written as transformers' *ForSequenceClassification, which reads the last
+  // token that is not padding; the book's reads the last position (padding included) unless told otherwise.
+  const bool hf_folder = loaded.format == nn::CheckpointFormat::HuggingFaceFolder &&
+                         loaded.model->config.family->naming == nn::Naming::HuggingFace;
+  const std::string pooling = cmd.pooling.empty() ? (hf_folder ? "last-real" : "last") : cmd.pooling;
+  o.pooling = pooling == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
   o.prefix_cache_bytes = cmd.prefix_cache_mib << 20;
   if (o.pad_id < 0) o.pad_id = tokenizer.end_of_text() >= 0 ? tokenizer.end_of_text() : 0;  // GPT-2's is 50256
   if (o.pad_id < 0 || o.pad_id >= model.vocab_size()) throw UsageError("--pad-id " + std::to_string(o.pad_id) + " is outside the vocabulary");
@@ -193,7 +200,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   // The book: torch.manual_seed(123); model.out_head = torch.nn.Linear(emb_dim, num_classes); then freeze.
   const int64_t before = model.trainable_parameter_count();
   Generator gen(o.seed);
-  train::SequenceClassifier classifier(model, classes, gen);
+  train::SequenceClassifier classifier(model, classes, gen, /*bias=*/!hf_folder);  // score has no bias
   std::vector<std::string> adapted;
   if (o.lora.rank > 0) {
     adapted = apply_lora(model, o.lora, cmd.lora_targets, gen);
@@ -246,15 +253,19 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   if (o.lora.rank > 0) {
     std::vector<std::pair<std::string, Tensor>> head;
     for (auto& [name, p] : classifier.head.named_parameters()) head.emplace_back(classifier.head_name() + "." + name, p);
-    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}), head);
+    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}, "SEQ_CLS"), head);
     nn::merge_lora(model);
   }
-  train::save_state_dict_pth(dir + "/model.pth", classifier.state_dict());
-  write_book_config(dir, model);
+  if (hf_folder) {  // a folder transformers' <Family>ForSequenceClassification and qkv classify load as it is
+    nn::save_hf_classifier(dir, *loaded.model, classifier.head.weight, labels, o.pad_id, cmd.model.path());
+  } else {
+    train::save_state_dict_pth(dir + "/model.pth", classifier.state_dict());
+    write_book_config(dir, model);
+  }
   const train::ClassificationSplit& shown = cmd.test_path.empty() ? val_split : test_split;
   const auto confusion = train::confusion_matrix(classifier, shown, o.batch_size, o.pooling, classes);
   nlohmann::ordered_json metrics = {
-      {"labels", labels}, {"pooling", cmd.pooling}, {"max_length", train_split.length}, {"pad_id", o.pad_id},
+      {"labels", labels}, {"pooling", pooling}, {"max_length", train_split.length}, {"pad_id", o.pad_id},
       {"train", {{"accuracy", finite_or_null(tr.accuracy)}, {"loss", finite_or_null(tr.loss)}}},
       {"val", {{"accuracy", finite_or_null(va.accuracy)}, {"loss", finite_or_null(va.loss)}}},
       {"test", cmd.test_path.empty() ? nlohmann::ordered_json(nullptr)
@@ -279,7 +290,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   style.show_values = 1;
   viz::save_heatmap(viz::picture_path(dir + "/confusion", cmd.pictures), counts, style, cmd.pictures);
   const char* ext = viz::picture_extension(cmd.pictures.format);
-  std::printf("Wrote %s/model.pth%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
+  std::printf("Wrote %s/%s%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
+              hf_folder ? "config.json, model.safetensors, tokenizer files" : "model.pth",
               o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "", ext, ext, ext);
   return 0;
 }
@@ -410,7 +422,7 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   const std::string dir = cmd.out_dir;
   write_text(dir + "/instruction-data-with-response.json", with_responses.dump(4) + "\n");
   if (o.lora.rank > 0) {
-    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}), {});
+    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}, "CAUSAL_LM"), {});
     nn::merge_lora(model);
   }
   std::vector<std::pair<std::string, Tensor>> state;

@@ -650,6 +650,39 @@ std::vector<io::TensorData> layout_tensors(Decoder& model, Names names, HfDType 
   return out;
 }
 
+void save_hf_classifier(const std::string& dir_name, Decoder& base, const Tensor& score,
+                        const std::vector<std::string>& labels, int64_t pad_token_id, const std::string& tokenizer_from,
+                        HfDType dtype) {
+  DecoderConfig c = base.config;
+  if (c.family->naming != Naming::HuggingFace)
+    throw ValueError("save_hf_classifier: a " + c.family->name + " model has no Hugging Face classifier folder");
+  c.num_labels = score.size(0);
+  c.labels = labels;
+  c.pad_token_id = pad_token_id;
+  c.validate();
+  const fs::path dir(dir_name);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir, ec)) throw IoError(dir.string() + ": cannot create the folder (" + ec.message() + ")");
+  std::vector<io::TensorData> tensors;
+  for (const auto& p : c.layout()) {
+    const Tensor& t = p.role() == Role::Head ? score : base.parameter(p);
+    tensors.push_back(dtype == HfDType::F32 ? io::TensorData::from_tensor(p.name, t) : io::TensorData::from_tensor_bf16(p.name, t));
+  }
+  io::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const std::string config = decoder_config_to_hf(c, dtype);
+  io::write_file_atomically((dir / "config.json").string(),
+                            std::span(reinterpret_cast<const std::byte*>(config.data()), config.size()));
+  if (tokenizer_from.empty()) return;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path from = fs::path(tokenizer_from) / name;
+    if (fs::exists(from, ec)) {
+      const std::vector<std::byte> bytes = io::read_file(from.string());
+      io::write_file_atomically((dir / name).string(), bytes);
+    }
+  }
+}
+
 std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matrices) {
   const fs::path dir(dir_name);
   const fs::path config_path = dir / "config.json";

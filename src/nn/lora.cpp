@@ -139,7 +139,8 @@ void save_peft_adapter(const std::string& dir, Module& model, const PeftAdapter&
   for (const auto& [name, t] : saved_modules) tensors.emplace_back(kPeftPrefix + name, t);
   io::save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
   nlohmann::ordered_json config = {
-      {"peft_type", "LORA"}, {"task_type", nullptr}, {"base_model_name_or_path", d.base_model},
+      {"peft_type", "LORA"}, {"task_type", d.task_type.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.task_type)},
+      {"base_model_name_or_path", d.base_model},
       {"r", d.rank}, {"lora_alpha", d.alpha}, {"lora_dropout", 0.0}, {"bias", "none"},
       {"fan_in_fan_out", false}, {"inference_mode", true}, {"init_lora_weights", true},
       {"target_modules", d.target_modules}, {"modules_to_save", d.modules_to_save.empty() ? nlohmann::ordered_json(nullptr)
@@ -167,6 +168,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     if (c.contains("target_modules") && c["target_modules"].is_array()) a.target_modules = c["target_modules"].get<std::vector<std::string>>();
     if (c.contains("modules_to_save") && c["modules_to_save"].is_array()) a.modules_to_save = c["modules_to_save"].get<std::vector<std::string>>();
     a.base_model = c.value("base_model_name_or_path", std::string());
+    if (c.contains("task_type") && c["task_type"].is_string()) a.task_type = c["task_type"].get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw IoError(config_path + ": " + e.what());
   }

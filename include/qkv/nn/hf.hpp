@@ -43,6 +43,13 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir, DType matrices 
 // `dir`, created if missing. Files already there are replaced whole, each atomically.
 void save_hf_folder(const std::string& dir, Decoder& model, HfDType dtype = HfDType::F32);
 
+// A classifier fine-tuned from a folder's model, written as transformers' <Family>ForSequenceClassification folder:
+// config.json (the base's, with architectures, id2label/label2id and pad_token_id) and model.safetensors (the base's
+// tensors without its language-model head, and score.weight = `score`, classes × C, no bias). The folder's tokenizer
+// files are copied from `tokenizer_from` when given. ValueError when the base is not a Hugging Face family.
+void save_hf_classifier(const std::string& dir, Decoder& base, const Tensor& score, const std::vector<std::string>& labels,
+                        int64_t pad_token_id, const std::string& tokenizer_from = "", HfDType dtype = HfDType::F32);
+
 // ---- any checkpoint's layout ↔ the model ----
 
 // A checkpoint's tensor by name (nullptr when it has none).

@@ -50,6 +50,7 @@ struct PeftAdapter {
   // the adapted modules' names; the fully trained ones (a new head)
   std::vector<std::string> target_modules, modules_to_save;
   std::string base_model;  // base_model_name_or_path: the model the adapter was trained on
+  std::string task_type;   // PEFT's task: SEQ_CLS for a classifier, CAUSAL_LM for a language model (empty: null)
   std::map<std::string, Tensor> tensors;  // names without the "base_model.model." prefix
 };
 void save_peft_adapter(const std::string& dir, Module& model, const PeftAdapter& description,
