@@ -47,6 +47,7 @@
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
+#include "attention_packs.hpp"
 #include "attention_plan.hpp"
 #include "micro_kernels.hpp"
 #include "simd.hpp"
@@ -58,62 +59,6 @@ using namespace attention_detail;
 namespace {
 
 #ifdef QKV_ATTENTION_BF16
-// Conversions into the products' layouts, rounding to nearest even (VCVTNE2PS2BF16: NaN stays NaN; float32
-// denormals become zero, which at bf16's 8-bit mantissa is below its own rounding error).
-// dst[j] = bf16(src[j] · factor) for j < n, zero for n ≤ j < n_pad.
-void to_bf16_scaled(const float* src, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
-  const __m512 f = _mm512_set1_ps(factor);
-  int64_t j = 0;
-  for (; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + j), f));
-    _mm256_mask_storeu_epi16(dst + j, m, reinterpret_cast<__m256i>(h));
-  }
-  std::fill(dst + n, dst + n_pad, uint16_t{0});
-}
-
-// One pair row: dst[2j] = bf16(r0[j] · factor), dst[2j + 1] = bf16(r1[j] · factor) for j < n (r1 null: zeros),
-// zero pairs for n ≤ j < n_pad.
-// Words 0…15 and 16…31 of a vector of 32 bf16, interleaved: (0, 16, 1, 17, …)
-alignas(64) constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-
-// Stores the 32 bf16 of `both` (values j… of row 0 in its low half, of row 1 in its high half) as pairs at dst + 2j,
-// only the first `left` pairs when fewer than 16 are left.
-void store_pairs(__m512i both, int64_t j, int64_t left, uint16_t* dst) {
-  const __mmask32 keep = left >= 16 ? ~__mmask32(0) : static_cast<__mmask32>((uint64_t{1} << (2 * left)) - 1);
-  _mm512_mask_storeu_epi16(dst + 2 * j, keep, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
-}
-
-void interleave_bf16(const float* r0, const float* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
-  const __m512 f = _mm512_set1_ps(factor);
-  int64_t j = 0;
-  for (; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r0 + j), f);
-    const __m512 x1 = r1 ? _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r1 + j), f) : _mm512_setzero_ps();
-    store_pairs(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0)), j, n - j, dst);  // x0 in the low half
-  }
-  std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
-}
-
-// The same from values already in bf16 (a bf16 KV cache): copied, zero-padded (factor must be 1).
-void to_bf16_scaled(const uint16_t* src, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
-  static_cast<void>(factor);
-  std::copy_n(src, n, dst);
-  std::fill(dst + n, dst + n_pad, uint16_t{0});
-}
-void interleave_bf16(const uint16_t* r0, const uint16_t* r1, int64_t n, int64_t n_pad, float factor, uint16_t* dst) {
-  static_cast<void>(factor);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m256i x0 = _mm256_maskz_loadu_epi16(m, r0 + j);
-    const __m256i x1 = r1 ? _mm256_maskz_loadu_epi16(m, r1 + j) : _mm256_setzero_si256();
-    store_pairs(_mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1), j, n - j, dst);
-  }
-  std::fill(dst + 2 * n, dst + 2 * n_pad, uint16_t{0});
-}
-
 // y[j] = bf16(exp(x[j] − shift)) for lo ≤ j < hi, 0 elsewhere below n; returns the float32 Σ exp (lanes of 16
 // summed in order, then across lanes).
 float exp_to_bf16(const float* x, uint16_t* y, int64_t lo, int64_t hi, int64_t n, float shift) {
@@ -202,50 +147,6 @@ void scale_row(float* x, int64_t n, float factor) {
   for (int64_t j = 0; j < n; ++j) x[j] *= factor;
 }
 
-// A head's rows lie `token` floats apart (H·D in the (B, T, H·D) layout: 3 KiB at GPT-2's shape), a stride the
-// hardware prefetcher does not follow, so a pack waited on every row it read (on AMX, 85% of a bf16 K pack's samples
-// sat on its row loads and the packs were 18% of a forward + backward). The packs ask for the row kRowsAhead rows on.
-constexpr int64_t kRowsAhead = 8;
-template <typename Src>
-[[gnu::always_inline]] inline void prefetch_row(const Src* first, int64_t token, int64_t t, int64_t T, int64_t n) {
-  if (t < T) simd::prefetch(first + t * token, n * static_cast<int64_t>(sizeof(Src)));
-}
-
-// Kᵀ of one head, key block by key block: block j is (D × kBc) contiguous, zero beyond Tk. `first` is the head's
-// token 0 and `token` its token stride. Whole-head (D × Tk) rows would put the D rows a block reads a multiple of
-// 4 KiB apart — one L1 set for all of them. Tokens go 16 at a time: their rows stay in L1 while each of the D output
-// rows gets 16 contiguous floats (a token-by-token loop scatters every token over D lines: measured 2.3 ns per
-// float, 5% of a pass).
-void pack_transposed(const Plan& p, const float* first, int64_t token, float* dst) {
-  constexpr int64_t kTile = 16;
-  const int64_t D = p.dims.D, T = p.dims.Tk;
-  for (int64_t k0 = 0; k0 < p.Tk_pad; k0 += kBc) {
-    float* block = dst + k0 * D;  // (k0 / kBc) · D · kBc
-    const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
-    for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
-      const int64_t n = std::min(kTile, cols - t0);
-      const float* rows[kTile];
-      for (int64_t t = 0; t < n; ++t) rows[t] = first + (k0 + t0 + t) * token;
-      for (int64_t t = 0; t < n; ++t) prefetch_row(first, token, k0 + t0 + kTile + t, T, D);
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t t = 0; t < n; ++t) block[d * kBc + t0 + t] = rows[t][d];
-    }
-    for (int64_t d = 0; d < D; ++d) std::fill(block + d * kBc + cols, block + (d + 1) * kBc, 0.0f);
-  }
-}
-
-// Rows of one head (token 0 at `first`, token stride `token`): (rows_pad × Dp), values · factor, zero in the padding.
-void pack_rows(const Plan& p, const float* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
-               float* dst) {
-  const int64_t D = p.dims.D, ld = p.Dp;
-  for (int64_t t = 0; t < T; ++t) {
-    prefetch_row(first, token, t + kRowsAhead, T, D);
-    scaled_copy(first + t * token, dst + t * ld, D, factor);
-    std::fill(dst + t * ld + D, dst + (t + 1) * ld, 0.0f);
-  }
-  std::fill(dst + T * ld, dst + rows_pad * ld, 0.0f);
-}
-
 // The forward's packs and its two products per (query block × key block), in float32: S = Qs Kᵀ_j from Kᵀ in
 // (D × kBc) blocks, and O += P V_j from V's rows padded to Dp.
 struct ForwardF32 {
@@ -282,52 +183,6 @@ struct ForwardF32 {
 };
 
 #ifdef QKV_ATTENTION_BF16
-// De: D rounded up to a whole pair, the sum length of the products over the head width.
-int64_t pair_width(const Plan& p) { return round_up(p.dims.D, 2); }
-
-// Kᵀ (or Vᵀ) of one head as bf16 pair rows, key block by key block: block j holds De/2 pair rows of kBc words,
-// word (dd, c) = (x[k0 + c][2dd], x[k0 + c][2dd + 1]); zero beyond Tk and D. Tokens go 16 at a time through `tile`.
-template <typename Src>
-void pack_pairs_transposed(const Plan& p, const Src* first, int64_t token, ScratchOf<uint16_t>& tile, uint16_t* dst) {
-  constexpr int64_t kTile = 16;
-  const int64_t D = p.dims.D, T = p.dims.Tk, De = pair_width(p), pairs = De / 2;
-  uint16_t* rows = tile.get(static_cast<size_t>(kTile * De));
-  for (int64_t k0 = 0; k0 < p.Tk_pad; k0 += kBc) {
-    uint16_t* block = dst + k0 * De;
-    const int64_t cols = std::clamp<int64_t>(T - k0, 0, kBc);
-    for (int64_t t0 = 0; t0 < cols; t0 += kTile) {
-      const int64_t n = std::min(kTile, cols - t0);
-      for (int64_t t = 0; t < n; ++t) {
-        prefetch_row(first, token, k0 + t0 + kTile + t, T, D);
-        to_bf16_scaled(first + (k0 + t0 + t) * token, D, De, 1.0f, rows + t * De);  // or copied
-      }
-      // Pair dd of the n tokens: one gather of 16 words (rows past n read row 0 and are not stored).
-      alignas(64) int32_t step[kTile];
-      for (int64_t t = 0; t < kTile; ++t) step[t] = static_cast<int32_t>((t < n ? t : 0) * pairs);
-      const __m512i index = _mm512_load_si512(step);
-      const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
-      for (int64_t dd = 0; dd < pairs; ++dd)
-        _mm512_mask_storeu_epi32(block + 2 * (dd * kBc + t0), keep, _mm512_i32gather_epi32(index, rows + 2 * dd, 4));
-    }
-    for (int64_t dd = 0; dd < pairs; ++dd) std::fill(block + 2 * (dd * kBc + cols), block + 2 * (dd + 1) * kBc, uint16_t{0});
-  }
-}
-
-// Rows of one head as bf16 pair rows of Dp columns: pair row kk = (x[2kk][n], x[2kk + 1][n]) · factor, T tokens,
-// zero up to rows_pad (even).
-template <typename Src>
-void pack_pair_rows(const Plan& p, const Src* first, int64_t token, int64_t T, int64_t rows_pad, float factor,
-                    uint16_t* dst) {
-  for (int64_t t = 0; t < rows_pad; t += 2) {
-    prefetch_row(first, token, t + kRowsAhead, T, p.dims.D);
-    prefetch_row(first, token, t + kRowsAhead + 1, T, p.dims.D);
-    const Src* r0 = t < T ? first + t * token : nullptr;
-    const Src* r1 = t + 1 < T ? first + (t + 1) * token : nullptr;
-    if (r0) interleave_bf16(r0, r1, p.dims.D, p.Dp, factor, dst + t * p.Dp);
-    else std::fill_n(dst + t * p.Dp, 2 * p.Dp, uint16_t{0});
-  }
-}
-
 // The float32 tile (rows × kBc, the first cols_pad columns) as bf16 pair rows over its rows: (rows_even / 2) pair
 // rows of kBc columns.
 void tile_pair_rows(const float* tile, int64_t rows, int64_t cols_pad, uint16_t* dst) {
