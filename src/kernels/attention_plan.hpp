@@ -15,8 +15,8 @@
 // pairs of keys, Qs and dO by pairs of queries) and A is read a pair at a time; P and dS are rounded once per tile.
 // Where the CPU has AMX (amx_bf16_ready), the same packs feed TDPBF16PS tiles: A must then hold k contiguous in its
 // rows, so dV and dK are summed transposed (BackwardBf16).
-// ForwardF32/ForwardBf16 and BackwardF32/BackwardBf16 hold the packs and products; forward_blocks and
-// backward_blocks are written once over them.
+// ForwardF32/ForwardBf16 (attention_forward.cpp) and BackwardF32/BackwardBf16 (attention_backward.cpp) hold the
+// packs and products; forward_blocks and backward_blocks are written once over them.
 //
 // Grouped-query attention: query head h reads K/V head h / group, in place, never copied per query head. A sliding
 // window (and the causal diagonal) bound each row's keys to [key_begin, key_end): blocks wholly outside are skipped,

@@ -1,52 +1,22 @@
-// Fused scaled-dot-product attention, forward and backward, FlashAttention-2 style, on the CPU.
-// Not here: the autograd op that wraps it (core/ops_sdpa.cpp) or the plain materialised path
-// (nn/attention.cpp), which the tests compare this against.
+// The fused attention kernel's forward pass (FlashAttention-2 style), float32 or bf16 products, from float32 K/V
+// or a bf16 KV cache, and the probabilities of one head recomputed from its log-sum-exp. The plan, packs and
+// products it runs on: attention_plan.hpp, attention_packs.hpp, micro_kernels.hpp. Not here: the backward
+// (attention_backward.cpp), the reference (attention_reference.cpp), the autograd op (core/ops_sdpa.cpp).
 //
-// Blocking. Queries go in blocks of Br rows (48; 64 on AMX tiles), keys in blocks of kBc columns. Per (b, h) each
-// thread packs what it streams: Kᵀ in (D × kBc) blocks, V and K row-major padded to Dp = D rounded up to 16
-// columns, Q·scale and dO padded to Dp. Every product is then one shape of GEMM, C (M × N) (+)= A (M × K) ·
-// B (K × N) with B rows of 16 contiguous floats, done by one register-blocked micro-kernel: 6 × 16 (12 AVX2
-// accumulators), or 8 × 32 with AVX-512 (16 accumulators).
-//
-// bf16 products (options.bf16, AVX512_BF16): the same blocks, ownership and softmax, with bf16 operands and float32
-// sums. VDPBF16PS adds a pair of k per lane, so B operands are packed in pair rows (Kᵀ per key block, V and K by
-// pairs of keys, Qs and dO by pairs of queries) and A is read a pair at a time; P and dS are rounded once per tile.
-// Where the CPU has AMX (amx_bf16_ready), the same packs feed TDPBF16PS tiles: A must then hold k contiguous in its
-// rows, so dV and dK are summed transposed (BackwardBf16).
-// ForwardF32/ForwardBf16 and BackwardF32/BackwardBf16 hold the packs and products; forward_blocks and
-// backward_blocks are written once over them.
-//
-// Forward, per query block (thread-owned):
+// Per query block (thread-owned):
 //   S = Qs Kᵀ_j (Br × Bc);  m' = max(m, rowmax S);  P = exp(S − m');  l = l·e^(m−m') + rowsum P
 //   O = O·e^(m−m') + (P ∘ Z) V_j           (Z: dropout keep / (1 − p), or 1)
 //   finally O /= l and lse = m + log l.
-// Backward: with Di = rowsum(dO ∘ O), P = exp(S − lse), G = dO Vᵀ_j, dS = P ∘ (G ∘ Z − Di).
-// Grouped-query attention: the H / H_kv query heads that read one K/V head are one unit of work in the backward, so
-// dK and dV are summed over the group in head order by one owner, and K/V are packed once per group, never copied per
-// query head. A sliding window (and the causal diagonal) bound each row's keys to [key_begin, key_end): blocks wholly
-// outside are skipped; edge tiles are computed and masked.
-//   With at least as many K/V groups as threads, one pass, a whole group per thread: per key block j, each query
-//   block i that sees it gives S and G once, then dV_j += (P∘Z)ᵀ dO_i, dK_j += dSᵀ Qs_i and dQ_i += dS K_j into
-//   the thread's own dQ buffer for the head — five products per tile.
-//   With fewer heads than threads, two passes split a head by blocks, each thread owning what it writes:
-//     pass 1, per key block:   dV_j = Σ_i (P∘Z)ᵀ dO_i,  dK_j = Σ_i dSᵀ Qs_i
-//     pass 2, per query block: dQ_i = scale · Σ_j dS K_j   (S and G recomputed: seven products per tile)
-// Either way no atomics and no reduction across threads: for a given thread count the bits never vary.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <new>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "qkv/kernels/attention.hpp"
-#include "qkv/kernels/convert.hpp"
-#include "qkv/kernels/gemm.hpp"
-#include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/convert.hpp"  // bf16_to_f32
 #include "attention_packs.hpp"
 #include "attention_plan.hpp"
 #include "micro_kernels.hpp"
