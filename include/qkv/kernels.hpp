@@ -11,6 +11,7 @@
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/norms.hpp"
 #include "qkv/kernels/optim.hpp"
 #include "qkv/kernels/rope.hpp"
 #include "qkv/kernels/softmax.hpp"

@@ -1,96 +1,13 @@
-// RMSNorm and SiLU (see qkv/kernels/decoder.hpp), each beside its reference.
+// SiLU (see qkv/kernels/decoder.hpp), beside its reference.
 #include "qkv/kernels/decoder.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include "parallel.hpp"
-#include "qkv/kernels/memory.hpp"
 #include "simd.hpp"
 
 namespace qkv::kernels {
-
-namespace {
-constexpr int64_t kChunkRows = 64;  // reduction chunk for dweight: independent of the thread count
-}  // namespace
-
-// ---- RMSNorm ----
-
-void rms_norm_forward(const float* x, const float* weight, float offset, float* y, float* rstd, int64_t rows, int64_t C,
-                      float eps) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const float ms = simd::lane_sum<float>(C, [&](int64_t c) { return xr[c] * xr[c]; }) / static_cast<float>(C);
-    const float s = 1.0f / std::sqrt(ms + eps);
-    float* yr = y + r * C;
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s * (weight[c] + offset);
-    rstd[r] = s;
-  }
-}
-
-void rms_norm_backward(const float* x, const float* weight, float offset, const float* rstd, const float* dy, float* dx,
-                       float* dweight, int64_t rows, int64_t C, bool accumulate) {
-  if (dx) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * C;
-      const float* gr = dy + r * C;
-      const float s = rstd[r];
-      const float mean_dx =
-          simd::lane_sum<float>(C, [&](int64_t c) { return gr[c] * (weight[c] + offset) * xr[c] * s; }) /
-          static_cast<float>(C);
-      float* dxr = dx + r * C;
-      for (int64_t c = 0; c < C; ++c) {
-        const float xhat = xr[c] * s;
-        dxr[c] = (accumulate ? dxr[c] : 0.0f) + s * (gr[c] * (weight[c] + offset) - xhat * mean_dx);
-      }
-    }
-  }
-  if (!dweight) return;
-  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-  memory::Buffer<float> partial(static_cast<size_t>(chunks * C));
-  std::fill_n(partial.data(), chunks * C, 0.0f);
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-  for (int64_t k = 0; k < chunks; ++k) {
-    float* ps = partial.data() + k * C;
-    for (int64_t r = k * kChunkRows; r < std::min(rows, (k + 1) * kChunkRows); ++r)
-      for (int64_t c = 0; c < C; ++c) ps[c] += dy[r * C + c] * x[r * C + c] * rstd[r];
-  }
-  for (int64_t k = 0; k < chunks; ++k)
-    for (int64_t c = 0; c < C; ++c) dweight[c] += partial[static_cast<size_t>(k * C + c)];
-}
-
-void rms_norm_forward_reference(const float* x, const float* weight, float offset, float* y, int64_t rows, int64_t C,
-                                float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    double ms = 0.0;
-    for (int64_t c = 0; c < C; ++c) ms += static_cast<double>(x[r * C + c]) * x[r * C + c];
-    const double s = 1.0 / std::sqrt(ms / static_cast<double>(C) + eps);
-    for (int64_t c = 0; c < C; ++c)
-      y[r * C + c] = static_cast<float>(x[r * C + c] * s * (static_cast<double>(weight[c]) + offset));
-  }
-}
-
-void rms_norm_backward_reference(const float* x, const float* weight, float offset, const float* dy, float* dx,
-                                 float* dweight, int64_t rows, int64_t C, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    double ms = 0.0;
-    for (int64_t c = 0; c < C; ++c) ms += static_cast<double>(x[r * C + c]) * x[r * C + c];
-    const double s = 1.0 / std::sqrt(ms / static_cast<double>(C) + eps);
-    double mean_dx = 0.0;
-    for (int64_t c = 0; c < C; ++c)
-      mean_dx += static_cast<double>(dy[r * C + c]) * (static_cast<double>(weight[c]) + offset) * x[r * C + c] * s;
-    mean_dx /= static_cast<double>(C);
-    for (int64_t c = 0; c < C; ++c) {
-      const double xhat = x[r * C + c] * s;
-      if (dx)
-        dx[r * C + c] += static_cast<float>(
-            s * (static_cast<double>(dy[r * C + c]) * (static_cast<double>(weight[c]) + offset) - xhat * mean_dx));
-      if (dweight) dweight[c] += static_cast<float>(dy[r * C + c] * xhat);
-    }
-  }
-}
 
 // ---- SiLU ----
 

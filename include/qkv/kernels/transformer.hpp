@@ -1,25 +1,10 @@
-// The pieces of a GPT block besides attention and the GEMMs: layer norm, embedding lookup and GELU, each as a
-// forward/backward pair beside a double-precision scalar reference. Rows run in parallel; sums over rows go
-// through fixed chunks added in order, so results do not depend on the thread count.
+// The pieces of a GPT block besides attention, the GEMMs and the norms (norms.hpp): embedding lookup and GELU, each
+// as a forward/backward pair beside a double-precision scalar reference. Results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
 
 namespace qkv::kernels {
-
-// Layer norm over rows of C: x̂ = (x − μ)·rstd, rstd = 1/√(σ² + eps) (σ² biased), y = x̂·scale + shift.
-// mean and rstd (rows) are saved for the backward pass.
-void layer_norm_forward(const float* x, const float* scale, const float* shift, float* y, float* mean, float* rstd,
-                        int64_t rows, int64_t C, float eps);
-// With d = dy·scale (llm.c's derivation): dx += rstd · (d − mean(d) − x̂ · mean(d · x̂)) (dx = … when not
-// accumulate: a fresh gradient needs no zeroing pass); dscale += Σ_rows dy·x̂;  dshift += Σ_rows dy. Any of dx,
-// dscale, dshift may be null.
-void layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dy,
-                         float* dx, float* dscale, float* dshift, int64_t rows, int64_t C, bool accumulate = true);
-void layer_norm_forward_reference(const float* x, const float* scale, const float* shift, float* y, int64_t rows,
-                                  int64_t C, float eps);
-void layer_norm_backward_reference(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
-                                   float* dshift, int64_t rows, int64_t C, float eps);
 
 // y (n, C) = weight[ids[i], :]. Ids must lie in [0, V): the caller checks them.
 void embedding_forward(const float* weight, const int64_t* ids, int64_t n, int64_t C, float* y);
