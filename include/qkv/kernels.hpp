@@ -5,9 +5,9 @@
 // qkv. Calls on disjoint outputs may run concurrently.
 #pragma once
 
+#include "qkv/kernels/activations.hpp"
 #include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/convert.hpp"
-#include "qkv/kernels/decoder.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"

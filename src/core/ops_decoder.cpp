@@ -1,10 +1,10 @@
 // RMSNorm, SiLU and rotary embeddings as differentiable ops: the pieces of Llama-, Qwen- and Gemma-style blocks.
-// Each backward sits under its forward; the loops are kernels (qkv/kernels/norms.hpp, decoder.hpp, rope.hpp).
+// Each backward sits under its forward; the loops are kernels (qkv/kernels/norms.hpp, activations.hpp, rope.hpp).
 #include <string>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
-#include "qkv/kernels/decoder.hpp"
+#include "qkv/kernels/activations.hpp"
 #include "qkv/kernels/norms.hpp"
 #include "qkv/kernels/rope.hpp"
 

@@ -1,5 +1,5 @@
-// The pieces of a GPT block besides attention, the GEMMs and the norms (norms.hpp): embedding lookup and GELU, each
-// as a forward/backward pair beside a double-precision scalar reference. Results do not depend on the thread count.
+// The pieces of a GPT block besides attention, the GEMMs, the norms (norms.hpp) and GELU (activations.hpp): embedding
+// lookup, as a forward/backward pair beside a scalar reference. Results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +14,5 @@ void embedding_forward_bf16(const uint16_t* weight, const int64_t* ids, int64_t 
 // by the thread that owns their id).
 void embedding_backward(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight);
 void embedding_backward_reference(const int64_t* ids, int64_t n, int64_t C, const float* g, float* dweight);
-
-// GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))). gelu_backward adds g · GELU'(x) into dx, or with
-// accumulate false writes it there.
-void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* x, const float* g, float* dx, int64_t n, bool accumulate = true);
-void gelu_reference(const float* x, float* y, int64_t n);
-void gelu_backward_reference(const float* x, const float* g, float* dx, int64_t n);
 
 }  // namespace qkv::kernels
