@@ -9,6 +9,7 @@
 #include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/embedding.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/norms.hpp"
@@ -16,4 +17,3 @@
 #include "qkv/kernels/rope.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/threads.hpp"
-#include "qkv/kernels/transformer.hpp"

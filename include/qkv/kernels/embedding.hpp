@@ -1,5 +1,6 @@
-// The pieces of a GPT block besides attention, the GEMMs, the norms (norms.hpp) and GELU (activations.hpp): embedding
-// lookup, as a forward/backward pair beside a scalar reference. Results do not depend on the thread count.
+// Embedding lookup: token ids to rows of a (V, C) table, float32 or bf16, and the gradient summed back into the table,
+// beside a scalar reference. Results do not depend on the thread count.
+// Not here: the autograd op (core/ops_gpt.cpp), position embeddings that rotate (rope.hpp).
 #pragma once
 
 #include <cstdint>

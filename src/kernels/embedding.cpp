@@ -1,19 +1,12 @@
-// Embedding kernels (see qkv/kernels/transformer.hpp), each beside its reference.
-#include "qkv/kernels/convert.hpp"
-#include "qkv/kernels/memory.hpp"
-#include "qkv/kernels/transformer.hpp"
+// Embedding kernels (see qkv/kernels/embedding.hpp), each beside its reference.
+#include "qkv/kernels/embedding.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <utility>
-#include <vector>
 
 #include "parallel.hpp"
-#include "simd.hpp"
+#include "qkv/kernels/convert.hpp"
 
 namespace qkv::kernels {
-
-// ---- embedding ----
 
 void embedding_forward(const float* weight, const int64_t* ids, int64_t n, int64_t C, float* y) {
 #pragma omp parallel for schedule(static) if (worth_parallel(n * C))
