@@ -60,6 +60,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   // a *ForSequenceClassification folder.
   nn::PretrainedOptions o;
   o.adapter = options.merge;
+  o.tokenizer = false;  // the weights alone: the tokenizer files are copied below
   std::unique_ptr<nn::Pretrained> loaded;
   try {
     loaded = nn::load_pretrained(options.input, o);

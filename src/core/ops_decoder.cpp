@@ -1,9 +1,12 @@
 // RMSNorm, SiLU and rotary embeddings as differentiable ops: the pieces of Llama-, Qwen- and Gemma-style blocks.
-// Each backward sits under its forward; the loops are kernels (qkv/kernels/decoder.hpp).
+// Each backward sits under its forward; the loops are kernels (qkv/kernels/norms.hpp, activations.hpp, rope.hpp).
 #include <string>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/kernels/activations.hpp"
+#include "qkv/kernels/norms.hpp"
+#include "qkv/kernels/rope.hpp"
 
 namespace qkv {
 

@@ -110,7 +110,8 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   m->classifier.labels = opened.labels;
   const bool folder = m->format == CheckpointFormat::HuggingFaceFolder;
   // The tokenizer: a folder's own files, else what the book's file says (GPT-2's BPE or bytes).
-  if (folder) {
+  if (!options.tokenizer) {
+  } else if (folder) {
     if (auto hf = text::HfTokenizer::from_folder(path)) {
       m->chat_template = hf->chat_template();
       if (hf->bos_id() >= 0) m->chat.bos_token = hf->token_content(hf->bos_id());
@@ -127,7 +128,8 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
     m->tokenizer = text::make_tokenizer(opened.tokenizer, options.vocab_dir);
   }
   m->stop_ids = m->model->config.eos_token_ids;
-  if (m->tokenizer->end_of_text() >= 0) m->stop_ids.push_back(m->tokenizer->end_of_text());
+  const int64_t end_of_text = m->tokenizer ? m->tokenizer->end_of_text() : -1;
+  if (end_of_text >= 0) m->stop_ids.push_back(end_of_text);
   if (folder) read_generation_config(path, *m);
   std::sort(m->stop_ids.begin(), m->stop_ids.end());
   m->stop_ids.erase(std::unique(m->stop_ids.begin(), m->stop_ids.end()), m->stop_ids.end());
@@ -137,9 +139,7 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   // (transformers pools the last token that is not padding).
   ClassifierHead& head = m->classifier;
   if (head.weight.defined()) {
-    head.pad_id = m->model->config.pad_token_id >= 0 ? m->model->config.pad_token_id
-                  : m->tokenizer->end_of_text() >= 0  ? m->tokenizer->end_of_text()
-                                                      : 0;
+    head.pad_id = m->model->config.pad_token_id >= 0 ? m->model->config.pad_token_id : end_of_text >= 0 ? end_of_text : 0;
     head.last_real = folder;
     const fs::path beside = !options.adapter.empty() ? fs::path(options.adapter)
                             : folder                  ? fs::path(path)

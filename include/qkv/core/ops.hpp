@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
-#include "qkv/kernels/decoder.hpp"
+#include "qkv/kernels/rope.hpp"
 
 namespace qkv {
 
@@ -152,7 +152,7 @@ Tensor gelu(const Tensor& x);
 
 // ---- today's decoders: RMSNorm, SiLU, rotary embeddings ----
 
-// The rotation's settings and tables, as the kernels define them (qkv/kernels/decoder.hpp).
+// The rotation's settings and tables, as the kernels define them (qkv/kernels/rope.hpp).
 using RopeLayout = kernels::RopeLayout;
 using RopeFrequencies = kernels::RopeFrequencies;
 using RopeTable = kernels::RopeTable;

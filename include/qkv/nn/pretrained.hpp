@@ -26,6 +26,7 @@ struct PretrainedOptions {
   // Matrices held as bfloat16 only (half the memory; inference only): read as such from the file, or — with an
   // adapter — rounded after its update is added in float32.
   DType matrices = DType::F32;
+  bool tokenizer = true;   // false: the weights alone (a conversion needs no tokenizer; Pretrained::tokenizer stays null)
 };
 
 // generation_config.json's defaults (transformers' GenerationConfig), where the folder has one
