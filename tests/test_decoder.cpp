@@ -371,8 +371,8 @@ TEST_F(BadFolder, MalformedConfigIsNamed) {
 }
 
 TEST_F(BadFolder, UnsupportedRopeTypeNamesTheSupportedOnes) {
-  replace("\"llama3\"", "\"yarn\"");
-  EXPECT_TRUE(mentions(error(), {"yarn", "default, linear and llama3"}));
+  replace("\"llama3\"", "\"dynamic\"");
+  EXPECT_TRUE(mentions(error(), {"dynamic", "rope_scaling.rope_type", "default, linear, llama3, yarn and longrope"}));
 }
 
 TEST_F(BadFolder, ShapeThatDisagreesWithTheConfig) {
