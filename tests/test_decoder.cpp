@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
 #include "qkv/io/safetensors.hpp"
@@ -250,6 +251,13 @@ TEST(DecoderCli, ConvertWritesAFolderThatLoadsBack) {
   EXPECT_NE(r.out.find("bf16 rounding"), std::string::npos) << r.out;
   const auto a = nn::load_hf_decoder(folder("gemma3")), b = nn::load_hf_decoder(out.string());
   EXPECT_EQ(a->config, b->config);
+  // config.json says what the tensors are now and keeps the source's keys, adding none of its own.
+  const auto source = nlohmann::json::parse(std::ifstream(folder("gemma3") + "/config.json"));
+  const auto written = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  EXPECT_EQ(written["torch_dtype"], "bfloat16");
+  for (const auto& [key, value] : source.items())
+    if (key != "torch_dtype") EXPECT_EQ(written[key], value) << key;
+  for (const auto& [key, value] : written.items()) EXPECT_TRUE(source.contains(key)) << "added " << key;
   EXPECT_EQ(run_cli("convert " + folder("gemma3") + " " + folder("gemma3") + " --to hf").code, 2);
   EXPECT_EQ(run_cli("convert " + fixture("gpt_tiny.safetensors") + " " + out.string() + " --to hf").code, 2);
   fs::remove_all(out);

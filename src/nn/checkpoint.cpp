@@ -23,6 +23,23 @@ namespace {
 
 [[noreturn]] void fail(const std::string& label, const std::string& problem) { throw IoError(label + ": " + problem); }
 
+// The book's name of the parameter with `role` in `layer` (−1: outside the blocks), from the gpt2 family's layout:
+// what tells a book state dict's configuration from its tensor names.
+std::string book_name(Role role, int64_t layer = -1) {
+  GPTConfig probe{.vocab_size = 2, .context_length = 2, .emb_dim = 2, .n_heads = 1, .n_layers = std::max<int64_t>(layer + 1, 1),
+                  .drop_rate = 0.0, .qkv_bias = true, .tie_weights = false};
+  DecoderConfig c = probe.decoder_config();
+  for (const auto& p : c.layout())
+    if (p.role() == role && p.layer == layer) return p.name;
+  QKV_CHECK(false, std::string("the book's layout has no ") + role_name(role));
+}
+// The book's causal-mask buffer of a block: beside W_query in its attention module ("trf_blocks.3.att.mask").
+std::string module_name(const std::string& parameter) { return parameter.substr(0, parameter.rfind('.') + 1); }
+std::string book_mask_name(int64_t layer) {
+  const std::string q = module_name(book_name(Role::Query, layer));  // "trf_blocks.3.att.W_query."
+  return module_name(q.substr(0, q.size() - 1)) + "mask";
+}
+
 struct Preset {
   const char* name;
   int64_t emb_dim, n_layers, n_heads;
@@ -115,7 +132,8 @@ std::unique_ptr<Decoder> build_book_model(const std::vector<std::pair<std::strin
   std::string unexpected;
   for (const auto& [name, shape] : shapes) {
     if (find_shape(wanted, name)) continue;
-    const bool mask = name.size() > 9 && name.rfind("trf_blocks.", 0) == 0 && name.substr(name.size() - 9) == ".att.mask";
+    bool mask = false;
+    for (int64_t i = 0; i < config.n_layers && !mask; ++i) mask = name == book_mask_name(i);
     if (mask && shape == Shape{config.context_length, config.context_length}) continue;
     unexpected += (unexpected.empty() ? "" : ", ") + name + " " + shape.str();
   }
@@ -182,7 +200,7 @@ CheckpointFormat detect_checkpoint_format(const std::string& path) {
   if (file.metadata().count("format") && file.metadata().at("format").rfind("qkv-gpt-checkpoint", 0) == 0) {
     return CheckpointFormat::QkvCheckpoint;
   }
-  if (file.contains("tok_emb.weight")) return CheckpointFormat::BookSafetensors;
+  if (file.contains(book_name(Role::TokenEmbedding))) return CheckpointFormat::BookSafetensors;
   if (file.contains("wte.weight") || file.contains("transformer.wte.weight")) return CheckpointFormat::HuggingFaceGPT2;
   std::string names;
   for (size_t k = 0; k < file.tensors().size() && k < 5; ++k) names += (k ? ", " : "") + printable(file.tensors()[k].name, 60);
@@ -245,10 +263,11 @@ std::map<std::string, std::string> read_config_hint(const std::string& preset_or
 
 GPTConfig resolve_book_config(const std::vector<std::pair<std::string, Shape>>& shapes, const ConfigHint& hint,
                                   const std::string& label) {
-  const Shape* tok = find_shape(shapes, "tok_emb.weight");
-  const Shape* pos = find_shape(shapes, "pos_emb.weight");
+  const std::string tok_name = book_name(Role::TokenEmbedding), pos_name = book_name(Role::PositionEmbedding);
+  const Shape* tok = find_shape(shapes, tok_name);
+  const Shape* pos = find_shape(shapes, pos_name);
   if (!tok || !pos || tok->rank() != 2 || pos->rank() != 2) {
-    fail(label, "not the book's GPTModel state dict: it needs tok_emb.weight and pos_emb.weight (2-D); it holds " +
+    fail(label, "not the book's GPTModel state dict: it needs " + tok_name + " and " + pos_name + " (2-D); it holds " +
                     names_sample(shapes));
   }
   // What the shapes say.
@@ -257,10 +276,10 @@ GPTConfig resolve_book_config(const std::vector<std::pair<std::string, Shape>>& 
   inferred["emb_dim"] = std::to_string((*tok)[1]);
   inferred["context_length"] = std::to_string((*pos)[0]);
   int64_t layers = 0;
-  while (find_shape(shapes, "trf_blocks." + std::to_string(layers) + ".att.W_query.weight")) ++layers;
+  while (layers < 65536 && find_shape(shapes, book_name(Role::Query, layers))) ++layers;
   inferred["n_layers"] = std::to_string(layers);
-  inferred["qkv_bias"] = find_shape(shapes, "trf_blocks.0.att.W_query.bias") ? "true" : "false";
-  inferred["tie_weights"] = find_shape(shapes, "out_head.weight") ? "false" : "true";
+  inferred["qkv_bias"] = find_shape(shapes, book_name(Role::QueryBias, 0)) ? "true" : "false";
+  inferred["tie_weights"] = find_shape(shapes, book_name(Role::Head)) ? "false" : "true";
   const std::map<std::string, const char*> evidence = {
       {"vocab_size", "tok_emb.weight's rows"}, {"emb_dim", "tok_emb.weight's columns"},
       {"context_length", "pos_emb.weight's rows"}, {"n_layers", "the trf_blocks.N in the file"},
@@ -317,12 +336,13 @@ namespace {
 // goes to the CheckpointModel and the rest is read as a model whose head is tied (none of its own).
 void split_classifier_head(std::vector<std::pair<std::string, Shape>>& shapes, CheckpointModel& out,
                            const std::function<Tensor(const std::string&)>& tensor) {
-  const Shape* emb = find_shape(shapes, "tok_emb.weight");
-  const Shape* head = find_shape(shapes, "out_head.weight");
+  const std::string head_name = book_name(Role::Head), bias_name = module_name(head_name) + "bias";
+  const Shape* emb = find_shape(shapes, book_name(Role::TokenEmbedding));
+  const Shape* head = find_shape(shapes, head_name);
   if (!emb || !head || emb->rank() != 2 || head->rank() != 2 || (*head)[0] == (*emb)[0]) return;
-  out.classifier_weight = tensor("out_head.weight");
-  if (find_shape(shapes, "out_head.bias")) out.classifier_bias = tensor("out_head.bias");
-  std::erase_if(shapes, [](const auto& e) { return e.first == "out_head.weight" || e.first == "out_head.bias"; });
+  out.classifier_weight = tensor(head_name);
+  if (find_shape(shapes, bias_name)) out.classifier_bias = tensor(bias_name);
+  std::erase_if(shapes, [&](const auto& e) { return e.first == head_name || e.first == bias_name; });
 }
 
 }  // namespace
@@ -410,7 +430,7 @@ CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint,
       const io::PyRef root = file.root();
       if (!root.is(io::PyKind::Dict)) fail(path, "holds " + root.describe() + ", not a state dict");
       std::optional<io::PyRef> sd;
-      if (root.get("tok_emb.weight")) sd = root;
+      if (root.get(book_name(Role::TokenEmbedding))) sd = root;
       for (const char* key : {"model_state_dict", "state_dict", "model"})
         if (!sd)
           if (auto v = root.get(key); v && v->is(io::PyKind::Dict)) sd = *v;

@@ -46,7 +46,7 @@ struct RopeFrequencies {
   bool long_context(int64_t positions) const {
     return scaling == Scaling::LongRope && static_cast<double>(positions) > original_max_position_embeddings;
   }
-  bool operator==(const RopeFrequencies&) const = default;
+  bool operator==(const RopeFrequencies&) const = default;  // the same rotation
 };
 
 // cos and sin of t·inv_freq[i] for positions [0, positions), times `scale` (RopeFrequencies::attention_factor):

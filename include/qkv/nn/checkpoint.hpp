@@ -25,6 +25,7 @@
 
 namespace qkv::nn {
 
+// The kinds of file (or folder) a checkpoint path can hold
 enum class CheckpointFormat { QkvCheckpoint, Pth, BookSafetensors, HuggingFaceGPT2, HuggingFaceFolder };
 const char* checkpoint_format_name(CheckpointFormat format);  // "qkv checkpoint", "PyTorch .pth", …
 // What the path holds, from its first bytes and, for safetensors, its tensor names. IoError naming the file and what it

@@ -41,7 +41,7 @@ enum class Role {
   PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
   HeadBias,  // a classifier head's bias (the book's chapter 6 Linear(C, classes))
 };
-inline constexpr int kRoleCount = static_cast<int>(Role::HeadBias) + 1;
+inline constexpr int kRoleCount = static_cast<int>(Role::HeadBias) + 1;  // how many roles there are
 const char* role_name(Role role);  // "query", "gate bias", … for messages
 
 // How a checkpoint's names and layout for a model are chosen:
@@ -88,18 +88,18 @@ struct DecoderConfig {
   // and replaces only those qkv knows the value of. Not compared: two configurations are equal when they compute the
   // same.
   struct Source {
-    std::string json;
-    bool operator==(const Source&) const { return true; }
+    std::string json;                                      // the file's text (empty: none)
+    bool operator==(const Source&) const { return true; }  // always: the source is not compared
   };
-  Source source;
+  Source source;  // the config.json read, kept for writing back
 
   void validate() const;  // ValueError naming the field and what is allowed
 
   // One role's rows of a layout entry: rows [row0, row0 + rows) of its (out, in) matrix (or of a vector)
   struct Part {
-    Role role;
-    int64_t row0 = 0, rows = 0;
-    bool operator==(const Part&) const = default;
+    Role role;                                     // what these rows are
+    int64_t row0 = 0, rows = 0;                    // where they start and how many
+    bool operator==(const Part&) const = default;  // same role, same rows
   };
   // One parameter of a checkpoint: its name, its shape as stored, the roles it holds and how it is stored
   struct Parameter {
@@ -129,10 +129,11 @@ struct DecoderBlock {
   // A group of projections read by one product: the registered tensors covering it, their biases, and each one's
   // site role (where its adapter lives in `lora`)
   struct Group {
-    std::vector<Tensor> weights, biases;
-    std::vector<Role> sites;
+    std::vector<Tensor> weights, biases;  // the registered tensors and their biases (undefined: none)
+    std::vector<Role> sites;              // each tensor's site role
   };
-  Group qkv, gate_up;
+  Group qkv, gate_up;  // q/k/v and gate/up, each read by one product
+  // The weight, or the adapter, of a role
   Tensor& operator[](Role role) { return weights[static_cast<size_t>(role)]; }
   const Tensor& operator[](Role role) const { return weights[static_cast<size_t>(role)]; }
   LoraWeights& adapter(Role role) { return lora[static_cast<size_t>(role)]; }
@@ -222,7 +223,7 @@ class Decoder : public LanguageModel {
   const DecoderConfig config;  // what the model was built from
   Tensor tok_emb, pos_emb, final_norm, final_norm_bias, head;  // head is tok_emb when tied
   Tensor head_bias;  // a classifier head's bias (the book's), else undefined
-  bool is_classifier() const { return config.num_labels > 0; }
+  bool is_classifier() const { return config.num_labels > 0; }  // a sequence classifier (num_labels > 0)
   std::vector<DecoderBlock> blocks;  // the blocks' parameters, in order
 
  private:

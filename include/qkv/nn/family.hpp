@@ -62,8 +62,8 @@ struct Family {
   std::string sequence_classifier;       // … of a classifier: "LlamaForSequenceClassification"
   std::string classifier_head;           // a classifier's head: "score" (Hugging Face), "out_head" (the book)
   std::string gguf_architecture;         // llama.cpp's general.architecture
-  Naming naming = Naming::HuggingFace;
-  Init init = Init::HuggingFace;
+  Naming naming = Naming::HuggingFace;   // how its parameters are named
+  Init init = Init::HuggingFace;         // how a new model of it is initialised
   // The arithmetic this family's config.json implies (each a DecoderConfig field's value for it)
   NormKind norm = NormKind::RMSNorm;
   NormPlacement placement = NormPlacement::Pre;

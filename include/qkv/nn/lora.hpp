@@ -53,6 +53,8 @@ struct PeftAdapter {
   std::string task_type;   // PEFT's task: SEQ_CLS for a classifier, CAUSAL_LM for a language model (empty: null)
   std::map<std::string, Tensor> tensors;  // names without the "base_model.model." prefix
 };
+// Writes the model's adapters as a PEFT folder (adapter_config.json, adapter_model.safetensors) with the fully
+// trained modules (a new head) beside them; IoError when the folder cannot be written.
 void save_peft_adapter(const std::string& dir, Module& model, const PeftAdapter& description,
                        const std::vector<std::pair<std::string, Tensor>>& saved_modules);
 // IoError for a folder that is not a PEFT LoRA adapter (or one qkv cannot apply: another peft_type, dropout in

@@ -32,7 +32,7 @@ struct PretrainedOptions {
 // generation_config.json's defaults (transformers' GenerationConfig), where the folder has one
 struct GenerationDefaults {
   bool do_sample = false;          // sampling (true) or greedy
-  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;  // sampling settings
   int64_t top_k = 0;               // 0: no top-k
   int64_t max_new_tokens = 0;      // 0: the caller's choice
 };
@@ -44,25 +44,25 @@ struct ClassifierHead {
   bool last_real = false;             // pool at the last real token (before padding), else at the last position
   int64_t pad_id = 0;                 // what texts are padded with
   int64_t max_length = 0;             // texts are cut (and padded) to this many tokens; 0: the model's context
-  int64_t classes() const { return weight.defined() ? weight.size(0) : 0; }
+  int64_t classes() const { return weight.defined() ? weight.size(0) : 0; }  // how many classes (0: none)
 };
 
 // The model and what came with it
 struct Pretrained {
   std::unique_ptr<Decoder> model;            // in eval mode
-  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::unique_ptr<text::Tokenizer> tokenizer;  // the model's own (tokenizer.json, the GPT-2 files, …)
   std::string chat_template;                 // the template's Jinja source; empty: none
   text::ChatOptions chat;                    // its bos_token and eos_token
   std::vector<int64_t> stop_ids;             // generation ends at these (the model's EOS ids, end of text)
   int64_t bos_id = -1;                       // the beginning-of-text token (−1: none)
   GenerationDefaults generation;             // generation_config.json's, else transformers' defaults
   ClassifierHead classifier;                 // a fine-tuned classifier's (weight undefined for a language model)
-  CheckpointFormat format = CheckpointFormat::QkvCheckpoint;
+  CheckpointFormat format = CheckpointFormat::QkvCheckpoint;  // what kind of file it was
   std::string path;                          // what it was loaded from
   std::string description;                   // for titles: "qwen3 folder Qwen3-0.6B + adapter lora/"
   int64_t default_context = 0;               // what eval reads per window unless told (≤ the model's context)
 
-  bool is_classifier() const { return classifier.weight.defined(); }
+  bool is_classifier() const { return classifier.weight.defined(); }  // a fine-tuned classifier, not a language model
   // Token ids of a chat rendered by the model's template, as apply_chat_template(tokenize=True) gives them.
   // ValueError when the model has no chat template.
   std::vector<int64_t> encode_chat(const std::vector<text::ChatMessage>& messages, bool add_generation_prompt = true,

@@ -22,7 +22,6 @@ namespace qkv::train {
 // ---- classification (chapter 6) ----
 
 enum class Pooling { Last, LastReal };  // the last position (the book: padding included) or the last real token
-enum class TrainableSet { LastBlock, All, Head };
 
 // The book's classification fine-tuning recipe (chapter 6); every field an option of qkv finetune classify
 struct ClassifierOptions {
@@ -30,7 +29,6 @@ struct ClassifierOptions {
   // passes, examples per step, steps between evaluations, batches per evaluation
   int64_t epochs = 5, batch_size = 8, eval_freq = 50, eval_iter = 5;
   uint64_t seed = 123;  // the head's weights (torch.manual_seed(123); torch.nn.Linear(C, classes)), LoRA's A, shuffling
-  TrainableSet trainable = TrainableSet::LastBlock;  // what trains besides the new head
   Pooling pooling = Pooling::Last;  // the position the head reads
   int64_t max_length = 0;  // 0: the longest training text (cut to the model's context)
   int64_t pad_id = 50256;  // padding token (GPT-2's <|endoftext|>)
