@@ -36,7 +36,7 @@ wide=(--text text.txt --tokenizer bytes --vocab-size 20000 --context-length 32 -
 "${mpi[@]}" -np 2 "$qkv" train "${wide[@]}" 20 --allreduce-bucket-mib 1 --out overlapped >/dev/null 2>&1
 "${mpi[@]}" -np 2 "$qkv" train "${wide[@]}" 20 --allreduce-precision bf16 --out bf16 >/dev/null 2>&1
 weights() {  # a checkpoint's tensors: the bytes after the header (whose settings differ)
-  python3 -c 'import struct, sys; b = open(sys.argv[1], "rb").read(); sys.stdout.buffer.write(b[8 + struct.unpack("<Q", b[:8])[0]:])' "$1"
+  /usr/bin/python3 -c 'import struct, sys; b = open(sys.argv[1], "rb").read(); sys.stdout.buffer.write(b[8 + struct.unpack("<Q", b[:8])[0]:])' "$1"
 }
 cmp <(cut -d, -f2 after/losses.csv) <(cut -d, -f2 overlapped/losses.csv) ||
   { echo "summing in buckets during the backward changed the losses"; exit 1; }
@@ -80,7 +80,7 @@ echo "a failing process: every process stopped, naming rank 1"
 if [[ -n "$folder" ]]; then
   # The tiny Llama folder with a character-level tokenizer.json: global batch 4 as 1 × 4 and 2 × 2.
   cp -r "$folder" llama
-  python3 - <<'PY'
+  /usr/bin/python3 - <<'PY'
 import json
 chars = " abcdefghijklmnopqrstuvwxyz"
 json.dump({"model": {"type": "BPE", "vocab": {c: i + 4 for i, c in enumerate(chars)}, "merges": []}}, open("llama/tokenizer.json", "w"))
