@@ -204,7 +204,8 @@ constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}
 
 struct PreTokenizer {
   enum class Kind { Split, ByteLevel, Metaspace, Sequence } kind = Kind::Sequence;
-  enum class Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext } behavior = Behavior::Isolated;
+  enum class Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous } behavior = Behavior::Isolated;
+  bool invert = false;  // Split: the pattern names what to keep, not the delimiters
   std::shared_ptr<Regex> regex;  // Split with a Regex pattern, ByteLevel with use_regex
   std::string literal;           // Split with a String pattern
   bool add_prefix_space = false;
@@ -227,9 +228,10 @@ struct PreTokenizer {
       else if (behavior == "Removed") p.behavior = Behavior::Removed;
       else if (behavior == "MergedWithPrevious") p.behavior = Behavior::MergedWithPrevious;
       else if (behavior == "MergedWithNext") p.behavior = Behavior::MergedWithNext;
+      else if (behavior == "Contiguous") p.behavior = Behavior::Contiguous;
       else throw IoError(where + ": Split behavior '" + printable(behavior, 40) + "' is not supported; qkv has Isolated, "
-                         "Removed, MergedWithPrevious and MergedWithNext");
-      if (j.value("invert", false)) throw IoError(where + ": Split with invert = true is not supported");
+                         "Removed, MergedWithPrevious, MergedWithNext and Contiguous");
+      p.invert = j.value("invert", false);
     } else if (type == "ByteLevel") {
       p.kind = Kind::ByteLevel;
       p.add_prefix_space = j.value("add_prefix_space", false);
@@ -251,33 +253,61 @@ struct PreTokenizer {
     return p;
   }
 
-  static void split(const std::string& piece, const std::vector<std::pair<size_t, size_t>>& hits, Behavior behavior,
-                    std::vector<std::string>& out) {
+  // tokenizers' Pattern::find_matches: the piece cut into ranges that each are a match or the text between two, every
+  // match flagged (flags flipped with invert: Split's "invert" keeps what the pattern does not match as delimiters).
+  struct Range {
+    size_t begin, end;
+    bool match;
+  };
+  static std::vector<Range> ranges(size_t size, const std::vector<std::pair<size_t, size_t>>& hits, bool invert) {
+    std::vector<Range> out;
     size_t at = 0;
-    std::string pending;  // MergedWithNext: the delimiter waiting for what follows
     for (const auto& [b, e] : hits) {
-      std::string before = piece.substr(at, b - at), match = piece.substr(b, e - b);
-      switch (behavior) {
-        case Behavior::Isolated:
-          if (!before.empty()) out.push_back(before);
-          out.push_back(match);
-          break;
-        case Behavior::Removed:
-          if (!before.empty()) out.push_back(before);
-          break;
-        case Behavior::MergedWithPrevious:
-          out.push_back(before + match);
-          break;
-        case Behavior::MergedWithNext:
-          if (!pending.empty() || !before.empty()) out.push_back(pending + before);
-          pending = match;
-          break;
-      }
+      if (b > at) out.push_back({at, b, invert});
+      out.push_back({b, e, !invert});
       at = e;
     }
-    std::string rest = piece.substr(at);
-    if (behavior == Behavior::MergedWithNext) rest = pending + rest;
-    if (!rest.empty()) out.push_back(rest);
+    if (at < size) out.push_back({at, size, invert});
+    return out;
+  }
+
+  // tokenizers' NormalizedString::split: the ranges grouped by the behaviour, empty pieces dropped.
+  static void split(const std::string& piece, const std::vector<Range>& parts, Behavior behavior, std::vector<std::string>& out) {
+    std::vector<std::pair<size_t, size_t>> kept;
+    bool previous_match = false;
+    switch (behavior) {
+      case Behavior::Isolated:
+        for (const Range& r : parts) kept.emplace_back(r.begin, r.end);
+        break;
+      case Behavior::Removed:
+        for (const Range& r : parts)
+          if (!r.match) kept.emplace_back(r.begin, r.end);
+        break;
+      case Behavior::MergedWithPrevious:  // a match joins the text before it (not another match)
+        for (const Range& r : parts) {
+          if (r.match && !previous_match && !kept.empty()) kept.back().second = r.end;
+          else kept.emplace_back(r.begin, r.end);
+          previous_match = r.match;
+        }
+        break;
+      case Behavior::MergedWithNext:  // a match joins the text after it (not another match)
+        for (auto r = parts.rbegin(); r != parts.rend(); ++r) {
+          if (r->match && !previous_match && !kept.empty()) kept.back().first = r->begin;
+          else kept.emplace_back(r->begin, r->end);
+          previous_match = r->match;
+        }
+        std::reverse(kept.begin(), kept.end());
+        break;
+      case Behavior::Contiguous:  // consecutive matches become one piece
+        for (const Range& r : parts) {
+          if (r.match && previous_match) kept.back().second = r.end;
+          else kept.emplace_back(r.begin, r.end);
+          previous_match = r.match;
+        }
+        break;
+    }
+    for (const auto& [b, e] : kept)
+      if (e > b) out.push_back(piece.substr(b, e - b));
   }
 
   // pieces in, pieces out; `first` says whether the segment starts the text (Metaspace's prepend_scheme "first").
@@ -288,13 +318,14 @@ struct PreTokenizer {
         for (const PreTokenizer& c : children) c.apply(pieces, first, bytes);
         return;
       case Kind::Split:
-        for (const std::string& p : pieces) split(p, regex ? regex->matches(p) : literal_matches(p, literal), behavior, out);
+        for (const std::string& p : pieces)
+          split(p, ranges(p.size(), regex ? regex->matches(p) : literal_matches(p, literal), invert), behavior, out);
         break;
       case Kind::ByteLevel:
         for (std::string p : pieces) {
           if (add_prefix_space && (p.empty() || p[0] != ' ')) p = " " + p;
           std::vector<std::string> words;
-          if (regex) split(p, regex->matches(p), Behavior::Isolated, words);
+          if (regex) split(p, ranges(p.size(), regex->matches(p), false), Behavior::Isolated, words);
           else words.push_back(p);
           for (const std::string& w : words) {
             std::string mapped;
@@ -309,7 +340,7 @@ struct PreTokenizer {
           replace_all(p, " ", replacement);
           const bool prepend_here = prepend == Prepend::Always || (prepend == Prepend::First && first && i == 0);
           if (prepend_here && p.compare(0, replacement.size(), replacement) != 0) p = replacement + p;
-          if (metaspace_split) split(p, literal_matches(p, replacement), Behavior::MergedWithNext, out);
+          if (metaspace_split) split(p, ranges(p.size(), literal_matches(p, replacement), false), Behavior::MergedWithNext, out);
           else out.push_back(p);
         }
         break;
@@ -388,11 +419,12 @@ struct Decoder {
       case Kind::Replace:
         for (std::string& t : tokens) replace_all(t, pattern, content);
         return;
-      case Kind::ByteFallback: {
+      case Kind::ByteFallback: {  // a run of <0xNN> tokens: its text if UTF-8, else U+FFFD per byte (as tokenizers)
         std::vector<std::string> out;
         std::string pending;
         auto flush = [&] {
-          if (!pending.empty()) out.push_back(lossy(pending));
+          if (first_invalid_utf8(pending)) out.insert(out.end(), pending.size(), "\xEF\xBF\xBD");
+          else if (!pending.empty()) out.push_back(pending);
           pending.clear();
         };
         for (const std::string& t : tokens) {
@@ -423,11 +455,8 @@ struct Decoder {
           t = t.substr(b, e - b);
         }
         return;
-      case Kind::Metaspace:
-        for (size_t i = 0; i < tokens.size(); ++i) {
-          replace_all(tokens[i], content, " ");
-          if (i == 0 && prepend && !tokens[i].empty() && tokens[i][0] == ' ') tokens[i].erase(0, 1);
-        }
+      case Kind::Metaspace:  // tokenizers drops every ▁ of the first token (not only a leading one) when it prepends
+        for (size_t i = 0; i < tokens.size(); ++i) replace_all(tokens[i], content, i == 0 && prepend ? "" : " ");
         return;
     }
   }
@@ -438,11 +467,40 @@ struct Decoder {
 struct AddedToken {
   std::string content;
   int64_t id = 0;
-  bool special = false, lstrip = false, rstrip = false;
+  bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
 };
+
+// Rust's char::is_whitespace (Unicode White_Space), which tokenizers' lstrip and rstrip use.
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// Rust's char::is_alphanumeric, for single_word tokens: letters and numbers by general category (Rust's Alphabetic
+// adds a few marks, e.g. Devanagari vowel signs, that this leaves out).
+bool is_alphanumeric(uint32_t cp) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The code point that ends at s[end) (end > 0) and its first byte.
+std::pair<uint32_t, size_t> code_point_before(std::string_view s, size_t end) {
+  size_t b = end - 1;
+  while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80 && end - b < 4) --b;
+  return {decode_code_point(s, b, end - b), b};
+}
+uint32_t code_point_at(std::string_view s, size_t at) {
+  return decode_code_point(s, at, std::min(utf8_length(static_cast<unsigned char>(s[at])), s.size() - at));
+}
 
 class Trie {
  public:
+  bool empty() const { return nodes_.size() == 1; }
   void insert(const std::string& s, int32_t token) {
     int32_t node = 0;
     for (unsigned char c : s) {
@@ -456,9 +514,8 @@ class Trie {
     }
     nodes_[static_cast<size_t>(node)].token = token;
   }
-  // The longest inserted string starting at s[at] that `accept` allows: (token, length), or (−1, 0).
-  template <typename Accept>
-  std::pair<int32_t, size_t> longest(std::string_view s, size_t at, Accept&& accept) const {
+  // The longest inserted string starting at s[at]: (token, length), or (−1, 0).
+  std::pair<int32_t, size_t> longest(std::string_view s, size_t at) const {
     int32_t node = 0, best = -1;
     size_t best_len = 0;
     for (size_t i = at; i < s.size(); ++i) {
@@ -467,7 +524,7 @@ class Trie {
       if (it == next.end()) break;
       node = it->second;
       const int32_t t = nodes_[static_cast<size_t>(node)].token;
-      if (t >= 0 && accept(t)) best = t, best_len = i + 1 - at;
+      if (t >= 0) best = t, best_len = i + 1 - at;
     }
     return {best, best_len};
   }
@@ -497,7 +554,8 @@ struct HfTokenizer::State {
   std::optional<PreTokenizer> pre_tokenizer;
   std::optional<Decoder> decoder;
   std::vector<AddedToken> added;
-  Trie added_trie;
+  Trie added_trie;             // added tokens matched in the text as given (normalized: false)
+  Trie normalized_added_trie;  // those matched in the normalized text, by their normalized content (normalized: true)
   // post_processor: the single-sequence template, as (token id or −1 for the text) items; empty: nothing added
   std::vector<int64_t> template_items;
   bool has_template = false;
@@ -584,11 +642,56 @@ struct HfTokenizer::State {
     for (int32_t i = 0; i >= 0; i = symbols[static_cast<size_t>(i)].next) out.push_back(symbols[static_cast<size_t>(i)].id);
   }
 
-  void encode_segment(std::string segment, bool first, std::vector<int64_t>& out) const {
-    if (normalizer) normalizer->apply(segment);
-    std::vector<std::string> pieces{segment};
-    if (pre_tokenizer) pre_tokenizer->apply(pieces, first, byte_alphabet);
-    for (const std::string& p : pieces) bpe(p, out);
+  // tokenizers' AddedVocabulary::find_matches: `text` cut at the added tokens of `trie` (leftmost-longest); piece(begin,
+  // end) gets the text between them, token(id) each token. A special token is passed over (left in the text) without
+  // allow_special, a single_word one unless it stands between non-word characters; lstrip and rstrip take the white
+  // space beside a token with it.
+  template <typename Piece, typename Token>
+  void split_added(std::string_view text, const Trie& trie, bool allow_special, Piece&& piece, Token&& token) const {
+    size_t piece_start = 0, at = 0;
+    while (at < text.size()) {
+      const auto [index, length] = trie.longest(text, at);
+      if (index < 0) {
+        ++at;
+        continue;
+      }
+      const AddedToken& t = added[static_cast<size_t>(index)];
+      size_t start = at, stop = at + length;
+      at = stop;  // a token passed over is not searched again for a shorter one inside it, as with Aho-Corasick
+      if (t.special && !allow_special) continue;
+      if (t.single_word && ((start > 0 && is_alphanumeric(code_point_before(text, start).first)) ||
+                            (stop < text.size() && is_alphanumeric(code_point_at(text, stop)))))
+        continue;
+      if (t.lstrip)
+        while (start > piece_start) {
+          const auto [cp, b] = code_point_before(text, start);
+          if (!is_white_space(cp)) break;
+          start = b;
+        }
+      if (t.rstrip)
+        while (stop < text.size() && is_white_space(code_point_at(text, stop)))
+          stop += std::min(utf8_length(static_cast<unsigned char>(text[stop])), text.size() - stop);
+      if (start > piece_start) piece(piece_start, start);
+      token(t.id);
+      piece_start = at = stop;
+    }
+    if (piece_start < text.size()) piece(piece_start, text.size());
+  }
+
+  // tokenizers' encode: added tokens split off the text as given, each piece between them normalized and split again
+  // at the added tokens written for normalized text, and what is left pre-tokenized and merged.
+  void encode_text(std::string_view text, bool allow_special, std::vector<int64_t>& out) const {
+    const auto emit = [&](int64_t id) { out.push_back(id); };
+    split_added(text, added_trie, allow_special, [&](size_t begin, size_t end) {
+      std::string normalized(text.substr(begin, end - begin));
+      if (normalizer) normalizer->apply(normalized);
+      split_added(normalized, normalized_added_trie, allow_special, [&](size_t b, size_t e) {
+        // Metaspace's prepend_scheme "first" prepends only to the piece that starts the text.
+        std::vector<std::string> pieces{normalized.substr(b, e - b)};
+        if (pre_tokenizer) pre_tokenizer->apply(pieces, begin == 0 && b == 0, byte_alphabet);
+        for (const std::string& p : pieces) bpe(p, out);
+      }, emit);
+    }, emit);
   }
 };
 
@@ -674,10 +777,11 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
         t.special = a.value("special", false);
         t.lstrip = a.value("lstrip", false);
         t.rstrip = a.value("rstrip", false);
+        t.single_word = a.value("single_word", false);
+        t.normalized = a.value("normalized", !t.special);  // AddedToken::from(content, special)'s default
         if (t.content.empty()) continue;
         place(t.content, t.id, "added_tokens");
         s.special[static_cast<size_t>(t.id)] = t.special;
-        s.added_trie.insert(t.content, static_cast<int32_t>(s.added.size()));
         s.added.push_back(std::move(t));
       }
     }
@@ -723,6 +827,13 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
       }
     }
     if (j.contains("normalizer") && !j["normalizer"].is_null()) s.normalizer = Normalizer::from(j["normalizer"], label);
+    // A normalized added token is looked for in normalized text, so by its own normalized content (as tokenizers'
+    // refresh_added_tokens builds its second trie).
+    for (size_t i = 0; i < s.added.size(); ++i) {
+      std::string content = s.added[i].content;
+      if (s.added[i].normalized && s.normalizer) s.normalizer->apply(content);
+      if (!content.empty()) (s.added[i].normalized ? s.normalized_added_trie : s.added_trie).insert(content, static_cast<int32_t>(i));
+    }
     if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) s.pre_tokenizer = PreTokenizer::from(j["pre_tokenizer"], label);
     if (j.contains("decoder") && !j["decoder"].is_null()) s.decoder = Decoder::from(j["decoder"], label);
     const auto cps = detail::byte_code_points();
@@ -772,8 +883,46 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
       throw IoError(where + ": not valid JSON (" + std::string(e.what()) + ")");
     }
     if (!c.is_object()) throw IoError(where + ": not a JSON object");
-    if (c.contains("eos_token")) s.eos = s.id_of(token_text(c["eos_token"]));
-    if (c.contains("bos_token")) s.bos = s.id_of(token_text(c["bos_token"]));
+    // transformers' LlamaTokenizerFast (and CodeLlama's, Gemma's, Cohere's) replace the file's post-processor by
+    // "[bos] $A [eos]" from add_bos_token / add_eos_token (update_post_processor), their bos/eos defaulting to the
+    // class's own: DeepSeek-V3's tokenizer.json adds no BOS, its LlamaTokenizerFast does.
+    struct BosEosClass {
+      const char* name;
+      const char *bos, *eos;
+    };
+    static constexpr BosEosClass kBosEosClasses[] = {{"LlamaTokenizer", "<s>", "</s>"},
+                                                     {"CodeLlamaTokenizer", "<s>", "</s>"},
+                                                     {"GemmaTokenizer", "<bos>", "<eos>"},
+                                                     {"CohereTokenizer", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"}};
+    std::string cls = c.contains("tokenizer_class") && c["tokenizer_class"].is_string() ? c["tokenizer_class"].get<std::string>() : "";
+    if (cls.size() > 4 && cls.compare(cls.size() - 4, 4, "Fast") == 0) cls.resize(cls.size() - 4);
+    const BosEosClass* bos_eos_class = nullptr;
+    for (const BosEosClass& k : kBosEosClasses)
+      if (cls == k.name) bos_eos_class = &k;
+    std::string bos_text = bos_eos_class ? bos_eos_class->bos : "", eos_text = bos_eos_class ? bos_eos_class->eos : "";
+    if (c.contains("eos_token")) eos_text = token_text(c["eos_token"]);
+    if (c.contains("bos_token")) bos_text = token_text(c["bos_token"]);
+    if (!eos_text.empty()) s.eos = s.id_of(eos_text);
+    if (!bos_text.empty()) s.bos = s.id_of(bos_text);
+    if (bos_eos_class) {
+      auto flag = [&](const char* key, bool fallback) {
+        if (!c.contains(key) || c[key].is_null()) return fallback;
+        if (!c[key].is_boolean()) throw IoError(where + ": " + key + " is " + describe(c[key]) + ", not true or false");
+        return c[key].get<bool>();
+      };
+      const bool add_bos = flag("add_bos_token", true), add_eos = flag("add_eos_token", false);
+      if (add_bos && s.bos < 0)
+        throw IoError(where + ": add_bos_token is true but bos_token (" + printable(bos_text, 60) + ") is no token of " +
+                      label + "; name the BOS token or set add_bos_token to false");
+      if (add_eos && s.eos < 0)
+        throw IoError(where + ": add_eos_token is true but eos_token (" + printable(eos_text, 60) + ") is no token of " +
+                      label + "; name the EOS token or set add_eos_token to false");
+      s.has_template = true;
+      s.template_items.clear();
+      if (add_bos) s.template_items.push_back(s.bos);
+      s.template_items.push_back(-1);
+      if (add_eos) s.template_items.push_back(s.eos);
+    }
     if (c.contains("chat_template")) {
       const json& t = c["chat_template"];
       if (t.is_string()) {
@@ -801,31 +950,7 @@ std::vector<int64_t> HfTokenizer::encode_impl(std::string_view text, bool allow_
   }
   const State& s = *state_;
   std::vector<int64_t> body;
-  // Added tokens first, leftmost-longest; the text between them goes through the model.
-  size_t segment_start = 0, at = 0;
-  bool first = true;
-  std::string pending;
-  auto flush = [&](size_t end) {
-    std::string segment(text.substr(segment_start, end - segment_start));
-    if (!segment.empty()) s.encode_segment(std::move(segment), first, body);
-    first = false;
-  };
-  while (at < text.size()) {
-    const auto [token, length] = s.added_trie.longest(text, at, [&](int32_t t) { return allow_special || !s.added[static_cast<size_t>(t)].special; });
-    if (token < 0) {
-      ++at;
-      continue;
-    }
-    const AddedToken& added = s.added[static_cast<size_t>(token)];
-    size_t end = at;
-    if (added.lstrip) while (end > segment_start && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-    flush(end);
-    body.push_back(added.id);
-    at += length;
-    if (added.rstrip) while (at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
-    segment_start = at;
-  }
-  flush(text.size());
+  s.encode_text(text, allow_special, body);
   if (!post_process || !s.has_template) return body;
   std::vector<int64_t> out;
   for (int64_t item : s.template_items) {
