@@ -220,6 +220,21 @@ TEST(HfTokenizer, ByteFallbackDecodesAsTokenizers) {
   EXPECT_EQ(tok->encode("a\xE5\x8F\xAB"), (ids{1, 2, 3, 4}));
 }
 
+TEST(HfTokenizer, EscapesAndAnyKeyOrderAsJsonSays) {
+  // Keys and merges written with escapes (\u00e9 é, a surrogate pair for 🙂, \" and \\), the merges before the
+  // vocabulary and "model" before everything: the same tokenizer as the plain spelling.
+  const auto tok = text::HfTokenizer::parse(R"({"model": {"merges": [["\u00e9", "\""], "\ud83d\ude42 \\"],
+      "vocab": {"\u00e9": 0, "\"": 1, "\u00e9\"": 2, "\ud83d\ude42": 3, "\\": 4, "\ud83d\ude42\\": 5}, "type": "BPE"},
+      "added_tokens": [{"content": "<\/s>", "id": 6, "special": true}], "normalizer": null})");
+  using ids = std::vector<int64_t>;
+  EXPECT_EQ(tok->encode("\u00e9\"\U0001F642\\</s>"), (ids{2, 5, 6}));
+  EXPECT_EQ(tok->token_content(2), "\u00e9\"");
+  EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {"\ud83d": 0}}})", "malformed escape"));
+  EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {"\q": 0}}})", "malformed escape"));
+  EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {}}} {})", "text after"));
+  EXPECT_TRUE(fails_with(R"({"model": [1]})", "has no 'model' object"));
+}
+
 TEST(HfTokenizer, InvalidUtf8AndUnknownIds) {
   const auto tok = text::HfTokenizer::parse(tiny(R"(["a b"])"));
   EXPECT_THROW(tok->encode("a\xff"), ValueError);

@@ -5,10 +5,16 @@
 #include "qkv/text/hf_tokenizer.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <fcntl.h>
 #include <pcre2.h>
+#include <simdjson.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <optional>
 
@@ -20,6 +26,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "bpe.hpp"
 #include "byte_level.hpp"
 #include "qkv/core/error.hpp"
 
@@ -537,19 +544,13 @@ class Trie {
   std::vector<Node> nodes_{1};
 };
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
 }  // namespace
 
 struct HfTokenizer::State {
   std::string label;
-  std::unordered_map<std::string, int32_t> vocab;  // model vocabulary and added tokens
-  std::vector<std::string> tokens;                  // id → content
-  std::vector<bool> special;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) → (rank, merged)
-  bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
-  int32_t unk = -1;
-  std::vector<int32_t> byte_tokens;  // <0xNN> ids for byte fallback (−1 where missing)
+  detail::BpeModel model;     // vocabulary (with the added tokens), merges and unknown-character handling
+  std::vector<bool> special;  // id → an added token marked special
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
   std::optional<Decoder> decoder;
@@ -564,83 +565,9 @@ struct HfTokenizer::State {
   int64_t eos = -1, bos = -1;
   std::string chat_template;
 
-  int32_t id_of(const std::string& token) const {
-    const auto it = vocab.find(token);
-    return it == vocab.end() ? -1 : it->second;
-  }
-
-  // One pre-tokenized word → ids.
-  void bpe(const std::string& word, std::vector<int64_t>& out) const {
-    if (word.empty()) return;
-    if (ignore_merges) {
-      const int32_t whole = id_of(word);
-      if (whole >= 0) {
-        out.push_back(whole);
-        return;
-      }
-    }
-    struct Symbol {
-      int32_t id;
-      int32_t prev, next;
-      bool alive;
-    };
-    std::vector<Symbol> symbols;
-    symbols.reserve(word.size());
-    auto push = [&](int32_t id) {
-      if (id == unk && fuse_unk && !symbols.empty() && symbols.back().id == unk) return;
-      const int32_t n = static_cast<int32_t>(symbols.size());
-      symbols.push_back({id, n - 1, n + 1, true});
-    };
-    for (size_t i = 0; i < word.size();) {
-      const size_t n = std::min(utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
-      const int32_t id = id_of(word.substr(i, n));
-      if (id >= 0) {
-        push(id);
-      } else if (byte_fallback) {
-        bool all = true;
-        for (size_t k = 0; k < n; ++k) all = all && byte_tokens[static_cast<unsigned char>(word[i + k])] >= 0;
-        if (all) {
-          for (size_t k = 0; k < n; ++k) push(byte_tokens[static_cast<unsigned char>(word[i + k])]);
-        } else if (unk >= 0) {
-          push(unk);
-        }
-      } else if (unk >= 0) {
-        push(unk);
-      }
-      i += n;
-    }
-    if (symbols.empty()) return;
-    symbols.back().next = -1;
-    struct Candidate {
-      int32_t rank, pos, merged;
-      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-    auto consider = [&](int32_t pos) {
-      if (pos < 0) return;
-      const int32_t next = symbols[static_cast<size_t>(pos)].next;
-      if (next < 0) return;
-      const auto it = merges.find(pair_key(symbols[static_cast<size_t>(pos)].id, symbols[static_cast<size_t>(next)].id));
-      if (it != merges.end()) queue.push({it->second.first, pos, it->second.second});
-    };
-    for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i);
-    while (!queue.empty()) {
-      const Candidate top = queue.top();
-      queue.pop();
-      Symbol& left = symbols[static_cast<size_t>(top.pos)];
-      if (!left.alive || left.next < 0) continue;
-      Symbol& right = symbols[static_cast<size_t>(left.next)];
-      const auto it = merges.find(pair_key(left.id, right.id));
-      if (it == merges.end() || it->second.second != top.merged) continue;  // stale: a neighbour changed since
-      left.id = top.merged;
-      right.alive = false;
-      left.next = right.next;
-      if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = top.pos;
-      consider(left.prev);
-      consider(top.pos);
-    }
-    for (int32_t i = 0; i >= 0; i = symbols[static_cast<size_t>(i)].next) out.push_back(symbols[static_cast<size_t>(i)].id);
-  }
+  int32_t id_of(std::string_view token) const { return model.vocab.find(token); }
+  int64_t size() const { return model.vocab.size(); }
+  void bpe(std::string_view word, std::vector<int64_t>& out) const { model.encode(word, out); }
 
   // tokenizers' AddedVocabulary::find_matches: `text` cut at the added tokens of `trie` (leftmost-longest); piece(begin,
   // end) gets the text between them, token(id) each token. A special token is passed over (left in the text) without
@@ -714,130 +641,392 @@ std::string token_text(const json& v) {
 }
 }  // namespace
 
-std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& tokenizer_path, const std::string& config_path) {
-  std::string config;
-  std::error_code ec;
-  if (!config_path.empty() && std::filesystem::exists(config_path, ec)) config = read_text(config_path);
-  return parse(read_text(tokenizer_path), config, tokenizer_path);
+namespace {
+
+// What one pass over tokenizer.json finds besides the vocabulary and merges (which go into the model as they are
+// read): the model's settings, the added tokens, and the small sections (normalizer, pre-tokenizer, post-processor,
+// decoder) as nlohmann values. simdjson's On-Demand API walks the file once at GB/s; nlohmann's DOM took a third of a
+// load, its maps another half (bench/tokenizer_load.cpp).
+struct Scan {
+  std::string type = "BPE";
+  bool has_vocab = false;
+  std::vector<AddedToken> added;
+  std::optional<std::string> unk_token;
+  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  json normalizer, pre_tokenizer, post_processor, decoder;  // null when absent
+};
+
+namespace od = simdjson::ondemand;
+
+bool is_null(od::value& v) { return v.type().value() == od::json_type::null; }
+
+std::string_view string_of(od::value v, const std::string& what, const std::string& label) {
+  std::string_view out;
+  if (v.get_string().get(out)) throw IoError(label + ": " + what + " is not a string");
+  return out;
 }
 
-std::unique_ptr<HfTokenizer> HfTokenizer::from_folder(const std::string& dir) {
-  const std::filesystem::path p(dir);
-  std::error_code ec;
-  if (!std::filesystem::exists(p / "tokenizer.json", ec)) return nullptr;
-  return load((p / "tokenizer.json").string(), (p / "tokenizer_config.json").string());
+bool bool_of(od::value v, const std::string& what, const std::string& label) {
+  if (is_null(v)) return false;
+  bool out = false;
+  if (v.get_bool().get(out)) throw IoError(label + ": " + what + " is not true or false");
+  return out;
 }
 
-std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::string_view config_text, const std::string& label) {
-  auto state = std::make_unique<State>();
-  State& s = *state;
-  s.label = label;
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw IoError(label + ": not valid JSON (" + std::string(e.what()) + ")");
+// Appends code point cp as UTF-8.
+void append_utf8(std::string& out, uint32_t cp) { detail::append_utf8(out, cp); }
+
+// A JSON string's text from its raw bytes: p is just after its opening quote, in a document whose structure simdjson
+// has checked (so a closing quote follows). The common string, without escapes, is a view of the document's own bytes
+// (no copy into simdjson's buffer, whose fresh pages cost more than the parse); one with escapes is unescaped into
+// `scratch` (whose element must then outlive the view). nullopt for a malformed escape.
+std::optional<std::string_view> json_string(const char* p, std::deque<std::string>& scratch) {
+  const char* q = p;
+  while (*q != '"' && *q != '\\') ++q;
+  if (*q == '"') return std::string_view(p, static_cast<size_t>(q - p));
+  std::string& out = scratch.emplace_back(p, q);
+  auto hex4 = [](const char* h, uint32_t& v) {
+    v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = h[k];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      if (d < 0) return false;
+      v = v * 16 + static_cast<uint32_t>(d);
+    }
+    return true;
+  };
+  while (*q != '"') {
+    if (*q != '\\') {
+      out += *q++;
+      continue;
+    }
+    const char e = q[1];
+    q += 2;
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        uint32_t cp = 0, low = 0;
+        if (!hex4(q, cp)) return std::nullopt;
+        q += 4;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return std::nullopt;  // a low surrogate alone
+        if (cp >= 0xD800 && cp <= 0xDBFF) {                       // a high one: its low one follows
+          if (q[0] != '\\' || q[1] != 'u' || !hex4(q + 2, low) || low < 0xDC00 || low > 0xDFFF) return std::nullopt;
+          q += 6;
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+        }
+        append_utf8(out, cp);
+        break;
+      }
+      default:
+        return std::nullopt;
+    }
   }
-  try {
-    if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
-      throw IoError(label + ": has no 'model' object; a tokenizer.json has one");
-    const json& model = j["model"];
-    const std::string type = model.value("type", "BPE");
-    if (type != "BPE") throw IoError(label + ": model type '" + printable(type, 40) + "' is not supported; qkv reads BPE");
-    if (!model.contains("vocab") || !model["vocab"].is_object()) throw IoError(label + ": model.vocab is not an object");
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-      if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
-        throw IoError(label + ": model." + key + " is set; qkv's BPE has none");
-    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
-      throw IoError(label + ": model.dropout is set; BPE dropout is for training tokenizers, qkv has none");
-    int64_t size = 0;
-    const int64_t entries = static_cast<int64_t>(model["vocab"].size()) +
-                            (j.contains("added_tokens") && j["added_tokens"].is_array() ? static_cast<int64_t>(j["added_tokens"].size()) : 0);
-    const int64_t max_id = entries + kMaxIdGap;
-    auto place = [&](const std::string& token, int64_t id, const std::string& where) {
-      if (id < 0 || id >= max_id) throw IoError(label + ": " + where + " id " + std::to_string(id) + " of " +
-                                                printable(token, 60) + " is outside [0, " + std::to_string(max_id) +
-                                                "): ids are numbered from 0 without large gaps");
-      s.vocab[token] = static_cast<int32_t>(id);
-      size = std::max(size, id + 1);
-      if (s.tokens.size() < static_cast<size_t>(size)) s.tokens.resize(static_cast<size_t>(size)), s.special.resize(static_cast<size_t>(size));
-      s.tokens[static_cast<size_t>(id)] = token;
-    };
-    for (const auto& [token, id] : model["vocab"].items()) {
-      if (!id.is_number_integer()) throw IoError(label + ": model.vocab[" + printable(token, 60) + "] is not an integer id");
-      place(token, id.get<int64_t>(), "model.vocab");
+  return std::string_view(out);
+}
+
+// The model's vocabulary and merges, put into the BPE model a batch at a time while the file is read: each batch's
+// lookups overlap their cache misses, and no list of the whole file's strings is kept. The views point into the
+// parser's buffer of unescaped strings, valid while the parser lives. Merges are resolved against the model's own
+// vocabulary (added tokens come after it, as in tokenizers, whose BPE model knows nothing of them).
+class ModelBuilder {
+ public:
+  ModelBuilder(detail::BpeModel& model, const std::string& label) : model_(model), label_(label) {}
+
+  // `entries` tokens whose texts take at most `bytes` (the file's size: only the pages used are touched).
+  void vocab_size_hint(size_t entries, size_t bytes) {
+    max_id_ = static_cast<int64_t>(entries) + kMaxIdGap;
+    model_.vocab.reserve(entries, bytes);
+  }
+  void add_token(std::string_view token, int64_t id) {
+    if (id < 0 || id >= max_id_)
+      throw IoError(label_ + ": model.vocab id " + std::to_string(id) + " of " + printable(std::string(token), 60) +
+                    " is outside [0, " + std::to_string(max_id_) + "): ids are numbered from 0 without large gaps");
+    tokens_.emplace_back(token, static_cast<int32_t>(id));
+    if (tokens_.size() == kChunk) flush_tokens();
+  }
+  // The text of the JSON string whose raw bytes start at p, valid until the batch it joins is flushed.
+  std::string_view string(const char* p, const char* what) {
+    const auto text = json_string(p, escaped_);
+    if (!text) throw IoError(label_ + ": " + what + " holds a malformed escape sequence");
+    return *text;
+  }
+  void vocab_done() {
+    flush_tokens();
+    vocab_done_ = true;
+    for (const auto& [a, b] : early_merges_) add_merge(a, b);  // merges listed before the vocabulary
+    early_merges_ = {};
+  }
+  void merges_size_hint(size_t merges) { merges_.reserve(merges); }
+  void add_merge(std::string_view a, std::string_view b) {
+    if (!vocab_done_) {
+      early_merges_.emplace_back(a, b);  // copies: the views die with their batch
+      return;
     }
-    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const json& a : j["added_tokens"]) {
-        AddedToken t;
-        if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || !a.contains("id") || !a["id"].is_number_integer())
-          throw IoError(label + ": added_tokens entry " + describe(a) + " needs a string content and an integer id");
-        t.content = a["content"].get<std::string>();
-        t.id = a["id"].get<int64_t>();
-        t.special = a.value("special", false);
-        t.lstrip = a.value("lstrip", false);
-        t.rstrip = a.value("rstrip", false);
-        t.single_word = a.value("single_word", false);
-        t.normalized = a.value("normalized", !t.special);  // AddedToken::from(content, special)'s default
-        if (t.content.empty()) continue;
-        place(t.content, t.id, "added_tokens");
-        s.special[static_cast<size_t>(t.id)] = t.special;
-        s.added.push_back(std::move(t));
+    pairs_.emplace_back(a, b);
+    if (pairs_.size() == kChunk) flush_merges();
+  }
+  void merges_done() { flush_merges(); }
+  detail::BigVector<detail::MergeTable::Merge> take_merges() { return std::move(merges_); }
+
+ private:
+  static constexpr size_t kChunk = 256;
+
+  void flush_tokens() {
+    model_.vocab.set_all(tokens_);
+    tokens_.clear();
+    escaped_.clear();
+  }
+  // Each merge's two tokens and their concatenation, looked up together.
+  void flush_merges() {
+    joined_.clear();
+    for (const auto& [a, b] : pairs_) joined_.append(a).append(b);
+    texts_.clear();
+    for (size_t k = 0, offset = 0; k < pairs_.size(); ++k) {
+      const auto& [a, b] = pairs_[k];
+      texts_.insert(texts_.end(), {a, b, std::string_view(joined_).substr(offset, a.size() + b.size())});
+      offset += a.size() + b.size();
+    }
+    ids_.resize(texts_.size());
+    model_.vocab.find_all(texts_, ids_.data());
+    for (size_t k = 0; k < pairs_.size(); ++k) {
+      const int32_t ia = ids_[3 * k], ib = ids_[3 * k + 1], im = ids_[3 * k + 2];
+      const auto rank = static_cast<int32_t>(merges_.size());
+      if (ia < 0 || ib < 0 || im < 0) {
+        const std::string unknown(texts_[3 * k + (ia < 0 ? 0 : ib < 0 ? 1 : 2)]);
+        throw IoError(label_ + ": merges entry " + std::to_string(rank) + " names " + printable(unknown, 60) +
+                      ", which is not in the vocabulary; the file is damaged or from another model");
       }
+      merges_.push_back({ia, ib, rank, im});
     }
-    s.ignore_merges = model.value("ignore_merges", false);
-    s.byte_fallback = model.value("byte_fallback", false);
-    s.fuse_unk = model.value("fuse_unk", false);
-    if (model.contains("unk_token") && model["unk_token"].is_string()) s.unk = s.id_of(model["unk_token"].get<std::string>());
-    s.byte_tokens.assign(256, -1);
-    if (s.byte_fallback) {
-      for (int b = 0; b < 256; ++b) {
-        char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", b);
-        s.byte_tokens[static_cast<size_t>(b)] = s.id_of(name);
+    pairs_.clear();
+    if (vocab_done_) escaped_.clear();
+  }
+
+  detail::BpeModel& model_;
+  const std::string& label_;
+  int64_t max_id_ = kMaxIdGap;
+  bool vocab_done_ = false;
+  std::vector<std::pair<std::string_view, int32_t>> tokens_;
+  std::vector<std::pair<std::string_view, std::string_view>> pairs_;
+  std::vector<std::pair<std::string, std::string>> early_merges_;
+  std::deque<std::string> escaped_;  // this batch's strings that had escapes (a deque: their views stay valid)
+  detail::BigVector<detail::MergeTable::Merge> merges_;
+  std::string joined_;
+  std::vector<std::string_view> texts_;
+  std::vector<int32_t> ids_;
+};
+
+void scan_model(od::object model, Scan& scan, ModelBuilder& builder, size_t file_bytes, const std::string& label) {
+  bool has_merges = false;
+  for (auto field : model) {
+    const std::string_view key = field.unescaped_key();
+    od::value value = field.value();
+    if (key == "type") {
+      scan.type = std::string(string_of(value, "model.type", label));
+    } else if (key == "vocab") {
+      od::object vocab;
+      if (value.get_object().get(vocab)) continue;  // Unigram's is a list: the type check names the problem
+      scan.has_vocab = true;
+      size_t count = 0;
+      if (vocab.count_fields().get(count)) throw IoError(label + ": model.vocab is not valid JSON");
+      builder.vocab_size_hint(count + scan.added.size(), file_bytes);
+      for (auto entry : vocab) {
+        const std::string_view token = builder.string(entry.key().value().raw(), "a model.vocab key");
+        int64_t id = 0;
+        if (entry.value().get_int64().get(id))
+          throw IoError(label + ": model.vocab[" + printable(std::string(token), 60) + "] is not an integer id");
+        builder.add_token(token, id);
       }
-    }
-    if (model.contains("merges")) {
-      const json& merges = model["merges"];
-      if (!merges.is_array()) throw IoError(label + ": model.merges is not a list");
-      s.merges.reserve(merges.size());
-      int32_t rank = 0;
-      for (const json& m : merges) {
-        std::string a, b;
-        if (m.is_string()) {
-          const std::string line = m.get<std::string>();
+      builder.vocab_done();
+    } else if (key == "merges") {
+      od::array merges;
+      if (value.get_array().get(merges)) throw IoError(label + ": model.merges is not a list");
+      has_merges = true;
+      size_t count = 0;
+      if (!merges.count_elements().get(count)) builder.merges_size_hint(count);
+      size_t rank = 0;
+      for (od::value m : merges) {
+        std::string_view line, pair[2];
+        od::raw_json_string raw;
+        if (!m.get_raw_json_string().get(raw)) {  // "a b"
+          line = builder.string(raw.raw(), "a merges entry");
           const size_t space = line.find(' ');
-          if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
-            throw IoError(label + ": merges entry " + std::to_string(rank) + " (" + printable(line, 60) +
+          if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
+            throw IoError(label + ": merges entry " + std::to_string(rank) + " (" + printable(std::string(line), 60) +
                           ") is not two tokens separated by one space");
-          a = line.substr(0, space), b = line.substr(space + 1);
-        } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-          a = m[0].get<std::string>(), b = m[1].get<std::string>();
-        } else {
-          throw IoError(label + ": merges entry " + std::to_string(rank) + " is " + describe(m) + ", not a pair of tokens");
+          builder.add_merge(line.substr(0, space), line.substr(space + 1));
+        } else {  // ["a", "b"]
+          od::array parts;
+          size_t n = 0;
+          bool ok = !m.get_array().get(parts);
+          if (ok)
+            for (od::value part : parts) {
+              ok = ok && n < 2 && !part.get_raw_json_string().get(raw);
+              if (ok) pair[n++] = builder.string(raw.raw(), "a merges entry");
+            }
+          if (!ok || n != 2) throw IoError(label + ": merges entry " + std::to_string(rank) + " is not a pair of tokens");
+          builder.add_merge(pair[0], pair[1]);
         }
-        const int32_t ia = s.id_of(a), ib = s.id_of(b), im = s.id_of(a + b);
-        if (ia < 0 || ib < 0 || im < 0) {
-          const std::string& unknown = ia < 0 ? a : ib < 0 ? b : a + b;
-          throw IoError(label + ": merges entry " + std::to_string(rank) + " names " + printable(unknown, 60) +
-                        ", which is not in the vocabulary; the file is damaged or from another model");
-        }
-        s.merges.try_emplace(pair_key(ia, ib), rank, im);
         ++rank;
       }
+    } else if (key == "unk_token") {
+      if (!is_null(value)) scan.unk_token = std::string(string_of(value, "model.unk_token", label));
+    } else if (key == "byte_fallback") {
+      scan.byte_fallback = bool_of(value, "model.byte_fallback", label);
+    } else if (key == "fuse_unk") {
+      scan.fuse_unk = bool_of(value, "model.fuse_unk", label);
+    } else if (key == "ignore_merges") {
+      scan.ignore_merges = bool_of(value, "model.ignore_merges", label);
+    } else if (key == "continuing_subword_prefix" || key == "end_of_word_suffix") {
+      if (!is_null(value) && !string_of(value, "model." + std::string(key), label).empty())
+        throw IoError(label + ": model." + std::string(key) + " is set; qkv's BPE has none");
+    } else if (key == "dropout") {
+      double dropout = 0;
+      if (!is_null(value) && (value.get_double().get(dropout) || dropout != 0.0))
+        throw IoError(label + ": model.dropout is set; BPE dropout is for training tokenizers, qkv has none");
     }
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) s.normalizer = Normalizer::from(j["normalizer"], label);
-    // A normalized added token is looked for in normalized text, so by its own normalized content (as tokenizers'
-    // refresh_added_tokens builds its second trie).
-    for (size_t i = 0; i < s.added.size(); ++i) {
-      std::string content = s.added[i].content;
-      if (s.added[i].normalized && s.normalizer) s.normalizer->apply(content);
-      if (!content.empty()) (s.added[i].normalized ? s.normalized_added_trie : s.added_trie).insert(content, static_cast<int32_t>(i));
+  }
+  if (!scan.has_vocab && has_merges) builder.vocab_done();  // the type check below names the problem
+  builder.merges_done();
+}
+
+void scan_added_tokens(od::array list, Scan& scan, const std::string& label) {
+  for (od::value item : list) {
+    AddedToken t;
+    bool has_content = false, has_id = false, has_normalized = false;
+    od::object a;
+    if (item.get_object().get(a)) throw IoError(label + ": added_tokens entry " + std::to_string(scan.added.size()) + " is not an object");
+    for (auto field : a) {
+      const std::string_view key = field.unescaped_key();
+      od::value v = field.value();
+      const auto what = [&] { return "added_tokens entry " + std::to_string(scan.added.size()) + "'s " + std::string(key); };
+      if (key == "content") {
+        std::string_view content;
+        has_content = !v.get_string().get(content);
+        t.content = std::string(content);
+      } else if (key == "id") {
+        has_id = !v.get_int64().get(t.id);
+      } else if (key == "special") {
+        t.special = bool_of(v, what(), label);
+      } else if (key == "lstrip") {
+        t.lstrip = bool_of(v, what(), label);
+      } else if (key == "rstrip") {
+        t.rstrip = bool_of(v, what(), label);
+      } else if (key == "single_word") {
+        t.single_word = bool_of(v, what(), label);
+      } else if (key == "normalized") {
+        t.normalized = bool_of(v, what(), label);
+        has_normalized = true;
+      }
     }
-    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) s.pre_tokenizer = PreTokenizer::from(j["pre_tokenizer"], label);
-    if (j.contains("decoder") && !j["decoder"].is_null()) s.decoder = Decoder::from(j["decoder"], label);
-    const auto cps = detail::byte_code_points();
-    for (int b = 0; b < 256; ++b) s.byte_of[cps[static_cast<size_t>(b)]] = static_cast<unsigned char>(b);
+    if (!has_content || !has_id)
+      throw IoError(label + ": added_tokens entry " + std::to_string(scan.added.size()) + " needs a string content and an integer id");
+    if (!has_normalized) t.normalized = !t.special;  // AddedToken::from(content, special)'s default
+    scan.added.push_back(std::move(t));
+  }
+}
+
+// A small section as an nlohmann value (its components' readers take those).
+json section(od::value v, const std::string& key, const std::string& label) {
+  if (is_null(v)) return nullptr;
+  std::string_view raw;
+  od::object o;
+  if (v.get_object().get(o) || o.raw_json().get(raw)) throw IoError(label + ": " + key + " is not an object");
+  try {
+    return json::parse(raw);
+  } catch (const json::exception& e) {
+    throw IoError(label + ": " + key + " is malformed (" + e.what() + ")");
+  }
+}
+
+// The whole file in one pass: the model's vocabulary and merges into s.model, the rest into the Scan.
+Scan scan_file(simdjson::padded_string_view bytes, HfTokenizer::State& s, const std::string& label) {
+  Scan scan;
+  bool has_model = false;
+  od::parser parser;
+  ModelBuilder builder(s.model, label);
+  try {
+    // A value of another type is the file's mistake to name; any other error is JSON that does not parse.
+    auto expect = [&](simdjson::error_code e, const std::string& problem) {
+      if (e == simdjson::INCORRECT_TYPE) throw IoError(label + ": " + problem);
+      if (e) throw simdjson::simdjson_error(e);
+    };
+    od::document doc = parser.iterate(bytes);
+    od::object top;
+    expect(doc.get_object().get(top), "has no 'model' object; a tokenizer.json has one");
+    for (auto field : top) {
+      const std::string_view key = field.unescaped_key();
+      od::value value = field.value();
+      if (key == "model") {
+        od::object model;
+        expect(value.get_object().get(model), "has no 'model' object; a tokenizer.json has one");
+        has_model = true;
+        scan_model(model, scan, builder, bytes.length(), label);
+      } else if (key == "added_tokens") {
+        if (is_null(value)) continue;
+        od::array list;
+        expect(value.get_array().get(list), "added_tokens is not a list");
+        scan_added_tokens(list, scan, label);
+      } else if (key == "normalizer") {
+        scan.normalizer = section(value, "normalizer", label);
+      } else if (key == "pre_tokenizer") {
+        scan.pre_tokenizer = section(value, "pre_tokenizer", label);
+      } else if (key == "post_processor") {
+        scan.post_processor = section(value, "post_processor", label);
+      } else if (key == "decoder") {
+        scan.decoder = section(value, "decoder", label);
+      }
+    }
+    const char* rest = nullptr;  // OUT_OF_BOUNDS once the whole text is consumed
+    if (!doc.current_location().get(rest)) throw IoError(label + ": has text after its JSON object");
+  } catch (const simdjson::simdjson_error& e) {
+    throw IoError(label + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!has_model) throw IoError(label + ": has no 'model' object; a tokenizer.json has one");
+  if (scan.type != "BPE") throw IoError(label + ": model type '" + printable(scan.type, 40) + "' is not supported; qkv reads BPE");
+  if (!scan.has_vocab) throw IoError(label + ": model.vocab is not an object");
+  s.model.merges.build(builder.take_merges(), s.model.vocab.size());
+  return scan;
+}
+
+// The added tokens after the model's vocabulary (their text now finds their id), and the model's settings.
+void add_tokens(const Scan& scan, HfTokenizer::State& s, const std::string& label) {
+  const int64_t max_id = static_cast<int64_t>(s.model.vocab.size()) + static_cast<int64_t>(scan.added.size()) + kMaxIdGap;
+  for (const AddedToken& t : scan.added) {
+    if (t.content.empty()) continue;
+    if (t.id < 0 || t.id >= max_id)
+      throw IoError(label + ": added_tokens id " + std::to_string(t.id) + " of " + printable(t.content, 60) + " is outside [0, " +
+                    std::to_string(max_id) + "): ids are numbered from 0 without large gaps");
+    s.model.vocab.set(static_cast<int32_t>(t.id), t.content);
+  }
+  s.special.assign(static_cast<size_t>(s.model.vocab.size()), false);
+  for (const AddedToken& t : scan.added) {
+    if (t.content.empty()) continue;
+    s.special[static_cast<size_t>(t.id)] = t.special;
+    s.added.push_back(t);
+  }
+  s.model.ignore_merges = scan.ignore_merges;
+  s.model.byte_fallback = scan.byte_fallback;
+  s.model.fuse_unk = scan.fuse_unk;
+  if (scan.unk_token) s.model.unk = s.id_of(*scan.unk_token);
+  s.model.byte_tokens.fill(-1);
+  if (s.model.byte_fallback) s.model.find_byte_tokens();
+}
+
+// The normalizer, pre-tokenizer, decoder and post-processor, then the tries of added tokens (normalized ones by
+// their normalized content).
+void build_components(const Scan& scan, HfTokenizer::State& s, const std::string& label) {
+  try {
+    if (!scan.normalizer.is_null()) s.normalizer = Normalizer::from(scan.normalizer, label);
+    if (!scan.pre_tokenizer.is_null()) s.pre_tokenizer = PreTokenizer::from(scan.pre_tokenizer, label);
+    if (!scan.decoder.is_null()) s.decoder = Decoder::from(scan.decoder, label);
     // The post-processor's single-sequence template, found in a TemplateProcessing alone or inside a Sequence.
     std::function<void(const json&)> post = [&](const json& p) {
       const std::string type = p.value("type", "");
@@ -862,16 +1051,100 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
           }
         }
         for (int64_t id : s.template_items)
-          if (id >= static_cast<int64_t>(s.tokens.size())) throw IoError(label + ": post_processor id " + std::to_string(id) + " is outside the vocabulary");
+          if (id >= s.size()) throw IoError(label + ": post_processor id " + std::to_string(id) + " is outside the vocabulary");
       } else if (type != "ByteLevel") {
         throw IoError(label + ": post_processor '" + printable(type, 40) + "' is not supported; qkv has TemplateProcessing, "
                       "ByteLevel and Sequence");
       }
     };
-    if (j.contains("post_processor") && !j["post_processor"].is_null()) post(j["post_processor"]);
+    if (!scan.post_processor.is_null()) post(scan.post_processor);
   } catch (const json::exception& e) {
     throw IoError(label + ": malformed (" + std::string(e.what()) + ")");
   }
+  // A normalized added token is looked for in normalized text, so by its own normalized content (as tokenizers'
+  // refresh_added_tokens builds its second trie).
+  for (size_t i = 0; i < s.added.size(); ++i) {
+    std::string content = s.added[i].content;
+    if (s.added[i].normalized && s.normalizer) s.normalizer->apply(content);
+    if (!content.empty()) (s.added[i].normalized ? s.normalized_added_trie : s.added_trie).insert(content, static_cast<int32_t>(i));
+  }
+  const auto cps = detail::byte_code_points();
+  for (int b = 0; b < 256; ++b) s.byte_of[cps[static_cast<size_t>(b)]] = static_cast<unsigned char>(b);
+}
+
+// A file mapped with the padding simdjson reads past its end: anonymous zero pages reserved for size + padding, the
+// file mapped over their start. MAP_POPULATE maps the page cache's pages in one call, so the bytes are neither copied
+// (read() into a fresh buffer was a third of a warm load: the copy and a page fault per 4 KiB) nor faulted in one by
+// one. Held only while the file is parsed; a file shortened meanwhile faults, as with any mmap reader (io::MappedFile).
+class PaddedMapping {
+ public:
+  explicit PaddedMapping(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(path + ": cannot be read (" + std::strerror(errno) + ")");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw IoError(path + ": cannot be read (not a regular file)");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    length_ = (size_ + simdjson::SIMDJSON_PADDING + page - 1) / page * page;
+    void* base = ::mmap(nullptr, length_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED && size_ > 0 &&
+        ::mmap(base, size_, PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_POPULATE, fd, 0) == MAP_FAILED) {
+      ::munmap(base, length_);
+      base = MAP_FAILED;
+    }
+    const int error = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) throw IoError(path + ": cannot be mapped (" + std::strerror(error) + ")");
+    data_ = static_cast<const char*>(base);
+  }
+  PaddedMapping(const PaddedMapping&) = delete;
+  PaddedMapping& operator=(const PaddedMapping&) = delete;
+  ~PaddedMapping() { ::munmap(const_cast<char*>(data_), length_); }
+  simdjson::padded_string_view view() const { return simdjson::padded_string_view(data_, size_, length_); }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0, length_ = 0;
+};
+
+std::unique_ptr<HfTokenizer::State> build_state(simdjson::padded_string_view bytes, std::string_view config_text,
+                                                const std::string& label);
+
+}  // namespace
+
+std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& tokenizer_path, const std::string& config_path) {
+  std::string config;
+  std::error_code ec;
+  if (!config_path.empty() && std::filesystem::exists(config_path, ec)) config = read_text(config_path);
+  const PaddedMapping file(tokenizer_path);
+  return std::unique_ptr<HfTokenizer>(new HfTokenizer(build_state(file.view(), config, tokenizer_path)));
+}
+
+std::unique_ptr<HfTokenizer> HfTokenizer::from_folder(const std::string& dir) {
+  const std::filesystem::path p(dir);
+  std::error_code ec;
+  if (!std::filesystem::exists(p / "tokenizer.json", ec)) return nullptr;
+  return load((p / "tokenizer.json").string(), (p / "tokenizer_config.json").string());
+}
+
+std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::string_view config_text, const std::string& label) {
+  const simdjson::padded_string padded(text);
+  return std::unique_ptr<HfTokenizer>(new HfTokenizer(build_state(padded, config_text, label)));
+}
+
+namespace {
+std::unique_ptr<HfTokenizer::State> build_state(simdjson::padded_string_view bytes, std::string_view config_text,
+                                                const std::string& label) {
+  using State = HfTokenizer::State;
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  s.label = label;
+  const Scan scan = scan_file(bytes, s, label);
+  add_tokens(scan, s, label);
+  build_components(scan, s, label);
   if (!config_text.empty()) {
     const std::string where = std::filesystem::path(label).parent_path().empty()
                                   ? std::string("tokenizer_config.json")
@@ -934,8 +1207,9 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::stri
       }
     }
   }
-  return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(state)));
+  return state;
 }
+}  // namespace
 
 std::vector<int64_t> HfTokenizer::encode_rendered(std::string_view text) const { return encode_impl(text, true, false); }
 
@@ -965,11 +1239,11 @@ std::string decode_ids(const HfTokenizer::State& s, std::span<const int64_t> ids
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int64_t id : ids) {
-    if (id < 0 || id >= static_cast<int64_t>(s.tokens.size()))
+    if (id < 0 || id >= s.size())
       throw ValueError("tokenizer.json: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                       std::to_string(s.tokens.size()) + ")");
+                       std::to_string(s.size()) + ")");
     if (skip_special && s.special[static_cast<size_t>(id)]) continue;
-    tokens.push_back(s.tokens[static_cast<size_t>(id)]);
+    tokens.emplace_back(s.model.vocab.text(static_cast<int32_t>(id)));
   }
   if (s.decoder) s.decoder->apply(tokens, s.byte_of);
   std::string out;
@@ -980,17 +1254,17 @@ std::string decode_ids(const HfTokenizer::State& s, std::span<const int64_t> ids
 
 std::string HfTokenizer::decode(std::span<const int64_t> ids) const { return decode_ids(*state_, ids, false); }
 std::string HfTokenizer::decode_text(std::span<const int64_t> ids) const { return decode_ids(*state_, ids, true); }
-int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(state_->tokens.size()); }
+int64_t HfTokenizer::vocab_size() const { return state_->size(); }
 int64_t HfTokenizer::end_of_text() const { return state_->eos; }
 int64_t HfTokenizer::bos_id() const { return state_->bos; }
-int64_t HfTokenizer::token_id(std::string_view token) const { return state_->id_of(std::string(token)); }
+int64_t HfTokenizer::token_id(std::string_view token) const { return state_->id_of(token); }
 bool HfTokenizer::is_special(int64_t id) const {
   return id >= 0 && id < static_cast<int64_t>(state_->special.size()) && state_->special[static_cast<size_t>(id)];
 }
 const std::string& HfTokenizer::chat_template() const { return state_->chat_template; }
 std::string HfTokenizer::token_content(int64_t id) const {
-  if (id < 0 || id >= static_cast<int64_t>(state_->tokens.size())) return "";
-  return state_->tokens[static_cast<size_t>(id)];
+  if (id < 0 || id >= state_->size()) return "";
+  return std::string(state_->model.vocab.text(static_cast<int32_t>(id)));
 }
 
 }  // namespace qkv::text
