@@ -163,8 +163,68 @@ void BpeModel::find_byte_tokens() {
   }
 }
 
+void BpeModel::push_unknown(std::string_view character, std::vector<int64_t>& out) const {
+  bool all = byte_fallback;
+  for (char c : character) all = all && byte_tokens[static_cast<unsigned char>(c)] >= 0;
+  if (all) {
+    for (char c : character) out.push_back(byte_tokens[static_cast<unsigned char>(c)]);
+  } else if (unk >= 0 && !(fuse_unk && !out.empty() && out.back() == unk)) {
+    out.push_back(unk);
+  }
+}
+
+void BpeModel::encode_scored(std::string_view word, std::vector<int64_t>& out) const {
+  struct Symbol {
+    uint32_t begin, length;  // a range of the word: merged symbols are contiguous
+    int32_t prev, next;
+  };
+  std::vector<Symbol> symbols;
+  for (size_t i = 0; i < word.size();) {
+    const size_t n = std::min(utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
+    const auto k = static_cast<int32_t>(symbols.size());
+    symbols.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(n), k - 1, i + n < word.size() ? k + 1 : -1});
+    i += n;
+  }
+  struct Bigram {
+    float score;
+    int32_t left, right;
+    uint32_t length;
+    bool operator<(const Bigram& o) const { return score < o.score || (score == o.score && left > o.left); }
+  };
+  std::priority_queue<Bigram> queue;  // best score first, then leftmost
+  auto consider = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const Symbol& l = symbols[static_cast<size_t>(left)];
+    const uint32_t length = l.length + symbols[static_cast<size_t>(right)].length;
+    const int32_t id = vocab.find(word.substr(l.begin, length));
+    if (id < 0 || static_cast<size_t>(id) >= scores.size()) return;
+    queue.push({scores[static_cast<size_t>(id)], left, right, length});
+  };
+  for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) consider(i - 1, i);
+  while (!queue.empty()) {
+    const Bigram top = queue.top();
+    queue.pop();
+    Symbol& left = symbols[static_cast<size_t>(top.left)];
+    Symbol& right = symbols[static_cast<size_t>(top.right)];
+    if (left.length == 0 || right.length == 0 || left.length + right.length != top.length) continue;  // stale
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = top.left;
+    consider(left.prev, top.left);
+    consider(top.left, left.next);
+  }
+  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[static_cast<size_t>(i)].next) {
+    const std::string_view text = word.substr(symbols[static_cast<size_t>(i)].begin, symbols[static_cast<size_t>(i)].length);
+    const int32_t id = vocab.find(text);
+    if (id >= 0) out.push_back(id);
+    else push_unknown(text, out);  // only a single character is no token: merges make tokens
+  }
+}
+
 void BpeModel::encode(std::string_view word, std::vector<int64_t>& out) const {
   if (word.empty()) return;
+  if (!scores.empty()) return encode_scored(word, out);
   if (ignore_merges) {
     const int32_t whole = vocab.find(word);
     if (whole >= 0) {

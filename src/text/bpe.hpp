@@ -137,12 +137,21 @@ struct BpeModel {
   bool fuse_unk = false;       // consecutive unknown characters become one unk
   int32_t unk = -1;
   std::array<int32_t, 256> byte_tokens{};  // <0xNN> ids (−1 where missing), with byte_fallback
+  // SentencePiece's scores (a GGUF file's "llama" model): when set, merges follow them, not the merge table.
+  std::vector<float> scores;
 
   // Looks the <0xNN> tokens up (after the vocabulary is complete).
   void find_byte_tokens();
   // One pre-tokenized word → ids: its characters, then the lowest-ranked adjacent pair merged (leftmost on ties)
-  // until no pair has a merge. O(n log n) in the word's characters.
+  // until no pair has a merge. O(n log n) in the word's characters. With scores, SentencePiece's rule instead.
   void encode(std::string_view word, std::vector<int64_t>& out) const;
+
+ private:
+  // SentencePiece's BPE as llama.cpp runs it (llm_tokenizer_spm): the word's characters, then repeatedly the adjacent
+  // pair whose concatenation is the best-scored token (leftmost on ties) merged; characters that are no token become
+  // their byte tokens (or unk).
+  void encode_scored(std::string_view word, std::vector<int64_t>& out) const;
+  void push_unknown(std::string_view character, std::vector<int64_t>& out) const;
 };
 
 }  // namespace qkv::text::detail

@@ -15,6 +15,10 @@
 
 #include "qkv/text/tokenizer.hpp"
 
+namespace qkv::io {
+class GgufFile;
+}
+
 namespace qkv::text {
 
 // A Hugging Face tokenizer.json (BPE: Llama 3, Qwen, Gemma 3, GPT-2) with its tokenizer_config.json: ids as Hugging Face's
@@ -29,6 +33,13 @@ class HfTokenizer : public Tokenizer {
                                             const std::string& label = "tokenizer.json");
   // Both files of a Hugging Face model folder; nullptr when it has no tokenizer.json.
   static std::unique_ptr<HfTokenizer> from_folder(const std::string& dir);
+  // The tokenizer of a GGUF file's tokenizer.ggml.* metadata (llama.cpp's vocabulary), run as the tokenizer.json it
+  // was converted from: model "gpt2" (byte-level BPE: tokens, merges, the pre-tokenizer regexes named by
+  // tokenizer.ggml.pre — llama-bpe, qwen2, deepseek-v3, gpt-4o …) or "llama" (SentencePiece: tokens, scores, <0xNN>
+  // byte tokens); token types (control and user-defined tokens are matched in text, control ones as special);
+  // bos/eos/unk ids, add_bos_token/add_eos_token, add_space_prefix and tokenizer.chat_template, with llama.cpp's
+  // defaults where a key is absent. IoError naming the file and the key for anything missing, malformed or unknown.
+  static std::unique_ptr<HfTokenizer> from_gguf(const io::GgufFile& file);
   ~HfTokenizer() override;
 
   // tokenizer(text): added tokens matched first (special ones only with allow_special), the rest normalised,
@@ -42,7 +53,7 @@ class HfTokenizer : public Tokenizer {
   std::string decode_text(std::span<const int64_t> ids) const;
   int64_t vocab_size() const override;
   int64_t end_of_text() const override;  // tokenizer_config.json's eos_token (or its class's default), else −1
-  std::string name() const override { return "tokenizer.json"; }
+  std::string name() const override;  // "tokenizer.json" or "gguf"
 
   int64_t token_id(std::string_view token) const;  // −1 when the vocabulary has no such token
   int64_t bos_id() const;                          // tokenizer_config.json's bos_token (or its class's), else −1
