@@ -56,13 +56,42 @@ TEST(GgufTokenizer, ByteLevelBpeWithItsTokenTypes) {
   EXPECT_TRUE(tok->is_special(6));
   EXPECT_FALSE(tok->is_special(7));
   EXPECT_EQ(tok->end_of_text(), 6);
+  EXPECT_EQ(tok->pad_id(), -1);
   // gpt-2's pre-tokenizer adds no BOS unless the file says so; then it goes first, and EOS last.
   const auto with = from(gpt2({{"tokenizer.ggml.add_bos_token", GgufValue::boolean(true)},
                                {"tokenizer.ggml.add_eos_token", GgufValue::boolean(true)},
+                               {"tokenizer.ggml.padding_token_id", GgufValue::u32(7)},
                                {"tokenizer.chat_template", GgufValue::string("{{ messages }}")}}));
   EXPECT_EQ(with->encode("ab"), (ids{6, 4, 6}));
   EXPECT_EQ(with->encode_rendered("ab"), (ids{4}));
   EXPECT_EQ(with->chat_template(), "{{ messages }}");
+  EXPECT_EQ(with->pad_id(), 7);
+}
+
+// Every tokenizer.ggml.pre name llama.cpp gives a byte-level BPE vocabulary compiles to a pre-tokenizer whose pieces
+// together are the text; digits show which family a name is in (gpt-2 keeps a run of digits together, smollm's
+// starcoder family splits each digit off, llama-bpe takes three at a time).
+TEST(GgufTokenizer, EveryPreTokenizerNameLlamaCppWrites) {
+  const std::vector<std::string> names = {
+      "default", "llama-bpe", "llama3", "dbrx", "smaug-bpe", "jais-2", "qwen2", "deepseek-r1-qwen", "stablelm2", "grok-2",
+      "laguna", "qwen35", "deepseek-llm", "deepseek-v3", "spark2_5", "deepseek-coder", "gpt-4o", "llama4",
+      "granite-embed-multi-97m", "youtu", "tiny_aya", "tekken", "poro-chat", "bloom", "viking", "bailingmoe", "seed-coder",
+      "ufakzeka", "exaone-moe", "minicpm5", "gpt-2", "olmo", "mpt", "starcoder", "smollm", "falcon", "chatglm-bpe"};
+  Metadata digits = gpt2();
+  digits[2].second = GgufValue::strings({"a", "b", "\xC4\xA0", "\xC4\xA0" "a", "ab", "\xC4\xA0" "ab", "<|end|>", "<u>", "1", "2",
+                                         "12", "3", "4", "123", "1234"});
+  digits[3].second = GgufValue::i32s(std::vector<int32_t>{1, 1, 1, 1, 1, 1, 3, 4, 1, 1, 1, 1, 1, 1, 1});
+  digits[4].second = GgufValue::strings({"\xC4\xA0 a", "a b", "\xC4\xA0" "a b", "1 2", "12 3", "123 4"});
+  for (const std::string& name : names) {
+    Metadata m = digits;
+    m[1].second = GgufValue::string(name);
+    const auto tok = from(m, "pre");
+    EXPECT_EQ(tok->decode(tok->encode("ab ab 1234  ab", false)), "ab ab 1234  ab") << name;
+    const auto got = tok->encode("1234", false);
+    if (name == "gpt-2" || name == "olmo" || name == "mpt") EXPECT_EQ(got, (ids{14})) << name;
+    if (name == "smollm" || name == "starcoder" || name == "qwen2") EXPECT_EQ(got, (ids{8, 9, 11, 12})) << name;
+    if (name == "llama-bpe" || name == "deepseek-v3" || name == "gpt-4o") EXPECT_EQ(got, (ids{13, 12})) << name;
+  }
 }
 
 // A SentencePiece vocabulary: unk, <s>, </s>, byte tokens for é (C3 A9), and pieces whose scores decide the merges.

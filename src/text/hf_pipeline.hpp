@@ -558,7 +558,7 @@ struct HfTokenizer::State {
   bool has_template = false;
   std::array<std::string, 256> byte_alphabet = detail::byte_to_unicode();
   std::unordered_map<uint32_t, unsigned char> byte_of;
-  int64_t eos = -1, bos = -1;
+  int64_t eos = -1, bos = -1, pad = -1;
   std::string chat_template;
 
   int32_t id_of(std::string_view token) const { return model.vocab.find(token); }

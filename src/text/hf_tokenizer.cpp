@@ -576,6 +576,10 @@ std::unique_ptr<HfTokenizer::State> build_state(simdjson::padded_string_view byt
     if (c.contains("bos_token")) bos_text = token_text(c["bos_token"]);
     if (!eos_text.empty()) s.eos = s.id_of(eos_text);
     if (!bos_text.empty()) s.bos = s.id_of(bos_text);
+    if (c.contains("pad_token")) {
+      const std::string pad_text = token_text(c["pad_token"]);
+      if (!pad_text.empty()) s.pad = s.id_of(pad_text);
+    }
     if (bos_eos_class) {
       auto flag = [&](const char* key, bool fallback) {
         if (!c.contains(key) || c[key].is_null()) return fallback;
@@ -657,6 +661,7 @@ int64_t HfTokenizer::vocab_size() const { return state_->size(); }
 std::string HfTokenizer::name() const { return state_->kind; }
 int64_t HfTokenizer::end_of_text() const { return state_->eos; }
 int64_t HfTokenizer::bos_id() const { return state_->bos; }
+int64_t HfTokenizer::pad_id() const { return state_->pad; }
 int64_t HfTokenizer::token_id(std::string_view token) const { return state_->id_of(token); }
 bool HfTokenizer::is_special(int64_t id) const {
   return id >= 0 && id < static_cast<int64_t>(state_->special.size()) && state_->special[static_cast<size_t>(id)];

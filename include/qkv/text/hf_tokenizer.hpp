@@ -37,7 +37,7 @@ class HfTokenizer : public Tokenizer {
   // was converted from: model "gpt2" (byte-level BPE: tokens, merges, the pre-tokenizer regexes named by
   // tokenizer.ggml.pre — llama-bpe, qwen2, deepseek-v3, gpt-4o …) or "llama" (SentencePiece: tokens, scores, <0xNN>
   // byte tokens); token types (control and user-defined tokens are matched in text, control ones as special);
-  // bos/eos/unk ids, add_bos_token/add_eos_token, add_space_prefix and tokenizer.chat_template, with llama.cpp's
+  // bos/eos/unk/padding ids, add_bos_token/add_eos_token, add_space_prefix and tokenizer.chat_template, with llama.cpp's
   // defaults where a key is absent. IoError naming the file and the key for anything missing, malformed or unknown.
   static std::unique_ptr<HfTokenizer> from_gguf(const io::GgufFile& file);
   ~HfTokenizer() override;
@@ -57,6 +57,7 @@ class HfTokenizer : public Tokenizer {
 
   int64_t token_id(std::string_view token) const;  // −1 when the vocabulary has no such token
   int64_t bos_id() const;                          // tokenizer_config.json's bos_token (or its class's), else −1
+  int64_t pad_id() const;  // tokenizer_config.json's pad_token (a GGUF's padding_token_id), else −1
   bool is_special(int64_t id) const;  // Whether `id` is a special (added, special) token
   const std::string& chat_template() const;        // tokenizer_config.json's (empty when none)
   std::string token_content(int64_t id) const;     // the token's text as the vocabulary spells it
