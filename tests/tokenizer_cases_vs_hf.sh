@@ -71,5 +71,7 @@ EOF
 else
   echo "llama.cpp's own tokenizer not compared: node-llama-cpp 3.22.1 is not in $llama_modules (npm install" \
        "node-llama-cpp@3.22.1 there, or set QKV_NODE_LLAMA_CPP to a node_modules folder holding it)"
+  # Under scripts/run test (which installs it) a missing llama.cpp is a failure, not a comparison left out.
+  [[ ${QKV_REQUIRE_LLAMACPP:-} != 1 ]] || exit 1
   "$check" "$work/cases.json" "$work/gguf"
 fi
