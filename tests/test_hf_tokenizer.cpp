@@ -65,7 +65,9 @@ TEST_P(RealTokenizer, DecodesWhatItEncodesKeepsSpecialsAsTextAndAddsBosAsItsFile
     EXPECT_EQ(tok->encode("hi", false), (std::vector<int64_t>{6366}));
     EXPECT_EQ(tok->encode_rendered("hi"), (std::vector<int64_t>{6366}));
   }
-  if (GetParam() == "llama2") EXPECT_EQ(tok->encode("hi").front(), 1);  // Mistral's <s>, by its template and config alike
+  if (GetParam() == "llama2") {
+    EXPECT_EQ(tok->encode("hi").front(), 1);  // Mistral's <s>, by its template and config alike
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, RealTokenizer, ::testing::Values("llama3", "qwen3", "gemma3", "llama2", "gemma2", "gpt4o",
