@@ -332,6 +332,23 @@ std::vector<KernelCase> kernel_cases() {
                          return ::testing::AssertionFailure() << "f32→bf16 element " << i;
                      if (n > 2 && (out[2] != 0x3f80 || !std::isnan(bf16_to_f32_reference(out[0])) || out[1] != 0x7f80))
                        return ::testing::AssertionFailure() << "ties to even, NaN or Inf";
+                     // f32 → f16 (F16C with ggml's NaN) against the bit-level reference, over the same bit patterns
+                     // read as floats too: every class of float, half-range values and their ties
+                     std::vector<float> patterns(static_cast<size_t>(n));
+                     for (int64_t i = 0; i < n; ++i) {
+                       const uint32_t b = static_cast<uint32_t>(src[i]) * 0x10001u ^ (i % 3 ? 0x38000000u : 0u);
+                       std::memcpy(&patterns[i], &b, 4);
+                     }
+                     for (const float* from : {static_cast<const float*>(f.data()), static_cast<const float*>(patterns.data())}) {
+                       f32_to_f16(from, out.data(), n);
+                       for (int64_t i = 0; i < n; ++i)
+                         if (out[i] != f32_to_f16_reference(from[i]))
+                           return ::testing::AssertionFailure() << "f32→f16 element " << i << ": " << out[i] << " vs "
+                                                                << f32_to_f16_reference(from[i]);
+                     }
+                     f32_to_f16(f.data(), out.data(), n);
+                     if (n > 2 && (out[0] != 0x7e00 || out[1] != 0x7c00))
+                       return ::testing::AssertionFailure() << "f16 NaN or Inf";
                      return ::testing::AssertionSuccess();
                    }});
   cases.push_back({"embedding backward", [](int64_t n, int m) {

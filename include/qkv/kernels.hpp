@@ -12,6 +12,7 @@
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/optim.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/kernels/transformer.hpp"
