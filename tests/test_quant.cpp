@@ -9,6 +9,7 @@
 #include "helpers.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/quant.hpp"
+#include "qkv/kernels/weights.hpp"
 
 namespace qkv::test {
 namespace {
@@ -242,6 +243,87 @@ TEST(Quant, RoundTripErrorsAreEachFormats) {
                            : type == WeightType::Q5_K ? 0.04 : 0.02;
       EXPECT_LT(relative, bound) << kernels::weight_type_name(type);
       EXPECT_GT(relative, bound / 20) << kernels::weight_type_name(type) << ": suspiciously exact";
+    }
+  }
+}
+
+// Products at sizes where threads split the work (the kernel table's are small): on 1 and 2 threads the one-row path
+// gives the same bits (each row of W is one thread's), both paths stay within float rounding of their references, and
+// the integer path (8-bit activations) stays within 1% of Σ|w·x| of the float32 product.
+TEST(Quant, ProductsSplitBetweenThreadsMatchTheirReferences) {
+  const int64_t N = 520, K = 768;
+  const std::vector<float> values = rows_of(0, static_cast<int>(N * K / kCols), true);
+  for (WeightType type : {WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_K,
+                          WeightType::Q5_K, WeightType::Q6_K}) {
+    const char* name = kernels::weight_type_name(type);
+    std::vector<unsigned char> stored(N * kernels::row_bytes(type, K));
+    kernels::quantize_rows(type, values.data(), stored.data(), N, K);
+    const kernels::WeightView w{type, stored.data(), N, K};
+    for (int64_t M : {int64_t{2}, int64_t{9}}) {
+      std::vector<float> x(M * K);
+      SplitMix g(static_cast<uint64_t>(M));
+      for (float& v : x) v = static_cast<float>(g.uniform());
+      std::vector<float> y1(M * N), y2(M * N), integer(M * N), exact(M * N);
+      {
+        ThreadCount one(1);
+        kernels::gemm_weight(w, M, x.data(), K, 0.0f, y1.data(), N);
+      }
+      {
+        ThreadCount two(2);
+        kernels::gemm_weight(w, M, x.data(), K, 0.0f, y2.data(), N);
+      }
+      kernels::gemm_weight_reference(w, M, x.data(), K, 0.0f, exact.data(), N);
+      const bool streaming = M <= kernels::gemm_weight_integer_rows(type);
+      if (streaming) {
+        kernels::gemm_weight_integer_reference(w, M, x.data(), K, 0.0f, integer.data(), N);
+        EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << name << ": 1 and 2 threads differ";
+      }
+      std::vector<float> dense(N * K);
+      kernels::dequantize_rows(type, stored.data(), dense.data(), N, K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double size = 0;
+          for (int64_t k = 0; k < K; ++k) size += std::fabs(double{dense[n * K + k]} * x[m * K + k]);
+          const size_t i = m * N + n;
+          const float want = streaming && kernels::is_block_quantized(type) ? integer[i] : exact[i];
+          ASSERT_NEAR(y1[i], want, 1e-5 * size) << name << " M " << M << " [" << m << "," << n << "]";
+          ASSERT_NEAR(y2[i], want, 1e-5 * size) << name << " M " << M << " (2 threads)";
+          ASSERT_NEAR(y1[i], exact[i], 0.01 * size) << name << ": 8-bit activations too far from float32";
+        }
+      // the backward on two threads (columns in whole blocks) against its reference
+      std::vector<float> dx(M * K), dx_want(M * K);
+      {
+        ThreadCount two(2);
+        kernels::gemm_weight_backward(w, M, y1.data(), N, 0.0f, dx.data(), K);
+      }
+      kernels::gemm_weight_backward_reference(w, M, y1.data(), N, 0.0f, dx_want.data(), K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) {
+          double size = 0;
+          for (int64_t n = 0; n < N; ++n) size += std::fabs(double{dense[n * K + k]} * y1[m * N + n]);
+          ASSERT_NEAR(dx[m * K + k], dx_want[m * K + k], 1e-5 * size) << name << " backward, M " << M;
+        }
+    }
+  }
+}
+
+// A NaN or ±Inf in a row of X: that row of Y is NaN on every path (the integer path gives its block a NaN scale), the
+// other rows are untouched.
+TEST(Quant, NonFiniteActivationsGiveNanRows) {
+  const int64_t N = 8, K = 512;
+  const std::vector<float> values = rows_of(0, static_cast<int>(N * K / kCols), true);
+  for (WeightType type : kBlockTypes) {
+    std::vector<unsigned char> stored(N * kernels::row_bytes(type, K));
+    kernels::quantize_rows(type, values.data(), stored.data(), N, K);
+    const kernels::WeightView w{type, stored.data(), N, K};
+    for (int64_t M : {int64_t{2}, int64_t{6}}) {
+      std::vector<float> x(M * K, 0.25f), y(M * N);
+      x[K + 300] = M == 2 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+      kernels::gemm_weight(w, M, x.data(), K, 0.0f, y.data(), N);
+      for (int64_t n = 0; n < N; ++n) {
+        EXPECT_TRUE(std::isfinite(y[n])) << kernels::weight_type_name(type);
+        EXPECT_TRUE(std::isnan(y[N + n]) || (M == 6 && std::isinf(y[N + n]))) << kernels::weight_type_name(type) << " M " << M;
+      }
     }
   }
 }

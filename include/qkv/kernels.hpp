@@ -15,4 +15,5 @@
 #include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/threads.hpp"
+#include "qkv/kernels/weights.hpp"
 #include "qkv/kernels/transformer.hpp"

@@ -1,0 +1,52 @@
+// Products with a weight matrix kept as its file stores it (float32, f16, bf16 or one of ggml's block formats, see
+// quant.hpp): the forward product of a linear layer, x·Wᵀ, for generation's few rows and for prompts, evaluation and
+// training's many, and the backward dX = dY·W of a frozen stored weight (LoRA on a quantized base). Each beside a
+// double-precision reference. Not here: the storage formats (quant.hpp), float32 and bf16 operand products (gemm.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/kernels/quant.hpp"
+
+namespace qkv::kernels {
+
+// A weight matrix W (N × K) as stored: N rows of K values, row_bytes(type, K) bytes each, one after another — an
+// nn.Linear weight (out_features × in_features), a GGUF tensor with ne0 = K and ne1 = N. A view: nothing is owned.
+// The bytes need 2-byte alignment (4 for F32), as every GGUF tensor has.
+struct WeightView {
+  WeightType type = WeightType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;  // N, outputs
+  int64_t cols = 0;  // K, inputs (a multiple of the block for the block types: row_bytes throws otherwise)
+};
+
+// Y (M × N) = X (M × K) · Wᵀ + beta·Y (beta 0: Y is not read). X's rows are ldx floats apart, Y's ldy. Threads own
+// slices of Y's columns (rows of W); results are deterministic for a given thread count.
+//   F32 storage is kernels::gemm. For the others, M ≤ gemm_weight_integer_rows(type) (generation) reads W once,
+//   streaming: a block type's products run in integers against X quantized once per row to 8-bit blocks (ggml's q8_0
+//   for Q8_0 and Q4_0, q8_K for the K-quants: the values of gemm_weight_integer_reference), f16/bf16 widen to float32 in
+//   the loop. More rows (prompts, training) widen panels of W to float32 and multiply them with sgemm: float32
+//   activations, the values of gemm_weight_reference.
+// A NaN or ±Inf in a row of X makes that row of Y NaN on the integer path (its block's scale is NaN).
+void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
+
+// dX (M × K) = dY (M × N) · W + beta·dX: the gradient of the input through a stored (frozen) weight. Panels of W are
+// widened to float32 and multiplied with sgemm; threads own slices of dX's columns (whole blocks), or of its rows when K
+// holds fewer blocks than threads.
+void gemm_weight_backward(const WeightView& w, int64_t M, const float* dY, int64_t ldy, float beta, float* dX, int64_t ldx);
+
+// The most rows of X the integer (or widening, one-row) path takes for this type; above it, panels and sgemm. Measured
+// in bench/quant_bench.cpp (see weights.cpp).
+int64_t gemm_weight_integer_rows(WeightType type);
+// What gemm_weight runs for this type and row count, for benchmark headers: e.g. "AVX-512 VNNI … integer dots".
+const char* gemm_weight_backend(WeightType type, int64_t M);
+
+// References, in double: W as dequantize_rows gives it, X as given (the panel path's arithmetic) …
+void gemm_weight_reference(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
+void gemm_weight_backward_reference(const WeightView& w, int64_t M, const float* dY, int64_t ldy, float beta, float* dX,
+                                    int64_t ldx);
+// … and with X quantized to 8-bit blocks as the integer path does (block types only; the float types as above).
+void gemm_weight_integer_reference(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y,
+                                   int64_t ldy);
+
+}  // namespace qkv::kernels

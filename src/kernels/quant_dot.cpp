@@ -1,0 +1,724 @@
+// One stored weight row times one row of quantized activations (see quant_dot.hpp): integer dot products per block,
+// scaled in float. Three builds of each kernel: AVX-512 with VNNI (vpdpbusd, vpdpwssd; Zen 4/5, Ice Lake and later
+// Xeons), AVX2 (vpmaddubsw + vpmaddwd, or the 256-bit vpdpbusd of AVX512-VL or AVX-VNNI on Intel client cores where the
+// build has it), and plain C++ for other CPUs. Generation reads every weight once per token, so these run at the
+// memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
+// with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
+// of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks.
+#include "quant_dot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "quant_blocks.hpp"
+#include "simd.hpp"
+
+#if defined(QKV_AVX512) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QKV_DOT512 1
+#endif
+#if defined(QKV_AVX2) && defined(__F16C__)
+#define QKV_DOT256 1
+#endif
+
+namespace qkv::kernels::quant {
+
+namespace {
+
+// The weight stream a thread reads is contiguous (its rows one after another): each step asks for the line this far
+// ahead, as gemm_bf16's row kernel does (the hardware prefetcher alone leaves a 2-thread stream short of the read rate).
+constexpr int64_t kPrefetchBytes = 8192;
+
+uint16_t load_u16(const void* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// ---- the activation layouts ----
+// Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
+// without a packed layout read these. Then, for Q8_0 and Q4_0 in the vector builds, the packed groups.
+
+struct alignas(64) Q8Block {  // 32 values: x ≈ dx·q
+  int8_t q[32];
+  float dx;
+  int32_t sum;  // Σ q
+  int32_t pad[6];
+};
+struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel's order (see k_order)
+  int8_t q[256];
+  int16_t bsums[16];  // Σ q over each 16 values, natural order
+  float d;
+  int32_t pad[7];
+};
+static_assert(sizeof(Q8Block) == 64 && sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
+
+#if defined(QKV_DOT512)
+// Q8_0, two blocks per 512-bit step: the weights' int8 become unsigned by adding 128 (an xor), so vpdpbusd takes them,
+// and the offset 128·Σq of each block is taken back by starting its lanes from −128·Σq (bias: lane 0 for the first
+// block, lane 8 for the second). xs: the activation scale of each lane's block.
+struct alignas(64) Q8_0Pair {
+  int8_t q[64];
+  int32_t bias[16];
+  float xs[16];
+};
+// Q4_0, four blocks per step: the 16 low nibbles of each block (values 0–15) side by side, then the 16 high ones
+// (values 16–31); each block owns 4 lanes of the int32 sums (4k … 4k + 3), which start from −8·Σq (the nibbles are
+// q + 8).
+struct alignas(64) Q4_0Quad {
+  int8_t low[64];
+  int8_t high[64];
+  int32_t bias[16];
+  float xs[16];
+};
+constexpr int kQ8_0Group = 2, kQ4_0Group = 4;
+using Q8_0Group = Q8_0Pair;
+using Q4_0Group = Q4_0Quad;
+#elif defined(QKV_DOT256)
+// AVX2 Q4_0, two blocks per 256-bit step: the low nibbles of both, then the high ones; block k owns lanes 4k … 4k + 3,
+// which start from −8·Σq. (Q8_0 multiplies |w| by x with w's sign, per block: no offset, the natural blocks suffice.)
+struct alignas(64) Q4_0Pair {
+  int8_t low[32];
+  int8_t high[32];
+  int32_t bias[8];
+  float dx[2];
+  float pad[6];
+};
+constexpr int kQ8_0Group = 1, kQ4_0Group = 2;
+struct Q8_0Group {};
+using Q4_0Group = Q4_0Pair;
+#else
+constexpr int kQ8_0Group = 1, kQ4_0Group = 1;
+struct Q8_0Group {};
+struct Q4_0Group {};
+#endif
+
+// The order in which the kernel reads a K-quant block's sub-blocks of 32 values. The 512-bit Q4_K/Q5_K kernels take
+// 64 bytes of nibbles at a time, whose low nibbles are sub-blocks 0 and 2 (and the high ones 1 and 3).
+const int* k_order(WeightType type) {
+  static const int natural[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+#if defined(QKV_DOT512)
+  static const int paired[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  if (type == WeightType::Q4_K || type == WeightType::Q5_K) return paired;
+#endif
+  (void)type;
+  return natural;
+}
+
+bool is_k_quant(WeightType type) {
+  return type == WeightType::Q4_K || type == WeightType::Q5_K || type == WeightType::Q6_K;
+}
+
+// Bytes of the natural blocks, and where the packed groups start.
+int64_t natural_bytes(WeightType type, int64_t K) {
+  return is_k_quant(type) ? K / kQK_K * int64_t{sizeof(Q8KBlock)} : K / kQK * int64_t{sizeof(Q8Block)};
+}
+
+// Absmax quantization of 32 values, ggml's q8_0 (rounded to nearest even as its vector builds do).
+void quantize_q8_block(const float* x, Q8Block* out) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < 32; ++j) {
+    finite &= std::isfinite(x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  std::memset(out, 0, sizeof *out);
+  if (!finite) {
+    out->dx = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  out->dx = d;
+  for (int j = 0; j < 32; ++j) {
+    out->q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+    out->sum += out->q[j];
+  }
+}
+
+// ggml's quantize_row_q8_K_ref: the signed largest value maps to −127, levels rounded by nearest_int (to even).
+void quantize_q8k_block(const float* x, const int* order, Q8KBlock* out) {
+  float max = 0.0f, amax = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < kQK_K; ++j) {
+    finite &= std::isfinite(x[j]);
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  std::memset(out, 0, sizeof *out);
+  if (!finite) {
+    out->d = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  if (amax == 0.0f) return;
+  const float iscale = -127.0f / max;
+  int8_t q[kQK_K];
+  for (int j = 0; j < kQK_K; ++j) q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
+  for (int j = 0; j < 16; ++j) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[16 * j + i];
+    out->bsums[j] = static_cast<int16_t>(sum);
+  }
+  for (int s = 0; s < 8; ++s) std::memcpy(out->q + 32 * s, q + 32 * order[s], 32);
+  out->d = 1.0f / iscale;
+}
+
+// ---- horizontal sums in a fixed order ----
+#if defined(QKV_DOT256)
+float sum8(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+#endif
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // the 256-bit kernels' helpers
+// Σ of four adjacent u8×s8 products into each int32 lane: vpdpbusd where the build has a 256-bit one, else
+// vpmaddubsw (pairs into int16: callers keep |u·s| pairs below 32768) and vpmaddwd with ones.
+__m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+// acc + the int16 pairs of a (vpmaddubsw's) times the int16 scales in b, summed in pairs.
+__m256i dot_i16(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+#endif
+#if defined(QKV_DOT512)
+float sum16(__m512 v) { return simd::reduce_add(v); }
+#endif
+
+// ---- the plain C++ products of one block (tails of the vector loops, builds without AVX2) ----
+
+float dot_q8_0_block(const BlockQ8_0& w, const Q8Block& x) {
+  int32_t s = 0;
+  for (int j = 0; j < 32; ++j) s += w.qs[j] * x.q[j];
+  return static_cast<float>(s) * (half_to_float(w.d) * x.dx);
+}
+
+float dot_q4_0_block(const BlockQ4_0& w, const Q8Block& x) {
+  int32_t s = 0;
+  for (int j = 0; j < 16; ++j) s += ((w.qs[j] & 0xf) - 8) * x.q[j] + ((w.qs[j] >> 4) - 8) * x.q[j + 16];
+  return static_cast<float>(s) * (half_to_float(w.d) * x.dx);
+}
+
+// Sub-block sums Σ q_w·q_x of a K-quant block in the natural order of the activations.
+template <class Block>
+float dot_k_block_scalar(const Block& w, const Q8KBlock& x, const int* order, WeightType type) {
+  // natural position of activation value k within x.q
+  auto xq = [&](int k) {
+    const int s = k / 32;
+    int slot = 0;
+    while (order[slot] != s) ++slot;
+    return static_cast<int32_t>(x.q[32 * slot + k % 32]);
+  };
+  if constexpr (std::is_same_v<Block, BlockQ6_K>) {
+    int32_t total = 0;
+    for (int n = 0; n < kQK_K; n += 128)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* ql = w.ql + n / 2;
+        const uint8_t* qh = w.qh + n / 4;
+        const int q[4] = {((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32, ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32,
+                          ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32, ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32};
+        for (int i = 0; i < 4; ++i) {
+          const int k = n + l + 32 * i;
+          total += w.scales[k / 16] * q[i] * xq(k);
+        }
+      }
+    return static_cast<float>(total) * (half_to_float(w.d) * x.d);
+  } else {
+    int32_t scaled = 0, mins = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      scale_min_k4(j, w.scales, &sc, &m);
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int k = 32 * j + i;
+        int q = (j % 2 ? w.qs[32 * (j / 2) + i] >> 4 : w.qs[32 * (j / 2) + i] & 0xf);
+        if (type == WeightType::Q5_K) {
+          if constexpr (std::is_same_v<Block, BlockQ5_K>) q += (w.qh[i] >> j) & 1 ? 16 : 0;
+        }
+        s += q * xq(k);
+      }
+      scaled += sc * s;
+      mins += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    }
+    return static_cast<float>(scaled) * (half_to_float(w.d) * x.d) - static_cast<float>(mins) * (half_to_float(w.dmin) * x.d);
+  }
+}
+
+// ---- Q8_0 ----
+
+float dot_q8_0(const BlockQ8_0* w, const unsigned char* act, int64_t blocks) {
+  const Q8Block* natural = reinterpret_cast<const Q8Block*>(act);
+  int64_t b = 0;
+  float total = 0.0f;
+#if defined(QKV_DOT512)
+  const Q8_0Pair* pairs = reinterpret_cast<const Q8_0Pair*>(act + blocks * int64_t{sizeof(Q8Block)});
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  auto step = [&](__m512& acc, int64_t p) {
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
+    simd::prefetch(wb + kPrefetchBytes, 64);
+    const __m512i qw = _mm512_xor_si512(
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2))),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 36)), 1),
+        flip);
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(pairs[p].bias), qw, _mm512_load_si512(pairs[p].q));
+    const __m256i halves = _mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(static_cast<short>(load_u16(wb))),
+                                                   _mm256_set1_epi16(static_cast<short>(load_u16(wb + 34))));
+    const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(halves), _mm512_load_ps(pairs[p].xs));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc);
+  };
+  const int64_t full = blocks / 2;
+  int64_t p = 0;
+  for (; p + 2 <= full; p += 2) {
+    step(acc0, p);
+    step(acc1, p + 1);
+  }
+  if (p < full) step(acc0, p++);
+  b = 2 * full;
+  total = sum16(_mm512_add_ps(acc0, acc1));
+#elif defined(QKV_DOT256)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  auto step = [&](__m256& acc, int64_t i) {
+    simd::prefetch(reinterpret_cast<const unsigned char*>(w + i) + kPrefetchBytes, 64);
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+    const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(natural[i].q));
+    // |w| times x with w's sign: unsigned × signed for vpmaddubsw / vpdpbusd, pairs ≤ 2·128·127 < 32768
+    const __m256i s = dot_u8s8(_mm256_setzero_si256(), _mm256_abs_epi8(qw), _mm256_sign_epi8(qx, qw));
+    const float scale = _cvtsh_ss(w[i].d) * natural[i].dx;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(scale), acc);
+  };
+  for (; b + 2 <= blocks; b += 2) {
+    step(acc0, b);
+    step(acc1, b + 1);
+  }
+  total = sum8(_mm256_add_ps(acc0, acc1));
+#endif
+  for (; b < blocks; ++b) total += dot_q8_0_block(w[b], natural[b]);
+  return total;
+}
+
+// ---- Q4_0 ----
+
+float dot_q4_0(const BlockQ4_0* w, const unsigned char* act, int64_t blocks) {
+  const Q8Block* natural = reinterpret_cast<const Q8Block*>(act);
+  int64_t b = 0;
+  float total = 0.0f;
+#if defined(QKV_DOT512)
+  const Q4_0Quad* quads = reinterpret_cast<const Q4_0Quad*>(act + blocks * int64_t{sizeof(Q8Block)});
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  // the halves of the four blocks' scales (words 0, 9, 18, 27 of the group's first 64 bytes), each for its 4 lanes
+  const __m512i scale_words = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27, 27, 27, 27, 18, 18,
+                                               18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  auto step = [&](__m512& acc, int64_t g) {
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 4 * g);
+    simd::prefetch(wb + kPrefetchBytes, 72);
+    auto qs = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 18 * k + 2)); };
+    const __m512i v = _mm512_inserti32x4(
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
+    const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[g].bias), low, _mm512_load_si512(quads[g].low));
+    s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[g].high));
+    const __m256i halves = _mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_words, _mm512_loadu_si512(wb)));
+    const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(halves), _mm512_load_ps(quads[g].xs));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc);
+  };
+  const int64_t full = blocks / 4;
+  int64_t g = 0;
+  for (; g + 2 <= full; g += 2) {
+    step(acc0, g);
+    step(acc1, g + 1);
+  }
+  if (g < full) step(acc0, g++);
+  b = 4 * full;
+  total = sum16(_mm512_add_ps(acc0, acc1));
+#elif defined(QKV_DOT256)
+  const Q4_0Pair* pairs = reinterpret_cast<const Q4_0Pair*>(act + blocks * int64_t{sizeof(Q8Block)});
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  auto step = [&](__m256& acc, int64_t p) {
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
+    simd::prefetch(wb + kPrefetchBytes, 36);
+    const __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 20)), 1);
+    const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+    __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].bias)), low,
+                         _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].low)));
+    s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].high)));
+#else  // nibble × int8 pairs ≤ 2·15·127, and the two halves' sum ≤ 7620: one vpmaddwd for both
+    const __m256i pairs16 =
+        _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].low))),
+                         _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].high))));
+    const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
+                                       _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].bias)));
+#endif
+    const __m128i halves = _mm_insert_epi16(_mm_cvtsi32_si128(load_u16(wb)), load_u16(wb + 18), 1);
+    const __m128 scales = _mm_mul_ps(_mm_cvtph_ps(halves), _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(pairs[p].dx))));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), acc);
+  };
+  const int64_t full = blocks / 2;
+  int64_t p = 0;
+  for (; p + 2 <= full; p += 2) {
+    step(acc0, p);
+    step(acc1, p + 1);
+  }
+  if (p < full) step(acc0, p++);
+  b = 2 * full;
+  total = sum8(_mm256_add_ps(acc0, acc1));
+#endif
+  for (; b < blocks; ++b) total += dot_q4_0_block(w[b], natural[b]);
+  return total;
+}
+
+// ---- Q4_K and Q5_K ----
+
+// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block as 16 bytes: scales 0–7, then mins 0–7 (ggml's utmp unpacking
+// of scale_min_k4's layout, four bytes at a time).
+#if defined(QKV_DOT256)
+__m128i unpack_scales_mins(const uint8_t* packed) {
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  const uint32_t scales_low = u[0] & 0x3f3f3f3fu, mins_low = u[1] & 0x3f3f3f3fu;
+  const uint32_t scales_high = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t mins_high = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  return _mm_setr_epi32(static_cast<int>(scales_low), static_cast<int>(scales_high), static_cast<int>(mins_low),
+                        static_cast<int>(mins_high));
+}
+#endif
+
+template <bool five_bits>
+float dot_q45_K(const void* w_row, const unsigned char* act, int64_t blocks) {
+  using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
+  const Block* w = static_cast<const Block*>(w_row);
+  const Q8KBlock* x = reinterpret_cast<const Q8KBlock*>(act);
+#if defined(QKV_DOT512)
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  // 32 int16 lanes per vector: the first 16 take sub-block a's scale, the last 16 sub-block c's (words of the 16 unpacked
+  // scale and min words)
+  auto pattern = [](int a, int c) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(a))),
+                              _mm256_set1_epi16(static_cast<short>(c)), 1);
+  };
+  const __m512i pick02 = pattern(0, 2), pick13 = pattern(1, 3), pick46 = pattern(4, 6), pick57 = pattern(5, 7);
+  const __m256i pick_mins = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  // Q5_K: the fifth bit of each byte of the four vectors (lo/hi nibbles of the two 64-byte halves), one bit per half
+  auto bits = [](int a, int c) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(a))),
+                              _mm256_set1_epi8(static_cast<char>(c)), 1);
+  };
+  const __m512i bit02 = bits(0x01, 0x04), bit13 = bits(0x02, 0x08), bit46 = bits(0x10, 0x40), bit57 = bits(0x20, 0x80);
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  __m512 acc = _mm512_setzero_ps();
+  __m256 acc_mins = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Block& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
+    const __m256i words = _mm256_cvtepu8_epi16(unpack_scales_mins(blk.scales));  // scales 0–7, mins 0–7
+    const __m512i words512 = _mm512_castsi256_si512(words);
+    const __m512i a = _mm512_loadu_si512(blk.qs), c = _mm512_loadu_si512(blk.qs + 64);
+    __m512i v[4] = {_mm512_and_si512(a, nibble), _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble),
+                    _mm512_and_si512(c, nibble), _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble)};
+    if constexpr (five_bits) {
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh)));
+      const __m512i bit[4] = {bit02, bit13, bit46, bit57};
+      for (int i = 0; i < 4; ++i) v[i] = _mm512_mask_add_epi8(v[i], _mm512_test_epi8_mask(h, bit[i]), v[i], sixteen);
+    }
+    const __m512i scale[4] = {_mm512_permutexvar_epi16(pick02, words512), _mm512_permutexvar_epi16(pick13, words512),
+                              _mm512_permutexvar_epi16(pick46, words512), _mm512_permutexvar_epi16(pick57, words512)};
+    __m512i sum = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i)  // nibble (or 5-bit) × int8 pairs ≤ 2·31·127: int16 is enough
+      sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(v[i], _mm512_load_si512(x[b].q + 64 * i)), scale[i]);
+    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums)),
+                                           _mm256_permutexvar_epi16(pick_mins, words));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(_cvtsh_ss(blk.d) * x[b].d), acc);
+    acc_mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(_cvtsh_ss(blk.dmin) * x[b].d), acc_mins);
+  }
+  return sum16(acc) - sum8(acc_mins);
+#elif defined(QKV_DOT256)
+  const __m256i nibble = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
+  __m256 acc = _mm256_setzero_ps();
+  float mins_total = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Block& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
+    alignas(16) uint8_t sm[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sm), unpack_scales_mins(blk.scales));
+    __m256i sum = _mm256_setzero_si256(), h = _mm256_setzero_si256();
+    if constexpr (five_bits) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
+    for (int p = 0; p < 4; ++p) {  // 64 values: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * p));
+      __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      if constexpr (five_bits) {
+        const __m256i bl = _mm256_set1_epi8(static_cast<char>(1 << (2 * p))), bh = _mm256_set1_epi8(static_cast<char>(2 << (2 * p)));
+        low = _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bl), bl), sixteen));
+        high = _mm256_or_si256(high, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bh), bh), sixteen));
+      }
+      const __m256i pl = _mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].q + 64 * p)));
+      const __m256i ph = _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].q + 64 * p + 32)));
+      sum = dot_i16(sum, pl, _mm256_set1_epi16(sm[2 * p]));
+      sum = dot_i16(sum, ph, _mm256_set1_epi16(sm[2 * p + 1]));
+    }
+    int32_t mins = 0;
+    for (int j = 0; j < 8; ++j) mins += sm[8 + j] * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(_cvtsh_ss(blk.d) * x[b].d), acc);
+    mins_total += static_cast<float>(mins) * (_cvtsh_ss(blk.dmin) * x[b].d);
+  }
+  return sum8(acc) - mins_total;
+#else
+  float total = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b)
+    total += dot_k_block_scalar(w[b], x[b], k_order(five_bits ? WeightType::Q5_K : WeightType::Q4_K),
+                                five_bits ? WeightType::Q5_K : WeightType::Q4_K);
+  return total;
+#endif
+}
+
+// ---- Q6_K ----
+
+float dot_q6_K(const BlockQ6_K* w, const unsigned char* act, int64_t blocks) {
+  const Q8KBlock* x = reinterpret_cast<const Q8KBlock*>(act);
+#if defined(QKV_DOT512)
+  const __m512i nibble = _mm512_set1_epi8(0x0f), two_bits = _mm512_set1_epi8(0x30);
+  // The high bits of values j and j + 32 (low nibbles) sit in bits 0–1 and 2–3 of qh[j]; of j + 64 and j + 96 (high
+  // nibbles) in bits 4–5 and 6–7: shifted per 256-bit half to bits 4–5 of each byte.
+  const __m512i up_low = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i down_high = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  auto pattern = [](int first) {  // 8 int16 lanes (16 values) per scale: scales first … first + 3
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_setr_epi16(first, first, first, first, first, first, first, first, first + 1,
+                                                 first + 1, first + 1, first + 1, first + 1, first + 1, first + 1, first + 1)),
+        _mm256_setr_epi16(first + 2, first + 2, first + 2, first + 2, first + 2, first + 2, first + 2, first + 2,
+                          first + 3, first + 3, first + 3, first + 3, first + 3, first + 3, first + 3, first + 3),
+        1);
+  };
+  const __m512i pick[4] = {pattern(0), pattern(4), pattern(8), pattern(12)};
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const BlockQ6_K& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(BlockQ6_K));
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+    const __m512i scales512 = _mm512_castsi256_si512(scales16);
+    __m512i sum = _mm512_setzero_si512();
+    for (int g = 0; g < 2; ++g) {  // 128 values: 64 bytes of low bits, 32 of high bits
+      const __m512i a = _mm512_loadu_si512(blk.ql + 64 * g);
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * g)));
+      // (a & 0x0f) | high bits: vpternlogd 0xEC is (A & C) | B
+      const __m512i low = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_sllv_epi16(h, up_low), two_bits), nibble, 0xEC);
+      const __m512i high = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4),
+                                                     _mm512_and_si512(_mm512_srlv_epi16(h, down_high), two_bits), nibble, 0xEC);
+      // levels 0…63 × int8 pairs ≤ 2·63·127 < 32768
+      sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(low, _mm512_load_si512(x[b].q + 128 * g)),
+                                _mm512_permutexvar_epi16(pick[2 * g], scales512));
+      sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(high, _mm512_load_si512(x[b].q + 128 * g + 64)),
+                                _mm512_permutexvar_epi16(pick[2 * g + 1], scales512));
+    }
+    // the levels are q + 32: take back 32·Σ scale_j·Σ_{16 values of j} x
+    const __m256i offset = _mm256_madd_epi16(scales16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums)));
+    sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(_cvtsh_ss(blk.d) * x[b].d), acc);
+  }
+  return sum16(acc);
+#elif defined(QKV_DOT256)
+  const __m256i nibble = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(0x03);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const BlockQ6_K& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(BlockQ6_K));
+    __m256i sum = _mm256_setzero_si256();
+    for (int g = 0; g < 2; ++g) {
+      const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * g));
+      const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * g + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * g));
+      // values 32i … 32i + 31 of the 128: nibbles of a0/a1, high bits 2i … 2i + 1 of h
+      const __m256i level[4] = {
+          _mm256_or_si256(_mm256_and_si256(a0, nibble), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
+          _mm256_or_si256(_mm256_and_si256(a1, nibble), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
+      for (int i = 0; i < 4; ++i) {
+        const int first = 8 * g + 2 * i;  // the 32 values' two scales
+        const __m256i scale = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(blk.scales[first])),
+                                                      _mm_set1_epi16(blk.scales[first + 1]), 1);
+        sum = dot_i16(sum, _mm256_maddubs_epi16(level[i], _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].q + 128 * g + 32 * i))),
+                      scale);
+      }
+    }
+    int32_t offset = 0;
+    for (int j = 0; j < 16; ++j) offset += blk.scales[j] * x[b].bsums[j];
+    const float d = _cvtsh_ss(blk.d) * x[b].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0))),
+                          _mm256_set1_ps(d), acc);
+  }
+  return sum8(acc);
+#else
+  float total = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) total += dot_k_block_scalar(w[b], x[b], k_order(WeightType::Q6_K), WeightType::Q6_K);
+  return total;
+#endif
+}
+
+}  // namespace
+
+void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
+  type_ = type;
+  K_ = K;
+  const bool k_quant = is_k_quant(type);
+  const int64_t blocks = K / (k_quant ? kQK_K : kQK), base = natural_bytes(type, K);
+  int64_t packed = 0;
+  if (type == WeightType::Q8_0 && kQ8_0Group > 1) packed = blocks / kQ8_0Group * int64_t{sizeof(Q8_0Group)};
+  if (type == WeightType::Q4_0 && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
+  const size_t needed = static_cast<size_t>(base + packed + 64);
+  if (storage_.size() < needed) storage_.resize(needed);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(storage_.data());
+  data_ = storage_.data() + ((64 - at % 64) % 64);
+  if (k_quant) {
+    Q8KBlock* out = reinterpret_cast<Q8KBlock*>(data_);
+    for (int64_t b = 0; b < blocks; ++b) quantize_q8k_block(x + b * kQK_K, k_order(type), out + b);
+    return;
+  }
+  Q8Block* natural = reinterpret_cast<Q8Block*>(data_);
+  for (int64_t b = 0; b < blocks; ++b) quantize_q8_block(x + b * kQK, natural + b);
+#if defined(QKV_DOT512)
+  if (type == WeightType::Q8_0) {
+    Q8_0Pair* pairs = reinterpret_cast<Q8_0Pair*>(data_ + base);
+    for (int64_t p = 0; p < blocks / 2; ++p) {
+      std::memset(&pairs[p], 0, sizeof pairs[p]);
+      for (int k = 0; k < 2; ++k) {
+        const Q8Block& blk = natural[2 * p + k];
+        std::memcpy(pairs[p].q + 32 * k, blk.q, 32);
+        pairs[p].bias[8 * k] = -128 * blk.sum;
+        std::fill_n(pairs[p].xs + 8 * k, 8, blk.dx);
+      }
+    }
+  } else {
+    Q4_0Quad* quads = reinterpret_cast<Q4_0Quad*>(data_ + base);
+    for (int64_t g = 0; g < blocks / 4; ++g) {
+      std::memset(&quads[g], 0, sizeof quads[g]);
+      for (int k = 0; k < 4; ++k) {
+        const Q8Block& blk = natural[4 * g + k];
+        std::memcpy(quads[g].low + 16 * k, blk.q, 16);
+        std::memcpy(quads[g].high + 16 * k, blk.q + 16, 16);
+        quads[g].bias[4 * k] = -8 * blk.sum;
+        std::fill_n(quads[g].xs + 4 * k, 4, blk.dx);
+      }
+    }
+  }
+#elif defined(QKV_DOT256)
+  if (type == WeightType::Q4_0) {
+    Q4_0Pair* pairs = reinterpret_cast<Q4_0Pair*>(data_ + base);
+    for (int64_t p = 0; p < blocks / 2; ++p) {
+      std::memset(&pairs[p], 0, sizeof pairs[p]);
+      for (int k = 0; k < 2; ++k) {
+        const Q8Block& blk = natural[2 * p + k];
+        std::memcpy(pairs[p].low + 16 * k, blk.q, 16);
+        std::memcpy(pairs[p].high + 16 * k, blk.q + 16, 16);
+        pairs[p].bias[4 * k] = -8 * blk.sum;
+        pairs[p].dx[k] = blk.dx;
+      }
+    }
+  }
+#endif
+}
+
+float ActivationRow::block_scale(int64_t b) const {
+  return is_k_quant(type_) ? reinterpret_cast<const Q8KBlock*>(data_)[b].d : reinterpret_cast<const Q8Block*>(data_)[b].dx;
+}
+
+int ActivationRow::level(int64_t k) const {
+  if (!is_k_quant(type_)) return reinterpret_cast<const Q8Block*>(data_)[k / kQK].q[k % kQK];
+  const Q8KBlock& blk = reinterpret_cast<const Q8KBlock*>(data_)[k / kQK_K];
+  const int* order = k_order(type_);
+  const int s = static_cast<int>(k % kQK_K) / 32;
+  int slot = 0;
+  while (order[slot] != s) ++slot;
+  return blk.q[32 * slot + k % 32];
+}
+
+float dot_row(const void* w_row, const ActivationRow& x) {
+  switch (x.type()) {
+    case WeightType::Q8_0: return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x.data(), x.size() / kQK);
+    case WeightType::Q4_0: return dot_q4_0(static_cast<const BlockQ4_0*>(w_row), x.data(), x.size() / kQK);
+    case WeightType::Q4_K: return dot_q45_K<false>(w_row, x.data(), x.size() / kQK_K);
+    case WeightType::Q5_K: return dot_q45_K<true>(w_row, x.data(), x.size() / kQK_K);
+    case WeightType::Q6_K: return dot_q6_K(static_cast<const BlockQ6_K*>(w_row), x.data(), x.size() / kQK_K);
+    default: return 0.0f;  // the float types never come here (weights.cpp)
+  }
+}
+
+float dot_row_16bit(WeightType type, const void* w_row, const float* x, int64_t K) {
+  const uint16_t* w = static_cast<const uint16_t*>(w_row);
+  const bool half = type == WeightType::F16;
+  int64_t k = 0;
+  float total = 0.0f;
+#if defined(QKV_AVX512)
+  auto widen = [&](int64_t at) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + at));
+    return half ? _mm512_cvtph_ps(bits) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  };
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (; k + 32 <= K; k += 32) {
+    simd::prefetch(w + k + kPrefetchBytes / 2, 64);
+    acc0 = _mm512_fmadd_ps(widen(k), _mm512_loadu_ps(x + k), acc0);
+    acc1 = _mm512_fmadd_ps(widen(k + 16), _mm512_loadu_ps(x + k + 16), acc1);
+  }
+  if (k + 16 <= K) {
+    acc0 = _mm512_fmadd_ps(widen(k), _mm512_loadu_ps(x + k), acc0);
+    k += 16;
+  }
+  total = sum16(_mm512_add_ps(acc0, acc1));
+#elif defined(QKV_DOT256)
+  auto widen = [&](int64_t at) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + at));
+    return half ? _mm256_cvtph_ps(bits) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  };
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    simd::prefetch(w + k + kPrefetchBytes / 2, 32);
+    acc0 = _mm256_fmadd_ps(widen(k), _mm256_loadu_ps(x + k), acc0);
+    acc1 = _mm256_fmadd_ps(widen(k + 8), _mm256_loadu_ps(x + k + 8), acc1);
+  }
+  if (k + 8 <= K) {
+    acc0 = _mm256_fmadd_ps(widen(k), _mm256_loadu_ps(x + k), acc0);
+    k += 8;
+  }
+  total = sum8(_mm256_add_ps(acc0, acc1));
+#endif
+  for (; k < K; ++k) total += (half ? f16_to_f32_reference(w[k]) : bf16_to_f32_reference(w[k])) * x[k];
+  return total;
+}
+
+const char* dot_backend() {
+#if defined(QKV_DOT512)
+  return "AVX-512 VNNI (vpdpbusd, vpdpwssd), 512-bit";
+#elif defined(QKV_DOT256) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "AVX2 with 256-bit AVX512-VNNI (vpdpbusd, vpdpwssd)";
+#elif defined(QKV_DOT256) && defined(__AVXVNNI__)
+  return "AVX2 with AVX-VNNI (vpdpbusd, vpdpwssd)";
+#elif defined(QKV_DOT256)
+  return "AVX2 (vpmaddubsw, vpmaddwd)";
+#else
+  return "plain C++ (no AVX2 in this build)";
+#endif
+}
+
+}  // namespace qkv::kernels::quant
