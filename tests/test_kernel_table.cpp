@@ -394,7 +394,8 @@ std::vector<KernelCase> kernel_cases() {
   // Products with stored weights, every type: W (N × K) quantized from random values and placed 0, 2 or 6 bytes past a
   // 64-byte boundary (any GGUF row is 2-byte aligned), X and Y strided and misaligned as the other rows; M = 1 and 3 run
   // the streaming path (integer dots for the block types, against X quantized as they do), M = 9 the panels and sgemm
-  // (against float32 X); then the backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
+  // (against float32 X) and, called directly, the streaming path again (blocks unpacked once for 4, 4 and 1 rows); then
+  // the backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
   // tails), the float types' any length. Tolerance: 1e-5 of Σ|w·x| (float32 sums of products that may cancel).
   for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0,
                           WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K}) {
@@ -441,6 +442,12 @@ std::vector<KernelCase> kernel_cases() {
                          else
                            gemm_weight_reference(w, M, x.data(), ldx, 0.5f, want.data(), ldy);
                          if (auto ok = within(y.data(), want.data(), size, M, N, ldy); !ok) return ok << " (forward, M " << M << ")";
+                         if (M == 9 && type != WeightType::F32) {  // the streaming path at 9 rows: groups of 4, 4 and 1
+                           std::vector<float> streamed = want;
+                           gemm_weight_streaming(w, M, x.data(), ldx, 0.0f, streamed.data(), ldy);
+                           gemm_weight_integer_reference(w, M, x.data(), ldx, 0.0f, want.data(), ldy);
+                           if (auto ok = within(streamed.data(), want.data(), size, M, N, ldy); !ok) return ok << " (streaming, M 9)";
+                         }
                          // the backward: dX (M × K) = dY · W + 0.5·dX
                          Buffer dx(M * ldx, m, 24);
                          std::vector<float> dx_want = dx.copy();

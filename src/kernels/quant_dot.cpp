@@ -259,133 +259,164 @@ float dot_k_block_scalar(const Block& w, const Q8KBlock& x, const int* order, We
   }
 }
 
+// ---- the kernels: one weight row against R ≤ 4 rows of activations ----
+// Each block's bits are unpacked once and multiplied with every row (generation of a few sequences at once, and the
+// integer alternative for many rows that bench/quant_bench.cpp measures). With one row, two accumulators alternate so
+// the float multiply-adds of consecutive groups do not wait on each other; with more, the rows are the chains.
+
+template <int R>
+struct Accumulators {
+  static constexpr int kSets = R == 1 ? 2 : 1;
+};
+
 // ---- Q8_0 ----
 
-float dot_q8_0(const BlockQ8_0* w, const unsigned char* act, int64_t blocks) {
-  const Q8Block* natural = reinterpret_cast<const Q8Block*>(act);
+template <int R>
+void dot_q8_0(const BlockQ8_0* w, const unsigned char* const* act, int64_t blocks, float* out) {
+  const Q8Block* natural[R];
+  for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
   int64_t b = 0;
-  float total = 0.0f;
+  float total[R] = {};
+  constexpr int U = Accumulators<R>::kSets;
 #if defined(QKV_DOT512)
-  const Q8_0Pair* pairs = reinterpret_cast<const Q8_0Pair*>(act + blocks * int64_t{sizeof(Q8Block)});
+  const Q8_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q8_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  auto step = [&](__m512& acc, int64_t p) {
+  __m512 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm512_setzero_ps();
+  auto step = [&](__m512* a, int64_t p) {
     const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
     simd::prefetch(wb + kPrefetchBytes, 64);
     const __m512i qw = _mm512_xor_si512(
         _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2))),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 36)), 1),
         flip);
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(pairs[p].bias), qw, _mm512_load_si512(pairs[p].q));
     const __m256i halves = _mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(static_cast<short>(load_u16(wb))),
                                                    _mm256_set1_epi16(static_cast<short>(load_u16(wb + 34))));
-    const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(halves), _mm512_load_ps(pairs[p].xs));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc);
+    const __m512 w_scale = _mm512_cvtph_ps(halves);
+    for (int r = 0; r < R; ++r) {
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(pairs[r][p].bias), qw, _mm512_load_si512(pairs[r][p].q));
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(pairs[r][p].xs)), a[r]);
+    }
   };
   const int64_t full = blocks / 2;
   int64_t p = 0;
-  for (; p + 2 <= full; p += 2) {
-    step(acc0, p);
-    step(acc1, p + 1);
-  }
-  if (p < full) step(acc0, p++);
+  for (; p + U <= full; p += U)
+    for (int u = 0; u < U; ++u) step(acc[u], p + u);
+  for (; p < full; ++p) step(acc[0], p);
   b = 2 * full;
-  total = sum16(_mm512_add_ps(acc0, acc1));
+  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
 #elif defined(QKV_DOT256)
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  auto step = [&](__m256& acc, int64_t i) {
+  __m256 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm256_setzero_ps();
+  auto step = [&](__m256* a, int64_t i) {
     simd::prefetch(reinterpret_cast<const unsigned char*>(w + i) + kPrefetchBytes, 64);
     const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
-    const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(natural[i].q));
-    // |w| times x with w's sign: unsigned × signed for vpmaddubsw / vpdpbusd, pairs ≤ 2·128·127 < 32768
-    const __m256i s = dot_u8s8(_mm256_setzero_si256(), _mm256_abs_epi8(qw), _mm256_sign_epi8(qx, qw));
-    const float scale = _cvtsh_ss(w[i].d) * natural[i].dx;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(scale), acc);
+    const __m256i magnitude = _mm256_abs_epi8(qw);
+    const float w_scale = _cvtsh_ss(w[i].d);
+    for (int r = 0; r < R; ++r) {
+      // |w| times x with w's sign: unsigned × signed for vpmaddubsw / vpdpbusd, pairs ≤ 2·128·127 < 32768
+      const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(natural[r][i].q));
+      const __m256i s = dot_u8s8(_mm256_setzero_si256(), magnitude, _mm256_sign_epi8(qx, qw));
+      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(w_scale * natural[r][i].dx), a[r]);
+    }
   };
-  for (; b + 2 <= blocks; b += 2) {
-    step(acc0, b);
-    step(acc1, b + 1);
-  }
-  total = sum8(_mm256_add_ps(acc0, acc1));
+  for (; b + U <= blocks; b += U)
+    for (int u = 0; u < U; ++u) step(acc[u], b + u);
+  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
 #endif
-  for (; b < blocks; ++b) total += dot_q8_0_block(w[b], natural[b]);
-  return total;
+  for (; b < blocks; ++b)
+    for (int r = 0; r < R; ++r) total[r] += dot_q8_0_block(w[b], natural[r][b]);
+  for (int r = 0; r < R; ++r) out[r] = total[r];
 }
 
 // ---- Q4_0 ----
 
-float dot_q4_0(const BlockQ4_0* w, const unsigned char* act, int64_t blocks) {
-  const Q8Block* natural = reinterpret_cast<const Q8Block*>(act);
+template <int R>
+void dot_q4_0(const BlockQ4_0* w, const unsigned char* const* act, int64_t blocks, float* out) {
+  const Q8Block* natural[R];
+  for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
   int64_t b = 0;
-  float total = 0.0f;
+  float total[R] = {};
+  constexpr int U = Accumulators<R>::kSets;
 #if defined(QKV_DOT512)
-  const Q4_0Quad* quads = reinterpret_cast<const Q4_0Quad*>(act + blocks * int64_t{sizeof(Q8Block)});
+  const Q4_0Quad* quads[R];
+  for (int r = 0; r < R; ++r) quads[r] = reinterpret_cast<const Q4_0Quad*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   // the halves of the four blocks' scales (words 0, 9, 18, 27 of the group's first 64 bytes), each for its 4 lanes
   const __m512i scale_words = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27, 27, 27, 27, 18, 18,
                                                18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  auto step = [&](__m512& acc, int64_t g) {
+  __m512 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm512_setzero_ps();
+  auto step = [&](__m512* a, int64_t g) {
     const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 4 * g);
     simd::prefetch(wb + kPrefetchBytes, 72);
     auto qs = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 18 * k + 2)); };
     const __m512i v = _mm512_inserti32x4(
         _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
     const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[g].bias), low, _mm512_load_si512(quads[g].low));
-    s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[g].high));
-    const __m256i halves = _mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_words, _mm512_loadu_si512(wb)));
-    const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(halves), _mm512_load_ps(quads[g].xs));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc);
+    const __m512 w_scale =
+        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_words, _mm512_loadu_si512(wb))));
+    for (int r = 0; r < R; ++r) {
+      __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[r][g].bias), low, _mm512_load_si512(quads[r][g].low));
+      s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[r][g].high));
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(quads[r][g].xs)), a[r]);
+    }
   };
   const int64_t full = blocks / 4;
   int64_t g = 0;
-  for (; g + 2 <= full; g += 2) {
-    step(acc0, g);
-    step(acc1, g + 1);
-  }
-  if (g < full) step(acc0, g++);
+  for (; g + U <= full; g += U)
+    for (int u = 0; u < U; ++u) step(acc[u], g + u);
+  for (; g < full; ++g) step(acc[0], g);
   b = 4 * full;
-  total = sum16(_mm512_add_ps(acc0, acc1));
+  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
 #elif defined(QKV_DOT256)
-  const Q4_0Pair* pairs = reinterpret_cast<const Q4_0Pair*>(act + blocks * int64_t{sizeof(Q8Block)});
+  const Q4_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  auto step = [&](__m256& acc, int64_t p) {
+  __m256 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm256_setzero_ps();
+  auto step = [&](__m256* a, int64_t p) {
     const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
     simd::prefetch(wb + kPrefetchBytes, 36);
     const __m256i v = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 20)), 1);
     const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    const __m128 w_scales = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(load_u16(wb)), load_u16(wb + 18), 1));
+    for (int r = 0; r < R; ++r) {
+      const Q4_0Pair& x = pairs[r][p];
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-    __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].bias)), low,
-                         _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].low)));
-    s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].high)));
+      __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)), low,
+                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low)));
+      s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high)));
 #else  // nibble × int8 pairs ≤ 2·15·127, and the two halves' sum ≤ 7620: one vpmaddwd for both
-    const __m256i pairs16 =
-        _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].low))),
-                         _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].high))));
-    const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
-                                       _mm256_load_si256(reinterpret_cast<const __m256i*>(pairs[p].bias)));
+      const __m256i pairs16 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low))),
+                           _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high))));
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
+                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)));
 #endif
-    const __m128i halves = _mm_insert_epi16(_mm_cvtsi32_si128(load_u16(wb)), load_u16(wb + 18), 1);
-    const __m128 scales = _mm_mul_ps(_mm_cvtph_ps(halves), _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(pairs[p].dx))));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), acc);
+      const __m128 scales = _mm_mul_ps(w_scales, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dx))));
+      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), a[r]);
+    }
   };
   const int64_t full = blocks / 2;
   int64_t p = 0;
-  for (; p + 2 <= full; p += 2) {
-    step(acc0, p);
-    step(acc1, p + 1);
-  }
-  if (p < full) step(acc0, p++);
+  for (; p + U <= full; p += U)
+    for (int u = 0; u < U; ++u) step(acc[u], p + u);
+  for (; p < full; ++p) step(acc[0], p);
   b = 2 * full;
-  total = sum8(_mm256_add_ps(acc0, acc1));
+  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
 #endif
-  for (; b < blocks; ++b) total += dot_q4_0_block(w[b], natural[b]);
-  return total;
+  for (; b < blocks; ++b)
+    for (int r = 0; r < R; ++r) total[r] += dot_q4_0_block(w[b], natural[r][b]);
+  for (int r = 0; r < R; ++r) out[r] = total[r];
 }
 
 // ---- Q4_K and Q5_K ----
@@ -404,15 +435,16 @@ __m128i unpack_scales_mins(const uint8_t* packed) {
 }
 #endif
 
-template <bool five_bits>
-float dot_q45_K(const void* w_row, const unsigned char* act, int64_t blocks) {
+template <bool five_bits, int R>
+void dot_q45_K(const void* w_row, const unsigned char* const* act, int64_t blocks, float* out) {
   using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
   const Block* w = static_cast<const Block*>(w_row);
-  const Q8KBlock* x = reinterpret_cast<const Q8KBlock*>(act);
+  const Q8KBlock* x[R];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Q8KBlock*>(act[r]);
 #if defined(QKV_DOT512)
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  // 32 int16 lanes per vector: the first 16 take sub-block a's scale, the last 16 sub-block c's (words of the 16 unpacked
-  // scale and min words)
+  // 32 int16 lanes per vector: the first 16 take sub-block a's scale, the last 16 sub-block c's (words of the 16
+  // unpacked scale and min words)
   auto pattern = [](int a, int c) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(a))),
                               _mm256_set1_epi16(static_cast<short>(c)), 1);
@@ -426,8 +458,9 @@ float dot_q45_K(const void* w_row, const unsigned char* act, int64_t blocks) {
   };
   const __m512i bit02 = bits(0x01, 0x04), bit13 = bits(0x02, 0x08), bit46 = bits(0x10, 0x40), bit57 = bits(0x20, 0x80);
   const __m512i sixteen = _mm512_set1_epi8(16);
-  __m512 acc = _mm512_setzero_ps();
-  __m256 acc_mins = _mm256_setzero_ps();
+  __m512 acc[R];
+  __m256 acc_mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), acc_mins[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
@@ -443,25 +476,30 @@ float dot_q45_K(const void* w_row, const unsigned char* act, int64_t blocks) {
     }
     const __m512i scale[4] = {_mm512_permutexvar_epi16(pick02, words512), _mm512_permutexvar_epi16(pick13, words512),
                               _mm512_permutexvar_epi16(pick46, words512), _mm512_permutexvar_epi16(pick57, words512)};
-    __m512i sum = _mm512_setzero_si512();
-    for (int i = 0; i < 4; ++i)  // nibble (or 5-bit) × int8 pairs ≤ 2·31·127: int16 is enough
-      sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(v[i], _mm512_load_si512(x[b].q + 64 * i)), scale[i]);
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums)),
-                                           _mm256_permutexvar_epi16(pick_mins, words));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(_cvtsh_ss(blk.d) * x[b].d), acc);
-    acc_mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(_cvtsh_ss(blk.dmin) * x[b].d), acc_mins);
+    const __m256i mins = _mm256_permutexvar_epi16(pick_mins, words);
+    const float d = _cvtsh_ss(blk.d), dmin = _cvtsh_ss(blk.dmin);
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i)  // nibble (or 5-bit) × int8 pairs ≤ 2·31·127: int16 is enough
+        sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(v[i], _mm512_load_si512(x[r][b].q + 64 * i)), scale[i]);
+      const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)), mins);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d * x[r][b].d), acc[r]);
+      acc_mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * x[r][b].d), acc_mins[r]);
+    }
   }
-  return sum16(acc) - sum8(acc_mins);
+  for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]) - sum8(acc_mins[r]);
 #elif defined(QKV_DOT256)
   const __m256i nibble = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
-  __m256 acc = _mm256_setzero_ps();
-  float mins_total = 0.0f;
+  __m256 acc[R];
+  float mins_total[R] = {};
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
     alignas(16) uint8_t sm[16];
     _mm_store_si128(reinterpret_cast<__m128i*>(sm), unpack_scales_mins(blk.scales));
-    __m256i sum = _mm256_setzero_si256(), h = _mm256_setzero_si256();
+    __m256i sum[R], h = _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
     if constexpr (five_bits) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
     for (int p = 0; p < 4; ++p) {  // 64 values: sub-blocks 2p (low nibbles) and 2p + 1 (high)
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * p));
@@ -471,30 +509,37 @@ float dot_q45_K(const void* w_row, const unsigned char* act, int64_t blocks) {
         low = _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bl), bl), sixteen));
         high = _mm256_or_si256(high, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bh), bh), sixteen));
       }
-      const __m256i pl = _mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].q + 64 * p)));
-      const __m256i ph = _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].q + 64 * p + 32)));
-      sum = dot_i16(sum, pl, _mm256_set1_epi16(sm[2 * p]));
-      sum = dot_i16(sum, ph, _mm256_set1_epi16(sm[2 * p + 1]));
+      const __m256i scale_low = _mm256_set1_epi16(sm[2 * p]), scale_high = _mm256_set1_epi16(sm[2 * p + 1]);
+      for (int r = 0; r < R; ++r) {
+        const __m256i pl = _mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][b].q + 64 * p)));
+        const __m256i ph = _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][b].q + 64 * p + 32)));
+        sum[r] = dot_i16(dot_i16(sum[r], pl, scale_low), ph, scale_high);
+      }
     }
-    int32_t mins = 0;
-    for (int j = 0; j < 8; ++j) mins += sm[8 + j] * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(_cvtsh_ss(blk.d) * x[b].d), acc);
-    mins_total += static_cast<float>(mins) * (_cvtsh_ss(blk.dmin) * x[b].d);
+    const float d = _cvtsh_ss(blk.d), dmin = _cvtsh_ss(blk.dmin);
+    for (int r = 0; r < R; ++r) {
+      int32_t mins = 0;
+      for (int j = 0; j < 8; ++j) mins += sm[8 + j] * (x[r][b].bsums[2 * j] + x[r][b].bsums[2 * j + 1]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(d * x[r][b].d), acc[r]);
+      mins_total[r] += static_cast<float>(mins) * (dmin * x[r][b].d);
+    }
   }
-  return sum8(acc) - mins_total;
+  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]) - mins_total[r];
 #else
-  float total = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b)
-    total += dot_k_block_scalar(w[b], x[b], k_order(five_bits ? WeightType::Q5_K : WeightType::Q4_K),
-                                five_bits ? WeightType::Q5_K : WeightType::Q4_K);
-  return total;
+  const WeightType type = five_bits ? WeightType::Q5_K : WeightType::Q4_K;
+  for (int r = 0; r < R; ++r) {
+    out[r] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) out[r] += dot_k_block_scalar(w[b], x[r][b], k_order(type), type);
+  }
 #endif
 }
 
 // ---- Q6_K ----
 
-float dot_q6_K(const BlockQ6_K* w, const unsigned char* act, int64_t blocks) {
-  const Q8KBlock* x = reinterpret_cast<const Q8KBlock*>(act);
+template <int R>
+void dot_q6_K(const BlockQ6_K* w, const unsigned char* const* act, int64_t blocks, float* out) {
+  const Q8KBlock* x[R];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Q8KBlock*>(act[r]);
 #if defined(QKV_DOT512)
   const __m512i nibble = _mm512_set1_epi8(0x0f), two_bits = _mm512_set1_epi8(0x30);
   // The high bits of values j and j + 32 (low nibbles) sit in bits 0–1 and 2–3 of qh[j]; of j + 64 and j + 96 (high
@@ -502,47 +547,56 @@ float dot_q6_K(const BlockQ6_K* w, const unsigned char* act, int64_t blocks) {
   const __m512i up_low = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
   const __m512i down_high = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
   auto pattern = [](int first) {  // 8 int16 lanes (16 values) per scale: scales first … first + 3
+    const auto s = [](int i) { return static_cast<short>(i); };
     return _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_setr_epi16(first, first, first, first, first, first, first, first, first + 1,
-                                                 first + 1, first + 1, first + 1, first + 1, first + 1, first + 1, first + 1)),
-        _mm256_setr_epi16(first + 2, first + 2, first + 2, first + 2, first + 2, first + 2, first + 2, first + 2,
-                          first + 3, first + 3, first + 3, first + 3, first + 3, first + 3, first + 3, first + 3),
+        _mm512_castsi256_si512(_mm256_setr_epi16(s(first), s(first), s(first), s(first), s(first), s(first), s(first),
+                                                 s(first), s(first + 1), s(first + 1), s(first + 1), s(first + 1),
+                                                 s(first + 1), s(first + 1), s(first + 1), s(first + 1))),
+        _mm256_setr_epi16(s(first + 2), s(first + 2), s(first + 2), s(first + 2), s(first + 2), s(first + 2), s(first + 2),
+                          s(first + 2), s(first + 3), s(first + 3), s(first + 3), s(first + 3), s(first + 3), s(first + 3),
+                          s(first + 3), s(first + 3)),
         1);
   };
   const __m512i pick[4] = {pattern(0), pattern(4), pattern(8), pattern(12)};
-  __m512 acc = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const BlockQ6_K& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(BlockQ6_K));
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
     const __m512i scales512 = _mm512_castsi256_si512(scales16);
-    __m512i sum = _mm512_setzero_si512();
+    __m512i level[4], scale[4];
     for (int g = 0; g < 2; ++g) {  // 128 values: 64 bytes of low bits, 32 of high bits
       const __m512i a = _mm512_loadu_si512(blk.ql + 64 * g);
       const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * g)));
       // (a & 0x0f) | high bits: vpternlogd 0xEC is (A & C) | B
-      const __m512i low = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_sllv_epi16(h, up_low), two_bits), nibble, 0xEC);
-      const __m512i high = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4),
-                                                     _mm512_and_si512(_mm512_srlv_epi16(h, down_high), two_bits), nibble, 0xEC);
-      // levels 0…63 × int8 pairs ≤ 2·63·127 < 32768
-      sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(low, _mm512_load_si512(x[b].q + 128 * g)),
-                                _mm512_permutexvar_epi16(pick[2 * g], scales512));
-      sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(high, _mm512_load_si512(x[b].q + 128 * g + 64)),
-                                _mm512_permutexvar_epi16(pick[2 * g + 1], scales512));
+      level[2 * g] = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_sllv_epi16(h, up_low), two_bits), nibble, 0xEC);
+      level[2 * g + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4),
+                                                   _mm512_and_si512(_mm512_srlv_epi16(h, down_high), two_bits), nibble, 0xEC);
+      scale[2 * g] = _mm512_permutexvar_epi16(pick[2 * g], scales512);
+      scale[2 * g + 1] = _mm512_permutexvar_epi16(pick[2 * g + 1], scales512);
     }
-    // the levels are q + 32: take back 32·Σ scale_j·Σ_{16 values of j} x
-    const __m256i offset = _mm256_madd_epi16(scales16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums)));
-    sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(_cvtsh_ss(blk.d) * x[b].d), acc);
+    const float d = _cvtsh_ss(blk.d);
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i)  // levels 0…63 × int8 pairs ≤ 2·63·127 < 32768
+        sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(level[i], _mm512_load_si512(x[r][b].q + 64 * i)), scale[i]);
+      // the levels are q + 32: take back 32·Σ scale_j·Σ_{16 values of j} x
+      const __m256i offset = _mm256_madd_epi16(scales16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)));
+      sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d * x[r][b].d), acc[r]);
+    }
   }
-  return sum16(acc);
+  for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]);
 #elif defined(QKV_DOT256)
   const __m256i nibble = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(0x03);
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const BlockQ6_K& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(BlockQ6_K));
-    __m256i sum = _mm256_setzero_si256();
+    __m256i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
     for (int g = 0; g < 2; ++g) {
       const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * g));
       const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * g + 32));
@@ -559,22 +613,39 @@ float dot_q6_K(const BlockQ6_K* w, const unsigned char* act, int64_t blocks) {
         const int first = 8 * g + 2 * i;  // the 32 values' two scales
         const __m256i scale = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(blk.scales[first])),
                                                       _mm_set1_epi16(blk.scales[first + 1]), 1);
-        sum = dot_i16(sum, _mm256_maddubs_epi16(level[i], _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].q + 128 * g + 32 * i))),
-                      scale);
+        for (int r = 0; r < R; ++r)
+          sum[r] = dot_i16(sum[r], _mm256_maddubs_epi16(level[i], _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                                                   x[r][b].q + 128 * g + 32 * i))),
+                           scale);
       }
     }
-    int32_t offset = 0;
-    for (int j = 0; j < 16; ++j) offset += blk.scales[j] * x[b].bsums[j];
-    const float d = _cvtsh_ss(blk.d) * x[b].d;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0))),
-                          _mm256_set1_ps(d), acc);
+    const float d = _cvtsh_ss(blk.d);
+    for (int r = 0; r < R; ++r) {
+      int32_t offset = 0;
+      for (int j = 0; j < 16; ++j) offset += blk.scales[j] * x[r][b].bsums[j];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[r], _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0))),
+                               _mm256_set1_ps(d * x[r][b].d), acc[r]);
+    }
   }
-  return sum8(acc);
+  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]);
 #else
-  float total = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) total += dot_k_block_scalar(w[b], x[b], k_order(WeightType::Q6_K), WeightType::Q6_K);
-  return total;
+  for (int r = 0; r < R; ++r) {
+    out[r] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) out[r] += dot_k_block_scalar(w[b], x[r][b], k_order(WeightType::Q6_K), WeightType::Q6_K);
+  }
 #endif
+}
+
+template <int R>
+void dot_rows_of(const void* w_row, WeightType type, const unsigned char* const* act, int64_t K, float* out) {
+  switch (type) {
+    case WeightType::Q8_0: dot_q8_0<R>(static_cast<const BlockQ8_0*>(w_row), act, K / kQK, out); break;
+    case WeightType::Q4_0: dot_q4_0<R>(static_cast<const BlockQ4_0*>(w_row), act, K / kQK, out); break;
+    case WeightType::Q4_K: dot_q45_K<false, R>(w_row, act, K / kQK_K, out); break;
+    case WeightType::Q5_K: dot_q45_K<true, R>(w_row, act, K / kQK_K, out); break;
+    case WeightType::Q6_K: dot_q6_K<R>(static_cast<const BlockQ6_K*>(w_row), act, K / kQK_K, out); break;
+    default: break;  // the float types never come here (weights.cpp)
+  }
 }
 
 }  // namespace
@@ -654,15 +725,27 @@ int ActivationRow::level(int64_t k) const {
   return blk.q[32 * slot + k % 32];
 }
 
-float dot_row(const void* w_row, const ActivationRow& x) {
-  switch (x.type()) {
-    case WeightType::Q8_0: return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x.data(), x.size() / kQK);
-    case WeightType::Q4_0: return dot_q4_0(static_cast<const BlockQ4_0*>(w_row), x.data(), x.size() / kQK);
-    case WeightType::Q4_K: return dot_q45_K<false>(w_row, x.data(), x.size() / kQK_K);
-    case WeightType::Q5_K: return dot_q45_K<true>(w_row, x.data(), x.size() / kQK_K);
-    case WeightType::Q6_K: return dot_q6_K(static_cast<const BlockQ6_K*>(w_row), x.data(), x.size() / kQK_K);
-    default: return 0.0f;  // the float types never come here (weights.cpp)
+void dot_rows(const void* w_row, const ActivationRow* const* x, int count, float* out) {
+  for (int first = 0; first < count; first += kMaxDotRows) {
+    const int n = std::min(kMaxDotRows, count - first);
+    const unsigned char* act[kMaxDotRows];
+    for (int r = 0; r < n; ++r) act[r] = x[first + r]->data();
+    const WeightType type = x[first]->type();
+    const int64_t K = x[first]->size();
+    switch (n) {
+      case 1: dot_rows_of<1>(w_row, type, act, K, out + first); break;
+      case 2: dot_rows_of<2>(w_row, type, act, K, out + first); break;
+      case 3: dot_rows_of<3>(w_row, type, act, K, out + first); break;
+      default: dot_rows_of<4>(w_row, type, act, K, out + first); break;
+    }
   }
+}
+
+float dot_row(const void* w_row, const ActivationRow& x) {
+  const ActivationRow* rows[1] = {&x};
+  float out;
+  dot_rows(w_row, rows, 1, &out);
+  return out;
 }
 
 float dot_row_16bit(WeightType type, const void* w_row, const float* x, int64_t K) {

@@ -36,6 +36,10 @@ class ActivationRow {
 
 // Σ_k W[k]·x[k] for one stored row of `x.size()` values of x.type() (a block type) and the quantized activations.
 float dot_row(const void* w_row, const ActivationRow& x);
+// The same for `count` rows of activations (of one type and size): out[r] = W·x[r]. Each block of the weight row is
+// unpacked once for up to kMaxDotRows rows.
+inline constexpr int kMaxDotRows = 4;
+void dot_rows(const void* w_row, const ActivationRow* const* x, int count, float* out);
 
 // Σ_k W[k]·x[k] for one row of K halves or bfloat16 (type F16 or BF16), widened to float32 in the loop (vcvtph2ps, or
 // a 16-bit shift), products summed in float32.

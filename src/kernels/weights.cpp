@@ -35,27 +35,36 @@ std::vector<quant::ActivationRow>& activation_rows() {
   return rows;
 }
 
-// Few rows: every row of W read once, in order, each multiplied with all M rows of X while it is in the L1 cache.
-// Threads own contiguous slices of W's rows, so each reads one sequential stream.
+// Few rows: every row of W read once, in order; each of its blocks is unpacked once for up to 4 rows of X
+// (quant::dot_rows) while the row is in the L1 cache. Threads own contiguous slices of W's rows, so each reads one
+// sequential stream.
 void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const bool blocks = is_block_quantized(w.type);
   std::vector<quant::ActivationRow>& acts = activation_rows();
+  std::vector<const quant::ActivationRow*> act_rows;
   if (blocks) {
     if (static_cast<int64_t>(acts.size()) < M) acts.resize(static_cast<size_t>(M));
     for (int64_t m = 0; m < M; ++m) acts[m].quantize(w.type, X + m * ldx, K);
+    for (int64_t m = 0; m < M; ++m) act_rows.push_back(&acts[m]);
   }
   // Memory-bound: worth splitting once W is beyond a few hundred KiB, as gemm()'s one-row path.
   const int parts = N * bytes < (int64_t{1} << 17) ? 1 : team();
   const int64_t slice = (N + parts - 1) / parts;
 #pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
   for (int64_t p = 0; p < parts; ++p) {
+    float dots[quant::kMaxDotRows];
     for (int64_t n = p * slice, end = std::min(N, p * slice + slice); n < end; ++n) {
       const unsigned char* row = row_at(w, n, bytes);
-      for (int64_t m = 0; m < M; ++m) {
-        const float y = blocks ? quant::dot_row(row, acts[m]) : quant::dot_row_16bit(w.type, row, X + m * ldx, K);
-        float& out = Y[m * ldy + n];
-        out = beta == 0.0f ? y : y + beta * out;
+      for (int64_t m0 = 0; m0 < M; m0 += quant::kMaxDotRows) {
+        const int count = static_cast<int>(std::min<int64_t>(quant::kMaxDotRows, M - m0));
+        if (blocks) quant::dot_rows(row, act_rows.data() + m0, count, dots);
+        else
+          for (int r = 0; r < count; ++r) dots[r] = quant::dot_row_16bit(w.type, row, X + (m0 + r) * ldx, K);
+        for (int r = 0; r < count; ++r) {
+          float& out = Y[(m0 + r) * ldy + n];
+          out = beta == 0.0f ? dots[r] : dots[r] + beta * out;
+        }
       }
     }
   }
@@ -114,6 +123,14 @@ void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, fl
   }
   if (M <= gemm_weight_integer_rows(w.type)) streaming_rows(w, M, X, ldx, beta, Y, ldy);
   else panel_rows(w, M, X, ldx, beta, Y, ldy);
+}
+
+void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
+  if (M > 0 && w.rows > 0 && w.cols > 0 && w.type != WeightType::F32) streaming_rows(w, M, X, ldx, beta, Y, ldy);
+}
+
+void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
+  if (M > 0 && w.rows > 0 && w.cols > 0 && w.type != WeightType::F32) panel_rows(w, M, X, ldx, beta, Y, ldy);
 }
 
 void gemm_weight_backward(const WeightView& w, int64_t M, const float* dY, int64_t ldy, float beta, float* dX, int64_t ldx) {

@@ -35,6 +35,10 @@ void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, fl
 // holds fewer blocks than threads.
 void gemm_weight_backward(const WeightView& w, int64_t M, const float* dY, int64_t ldy, float beta, float* dX, int64_t ldx);
 
+// gemm_weight's two paths for any M (block and 16-bit types; not F32), for benchmarks that set them side by side.
+void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
+void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
+
 // The most rows of X the integer (or widening, one-row) path takes for this type; above it, panels and sgemm. Measured
 // in bench/quant_bench.cpp (see weights.cpp).
 int64_t gemm_weight_integer_rows(WeightType type);

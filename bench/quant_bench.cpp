@@ -1,0 +1,240 @@
+// Products with stored weights (kernels/weights.hpp) on Qwen3-0.6B's shapes, for every storage type, in one run:
+//   - the one-row product (generation): GB/s of weight bytes read, against the read bandwidth measured on the same
+//     threads (a streaming read beyond the caches), and the tokens/s a Qwen3-0.6B-shaped model's matrices would allow;
+//     every matrix is one of enough copies to fill 256 MiB, visited in turn, so each call reads from memory as a model's
+//     layers do, not from the caches;
+//   - the many-row product (a prompt of 512 tokens): GFLOP/s, % of the FMA peak, and the ratio to float32 sgemm on the
+//     same shape; beside it the streaming integer path at the same M (the alternative gemm_weight does not take there),
+//     and the row count where the two paths cross.
+// Medians of repeats; 1 and 2 threads.
+//   qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--smoke]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "peak.hpp"
+#include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/quant.hpp"
+#include "qkv/kernels/weights.hpp"
+
+namespace {
+
+using qkv::kernels::WeightType;
+using qkv::kernels::WeightView;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Deterministic values in [-1, 1).
+void fill(float* x, int64_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = static_cast<float>(static_cast<int64_t>(s >> 40) - (int64_t{1} << 23)) / static_cast<float>(1 << 23);
+  }
+}
+
+// `copies` copies of an N × K matrix of `type`, made by quantizing 64 random rows and repeating their bytes.
+struct Weights {
+  Weights(WeightType type, int64_t N, int64_t K, int64_t copies)
+      : type(type), N(N), K(K), row(qkv::kernels::row_bytes(type, K)), copies(copies),
+        bytes(static_cast<size_t>(N * row * copies)) {
+    const int64_t sample_rows = std::min<int64_t>(64, N);
+    std::vector<float> values(static_cast<size_t>(sample_rows * K));
+    fill(values.data(), sample_rows * K, static_cast<uint64_t>(N * 31 + K));
+    std::vector<unsigned char> sample(static_cast<size_t>(sample_rows * row));
+    qkv::kernels::quantize_rows(type, values.data(), sample.data(), sample_rows, K);
+    unsigned char* out = bytes.data();
+    for (int64_t r = 0; r < N * copies; ++r) std::memcpy(out + r * row, sample.data() + (r % sample_rows) * row, row);
+  }
+  WeightView view(int64_t copy) const { return {type, bytes.data() + copy * N * row, N, K}; }
+  int64_t matrix_bytes() const { return N * row; }
+
+  WeightType type;
+  int64_t N, K, row, copies;
+  qkv::memory::Buffer<unsigned char> bytes;
+};
+
+// Seconds per call of `call(copy)`, cycling through the copies: the median over `runs` sweeps of at least `min_calls`.
+template <class Call>
+double per_call(int64_t copies, int runs, int64_t min_calls, Call&& call) {
+  const int64_t calls = std::max(copies, min_calls);
+  call(0);  // first touch, primitives, scratch
+  std::vector<double> times;
+  for (int r = 0; r < runs; ++r) {
+    const auto t = Clock::now();
+    for (int64_t c = 0; c < calls; ++c) call(c % copies);
+    times.push_back(since(t) / static_cast<double>(calls));
+  }
+  return median(times);
+}
+
+struct Shape {
+  const char* name;
+  int64_t N, K, per_token;  // per_token: how many such matrices a Qwen3-0.6B token reads (28 layers; the tied head once)
+};
+
+const Shape kShapes[] = {{"k, v (1024x1024)", 1024, 1024, 56},   {"q (2048x1024)", 2048, 1024, 28},
+                         {"o (1024x2048)", 1024, 2048, 28},     {"gate, up (3072x1024)", 3072, 1024, 56},
+                         {"down (1024x3072)", 1024, 3072, 28},  {"head (151936x1024)", 151936, 1024, 1}};
+const Shape kSmokeShapes[] = {{"smoke (64x256)", 64, 256, 1}, {"smoke (96x512)", 96, 512, 1}};
+
+std::vector<WeightType> parse_types(const std::string& list) {
+  std::vector<WeightType> types;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const auto t = qkv::kernels::weight_type_from_name(list.substr(at, comma - at));
+    if (!t) {
+      std::fprintf(stderr, "unknown type in --types: %s\n", list.substr(at, comma - at).c_str());
+      std::exit(2);
+    }
+    types.push_back(*t);
+    at = comma + 1;
+  }
+  return types;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool smoke = false;
+  std::vector<int> thread_counts = {1, 2};
+  std::vector<WeightType> types = {WeightType::F32,  WeightType::F16,  WeightType::BF16, WeightType::Q8_0,
+                                   WeightType::Q4_0, WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--smoke") smoke = true;
+    else if (arg == "--types" && i + 1 < argc) types = parse_types(argv[++i]);
+    else if (arg == "--threads" && i + 1 < argc) {
+      thread_counts.clear();
+      for (const char* p = argv[++i]; *p;) {
+        thread_counts.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p) ++p;
+      }
+    } else {
+      std::fprintf(stderr, "usage: qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--smoke]\n");
+      return 2;
+    }
+  }
+  const int64_t pool = smoke ? (int64_t{8} << 20) : (int64_t{256} << 20);  // bytes of copies per shape
+  const int runs = smoke ? 1 : 5;
+  const int64_t many = smoke ? 16 : 512;
+  std::printf("qkv_quant_bench: products with stored weights (kernels/weights.hpp)\n");
+  std::printf("  one row:   %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0, 1));
+  std::printf("             %s\n", qkv::kernels::gemm_weight_backend(WeightType::BF16, 1));
+  std::printf("  many rows: %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0, many));
+  std::printf("  integer path up to M = %lld rows\n", static_cast<long long>(qkv::kernels::gemm_weight_integer_rows(WeightType::Q4_0)));
+
+  for (int threads : thread_counts) {
+    omp_set_num_threads(threads);
+    std::vector<double> bandwidths;
+    auto measure_bandwidth = [&] {
+      bandwidths.push_back(qkv::bench::read_bandwidth(smoke ? (int64_t{64} << 20) : (int64_t{1} << 30)));
+      return bandwidths.back();
+    };
+    measure_bandwidth();
+    std::printf("\n=== %d thread%s: read bandwidth %.1f GB/s (a streaming read of %s) ===\n", threads, threads > 1 ? "s" : "",
+                bandwidths.back() / 1e9, smoke ? "64 MiB" : "1 GiB");
+
+    // ---- one row ----
+    std::printf("\none row (M = 1): GB/s of weight bytes, %% of the read bandwidth measured before the type's rows\n");
+    std::printf("  %-6s", "type");
+    for (const Shape& s : smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
+                                : std::vector<Shape>(std::begin(kShapes), std::end(kShapes)))
+      std::printf(" %21s", s.name);
+    std::printf(" | token: GB  ms   tok/s  limit tok/s\n");
+    for (WeightType type : types) {
+      const double bandwidth = measure_bandwidth();
+      std::printf("  %-6s", qkv::kernels::weight_type_name(type));
+      double token_seconds = 0, token_bytes = 0;
+      for (const Shape& s : smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
+                                  : std::vector<Shape>(std::begin(kShapes), std::end(kShapes))) {
+        const int64_t one = qkv::kernels::row_bytes(type, s.K) * s.N;
+        const Weights w(type, s.N, s.K, std::max<int64_t>(1, pool / one));
+        std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
+        fill(x.data(), s.K, 7);
+        const double t = per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
+          qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N);
+        });
+        const double rate = static_cast<double>(one) / t;
+        std::printf(" %8.1f GB/s (%3.0f%%)", rate / 1e9, 100.0 * rate / bandwidth);
+        std::fflush(stdout);
+        token_seconds += t * static_cast<double>(s.per_token);
+        token_bytes += static_cast<double>(one) * static_cast<double>(s.per_token);
+      }
+      std::printf(" | %5.3f %6.2f %6.1f %6.1f\n", token_bytes / 1e9, 1e3 * token_seconds, 1.0 / token_seconds,
+                  bandwidth / token_bytes);
+    }
+
+    // ---- many rows ----
+    const double peak = qkv::bench::measure_fma_peak(threads, smoke ? 0.02 : 0.2);
+    std::printf("\nmany rows (M = %lld): GFLOP/s, %% of the FMA peak (%.0f GFLOP/s measured), ratio to float32 sgemm of the "
+                "same shape; 'integer' is the streaming path at this M\n", static_cast<long long>(many), peak);
+    for (const Shape& s : smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
+                                : std::vector<Shape>(std::begin(kShapes), std::end(kShapes) - 1)) {
+      std::vector<float> x(static_cast<size_t>(many * s.K)), y(static_cast<size_t>(many * s.N));
+      fill(x.data(), many * s.K, 9);
+      const double flops = 2.0 * static_cast<double>(many) * s.N * s.K;
+      double sgemm_rate = 0;
+      for (WeightType type : types) {
+        const Weights w(type, s.N, s.K, 1);
+        const double t = per_call(1, runs, 1, [&](int64_t) {
+          qkv::kernels::gemm_weight(w.view(0), many, x.data(), s.K, 0.0f, y.data(), s.N);
+        });
+        const double rate = flops / t / 1e9;
+        if (type == WeightType::F32) sgemm_rate = rate;
+        std::printf("  %-22s %-6s %7.1f GFLOP/s (%3.0f%% of peak, %.2fx sgemm)", s.name, qkv::kernels::weight_type_name(type),
+                    rate, 100.0 * rate / peak, sgemm_rate > 0 ? rate / sgemm_rate : 0.0);
+        if (qkv::kernels::is_block_quantized(type)) {
+          const double ti = per_call(1, smoke ? 1 : 3, 1, [&](int64_t) {
+            qkv::kernels::gemm_weight_streaming(w.view(0), many, x.data(), s.K, 0.0f, y.data(), s.N);
+          });
+          std::printf("; integer %6.1f GFLOP/s (%.2fx the panels)", flops / ti / 1e9, t / ti);
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+    }
+
+    // ---- where the paths cross ----
+    const Shape& cross = smoke ? kSmokeShapes[1] : kShapes[3];
+    std::printf("\nstreaming (integer) vs panels on %s, ms per call by M (gemm_weight takes the integer path up to M = %lld)\n",
+                cross.name, static_cast<long long>(qkv::kernels::gemm_weight_integer_rows(WeightType::Q4_0)));
+    for (WeightType type : types) {
+      if (!qkv::kernels::is_block_quantized(type) && type != WeightType::BF16) continue;
+      const int64_t one = qkv::kernels::row_bytes(type, cross.K) * cross.N;
+      const Weights w(type, cross.N, cross.K, std::max<int64_t>(1, pool / one));
+      std::printf("  %-6s", qkv::kernels::weight_type_name(type));
+      for (int64_t M : {1, 2, 4, 8, 16, 32}) {
+        std::vector<float> x(static_cast<size_t>(M * cross.K)), y(static_cast<size_t>(M * cross.N));
+        fill(x.data(), M * cross.K, 11);
+        const double ts = per_call(w.copies, runs, 4, [&](int64_t c) {
+          qkv::kernels::gemm_weight_streaming(w.view(c), M, x.data(), cross.K, 0.0f, y.data(), cross.N);
+        });
+        const double tp = per_call(w.copies, runs, 4, [&](int64_t c) {
+          qkv::kernels::gemm_weight_panels(w.view(c), M, x.data(), cross.K, 0.0f, y.data(), cross.N);
+        });
+        std::printf("  M=%-2lld %.3f/%.3f", static_cast<long long>(M), 1e3 * ts, 1e3 * tp);
+      }
+      std::printf("\n");
+    }
+    measure_bandwidth();
+    std::printf("\nread bandwidth over the section: %.1f GB/s median of %zu measurements (min %.1f, max %.1f)\n",
+                median(bandwidths) / 1e9, bandwidths.size(), *std::min_element(bandwidths.begin(), bandwidths.end()) / 1e9,
+                *std::max_element(bandwidths.begin(), bandwidths.end()) / 1e9);
+  }
+  return 0;
+}
