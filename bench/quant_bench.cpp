@@ -6,9 +6,12 @@
 //   - the many-row product (a prompt of 512 tokens): GFLOP/s, % of the FMA peak, and the ratio to float32 sgemm on the
 //     same shape; beside it the streaming integer path at the same M (the alternative gemm_weight does not take there),
 //     and the row count where the two paths cross.
-// Medians of repeats; 1 and 2 threads.
+// Medians of repeats; 1 and 2 threads. Rates are per CPU-second the process got (divided by its threads): on a
+// shared machine, wall-clock rates measure the other processes as much as this one; the share of the time the
+// process had its CPUs is printed beside them.
 //   qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--smoke]
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -66,18 +69,33 @@ struct Weights {
   qkv::memory::Buffer<unsigned char> bytes;
 };
 
-// Seconds per call of `call(copy)`, cycling through the copies: the median over `runs` sweeps of at least `min_calls`.
-template <class Call>
-double per_call(int64_t copies, int runs, int64_t min_calls, Call&& call) {
+// Seconds per call of `call(copy)`, cycling through the copies: the median over `runs` sweeps of at least `min_calls`,
+// in CPU-seconds of the process per thread (the machine is shared: see qkv::bench::process_cpu_seconds). Before each
+// sweep, `between()` (a streaming read, so the bandwidth is measured under the same load as the sweeps). *busy: the
+// share of the sweeps' wall time × threads the process had CPUs (1 on a quiet machine).
+template <class Call, class Between>
+double per_call(int64_t copies, int runs, int64_t min_calls, Call&& call, Between&& between, double* busy = nullptr) {
   const int64_t calls = std::max(copies, min_calls);
+  const int threads = omp_get_max_threads();
   call(0);  // first touch, primitives, scratch
   std::vector<double> times;
+  double wall = 0, cpu = 0;
   for (int r = 0; r < runs; ++r) {
+    between();
+    const double c0 = qkv::bench::process_cpu_seconds();
     const auto t = Clock::now();
     for (int64_t c = 0; c < calls; ++c) call(c % copies);
-    times.push_back(since(t) / static_cast<double>(calls));
+    wall += since(t);
+    const double used = qkv::bench::process_cpu_seconds() - c0;
+    cpu += used;
+    times.push_back(used / threads / static_cast<double>(calls));
   }
+  if (busy) *busy = cpu / (wall * threads);
   return median(times);
+}
+template <class Call>
+double per_call(int64_t copies, int runs, int64_t min_calls, Call&& call) {
+  return per_call(copies, runs, min_calls, call, [] {});
 }
 
 struct Shape {
@@ -140,51 +158,65 @@ int main(int argc, char** argv) {
 
   for (int threads : thread_counts) {
     omp_set_num_threads(threads);
-    std::vector<double> bandwidths;
-    auto measure_bandwidth = [&] {
-      bandwidths.push_back(qkv::bench::read_bandwidth(smoke ? (int64_t{64} << 20) : (int64_t{1} << 30)));
-      return bandwidths.back();
+    // The read bandwidth: single streaming passes over a buffer beyond the caches, one before each sweep of a product
+    // (the ratios below take the medians of both, measured under the same load).
+    const std::vector<float> stream(static_cast<size_t>((smoke ? (int64_t{64} << 20) : (int64_t{512} << 20)) / 4), 1.0f);
+    std::vector<double> bandwidths, shape_bandwidths;
+    auto read_once = [&] {  // bytes per CPU-second per thread, as the products; the faster of plain and prefetching
+      double best = 0;
+      for (bool prefetch : {false, true}) {
+        const double c0 = qkv::bench::process_cpu_seconds();
+        qkv::bench::read_pass(stream, prefetch);
+        best = std::max(best, static_cast<double>(stream.size() * sizeof(float)) /
+                                  ((qkv::bench::process_cpu_seconds() - c0) / threads));
+      }
+      shape_bandwidths.push_back(best);
+      bandwidths.push_back(shape_bandwidths.back());
     };
-    measure_bandwidth();
-    std::printf("\n=== %d thread%s: read bandwidth %.1f GB/s (a streaming read of %s) ===\n", threads, threads > 1 ? "s" : "",
-                bandwidths.back() / 1e9, smoke ? "64 MiB" : "1 GiB");
+    for (int i = 0; i < 3; ++i) read_once();
+    std::printf("\n=== %d thread%s: read bandwidth %.1f GB/s (median of 3 streaming reads of %s, the faster of plain and prefetching) ===\n",
+                threads, threads > 1 ? "s" : "", median(bandwidths) / 1e9, smoke ? "64 MiB" : "512 MiB");
 
     // ---- one row ----
-    std::printf("\none row (M = 1): GB/s of weight bytes, %% of the read bandwidth measured before the type's rows\n");
+    std::printf("\none row (M = 1): GB/s of weight bytes (%% of the read bandwidth measured between the sweeps, %% of the "
+                "time the process had its CPUs)\n");
+    const std::vector<Shape> shapes = smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
+                                            : std::vector<Shape>(std::begin(kShapes), std::end(kShapes));
     std::printf("  %-6s", "type");
-    for (const Shape& s : smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
-                                : std::vector<Shape>(std::begin(kShapes), std::end(kShapes)))
-      std::printf(" %21s", s.name);
-    std::printf(" | token: GB  ms   tok/s  limit tok/s\n");
+    for (const Shape& s : shapes) std::printf(" %25s", s.name);
+    std::printf(" | a token: GB    ms  tok/s  limit\n");
     for (WeightType type : types) {
-      const double bandwidth = measure_bandwidth();
       std::printf("  %-6s", qkv::kernels::weight_type_name(type));
       double token_seconds = 0, token_bytes = 0;
-      for (const Shape& s : smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
-                                  : std::vector<Shape>(std::begin(kShapes), std::end(kShapes))) {
+      std::vector<double> type_bandwidths;
+      for (const Shape& s : shapes) {
         const int64_t one = qkv::kernels::row_bytes(type, s.K) * s.N;
         const Weights w(type, s.N, s.K, std::max<int64_t>(1, pool / one));
         std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
         fill(x.data(), s.K, 7);
-        const double t = per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
-          qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N);
-        });
-        const double rate = static_cast<double>(one) / t;
-        std::printf(" %8.1f GB/s (%3.0f%%)", rate / 1e9, 100.0 * rate / bandwidth);
+        shape_bandwidths.clear();
+        double busy = 0;
+        const double t = per_call(
+            w.copies, runs, smoke ? 2 : 8,
+            [&](int64_t c) { qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N); }, read_once,
+            &busy);
+        const double rate = static_cast<double>(one) / t, bandwidth = median(shape_bandwidths);
+        type_bandwidths.push_back(bandwidth);
+        std::printf(" %6.1f GB/s (%3.0f%%, %3.0f%%)", rate / 1e9, 100.0 * rate / bandwidth, 100.0 * busy);
         std::fflush(stdout);
         token_seconds += t * static_cast<double>(s.per_token);
         token_bytes += static_cast<double>(one) * static_cast<double>(s.per_token);
       }
+      // the limit: the token's weight bytes at the read bandwidth measured between these sweeps
       std::printf(" | %5.3f %6.2f %6.1f %6.1f\n", token_bytes / 1e9, 1e3 * token_seconds, 1.0 / token_seconds,
-                  bandwidth / token_bytes);
+                  median(type_bandwidths) / token_bytes);
     }
 
     // ---- many rows ----
-    const double peak = qkv::bench::measure_fma_peak(threads, smoke ? 0.02 : 0.2);
+    const double peak = qkv::bench::measure_fma_peak(threads, smoke ? 0.02 : 0.2, /*cpu_time=*/true);
     std::printf("\nmany rows (M = %lld): GFLOP/s, %% of the FMA peak (%.0f GFLOP/s measured), ratio to float32 sgemm of the "
                 "same shape; 'integer' is the streaming path at this M\n", static_cast<long long>(many), peak);
-    for (const Shape& s : smoke ? std::vector<Shape>(std::begin(kSmokeShapes), std::end(kSmokeShapes))
-                                : std::vector<Shape>(std::begin(kShapes), std::end(kShapes) - 1)) {
+    for (const Shape& s : smoke ? shapes : std::vector<Shape>(std::begin(kShapes), std::end(kShapes) - 1)) {
       std::vector<float> x(static_cast<size_t>(many * s.K)), y(static_cast<size_t>(many * s.N));
       fill(x.data(), many * s.K, 9);
       const double flops = 2.0 * static_cast<double>(many) * s.N * s.K;
@@ -231,7 +263,6 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
-    measure_bandwidth();
     std::printf("\nread bandwidth over the section: %.1f GB/s median of %zu measurements (min %.1f, max %.1f)\n",
                 median(bandwidths) / 1e9, bandwidths.size(), *std::min_element(bandwidths.begin(), bandwidths.end()) / 1e9,
                 *std::max_element(bandwidths.begin(), bandwidths.end()) / 1e9);

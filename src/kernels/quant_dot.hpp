@@ -34,18 +34,19 @@ class ActivationRow {
   unsigned char* data_ = nullptr;  // storage_, 64-byte aligned
 };
 
-// Σ_k W[k]·x[k] for one stored row of `x.size()` values of x.type() (a block type) and the quantized activations.
-float dot_row(const void* w_row, const ActivationRow& x);
-// The same for `count` rows of activations (of one type and size): out[r] = W·x[r]. Each block of the weight row is
-// unpacked once for up to kMaxDotRows rows.
+// out[r·ld + n] = Σ_k W[n][k]·x_r[k] (+ beta·out[r·ld + n]; beta 0: out is not read) for the weight rows n < rows,
+// `row_bytes` apart, of x_r's type (a block type) and size, and the `count` rows of quantized activations x_0 … x_{count−1}.
+// Each block of a weight row is unpacked once for up to kMaxDotRows rows of activations.
 inline constexpr int kMaxDotRows = 4;
-void dot_rows(const void* w_row, const ActivationRow* const* x, int count, float* out);
+void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
+              float* out, int64_t ld);
 
-// Σ_k W[k]·x[k] for one row of K halves or bfloat16 (type F16 or BF16), widened to float32 in the loop (vcvtph2ps, or
-// a 16-bit shift), products summed in float32.
-float dot_row_16bit(WeightType type, const void* w_row, const float* x, int64_t K);
+// The same for rows of K halves or bfloat16 (type F16 or BF16) and `count` rows of float32 activations, each row of W
+// widened to float32 once in the loop (vcvtph2ps, or a 16-bit shift), products summed in float32.
+void dot_rows_16bit(WeightType type, const void* w, int64_t row_bytes, int64_t rows, const float* const* x, int count,
+                    int64_t K, float beta, float* out, int64_t ld);
 
-// What dot_row runs in this build, e.g. "AVX512-VNNI vpdpbusd/vpdpwssd, 512-bit".
+// What dot_rows runs in this build, e.g. "AVX512-VNNI vpdpbusd/vpdpwssd, 512-bit".
 const char* dot_backend();
 
 }  // namespace qkv::kernels::quant

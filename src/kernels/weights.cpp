@@ -35,44 +35,54 @@ std::vector<quant::ActivationRow>& activation_rows() {
   return rows;
 }
 
-// Few rows: every row of W read once, in order; each of its blocks is unpacked once for up to 4 rows of X
-// (quant::dot_rows) while the row is in the L1 cache. Threads own contiguous slices of W's rows, so each reads one
-// sequential stream.
+// Few rows: every row of W read once, in order; each of its blocks unpacked once for up to 4 rows of X
+// (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
+// (the benchmark's integer alternative to the panels) go 16 rows of W at a time, which stay in the L1 cache while every
+// group of 4 rows of X passes over them.
 void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const bool blocks = is_block_quantized(w.type);
   std::vector<quant::ActivationRow>& acts = activation_rows();
   std::vector<const quant::ActivationRow*> act_rows;
+  std::vector<const float*> x_rows;
   if (blocks) {
     if (static_cast<int64_t>(acts.size()) < M) acts.resize(static_cast<size_t>(M));
     for (int64_t m = 0; m < M; ++m) acts[m].quantize(w.type, X + m * ldx, K);
     for (int64_t m = 0; m < M; ++m) act_rows.push_back(&acts[m]);
+  } else {
+    for (int64_t m = 0; m < M; ++m) x_rows.push_back(X + m * ldx);
   }
+  auto rows = [&](int64_t n0, int64_t count, int64_t m0, int64_t m_count) {
+    const unsigned char* at = row_at(w, n0, bytes);
+    if (blocks) quant::dot_rows(at, bytes, count, act_rows.data() + m0, static_cast<int>(m_count), beta, Y + m0 * ldy + n0, ldy);
+    else quant::dot_rows_16bit(w.type, at, bytes, count, x_rows.data() + m0, static_cast<int>(m_count), K, beta, Y + m0 * ldy + n0, ldy);
+  };
   // Memory-bound: worth splitting once W is beyond a few hundred KiB, as gemm()'s one-row path.
   const int parts = N * bytes < (int64_t{1} << 17) ? 1 : team();
   const int64_t slice = (N + parts - 1) / parts;
 #pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
   for (int64_t p = 0; p < parts; ++p) {
-    float dots[quant::kMaxDotRows];
-    for (int64_t n = p * slice, end = std::min(N, p * slice + slice); n < end; ++n) {
-      const unsigned char* row = row_at(w, n, bytes);
-      for (int64_t m0 = 0; m0 < M; m0 += quant::kMaxDotRows) {
-        const int count = static_cast<int>(std::min<int64_t>(quant::kMaxDotRows, M - m0));
-        if (blocks) quant::dot_rows(row, act_rows.data() + m0, count, dots);
-        else
-          for (int r = 0; r < count; ++r) dots[r] = quant::dot_row_16bit(w.type, row, X + (m0 + r) * ldx, K);
-        for (int r = 0; r < count; ++r) {
-          float& out = Y[(m0 + r) * ldy + n];
-          out = beta == 0.0f ? dots[r] : dots[r] + beta * out;
-        }
-      }
+    const int64_t first = p * slice, count = std::min(N, first + slice) - first;
+    if (count <= 0) continue;
+    if (M <= quant::kMaxDotRows) {
+      rows(first, count, 0, M);
+      continue;
     }
+    constexpr int64_t kTile = 16;
+    for (int64_t n0 = first; n0 < first + count; n0 += kTile)
+      for (int64_t m0 = 0; m0 < M; m0 += quant::kMaxDotRows)
+        rows(n0, std::min(kTile, first + count - n0), m0, std::min<int64_t>(quant::kMaxDotRows, M - m0));
   }
 }
 
 // Many rows: threads own slices of W's rows (Y's columns); each widens its slice kPanelRows rows at a time into its own
 // float32 panel and multiplies X by it with sgemm (one thread each: gemm() runs inside the parallel region as one).
-// Measured against integer tiles in bench/quant_bench.cpp: see gemm_weight_integer_rows.
+// Why not integer tiles: at M = 512 on Qwen3-0.6B's shapes (bench/quant_bench.cpp, one thread of a Zen 5), the panels
+// run at 0.75–1.1× float32 sgemm (the widening is one pass over W for 512 rows of products), while the integer path,
+// each weight block unpacked once for 4 rows of 8-bit activations, ran 0.2–0.7× the panels: sgemm's register tiles
+// reuse every loaded value ~16 times, the integer dots once per 4 rows, and their per-block scales and unpacking cost
+// as much as the products. An integer GEMM with register tiles (llama.cpp's repacked Q4_0×8 layouts) is what could
+// beat sgemm; it needs its own packing of W.
 void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const int parts = M * N * K < kParallelProduct ? 1 : static_cast<int>(std::min<int64_t>(team(), (N + 15) / 16));
@@ -92,9 +102,12 @@ void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, flo
 }  // namespace
 
 int64_t gemm_weight_integer_rows(WeightType type) {
-  // Up to here one pass over W with all rows of X beats widening W into panels for sgemm (bench/quant_bench.cpp).
+  // Up to here one pass over W with all rows of X beats widening W into panels for sgemm: a panel widens all of W
+  // whatever M is, so for few rows it costs more than the products. bench/quant_bench.cpp's crossover on the 3072 × 1024
+  // gate projection, one thread of a Zen 5: 16 rows streamed in 0.55–0.80 ms against 1.9–4.7 ms for the panels (every
+  // type), 32 rows in 1.2–1.8 against 2.5–4.9.
   (void)type;
-  return 4;
+  return 16;
 }
 
 const char* gemm_weight_backend(WeightType type, int64_t M) {

@@ -22,8 +22,8 @@ struct WeightView {
 
 // Y (M × N) = X (M × K) · Wᵀ + beta·Y (beta 0: Y is not read). X's rows are ldx floats apart, Y's ldy. Threads own
 // slices of Y's columns (rows of W); results are deterministic for a given thread count.
-//   F32 storage is kernels::gemm. For the others, M ≤ gemm_weight_integer_rows(type) (generation) reads W once,
-//   streaming: a block type's products run in integers against X quantized once per row to 8-bit blocks (ggml's q8_0
+//   F32 storage is kernels::gemm. For the others, M ≤ gemm_weight_integer_rows(type) (generation, short prompts) reads
+//   W once, streaming: a block type's products run in integers against X quantized once per row to 8-bit blocks (ggml's q8_0
 //   for Q8_0 and Q4_0, q8_K for the K-quants: the values of gemm_weight_integer_reference), f16/bf16 widen to float32 in
 //   the loop. More rows (prompts, training) widen panels of W to float32 and multiply them with sgemm: float32
 //   activations, the values of gemm_weight_reference.
@@ -39,8 +39,8 @@ void gemm_weight_backward(const WeightView& w, int64_t M, const float* dY, int64
 void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 
-// The most rows of X the integer (or widening, one-row) path takes for this type; above it, panels and sgemm. Measured
-// in bench/quant_bench.cpp (see weights.cpp).
+// The most rows of X the streaming path (integer dots, or 16-bit rows widened in the loop) takes for this type; above
+// it, panels and sgemm. Measured in bench/quant_bench.cpp (see weights.cpp).
 int64_t gemm_weight_integer_rows(WeightType type);
 // What gemm_weight runs for this type and row count, for benchmark headers: e.g. "AVX-512 VNNI … integer dots".
 const char* gemm_weight_backend(WeightType type, int64_t M);
