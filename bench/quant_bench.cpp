@@ -9,7 +9,11 @@
 // Medians of repeats; 1 and 2 threads. Rates are per CPU-second the process got (divided by its threads): on a
 // shared machine, wall-clock rates measure the other processes as much as this one; the share of the time the
 // process had its CPUs is printed beside them.
-//   qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--smoke]
+//   - with --ggml-cpu PATH (a libggml-cpu-*.so, e.g. npm's node-llama-cpp's prebuilt llama.cpp), the same one-row
+//     products through ggml's own kernels (its vec_dot against activations quantized by its from_float), rows split
+//     between the threads as qkv splits them: the peer, in the same run.
+//   qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--ggml-cpu PATH] [--smoke]
+#include <dlfcn.h>
 #include <omp.h>
 #include <time.h>
 
@@ -124,16 +128,73 @@ std::vector<WeightType> parse_types(const std::string& list) {
   return types;
 }
 
+// ggml's CPU kernels, loaded at run time (ggml-cpu.h's ggml_type_traits_cpu): from_float quantizes a row of
+// activations to the vec_dot_type's blocks, vec_dot multiplies one stored row with them.
+class GgmlCpu {
+ public:
+  bool open(const std::string& path) {
+    handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle_) {
+      std::fprintf(stderr, "--ggml-cpu %s: %s\n", path.c_str(), dlerror());
+      return false;
+    }
+    traits_ = reinterpret_cast<const Traits* (*)(int)>(dlsym(handle_, "ggml_get_type_traits_cpu"));
+    auto init = reinterpret_cast<void (*)()>(dlsym(handle_, "ggml_cpu_init"));
+    if (!traits_ || !init) {
+      std::fprintf(stderr, "--ggml-cpu %s: no ggml_get_type_traits_cpu / ggml_cpu_init\n", path.c_str());
+      return false;
+    }
+    init();
+    return true;
+  }
+  // Bytes of K activations in ggml's vec_dot_type for `type` (0 if unknown here).
+  int64_t activation_bytes(WeightType type, int64_t K) const {
+    switch (traits_(static_cast<int>(qkv::kernels::weight_type_info(type).ggml_type))->vec_dot_type) {
+      case 0: return 4 * K;
+      case 1: case 30: return 2 * K;
+      case 8: return K / 32 * 34;
+      case 15: return K / 256 * 292;
+      default: return 0;
+    }
+  }
+  void quantize(WeightType type, const float* x, void* out, int64_t K) const {
+    traits_(static_cast<int>(qkv::kernels::weight_type_info(type).ggml_type))->from_float(x, out, K);
+  }
+  // y[n] = W_n · x for rows [0, N), the rows split between the threads in contiguous slices as gemm_weight splits them.
+  void product(WeightType type, const void* w, int64_t N, int64_t K, const void* x, float* y) const {
+    const Traits* t = traits_(static_cast<int>(qkv::kernels::weight_type_info(type).ggml_type));
+    const int64_t bytes = qkv::kernels::row_bytes(type, K);
+    const int parts = N * bytes < (int64_t{1} << 17) ? 1 : omp_get_max_threads();
+    const int64_t slice = (N + parts - 1) / parts;
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+    for (int64_t p = 0; p < parts; ++p)
+      for (int64_t n = p * slice, end = std::min(N, p * slice + slice); n < end; ++n)
+        t->vec_dot(static_cast<int>(K), y + n, 0, static_cast<const unsigned char*>(w) + n * bytes, 0, x, 0, 1);
+  }
+
+ private:
+  struct Traits {
+    void (*from_float)(const float*, void*, int64_t);
+    void (*vec_dot)(int, float*, size_t, const void*, size_t, const void*, size_t, int);
+    int vec_dot_type;
+    int64_t nrows;
+  };
+  void* handle_ = nullptr;
+  const Traits* (*traits_)(int) = nullptr;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool smoke = false;
+  std::string ggml_path;
   std::vector<int> thread_counts = {1, 2};
   std::vector<WeightType> types = {WeightType::F32,  WeightType::F16,  WeightType::BF16, WeightType::Q8_0,
                                    WeightType::Q4_0, WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--smoke") smoke = true;
+    else if (arg == "--ggml-cpu" && i + 1 < argc) ggml_path = argv[++i];
     else if (arg == "--types" && i + 1 < argc) types = parse_types(argv[++i]);
     else if (arg == "--threads" && i + 1 < argc) {
       thread_counts.clear();
@@ -143,10 +204,12 @@ int main(int argc, char** argv) {
         if (*p) ++p;
       }
     } else {
-      std::fprintf(stderr, "usage: qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--smoke]\n");
+      std::fprintf(stderr, "usage: qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--ggml-cpu PATH] [--smoke]\n");
       return 2;
     }
   }
+  GgmlCpu ggml;
+  if (!ggml_path.empty() && !ggml.open(ggml_path)) return 2;
   const int64_t pool = smoke ? (int64_t{8} << 20) : (int64_t{256} << 20);  // bytes of copies per shape
   const int runs = smoke ? 1 : 5;
   const int64_t many = smoke ? 16 : 512;
@@ -210,6 +273,35 @@ int main(int argc, char** argv) {
       // the limit: the token's weight bytes at the read bandwidth measured between these sweeps
       std::printf(" | %5.3f %6.2f %6.1f %6.1f\n", token_bytes / 1e9, 1e3 * token_seconds, 1.0 / token_seconds,
                   median(type_bandwidths) / token_bytes);
+    }
+
+    // ---- one row: qkv against ggml's kernels ----
+    if (!ggml_path.empty()) {
+      std::printf("\none row, qkv against ggml's vec_dot (%s): GB/s of weight bytes, qkv / ggml\n", ggml_path.c_str());
+      for (WeightType type : types) {
+        std::printf("  %-6s", qkv::kernels::weight_type_name(type));
+        for (const Shape& s : shapes) {
+          if (s.N > 100000 && !smoke) continue;  // the head: as the others, and slow to fill
+          const int64_t one = qkv::kernels::row_bytes(type, s.K) * s.N;
+          const Weights w(type, s.N, s.K, std::max<int64_t>(1, pool / one));
+          std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
+          fill(x.data(), s.K, 7);
+          std::vector<unsigned char> act(static_cast<size_t>(ggml.activation_bytes(type, s.K)));
+          double t_qkv = 0, t_ggml = 0;
+          for (int round = 0; round < 2; ++round) {  // alternating, so both see the same load
+            t_qkv += per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
+              qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N);
+            });
+            t_ggml += per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
+              ggml.quantize(type, x.data(), act.data(), s.K);  // once per product, as ggml's mul_mat does
+              ggml.product(type, w.view(c).data, s.N, s.K, act.data(), y.data());
+            });
+          }
+          std::printf("  %s %5.1f / %5.1f (%.2fx)", s.name, 2 * one / t_qkv / 1e9, 2 * one / t_ggml / 1e9, t_ggml / t_qkv);
+          std::fflush(stdout);
+        }
+        std::printf("\n");
+      }
     }
 
     // ---- many rows ----
