@@ -680,15 +680,19 @@ void dot_rows_of(WeightType type, const unsigned char* w, int64_t bytes, int64_t
   }
 }
 
-// One row of halves or bfloat16 widened to float32 once and multiplied with R rows of float32 activations.
-template <int R>
-[[gnu::always_inline]] inline void dot_16bit(bool half, const uint16_t* w, const float* const* x, int64_t K, float* out) {
+// One row of halves or bfloat16 widened to float32 once (vcvtph2ps, or zero-extension and a 16-bit shift) and multiplied
+// with R rows of float32 activations. (Reading a bfloat16 pair as one 32-bit lane, its even value shifted left and its
+// odd one masked, with the activations split to match, saves two operations per 32 values and ran 25% slower on a
+// Zen 5: 41 against 55 GB/s from the L2 cache.)
+template <bool half, int R>
+[[gnu::always_inline]] inline void dot_16bit(const uint16_t* w, const float* const* x, int64_t K, float* out) {
   int64_t k = 0;
   float total[R] = {};
 #if defined(QKV_AVX512)
   auto widen = [&](int64_t at) {
     const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + at));
-    return half ? _mm512_cvtph_ps(bits) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    if constexpr (half) return _mm512_cvtph_ps(bits);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
   };
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
@@ -709,7 +713,8 @@ template <int R>
 #elif defined(QKV_DOT256)
   auto widen = [&](int64_t at) {
     const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + at));
-    return half ? _mm256_cvtph_ps(bits) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    if constexpr (half) return _mm256_cvtph_ps(bits);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
   };
   __m256 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
@@ -738,8 +743,12 @@ template <int R>
 template <int R>
 void dot_rows_16bit_of(bool half, const unsigned char* w, int64_t bytes, int64_t rows, const float* const* x, int64_t K,
                        float beta, float* out, int64_t ld) {
-  over_rows<R>([&](const unsigned char* row, float* d) { dot_16bit<R>(half, reinterpret_cast<const uint16_t*>(row), x, K, d); },
-               w, bytes, rows, beta, out, ld);
+  if (half)
+    over_rows<R>([&](const unsigned char* row, float* d) { dot_16bit<true, R>(reinterpret_cast<const uint16_t*>(row), x, K, d); },
+                 w, bytes, rows, beta, out, ld);
+  else
+    over_rows<R>([&](const unsigned char* row, float* d) { dot_16bit<false, R>(reinterpret_cast<const uint16_t*>(row), x, K, d); },
+                 w, bytes, rows, beta, out, ld);
 }
 
 }  // namespace
