@@ -10,8 +10,8 @@
 // shared machine, wall-clock rates measure the other processes as much as this one; the share of the time the
 // process had its CPUs is printed beside them.
 //   - with --ggml-cpu PATH (a libggml-cpu-*.so, e.g. npm's node-llama-cpp's prebuilt llama.cpp), the same one-row
-//     products through ggml's own kernels (its vec_dot against activations quantized by its from_float), rows split
-//     between the threads as qkv splits them: the peer, in the same run.
+//     products through ggml's own kernels (its vec_dot against activations its from_float quantized beforehand), rows
+//     split between the threads as qkv splits them: the peer, in the same run.
 //   qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--ggml-cpu PATH] [--smoke]
 #include <dlfcn.h>
 #include <omp.h>
@@ -292,8 +292,11 @@ int main(int argc, char** argv) {
             t_qkv += per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
               qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N);
             });
+            // ggml's kernels alone: its activations quantized once, outside the timing (ggml's mul_mat quantizes them
+            // per product, with its scalar quantize_row_q8_K_ref for the K-quants: ~10 µs a row of 1024 here, more
+            // than its dot products of a 1024 × 1024 matrix; qkv's times include its own quantization, ~0.3 µs)
+            ggml.quantize(type, x.data(), act.data(), s.K);
             t_ggml += per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
-              ggml.quantize(type, x.data(), act.data(), s.K);  // once per product, as ggml's mul_mat does
               ggml.product(type, w.view(c).data, s.N, s.K, act.data(), y.data());
             });
           }
