@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
       const int64_t one = qkv::kernels::row_bytes(type, cross.K) * cross.N;
       const Weights w(type, cross.N, cross.K, std::max<int64_t>(1, pool / one));
       std::printf("  %-6s", qkv::kernels::weight_type_name(type));
-      for (int64_t M : {1, 2, 4, 8, 16, 32}) {
+      for (int64_t M : {1, 2, 4, 8, 16, 32, 64, 128}) {
         std::vector<float> x(static_cast<size_t>(M * cross.K)), y(static_cast<size_t>(M * cross.N));
         fill(x.data(), M * cross.K, 11);
         const double ts = per_call(w.copies, runs, 4, [&](int64_t c) {

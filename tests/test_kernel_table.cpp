@@ -394,7 +394,7 @@ std::vector<KernelCase> kernel_cases() {
   // Products with stored weights, every type: W (N × K) quantized from random values and placed 0, 2 or 6 bytes past a
   // 64-byte boundary (any GGUF row is 2-byte aligned), X and Y strided and misaligned as the other rows; M = 1, 3 and 9
   // run the streaming path (integer dots for the block types, against X quantized as they do; 9 rows in groups of 4, 4
-  // and 1), M = 20 the panels and sgemm (against float32 X) and, called directly, the streaming path again; then the
+  // and 1), M = 70 the panels and sgemm (against float32 X) and, called directly, the streaming path again; then the
   // backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
   // tails), the float types' any length. Tolerance: 1e-5 of Σ|w·x| (float32 sums of products that may cancel).
   for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0,
@@ -425,7 +425,7 @@ std::vector<KernelCase> kernel_cases() {
                            }
                          return ::testing::AssertionSuccess();
                        };
-                       for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{9}, int64_t{20}}) {
+                       for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{9}, int64_t{70}}) {
                          const int64_t ldx = K + 3, ldy = N + 2;
                          Buffer x(M * ldx, m, 22, 2.0f), y(M * ldy, m, 23);
                          std::vector<float> want = y.copy();
@@ -442,11 +442,11 @@ std::vector<KernelCase> kernel_cases() {
                          else
                            gemm_weight_reference(w, M, x.data(), ldx, 0.5f, want.data(), ldy);
                          if (auto ok = within(y.data(), want.data(), size, M, N, ldy); !ok) return ok << " (forward, M " << M << ")";
-                         if (M == 20 && type != WeightType::F32) {  // the streaming path at 20 rows
+                         if (M == 70 && type != WeightType::F32) {  // the streaming path at 70 rows
                            std::vector<float> streamed = want;
                            gemm_weight_streaming(w, M, x.data(), ldx, 0.0f, streamed.data(), ldy);
                            gemm_weight_integer_reference(w, M, x.data(), ldx, 0.0f, want.data(), ldy);
-                           if (auto ok = within(streamed.data(), want.data(), size, M, N, ldy); !ok) return ok << " (streaming, M 20)";
+                           if (auto ok = within(streamed.data(), want.data(), size, M, N, ldy); !ok) return ok << " (streaming, M 70)";
                          }
                          // the backward: dX (M × K) = dY · W + 0.5·dX
                          Buffer dx(M * ldx, m, 24);

@@ -113,11 +113,12 @@ void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, flo
 
 int64_t gemm_weight_integer_rows(WeightType type) {
   // Up to here one pass over W with all rows of X beats widening W into panels for sgemm: a panel widens all of W
-  // whatever M is, so for few rows it costs more than the products. bench/quant_bench.cpp's crossover on the 3072 × 1024
-  // gate projection, one thread of a Zen 5: 16 rows streamed in 0.55–0.80 ms against 1.9–4.7 ms for the panels (every
-  // type), 32 rows in 1.2–1.8 against 2.5–4.9.
+  // whatever M is, so for few rows it costs more than the products. Measured on the 3072 × 1024 gate projection, one
+  // thread of a Zen 5 (ms streamed / panels): 64 rows 2.3–3.6 / 3.8–6.2 for every type; 128 rows Q8_0 6.8 / 6.4, BF16
+  // 7.1 / 8.2, Q4_K 5.6 / 6.1, Q4_0 5.1 / 6.8, Q6_K 4.9 / 8.7; 256 rows Q4_0 and Q6_K still streamed faster, the others
+  // not. One limit for all types, so a prompt's arithmetic (8-bit or float32 activations) does not depend on the type.
   (void)type;
-  return 16;
+  return 64;
 }
 
 const char* gemm_weight_backend(WeightType type, int64_t M) {
