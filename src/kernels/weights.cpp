@@ -87,12 +87,12 @@ void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx,
 
 // Many rows: threads own slices of W's rows (Y's columns); each widens its slice kPanelRows rows at a time into its own
 // float32 panel and multiplies X by it with sgemm (one thread each: gemm() runs inside the parallel region as one).
-// Why not integer tiles: at M = 512 on Qwen3-0.6B's shapes (bench/quant_bench.cpp, one thread of a Zen 5), the panels
-// run at 0.75–1.1× float32 sgemm (the widening is one pass over W for 512 rows of products), while the integer path,
-// each weight block unpacked once for 4 rows of 8-bit activations, ran 0.2–0.7× the panels: sgemm's register tiles
-// reuse every loaded value ~16 times, the integer dots once per 4 rows, and their per-block scales and unpacking cost
-// as much as the products. An integer GEMM with register tiles (llama.cpp's repacked Q4_0×8 layouts) is what could
-// beat sgemm; it needs its own packing of W.
+// Why not integer tiles: at M = 512 on Qwen3-0.6B's shapes (bench/quant_bench.cpp, one thread of a Zen 5) the panels
+// ran at 0.7–1.0× float32 sgemm (the widening is one pass over W for 512 rows of products), the streaming integer path
+// at 0.7–1.4× the panels: slower for Q8_0 (0.7–0.8×), Q4_K and Q5_K (0.7–1.2×), faster only for Q6_K (1.0–1.4×) and
+// some Q4_0 shapes. sgemm's register tiles reuse every loaded value ~16 times, the integer dots once per 4 rows, and
+// their per-block scales and unpacking cost as much as the products. The panels also keep the activations in float32.
+// An integer GEMM with register tiles over a repacked W (llama.cpp's Q4_0×8 layouts) is what could beat sgemm.
 void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const int parts = M * N * K < kParallelProduct ? 1 : static_cast<int>(std::min<int64_t>(team(), (N + 15) / 16));
