@@ -123,7 +123,7 @@ def find_lib(path):
     if path:
         return path
     here = os.path.dirname(os.path.abspath(__file__))
-    for root in [os.path.join(here, "..", ".cache", "node", "node_modules"), "/work/notes/npm/node_modules"]:
+    for root in [os.path.join(here, "..", ".cache", "node", "node_modules")]:
         found = glob.glob(os.path.join(root, "@node-llama-cpp", "linux-x64", "bins", "linux-x64", "libggml-base.so"))
         if found:
             return found[0]
