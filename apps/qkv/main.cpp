@@ -36,7 +36,7 @@ CLI::Validator checked(const char* name, Parse parse) {
 CLI::Validator int_at_least(const char* what, int64_t least);
 
 // How to read a book state dict: --config, --n-heads, --tokenizer (generate, attention, eval and convert).
-void add_config_options(CLI::App* command, qkv::train::ConfigHint& hint) {
+void add_config_options(CLI::App* command, qkv::nn::ConfigHint& hint) {
   command->add_option("--config", hint.config,
                       "For a book state dict: the book's configuration dict as a JSON file (GPT_CONFIG_124M; Python's "
                       "True/False accepted) or a preset: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl");
