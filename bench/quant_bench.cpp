@@ -214,10 +214,9 @@ int main(int argc, char** argv) {
   const int runs = smoke ? 1 : 5;
   const int64_t many = smoke ? 16 : 512;
   std::printf("qkv_quant_bench: products with stored weights (kernels/weights.hpp)\n");
-  std::printf("  one row:   %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0, 1));
-  std::printf("             %s\n", qkv::kernels::gemm_weight_backend(WeightType::BF16, 1));
-  std::printf("  many rows: %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0, many));
-  std::printf("  integer path up to M = %lld rows\n", static_cast<long long>(qkv::kernels::gemm_weight_integer_rows(WeightType::Q4_0)));
+  std::printf("  block types: %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0));
+  std::printf("  16-bit:      %s\n", qkv::kernels::gemm_weight_backend(WeightType::BF16));
+  std::printf("  (one path for every M: a row's values do not depend on the rows beside it)\n");
 
   for (int threads : thread_counts) {
     omp_set_num_threads(threads);
@@ -310,7 +309,7 @@ int main(int argc, char** argv) {
     // ---- many rows ----
     const double peak = qkv::bench::measure_fma_peak(threads, smoke ? 0.02 : 0.2, /*cpu_time=*/true);
     std::printf("\nmany rows (M = %lld): GFLOP/s, %% of the FMA peak (%.0f GFLOP/s measured), ratio to float32 sgemm of the "
-                "same shape; 'integer' is the streaming path at this M\n", static_cast<long long>(many), peak);
+                "same shape; 'panels' is the alternative (W widened, sgemm)\n", static_cast<long long>(many), peak);
     for (const Shape& s : smoke ? shapes : std::vector<Shape>(std::begin(kShapes), std::end(kShapes) - 1)) {
       std::vector<float> x(static_cast<size_t>(many * s.K)), y(static_cast<size_t>(many * s.N));
       fill(x.data(), many * s.K, 9);
@@ -325,11 +324,11 @@ int main(int argc, char** argv) {
         if (type == WeightType::F32) sgemm_rate = rate;
         std::printf("  %-22s %-6s %7.1f GFLOP/s (%3.0f%% of peak, %.2fx sgemm)", s.name, qkv::kernels::weight_type_name(type),
                     rate, 100.0 * rate / peak, sgemm_rate > 0 ? rate / sgemm_rate : 0.0);
-        if (qkv::kernels::is_block_quantized(type)) {
-          const double ti = per_call(1, smoke ? 1 : 3, 1, [&](int64_t) {
-            qkv::kernels::gemm_weight_streaming(w.view(0), many, x.data(), s.K, 0.0f, y.data(), s.N);
+        if (type != WeightType::F32) {
+          const double tp = per_call(1, smoke ? 1 : 3, 1, [&](int64_t) {
+            qkv::kernels::gemm_weight_panels(w.view(0), many, x.data(), s.K, 0.0f, y.data(), s.N);
           });
-          std::printf("; integer %6.1f GFLOP/s (%.2fx the panels)", flops / ti / 1e9, t / ti);
+          std::printf("; panels %6.1f GFLOP/s (%.2fx gemm_weight)", flops / tp / 1e9, t / tp);
         }
         std::printf("\n");
         std::fflush(stdout);
@@ -338,8 +337,7 @@ int main(int argc, char** argv) {
 
     // ---- where the paths cross ----
     const Shape& cross = smoke ? kSmokeShapes[1] : kShapes[3];
-    std::printf("\nstreaming (integer) vs panels on %s, ms per call by M (gemm_weight takes the integer path up to M = %lld)\n",
-                cross.name, static_cast<long long>(qkv::kernels::gemm_weight_integer_rows(WeightType::Q4_0)));
+      std::printf("\nstreaming (gemm_weight's path) vs panels on %s, ms per call by M\n", cross.name);
     for (WeightType type : types) {
       if (!qkv::kernels::is_block_quantized(type) && type != WeightType::BF16) continue;
       const int64_t one = qkv::kernels::row_bytes(type, cross.K) * cross.N;

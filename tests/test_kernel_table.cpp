@@ -412,10 +412,9 @@ std::vector<KernelCase> kernel_cases() {
                      return ::testing::AssertionSuccess();
                    }});
   // Products with stored weights, every type: W (N × K) quantized from random values and placed 0, 2 or 6 bytes past a
-  // 64-byte boundary (any GGUF row is 2-byte aligned), X and Y strided and misaligned as the other rows; M = 1, 3 and 9
-  // run the streaming path (integer dots for the block types, against X quantized as they do; 9 rows in groups of 4, 4
-  // and 1), M = 70 the panels and sgemm (against float32 X) and, called directly, the streaming path again; then the
-  // backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
+  // 64-byte boundary (any GGUF row is 2-byte aligned), X and Y strided and misaligned as the other rows; M = 1, 3, 9 and
+  // 70 (groups of 4 and a tail; integer dots for the block types, against X quantized as they do), at 70 rows the panels'
+  // alternative (widened W and sgemm against float32 X) too; then the backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
   // tails), the float types' any length. Tolerance: 1e-5 of Σ|w·x| (float32 sums of products that may cancel).
   for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0,
                           WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K}) {
@@ -457,16 +456,13 @@ std::vector<KernelCase> kernel_cases() {
                              size[i * N + j] = s;
                            }
                          gemm_weight(w, M, x.data(), ldx, 0.5f, y.data(), ldy);
-                         if (M <= gemm_weight_integer_rows(type))
-                           gemm_weight_integer_reference(w, M, x.data(), ldx, 0.5f, want.data(), ldy);
-                         else
-                           gemm_weight_reference(w, M, x.data(), ldx, 0.5f, want.data(), ldy);
+                         gemm_weight_integer_reference(w, M, x.data(), ldx, 0.5f, want.data(), ldy);
                          if (auto ok = within(y.data(), want.data(), size, M, N, ldy); !ok) return ok << " (forward, M " << M << ")";
-                         if (M == 70 && type != WeightType::F32) {  // the streaming path at 70 rows
-                           std::vector<float> streamed = want;
-                           gemm_weight_streaming(w, M, x.data(), ldx, 0.0f, streamed.data(), ldy);
-                           gemm_weight_integer_reference(w, M, x.data(), ldx, 0.0f, want.data(), ldy);
-                           if (auto ok = within(streamed.data(), want.data(), size, M, N, ldy); !ok) return ok << " (streaming, M 70)";
+                         if (M == 70 && type != WeightType::F32) {  // the panels' alternative at 70 rows
+                           std::vector<float> panels = want;
+                           gemm_weight_panels(w, M, x.data(), ldx, 0.0f, panels.data(), ldy);
+                           gemm_weight_reference(w, M, x.data(), ldx, 0.0f, want.data(), ldy);
+                           if (auto ok = within(panels.data(), want.data(), size, M, N, ldy); !ok) return ok << " (panels, M 70)";
                          }
                          // the backward: dX (M × K) = dY · W + 0.5·dX
                          Buffer dx(M * ldx, m, 24);

@@ -343,12 +343,13 @@ float dot_k_block_scalar(const Block& w, const Q8KBlock& x, const int* order, We
 
 // ---- the kernels: one weight row against R ≤ 4 rows of activations ----
 // Each block's bits are unpacked once and multiplied with every row (generation of a few sequences at once, and the
-// integer alternative for many rows that bench/quant_bench.cpp measures). With one row, two accumulators alternate so
-// the float multiply-adds of consecutive groups do not wait on each other; with more, the rows are the chains.
+// prompts and batches). Two accumulators per row alternate so the float multiply-adds of consecutive groups do not
+// wait on each other — for every R alike: a row's sums must run in the same order whether it is alone or one of 4
+// (one set for R > 1 made a row's value depend on the rows beside it).
 
 template <int R>
 struct Accumulators {
-  static constexpr int kSets = R == 1 ? 2 : 1;
+  static constexpr int kSets = 2;
 };
 
 // ---- Q8_0 ----

@@ -37,8 +37,9 @@ std::vector<quant::ActivationRow>& activation_rows() {
 
 // Few rows: every row of W read once, in order; each of its blocks unpacked once for up to 4 rows of X
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
-// (the benchmark's integer alternative to the panels) go 16 rows of W at a time, which stay in the L1 cache while every
-// group of 4 rows of X passes over them.
+// (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
+// them. A row of Y is computed by the same instructions in the same order whichever group of 4 its row of X falls in
+// and however the rows of W are split between threads.
 void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const bool blocks = is_block_quantized(w.type);
@@ -74,8 +75,9 @@ void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx,
       for (int64_t m0 = 0; m0 < M; m0 += quant::kMaxDotRows)
         rows(n0, std::min(kTile, first + count - n0), m0, std::min<int64_t>(quant::kMaxDotRows, M - m0));
   };
-  // Memory-bound: worth splitting once W is beyond a few hundred KiB, as gemm()'s one-row path.
-  const int parts = N * bytes < (int64_t{1} << 17) ? 1 : team();
+  // Memory-bound for few rows: worth splitting once W is beyond a few hundred KiB, as gemm()'s one-row path; for many
+  // rows once the products are worth a parallel region.
+  const int parts = N * bytes < (int64_t{1} << 17) && M * N * K < kParallelProduct ? 1 : team();
   if (parts == 1) {
     slice_rows(0, N);
     return;
@@ -111,21 +113,9 @@ void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, flo
 
 }  // namespace
 
-int64_t gemm_weight_integer_rows(WeightType type) {
-  // Up to here one pass over W with all rows of X beats widening W into panels for sgemm: a panel widens all of W
-  // whatever M is, so for few rows it costs more than the products. Measured on the 3072 × 1024 gate projection, one
-  // thread of a Zen 5 (ms streamed / panels): 64 rows 2.3–3.6 / 3.8–6.2 for every type; 128 rows Q8_0 6.8 / 6.4, BF16
-  // 7.1 / 8.2, Q4_K 5.6 / 6.1, Q4_0 5.1 / 6.8, Q6_K 4.9 / 8.7; 256 rows Q4_0 and Q6_K still streamed faster, the others
-  // not. One limit for all types, so a prompt's arithmetic (8-bit or float32 activations) does not depend on the type.
-  (void)type;
-  return 64;
-}
-
-const char* gemm_weight_backend(WeightType type, int64_t M) {
+const char* gemm_weight_backend(WeightType type) {
   static thread_local std::string name;
   if (type == WeightType::F32) name = std::string("float32 sgemm (") + gemm_backend() + ")";
-  else if (M > gemm_weight_integer_rows(type))
-    name = std::string("panels widened to float32, then sgemm (") + gemm_backend() + ")";
   else if (is_block_quantized(type))
     name = std::string("integer dots against 8-bit activations: ") + quant::dot_backend();
   else
@@ -145,8 +135,10 @@ void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, fl
       for (int64_t n = 0; n < w.rows; ++n) Y[m * ldy + n] = beta == 0.0f ? 0.0f : beta * Y[m * ldy + n];
     return;
   }
-  if (M <= gemm_weight_integer_rows(w.type)) streaming_rows(w, M, X, ldx, beta, Y, ldy);
-  else panel_rows(w, M, X, ldx, beta, Y, ldy);
+  // One arithmetic for every M: a row's result is the same alone, in a batch of 8 or in a 512-token prompt, so
+  // batched generation equals solo generation token for token. The panels (widened W, sgemm) were faster from ~128
+  // rows on for some types (see panel_rows); they remain for callers that ask for them (gemm_weight_panels).
+  streaming_rows(w, M, X, ldx, beta, Y, ldy);
 }
 
 void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {

@@ -21,13 +21,14 @@ struct WeightView {
 };
 
 // Y (M × N) = X (M × K) · Wᵀ + beta·Y (beta 0: Y is not read). X's rows are ldx floats apart, Y's ldy. Threads own
-// slices of Y's columns (rows of W); results are deterministic for a given thread count.
-//   F32 storage is kernels::gemm. For the others, M ≤ gemm_weight_integer_rows(type) (generation, short prompts) reads
-//   W once, streaming: a block type's products run in integers against X quantized once per row to 8-bit blocks (ggml's q8_0
-//   for Q8_0 and Q4_0, q8_K for the K-quants: the values of gemm_weight_integer_reference), f16/bf16 widen to float32 in
-//   the loop. More rows (prompts, training) widen panels of W to float32 and multiply them with sgemm: float32
-//   activations, the values of gemm_weight_reference.
-// A NaN or ±Inf in a row of X makes that row of Y NaN on the integer path (its block's scale is NaN).
+// slices of Y's columns (rows of W).
+//   F32 storage is kernels::gemm. For the others W is read in one stream, each of its blocks unpacked once for up to 4
+//   rows of X: a block type's products run in integers against each row of X quantized once to 8-bit blocks (ggml's
+//   q8_0 for Q8_0 and Q4_0, q8_K for the K-quants: the values of gemm_weight_integer_reference), f16/bf16 widen to
+//   float32 in the loop (gemm_weight_reference's values, float32 sums).
+// A row of Y depends only on its row of X and on W: not on M, the row's place among the others, nor the thread count
+// (bit for bit), so a batch of sequences gives each the values it gets alone.
+// A NaN or ±Inf in a row of X makes that row of Y NaN for the block types (its block's scale is NaN).
 void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 
 // dX (M × K) = dY (M × N) · W + beta·dX: the gradient of the input through a stored (frozen) weight. Panels of W are
@@ -35,15 +36,14 @@ void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, fl
 // holds fewer blocks than threads.
 void gemm_weight_backward(const WeightView& w, int64_t M, const float* dY, int64_t ldy, float beta, float* dX, int64_t ldx);
 
-// gemm_weight's two paths for any M (block and 16-bit types; not F32), for benchmarks that set them side by side.
+// gemm_weight's path (block and 16-bit types; not F32), and its alternative for many rows: W widened to float32 a panel
+// at a time and multiplied with sgemm (float32 activations; faster than the streaming path from ~128 rows on for some
+// types, but its rows' values differ from gemm_weight's), for benchmarks that set them side by side.
 void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 
-// The most rows of X the streaming path (integer dots, or 16-bit rows widened in the loop) takes for this type; above
-// it, panels and sgemm. Measured in bench/quant_bench.cpp (see weights.cpp).
-int64_t gemm_weight_integer_rows(WeightType type);
-// What gemm_weight runs for this type and row count, for benchmark headers: e.g. "AVX-512 VNNI … integer dots".
-const char* gemm_weight_backend(WeightType type, int64_t M);
+// What gemm_weight runs for this type, for benchmark headers: e.g. "AVX-512 VNNI … integer dots".
+const char* gemm_weight_backend(WeightType type);
 
 // References, in double: W as dequantize_rows gives it, X as given (the panel path's arithmetic) …
 void gemm_weight_reference(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
