@@ -16,6 +16,7 @@
 #include "qkv/io/gguf.hpp"
 #include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/gguf_model.hpp"
+#include "qkv/nn/pretrained.hpp"
 
 namespace qkv::test {
 namespace {
@@ -151,6 +152,16 @@ TEST(GgufModel, LlamaCppsQuantizedFileAgreesWithLlamaCppsGreedyTokens) {
     ids.push_back(want);
   }
   EXPECT_GE(agree, 11);
+}
+
+// load_pretrained takes a .gguf whole: its model and the tokenizer from its metadata, which gives llama.cpp's prompt ids.
+TEST(GgufModel, LoadPretrainedReadsTheModelAndItsTokenizer) {
+  const auto m = nn::load_pretrained(fixture("gguf/tiny-llama-q4_k_m.gguf"));
+  EXPECT_EQ(m->format, nn::CheckpointFormat::Gguf);
+  ASSERT_TRUE(m->tokenizer);
+  EXPECT_EQ(m->tokenizer->encode("hello world the cat"), kPrompt);
+  EXPECT_EQ(m->stop_ids, std::vector<int64_t>{2});
+  EXPECT_EQ(m->model->tok_emb.weight_type(), kernels::WeightType::Q8_0);
 }
 
 // A llama model of qkv written as llama.cpp's converter writes it (names, q and k rows interleaved for its RoPE,

@@ -146,11 +146,12 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
       throw IoError(path + ": has no tokenizer.json; a Hugging Face model folder carries its tokenizer (download it "
                     "with the weights)");
     }
-  } else if (m->format == CheckpointFormat::Gguf) {
-    // Seam: the tokenizer from tokenizer.ggml.* (text::load_gguf_tokenizer, being built in text/) goes here; until
-    // then a GGUF loads with its weights alone (options.tokenizer = false) and its chat template and special ids.
-    throw IoError(path + ": a GGUF file's tokenizer (tokenizer.ggml.*) is not read by qkv yet; load its weights alone "
-                  "(PretrainedOptions::tokenizer = false) and tokenize with the model's Hugging Face tokenizer.json");
+  } else if (m->format == CheckpointFormat::Gguf) {  // tokenizer.ggml.*, run as the tokenizer.json it came from
+    auto hf = text::HfTokenizer::from_gguf(io::GgufFile::open(path));
+    if (hf->bos_id() >= 0) m->chat.bos_token = hf->token_content(hf->bos_id());
+    if (hf->end_of_text() >= 0) m->chat.eos_token = hf->token_content(hf->end_of_text());
+    if (m->chat_template.empty()) m->chat_template = hf->chat_template();
+    m->tokenizer = std::move(hf);
   } else {
     m->tokenizer = text::make_tokenizer(opened.tokenizer, options.vocab_dir);
   }
