@@ -22,6 +22,7 @@ namespace qkv::kernels {
 // Halves are IEEE binary16, little-endian, as all multi-byte fields.
 enum class WeightType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
 
+// One row of the type table: its name, ggml id and block geometry
 struct WeightTypeInfo {
   const char* name;        // as GGUF tools print it: "f32", "q4_K", …
   uint32_t ggml_type;      // GGML_TYPE_*: the id a GGUF tensor info holds

@@ -14,8 +14,8 @@ namespace qkv::kernels {
 // nn.Linear weight (out_features × in_features), a GGUF tensor with ne0 = K and ne1 = N. A view: nothing is owned.
 // The bytes need 2-byte alignment (4 for F32), as every GGUF tensor has.
 struct WeightView {
-  WeightType type = WeightType::F32;
-  const void* data = nullptr;
+  WeightType type = WeightType::F32;  // how the rows are stored
+  const void* data = nullptr;         // the first row's first byte
   int64_t rows = 0;  // N, outputs
   int64_t cols = 0;  // K, inputs (a multiple of the block for the block types: row_bytes throws otherwise)
 };

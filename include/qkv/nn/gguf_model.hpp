@@ -29,7 +29,7 @@ struct GgufExtras {
   std::string chat_template;    // tokenizer.chat_template ("" when absent)
   int64_t bos_id = -1, eos_id = -1;  // tokenizer.ggml.bos_token_id, eos_token_id (−1 when absent)
 };
-GgufExtras gguf_extras(const io::GgufFile& file);
+GgufExtras gguf_extras(const io::GgufFile& file);  // the chat template and special ids of a GGUF file
 
 // The model of a GGUF file, in eval mode. Its matrices keep the file's storage type (F32, F16, BF16, Q8_0, Q4_0,
 // Q4_K, Q5_K, Q6_K, mapped), except: Q5_0 blocks become Q8_0 (exactly: the same scale and levels, so the products
