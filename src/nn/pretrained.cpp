@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "qkv/core/settings.hpp"
@@ -126,8 +127,11 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   m->classifier.bias = opened.classifier_bias;
   m->classifier.labels = opened.labels;
   const bool folder = m->format == CheckpointFormat::HuggingFaceFolder;
+  // A GGUF's metadata, read once for its chat template, special ids and tokenizer (the model mapped it already).
+  std::optional<io::GgufFile> gguf;
   if (m->format == CheckpointFormat::Gguf) {  // the chat template and special ids are metadata, tokenizer or not
-    const GgufExtras extras = gguf_extras(io::GgufFile::open(path));
+    gguf = io::GgufFile::open(path);
+    const GgufExtras extras = gguf_extras(*gguf);
     m->chat_template = extras.chat_template;
     m->bos_id = extras.bos_id;
   }
@@ -147,7 +151,7 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
                     "with the weights)");
     }
   } else if (m->format == CheckpointFormat::Gguf) {  // tokenizer.ggml.*, run as the tokenizer.json it came from
-    auto hf = text::HfTokenizer::from_gguf(io::GgufFile::open(path));
+    auto hf = text::HfTokenizer::from_gguf(*gguf);
     if (hf->bos_id() >= 0) m->chat.bos_token = hf->token_content(hf->bos_id());
     if (hf->end_of_text() >= 0) m->chat.eos_token = hf->token_content(hf->end_of_text());
     if (m->chat_template.empty()) m->chat_template = hf->chat_template();
