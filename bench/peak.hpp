@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,17 +24,28 @@ inline void keep(float v) {
   (void)sink;
 }
 
+// Seconds of CPU time this process has used, all threads together. On a shared machine a rate per CPU-second the
+// process got is what the code does; a wall-clock rate also measures the other processes.
+inline double process_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // The best of three timed runs of `chains(iterations)` on every thread (each returns a value to keep, so the loop
-// cannot be dropped), in GFLOP/s of `flops` per iteration and thread.
+// cannot be dropped), in GFLOP/s of `flops` per iteration and thread; per wall-clock second, or per CPU-second of the
+// process divided by the threads (cpu_time).
 template <class Chains>
-double best_of_three(int threads, int64_t iterations, double flops, Chains chains) {
+double best_of_three(int threads, int64_t iterations, double flops, Chains chains, bool cpu_time = false) {
   double best = 0.0;
   for (int attempt = 0; attempt < 3; ++attempt) {
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = process_cpu_seconds();
     float sink = 0.0f;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     sink += chains(iterations);
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed = cpu_time ? (process_cpu_seconds() - cpu_start) / threads
+                                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     keep(sink);
     best = std::max(best, static_cast<double>(iterations) * flops * threads / elapsed / 1e9);
   }
@@ -52,7 +64,7 @@ inline float lanes_sum(const __m512* acc) {  // of 12 accumulators
 #endif
 
 // 12 independent FMA chains per thread hide the 4-cycle latency on both FMA pipes.
-inline double measure_fma_peak(int threads, double seconds) {
+inline double measure_fma_peak(int threads, double seconds, bool cpu_time = false) {
   double best = best_of_three(threads, static_cast<int64_t>(seconds * 2e8 / 3), 12 * 8 * 2, [](int64_t iterations) {
     float sink = 0.0f;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -77,7 +89,7 @@ inline double measure_fma_peak(int threads, double seconds) {
       for (float v : row) sink += v;
 #endif
     return sink;
-  });
+  }, cpu_time);
 #if defined(__AVX512F__)
   // A machine with AVX-512 may have twice the FMA width (two 512-bit units), or the same (Zen 4 splits 512-bit
   // FMAs in two): the peak is the faster of the two loops, so "% of peak" is of what the machine can do.
@@ -90,7 +102,7 @@ inline double measure_fma_peak(int threads, double seconds) {
       for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
     }
     return lanes_sum(acc);
-  }));
+  }, cpu_time));
 #endif
   return best;
 }
@@ -166,38 +178,45 @@ inline double measure_bf16_peak(int threads, double seconds) {
   return std::max(measure_vdpbf16ps_peak(threads, seconds), measure_amx_peak(threads, seconds));
 }
 
+// One pass summing `buffer` (well beyond the caches) on the run's threads, in bytes per second. `prefetch`: each step
+// also asks for the line 8 KiB ahead, as the generation kernels do (one thread's stream on a Zen 5 reads faster so).
+inline double read_pass(const std::vector<float>& buffer, bool prefetch = false) {
+  const auto t = std::chrono::steady_clock::now();
+  double total = 0.0;
+  const int64_t n = static_cast<int64_t>(buffer.size());
+  // Four independent vector sums per thread: the loads, not the adds, set the pace.
+#pragma omp parallel reduction(+ : total)
+  {
+    const int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
+    const int64_t begin = n * t / parts / 32 * 32, end = t + 1 == parts ? n / 32 * 32 : n * (t + 1) / parts / 32 * 32;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float* p = buffer.data();
+    for (int64_t i = begin; i < end; i += 32) {
+      if (prefetch) {
+        __builtin_prefetch(p + i + 2048, 0, 3);
+        __builtin_prefetch(p + i + 2048 + 16, 0, 3);
+      }
+      a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+      a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+      a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+      a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (float l : lanes) total += l;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  if (total < 0) std::printf("%f", total);
+  return static_cast<double>(buffer.size() * sizeof(float)) / seconds;
+}
+
 // Read bandwidth: the best of a few passes summing a buffer well beyond the caches, on the run's threads.
 inline double read_bandwidth(int64_t bytes) {
   std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
   double best = 0.0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const auto t = std::chrono::steady_clock::now();
-    double total = 0.0;
-    const int64_t n = static_cast<int64_t>(buffer.size());
-    // Four independent vector sums per thread: the loads, not the adds, set the pace.
-#pragma omp parallel reduction(+ : total)
-    {
-      const int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
-      const int64_t begin = n * t / parts / 32 * 32, end = t + 1 == parts ? n / 32 * 32 : n * (t + 1) / parts / 32 * 32;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      const float* p = buffer.data();
-      for (int64_t i = begin; i < end; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-      }
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-      for (float l : lanes) total += l;
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-    if (total < 0) std::printf("%f", total);
-    best = std::max(best, static_cast<double>(bytes) / seconds);
-  }
+  for (int pass = 0; pass < 5; ++pass) best = std::max(best, read_pass(buffer));
   return best;
 }
-
 
 // Runs `step` once with the op profile on (qkv/core/profile.hpp), from an empty profile; returns its seconds.
 template <class Step>

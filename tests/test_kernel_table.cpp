@@ -5,6 +5,7 @@
 //            both run.
 //   Ops:     every differentiable op against central differences (the loss summed in double).
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -352,6 +353,23 @@ std::vector<KernelCase> kernel_cases() {
                          return ::testing::AssertionFailure() << "f32→bf16 element " << i;
                      if (n > 2 && (out[2] != 0x3f80 || !std::isnan(bf16_to_f32_reference(out[0])) || out[1] != 0x7f80))
                        return ::testing::AssertionFailure() << "ties to even, NaN or Inf";
+                     // f32 → f16 (F16C with ggml's NaN) against the bit-level reference, over the same bit patterns
+                     // read as floats too: every class of float, half-range values and their ties
+                     std::vector<float> patterns(static_cast<size_t>(n));
+                     for (int64_t i = 0; i < n; ++i) {
+                       const uint32_t b = static_cast<uint32_t>(src[i]) * 0x10001u ^ (i % 3 ? 0x38000000u : 0u);
+                       std::memcpy(&patterns[i], &b, 4);
+                     }
+                     for (const float* from : {static_cast<const float*>(f.data()), static_cast<const float*>(patterns.data())}) {
+                       f32_to_f16(from, out.data(), n);
+                       for (int64_t i = 0; i < n; ++i)
+                         if (out[i] != f32_to_f16_reference(from[i]))
+                           return ::testing::AssertionFailure() << "f32→f16 element " << i << ": " << out[i] << " vs "
+                                                                << f32_to_f16_reference(from[i]);
+                     }
+                     f32_to_f16(f.data(), out.data(), n);
+                     if (n > 2 && (out[0] != 0x7e00 || out[1] != 0x7c00))
+                       return ::testing::AssertionFailure() << "f16 NaN or Inf";
                      return ::testing::AssertionSuccess();
                    }});
   cases.push_back({"embedding backward", [](int64_t n, int m) {
@@ -393,6 +411,76 @@ std::vector<KernelCase> kernel_cases() {
                        }
                      return ::testing::AssertionSuccess();
                    }});
+  // Products with stored weights, every type: W (N × K) quantized from random values and placed 0, 2 or 6 bytes past a
+  // 64-byte boundary (any GGUF row is 2-byte aligned), X and Y strided and misaligned as the other rows; M = 1, 3, 9 and
+  // 70 (groups of 4 and a tail; integer dots for the block types, against X quantized as they do), at 70 rows the panels'
+  // alternative (widened W and sgemm against float32 X) too; then the backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
+  // tails), the float types' any length. Tolerance: 1e-5 of Σ|w·x| (float32 sums of products that may cancel).
+  for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0,
+                          WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K}) {
+    static std::deque<std::string> names;  // the cases keep pointers to their names
+    names.push_back(std::string("gemm_weight ") + weight_type_name(type) + " forward and backward");
+    cases.push_back({names.back().c_str(), [type](int64_t n, int m) {
+                       const int64_t block = weight_type_info(type).block_elements;
+                       const bool k_quant = block == 256;
+                       const int64_t K = block == 1 ? n + 1 : block * (1 + n % (k_quant ? 3 : 6));
+                       const int64_t N = 1 + (n * 7) % (k_quant ? 9 : 23), row = row_bytes(type, K);
+                       Buffer values(N * K, 0, 21);
+                       std::vector<unsigned char> storage(static_cast<size_t>(N * row + 128));
+                       unsigned char* at = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64 +
+                                           (type == WeightType::F32 ? 4 : 2) * m;
+                       quantize_rows(type, values.data(), at, N, K);
+                       const WeightView w{type, at, N, K};
+                       std::vector<float> dense(static_cast<size_t>(N * K));
+                       dequantize_rows(type, at, dense.data(), N, K);
+                       // |got − want| ≤ 1e-5·(Σ|a·b| + |beta·prior|) per element
+                       auto within = [](const float* got, const float* want, const std::vector<double>& size, int64_t rows,
+                                        int64_t cols, int64_t ld) -> ::testing::AssertionResult {
+                         for (int64_t i = 0; i < rows; ++i)
+                           for (int64_t j = 0; j < cols; ++j) {
+                             const double g = got[i * ld + j], e = want[i * ld + j], bound = 1e-5 * size[i * cols + j] + 1e-30;
+                             if (!(std::fabs(g - e) <= bound))
+                               return ::testing::AssertionFailure() << "[" << i << "," << j << "] " << g << " vs " << e;
+                           }
+                         return ::testing::AssertionSuccess();
+                       };
+                       for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{9}, int64_t{70}}) {
+                         const int64_t ldx = K + 3, ldy = N + 2;
+                         Buffer x(M * ldx, m, 22, 2.0f), y(M * ldy, m, 23);
+                         std::vector<float> want = y.copy();
+                         std::vector<double> size(static_cast<size_t>(M * N));
+                         for (int64_t i = 0; i < M; ++i)
+                           for (int64_t j = 0; j < N; ++j) {
+                             double s = std::fabs(0.5 * y.data()[i * ldy + j]);
+                             for (int64_t k = 0; k < K; ++k) s += std::fabs(double{dense[j * K + k]} * x.data()[i * ldx + k]);
+                             size[i * N + j] = s;
+                           }
+                         gemm_weight(w, M, x.data(), ldx, 0.5f, y.data(), ldy);
+                         gemm_weight_integer_reference(w, M, x.data(), ldx, 0.5f, want.data(), ldy);
+                         if (auto ok = within(y.data(), want.data(), size, M, N, ldy); !ok) return ok << " (forward, M " << M << ")";
+                         if (M == 70 && type != WeightType::F32) {  // the panels' alternative at 70 rows
+                           std::vector<float> panels = want;
+                           gemm_weight_panels(w, M, x.data(), ldx, 0.0f, panels.data(), ldy);
+                           gemm_weight_reference(w, M, x.data(), ldx, 0.0f, want.data(), ldy);
+                           if (auto ok = within(panels.data(), want.data(), size, M, N, ldy); !ok) return ok << " (panels, M 70)";
+                         }
+                         // the backward: dX (M × K) = dY · W + 0.5·dX
+                         Buffer dx(M * ldx, m, 24);
+                         std::vector<float> dx_want = dx.copy();
+                         std::vector<double> dx_size(static_cast<size_t>(M * K));
+                         for (int64_t i = 0; i < M; ++i)
+                           for (int64_t k = 0; k < K; ++k) {
+                             double s = std::fabs(0.5 * dx.data()[i * ldx + k]);
+                             for (int64_t j = 0; j < N; ++j) s += std::fabs(double{dense[j * K + k]} * y.data()[i * ldy + j]);
+                             dx_size[i * K + k] = s;
+                           }
+                         gemm_weight_backward(w, M, y.data(), ldy, 0.5f, dx.data(), ldx);
+                         gemm_weight_backward_reference(w, M, y.data(), ldy, 0.5f, dx_want.data(), ldx);
+                         if (auto ok = within(dx.data(), dx_want.data(), dx_size, M, K, ldx); !ok) return ok << " (backward, M " << M << ")";
+                       }
+                       return ::testing::AssertionSuccess();
+                     }});
+  }
   // Every variant of the fused kernel beside its reference at every n: MHA and grouped-query (4 query heads on 2 or
   // 1 K/V heads), causal or not, a sliding window of 3 and soft-capping.
   struct Variant {

@@ -89,6 +89,9 @@ struct ModelOptions {
   nn::ConfigHint hint;
   // Inference under --precision bf16: matrices kept in bfloat16 only (half the memory; a folder's are read as such).
   bool bf16_weights = false;
+  // --weights: how matrices are kept in memory — "stored" (as the file stores them: a bfloat16 folder stays bfloat16),
+  // or a storage type the matrices are converted to while loading: f32, bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k
+  std::string weights = "stored";
   std::string path() const { return checkpoint.empty() ? gpt2_path : checkpoint; }
 };
 

@@ -25,6 +25,9 @@ LoadedModel load_model(const ModelOptions& options) {
   o.vocab_dir = options.vocab_dir;
   o.adapter = options.adapter;
   o.matrices = options.bf16_weights ? DType::BF16 : DType::F32;
+  if (options.weights == "stored") o.keep_stored = true;
+  else if (auto type = kernels::weight_type_from_name(options.weights)) o.weights = type;
+  else throw UsageError("--weights " + options.weights + " is not stored, f32, bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k");
   std::unique_ptr<nn::Pretrained> loaded;
   try {
     loaded = nn::load_pretrained(options.path(), o);

@@ -14,6 +14,7 @@
 #include "commands.hpp"
 #include "qkv/core/error.hpp"
 #include "qkv/core/settings.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/version.hpp"
 
@@ -60,6 +61,18 @@ void add_model_options(CLI::App* command, qkv::cli::ModelOptions& m) {
   command->add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
   command->add_option("--adapter", m.adapter, "A LoRA adapter folder (PEFT's adapter_config.json and "
                                               "adapter_model.safetensors, as qkv finetune --lora-rank writes) to apply");
+}
+
+// --weights of the inference commands: how the model's matrices are kept in memory.
+void add_weights_option(CLI::App* command, qkv::cli::ModelOptions& m) {
+  command->add_option("--weights", m.weights,
+                      "How matrices are kept in memory: stored (as the file stores them: a bf16 folder stays bf16), or "
+                      "converted while loading to f32, bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k (ggml's block formats)")
+      ->capture_default_str()
+      ->check(checked("TYPE", [](const std::string& text) {
+        return text == "stored" || qkv::kernels::weight_type_from_name(text) ? std::string()
+                                                                              : "--weights " + text + " is not stored, f32, bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k";
+      }));
 }
 
 // An integer option's check: a whole number of at least `least`, or a usage error saying so.
@@ -297,6 +310,7 @@ int run(int argc, char** argv) {
   qkv::cli::GenerateCommand generate;
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a checkpoint or GPT-2 weights");
   add_model_options(generate_cmd, generate.model);
+  add_weights_option(generate_cmd, generate.model);
   auto* prompt_opt = generate_cmd->add_option("--prompt", generate.prompt, "Text to continue (default: standard input, "
                                                                          "when it is not a terminal)");
   add_sampling_options(generate_cmd, generate);
@@ -306,6 +320,7 @@ int run(int argc, char** argv) {
   auto* chat_cmd = app.add_subcommand("chat", "Talk to a Hugging Face model folder in its own chat format: streamed, "
                                               "with the KV cache kept between turns");
   add_model_options(chat_cmd, chat.generation.model);
+  add_weights_option(chat_cmd, chat.generation.model);
   add_sampling_options(chat_cmd, chat.generation);
   chat_cmd->add_option("--system", chat.system, "A system message before the conversation");
   chat_cmd->add_option("--messages", chat.messages_path, "Start from these messages (JSON list of {role, content})");
@@ -320,6 +335,7 @@ int run(int argc, char** argv) {
       "attention", "What a GPT attends to for a prompt: a layers × heads grid, a heatmap per head, the weights "
                    "(attention.safetensors) and an interactive attention.html");
   add_model_options(attention_cmd, attention.model);
+  add_weights_option(attention_cmd, attention.model);
   attention_cmd->add_option("--prompt", attention.prompt, "The text whose attention to show")->required();
   attention_cmd->add_option("--layers", attention.layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
   attention_cmd->add_option("--heads", attention.heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
@@ -334,6 +350,7 @@ int run(int argc, char** argv) {
       "eval", "Loss and perplexity of a model on a text, in sliding windows (each token predicted once, with as "
               "much context as --stride leaves)");
   add_model_options(eval_cmd, eval.model);
+  add_weights_option(eval_cmd, eval.model);
   eval_cmd->add_option("--text", eval.text_path, "UTF-8 text to score (- for standard input)")->required();
   eval_cmd->add_option("--context", eval.context, "Window length (default: the model's context_length)")
       ->check(int_at_least("--context", 1));
@@ -401,6 +418,7 @@ int run(int argc, char** argv) {
   auto* classify_cmd = app.add_subcommand("classify", "Label texts with a fine-tuned classifier (qkv finetune classify's "
                                                       "model.pth, or a base model with its --adapter)");
   add_model_options(classify_cmd, classify.model);
+  add_weights_option(classify_cmd, classify.model);
   classify_cmd->add_option("--text", classify.texts, "A text to classify (repeatable)")->required();
   classify_cmd->add_flag("--json", classify.json, "Print the label, its probability and every class's as JSON");
 

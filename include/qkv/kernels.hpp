@@ -14,6 +14,8 @@
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/norms.hpp"
 #include "qkv/kernels/optim.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/rope.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/threads.hpp"
+#include "qkv/kernels/weights.hpp"

@@ -11,6 +11,7 @@
 #include "qkv/kernels/optim.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/core/ops.hpp"
+#include "product.hpp"
 
 namespace qkv {
 
@@ -205,6 +206,10 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   if (static_cast<int64_t>(targets.size()) != rows) {
     throw ShapeError("linear_cross_entropy: " + std::to_string(targets.size()) + " targets for " + std::to_string(rows) +
                      " rows of x " + x.shape().str());
+  }
+  if (weight.dtype() == DType::Stored) {  // a quantized head: its logits by the stored product, then the loss
+    detail::refuse_training_stored(weight, "linear_cross_entropy");
+    return cross_entropy(reshape(linear(x, weight, bias), {rows, vocab}), targets, ignore_index);
   }
   const bool grad = detail::needs_grad({&x, &weight, &bias});
   Tensor dx, dweight, dbias;

@@ -10,6 +10,7 @@
 #include "qkv/kernels/embedding.hpp"
 #include "qkv/kernels/norms.hpp"
 #include "qkv/core/ops.hpp"
+#include "product.hpp"
 
 namespace qkv {
 
@@ -34,6 +35,14 @@ Tensor embedding(const Tensor& weight, std::span<const int64_t> ids, const Shape
       throw ValueError("embedding: a bfloat16 weight " + weight.shape().str() + " cannot be trained; load the model in "
                        "float32 (train with --precision bf16 keeps float32 weights)");
     kernels::embedding_forward_bf16(weight.bf16(), ids.data(), n, C, out.data());
+    return out;
+  }
+  if (weight.dtype() == DType::Stored) {  // a quantized table (a GGUF's token_embd): each row dequantized as read
+    detail::refuse_training_stored(weight, "embedding");
+    const int64_t bytes = kernels::row_bytes(weight.weight_type(), C);
+    const auto* rows = static_cast<const unsigned char*>(weight.stored_bytes());
+    for (int64_t i = 0; i < n; ++i)
+      kernels::dequantize_rows(weight.weight_type(), rows + ids[static_cast<size_t>(i)] * bytes, out.data() + i * C, 1, C);
     return out;
   }
   kernels::embedding_forward(weight.data(), ids.data(), n, C, out.data());

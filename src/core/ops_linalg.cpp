@@ -105,6 +105,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined() && !(bias.shape() == Shape{out_features})) {
     throw ShapeError(shapes_message("linear", weight, bias, "bias must have shape (out_features)"));
   }
+  detail::refuse_training_stored(weight, "linear");
   const int64_t rows = leading(x.shape(), 1);
   Shape out_shape = x.shape();
   out_shape[-1] = out_features;
@@ -147,6 +148,7 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   if (bias.defined() && !(bias.shape() == Shape{out_features})) {
     throw ShapeError(shapes_message("lora_linear", weight, bias, "bias must have shape (out_features)"));
   }
+  detail::refuse_training_stored(weight, "lora_linear");
   const int64_t rows = leading(x.shape(), 1);
   Shape out_shape = x.shape();
   out_shape[-1] = out_features;
@@ -209,6 +211,7 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
                      std::to_string(weights.size()) + " weights; give one per weight or none");
   }
   const bool has_bias = !biases.empty() && biases[0].defined();
+  for (const Tensor& w : weights) detail::refuse_training_stored(w, "linear_concat");
   int64_t total = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     const Tensor& w = weights[i];
@@ -234,7 +237,7 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
   // be made and rounded again at every call, reading every float32 weight once per generated token.
   const Precision pr = precision();
   const bool by_part = weights.size() > 1 && (pr == Precision::BF16 || std::any_of(weights.begin(), weights.end(), [](const Tensor& w) {
-                         return w.dtype() == DType::BF16;
+                         return w.dtype() != DType::F32;
                        }));
   auto stack = [](std::span<const Tensor> parts, const Shape& shape) {
     if (contiguous_run(parts)) return parts[0];  // its data() starts the whole run

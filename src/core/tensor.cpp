@@ -151,10 +151,14 @@ Tensor Tensor::from_rows(std::initializer_list<std::initializer_list<float>> row
 }
 
 const Shape& Tensor::shape() const { return checked(impl_).shape; }
-const char* dtype_name(DType d) { return d == DType::BF16 ? "bfloat16" : "float32"; }
+const char* dtype_name(DType d) { return d == DType::BF16 ? "bfloat16" : d == DType::Stored ? "stored" : "float32"; }
 
 namespace {
 [[noreturn]] void no_float32(const detail::TensorImpl& impl) {
+  if (impl.dtype == DType::Stored)
+    throw ValueError(std::string("a tensor ") + impl.shape.str() + " stored as " + kernels::weight_type_name(impl.stored_type) +
+                     " has no float32 values: it is an inference weight (loaded with --weights, or from a GGUF file), "
+                     "read by products with stored weights; load the model in float32 to train or save it");
   throw ValueError("a bfloat16 tensor " + impl.shape.str() + " has no float32 values: it is an inference weight (made "
                    "by --precision bf16 or Tensor::to_bf16_); read it with bf16 products, or load the model in float32 "
                    "to train or save it");
@@ -185,6 +189,7 @@ std::shared_ptr<uint16_t> allocate_bf16(int64_t n) {
 const uint16_t* Tensor::bf16() const {
   detail::TensorImpl& impl = checked(impl_);
   if (impl.dtype == DType::BF16) return impl.bf16.get();
+  if (impl.dtype == DType::Stored) no_float32(impl);
   std::lock_guard<std::mutex> lock(g_bf16_mutex);
   impl.state->copied.store(true, std::memory_order_relaxed);  // before reading the count: later writes bump it
   const uint64_t writes = impl.state->writes.load(std::memory_order_relaxed);
@@ -199,6 +204,7 @@ const uint16_t* Tensor::bf16() const {
 void Tensor::to_bf16_(bool keep_values) {
   detail::TensorImpl& impl = checked(impl_);
   if (impl.dtype == DType::BF16) return;
+  if (impl.dtype == DType::Stored) return to_weight_type_(kernels::WeightType::BF16);
   if (keep_values) {
     bf16();
   } else {
@@ -208,6 +214,136 @@ void Tensor::to_bf16_(bool keep_values) {
   impl.dtype = DType::BF16;
   impl.storage.reset();
   impl.ptr = nullptr;
+}
+
+namespace {
+// rows × cols of a matrix, or ValueError naming what a storage type needs
+std::pair<int64_t, int64_t> matrix_of(const detail::TensorImpl& impl, kernels::WeightType type, const char* who) {
+  const int64_t block = kernels::weight_type_info(type).block_elements;
+  if (impl.shape.rank() != 2 || impl.shape[1] % block != 0)
+    throw ValueError(std::string(who) + ": a tensor " + impl.shape.str() + " cannot be stored as " +
+                     kernels::weight_type_name(type) + ": only matrices whose rows are a multiple of " +
+                     std::to_string(block) + " values can; keep it in float32 or bfloat16");
+  return {impl.shape[0], impl.shape[1]};
+}
+std::shared_ptr<unsigned char> allocate_bytes(int64_t n) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1));
+  auto* p = static_cast<unsigned char*>(memory::allocate_block(bytes));
+  if (!p) throw ValueError("cannot allocate " + std::to_string(n) + " bytes of a stored weight: not enough memory");
+  return std::shared_ptr<unsigned char>(p, [bytes](unsigned char* q) { memory::free_block(q, bytes); });
+}
+}  // namespace
+
+void Tensor::to_weight_type_(kernels::WeightType type) {
+  detail::TensorImpl& impl = checked(impl_);
+  if (type == weight_type()) return;
+  if (impl.dtype == DType::Stored) {  // widened first: conversions between stored types go through float32
+    const auto [rows, cols] = matrix_of(impl, impl.stored_type, "to_weight_type_");
+    auto values = std::shared_ptr<float>(static_cast<float*>(memory::allocate_block(static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * 4)),
+                                         [n = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * 4](float* q) { memory::free_block(q, n); });
+    if (!values) throw ValueError("cannot allocate a stored weight's float32 values: not enough memory");
+    if (rows * cols > 0) kernels::dequantize_rows(impl.stored_type, impl.stored.get(), values.get(), rows, cols);
+    impl.storage = values;
+    impl.ptr = values.get();
+    if (!impl.state) impl.state = std::make_shared<detail::StorageState>();
+    impl.stored.reset();
+    impl.stored_owned = false;
+    impl.dtype = DType::F32;
+    if (type == kernels::WeightType::F32) return;
+  }
+  if (type == kernels::WeightType::F32) {  // from BF16: widened exactly
+    Tensor wide = empty(impl.shape);
+    wide.copy_(*this);
+    auto& w = checked(wide.impl_);
+    impl.storage = w.storage;
+    impl.state = w.state;
+    impl.ptr = w.ptr;
+    impl.bf16.reset();
+    impl.dtype = DType::F32;
+    return;
+  }
+  if (type == kernels::WeightType::BF16) return to_bf16_();
+  const auto [rows, cols] = matrix_of(impl, type, "to_weight_type_");
+  const float* values = impl.dtype == DType::F32 ? impl.ptr : nullptr;
+  std::vector<float> widened;
+  if (impl.dtype == DType::BF16) {
+    widened.resize(static_cast<size_t>(rows * cols));
+    kernels::bf16_to_f32(impl.bf16.get(), widened.data(), rows * cols);
+    values = widened.data();
+  }
+  auto bytes = allocate_bytes(rows * kernels::row_bytes(type, cols));
+  if (rows * cols > 0) {
+    try {
+      kernels::quantize_rows(type, values, bytes.get(), rows, cols);
+    } catch (const std::invalid_argument& e) {
+      throw ValueError(std::string("to_weight_type_: ") + e.what() + " (a matrix " + impl.shape.str() + " to " +
+                       kernels::weight_type_name(type) + ")");
+    }
+  }
+  impl.stored = bytes;
+  impl.stored_type = type;
+  impl.stored_owned = true;
+  impl.dtype = DType::Stored;
+  impl.storage.reset();
+  impl.ptr = nullptr;
+  impl.bf16.reset();
+}
+
+Tensor Tensor::stored(kernels::WeightType type, const Shape& shape, const void* bytes, std::shared_ptr<const void> owner) {
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->shape = shape;
+  (void)matrix_of(*impl, type, "Tensor::stored");
+  if (type == kernels::WeightType::F32) {
+    impl->storage = std::shared_ptr<float>(owner, const_cast<float*>(static_cast<const float*>(bytes)));
+    impl->ptr = impl->storage.get();
+    impl->state = std::make_shared<detail::StorageState>();
+  } else if (type == kernels::WeightType::BF16) {
+    impl->bf16 = std::shared_ptr<uint16_t>(owner, const_cast<uint16_t*>(static_cast<const uint16_t*>(bytes)));
+    impl->dtype = DType::BF16;
+  } else {
+    impl->stored = std::shared_ptr<const unsigned char>(owner, static_cast<const unsigned char*>(bytes));
+    impl->stored_type = type;
+    impl->dtype = DType::Stored;
+  }
+  return Tensor(std::move(impl));
+}
+
+void Tensor::set_stored_(kernels::WeightType type, const void* bytes, std::shared_ptr<const void> owner) {
+  detail::TensorImpl& impl = checked(impl_);
+  const Tensor made = stored(type, impl.shape, bytes, std::move(owner));
+  const detail::TensorImpl& from = checked(made.impl_);
+  impl.storage = from.storage;
+  impl.state = from.state ? from.state : std::make_shared<detail::StorageState>();
+  impl.ptr = from.ptr;
+  impl.bf16 = from.bf16;
+  impl.bf16_writes = 0;
+  impl.dtype = from.dtype;
+  impl.stored = from.stored;
+  impl.stored_type = from.stored_type;
+  impl.stored_owned = false;
+}
+
+kernels::WeightType Tensor::weight_type() const {
+  const detail::TensorImpl& impl = checked(impl_);
+  return impl.dtype == DType::Stored ? impl.stored_type : impl.dtype == DType::BF16 ? kernels::WeightType::BF16 : kernels::WeightType::F32;
+}
+
+const void* Tensor::stored_bytes() const {
+  const detail::TensorImpl& impl = checked(impl_);
+  return impl.dtype == DType::Stored ? impl.stored.get() : nullptr;
+}
+
+void* Tensor::stored_bytes_mut() {
+  detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype != DType::Stored || !impl.stored_owned)
+    throw ValueError("stored_bytes_mut: the tensor " + impl.shape.str() + " holds no stored bytes of its own to write");
+  return const_cast<unsigned char*>(impl.stored.get());
+}
+
+int64_t Tensor::storage_bytes() const {
+  const detail::TensorImpl& impl = checked(impl_);
+  if (impl.dtype == DType::Stored) return impl.shape[0] * kernels::row_bytes(impl.stored_type, impl.shape[1]);
+  return impl.shape.numel() * (impl.dtype == DType::BF16 ? 2 : 4);
 }
 
 uint16_t* Tensor::bf16_data() {
@@ -282,6 +418,16 @@ Tensor view_of(const detail::TensorImpl& src, const Shape& shape, int64_t offset
   impl->shape = shape;
   impl->dtype = src.dtype;
   if (src.dtype == DType::BF16) impl->bf16 = std::shared_ptr<uint16_t>(src.bf16, src.bf16.get() + offset);
+  if (src.dtype == DType::Stored) {  // whole rows only: a block never straddles two views
+    const int64_t cols = src.shape[1];
+    if (offset % cols != 0 || shape.rank() != 2 || shape[1] != cols)
+      throw ShapeError("view_at: a tensor stored as " + std::string(kernels::weight_type_name(src.stored_type)) +
+                       " can be viewed only as whole rows of " + std::to_string(cols) + " values, not " + shape.str() +
+                       " at element " + std::to_string(offset));
+    impl->stored = std::shared_ptr<const unsigned char>(src.stored, src.stored.get() + offset / cols * kernels::row_bytes(src.stored_type, cols));
+    impl->stored_type = src.stored_type;
+    impl->stored_owned = src.stored_owned;
+  }
   return Tensor(std::move(impl));
 }
 }  // namespace
@@ -298,6 +444,22 @@ void Tensor::copy_(const Tensor& source) {
   if (!(source.shape() == shape())) {
     throw ShapeError("copy_: source shape " + source.shape().str() + " differs from destination shape " +
                      shape().str());
+  }
+  if (source.dtype() == DType::Stored) {  // widened as ggml dequantizes, or its bytes copied as they are
+    if (dtype() == DType::Stored && weight_type() == source.weight_type())
+      return void(std::memcpy(stored_bytes_mut(), source.stored_bytes(), static_cast<size_t>(storage_bytes())));
+    Tensor wide = empty(shape());
+    if (numel() > 0) kernels::dequantize_rows(source.weight_type(), source.stored_bytes(), wide.data(), shape()[0], shape()[1]);
+    return copy_(wide);
+  }
+  if (dtype() == DType::Stored) {  // quantized row by row
+    const Tensor wide = source.dtype() == DType::F32 ? source : [&] { Tensor w = empty(shape()); w.copy_(source); return w; }();
+    try {
+      if (numel() > 0) kernels::quantize_rows(weight_type(), wide.data(), stored_bytes_mut(), shape()[0], shape()[1]);
+    } catch (const std::invalid_argument& e) {
+      throw ValueError(std::string("copy_: ") + e.what());
+    }
+    return;
   }
   if (source.dtype() == DType::BF16) {  // widened exactly, or copied as it is
     if (dtype() == DType::BF16) return void(std::copy_n(source.bf16(), numel(), bf16_data()));
@@ -329,6 +491,8 @@ Tensor Tensor::view_at(int64_t offset, const Shape& new_shape) const {
 
 bool Tensor::shares_storage_with(const Tensor& other) const {
   if (!impl_ || !other.impl_ || impl_->dtype != other.impl_->dtype) return false;
+  if (impl_->dtype == DType::Stored)
+    return !impl_->stored.owner_before(other.impl_->stored) && !other.impl_->stored.owner_before(impl_->stored);
   if (impl_->dtype == DType::BF16)  // the same bf16 buffer (views alias it)
     return !impl_->bf16.owner_before(other.impl_->bf16) && !other.impl_->bf16.owner_before(impl_->bf16);
   return impl_->storage == other.impl_->storage;

@@ -51,6 +51,24 @@ float f16_to_f32_reference(uint16_t h) {
   return float_of(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
 }
 
+uint16_t f32_to_f16_reference(float f) {
+  const uint32_t u = bits_of(f), magnitude = u & 0x7fffffffu;
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;  // NaN: ggml's one quiet NaN
+  if (magnitude >= 0x38800000u) {                    // 2⁻¹⁴ and up: a normal half, or beyond the range
+    uint32_t r = magnitude - ((127u - 15u) << 23);   // the exponent rebiased; 13 mantissa bits to drop
+    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;       // ties to even (a carry moves into the exponent as it should)
+    return sign | static_cast<uint16_t>(r < 0x7c00u ? r : 0x7c00u);  // ±Inf past 65504 (and for ±Inf)
+  }
+  if (magnitude <= 0x33000000u) return sign;  // ≤ 2⁻²⁵: ±0 (2⁻²⁵ itself is a tie between 0 and 2⁻²⁴: even is 0)
+  // A subnormal half: the value in units of 2⁻²⁴, rounded to nearest even. The float is m·2^(e−150) with the
+  // implicit bit in m, so the units are m·2^(e−126): m shifted right by 126 − e (14…24 here).
+  const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u, shift = 126u - (magnitude >> 23);
+  const uint32_t kept = mantissa >> shift, dropped = mantissa & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  const uint32_t r = kept + (dropped > half || (dropped == half && (kept & 1u)) ? 1u : 0u);  // 0x400: the least normal
+  return sign | static_cast<uint16_t>(r);
+}
+
 void bf16_to_f32(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);  // float and uint32 share a size; bits are copied, not punned
 #pragma omp parallel for schedule(static) if (worth_parallel(n))
@@ -75,6 +93,25 @@ void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = f16_to_f32_reference(src[i]);
+}
+
+void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  // vcvtps2ph rounds as the reference for every non-NaN value; NaN lanes get ggml's 0x7e00 (with the sign) instead
+  // of the truncated payload F16C keeps.
+  const __m128i quiet = _mm_set1_epi16(0x7e00), sign_bit = _mm_set1_epi16(static_cast<short>(0x8000));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(_mm256_castps_si256(nan)),
+                                          _mm256_extractf128_si256(_mm256_castps_si256(nan), 1));
+    const __m128i fixed = _mm_or_si128(_mm_and_si128(h, sign_bit), quiet);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_blendv_epi8(h, fixed, nan16));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_f16_reference(src[i]);
 }
 
 bool copy_finite(const void* src, float* dst, int64_t n) {

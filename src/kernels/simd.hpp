@@ -7,11 +7,12 @@
 #include <cstdint>
 
 #if defined(__AVX2__) && defined(__FMA__)
-// GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which -Wmaybe-uninitialized
-// reports at every inlined use (GCC bug 105593); the warning's location is inside the header, so this silences
-// only that.
+// GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which -Wmaybe-uninitialized (and,
+// for _mm512_inserti64x4 and friends, -Wuninitialized) reports at every inlined use (GCC bug 105593); the warning's
+// location is inside the header, so this silences only that.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #define QKV_AVX2 1

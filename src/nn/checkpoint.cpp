@@ -14,6 +14,7 @@
 
 #include "qkv/io/pth.hpp"
 #include "qkv/io/safetensors.hpp"
+#include "qkv/nn/gguf_model.hpp"
 #include "qkv/nn/gpt2.hpp"
 #include "qkv/nn/hf.hpp"
 
@@ -168,6 +169,7 @@ const char* checkpoint_format_name(CheckpointFormat format) {
     case CheckpointFormat::BookSafetensors: return "book-named safetensors";
     case CheckpointFormat::HuggingFaceGPT2: return "Hugging Face GPT-2 safetensors";
     case CheckpointFormat::HuggingFaceFolder: return "Hugging Face folder";
+    case CheckpointFormat::Gguf: return "GGUF file";
   }
   return "?";
 }
@@ -184,9 +186,7 @@ CheckpointFormat detect_checkpoint_format(const std::string& path) {
   unsigned char head[64] = {};
   const size_t n = std::fread(head, 1, sizeof head, f);
   std::fclose(f);
-  if (n >= 4 && std::memcmp(head, "GGUF", 4) == 0)
-    fail(path, "a GGUF file (llama.cpp's format); qkv cannot run GGUF files yet: convert the model from its Hugging "
-               "Face folder instead");
+  if (n >= 4 && std::memcmp(head, "GGUF", 4) == 0) return CheckpointFormat::Gguf;  // llama.cpp's (gguf_model.hpp)
   // Text (a story, a config, a CSV given where a model belongs): printable UTF-8 from the first byte.
   bool text = n > 0;
   for (size_t i = 0; i < n && text; ++i) text = head[i] >= 0x20 || head[i] == '\n' || head[i] == '\r' || head[i] == '\t';
@@ -400,6 +400,12 @@ CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint,
         out.labels = out.model->config.labels;
       }
       out.description = out.model->config.family->name + (out.model->is_classifier() ? " classifier folder " : " folder ") + path;
+      break;
+    case CheckpointFormat::Gguf:  // the weights mapped as stored (a bf16 `matrices` changes nothing: none is float32
+                                  // unless the file's is)
+      out.model = load_gguf_decoder(path);
+      out.tokenizer = "gguf";  // its own, from tokenizer.ggml.* (load_pretrained)
+      out.description = out.model->config.family->name + " GGUF " + path;
       break;
     case CheckpointFormat::QkvCheckpoint:
       open_qkv_checkpoint(path, out, matrices);

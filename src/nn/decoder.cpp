@@ -282,7 +282,53 @@ void DecoderConfig::validate() const {
   (void)parameter_count();
 }
 
+namespace {
+// llama.cpp's name of a layout entry (convert_hf_to_gguf's tensor map): by its role, fused or not, and its layer.
+std::string gguf_name(const DecoderConfig::Parameter& p) {
+  const bool fused = p.parts.size() > 1;
+  const char* base = nullptr;
+  switch (p.role()) {
+    case Role::TokenEmbedding: return "token_embd.weight";
+    case Role::PositionEmbedding: return "position_embd.weight";
+    case Role::FinalNorm: return "output_norm.weight";
+    case Role::FinalNormBias: return "output_norm.bias";
+    case Role::Head: return "output.weight";
+    case Role::HeadBias: return "output.bias";
+    case Role::AttnNorm: base = "attn_norm.weight"; break;
+    case Role::AttnNormBias: base = "attn_norm.bias"; break;
+    case Role::Query: base = fused ? "attn_qkv.weight" : "attn_q.weight"; break;
+    case Role::QueryBias: base = fused ? "attn_qkv.bias" : "attn_q.bias"; break;
+    case Role::Key: base = "attn_k.weight"; break;
+    case Role::KeyBias: base = "attn_k.bias"; break;
+    case Role::Value: base = "attn_v.weight"; break;
+    case Role::ValueBias: base = "attn_v.bias"; break;
+    case Role::Output: base = "attn_output.weight"; break;
+    case Role::OutputBias: base = "attn_output.bias"; break;
+    case Role::QueryNorm: base = "attn_q_norm.weight"; break;
+    case Role::KeyNorm: base = "attn_k_norm.weight"; break;
+    case Role::PostAttnNorm: base = "post_attention_norm.weight"; break;
+    case Role::MlpNorm: base = "ffn_norm.weight"; break;
+    case Role::MlpNormBias: base = "ffn_norm.bias"; break;
+    case Role::PostMlpNorm: base = "post_ffw_norm.weight"; break;
+    case Role::Gate: base = fused ? "ffn_up.weight" : "ffn_gate.weight"; break;  // Phi-3's gate_up is its ffn_up
+    case Role::GateBias: base = fused ? "ffn_up.bias" : "ffn_gate.bias"; break;
+    case Role::Up: base = "ffn_up.weight"; break;
+    case Role::UpBias: base = "ffn_up.bias"; break;
+    case Role::Down: base = "ffn_down.weight"; break;
+    case Role::DownBias: base = "ffn_down.bias"; break;
+  }
+  return "blk." + std::to_string(p.layer) + "." + base;
+}
+}  // namespace
+
 std::vector<DecoderConfig::Parameter> DecoderConfig::layout(Names names) const {
+  if (names == Names::Gguf) {
+    if (family->naming == Naming::Book)
+      invalid("the " + family->name + " family's GGUF names (llama.cpp's gpt2: fused attn_qkv) are not read by qkv yet");
+    std::vector<Parameter> out = layout(Names::Own);
+    for (Parameter& p : out) p.name = gguf_name(p);
+    return out;
+  }
   const int64_t C = hidden_size, V = vocab_size;
   product({V, C});
   product({max_positions, C});
@@ -558,6 +604,35 @@ Tensor& Decoder::parameter(const DecoderConfig::Parameter& entry) {
     case Role::QueryBias: return b.qkv.biases.front();
     case Role::Gate: return b.gate_up.weights.front();
     default: return b.gate_up.biases.front();
+  }
+}
+
+void Decoder::store_matrices(kernels::WeightType type) {
+  const int64_t block = kernels::weight_type_info(type).block_elements;
+  for (const DecoderConfig::Parameter& p : config.layout()) {
+    if (kind_of(p.role()) != Kind::Matrix || p.transposed) continue;
+    if (p.role() == Role::Head && (config.tie_word_embeddings || is_classifier())) continue;  // the table, or a small score
+    Tensor& t = parameter(p);
+    const int64_t cols = t.size(1);
+    // K-quants need rows of 256 values (Qwen2-0.5B's 896 are not): such a matrix takes Q8_0, as llama.cpp falls back
+    // to a 32-value type for it.
+    const kernels::WeightType kept = cols % block == 0 ? type : cols % 32 == 0 ? kernels::WeightType::Q8_0 : t.weight_type();
+    t.to_weight_type_(kept);
+  }
+  // A fused entry (Phi-3's qkv_proj, gate_up_proj) is its group's one tensor: the roles' views of it are made again.
+  const int64_t C = config.hidden_size, F = config.intermediate_size, Q = config.q_width(), KV = config.kv_width();
+  for (DecoderBlock& b : blocks) {
+    if (b.qkv.weights.size() == 1) {
+      const Tensor& w = b.qkv.weights.front();
+      b[Role::Query] = w.view_at(0, {Q, C});
+      b[Role::Key] = w.view_at(Q * C, {KV, C});
+      b[Role::Value] = w.view_at((Q + KV) * C, {KV, C});
+    }
+    if (b.gate_up.weights.size() == 1 && config.mlp != MlpKind::GELU) {
+      const Tensor& w = b.gate_up.weights.front();
+      b[Role::Gate] = w.view_at(0, {F, C});
+      b[Role::Up] = w.view_at(F * C, {F, C});
+    }
   }
 }
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "qkv/core/settings.hpp"
+#include "qkv/nn/gguf_model.hpp"
 #include "qkv/nn/lora.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
 #include "qkv/text/records.hpp"
@@ -24,6 +26,18 @@ json read_json(const fs::path& p) {
   } catch (const json::exception& e) {
     throw IoError(p.string() + ": not valid JSON (" + e.what() + ")");
   }
+}
+
+// Whether `path` is a Hugging Face folder whose config.json says its weights are bfloat16 (torch_dtype, or dtype in
+// newer transformers).
+bool stored_as_bf16(const std::string& path) {
+  std::error_code ec;
+  const fs::path config = fs::path(path) / "config.json";
+  if (!fs::is_directory(path, ec) || !fs::is_regular_file(config, ec)) return false;
+  const json j = read_json(config);
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (j.is_object() && j.contains(key) && j[key].is_string() && j[key].get<std::string>() == "bfloat16") return true;
+  return false;
 }
 
 // generation_config.json's sampling defaults and extra stop ids.
@@ -100,7 +114,11 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   auto m = std::make_unique<Pretrained>();
   m->path = path;
   // With an adapter, its update is added in float32 and the matrices are rounded after (below).
-  const DType matrices = options.adapter.empty() ? options.matrices : DType::F32;
+  DType matrices = options.adapter.empty() ? options.matrices : DType::F32;
+  // As stored: a bfloat16 folder is read into bfloat16 matrices (no float32 copy is ever made); so is one that is
+  // quantized after reading (half the peak).
+  if (options.adapter.empty() && (options.keep_stored || options.weights) && stored_as_bf16(path)) matrices = DType::BF16;
+  if (options.adapter.empty() && options.weights == kernels::WeightType::BF16) matrices = DType::BF16;
   CheckpointModel opened = open_checkpoint(path, options.hint, matrices);
   m->format = opened.format;
   m->description = opened.description;
@@ -109,6 +127,14 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   m->classifier.bias = opened.classifier_bias;
   m->classifier.labels = opened.labels;
   const bool folder = m->format == CheckpointFormat::HuggingFaceFolder;
+  // A GGUF's metadata, read once for its chat template, special ids and tokenizer (the model mapped it already).
+  std::optional<io::GgufFile> gguf;
+  if (m->format == CheckpointFormat::Gguf) {  // the chat template and special ids are metadata, tokenizer or not
+    gguf = io::GgufFile::open(path);
+    const GgufExtras extras = gguf_extras(*gguf);
+    m->chat_template = extras.chat_template;
+    m->bos_id = extras.bos_id;
+  }
   // The tokenizer: a folder's own files, else what the book's file says (GPT-2's BPE or bytes).
   if (!options.tokenizer) {
   } else if (folder) {
@@ -124,6 +150,12 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
       throw IoError(path + ": has no tokenizer.json; a Hugging Face model folder carries its tokenizer (download it "
                     "with the weights)");
     }
+  } else if (m->format == CheckpointFormat::Gguf) {  // tokenizer.ggml.*, run as the tokenizer.json it came from
+    auto hf = text::HfTokenizer::from_gguf(*gguf);
+    if (hf->bos_id() >= 0) m->chat.bos_token = hf->token_content(hf->bos_id());
+    if (hf->end_of_text() >= 0) m->chat.eos_token = hf->token_content(hf->end_of_text());
+    if (m->chat_template.empty()) m->chat_template = hf->chat_template();
+    m->tokenizer = std::move(hf);
   } else {
     m->tokenizer = text::make_tokenizer(opened.tokenizer, options.vocab_dir);
   }
@@ -156,6 +188,7 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   }
   m->model->eval();
   if (options.matrices == DType::BF16) m->model->weights_to_bf16();  // a no-op for matrices already read as bf16
+  if (options.weights) m->model->store_matrices(*options.weights);
   return m;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "qkv/core/error.hpp"
+#include "qkv/kernels/quant.hpp"
 
 namespace qkv {
 
@@ -48,10 +49,13 @@ class Shape {
   std::array<int64_t, kMaxRank> dims_{};
 };
 
-// How a tensor stores its values: float32 (every tensor unless made otherwise), or bfloat16 only — inference
-// weights at half the memory (Tensor::to_bf16_), read as they are by bf16 products (kernels::gemm_bf16) and lookups.
-enum class DType { F32, BF16 };
-const char* dtype_name(DType d);  // "float32" or "bfloat16"
+// How a tensor stores its values: float32 (every tensor unless made otherwise), bfloat16 only — inference weights at
+// half the memory (Tensor::to_bf16_), read as they are by bf16 products (kernels::gemm_bf16), by products that widen
+// them (kernels::gemm_weight) and lookups — or Stored: a weight matrix kept in another of kernels/quant.hpp's storage
+// types (float16 or one of ggml's block formats; Tensor::weight_type says which), read only by kernels::gemm_weight's
+// products (x·Wᵀ, and dX = dY·W through a frozen weight) and by lookups of its rows.
+enum class DType { F32, BF16, Stored };
+const char* dtype_name(DType d);  // "float32", "bfloat16" or "stored"
 
 namespace detail {
 struct TensorImpl;
@@ -105,6 +109,28 @@ class Tensor {
   // bf16_data() (the float32 ones are never read: pages never touched stay unallocated). A no-op on a BF16 tensor.
   void to_bf16_(bool keep_values = true);
   uint16_t* bf16_data();  // a BF16 tensor's writable values (ValueError for F32)
+  // In place, for every handle of this tensor: a matrix (rank 2, its columns a multiple of the type's block) becomes
+  // `type` — F32 a no-op, BF16 to_bf16_, F16 and the block types rounded or quantized row by row as ggml does
+  // (kernels::quantize_rows) — and its float32 storage is let go (views made before keep it). A stored tensor is
+  // widened first when it is converted again. ValueError for other shapes, or non-finite values in a block type.
+  void to_weight_type_(kernels::WeightType type);
+  // A matrix over `bytes` (rows of row_bytes(type, cols)) that `owner` keeps alive, e.g. a mapped file's tensor: no
+  // copy. F32 and BF16 bytes give F32 and BF16 tensors (read-only: data() would write them); ValueError when the
+  // shape is not (rows, cols) or the columns are not a multiple of the block.
+  static Tensor stored(kernels::WeightType type, const Shape& shape, const void* bytes, std::shared_ptr<const void> owner);
+  // In place, for every handle of this tensor: its values become the rows at `bytes` (as Tensor::stored: F32, BF16
+  // or Stored), which `owner` keeps alive — a mapped file's tensor, not copied — and its own storage is let go (views
+  // made before keep it). ValueError when the tensor is not a matrix the type can hold.
+  void set_stored_(kernels::WeightType type, const void* bytes, std::shared_ptr<const void> owner);
+  // How the values are stored: F32, BF16, or a Stored tensor's type
+  kernels::WeightType weight_type() const;
+  // A Stored tensor's bytes (rows of row_bytes(weight_type(), cols)); nullptr for F32 and BF16 tensors
+  const void* stored_bytes() const;
+  // A Stored tensor's bytes to write (a loader filling a tensor made by to_weight_type_ or Tensor::stored); ValueError
+  // when the tensor is not Stored or its bytes are not its own
+  void* stored_bytes_mut();
+  // Bytes the values take in memory: 4 per value, 2 for BF16, the rows' bytes for a Stored tensor
+  int64_t storage_bytes() const;
   // A copy of the values
   std::vector<float> to_vector() const { return {data(), data() + numel()}; }
   float item() const;                                 // the value of a one-element tensor
@@ -169,6 +195,11 @@ struct TensorImpl {
   std::shared_ptr<uint16_t> bf16;       // Tensor::bf16()'s copy, or null
   uint64_t bf16_writes = 0;             // state->writes when that copy was made
   DType dtype = DType::F32;             // BF16: storage and ptr are null, bf16 holds the values
+  // Stored: storage, ptr and bf16 are null; `stored` holds the rows in `stored_type` (owned, or kept alive for a
+  // mapped file: then `stored_owned` is false and the bytes are never written)
+  std::shared_ptr<const unsigned char> stored;
+  kernels::WeightType stored_type = kernels::WeightType::F32;
+  bool stored_owned = false;
   float* ptr = nullptr;
   Shape shape;
   bool requires_grad = false;

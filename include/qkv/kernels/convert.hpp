@@ -13,6 +13,9 @@ void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 // IEEE half → f32, exact for every half (subnormals, infinities, NaN), with F16C where the CPU has it.
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
+// f32 → IEEE half, rounding to nearest even (beyond ±65504 to ±Inf, below 2⁻²⁴ through the subnormals to ±0), as ggml's
+// ggml_fp32_to_fp16: a NaN becomes the quiet NaN 0x7e00 with its sign (F16C would keep part of the payload).
+void f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 
 // Copies n floats from src (any alignment: a file mapping's) to dst and says whether all of them are finite, in one
 // pass over both (a loader's copy and its NaN/Inf check together).
@@ -24,5 +27,6 @@ bool all_finite(const float* x, int64_t n);
 float bf16_to_f32_reference(uint16_t h);
 uint16_t f32_to_bf16_reference(float f);
 float f16_to_f32_reference(uint16_t h);
+uint16_t f32_to_f16_reference(float f);
 
 }  // namespace qkv::kernels

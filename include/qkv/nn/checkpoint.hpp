@@ -6,6 +6,8 @@
 //                         {"model_state_dict", "optimizer_state_dict"} (model_and_optimizer.pth)
 //   book safetensors      the same state dict under the book's names in a safetensors file
 //   Hugging Face GPT-2    model.safetensors of OpenAI's weights (Conv1D layout; gpt2.hpp)
+//   GGUF                  llama.cpp's files: the weights mapped as stored, the configuration from its metadata
+//                         (gguf_model.hpp)
 // A book state dict carries no configuration: it is read off the tensor shapes (vocabulary, context, width, layers,
 // Q/K/V biases, tied head) and completed by a ConfigHint (the book's GPT_CONFIG dict as JSON, a preset
 // gpt2-small|medium|large|xl, or the head count alone), which must agree with the shapes.
@@ -26,7 +28,7 @@
 namespace qkv::nn {
 
 // The kinds of file (or folder) a checkpoint path can hold
-enum class CheckpointFormat { QkvCheckpoint, Pth, BookSafetensors, HuggingFaceGPT2, HuggingFaceFolder };
+enum class CheckpointFormat { QkvCheckpoint, Pth, BookSafetensors, HuggingFaceGPT2, HuggingFaceFolder, Gguf };
 const char* checkpoint_format_name(CheckpointFormat format);  // "qkv checkpoint", "PyTorch .pth", …
 // What the path holds, from its first bytes and, for safetensors, its tensor names. IoError naming the file and what it
 // is instead (text, a GGUF file, a folder without config.json, …) when it is none of the above.

@@ -48,7 +48,10 @@ const char* role_name(Role role);  // "query", "gate bias", … for messages
 //   Own          the family's own state dict (the module's registry, qkv checkpoints, .pth, the family's folders)
 //   HuggingFace  Hugging Face's files of the model: for the book's GPT-2, transformers' GPT2LMHeadModel (Conv1D
 //                weights stored transposed, q/k/v fused in c_attn); for the others the same as Own
-enum class Names { Own, HuggingFace };
+//   Gguf         llama.cpp's GGUF tensor names (token_embd, blk.N.attn_q, ffn_gate, output_norm, output, …), the
+//                shapes as Own's (GGUF's dims reversed); the values' conventions (llama's permuted q/k rows, Gemma's
+//                norms stored with the 1 added) are the reader's (gguf_model.hpp)
+enum class Names { Own, HuggingFace, Gguf };
 
 // One decoder, composed from its config: what a Hugging Face config.json (or the book's GPT config) describes
 struct DecoderConfig {
@@ -201,6 +204,12 @@ class Decoder : public LanguageModel {
   // Rows [part.row0, part.row0 + part.rows) of the model's (out, in) matrix (or vector) for `part` in `layer`: where a
   // checkpoint entry's part lives, whatever the checkpoint's naming fuses or splits.
   Tensor part(const DecoderConfig::Part& part, int64_t layer) const;
+  // Keeps every matrix of the blocks (q/k/v, output, gate/up, down) and an untied language-model head in `type`, in
+  // place (Tensor::to_weight_type_; the float32 values are let go): products then read them as stored
+  // (kernels::gemm_weight), for inference or LoRA on the frozen base; training such a weight is a ValueError. A matrix
+  // whose rows are not a multiple of a block type's block (K-quants: 256) is kept as Q8_0 when they are a multiple
+  // of 32, else as it is. Embeddings and norms are not converted.
+  void store_matrices(kernels::WeightType type);
   // Dropout (in training) draws from `gen` from now on; the caller keeps it alive as long as the model.
   void use_generator(Generator& gen) { gen_ = &gen; }
   // Layer `layer`'s attention weights for batch row b and query head h, (T, Tk), from a record of forward().

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ struct PretrainedOptions {
   // Matrices held as bfloat16 only (half the memory; inference only): read as such from the file, or — with an
   // adapter — rounded after its update is added in float32.
   DType matrices = DType::F32;
+  // Matrices kept as the file stores them (inference): a bfloat16 folder's stay bfloat16 whatever the CPU — products
+  // widen them inside the kernel (kernels::gemm_weight) in float32 precision — so the model costs about its file.
+  bool keep_stored = false;
+  // Every matrix of the blocks (and an untied head) kept in this storage type, converted after reading (Decoder::
+  // store_matrices): bf16, f16, or one of ggml's block formats quantized as llama-quantize does without an importance
+  // matrix. Inference, or LoRA on the frozen base. Unset: `matrices` and keep_stored decide.
+  std::optional<kernels::WeightType> weights;
   bool tokenizer = true;   // false: the weights alone (a conversion needs no tokenizer; Pretrained::tokenizer stays null)
 };
 

@@ -1,0 +1,41 @@
+// A GGUF file (llama.cpp's format) as a Decoder: the configuration from its {architecture}.* metadata, the weights
+// from its tensors under llama.cpp's names (DecoderConfig::layout(Names::Gguf)) used where the file is mapped — a
+// block-quantized matrix is not copied, so the model's resident memory is about the file — and the conventions of
+// llama.cpp's converter undone where they differ from Hugging Face's: llama-architecture files store q and k with
+// their rows interleaved for llama.cpp's RoPE (un-permuted here, a copy of those two matrices), and Gemma's store
+// their norms with the 1 already added (taken off). Not here: the GGUF reader (io/gguf.hpp), the tokenizer from
+// tokenizer.ggml.* (text/), the products with stored weights (kernels/weights.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "qkv/io/gguf.hpp"
+#include "qkv/nn/decoder.hpp"
+
+namespace qkv::nn {
+
+// The family whose gguf_architecture is `architecture` (the first such row: "llama" is Llama's, Mistral's files say
+// "llama" too), or nullptr.
+const Family* family_of_gguf_architecture(std::string_view architecture);
+
+// The configuration a GGUF file's metadata and tensor shapes describe. IoError naming the file and the key when the
+// architecture is not one qkv runs, a key is missing or wrong, or the file uses something qkv does not compute
+// (llama 3's rope_freqs factors, a per-layer feed-forward width).
+DecoderConfig decoder_config_from_gguf(const io::GgufFile& file);
+
+// What a GGUF file says beside the weights, for load_pretrained.
+struct GgufExtras {
+  std::string chat_template;    // tokenizer.chat_template ("" when absent)
+  int64_t bos_id = -1, eos_id = -1;  // tokenizer.ggml.bos_token_id, eos_token_id (−1 when absent)
+};
+GgufExtras gguf_extras(const io::GgufFile& file);  // the chat template and special ids of a GGUF file
+
+// The model of a GGUF file, in eval mode. Its matrices keep the file's storage type (F32, F16, BF16, Q8_0, Q4_0,
+// Q4_K, Q5_K, Q6_K, mapped), except: Q5_0 blocks become Q8_0 (exactly: the same scale and levels, so the products
+// are ggml's), Q4_1 and Q5_1 are widened to float32; norms and biases are float32. The mapping stays alive as long
+// as any of the model's tensors. IoError naming the file and the tensor for a missing or unexpected tensor, a shape
+// that differs from the configuration's, or a type qkv cannot compute with.
+std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
+
+}  // namespace qkv::nn

@@ -1,0 +1,984 @@
+// One stored weight row times one row of quantized activations (see quant_dot.hpp): integer dot products per block,
+// scaled in float. Three builds of each kernel: AVX-512 with VNNI (vpdpbusd, vpdpwssd; Zen 4/5, Ice Lake and later
+// Xeons), AVX2 (vpmaddubsw + vpmaddwd, or the 256-bit vpdpbusd of AVX512-VL or AVX-VNNI on Intel client cores where the
+// build has it), and plain C++ for other CPUs. Generation reads every weight once per token, so these run at the
+// memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
+// with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
+// of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks.
+#include "quant_dot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "quant_blocks.hpp"
+#include "simd.hpp"
+
+#if defined(QKV_AVX512) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QKV_DOT512 1
+#endif
+#if defined(QKV_AVX2) && defined(__F16C__)
+#define QKV_DOT256 1
+#endif
+
+namespace qkv::kernels::quant {
+
+namespace {
+
+// The weight stream a thread reads is contiguous (its rows one after another): each step asks for the line this far
+// ahead, as gemm_bf16's row kernel does (the hardware prefetcher alone leaves a 2-thread stream short of the read rate).
+constexpr int64_t kPrefetchBytes = 8192;
+
+uint16_t load_u16(const void* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// ---- the activation layouts ----
+// Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
+// without a packed layout read these. Then, for Q8_0 and Q4_0 in the vector builds, the packed groups.
+
+struct alignas(64) Q8Block {  // 32 values: x ≈ dx·q
+  int8_t q[32];
+  float dx;
+  int32_t sum;  // Σ q
+  int32_t pad[6];
+};
+struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel's order (see k_order)
+  int8_t q[256];
+  int16_t bsums[16];  // Σ q over each 16 values, natural order
+  float d;
+  int32_t pad[7];
+};
+static_assert(sizeof(Q8Block) == 64 && sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
+
+#if defined(QKV_DOT512)
+// Q8_0, two blocks per 512-bit step: the weights' int8 become unsigned by adding 128 (an xor), so vpdpbusd takes them,
+// and the offset 128·Σq of each block is taken back by starting its lanes from −128·Σq (bias: lane 0 for the first
+// block, lane 8 for the second). xs: the activation scale of each lane's block.
+struct alignas(64) Q8_0Pair {
+  int8_t q[64];
+  int32_t bias[16];
+  float xs[16];
+};
+// Q4_0, four blocks per step: the 16 low nibbles of each block (values 0–15) side by side, then the 16 high ones
+// (values 16–31); each block owns 4 lanes of the int32 sums (4k … 4k + 3), which start from −8·Σq (the nibbles are
+// q + 8).
+struct alignas(64) Q4_0Quad {
+  int8_t low[64];
+  int8_t high[64];
+  int32_t bias[16];
+  float xs[16];
+};
+constexpr int kQ8_0Group = 2, kQ4_0Group = 4;
+using Q8_0Group = Q8_0Pair;
+using Q4_0Group = Q4_0Quad;
+#elif defined(QKV_DOT256)
+// AVX2 Q4_0, two blocks per 256-bit step: the low nibbles of both, then the high ones; block k owns lanes 4k … 4k + 3,
+// which start from −8·Σq. (Q8_0 multiplies |w| by x with w's sign, per block: no offset, the natural blocks suffice.)
+struct alignas(64) Q4_0Pair {
+  int8_t low[32];
+  int8_t high[32];
+  int32_t bias[8];
+  float dx[2];
+  float pad[6];
+};
+constexpr int kQ8_0Group = 1, kQ4_0Group = 2;
+struct Q8_0Group {};
+using Q4_0Group = Q4_0Pair;
+#else
+constexpr int kQ8_0Group = 1, kQ4_0Group = 1;
+struct Q8_0Group {};
+struct Q4_0Group {};
+#endif
+
+// The order in which the kernel reads a K-quant block's sub-blocks of 32 values. The 512-bit Q4_K/Q5_K kernels take
+// 64 bytes of nibbles at a time, whose low nibbles are sub-blocks 0 and 2 (and the high ones 1 and 3).
+const int* k_order(WeightType type) {
+  static const int natural[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+#if defined(QKV_DOT512)
+  static const int paired[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  if (type == WeightType::Q4_K || type == WeightType::Q5_K) return paired;
+#endif
+  (void)type;
+  return natural;
+}
+
+bool is_k_quant(WeightType type) {
+  return type == WeightType::Q4_K || type == WeightType::Q5_K || type == WeightType::Q6_K;
+}
+
+// Bytes of the natural blocks, and where the packed groups start.
+int64_t natural_bytes(WeightType type, int64_t K) {
+  return is_k_quant(type) ? K / kQK_K * int64_t{sizeof(Q8KBlock)} : K / kQK * int64_t{sizeof(Q8Block)};
+}
+
+#if defined(QKV_DOT256)
+// The quantized activations are computed once per row, but generation multiplies ~200 matrices a token, the small ones
+// (1024 × 1024 in Q4_0: 576 KiB, ~20 µs) with a row of 1024 activations: their quantization in scalar code took 2.5–3
+// µs of each product. These vector versions give the same bytes (the same operations on each value; maxima and sums
+// do not depend on the order).
+float max8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+float min8(__m256 v) {
+  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_min_ss(m, _mm_movehdup_ps(m)));
+}
+int32_t sum8i(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+// 32 int32 levels (four vectors, in order) as 32 int8 in order (they fit: |q| ≤ 127).
+__m256i pack_levels(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+// Lanes holding NaN or ±Inf: x − x is NaN exactly there.
+__m256 non_finite(__m256 x) { return _mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_setzero_ps(), _CMP_NEQ_UQ); }
+#endif
+
+// Absmax quantization of 32 values, ggml's q8_0 (rounded to nearest even as its vector builds do).
+void quantize_q8_block(const float* x, Q8Block* out) {
+  std::memset(out, 0, sizeof *out);
+#if defined(QKV_DOT256)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], amax8 = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[i]));
+    bad = _mm256_or_ps(bad, non_finite(v[i]));
+  }
+  if (_mm256_movemask_ps(bad)) {
+    out->dx = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float amax = max8(amax8);
+#else
+  float amax = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < 32; ++j) {
+    finite &= std::isfinite(x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  if (!finite) {
+    out->dx = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+#endif
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  out->dx = d;
+#if defined(QKV_DOT256)
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));  // to nearest even
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out->q), pack_levels(q[0], q[1], q[2], q[3]));
+  out->sum = sum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+#else
+  for (int j = 0; j < 32; ++j) {
+    out->q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+    out->sum += out->q[j];
+  }
+#endif
+}
+
+// ggml's quantize_row_q8_K_ref: the signed largest value maps to −127, levels rounded by nearest_int (to even). Where +a
+// and −a are both the largest magnitude, +a is taken (ggml takes the first): the scale and all levels change sign
+// together, so no product does.
+void quantize_q8k_block(const float* x, const int* order, Q8KBlock* out) {
+  std::memset(out, 0, sizeof *out);
+#if defined(QKV_DOT256)
+  __m256 hi = _mm256_set1_ps(-INFINITY), lo = _mm256_set1_ps(INFINITY), bad = _mm256_setzero_ps();
+  for (int j = 0; j < kQK_K; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    hi = _mm256_max_ps(hi, v);
+    lo = _mm256_min_ps(lo, v);
+    bad = _mm256_or_ps(bad, non_finite(v));
+  }
+  if (_mm256_movemask_ps(bad)) {
+    out->d = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float largest = max8(hi), smallest = min8(lo);
+  const float max = largest >= -smallest ? largest : smallest;
+  if (max == 0.0f) return;
+  const float iscale = -127.0f / max;
+  const __m256 scale = _mm256_set1_ps(iscale);
+  const __m256i top = _mm256_set1_epi32(127);
+  for (int s = 0; s < 8; ++s) {  // sub-block s of 32 values
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(scale, _mm256_loadu_ps(x + 32 * s + 8 * i))), top);
+    out->bsums[2 * s] = static_cast<int16_t>(sum8i(_mm256_add_epi32(q[0], q[1])));
+    out->bsums[2 * s + 1] = static_cast<int16_t>(sum8i(_mm256_add_epi32(q[2], q[3])));
+    int slot = 0;
+    while (order[slot] != s) ++slot;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out->q + 32 * slot), pack_levels(q[0], q[1], q[2], q[3]));
+  }
+#else
+  float largest = -INFINITY, smallest = INFINITY;
+  bool finite = true;
+  for (int j = 0; j < kQK_K; ++j) {
+    finite &= std::isfinite(x[j]);
+    largest = std::max(largest, x[j]);
+    smallest = std::min(smallest, x[j]);
+  }
+  if (!finite) {
+    out->d = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float max = largest >= -smallest ? largest : smallest;
+  if (max == 0.0f) return;
+  const float iscale = -127.0f / max;
+  int8_t q[kQK_K];
+  for (int j = 0; j < kQK_K; ++j) q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
+  for (int j = 0; j < 16; ++j) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[16 * j + i];
+    out->bsums[j] = static_cast<int16_t>(sum);
+  }
+  for (int s = 0; s < 8; ++s) std::memcpy(out->q + 32 * s, q + 32 * order[s], 32);
+#endif
+  out->d = 1.0f / iscale;
+}
+
+// ---- horizontal sums in a fixed order ----
+#if defined(QKV_DOT256)
+float sum8(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+#endif
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // the 256-bit kernels' helpers
+// Σ of four adjacent u8×s8 products into each int32 lane: vpdpbusd where the build has a 256-bit one, else
+// vpmaddubsw (pairs into int16: callers keep |u·s| pairs below 32768) and vpmaddwd with ones.
+__m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+// acc + the int16 pairs of a (vpmaddubsw's) times the int16 scales in b, summed in pairs.
+__m256i dot_i16(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+#endif
+#if defined(QKV_DOT512)
+float sum16(__m512 v) { return simd::reduce_add(v); }
+#endif
+
+// ---- the plain C++ products of one block (tails of the vector loops, builds without AVX2) ----
+
+float dot_q8_0_block(const BlockQ8_0& w, const Q8Block& x) {
+  int32_t s = 0;
+  for (int j = 0; j < 32; ++j) s += w.qs[j] * x.q[j];
+  return static_cast<float>(s) * (half_to_float(w.d) * x.dx);
+}
+
+float dot_q4_0_block(const BlockQ4_0& w, const Q8Block& x) {
+  int32_t s = 0;
+  for (int j = 0; j < 16; ++j) s += ((w.qs[j] & 0xf) - 8) * x.q[j] + ((w.qs[j] >> 4) - 8) * x.q[j + 16];
+  return static_cast<float>(s) * (half_to_float(w.d) * x.dx);
+}
+
+// Sub-block sums Σ q_w·q_x of a K-quant block in the natural order of the activations.
+template <class Block>
+float dot_k_block_scalar(const Block& w, const Q8KBlock& x, const int* order, WeightType type) {
+  // natural position of activation value k within x.q
+  auto xq = [&](int k) {
+    const int s = k / 32;
+    int slot = 0;
+    while (order[slot] != s) ++slot;
+    return static_cast<int32_t>(x.q[32 * slot + k % 32]);
+  };
+  if constexpr (std::is_same_v<Block, BlockQ6_K>) {
+    int32_t total = 0;
+    for (int n = 0; n < kQK_K; n += 128)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* ql = w.ql + n / 2;
+        const uint8_t* qh = w.qh + n / 4;
+        const int q[4] = {((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32, ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32,
+                          ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32, ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32};
+        for (int i = 0; i < 4; ++i) {
+          const int k = n + l + 32 * i;
+          total += w.scales[k / 16] * q[i] * xq(k);
+        }
+      }
+    return static_cast<float>(total) * (half_to_float(w.d) * x.d);
+  } else {
+    int32_t scaled = 0, mins = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      scale_min_k4(j, w.scales, &sc, &m);
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int k = 32 * j + i;
+        int q = (j % 2 ? w.qs[32 * (j / 2) + i] >> 4 : w.qs[32 * (j / 2) + i] & 0xf);
+        if (type == WeightType::Q5_K) {
+          if constexpr (std::is_same_v<Block, BlockQ5_K>) q += (w.qh[i] >> j) & 1 ? 16 : 0;
+        }
+        s += q * xq(k);
+      }
+      scaled += sc * s;
+      mins += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    }
+    return static_cast<float>(scaled) * (half_to_float(w.d) * x.d) - static_cast<float>(mins) * (half_to_float(w.dmin) * x.d);
+  }
+}
+
+// ---- the kernels: one weight row against R ≤ 4 rows of activations ----
+// Each block's bits are unpacked once and multiplied with every row (generation of a few sequences at once, and the
+// prompts and batches). Two accumulators per row alternate so the float multiply-adds of consecutive groups do not
+// wait on each other — for every R alike: a row's sums must run in the same order whether it is alone or one of 4
+// (one set for R > 1 made a row's value depend on the rows beside it).
+
+template <int R>
+struct Accumulators {
+  static constexpr int kSets = 2;
+};
+
+// ---- Q8_0 ----
+
+template <int R>
+[[gnu::always_inline]] inline void dot_q8_0(const BlockQ8_0* w, const unsigned char* const* act, int64_t blocks, float* out) {
+  const Q8Block* natural[R];
+  for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
+  int64_t b = 0;
+  float total[R] = {};
+  constexpr int U = Accumulators<R>::kSets;
+#if defined(QKV_DOT512)
+  const Q8_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q8_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm512_setzero_ps();
+  auto step = [&](__m512* a, int64_t p) {
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
+    simd::prefetch(wb + kPrefetchBytes, 64);
+    const __m512i qw = _mm512_xor_si512(
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2))),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 36)), 1),
+        flip);
+    const __m256i halves = _mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(static_cast<short>(load_u16(wb))),
+                                                   _mm256_set1_epi16(static_cast<short>(load_u16(wb + 34))));
+    const __m512 w_scale = _mm512_cvtph_ps(halves);
+    for (int r = 0; r < R; ++r) {
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(pairs[r][p].bias), qw, _mm512_load_si512(pairs[r][p].q));
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(pairs[r][p].xs)), a[r]);
+    }
+  };
+  const int64_t full = blocks / 2;
+  int64_t p = 0;
+  for (; p + U <= full; p += U)
+    for (int u = 0; u < U; ++u) step(acc[u], p + u);
+  for (; p < full; ++p) step(acc[0], p);
+  b = 2 * full;
+  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
+#elif defined(QKV_DOT256)
+  __m256 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm256_setzero_ps();
+  auto step = [&](__m256* a, int64_t i) {
+    simd::prefetch(reinterpret_cast<const unsigned char*>(w + i) + kPrefetchBytes, 64);
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+    const __m256i magnitude = _mm256_abs_epi8(qw);
+    const float w_scale = _cvtsh_ss(w[i].d);
+    for (int r = 0; r < R; ++r) {
+      // |w| times x with w's sign: unsigned × signed for vpmaddubsw / vpdpbusd, pairs ≤ 2·128·127 < 32768
+      const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(natural[r][i].q));
+      const __m256i s = dot_u8s8(_mm256_setzero_si256(), magnitude, _mm256_sign_epi8(qx, qw));
+      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(w_scale * natural[r][i].dx), a[r]);
+    }
+  };
+  for (; b + U <= blocks; b += U)
+    for (int u = 0; u < U; ++u) step(acc[u], b + u);
+  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
+#endif
+  for (; b < blocks; ++b)
+    for (int r = 0; r < R; ++r) total[r] += dot_q8_0_block(w[b], natural[r][b]);
+  for (int r = 0; r < R; ++r) out[r] = total[r];
+}
+
+// ---- Q4_0 ----
+
+template <int R>
+[[gnu::always_inline]] inline void dot_q4_0(const BlockQ4_0* w, const unsigned char* const* act, int64_t blocks, float* out) {
+  const Q8Block* natural[R];
+  for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
+  int64_t b = 0;
+  float total[R] = {};
+  constexpr int U = Accumulators<R>::kSets;
+#if defined(QKV_DOT512)
+  const Q4_0Quad* quads[R];
+  for (int r = 0; r < R; ++r) quads[r] = reinterpret_cast<const Q4_0Quad*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  // the halves of the four blocks' scales (words 0, 9, 18, 27 of the group's first 64 bytes), each for its 4 lanes
+  const __m512i scale_words = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27, 27, 27, 27, 18, 18,
+                                               18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
+  __m512 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm512_setzero_ps();
+  auto step = [&](__m512* a, int64_t g) {
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 4 * g);
+    simd::prefetch(wb + kPrefetchBytes, 72);
+    auto qs = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 18 * k + 2)); };
+    const __m512i v = _mm512_inserti32x4(
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
+    const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    const __m512 w_scale =
+        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_words, _mm512_loadu_si512(wb))));
+    for (int r = 0; r < R; ++r) {
+      __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[r][g].bias), low, _mm512_load_si512(quads[r][g].low));
+      s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[r][g].high));
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(quads[r][g].xs)), a[r]);
+    }
+  };
+  const int64_t full = blocks / 4;
+  int64_t g = 0;
+  for (; g + U <= full; g += U)
+    for (int u = 0; u < U; ++u) step(acc[u], g + u);
+  for (; g < full; ++g) step(acc[0], g);
+  b = 4 * full;
+  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
+#elif defined(QKV_DOT256)
+  const Q4_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  __m256 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm256_setzero_ps();
+  auto step = [&](__m256* a, int64_t p) {
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
+    simd::prefetch(wb + kPrefetchBytes, 36);
+    const __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 20)), 1);
+    const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    const __m128 w_scales = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(load_u16(wb)), load_u16(wb + 18), 1));
+    for (int r = 0; r < R; ++r) {
+      const Q4_0Pair& x = pairs[r][p];
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+      __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)), low,
+                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low)));
+      s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high)));
+#else  // nibble × int8 pairs ≤ 2·15·127, and the two halves' sum ≤ 7620: one vpmaddwd for both
+      const __m256i pairs16 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low))),
+                           _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high))));
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
+                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)));
+#endif
+      const __m128 scales = _mm_mul_ps(w_scales, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dx))));
+      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), a[r]);
+    }
+  };
+  const int64_t full = blocks / 2;
+  int64_t p = 0;
+  for (; p + U <= full; p += U)
+    for (int u = 0; u < U; ++u) step(acc[u], p + u);
+  for (; p < full; ++p) step(acc[0], p);
+  b = 2 * full;
+  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
+#endif
+  for (; b < blocks; ++b)
+    for (int r = 0; r < R; ++r) total[r] += dot_q4_0_block(w[b], natural[r][b]);
+  for (int r = 0; r < R; ++r) out[r] = total[r];
+}
+
+// ---- Q4_K and Q5_K ----
+
+// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block as 16 bytes: scales 0–7, then mins 0–7 (ggml's utmp unpacking
+// of scale_min_k4's layout, four bytes at a time, here in one vector: the scalar version with its four inserts ran 14%
+// slower, measured on a Zen 5). Reads 16 bytes from `packed`: the block's quants follow its 12 bytes of scales.
+#if defined(QKV_DOT256)
+__m128i unpack_scales_mins(const uint8_t* packed) {
+  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));  // u0 u1 u2 (and 4 bytes of quants)
+  const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0));               // u0 u2 u1 u2
+  const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));               // u0 u0 u1 u1
+  // scales 0–3 = u0 & 0x3f…, mins 0–3 = u1 & 0x3f…; scales 4–7 = (u2 & 0x0f…) | (u0 >> 6 & 3…) << 4,
+  // mins 4–7 = (u2 >> 4 & 0x0f…) | (u1 >> 6 & 3…) << 4
+  const __m128i low6 = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
+  const __m128i nibbles = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
+  const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), _mm_set1_epi32(0x03030303)), 4);
+  return _mm_blend_epi32(low6, _mm_or_si128(nibbles, top), 0b1010);
+}
+#endif
+
+template <bool five_bits, int R>
+[[gnu::always_inline]] inline void dot_q45_K(const void* w_row, const unsigned char* const* act, int64_t blocks, float* out) {
+  using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
+  const Block* w = static_cast<const Block*>(w_row);
+  const Q8KBlock* x[R];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Q8KBlock*>(act[r]);
+#if defined(QKV_DOT512)
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  // 32 int16 lanes per vector: the first 16 take sub-block a's scale, the last 16 sub-block c's (words of the 16
+  // unpacked scale and min words)
+  auto pattern = [](int a, int c) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(a))),
+                              _mm256_set1_epi16(static_cast<short>(c)), 1);
+  };
+  const __m512i pick02 = pattern(0, 2), pick13 = pattern(1, 3), pick46 = pattern(4, 6), pick57 = pattern(5, 7);
+  const __m256i pick_mins = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  // Q5_K: the fifth bit of each byte of the four vectors (lo/hi nibbles of the two 64-byte halves), one bit per half
+  auto bits = [](int a, int c) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(a))),
+                              _mm256_set1_epi8(static_cast<char>(c)), 1);
+  };
+  const __m512i bit02 = bits(0x01, 0x04), bit13 = bits(0x02, 0x08), bit46 = bits(0x10, 0x40), bit57 = bits(0x20, 0x80);
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  __m512 acc[R];
+  __m256 acc_mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), acc_mins[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Block& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
+    const __m256i words = _mm256_cvtepu8_epi16(unpack_scales_mins(blk.scales));  // scales 0–7, mins 0–7
+    const __m512i words512 = _mm512_castsi256_si512(words);
+    const __m512i a = _mm512_loadu_si512(blk.qs), c = _mm512_loadu_si512(blk.qs + 64);
+    __m512i v[4] = {_mm512_and_si512(a, nibble), _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble),
+                    _mm512_and_si512(c, nibble), _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble)};
+    if constexpr (five_bits) {
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh)));
+      const __m512i bit[4] = {bit02, bit13, bit46, bit57};
+      for (int i = 0; i < 4; ++i) v[i] = _mm512_mask_add_epi8(v[i], _mm512_test_epi8_mask(h, bit[i]), v[i], sixteen);
+    }
+    const __m512i scale[4] = {_mm512_permutexvar_epi16(pick02, words512), _mm512_permutexvar_epi16(pick13, words512),
+                              _mm512_permutexvar_epi16(pick46, words512), _mm512_permutexvar_epi16(pick57, words512)};
+    const __m256i mins = _mm256_permutexvar_epi16(pick_mins, words);
+    const float d = _cvtsh_ss(blk.d), dmin = _cvtsh_ss(blk.dmin);
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i)  // nibble (or 5-bit) × int8 pairs ≤ 2·31·127: int16 is enough
+        sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(v[i], _mm512_load_si512(x[r][b].q + 64 * i)), scale[i]);
+      const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)), mins);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d * x[r][b].d), acc[r]);
+      acc_mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * x[r][b].d), acc_mins[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]) - sum8(acc_mins[r]);
+#elif defined(QKV_DOT256)
+  // Per block: the scales of sub-blocks 2p and 2p + 1 picked from a register by vpshufb, the mins' products with the
+  // activations' sums by one vpmaddwd, the fifth bits moved to bit 4 by one shift each (ggml's AVX2 kernel is built the
+  // same way; a scalar loop over the mins and per-value compares ran ~25% slower than it).
+  const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  // vpshufb patterns: the int16 scale j in every lane
+  auto scale_pattern = [](int j) { return _mm256_set1_epi16(static_cast<short>((2 * j) | ((2 * j + 1) << 8))); };
+  const __m256i pick[8] = {scale_pattern(0), scale_pattern(1), scale_pattern(2), scale_pattern(3),
+                           scale_pattern(4), scale_pattern(5), scale_pattern(6), scale_pattern(7)};
+  // bit b of each byte of h moved to bit 4 (16-bit shifts by at most 4 keep each byte's bits in the byte that matters)
+  auto fifth_bit = [&](__m256i h, int b) {
+    const __m256i moved = b < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - b)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(b - 4));
+    return _mm256_and_si256(moved, bit4);
+  };
+  __m256 acc[R], acc_mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc_mins[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Block& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
+    const __m256i words = _mm256_cvtepu8_epi16(unpack_scales_mins(blk.scales));  // scales 0–7, mins 0–7
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(words));
+    const __m128i mins8 = _mm256_extracti128_si256(words, 1);
+    const __m256i mins = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(mins8, mins8)),
+                                                 _mm_unpackhi_epi16(mins8, mins8), 1);  // m0 m0 m1 m1 … m7 m7
+    __m256i sum[R], h = _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+    if constexpr (five_bits) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
+    for (int p = 0; p < 4; ++p) {  // 64 values: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * p));
+      __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      if constexpr (five_bits) {
+        low = _mm256_or_si256(low, fifth_bit(h, 2 * p));
+        high = _mm256_or_si256(high, fifth_bit(h, 2 * p + 1));
+      }
+      const __m256i scale_low = _mm256_shuffle_epi8(scales, pick[2 * p]), scale_high = _mm256_shuffle_epi8(scales, pick[2 * p + 1]);
+      for (int r = 0; r < R; ++r) {
+        const __m256i pl = _mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][b].q + 64 * p)));
+        const __m256i ph = _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][b].q + 64 * p + 32)));
+        sum[r] = dot_i16(dot_i16(sum[r], pl, scale_low), ph, scale_high);
+      }
+    }
+    const float d = _cvtsh_ss(blk.d), dmin = _cvtsh_ss(blk.dmin);
+    for (int r = 0; r < R; ++r) {
+      const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)), mins);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(d * x[r][b].d), acc[r]);
+      acc_mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * x[r][b].d), acc_mins[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]) - sum8(acc_mins[r]);
+#else
+  const WeightType type = five_bits ? WeightType::Q5_K : WeightType::Q4_K;
+  for (int r = 0; r < R; ++r) {
+    out[r] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) out[r] += dot_k_block_scalar(w[b], x[r][b], k_order(type), type);
+  }
+#endif
+}
+
+// ---- Q6_K ----
+
+template <int R>
+[[gnu::always_inline]] inline void dot_q6_K(const BlockQ6_K* w, const unsigned char* const* act, int64_t blocks, float* out) {
+  const Q8KBlock* x[R];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Q8KBlock*>(act[r]);
+#if defined(QKV_DOT512)
+  const __m512i nibble = _mm512_set1_epi8(0x0f), two_bits = _mm512_set1_epi8(0x30);
+  // The high bits of values j and j + 32 (low nibbles) sit in bits 0–1 and 2–3 of qh[j]; of j + 64 and j + 96 (high
+  // nibbles) in bits 4–5 and 6–7: shifted per 256-bit half to bits 4–5 of each byte.
+  const __m512i up_low = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i down_high = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  auto pattern = [](int first) {  // 8 int16 lanes (16 values) per scale: scales first … first + 3
+    const auto s = [](int i) { return static_cast<short>(i); };
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_setr_epi16(s(first), s(first), s(first), s(first), s(first), s(first), s(first),
+                                                 s(first), s(first + 1), s(first + 1), s(first + 1), s(first + 1),
+                                                 s(first + 1), s(first + 1), s(first + 1), s(first + 1))),
+        _mm256_setr_epi16(s(first + 2), s(first + 2), s(first + 2), s(first + 2), s(first + 2), s(first + 2), s(first + 2),
+                          s(first + 2), s(first + 3), s(first + 3), s(first + 3), s(first + 3), s(first + 3), s(first + 3),
+                          s(first + 3), s(first + 3)),
+        1);
+  };
+  const __m512i pick[4] = {pattern(0), pattern(4), pattern(8), pattern(12)};
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const BlockQ6_K& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(BlockQ6_K));
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+    const __m512i scales512 = _mm512_castsi256_si512(scales16);
+    __m512i level[4], scale[4];
+    for (int g = 0; g < 2; ++g) {  // 128 values: 64 bytes of low bits, 32 of high bits
+      const __m512i a = _mm512_loadu_si512(blk.ql + 64 * g);
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * g)));
+      // (a & 0x0f) | high bits: vpternlogd 0xEC is (A & C) | B
+      level[2 * g] = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_sllv_epi16(h, up_low), two_bits), nibble, 0xEC);
+      level[2 * g + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4),
+                                                   _mm512_and_si512(_mm512_srlv_epi16(h, down_high), two_bits), nibble, 0xEC);
+      scale[2 * g] = _mm512_permutexvar_epi16(pick[2 * g], scales512);
+      scale[2 * g + 1] = _mm512_permutexvar_epi16(pick[2 * g + 1], scales512);
+    }
+    const float d = _cvtsh_ss(blk.d);
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i)  // levels 0…63 × int8 pairs ≤ 2·63·127 < 32768
+        sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(level[i], _mm512_load_si512(x[r][b].q + 64 * i)), scale[i]);
+      // the levels are q + 32: take back 32·Σ scale_j·Σ_{16 values of j} x
+      const __m256i offset = _mm256_madd_epi16(scales16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)));
+      sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d * x[r][b].d), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]);
+#elif defined(QKV_DOT256)
+  const __m256i nibble = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(0x03);
+  // vpshufb patterns over a register holding 8 int16 scales in each 128-bit lane: scale j in the low lane's 8 int16 and
+  // scale j + 1 in the high lane's (the 16 values each covers)
+  auto scale_pair = [](int j) {
+    const short low = static_cast<short>((2 * j) | ((2 * j + 1) << 8)), high = static_cast<short>((2 * j + 2) | ((2 * j + 3) << 8));
+    return _mm256_setr_epi16(low, low, low, low, low, low, low, low, high, high, high, high, high, high, high, high);
+  };
+  const __m256i pick[4] = {scale_pair(0), scale_pair(2), scale_pair(4), scale_pair(6)};
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const BlockQ6_K& blk = w[b];
+    simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(BlockQ6_K));
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+    __m256i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+    for (int g = 0; g < 2; ++g) {
+      const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * g));
+      const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * g + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * g));
+      // the 8 scales of these 128 values in both lanes
+      const __m256i scales = g == 0 ? _mm256_permute2x128_si256(scales16, scales16, 0x00)
+                                    : _mm256_permute2x128_si256(scales16, scales16, 0x11);
+      // values 32i … 32i + 31 of the 128: nibbles of a0/a1, high bits 2i … 2i + 1 of h
+      const __m256i level[4] = {
+          _mm256_or_si256(_mm256_and_si256(a0, nibble), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
+          _mm256_or_si256(_mm256_and_si256(a1, nibble), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
+      for (int i = 0; i < 4; ++i) {
+        const __m256i scale = _mm256_shuffle_epi8(scales, pick[i]);  // scales 2i, 2i + 1 of the 8
+        for (int r = 0; r < R; ++r)
+          sum[r] = dot_i16(sum[r], _mm256_maddubs_epi16(level[i], _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                                                   x[r][b].q + 128 * g + 32 * i))),
+                           scale);
+      }
+    }
+    const float d = _cvtsh_ss(blk.d);
+    for (int r = 0; r < R; ++r) {
+      // the levels are q + 32: take back 32·Σ scale_j·Σ_{16 values of j} x, lane by lane (only the total counts)
+      const __m256i offset = _mm256_madd_epi16(scales16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[r], _mm256_slli_epi32(offset, 5))),
+                               _mm256_set1_ps(d * x[r][b].d), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]);
+#else
+  for (int r = 0; r < R; ++r) {
+    out[r] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) out[r] += dot_k_block_scalar(w[b], x[r][b], k_order(WeightType::Q6_K), WeightType::Q6_K);
+  }
+#endif
+}
+
+// out[r·ld + n] = W_n·x_r (+ beta·out) for the weight rows n < rows, `bytes` apart: the kernel inlined into the loop
+// over rows, so its constants stay in registers and a row costs only its blocks (at K = 1024 a Q4_0 row is 576 bytes,
+// ~20 ns of memory: a call and a dispatch per row were a fifth of that).
+template <int R, class Kernel>
+[[gnu::always_inline]] inline void over_rows(Kernel&& kernel, const unsigned char* w, int64_t bytes, int64_t rows,
+                                             float beta, float* out, int64_t ld) {
+  for (int64_t n = 0; n < rows; ++n) {
+    float dots[R];
+    kernel(w + n * bytes, dots);
+    for (int r = 0; r < R; ++r) out[r * ld + n] = beta == 0.0f ? dots[r] : dots[r] + beta * out[r * ld + n];
+  }
+}
+
+template <int R>
+void dot_rows_of(WeightType type, const unsigned char* w, int64_t bytes, int64_t rows, const unsigned char* const* act,
+                 int64_t K, float beta, float* out, int64_t ld) {
+  switch (type) {
+    case WeightType::Q8_0:
+      over_rows<R>([&](const unsigned char* row, float* d) { dot_q8_0<R>(reinterpret_cast<const BlockQ8_0*>(row), act, K / kQK, d); },
+                   w, bytes, rows, beta, out, ld);
+      break;
+    case WeightType::Q4_0:
+      over_rows<R>([&](const unsigned char* row, float* d) { dot_q4_0<R>(reinterpret_cast<const BlockQ4_0*>(row), act, K / kQK, d); },
+                   w, bytes, rows, beta, out, ld);
+      break;
+    case WeightType::Q4_K:
+      over_rows<R>([&](const unsigned char* row, float* d) { dot_q45_K<false, R>(row, act, K / kQK_K, d); }, w, bytes, rows,
+                   beta, out, ld);
+      break;
+    case WeightType::Q5_K:
+      over_rows<R>([&](const unsigned char* row, float* d) { dot_q45_K<true, R>(row, act, K / kQK_K, d); }, w, bytes, rows,
+                   beta, out, ld);
+      break;
+    case WeightType::Q6_K:
+      over_rows<R>([&](const unsigned char* row, float* d) { dot_q6_K<R>(reinterpret_cast<const BlockQ6_K*>(row), act, K / kQK_K, d); },
+                   w, bytes, rows, beta, out, ld);
+      break;
+    default: break;  // the float types never come here (weights.cpp)
+  }
+}
+
+// One row of halves or bfloat16 widened to float32 once (vcvtph2ps, or zero-extension and a 16-bit shift) and multiplied
+// with R rows of float32 activations. (Reading a bfloat16 pair as one 32-bit lane, its even value shifted left and its
+// odd one masked, with the activations split to match, saves two operations per 32 values and ran 25% slower on a
+// Zen 5: 41 against 55 GB/s from the L2 cache.)
+template <bool half, int R>
+[[gnu::always_inline]] inline void dot_16bit(const uint16_t* w, const float* const* x, int64_t K, float* out) {
+  int64_t k = 0;
+  float total[R] = {};
+#if defined(QKV_AVX512)
+  auto widen = [&](int64_t at) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + at));
+    if constexpr (half) return _mm512_cvtph_ps(bits);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  };
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (; k + 32 <= K; k += 32) {
+    simd::prefetch(w + k + kPrefetchBytes / 2, 64);
+    const __m512 w0 = widen(k), w1 = widen(k + 16);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[r] + k), acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[r] + k + 16), acc1[r]);
+    }
+  }
+  if (k + 16 <= K) {
+    const __m512 w0 = widen(k);
+    for (int r = 0; r < R; ++r) acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[r] + k), acc0[r]);
+    k += 16;
+  }
+  for (int r = 0; r < R; ++r) total[r] = sum16(_mm512_add_ps(acc0[r], acc1[r]));
+#elif defined(QKV_DOT256)
+  auto widen = [&](int64_t at) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + at));
+    if constexpr (half) return _mm256_cvtph_ps(bits);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  };
+  __m256 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    simd::prefetch(w + k + kPrefetchBytes / 2, 32);
+    const __m256 w0 = widen(k), w1 = widen(k + 8);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r] + k), acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[r] + k + 8), acc1[r]);
+    }
+  }
+  if (k + 8 <= K) {
+    const __m256 w0 = widen(k);
+    for (int r = 0; r < R; ++r) acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r] + k), acc0[r]);
+    k += 8;
+  }
+  for (int r = 0; r < R; ++r) total[r] = sum8(_mm256_add_ps(acc0[r], acc1[r]));
+#endif
+  for (; k < K; ++k) {
+    const float v = half ? f16_to_f32_reference(w[k]) : bf16_to_f32_reference(w[k]);
+    for (int r = 0; r < R; ++r) total[r] += v * x[r][k];
+  }
+  for (int r = 0; r < R; ++r) out[r] = total[r];
+}
+
+template <int R>
+void dot_rows_16bit_of(bool half, const unsigned char* w, int64_t bytes, int64_t rows, const float* const* x, int64_t K,
+                       float beta, float* out, int64_t ld) {
+  if (half)
+    over_rows<R>([&](const unsigned char* row, float* d) { dot_16bit<true, R>(reinterpret_cast<const uint16_t*>(row), x, K, d); },
+                 w, bytes, rows, beta, out, ld);
+  else
+    over_rows<R>([&](const unsigned char* row, float* d) { dot_16bit<false, R>(reinterpret_cast<const uint16_t*>(row), x, K, d); },
+                 w, bytes, rows, beta, out, ld);
+}
+
+}  // namespace
+
+void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
+  type_ = type;
+  K_ = K;
+  const bool k_quant = is_k_quant(type);
+  const int64_t blocks = K / (k_quant ? kQK_K : kQK), base = natural_bytes(type, K);
+  int64_t packed = 0;
+  if (type == WeightType::Q8_0 && kQ8_0Group > 1) packed = blocks / kQ8_0Group * int64_t{sizeof(Q8_0Group)};
+  if (type == WeightType::Q4_0 && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
+  const size_t needed = static_cast<size_t>(base + packed + 64);
+  if (storage_.size() < needed) storage_.resize(needed);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(storage_.data());
+  data_ = storage_.data() + ((64 - at % 64) % 64);
+  if (k_quant) {
+    Q8KBlock* out = reinterpret_cast<Q8KBlock*>(data_);
+    for (int64_t b = 0; b < blocks; ++b) quantize_q8k_block(x + b * kQK_K, k_order(type), out + b);
+    return;
+  }
+  Q8Block* natural = reinterpret_cast<Q8Block*>(data_);
+  for (int64_t b = 0; b < blocks; ++b) quantize_q8_block(x + b * kQK, natural + b);
+#if defined(QKV_DOT512)
+  if (type == WeightType::Q8_0) {
+    Q8_0Pair* pairs = reinterpret_cast<Q8_0Pair*>(data_ + base);
+    for (int64_t p = 0; p < blocks / 2; ++p) {
+      std::memset(&pairs[p], 0, sizeof pairs[p]);
+      for (int k = 0; k < 2; ++k) {
+        const Q8Block& blk = natural[2 * p + k];
+        std::memcpy(pairs[p].q + 32 * k, blk.q, 32);
+        pairs[p].bias[8 * k] = -128 * blk.sum;
+        std::fill_n(pairs[p].xs + 8 * k, 8, blk.dx);
+      }
+    }
+  } else {
+    Q4_0Quad* quads = reinterpret_cast<Q4_0Quad*>(data_ + base);
+    for (int64_t g = 0; g < blocks / 4; ++g) {
+      std::memset(&quads[g], 0, sizeof quads[g]);
+      for (int k = 0; k < 4; ++k) {
+        const Q8Block& blk = natural[4 * g + k];
+        std::memcpy(quads[g].low + 16 * k, blk.q, 16);
+        std::memcpy(quads[g].high + 16 * k, blk.q + 16, 16);
+        quads[g].bias[4 * k] = -8 * blk.sum;
+        std::fill_n(quads[g].xs + 4 * k, 4, blk.dx);
+      }
+    }
+  }
+#elif defined(QKV_DOT256)
+  if (type == WeightType::Q4_0) {
+    Q4_0Pair* pairs = reinterpret_cast<Q4_0Pair*>(data_ + base);
+    for (int64_t p = 0; p < blocks / 2; ++p) {
+      std::memset(&pairs[p], 0, sizeof pairs[p]);
+      for (int k = 0; k < 2; ++k) {
+        const Q8Block& blk = natural[2 * p + k];
+        std::memcpy(pairs[p].low + 16 * k, blk.q, 16);
+        std::memcpy(pairs[p].high + 16 * k, blk.q + 16, 16);
+        pairs[p].bias[4 * k] = -8 * blk.sum;
+        pairs[p].dx[k] = blk.dx;
+      }
+    }
+  }
+#endif
+}
+
+float ActivationRow::block_scale(int64_t b) const {
+  return is_k_quant(type_) ? reinterpret_cast<const Q8KBlock*>(data_)[b].d : reinterpret_cast<const Q8Block*>(data_)[b].dx;
+}
+
+int ActivationRow::level(int64_t k) const {
+  if (!is_k_quant(type_)) return reinterpret_cast<const Q8Block*>(data_)[k / kQK].q[k % kQK];
+  const Q8KBlock& blk = reinterpret_cast<const Q8KBlock*>(data_)[k / kQK_K];
+  const int* order = k_order(type_);
+  const int s = static_cast<int>(k % kQK_K) / 32;
+  int slot = 0;
+  while (order[slot] != s) ++slot;
+  return blk.q[32 * slot + k % 32];
+}
+
+void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
+              float* out, int64_t ld) {
+  const unsigned char* at = static_cast<const unsigned char*>(w);
+  for (int first = 0; first < count; first += kMaxDotRows) {
+    const int n = std::min(kMaxDotRows, count - first);
+    const unsigned char* act[kMaxDotRows];
+    for (int r = 0; r < n; ++r) act[r] = x[first + r]->data();
+    const WeightType type = x[first]->type();
+    const int64_t K = x[first]->size();
+    float* o = out + first * ld;
+    switch (n) {
+      case 1: dot_rows_of<1>(type, at, row_bytes, rows, act, K, beta, o, ld); break;
+      case 2: dot_rows_of<2>(type, at, row_bytes, rows, act, K, beta, o, ld); break;
+      case 3: dot_rows_of<3>(type, at, row_bytes, rows, act, K, beta, o, ld); break;
+      default: dot_rows_of<4>(type, at, row_bytes, rows, act, K, beta, o, ld); break;
+    }
+  }
+}
+
+void dot_rows_16bit(WeightType type, const void* w, int64_t row_bytes, int64_t rows, const float* const* x, int count,
+                    int64_t K, float beta, float* out, int64_t ld) {
+  const unsigned char* at = static_cast<const unsigned char*>(w);
+  const bool half = type == WeightType::F16;
+  for (int first = 0; first < count; first += kMaxDotRows) {
+    const int n = std::min(kMaxDotRows, count - first);
+    float* o = out + first * ld;
+    switch (n) {
+      case 1: dot_rows_16bit_of<1>(half, at, row_bytes, rows, x + first, K, beta, o, ld); break;
+      case 2: dot_rows_16bit_of<2>(half, at, row_bytes, rows, x + first, K, beta, o, ld); break;
+      case 3: dot_rows_16bit_of<3>(half, at, row_bytes, rows, x + first, K, beta, o, ld); break;
+      default: dot_rows_16bit_of<4>(half, at, row_bytes, rows, x + first, K, beta, o, ld); break;
+    }
+  }
+}
+
+const char* dot_backend() {
+#if defined(QKV_DOT512)
+  return "AVX-512 VNNI (vpdpbusd, vpdpwssd), 512-bit";
+#elif defined(QKV_DOT256) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "AVX2 with 256-bit AVX512-VNNI (vpdpbusd, vpdpwssd)";
+#elif defined(QKV_DOT256) && defined(__AVXVNNI__)
+  return "AVX2 with AVX-VNNI (vpdpbusd, vpdpwssd)";
+#elif defined(QKV_DOT256)
+  return "AVX2 (vpmaddubsw, vpmaddwd)";
+#else
+  return "plain C++ (no AVX2 in this build)";
+#endif
+}
+
+}  // namespace qkv::kernels::quant

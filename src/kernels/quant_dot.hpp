@@ -1,0 +1,52 @@
+// The one-row products of a stored weight row with a row of activations (internal to src/kernels/): the activations
+// quantized once to 8-bit blocks, every block of the weight row multiplied in integers (vpdpbusd / vpmaddubsw), scaled
+// in float. Used by weights.cpp's gemm_weight for generation's few rows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qkv/kernels/quant.hpp"
+
+namespace qkv::kernels::quant {
+
+// One row of K activations quantized for the products with one weight type, as the kernels of this build read it.
+// Q8_0 and Q4_0 weights: per 32 values a scale dx = max|x|/127 and q = x/dx rounded to nearest even (|q| ≤ 127) —
+// ggml's q8_0 activations; the K-quants: per 256 values ggml's q8_K (dx = −max/127 for the signed largest value,
+// q = nearest_int(x/dx), with the sums of each 16 q). A block holding a NaN or ±Inf gets dx = NaN: its products are NaN,
+// as a float product's would be. The bytes are laid out for the kernel (see quant_dot.cpp); block_scale and value
+// read them back in the natural order, for references and tests.
+class ActivationRow {
+ public:
+  void quantize(WeightType type, const float* x, int64_t K);
+  WeightType type() const { return type_; }
+  int64_t size() const { return K_; }
+  // The scale of block b (of 32 values for Q8_0/Q4_0, 256 for the K-quants) and the level of value k.
+  float block_scale(int64_t b) const;
+  int level(int64_t k) const;
+
+  const unsigned char* data() const { return data_; }
+
+ private:
+  WeightType type_ = WeightType::Q8_0;
+  int64_t K_ = 0;
+  std::vector<unsigned char> storage_;
+  unsigned char* data_ = nullptr;  // storage_, 64-byte aligned
+};
+
+// out[r·ld + n] = Σ_k W[n][k]·x_r[k] (+ beta·out[r·ld + n]; beta 0: out is not read) for the weight rows n < rows,
+// `row_bytes` apart, of x_r's type (a block type) and size, and the `count` rows of quantized activations x_0 … x_{count−1}.
+// Each block of a weight row is unpacked once for up to kMaxDotRows rows of activations.
+inline constexpr int kMaxDotRows = 4;
+void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
+              float* out, int64_t ld);
+
+// The same for rows of K halves or bfloat16 (type F16 or BF16) and `count` rows of float32 activations, each row of W
+// widened to float32 once in the loop (vcvtph2ps, or a 16-bit shift), products summed in float32.
+void dot_rows_16bit(WeightType type, const void* w, int64_t row_bytes, int64_t rows, const float* const* x, int count,
+                    int64_t K, float beta, float* out, int64_t ld);
+
+// What dot_rows runs in this build, e.g. "AVX512-VNNI vpdpbusd/vpdpwssd, 512-bit".
+const char* dot_backend();
+
+}  // namespace qkv::kernels::quant

@@ -1,0 +1,289 @@
+// A GGUF file as a Decoder (see qkv/nn/gguf_model.hpp): the configuration through the Hugging Face reader (the
+// metadata written as the config.json it came from, so every family rule applies once), the tensors mapped.
+#include "qkv/nn/gguf_model.hpp"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "qkv/kernels/convert.hpp"
+#include "qkv/kernels/quant.hpp"
+#include "qkv/nn/hf.hpp"
+
+namespace qkv::nn {
+
+namespace {
+
+using json = nlohmann::json;
+using kernels::WeightType;
+
+[[noreturn]] void fail(const io::GgufFile& file, const std::string& what) { throw IoError(file.path() + ": " + what); }
+
+// Architectures whose converter interleaved q and k's rows for llama.cpp's RoPE (rope type NORM): Llama (and
+// Mistral, written as llama) and SmolLM3. convert_hf_to_gguf's permute: GGUF row h·D + 2i + s holds Hugging Face row
+// h·D + s·D/2 + i.
+bool permutes_qk(std::string_view architecture) { return architecture == "llama" || architecture == "smollm3"; }
+
+// A scalar integer key, or `fallback` when absent; a per-layer array whose entries are all equal is that value.
+int64_t integer_key(const io::GgufFile& file, const std::string& key, int64_t fallback) {
+  const io::GgufValue* v = file.find_value(key);
+  if (!v) return fallback;
+  if (v->is_array()) {
+    const std::vector<int64_t> values = file.integers(key);
+    if (values.empty()) fail(file, key + " is an empty array");
+    for (int64_t x : values)
+      if (x != values.front()) fail(file, key + " differs from layer to layer; qkv's decoder has one value for all layers");
+    return values.front();
+  }
+  return file.integer(key);
+}
+int64_t required_integer(const io::GgufFile& file, const std::string& key) {
+  if (!file.contains(key)) fail(file, "has no metadata key '" + key + "', which a model of its architecture needs");
+  return integer_key(file, key, 0);
+}
+double real_key(const io::GgufFile& file, const std::string& key, double fallback) {
+  return file.contains(key) ? file.real(key) : fallback;
+}
+
+// The storage a GGUF tensor type is kept in: its own, or Q8_0 for Q5_0 (exact), or F32 for the types with an offset.
+struct Storage {
+  WeightType type = WeightType::F32;
+  bool exact_repack = false;  // Q5_0 → Q8_0
+  bool widen = false;         // Q4_1, Q5_1 → F32 (dequantized here)
+};
+Storage storage_of(const io::GgufFile& file, const io::GgufTensor& t) {
+  const auto id = static_cast<uint32_t>(t.type);
+  if (t.type == io::GgmlType::Q5_0) return {WeightType::Q8_0, true, false};
+  if (t.type == io::GgmlType::Q4_1 || t.type == io::GgmlType::Q5_1) return {WeightType::F32, false, true};
+  if (const auto type = kernels::weight_type_from_ggml(id)) return {*type, false, false};
+  fail(file, "tensor '" + t.name + "' is " + io::ggml_type_name(id) + "; qkv computes with F32, F16, BF16, Q8_0, Q4_0, "
+             "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (requantize the model with llama-quantize or qkv quantize)");
+}
+
+float half(const unsigned char* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return kernels::f16_to_f32_reference(h);
+}
+
+// ggml's Q5_0 (d, 32 fifth bits, 16 bytes of nibbles: x = d·(q − 16)) as Q8_0 (d, int8 q − 16): the same values and
+// the same integer products against q8_0 activations. `rows` rows of `cols`.
+std::vector<unsigned char> q5_0_as_q8_0(const unsigned char* src, int64_t rows, int64_t cols) {
+  const int64_t blocks = rows * cols / 32;
+  std::vector<unsigned char> out(static_cast<size_t>(blocks * 34));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const unsigned char* in = src + b * 22;
+    unsigned char* o = out.data() + b * 34;
+    std::memcpy(o, in, 2);  // d
+    uint32_t qh;
+    std::memcpy(&qh, in + 2, 4);
+    for (int j = 0; j < 16; ++j) {
+      const int low = (in[6 + j] & 0x0f) | (((qh >> j) & 1) << 4), high = (in[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      o[2 + j] = static_cast<unsigned char>(static_cast<int8_t>(low - 16));
+      o[2 + j + 16] = static_cast<unsigned char>(static_cast<int8_t>(high - 16));
+    }
+  }
+  return out;
+}
+
+// ggml's Q4_1 (d, m, nibbles) and Q5_1 (d, m, fifth bits, nibbles): x = d·q + m, widened to float32.
+void widen_offset_blocks(io::GgmlType type, const unsigned char* src, float* dst, int64_t count) {
+  const bool five = type == io::GgmlType::Q5_1;
+  const int64_t bytes = five ? 24 : 20;
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const unsigned char* in = src + b * bytes;
+    const float d = half(in), m = half(in + 2);
+    uint32_t qh = 0;
+    if (five) std::memcpy(&qh, in + 4, 4);
+    const unsigned char* qs = in + (five ? 8 : 4);
+    for (int j = 0; j < 16; ++j) {
+      const int low = (qs[j] & 0x0f) | (five ? static_cast<int>(((qh >> j) & 1) << 4) : 0);
+      const int high = (qs[j] >> 4) | (five ? static_cast<int>(((qh >> (j + 16)) & 1) << 4) : 0);
+      dst[b * 32 + j] = d * static_cast<float>(low) + m;
+      dst[b * 32 + j + 16] = d * static_cast<float>(high) + m;
+    }
+  }
+}
+
+bool is_norm(Role r) {
+  return r == Role::AttnNorm || r == Role::QueryNorm || r == Role::KeyNorm || r == Role::PostAttnNorm ||
+         r == Role::MlpNorm || r == Role::PostMlpNorm || r == Role::FinalNorm;
+}
+
+}  // namespace
+
+const Family* family_of_gguf_architecture(std::string_view architecture) {
+  for (const Family& f : families())
+    if (!f.gguf_architecture.empty() && f.gguf_architecture == architecture && f.naming != Naming::Book) return &f;
+  return nullptr;
+}
+
+DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
+  const std::string arch = file.string("general.architecture");
+  const Family* family = family_of_gguf_architecture(arch);
+  if (!family) {
+    std::string known;
+    for (const Family& f : families())
+      if (!f.gguf_architecture.empty() && f.naming != Naming::Book && known.find(f.gguf_architecture) == std::string::npos)
+        known += (known.empty() ? "" : ", ") + f.gguf_architecture;
+    fail(file, "general.architecture is '" + arch.substr(0, 40) + "'; qkv runs GGUF files of " + known);
+  }
+  if (file.find("rope_freqs.weight"))
+    fail(file, "holds rope_freqs.weight (Llama 3.1's scaled RoPE as per-frequency factors), which qkv does not read "
+               "yet; run the model from its Hugging Face folder");
+  const std::string k = arch + ".";
+  const io::GgufTensor* embedding = file.find("token_embd.weight");
+  if (!embedding || embedding->dims.size() != 2) fail(file, "has no 2-D tensor token_embd.weight (the token embedding)");
+  json j;
+  j["model_type"] = family->model_types.front();
+  j["vocab_size"] = embedding->dims[1];
+  j["hidden_size"] = required_integer(file, k + "embedding_length");
+  j["intermediate_size"] = required_integer(file, k + "feed_forward_length");
+  j["num_hidden_layers"] = required_integer(file, k + "block_count");
+  const int64_t heads = required_integer(file, k + "attention.head_count");
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = integer_key(file, k + "attention.head_count_kv", heads);
+  const int64_t head_dim = integer_key(file, k + "attention.key_length", heads > 0 ? j["hidden_size"].get<int64_t>() / heads : 0);
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = required_integer(file, k + "context_length");
+  j[family->norm_eps_key] = real_key(file, k + "attention.layer_norm_rms_epsilon",
+                                     real_key(file, k + "attention.layer_norm_epsilon", family->norm_eps_default));
+  j["rope_theta"] = real_key(file, k + "rope.freq_base", family->rope_theta_default);
+  const int64_t rotary = integer_key(file, k + "rope.dimension_count", head_dim);
+  if (rotary != head_dim && head_dim > 0) j["partial_rotary_factor"] = static_cast<double>(rotary) / static_cast<double>(head_dim);
+  if (file.contains(k + "rope.scaling.type")) {
+    const std::string type = file.string(k + "rope.scaling.type");
+    if (type == "linear" || type == "yarn") {
+      json scaling{{"rope_type", type}, {"factor", real_key(file, k + "rope.scaling.factor", 1.0)}};
+      if (type == "yarn")
+        scaling["original_max_position_embeddings"] = integer_key(file, k + "rope.scaling.original_context_length", 0);
+      j["rope_scaling"] = scaling;
+    } else if (type != "none") {
+      fail(file, k + "rope.scaling.type is '" + type.substr(0, 20) + "'; qkv reads none, linear and yarn from a GGUF");
+    }
+  }
+  if (file.contains(k + "attention.sliding_window")) j["sliding_window"] = integer_key(file, k + "attention.sliding_window", 0);
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (file.contains(k + cap)) j[cap] = file.real(k + cap);
+  if (family->query_pre_attn_scalar) j["query_pre_attn_scalar"] = head_dim;
+  j["tie_word_embeddings"] = file.find("output.weight") == nullptr;
+  if (family->bias == BiasRule::AttentionBias) j["attention_bias"] = file.find("blk.0.attn_q.bias") != nullptr;
+  const GgufExtras extras = gguf_extras(file);
+  if (extras.bos_id >= 0) j["bos_token_id"] = extras.bos_id;
+  if (extras.eos_id >= 0) j["eos_token_id"] = extras.eos_id;
+  try {
+    return decoder_config_from_hf(j.dump(), file.path() + " (its " + arch + ".* metadata)");
+  } catch (const ValueError& e) {
+    fail(file, std::string("its metadata do not make a valid model: ") + e.what());
+  }
+}
+
+GgufExtras gguf_extras(const io::GgufFile& file) {
+  GgufExtras out;
+  if (const io::GgufValue* v = file.find_value("tokenizer.chat_template"); v && v->type() == io::GgufType::String)
+    out.chat_template = v->as_string();
+  auto id = [&](const char* key) { return file.contains(key) ? file.integer(key) : int64_t{-1}; };
+  out.bos_id = id("tokenizer.ggml.bos_token_id");
+  out.eos_id = id("tokenizer.ggml.eos_token_id");
+  return out;
+}
+
+std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
+  auto file = std::make_shared<io::GgufFile>(io::GgufFile::open(path, io::MapAccess::Random));
+  const DecoderConfig config = decoder_config_from_gguf(*file);
+  const std::vector<DecoderConfig::Parameter> own = config.layout(Names::Own), names = config.layout(Names::Gguf);
+  // Every tensor the layout names, with its shape and a type qkv computes with, and nothing else — before any is used.
+  std::vector<const io::GgufTensor*> found(own.size());
+  for (size_t i = 0; i < own.size(); ++i) {
+    const io::GgufTensor* t = file->find(names[i].name);
+    if (!t) fail(*file, "has no tensor '" + names[i].name + "', which its " + config.family->name + " configuration needs");
+    if (!(Shape(std::span<const int64_t>(t->shape())) == own[i].shape))
+      fail(*file, "tensor '" + t->name + "' has shape " + Shape(std::span<const int64_t>(t->shape())).str() + "; its configuration gives " +
+                      own[i].shape.str());
+    const Storage s = storage_of(*file, *t);
+    if (own[i].shape.rank() == 1 && s.type != WeightType::F32 && s.type != WeightType::F16 && s.type != WeightType::BF16)
+      fail(*file, "tensor '" + t->name + "' (a vector) is " + io::ggml_type_name(t->type) + "; vectors must be F32, F16 or BF16");
+    found[i] = t;
+  }
+  if (file->tensors().size() != own.size()) {
+    for (const io::GgufTensor& t : file->tensors()) {
+      bool known = false;
+      for (const auto& p : names) known = known || p.name == t.name;
+      if (!known) fail(*file, "holds tensor '" + t.name + "', which qkv's " + config.family->name + " model does not use");
+    }
+  }
+  auto model = Decoder::for_loading(config);
+  const std::shared_ptr<const void> owner = file;  // the mapping lives as long as any tensor over it
+  const bool gemma_norms = config.norm == NormKind::GemmaRMSNorm;
+  for (size_t i = 0; i < own.size(); ++i) {
+    const DecoderConfig::Parameter& p = own[i];
+    const io::GgufTensor& t = *found[i];
+    Tensor& dst = model->parameter(p);
+    const Storage s = storage_of(*file, t);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(t.data);
+    if (p.shape.rank() == 1) {  // norms and biases: float32 copies
+      float* out = dst.data();
+      const int64_t n = p.shape[0];
+      if (n > 0) kernels::dequantize_rows(s.type, bytes, out, 1, n);
+      if (gemma_norms && is_norm(p.role()))  // llama.cpp's converter stored 1 + w; qkv's Gemma norm adds the 1
+        for (int64_t c = 0; c < n; ++c) out[c] -= 1.0f;
+      continue;
+    }
+    const int64_t rows = p.shape[0], cols = p.shape[1];
+    if (rows == 0 || cols == 0) continue;
+    // The rows as they will be stored: the file's own bytes, or a converted copy.
+    std::shared_ptr<std::vector<unsigned char>> copy;
+    WeightType type = s.type;
+    if (s.exact_repack) {
+      copy = std::make_shared<std::vector<unsigned char>>(q5_0_as_q8_0(bytes, rows, cols));
+    } else if (s.widen || s.type == WeightType::F32) {  // float32: copied (a mapped float32 would be written through)
+      type = WeightType::F32;
+      copy = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(rows * cols * 4));
+      auto* f = reinterpret_cast<float*>(copy->data());
+      if (s.widen) widen_offset_blocks(t.type, bytes, f, rows * cols);
+      else std::memcpy(f, bytes, static_cast<size_t>(rows * cols * 4));
+    }
+    const unsigned char* rows_at = copy ? copy->data() : bytes;
+    const bool permute = permutes_qk(file->string("general.architecture")) && p.parts.size() == 1 &&
+                         (p.role() == Role::Query || p.role() == Role::Key);
+    if (permute) {  // Hugging Face's row h·D + s·D/2 + i is the file's h·D + 2i + s
+      const int64_t D = config.head_dim, heads = rows / D, row = kernels::row_bytes(type, cols);
+      if (D % 2 != 0 || heads * D != rows) fail(*file, "tensor '" + t.name + "' does not hold whole heads of " + std::to_string(D) + " rows");
+      auto permuted = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(rows * row));
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t sd = 0; sd < 2; ++sd)
+          for (int64_t i2 = 0; i2 < D / 2; ++i2)
+            std::memcpy(permuted->data() + (h * D + sd * D / 2 + i2) * row, rows_at + (h * D + 2 * i2 + sd) * row,
+                        static_cast<size_t>(row));
+      copy = permuted;
+      rows_at = copy->data();
+    }
+    if (type == WeightType::F32) {  // into the parameter's own float32 storage
+      std::memcpy(dst.data(), rows_at, static_cast<size_t>(rows * cols * 4));
+    } else if (copy) {
+      dst.set_stored_(type, rows_at, std::shared_ptr<const void>(copy, copy->data()));
+    } else {
+      dst.set_stored_(type, rows_at, owner);
+    }
+  }
+  // A fused entry (Phi-3's attn_qkv, ffn_up) is its group's one tensor: the roles' views of it are made again.
+  const int64_t C = config.hidden_size, F = config.intermediate_size, Q = config.q_width(), KV = config.kv_width();
+  for (DecoderBlock& b : model->blocks) {
+    if (b.qkv.weights.size() == 1) {
+      const Tensor& w = b.qkv.weights.front();
+      b[Role::Query] = w.view_at(0, {Q, C});
+      b[Role::Key] = w.view_at(Q * C, {KV, C});
+      b[Role::Value] = w.view_at((Q + KV) * C, {KV, C});
+    }
+    if (b.gate_up.weights.size() == 1 && config.mlp != MlpKind::GELU) {
+      const Tensor& w = b.gate_up.weights.front();
+      b[Role::Gate] = w.view_at(0, {F, C});
+      b[Role::Up] = w.view_at(F * C, {F, C});
+    }
+  }
+  for (Tensor& t : model->parameters()) t.requires_grad_(false);
+  model->eval();
+  return model;
+}
+
+}  // namespace qkv::nn
