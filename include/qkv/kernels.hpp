@@ -12,6 +12,7 @@
 #include "qkv/kernels/embedding.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/moe.hpp"
 #include "qkv/kernels/norms.hpp"
 #include "qkv/kernels/optim.hpp"
 #include "qkv/kernels/rope.hpp"
