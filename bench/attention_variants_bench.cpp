@@ -19,17 +19,23 @@ namespace {
 
 using namespace qkv::kernels;
 
-// The median of `reps` timed runs of f, in seconds (one untimed warm-up first).
-double median_seconds(int reps, const std::function<void()>& f) {
-  f();
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+// The median of `reps` timed runs of each of fs, in seconds, the runs alternating between them (a shared machine's
+// load drifts: alternating puts each variant under the same drift), one untimed warm-up of each first.
+std::vector<double> median_seconds(int reps, const std::vector<std::function<void()>>& fs) {
+  for (const auto& f : fs) f();
+  std::vector<std::vector<double>> times(fs.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < fs.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      fs[i]();
+      times[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return medians;
 }
 
 std::vector<float> random_floats(int64_t n, uint64_t seed, float scale = 1.0f) {
@@ -59,12 +65,14 @@ int main(int argc, char** argv) {
   plain.causal = true;
   AttentionOptions with_sinks = plain;
   with_sinks.sinks = sinks.data();
-  const double t_plain = median_seconds(reps, [&] { attention_forward(dims, layout, plain, q.data(), k.data(), v.data(), o.data(), lse.data()); });
-  const double t_sinks = median_seconds(reps, [&] { attention_forward(dims, layout, with_sinks, q.data(), k.data(), v.data(), o.data(), lse.data()); });
-  const double t_gate = median_seconds(reps, [&] {
-    attention_forward(dims, layout, plain, q.data(), k.data(), v.data(), o.data(), lse.data());
-    attention_gate_forward(T, H, D, o.data(), gate.data() + D, 2 * H * D, 2 * D, gated.data());
-  });
+  const std::vector<double> attention_times = median_seconds(reps, {
+      [&] { attention_forward(dims, layout, plain, q.data(), k.data(), v.data(), o.data(), lse.data()); },
+      [&] { attention_forward(dims, layout, with_sinks, q.data(), k.data(), v.data(), o.data(), lse.data()); },
+      [&] {
+        attention_forward(dims, layout, plain, q.data(), k.data(), v.data(), o.data(), lse.data());
+        attention_gate_forward(T, H, D, o.data(), gate.data() + D, 2 * H * D, 2 * D, gated.data());
+      }});
+  const double t_plain = attention_times[0], t_sinks = attention_times[1], t_gate = attention_times[2];
   const double flops = 2.0 * 2.0 * H * D * (T * (T + 1) / 2.0);  // QKᵀ and PV over the causal half
   std::printf("fused forward (1, %lld, %lld, %lld) causal: plain %.3f ms (%.1f GFLOP/s)\n", static_cast<long long>(H),
               static_cast<long long>(T), static_cast<long long>(D), t_plain * 1e3, flops / t_plain / 1e9);
@@ -85,19 +93,21 @@ int main(int argc, char** argv) {
   }
   std::vector<float> out(static_cast<size_t>(N * C));
   MoeSaved saved;
-  const double t_moe = median_seconds(reps, [&] {
-    moe_forward(md, MoeOptions{}, x.data(), router.data(), g.data(), u.data(), d.data(), out.data(), saved);
-  });
+
   // dense: inner width k·Fe, the active parameters of the MoE (router aside)
   const int64_t Fd = topk * Fe;
   const std::vector<float> dg = random_floats(Fd * C, 40, 0.05f), du = random_floats(Fd * C, 41, 0.05f), dd = random_floats(C * Fd, 42, 0.05f);
   std::vector<float> hg(static_cast<size_t>(N * Fd)), hu(hg.size());
-  const double t_dense = median_seconds(reps, [&] {
-    gemm(false, true, N, Fd, C, 1.0f, x.data(), C, dg.data(), C, 0.0f, hg.data(), Fd);
-    gemm(false, true, N, Fd, C, 1.0f, x.data(), C, du.data(), C, 0.0f, hu.data(), Fd);
-    for (size_t i = 0; i < hg.size(); ++i) hg[i] = hg[i] / (1.0f + std::exp(-hg[i])) * hu[i];
-    gemm(false, true, N, C, Fd, 1.0f, hg.data(), Fd, dd.data(), Fd, 0.0f, out.data(), C);
-  });
+  const std::vector<double> moe_times = median_seconds(reps, {
+      [&] { moe_forward(md, MoeOptions{}, x.data(), router.data(), g.data(), u.data(), d.data(), out.data(), saved); },
+      [&] {
+        gemm(false, true, N, Fd, C, 1.0f, x.data(), C, dg.data(), C, 0.0f, hg.data(), Fd);
+        gemm(false, true, N, Fd, C, 1.0f, x.data(), C, du.data(), C, 0.0f, hu.data(), Fd);
+        silu_forward(hg.data(), hg.data(), N * Fd);
+        for (size_t i = 0; i < hg.size(); ++i) hg[i] *= hu[i];
+        gemm(false, true, N, C, Fd, 1.0f, hg.data(), Fd, dd.data(), Fd, 0.0f, out.data(), C);
+      }});
+  const double t_moe = moe_times[0], t_dense = moe_times[1];
   const double moe_flops = 2.0 * 3.0 * N * topk * Fe * C;
   std::printf("MoE forward N %lld, C %lld, %lld experts of %lld, top-%lld: %.3f ms (%.1f GFLOP/s on the active experts)\n",
               static_cast<long long>(N), static_cast<long long>(C), static_cast<long long>(E), static_cast<long long>(Fe),

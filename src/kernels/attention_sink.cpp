@@ -9,6 +9,7 @@
 
 #include "qkv/kernels/attention.hpp"
 #include "attention_plan.hpp"
+#include "simd.hpp"
 
 namespace qkv::kernels {
 
@@ -38,6 +39,18 @@ void attention_sink_backward(const AttentionDims& dims, const AttentionLayout& l
 
 namespace {
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// s[e] = σ(g[e]) for e < n: eight at a time with the kernels' vector exp (a scalar exp per value was 10% of a
+// causal forward at T = 2048, measured on one thread), the tail scalar.
+void sigmoid_row(const float* g, float* s, int64_t n) {
+  int64_t e = 0;
+#ifdef QKV_AVX2
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; e + 8 <= n; e += 8)
+    _mm256_storeu_ps(s + e, _mm256_div_ps(one, _mm256_add_ps(one, simd::exp(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + e))))));
+#endif
+  for (; e < n; ++e) s[e] = sigmoid(g[e]);
+}
 }  // namespace
 
 void attention_gate_forward(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate, int64_t gate_row,
@@ -45,9 +58,9 @@ void attention_gate_forward(int64_t rows, int64_t H, int64_t D, const float* o, 
 #pragma omp parallel for schedule(static) if (rows * H * D > 16384)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < H; ++h) {
-      const float* g = gate + r * gate_row + h * gate_head;
       const int64_t at = (r * H + h) * D;
-      for (int64_t e = 0; e < D; ++e) out[at + e] = o[at + e] * sigmoid(g[e]);
+      sigmoid_row(gate + r * gate_row + h * gate_head, out + at, D);  // σ(G), then × O in place
+      for (int64_t e = 0; e < D; ++e) out[at + e] *= o[at + e];
     }
 }
 
