@@ -130,5 +130,21 @@ TEST(MoeLayer, RoutesEachTokenToItsTopKAndReportsThem) {
   EXPECT_THROW(mixture_of_experts(x, router, gate, up, down, config), ValueError);
 }
 
+TEST(MoeDemo, SinksAndExpertSectionsPrintTheirWeights) {
+  const CliResult r = run_cli("demo --no-color --section sinks --section moe");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* part : {"7. Attention sinks", "the sink's share", "8. Mixture of experts", "routing weights (top-2, renormalised)"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << " missing from\n" << r.out;
+  // every token's two routing weights sum to 1 (the row-sum column of the routing matrix)
+  const size_t routing = r.out.find("routing weights");
+  ASSERT_NE(routing, std::string::npos);
+  int ones = 0;
+  for (size_t at = r.out.find("1.0000", routing); at != std::string::npos && at < r.out.find("y = ", routing);
+       at = r.out.find("1.0000", at + 1))
+    ++ones;
+  EXPECT_EQ(ones, 6) << r.out.substr(routing, 600);
+  EXPECT_EQ(run_cli("demo --section moo").code, 2);
+}
+
 }  // namespace
 }  // namespace qkv::test
