@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "helpers.hpp"
 #include "qkv/kernels.hpp"
@@ -466,6 +467,30 @@ std::vector<KernelCase> kernel_cases() {
                      // the query halves are left as they were (7)
                      return close(d_qg.data(), r_qg.data(), rows * 2 * H * D, 1e-5, 1e-7);
                    }});
+  cases.push_back({"gated delta rule forward and backward (recurrent form, state rebuilt every 64 tokens)",
+                   [](int64_t n, int m) {
+                     // n tokens (past 64: more than one stretch), 2 sequences, 2 heads, Dk 3, Dv 5
+                     const DeltaRuleDims d{2, n, 2, 3, 5};
+                     const int64_t rows = d.B * d.T * d.H;
+                     Buffer q(rows * d.Dk, m, 1), k(rows * d.Dk, m, 2, 0.5f), v(rows * d.Dv, m, 3), g_out(rows * d.Dv, m, 4);
+                     Buffer g(rows, m, 5, 0.3f, -0.4f), beta(rows, m, 6, 0.3f, 0.5f), init(d.B * d.H * d.Dk * d.Dv, m, 7);
+                     Buffer o(rows * d.Dv, m, 8), ref(rows * d.Dv, m, 9), final_state(d.B * d.H * d.Dk * d.Dv, m, 10);
+                     delta_rule_forward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), o.data(), final_state.data());
+                     delta_rule_forward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), ref.data());
+                     if (auto ok = close(o.data(), ref.data(), rows * d.Dv, 1e-4, 1e-5); !ok) return ok << " (o)";
+                     Buffer dq(rows * d.Dk, m, 11), dk(rows * d.Dk, m, 12), dv(rows * d.Dv, m, 13), dg(rows, m, 14), db(rows, m, 15);
+                     Buffer rq(rows * d.Dk, m, 16), rk(rows * d.Dk, m, 17), rv(rows * d.Dv, m, 18), rg(rows, m, 19), rb(rows, m, 20);
+                     delta_rule_backward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), g_out.data(),
+                                         dq.data(), dk.data(), dv.data(), dg.data(), db.data());
+                     delta_rule_backward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
+                                                   g_out.data(), rq.data(), rk.data(), rv.data(), rg.data(), rb.data());
+                     for (auto [got, want, size, what] : {std::tuple{dq.data(), rq.data(), rows * d.Dk, "dq"},
+                                                          {dk.data(), rk.data(), rows * d.Dk, "dk"},
+                                                          {dv.data(), rv.data(), rows * d.Dv, "dv"},
+                                                          {dg.data(), rg.data(), rows, "dg"}, {db.data(), rb.data(), rows, "dbeta"}})
+                       if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
+                     return ::testing::AssertionSuccess();
+                   }});
   for (bool norm : {true, false}) {
     cases.push_back({norm ? "moe forward and backward (4 experts, top-2, renormalised)" : "moe, top-2 not renormalised",
                      [norm](int64_t n, int m) {
@@ -672,6 +697,10 @@ std::vector<OpCase> op_cases() {
                                    std::vector<Tensor>{x[6], x[7]}, c); },
        {random_tensor({5, 3}, 21), random_tensor({2, 3}, 22, 3.0f), random_tensor({2, 3}, 23), random_tensor({2, 3}, 24),
         random_tensor({2, 3}, 25), random_tensor({2, 3}, 26), random_tensor({3, 2}, 27), random_tensor({3, 2}, 28)}},
+      {"gated_delta_rule (2 heads, Dk 3, Dv 2)", [](const Inputs& x) {
+         return gated_delta_rule(x[0], x[1], x[2], x[3], x[4]); },
+       {random_tensor({1, 5, 2, 3}, 31), random_tensor({1, 5, 2, 3}, 32, 0.6f), random_tensor({1, 5, 2, 2}, 33),
+        neg(positive({1, 5, 2}, 34)) * 0.2f, positive({1, 5, 2}, 35) * 0.3f}},
       {"scaled_dot_product_attention (B,H,T,D)", [bhtd](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bhtd); },
        {random_tensor({1, 2, 4, 3}, 1), random_tensor({1, 2, 6, 3}, 2), random_tensor({1, 2, 6, 3}, 3)}},
   };

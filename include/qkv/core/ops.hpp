@@ -218,6 +218,12 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, co
 // head h holds its D query values then its D gate values (kernels::attention_gate_forward). Gradients reach both.
 Tensor attention_output_gate(const Tensor& context, const Tensor& q_and_gate, int64_t num_heads);
 
+// The gated delta rule (Gated DeltaNet's core, the recurrent form; kernels::delta_rule_forward): per head a (Dk × Dv)
+// state decayed by e^g, corrected by β (v − Sᵀk) kᵀ and read by q, token by token. q, k (B, T, H, Dk); v (B, T, H,
+// Dv); g, beta (B, T, H). Result (B, T, H, Dv). q and k as given (Qwen3-Next L2-normalises them and scales q by
+// Dk^−½ first). Gradients reach all five.
+Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta);
+
 // ---- mixture of experts ----
 
 // A mixture-of-experts layer's router settings (Qwen3-MoE's): softmax over the experts, the top k, optionally
