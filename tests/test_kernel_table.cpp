@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "helpers.hpp"
 #include "qkv/kernels.hpp"
@@ -489,13 +490,16 @@ std::vector<KernelCase> kernel_cases() {
     float softcap;
     int causal;  // 0 no, 1 yes, 2 when n is even
     bool bf16 = false;  // bf16 products, against the reference on rounded operands (to bf16's precision)
+    bool sinks = false;  // a learned sink logit per head (gpt-oss), and its gradient
   };
   for (const Variant variant : {Variant{"attention forward and backward", 4, 0, 0.0f, 2},
                                 Variant{"attention, grouped-query (4 heads, 2 K/V)", 2, 0, 0.0f, 2},
                                 Variant{"attention, multi-query, sliding window 3", 1, 3, 0.0f, 1},
                                 Variant{"attention, grouped-query, soft-capped, window 5", 2, 5, 1.5f, 1},
                                 Variant{"attention, bf16 products, grouped-query", 2, 0, 0.0f, 2, true},
-                                Variant{"attention, bf16 products, multi-query, window 5", 1, 5, 0.0f, 1, true}}) {
+                                Variant{"attention, bf16 products, multi-query, window 5", 1, 5, 0.0f, 1, true},
+                                Variant{"attention sinks, grouped-query", 2, 0, 0.0f, 2, false, true},
+                                Variant{"attention sinks, bf16 products", 2, 0, 0.0f, 1, true, true}}) {
     cases.push_back({variant.name, [variant](int64_t n, int m) {
                        if (n == 0) return ::testing::AssertionSuccess();  // T = 0 has its own tests
                        // Not n = 1023: the double-precision reference's T² work there took seconds per variant (a
@@ -511,6 +515,8 @@ std::vector<KernelCase> kernel_cases() {
                        o.window = variant.window;
                        o.softcap = variant.softcap;
                        o.bf16 = variant.bf16 && attention_bf16_available();
+                       Buffer sinks(4, m, 14, 3.0f);  // logits in ±3: from a small to a dominant share of each row
+                       if (variant.sinks) o.sinks = sinks.data();
                        // float32: 1e-5; bf16 products: the rounding of the P and dS tiles (2⁻⁹) on sums of N(0, 1)
                        const double rtol = o.bf16 ? 4e-3 : 1e-5, atol = o.bf16 ? 1e-2 : 1e-6, grad_rtol = o.bf16 ? 4e-3 : 1e-4,
                                     grad_atol = o.bf16 ? 1e-2 : 1e-5;
@@ -526,6 +532,102 @@ std::vector<KernelCase> kernel_cases() {
                        if (auto ok = close(dq.data(), rq.data(), size, grad_rtol, grad_atol); !ok) return ok;
                        for (auto [a, b] : {std::pair{dk.data(), rk.data()}, {dv.data(), rv.data()}})
                          if (auto ok = close(a, b, kv_size, grad_rtol, grad_atol); !ok) return ok;
+                       if (variant.sinks) {
+                         Buffer d_sinks(4, m, 15), r_sinks(4, m, 16);
+                         attention_sink_backward(d, l, o.sinks, out.data(), lse.data(), g.data(), d_sinks.data());
+                         attention_sink_backward_reference(d, l, o, q.data(), k.data(), v.data(), g.data(), r_sinks.data());
+                         if (auto ok = close(d_sinks.data(), r_sinks.data(), 4, grad_rtol, grad_atol * n); !ok) return ok << " (d sinks)";
+                       }
+                       return ::testing::AssertionSuccess();
+                     }});
+  }
+  cases.push_back({"attention_gate forward and backward (gate read in place from a doubled q projection)",
+                   [](int64_t n, int m) {
+                     const int64_t rows = 3, H = 2, D = n;  // gate rows of 2·H·D: each head's q then its gate
+                     Buffer o(rows * H * D, m, 1, 2.0f), qg(rows * 2 * H * D, m, 2, 4.0f), g(rows * H * D, m, 3);
+                     Buffer out(rows * H * D, m, 4), ref(rows * H * D, m, 5);
+                     attention_gate_forward(rows, H, D, o.data(), qg.data() + D, 2 * H * D, 2 * D, out.data());
+                     attention_gate_forward_reference(rows, H, D, o.data(), qg.data() + D, 2 * H * D, 2 * D, ref.data());
+                     if (auto ok = close(out.data(), ref.data(), rows * H * D, 1e-6, 1e-7); !ok) return ok;
+                     Buffer d_o(rows * H * D, m, 6), r_o(rows * H * D, m, 7);
+                     std::vector<float> d_qg(static_cast<size_t>(rows * 2 * H * D), 7.0f), r_qg = d_qg;
+                     attention_gate_backward(rows, H, D, o.data(), qg.data() + D, 2 * H * D, 2 * D, g.data(), d_o.data(),
+                                             d_qg.data() + D);
+                     attention_gate_backward_reference(rows, H, D, o.data(), qg.data() + D, 2 * H * D, 2 * D, g.data(),
+                                                       r_o.data(), r_qg.data() + D);
+                     if (auto ok = close(d_o.data(), r_o.data(), rows * H * D, 1e-6, 1e-7); !ok) return ok;
+                     // the query halves are left as they were (7)
+                     return close(d_qg.data(), r_qg.data(), rows * 2 * H * D, 1e-5, 1e-7);
+                   }});
+  cases.push_back({"gated delta rule forward and backward (recurrent form, state rebuilt every 64 tokens)",
+                   [](int64_t n, int m) {
+                     // n tokens (past 64: more than one stretch), 2 sequences, 2 heads, Dk 3, Dv 5
+                     const DeltaRuleDims d{2, n, 2, 3, 5};
+                     const int64_t rows = d.B * d.T * d.H;
+                     Buffer q(rows * d.Dk, m, 1), k(rows * d.Dk, m, 2, 0.5f), v(rows * d.Dv, m, 3), g_out(rows * d.Dv, m, 4);
+                     Buffer g(rows, m, 5, 0.3f, -0.4f), beta(rows, m, 6, 0.3f, 0.5f), init(d.B * d.H * d.Dk * d.Dv, m, 7);
+                     Buffer o(rows * d.Dv, m, 8), ref(rows * d.Dv, m, 9), final_state(d.B * d.H * d.Dk * d.Dv, m, 10);
+                     delta_rule_forward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), o.data(), final_state.data());
+                     delta_rule_forward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), ref.data());
+                     if (auto ok = close(o.data(), ref.data(), rows * d.Dv, 1e-4, 1e-5); !ok) return ok << " (o)";
+                     Buffer dq(rows * d.Dk, m, 11), dk(rows * d.Dk, m, 12), dv(rows * d.Dv, m, 13), dg(rows, m, 14), db(rows, m, 15);
+                     Buffer rq(rows * d.Dk, m, 16), rk(rows * d.Dk, m, 17), rv(rows * d.Dv, m, 18), rg(rows, m, 19), rb(rows, m, 20);
+                     delta_rule_backward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), g_out.data(),
+                                         dq.data(), dk.data(), dv.data(), dg.data(), db.data());
+                     delta_rule_backward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
+                                                   g_out.data(), rq.data(), rk.data(), rv.data(), rg.data(), rb.data());
+                     for (auto [got, want, size, what] : {std::tuple{dq.data(), rq.data(), rows * d.Dk, "dq"},
+                                                          {dk.data(), rk.data(), rows * d.Dk, "dk"},
+                                                          {dv.data(), rv.data(), rows * d.Dv, "dv"},
+                                                          {dg.data(), rg.data(), rows, "dg"}, {db.data(), rb.data(), rows, "dbeta"}})
+                       if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
+                     return ::testing::AssertionSuccess();
+                   }});
+  for (bool norm : {true, false}) {
+    cases.push_back({norm ? "moe forward and backward (4 experts, top-2, renormalised)" : "moe, top-2 not renormalised",
+                     [norm](int64_t n, int m) {
+                       // n tokens of C = 5 on E = 4 SwiGLU experts of F = 3 (n = 0: nothing routed, zero gradients)
+                       const MoeDims d{n, 5, 3, 4, 2};
+                       MoeOptions options;
+                       options.norm_topk_prob = norm;
+                       Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), g_out(n * d.C, m, 3);
+                       std::vector<Buffer> weights;
+                       for (int64_t i = 0; i < 3 * d.E; ++i) weights.emplace_back(d.F * d.C, m, 10 + i);
+                       std::vector<const float*> gate, up, down;
+                       for (int64_t e = 0; e < d.E; ++e) {
+                         gate.push_back(weights[static_cast<size_t>(e)].data());
+                         up.push_back(weights[static_cast<size_t>(d.E + e)].data());
+                         down.push_back(weights[static_cast<size_t>(2 * d.E + e)].data());
+                       }
+                       Buffer out(n * d.C, m, 4), ref(n * d.C, m, 5);
+                       MoeSaved saved;
+                       moe_forward(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(), out.data(), saved);
+                       moe_forward_reference(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(), ref.data());
+                       if (auto ok = close(out.data(), ref.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+                       // gradients: fast (NaN-filled first: every element must be written) against the reference
+                       const float nan = std::numeric_limits<float>::quiet_NaN();
+                       auto grads = [&](float fill) {
+                         std::vector<std::vector<float>> g(3 * d.E + 2);
+                         g[0].assign(static_cast<size_t>(n * d.C), fill);
+                         g[1].assign(static_cast<size_t>(d.E * d.C), fill);
+                         for (int64_t i = 0; i < 3 * d.E; ++i) g[static_cast<size_t>(2 + i)].assign(static_cast<size_t>(d.F * d.C), fill);
+                         return g;
+                       };
+                       auto fast = grads(nan), want = grads(0.0f);
+                       auto pointers = [&](std::vector<std::vector<float>>& g, int64_t first) {
+                         std::vector<float*> p;
+                         for (int64_t e = 0; e < d.E; ++e) p.push_back(g[static_cast<size_t>(2 + first + e)].data());
+                         return p;
+                       };
+                       auto fg = pointers(fast, 0), fu = pointers(fast, d.E), fd = pointers(fast, 2 * d.E);
+                       auto wg = pointers(want, 0), wu = pointers(want, d.E), wd = pointers(want, 2 * d.E);
+                       moe_backward(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(), saved,
+                                    g_out.data(), fast[0].data(), fast[1].data(), fg.data(), fu.data(), fd.data());
+                       moe_backward_reference(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(),
+                                              g_out.data(), want[0].data(), want[1].data(), wg.data(), wu.data(), wd.data());
+                       for (size_t i = 0; i < fast.size(); ++i)
+                         if (auto ok = close(fast[i].data(), want[i].data(), static_cast<int64_t>(fast[i].size()), 1e-4, 1e-5); !ok)
+                           return ok << " (gradient " << i << ")";
                        return ::testing::AssertionSuccess();
                      }});
   }
@@ -653,6 +755,44 @@ std::vector<OpCase> op_cases() {
          c.window = 2;
          return scaled_dot_product_attention(x[0], x[1], x[2], c); },
        {random_tensor({1, 4, 5, 3}, 1), random_tensor({1, 2, 5, 3}, 2), random_tensor({1, 2, 5, 3}, 3)}},
+      {"scaled_dot_product_attention with sinks, grouped-query (B,T,H·D), causal", [](const Inputs& x) {
+         AttentionConfig c;
+         c.num_heads = 4;
+         c.causal = true;
+         c.sinks = x[3];
+         return scaled_dot_product_attention(x[0], x[1], x[2], c); },
+       {random_tensor({2, 5, 12}, 1), random_tensor({2, 5, 6}, 2), random_tensor({2, 5, 6}, 3), random_tensor({4}, 4, 2.0f)}},
+      {"scaled_dot_product_attention packed, sinks, window 2", [](const Inputs& x) {
+         AttentionConfig c;
+         c.num_heads = 2;
+         c.causal = true;
+         c.window = 2;
+         c.sinks = x[1];
+         return scaled_dot_product_attention(x[0], c); },
+       {random_tensor({1, 4, 18}, 1), random_tensor({2}, 2)}},
+      {"attention_output_gate (Qwen3-Next: the gate from a doubled q projection)", [](const Inputs& x) {
+         return attention_output_gate(x[0], x[1], 2); },
+       {random_tensor({2, 3, 6}, 1), random_tensor({2, 3, 12}, 2, 2.0f)}},
+      {"mixture_of_experts (3 experts, top-2, renormalised)", [](const Inputs& x) {
+         MoeConfig c;
+         c.experts_per_token = 2;
+         return mixture_of_experts(x[0], x[1], std::vector<Tensor>{x[2], x[3], x[4]}, std::vector<Tensor>{x[5], x[6], x[7]},
+                                   std::vector<Tensor>{x[8], x[9], x[10]}, c); },
+       {random_tensor({2, 3, 4}, 1), random_tensor({3, 4}, 2, 3.0f), random_tensor({2, 4}, 3), random_tensor({2, 4}, 4),
+        random_tensor({2, 4}, 5), random_tensor({2, 4}, 6), random_tensor({2, 4}, 7), random_tensor({2, 4}, 8),
+        random_tensor({4, 2}, 9), random_tensor({4, 2}, 10), random_tensor({4, 2}, 11)}},
+      {"mixture_of_experts (2 experts, top-1, not renormalised)", [](const Inputs& x) {
+         MoeConfig c;
+         c.experts_per_token = 1;
+         c.norm_topk_prob = false;
+         return mixture_of_experts(x[0], x[1], std::vector<Tensor>{x[2], x[3]}, std::vector<Tensor>{x[4], x[5]},
+                                   std::vector<Tensor>{x[6], x[7]}, c); },
+       {random_tensor({5, 3}, 21), random_tensor({2, 3}, 22, 3.0f), random_tensor({2, 3}, 23), random_tensor({2, 3}, 24),
+        random_tensor({2, 3}, 25), random_tensor({2, 3}, 26), random_tensor({3, 2}, 27), random_tensor({3, 2}, 28)}},
+      {"gated_delta_rule (2 heads, Dk 3, Dv 2)", [](const Inputs& x) {
+         return gated_delta_rule(x[0], x[1], x[2], x[3], x[4]); },
+       {random_tensor({1, 5, 2, 3}, 31), random_tensor({1, 5, 2, 3}, 32, 0.6f), random_tensor({1, 5, 2, 2}, 33),
+        neg(positive({1, 5, 2}, 34)) * 0.2f, positive({1, 5, 2}, 35) * 0.3f}},
       {"scaled_dot_product_attention (B,H,T,D)", [bhtd](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bhtd); },
        {random_tensor({1, 2, 4, 3}, 1), random_tensor({1, 2, 6, 3}, 2), random_tensor({1, 2, 6, 3}, 3)}},
   };

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
-"""Llama 3, Qwen2, Qwen3, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
+"""Llama 3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
 the published formulas (Hugging Face transformers' modeling_<family>.py and modeling_rope_utils.py are the
 specification; the transformers package is not in Debian), and the tiny random Hugging Face folders the C++ tests
 load and compare against.
 
-  /usr/bin/python3 tools/decoder_reference.py [--out tests/fixtures/hf]
+  /usr/bin/python3 tools/decoder_reference.py [--out tests/fixtures/hf] [--families qwen3_moe …]
 
 Writes, per family, a folder FAMILY/ with config.json and model.safetensors (qwen3's as two shards and
 model.safetensors.index.json), and FAMILY.expected.safetensors with the token ids, targets (some -100), logits,
@@ -87,6 +87,13 @@ FAMILIES = {
                    rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=12, sliding_window=4,
                    hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                    tie_word_embeddings=True, eos_token_id=1, bos_token_id=2, pad_token_id=0),
+    # Qwen3-MoE: Qwen3's attention; layers 0 and 2 a mixture of 4 SwiGLU experts (top-2, renormalised), layer 1 dense
+    # (mlp_only_layers); an untied head.
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                      rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
+                      attention_bias=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], eos_token_id=5),
 }
 
 GEMMA = ("gemma3_text", "gemma2")
@@ -163,6 +170,33 @@ def rope(x, inv, positions, scaling=1.0):  # x (B, H, T, D); the first 2·len(in
     return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
 
+def is_sparse(c, i):
+    """Qwen3MoeDecoderLayer: experts unless mlp_only_layers names the layer, every decoder_sparse_step-th layer."""
+    return (c["model_type"] == "qwen3_moe" and c["num_experts"] > 0 and i not in c.get("mlp_only_layers", [])
+            and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
+
+
+def moe(c, w, p, h):
+    """Qwen3MoeSparseMoeBlock: softmax over the router's logits (float32), the top k, renormalised with
+    norm_topk_prob, each chosen expert's SwiGLU weighted by its share. Every expert runs on every token here (tiny
+    sizes) and the chosen outputs are gathered: the same sums as transformers' per-expert index_add_, and the same
+    gradients (an expert reaches the loss only through the tokens that chose it)."""
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)
+    probs = torch.softmax(F.linear(x, w[p + "mlp.gate.weight"]), dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(probs, c["num_experts_per_tok"], dim=-1)
+    if c.get("norm_topk_prob"):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    outs = []
+    for e in range(c["num_experts"]):
+        ex = p + f"mlp.experts.{e}."
+        gate, up = F.linear(x, w[ex + "gate_proj.weight"]), F.linear(x, w[ex + "up_proj.weight"])
+        outs.append(F.linear(F.silu(gate) * up, w[ex + "down_proj.weight"]))
+    outs = torch.stack(outs, dim=1)  # (N, E, C)
+    picked = outs.gather(1, chosen[:, :, None].expand(-1, -1, C))  # (N, k, C)
+    return (picked * weights[:, :, None]).sum(dim=1).reshape(B, T, C)
+
+
 def rms_norm(x, w, eps, gemma):
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return y * (1.0 + w) if gemma else w * y
@@ -187,12 +221,19 @@ def parameter_names(c):
             if qwen2:
                 out.append((b + f"self_attn.{name}.bias", (rows,)))
         out.append((b + "self_attn.o_proj.weight", (C, H * D)))
-        if t in ("gemma3_text", "qwen3"):
+        if t in ("gemma3_text", "qwen3", "qwen3_moe"):
             out += [(b + "self_attn.q_norm.weight", (D,)), (b + "self_attn.k_norm.weight", (D,))]
         if olmo:  # over the whole projection
             out += [(b + "self_attn.q_norm.weight", (H * D,)), (b + "self_attn.k_norm.weight", (Hkv * D,))]
-        out += [(b + "mlp.gate_proj.weight", (F_, C)), (b + "mlp.up_proj.weight", (F_, C)),
-                (b + "mlp.down_proj.weight", (C, F_))]
+        if is_sparse(c, i):  # the router, then each expert's gate, up and down
+            E, Fe = c["num_experts"], c["moe_intermediate_size"]
+            out.append((b + "mlp.gate.weight", (E, C)))
+            for e in range(E):
+                out += [(b + f"mlp.experts.{e}.gate_proj.weight", (Fe, C)), (b + f"mlp.experts.{e}.up_proj.weight", (Fe, C)),
+                        (b + f"mlp.experts.{e}.down_proj.weight", (C, Fe))]
+        else:
+            out += [(b + "mlp.gate_proj.weight", (F_, C)), (b + "mlp.up_proj.weight", (F_, C)),
+                    (b + "mlp.down_proj.weight", (C, F_))]
         if olmo:
             out += [(b + "post_attention_layernorm.weight", (C,)), (b + "post_feedforward_layernorm.weight", (C,))]
         else:
@@ -230,7 +271,7 @@ def layer_is_sliding(c, i):
         return (i + 1) % 4 != 0
     if t in ("mistral", "phi3"):
         return c.get("sliding_window") is not None
-    if t in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+    if t in ("qwen2", "qwen3", "qwen3_moe") and c.get("use_sliding_window"):
         return i >= c["max_window_layers"]
     return False
 
@@ -268,7 +309,7 @@ def forward(c, w, ids, hidden=False):
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False)
         q, k, v = q.reshape(B, T, H, D), k.reshape(B, T, Hkv, D), v.reshape(B, T, Hkv, D)
-        if t in ("qwen3", "gemma3_text"):
+        if t in ("qwen3", "qwen3_moe", "gemma3_text"):
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, gemma)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, gemma)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -301,6 +342,9 @@ def forward(c, w, ids, hidden=False):
         else:
             x = x + a
             h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, gemma)
+        if is_sparse(c, i):
+            x = x + moe(c, w, p, h)
+            continue
         if t == "phi3":  # the first half of gate_up_proj is the gate
             gate, up = lin(h, "mlp.gate_up_proj").chunk(2, dim=-1)
         else:
@@ -328,7 +372,8 @@ def write_folder(c, w, folder, shards):
     config["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                 "gemma3_text": "Gemma3ForCausalLM", "mistral": "MistralForCausalLM",
                                 "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-                                "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[c["model_type"]]]
+                                "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                                "qwen3_moe": "Qwen3MoeForCausalLM"}[c["model_type"]]]
     config["torch_dtype"] = "float32"
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
@@ -351,8 +396,11 @@ def write_folder(c, w, folder, shards):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
+    parser.add_argument("--families", nargs="*", help="only these (default: all); each keeps its seed")
     args = parser.parse_args()
     for seed, (family, c) in enumerate(FAMILIES.items()):
+        if args.families and family not in args.families:
+            continue
         torch.manual_seed(1000 + seed)
         w = random_weights(c, 2000 + seed)
         B, T = 2, 12

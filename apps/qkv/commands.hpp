@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/nn/footprint.hpp"
 #include "qkv/nn/pretrained.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/text/tokenizer.hpp"
@@ -107,6 +108,16 @@ struct AttentionCommand {
   viz::PictureOptions pictures;
 };
 int run_attention(const AttentionCommand& options);
+
+// `qkv memory`: KV-cache bytes and MoE parameters from settings (the book's four figures when none are given), or a
+// Hugging Face folder's parameters and KV cache.
+struct MemoryCommand {
+  std::string folder;                   // a Hugging Face folder (config.json), or empty
+  nn::MemorySettings settings;          // from --emb, --heads, …
+  bool custom = false;                  // some setting was given
+  std::string dtype = "bf16", swa_ratio = "1:0", ffn = "swiglu";
+};
+int run_memory(const MemoryCommand& options, std::ostream& out);
 
 struct GenerateCommand {
   ModelOptions model;

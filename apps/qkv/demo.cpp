@@ -492,10 +492,106 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
   }
 }
 
+// gpt-oss's attention sinks on the causal attention of section 4: one more logit in every row's softmax, with no
+// value, so a row can give part of its weight to nothing. Run through the fused kernel (scaled_dot_product_attention
+// with AttentionConfig::sinks) and its weights recomputed from the log-sum-exp, which includes the sink.
+void section_sinks(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "7. Attention sinks (gpt-oss) — a logit with no value in every row's softmax");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size());
+  manual_seed(in.book ? 789 : in.seed);
+  nn::SelfAttentionV2 attention(in.d_in, in.d_out);
+  const nn::AttentionTrace t = attention.trace(in.x);
+  const float sink = 1.0f;  // gpt-oss learns one per head; here a fixed 1.0 for the picture
+  AttentionConfig config;
+  config.num_heads = 1;
+  config.causal = true;
+  config.sinks = Tensor::from(std::span<const float>(&sink, 1), {1});
+  Tensor lse;
+  config.lse = &lse;
+  const Tensor q = reshape(t.queries, {1, T, in.d_out}), k = reshape(t.keys, {1, T, in.d_out});
+  const Tensor context = scaled_dot_product_attention(q, k, reshape(t.values, {1, T, in.d_out}), config);
+  const Tensor weights = attention_weights(q, k, lse, config, 0, 0);  // (T, T): rows sum to 1 − the sink's share
+  out << "SelfAttention_v2 (seed " << (in.book ? 789 : in.seed) << ") as in section 4, with a sink logit s = " << sink
+      << " added to\nevery row's softmax denominator: A_ij = exp(ω_ij/√" << in.d_out << ") / (Σ_l exp(ω_il/√"
+      << in.d_out << ") + exp(s)).\nThe sink carries no value, so what it takes is simply missing from the context "
+         "vector:\n\n";
+  out << viz::matrix("A with a sink (row sums < 1)", weights, in.tokens, in.tokens, style, true);
+  Tensor share = Tensor::empty({T, 1});
+  int64_t most = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    share.data()[i] = std::exp(sink - lse.data()[i]);
+    if (share.data()[i] > share.data()[most]) most = i;
+  }
+  out << "\n" << viz::matrix("the sink's share exp(s − lse)", share, in.tokens, {"sink"}, style);
+  out << "'" << in.tokens[static_cast<size_t>(most)] << "' gives the sink the most: the fewer and weaker the keys a row "
+      << "sees, the larger the sink's part\nof its denominator (trained models use it to attend to nothing).\n";
+  out << "\n" << viz::matrix("context = A V (the sink adds nothing)", reshape(context, {T, in.d_out}), in.tokens,
+                             dims("c", in.d_out), style);
+  pictures.heatmap(out, "07-sinks-A", "Causal A with a sink logit of 1 (rows sum to less than 1)", weights, in.tokens, 1.0);
+}
+
+// A mixture of experts on the section's inputs: a router scores 4 experts per token, the top 2 are kept and their
+// weights renormalised (Qwen3-MoE), and each token's output is the weighted sum of its two experts' outputs.
+void section_moe(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "8. Mixture of experts — each token goes to the 2 of 4 experts its router picks");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size()), C = in.d_in, E = 4, F = 4;
+  manual_seed(in.book ? 123 : in.seed);
+  Generator& gen = default_generator();
+  auto draw = [&](Shape shape) {
+    Tensor w = Tensor::empty(shape);
+    gen.normal_(w, 0.0, 1.0);
+    return w;
+  };
+  const Tensor router = draw({E, C});
+  std::vector<Tensor> gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate.push_back(draw({F, C}));
+    up.push_back(draw({F, C}));
+    down.push_back(draw({C, F}));
+  }
+  std::vector<int32_t> chosen;
+  std::vector<float> chosen_weights;
+  MoeConfig config;
+  config.experts_per_token = 2;
+  config.norm_topk_prob = true;
+  config.chosen = &chosen;
+  config.weights = &chosen_weights;
+  const Tensor y = mixture_of_experts(in.x, router, gate, up, down, config);
+  const std::vector<std::string> experts = dims("e", E);
+  out << "Router W_r (" << E << " × " << C << ") and four SwiGLU experts of width " << F << ", drawn with randn after "
+      << "torch.manual_seed(" << (in.book ? 123 : in.seed) << ").\np = softmax(W_r x) per token; the two largest are "
+      << "kept and divided by their sum:\n\n";
+  out << viz::matrix("p = softmax(x W_rᵀ)", softmax(linear(in.x, router, Tensor())), in.tokens, experts, style, true);
+  Tensor routed = Tensor::zeros({T, E});  // each token's weight on its two experts, 0 elsewhere
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t s = 0; s < 2; ++s)
+      routed.data()[i * E + chosen[static_cast<size_t>(i * 2 + s)]] = chosen_weights[static_cast<size_t>(i * 2 + s)];
+  out << "\n" << viz::matrix("routing weights (top-2, renormalised)", routed, in.tokens, experts, style, true);
+  int64_t idle = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (std::find(chosen.begin(), chosen.end(), static_cast<int32_t>(e)) == chosen.end()) ++idle;
+  out << "\nEach token ran 2 of the 4 experts: half the expert parameters per token"
+      << (idle > 0 ? ", and " + std::to_string(idle) + " expert(s) no token chose cost nothing" : std::string()) << ".\n\n";
+  out << viz::matrix("y = Σ_s w_s · expert_s(x)", y, in.tokens, dims("c", C), style);
+  if (pictures.on()) {
+    viz::HeatmapStyle picture;
+    picture.title = "Which expert each token was routed to (weights, top-2 of 4)";
+    picture.row_labels = in.tokens;
+    picture.col_labels = experts;
+    picture.row_axis = "token";
+    picture.col_axis = "expert";
+    picture.vmax = 1.0;
+    viz::save_heatmap(pictures.picture("08-moe-routing"), routed, picture, pictures.options());
+    out << "  [picture: " << pictures.picture("08-moe-routing") << "]\n";
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& demo_sections() {
-  static const std::vector<std::string> sections = {"v1", "v2", "train", "causal", "dropout", "mha"};
+  static const std::vector<std::string> sections = {"v1", "v2", "train", "causal", "dropout", "mha", "sinks", "moe"};
   return sections;
 }
 
@@ -511,6 +607,8 @@ int run_demo(const DemoOptions& options, std::ostream& out) {
   if (chosen.count("causal")) section_causal(out, input, options, pictures);
   if (chosen.count("dropout")) section_dropout(out, input, options, pictures);
   if (chosen.count("mha")) section_mha(out, input, options, pictures);
+  if (chosen.count("sinks")) section_sinks(out, input, options, pictures);
+  if (chosen.count("moe")) section_moe(out, input, options, pictures);
   return 0;
 }
 

@@ -345,6 +345,31 @@ int run(int argc, char** argv) {
   attention_cmd->add_flag("--no-head-png{false}", attention.per_head, "The same as --no-head-pictures")->excludes(no_head);
   add_picture_options(attention_cmd, attention.pictures);
 
+  qkv::cli::MemoryCommand memory;
+  auto* memory_cmd = app.add_subcommand(
+      "memory", "KV-cache bytes (MHA, GQA, MLA, sliding windows) and mixture-of-experts parameters from settings — "
+                "with none, the book's chapter-4 bonus figures — or a Hugging Face folder's parameters and KV cache");
+  memory_cmd->add_option("folder", memory.folder, "A Hugging Face model folder (its config.json)");
+  qkv::nn::MemorySettings& ms = memory.settings;
+  std::vector<CLI::Option*> memory_settings = {
+      memory_cmd->add_option("--emb", ms.emb_dim, "Residual width (emb_dim)")->check(int_at_least("--emb", 1)),
+      memory_cmd->add_option("--heads", ms.heads, "Query heads")->check(int_at_least("--heads", 1)),
+      memory_cmd->add_option("--layers", ms.layers, "Layers")->check(int_at_least("--layers", 1)),
+      memory_cmd->add_option("--kv-groups", ms.kv_groups, "GQA: query heads per K/V head")->check(int_at_least("--kv-groups", 1)),
+      memory_cmd->add_option("--latent", ms.latent_dim, "MLA: the latent cached per token and layer")->check(int_at_least("--latent", 1)),
+      memory_cmd->add_option("--window", ms.window, "SWA: the sliding layers' window")->check(int_at_least("--window", 1)),
+      memory_cmd->add_option("--swa-ratio", memory.swa_ratio, "SWA: a:b sliding to full layers (default 1:0, all sliding)"),
+      memory_cmd->add_option("--hidden", ms.hidden_dim, "MoE: the dense FFN's hidden width")->check(int_at_least("--hidden", 1)),
+      memory_cmd->add_option("--experts", ms.experts, "MoE: experts")->check(int_at_least("--experts", 1)),
+      memory_cmd->add_option("--experts-per-token", ms.top_k, "MoE: experts per token (top-k)")->check(int_at_least("--experts-per-token", 1)),
+      memory_cmd->add_option("--ffn", memory.ffn, "MoE: swiglu (3 matrices) or gelu (2)")->check(CLI::IsMember({"swiglu", "gelu"})),
+  };
+  memory_cmd->add_option("--context", ms.context, "Tokens cached per sequence")->capture_default_str()
+      ->check(int_at_least("--context", 1));
+  memory_cmd->add_option("--batch", ms.batch, "Sequences")->capture_default_str()->check(int_at_least("--batch", 1));
+  memory_cmd->add_option("--dtype", memory.dtype, "Bytes a value: fp32, bf16, fp16, fp8, int8")->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8", "int8"}));
+
   qkv::cli::EvalCommand eval;
   auto* eval_cmd = app.add_subcommand(
       "eval", "Loss and perplexity of a model on a text, in sliding windows (each token predicted once, with as "
@@ -540,6 +565,12 @@ int run(int argc, char** argv) {
     if (*classify_cmd) return qkv::cli::run_classify(classify);
     if (*attention_cmd) {
       return qkv::cli::run_attention(attention);
+    }
+    if (*memory_cmd) {
+      for (const CLI::Option* o : memory_settings) memory.custom = memory.custom || o->count() > 0;
+      if (memory.custom && !memory.folder.empty())
+        throw qkv::cli::UsageError("give a folder or settings (--emb, --heads, …), not both");
+      return qkv::cli::run_memory(memory, std::cout);
     }
   } catch (const qkv::cli::UsageError& e) {
     std::fprintf(stderr, "qkv: usage error: %s\n", e.what());

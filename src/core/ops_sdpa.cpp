@@ -88,11 +88,23 @@ struct Operands {
   const float* operand(int which) const { return inputs[input[which]].data() + offset[which]; }
 };
 
-Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& ops, const Shape& out_shape) {
+// The sinks' tensor checked against the heads: (H) float32, or undefined.
+const float* checked_sinks(const AttentionConfig& config, const kernels::AttentionDims& dims) {
+  if (!config.sinks.defined()) return nullptr;
+  if (!(config.sinks.shape() == Shape{dims.H}) || config.sinks.dtype() != DType::F32) {
+    throw ShapeError("scaled_dot_product_attention: sinks must be float32 of shape (" + std::to_string(dims.H) +
+                     "), one logit per query head, got " + config.sinks.shape().str());
+  }
+  return config.sinks.data();
+}
+
+Tensor attend(const Resolved& r, const AttentionConfig& config, Operands ops, const Shape& out_shape) {
   if (!(config.dropout_p >= 0.0 && config.dropout_p <= 1.0)) {
     throw ValueError("scaled_dot_product_attention: dropout must lie in [0, 1], got " + std::to_string(config.dropout_p));
   }
   kernels::AttentionOptions options = kernel_options(config);
+  options.sinks = checked_sinks(config, r.dims);
+  if (options.sinks) ops.inputs.push_back(config.sinks);  // the last input: its gradient is the sinks'
   // Autocast: under Precision::BF16 the kernel's products take bf16 operands (softmax, sums and lse stay float32);
   // the backward runs as the forward did.
   options.bf16 = precision() == Precision::BF16;
@@ -128,6 +140,9 @@ Tensor attend(const Resolved& r, const AttentionConfig& config, const Operands& 
                      auto grad = [&](int which) { return sinks[ops.input[which]].data() + ops.offset[which]; };
                      kernels::attention_backward(r.dims, r.layout, options, ops.operand(0), ops.operand(1), ops.operand(2),
                                                  o.data(), lse.data(), dout.data(), grad(0), grad(1), grad(2));
+                     if (options.sinks)
+                       kernels::attention_sink_backward(r.dims, r.layout, options.sinks, o.data(), lse.data(),
+                                                        dout.data(), sinks.back().data());
                      for (Sink& sink : sinks) sink.finish();
                    });
   }
@@ -150,6 +165,7 @@ Tensor attend_bf16_cache(const Resolved& r, const AttentionConfig& config, const
     throw ValueError("scaled_dot_product_attention: no dropout with bfloat16 keys and values (inference only)");
   }
   kernels::AttentionOptions options = kernel_options(config);
+  options.sinks = checked_sinks(config, r.dims);
   options.bf16 = true;
   Tensor out = Tensor::empty(q.shape());
   Tensor lse = Tensor::empty({r.dims.B, r.dims.H, r.dims.Tq});
@@ -211,6 +227,31 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, co
   }
   Tensor out = Tensor::empty({r.dims.Tq, r.dims.Tk});
   kernels::attention_probabilities(r.dims, r.layout, options, q.data(), keys.data(), lse.data(), b, h, out.data());
+  return out;
+}
+
+Tensor attention_output_gate(const Tensor& context, const Tensor& q_and_gate, int64_t num_heads) {
+  const int64_t H = num_heads;
+  if (context.rank() != 3 || q_and_gate.rank() != 3 || H <= 0 || context.size(2) % H != 0 ||
+      !(q_and_gate.shape() == Shape{context.size(0), context.size(1), 2 * context.size(2)})) {
+    throw ShapeError("attention_output_gate: context must be (B, T, H·D) and q_and_gate (B, T, H·2D) with H = "
+                     "num_heads = " + std::to_string(H) + ", got " + context.shape().str() + " and " +
+                     q_and_gate.shape().str());
+  }
+  const int64_t rows = context.size(0) * context.size(1), D = context.size(2) / H;
+  Tensor out = Tensor::empty(context.shape());
+  kernels::attention_gate_forward(rows, H, D, context.data(), q_and_gate.data() + D, 2 * H * D, 2 * D, out.data());
+  if (detail::needs_grad({&context, &q_and_gate})) {
+    detail::record(out, "AttentionOutputGateBackward", {context, q_and_gate},
+                   [context, q_and_gate, rows, H, D](const Tensor& dout) {
+                     Tensor d_context = Tensor::empty(context.shape());
+                     Tensor d_both = Tensor::zeros(q_and_gate.shape());  // the query halves get nothing from here
+                     kernels::attention_gate_backward(rows, H, D, context.data(), q_and_gate.data() + D, 2 * H * D,
+                                                      2 * D, dout.data(), d_context.data(), d_both.data() + D);
+                     detail::add_grad(context, std::move(d_context));
+                     detail::add_grad(q_and_gate, std::move(d_both));
+                   });
+  }
   return out;
 }
 

@@ -47,6 +47,18 @@ float exp_to_bf16(const float* x, uint16_t* y, int64_t lo, int64_t hi, int64_t n
 }
 #endif
 
+// A sink logit joins each row's softmax sum (attention_sinks): with m' = max(m, sink), l' = l·e^(m−m') + e^(sink−m'),
+// and the accumulated P·V (scaled to m) rescaled by alpha = e^(m−m'). A row with nothing visible (m = −∞, l = 0) gets
+// l' = 1 and alpha = 0: O = 0, lse = sink.
+void add_sink(float sink, float* m, float* l, float* alpha, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float m_new = std::max(m[r], sink);
+    alpha[r] = std::exp(m[r] - m_new);
+    l[r] = l[r] * alpha[r] + std::exp(sink - m_new);
+    m[r] = m_new;
+  }
+}
+
 float row_max(const float* x, int64_t n) {
   float m = kNegInf;
   int64_t j = 0;
@@ -208,10 +220,12 @@ void forward_blocks(const Plan& p, const float* q, const KV* k, const KV* v, flo
       }
       ws.products.add_values(p, rows, cols_pad, k0, s, acc, k_end, diag);  // O += P V
     }
+    if (options.sinks) add_sink(options.sinks[bh % dims.H], m, l, alpha, rows);
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = p.row(o, p.layout.o, bh, q0 + r);
-      // l = 0 (no visible key) gives NaN, as PyTorch does
-      scaled_copy(acc + r * Dp, dst, dims.D, l[r] > 0.0f ? 1.0f / l[r] : std::numeric_limits<float>::quiet_NaN());
+      // l = 0 (no visible key) gives NaN, as PyTorch does; alpha is the sink's rescale of the sum (1 without one)
+      const float factor = options.sinks ? alpha[r] : 1.0f;
+      scaled_copy(acc + r * Dp, dst, dims.D, l[r] > 0.0f ? factor / l[r] : std::numeric_limits<float>::quiet_NaN());
       lse[bh * dims.Tq + q0 + r] = m[r] + std::log(l[r]);
     }
   });
@@ -227,8 +241,10 @@ void attention_forward(const AttentionDims& dims, const AttentionLayout& layout,
   if (dims.Tk <= 0 || D <= 0) {  // nothing to attend to (Tk = 0: NaN rows) or nothing to carry (D = 0)
     for (int64_t bh = 0; bh < dims.B * dims.H; ++bh)
       for (int64_t i = 0; i < dims.Tq; ++i) {
-        std::fill_n(p.row(o, layout.o, bh, i), D, std::numeric_limits<float>::quiet_NaN());
-        lse[bh * dims.Tq + i] = dims.Tk <= 0 ? kNegInf : std::log(static_cast<float>(p.visible(i)));
+        float m = dims.Tk <= 0 ? kNegInf : 0.0f, l = dims.Tk <= 0 ? 0.0f : static_cast<float>(p.visible(i)), alpha = 1.0f;
+        if (options.sinks) add_sink(options.sinks[bh % dims.H], &m, &l, &alpha, 1);  // with a sink, O = 0 (D = 0 anyway)
+        std::fill_n(p.row(o, layout.o, bh, i), D, options.sinks ? 0.0f : std::numeric_limits<float>::quiet_NaN());
+        lse[bh * dims.Tq + i] = m + std::log(l);
       }
     return;
   }

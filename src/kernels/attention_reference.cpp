@@ -28,7 +28,8 @@ struct ReferenceHead {
   std::vector<double> weights;  // (Tq × Tk) after softmax, before dropout
   std::vector<double> zmask;    // dropout factor per weight
   std::vector<double> capping;  // d(capped score)/d(score) per weight: 1 − tanh², or 1 without soft-capping
-  std::vector<bool> any_visible;  // per query row
+  std::vector<bool> any_visible;  // per query row (always, with a sink: its row is then all sink)
+  std::vector<double> sink_weight;  // per query row: exp(sink − …) / Σ, the sink's share (0 without sinks)
 };
 
 ReferenceHead reference_weights(const Plan& p, const float* q, const float* k, int64_t bh) {
@@ -55,9 +56,14 @@ ReferenceHead reference_weights(const Plan& p, const float* q, const float* k, i
       s[static_cast<size_t>(j)] = acc;
       mx = std::max(mx, acc);
     }
-    double sum = 0.0;
+    // a sink (gpt-oss) is one more logit in the sum, with no value
+    const bool sink = p.options.sinks != nullptr;
+    const double sink_logit = sink ? p.options.sinks[bh % d.H] : 0.0;
+    if (sink) mx = std::max(mx, sink_logit);
+    double sum = sink ? std::exp(sink_logit - mx) : 0.0;
     for (int64_t j = 0; j < d.Tk; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
     h.any_visible.push_back(sum > 0.0);
+    h.sink_weight.push_back(sink ? std::exp(sink_logit - mx) / sum : 0.0);
     for (int64_t j = 0; j < d.Tk; ++j) {
       if (!reference_visible(d, p.options, i, j)) continue;
       h.weights[static_cast<size_t>(i * d.Tk + j)] = std::exp(s[static_cast<size_t>(j)] - mx) / sum;
@@ -168,6 +174,30 @@ void attention_backward_reference(const AttentionDims& dims, const AttentionLayo
         p.kv_row(dk, layout.k, bkv, j)[e] = static_cast<float>(dk_all[at]);
         p.kv_row(dv, layout.v, bkv, j)[e] = static_cast<float>(dv_all[at]);
       }
+}
+
+void attention_sink_backward_reference(const AttentionDims& dims, const AttentionLayout& layout,
+                                       const AttentionOptions& options, const float* q, const float* k, const float* v,
+                                       const float* d_o, float* d_sinks) {
+  const Plan p(dims, layout, options);
+  // d sink_h = Σ_i P_sink,i · (0 − Σ_j A_ij dA_ij): the softmax's backward for the one logit whose value is 0
+  std::vector<double> total(static_cast<size_t>(dims.H), 0.0);
+  for (int64_t bh = 0; bh < dims.B * dims.H; ++bh) {
+    const ReferenceHead h = reference_weights(p, q, k, bh);
+    const int64_t bkv = p.kv_of(bh);
+    for (int64_t i = 0; i < dims.Tq; ++i) {
+      double dot = 0.0;
+      for (int64_t j = 0; j < dims.Tk; ++j) {
+        const size_t at = static_cast<size_t>(i * dims.Tk + j);
+        double g = 0.0;
+        for (int64_t e = 0; e < dims.D; ++e)
+          g += static_cast<double>(p.row(d_o, layout.o, bh, i)[e]) * p.kv_row(v, layout.v, bkv, j)[e];
+        dot += h.weights[at] * h.zmask[at] * g;
+      }
+      total[static_cast<size_t>(bh % dims.H)] -= h.sink_weight[static_cast<size_t>(i)] * dot;
+    }
+  }
+  for (int64_t hd = 0; hd < dims.H; ++hd) d_sinks[hd] = static_cast<float>(total[static_cast<size_t>(hd)]);
 }
 
 }  // namespace qkv::kernels

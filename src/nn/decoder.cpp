@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
@@ -67,6 +68,10 @@ constexpr RoleInfo kRoles[kRoleCount] = {
     {Role::Down, "down", Kind::Matrix},
     {Role::DownBias, "down bias", Kind::Bias},
     {Role::HeadBias, "classifier head bias", Kind::Bias},
+    {Role::Router, "expert router", Kind::Matrix},
+    {Role::ExpertGate, "expert gate", Kind::Matrix},
+    {Role::ExpertUp, "expert up", Kind::Matrix},
+    {Role::ExpertDown, "expert down", Kind::Matrix},
 };
 Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
 
@@ -172,7 +177,19 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
     add(b + "self_attn.q_norm.weight", {whole ? Q : D}, {{Role::QueryNorm, 0, whole ? Q : D}});
     add(b + "self_attn.k_norm.weight", {whole ? KV : D}, {{Role::KeyNorm, 0, whole ? KV : D}});
   }
-  if (c.mlp == MlpKind::GELU) {
+  const bool experts = i < static_cast<int64_t>(c.layers.size()) && c.layers[static_cast<size_t>(i)].experts;
+  if (experts) {  // Qwen3MoeSparseMoeBlock: gate (the router), then experts.N
+    const int64_t E = c.num_experts, Fe = c.expert_intermediate_size;
+    add(b + "mlp.gate.weight", {E, C}, {{Role::Router, 0, E}});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = b + "mlp.experts." + std::to_string(e) + ".";
+      for (auto [name, shape, role] : {std::tuple{"gate_proj", Shape{Fe, C}, Role::ExpertGate},
+                                       {"up_proj", Shape{Fe, C}, Role::ExpertUp}, {"down_proj", Shape{C, Fe}, Role::ExpertDown}}) {
+        add(x + name + ".weight", shape, {{role, 0, shape[0]}});
+        out.back().expert = e;
+      }
+    }
+  } else if (c.mlp == MlpKind::GELU) {
     projection("mlp.up_proj", F, C, Role::Up, c.mlp_bias);
   } else if (f.fused_gate_up) {  // Phi-3: gate_up_proj's first half is the gate
     add(b + "mlp.gate_up_proj.weight", {2 * F, C}, {{Role::Gate, 0, F}, {Role::Up, F, F}});
@@ -181,7 +198,7 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
     projection("mlp.gate_proj", F, C, Role::Gate, c.mlp_bias);
     projection("mlp.up_proj", F, C, Role::Up, c.mlp_bias);
   }
-  projection("mlp.down_proj", C, F, Role::Down, c.mlp_bias);
+  if (!experts) projection("mlp.down_proj", C, F, Role::Down, c.mlp_bias);
   auto norm = [&](const char* name, Role role) { add(b + name + ".weight", {C}, {{role, 0, C}}); };
   switch (c.placement) {
     case NormPlacement::Pre:  // post_attention_layernorm is the norm before the MLP
@@ -262,6 +279,17 @@ void DecoderConfig::validate() const {
       invalid("RoPE rotates an even number of each head's " + std::to_string(head_dim) + " values, not " +
               std::to_string(rotated));
     validate_rope(r);
+  }
+  const bool any_experts = std::any_of(layers.begin(), layers.end(), [](const auto& l) { return l.experts; });
+  if (any_experts || num_experts > 0) {
+    if (!family->experts) invalid("the " + family->name + " family has no mixture-of-experts layers");
+    positive(num_experts, "num_experts");
+    positive(expert_intermediate_size, "moe_intermediate_size");
+    if (experts_per_token < 1 || experts_per_token > num_experts)
+      invalid("num_experts_per_tok = " + std::to_string(experts_per_token) + " must lie in 1…num_experts (" +
+              std::to_string(num_experts) + ")");
+    if (mlp != MlpKind::SwiGLU || mlp_bias) invalid("mixture-of-experts layers are SwiGLU experts without biases");
+    product({num_experts, 3, expert_intermediate_size, hidden_size});
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].window < 0) invalid("layer " + std::to_string(i) + " has a negative sliding window");
@@ -436,7 +464,12 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       b[Role::KeyBias] = h.qkv_bias.view_at(Q, {KV});
       b[Role::ValueBias] = h.qkv_bias.view_at(Q + KV, {KV});
     }
-    if (c.mlp != MlpKind::GELU) {
+    if (c.layers[i].experts) {  // the experts, each its own registered tensors (below)
+      const size_t E = static_cast<size_t>(c.num_experts);
+      b.expert_gate.resize(E);
+      b.expert_up.resize(E);
+      b.expert_down.resize(E);
+    } else if (c.mlp != MlpKind::GELU) {
       h.gate_up = make({2 * F, C});
       b[Role::Gate] = h.gate_up.view_at(0, {F, C});
       b[Role::Up] = h.gate_up.view_at(F * C, {F, C});
@@ -506,6 +539,11 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       continue;
     }
     DecoderBlock& b = blocks[static_cast<size_t>(p.layer)];
+    if (p.expert >= 0) {
+      auto& list = role == Role::ExpertGate ? b.expert_gate : role == Role::ExpertUp ? b.expert_up : b.expert_down;
+      list[static_cast<size_t>(p.expert)] = registered;
+      continue;
+    }
     if (p.parts.size() == 1) b[role] = registered;
     // The groups' registered tensors, in order: what one product reads and writes the gradients of.
     DecoderBlock::Group* group = in_qkv(role) ? &b.qkv
@@ -540,6 +578,8 @@ std::vector<LoraSite> Decoder::own_lora_sites() {
   std::vector<LoraSite> out;
   for (const DecoderConfig::Parameter& p : config.layout()) {
     if (p.layer < 0 || kind_of(p.role()) != Kind::Matrix) continue;
+    // A block holds one adapter per role: the experts (many per role) and the router are not adapted yet.
+    if (p.expert >= 0 || p.role() == Role::Router) continue;
     unsigned roles = 0;
     for (const auto& part : p.parts) roles |= lora_role_bit(part.role);
     const std::string name = p.name.substr(0, p.name.size() - std::string(".weight").size());
@@ -597,6 +637,11 @@ Tensor& Decoder::parameter(Role role, int64_t layer) {
 }
 
 Tensor& Decoder::parameter(const DecoderConfig::Parameter& entry) {
+  if (entry.expert >= 0) {
+    DecoderBlock& b = blocks.at(static_cast<size_t>(entry.layer));
+    auto& list = entry.role() == Role::ExpertGate ? b.expert_gate : entry.role() == Role::ExpertUp ? b.expert_up : b.expert_down;
+    return list.at(static_cast<size_t>(entry.expert));
+  }
   if (entry.parts.size() == 1) return parameter(entry.role(), entry.layer);
   DecoderBlock& b = blocks.at(static_cast<size_t>(entry.layer));
   switch (entry.role()) {  // a fused entry is its group's one registered tensor
@@ -823,6 +868,12 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
 }
 
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
+  if (!b.expert_gate.empty()) {  // a mixture of experts: each token through the k its router picks
+    MoeConfig moe;
+    moe.experts_per_token = config.experts_per_token;
+    moe.norm_topk_prob = config.norm_topk_prob;
+    return mixture_of_experts(x, b[Role::Router], b.expert_gate, b.expert_up, b.expert_down, moe);
+  }
   const Tensor& down = b[Role::Down];
   const Tensor& down_bias = b[Role::DownBias];
   if (config.mlp == MlpKind::GELU)

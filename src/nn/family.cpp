@@ -79,6 +79,20 @@ std::vector<Family> make_table() {
     f.default_window = 4096;
     t.push_back(f);
   }
+  {  // Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3's attention, a softmax top-k router over SwiGLU experts.
+    Family f = llama;
+    f.name = "qwen3_moe";
+    f.description = "Qwen3-MoE";
+    f.model_types = {"qwen3_moe"};
+    f.causal_lm = "Qwen3MoeForCausalLM";
+    f.sequence_classifier = "Qwen3MoeForSequenceClassification";
+    f.gguf_architecture = "qwen3moe";
+    f.qk_norm = QkNorm::PerHead;
+    f.sliding = SlidingRule::QwenLayers;
+    f.default_window = 4096;
+    f.experts = true;
+    t.push_back(f);
+  }
   Family gemma = llama;  // Gemma 2 and 3: (1 + w) norms, four a block, GeGLU, √C embedding scale
   gemma.norm = NormKind::GemmaRMSNorm;
   gemma.placement = NormPlacement::Sandwich;

@@ -208,6 +208,38 @@ std::vector<bool> rotating_layers(const Keys& keys, int64_t layers) {
 
 }  // namespace
 
+namespace {
+// A mixture-of-experts family's keys (Qwen3MoeConfig's, with its defaults): which layers have experts
+// (decoder_sparse_step, mlp_only_layers), how many, how wide, how many a token takes and whether their weights are
+// renormalised.
+void read_experts(const Keys& keys, DecoderConfig& c) {
+  c.num_experts = keys.integer("num_experts", 128);
+  c.experts_per_token = keys.integer("num_experts_per_tok", 8);
+  c.expert_intermediate_size = keys.integer("moe_intermediate_size", 768);
+  c.norm_topk_prob = keys.boolean("norm_topk_prob", false);
+  if (c.num_experts < 0 || c.num_experts > 65536) keys.fail("num_experts", "must lie in 0…65536");
+  if (c.num_experts > 0 && (c.experts_per_token < 1 || c.experts_per_token > c.num_experts))
+    keys.fail("num_experts_per_tok", "is " + std::to_string(c.experts_per_token) + "; it must lie in 1…num_experts (" +
+                                         std::to_string(c.num_experts) + ")");
+  if (c.num_experts > 0 && c.expert_intermediate_size <= 0) keys.fail("moe_intermediate_size", "must be positive");
+  const int64_t step = keys.integer("decoder_sparse_step", 1);
+  if (step <= 0) keys.fail("decoder_sparse_step", "must be positive");
+  std::set<int64_t> dense;
+  if (keys.has("mlp_only_layers")) {
+    const json& list = keys.raw("mlp_only_layers");
+    if (!list.is_array()) keys.fail("mlp_only_layers", "must be a list of layer numbers");
+    for (const json& v : list) {
+      const int64_t layer = keys.integer_of("mlp_only_layers", v);
+      if (layer < 0 || layer >= c.num_layers) keys.fail("mlp_only_layers", "names layer " + std::to_string(layer) + " of " + std::to_string(c.num_layers));
+      dense.insert(layer);
+    }
+  }
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    c.layers[static_cast<size_t>(i)].experts = c.num_experts > 0 && !dense.count(i) && (i + 1) % step == 0;
+  if (c.num_experts == 0) c.experts_per_token = c.expert_intermediate_size = 0;  // a dense model
+}
+}  // namespace
+
 DecoderConfig decoder_config_from_hf(const std::string& text, const std::string& source) {
   json j;
   try {
@@ -356,6 +388,7 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
     c.layers[i].window = sliding[i] ? window : 0;
     c.layers[i].rope = !rotates[i] ? -1 : split && sliding[i] ? 1 : 0;
   }
+  if (f.experts) read_experts(keys, c);
   for (const auto& r : c.ropes) {
     const int64_t rotated = r.rotary_dim > 0 ? r.rotary_dim : c.head_dim;
     if (r.scaling == RopeFrequencies::Scaling::LongRope && static_cast<int64_t>(r.short_factor.size()) * 2 != rotated)
@@ -409,6 +442,17 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
   if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  if (f.experts) {  // the experts, and the layers without them spelled out
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["moe_intermediate_size"] = c.expert_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    std::vector<int64_t> dense;
+    for (size_t i = 0; i < c.layers.size(); ++i)
+      if (!c.layers[i].experts) dense.push_back(static_cast<int64_t>(i));
+    j["mlp_only_layers"] = dense;
+  }
   if (!fresh) return j.dump(2) + "\n";
   // A model made here: every setting its family reads, so that reading the file back gives this configuration.
   j[f.activation_key] = f.activations.front();

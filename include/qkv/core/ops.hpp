@@ -191,6 +191,9 @@ struct AttentionConfig {
   // If set, receives the log-sum-exp of every query row's scaled scores, (B, H, Tq): with q and k it gives
   // the attention weights back without storing them (kernels::attention_probabilities).
   Tensor* lse = nullptr;
+  // Attention sinks (gpt-oss): (H) learned logits, one per query head, each joining its rows' softmax denominator
+  // with no value (kernels::AttentionOptions::sinks); a sink gets its gradient like any input. Undefined: none.
+  Tensor sinks;
 };
 
 // softmax(scale · QKᵀ + causal mask) V without materialising the T×T weights (kernels::attention_forward),
@@ -209,5 +212,34 @@ Tensor scaled_dot_product_attention(const Tensor& qkv, const AttentionConfig& co
 // exp(scale·q·kᵀ − lse) where visible, 0 elsewhere, before dropout. Costs one QKᵀ for that head; no gradient.
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, const AttentionConfig& config, int64_t b,
                          int64_t h);
+
+// Gated attention (Qwen3-Next, Qwen3.5): context ∘ sigmoid(gate) per token and head, before the output projection.
+// context (B, T, H·D); the gate is read in place from q_and_gate (B, T, H·2D), the doubled q projection whose
+// head h holds its D query values then its D gate values (kernels::attention_gate_forward). Gradients reach both.
+Tensor attention_output_gate(const Tensor& context, const Tensor& q_and_gate, int64_t num_heads);
+
+// The gated delta rule (Gated DeltaNet's core, the recurrent form; kernels::delta_rule_forward): per head a (Dk × Dv)
+// state decayed by e^g, corrected by β (v − Sᵀk) kᵀ and read by q, token by token. q, k (B, T, H, Dk); v (B, T, H,
+// Dv); g, beta (B, T, H). Result (B, T, H, Dv). q and k as given (Qwen3-Next L2-normalises them and scales q by
+// Dk^−½ first). Gradients reach all five.
+Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta);
+
+// ---- mixture of experts ----
+
+// A mixture-of-experts layer's router settings (Qwen3-MoE's): softmax over the experts, the top k, optionally
+// renormalised.
+struct MoeConfig {
+  int64_t experts_per_token = 2;  // k (num_experts_per_tok)
+  bool norm_topk_prob = true;     // the k weights divided by their sum
+  // If set, receives each token's chosen experts (N·k, by falling weight) and their weights: for pictures of the
+  // routing.
+  std::vector<int32_t>* chosen = nullptr;
+  std::vector<float>* weights = nullptr;  // with chosen: the k weights of each token
+};
+// Σ over the k experts a router picks per token of w · down_e(silu(gate_e x) ∘ up_e x) (kernels::moe_forward): x
+// (..., C), router (E, C), gate[e] and up[e] (F, C), down[e] (C, F), one tensor per expert as checkpoints store
+// them. Result x's shape. Gradients reach x, the router and every expert (zero for an expert no token chose).
+Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
+                          std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config);
 
 }  // namespace qkv

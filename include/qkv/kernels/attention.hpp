@@ -51,6 +51,11 @@ struct AttentionOptions {
   // Logit soft-capping (Gemma 2's attn_logit_softcapping): scores s = scale·q·k become cap·tanh(s / cap) before the
   // softmax. 0: none.
   float softcap = 0.0f;
+  // Attention sinks (gpt-oss): one learned logit per query head, sinks[h], joins every row's softmax denominator
+  // and carries no value: P_ij = exp(s_ij) / (Σ_l exp(s_il) + exp(sink_h)), so a row may give less than all its
+  // weight to the keys (a row with no visible key gives O = 0, not NaN). lse then includes the sink, and the
+  // backward needs nothing else for dQ, dK, dV; the sink's own gradient is attention_sink_backward's. nullptr: none.
+  const float* sinks = nullptr;
   float dropout_p = 0.0f;  // on the softmax weights; kept ones are scaled by 1/(1 − p)
   uint64_t seed = 0;       // dropout stream: element (b·H + h, i, j) is a pure function of the seed
   int threads = 0;         // 0: OpenMP's default
@@ -97,6 +102,31 @@ void attention_forward_reference(const AttentionDims& dims, const AttentionLayou
 void attention_backward_reference(const AttentionDims& dims, const AttentionLayout& layout,
                                   const AttentionOptions& options, const float* q, const float* k, const float* v,
                                   const float* d_o, float* dq, float* dk, float* dv);
+
+// The gradient of the sink logits (options.sinks, H of them), written to d_sinks (H): with P_sink = exp(sink_h − lse)
+// and Di = dO_i · O_i, d sink_h = −Σ_{b,i} P_sink(b,h,i) · Di (the sink carries no value, so its dP is 0). From the
+// forward's o and lse; one owner per head, rows summed in order, in float64.
+void attention_sink_backward(const AttentionDims& dims, const AttentionLayout& layout, const float* sinks,
+                             const float* o, const float* lse, const float* d_o, float* d_sinks);
+// The same from the definition (P materialised in double, as attention_backward_reference).
+void attention_sink_backward_reference(const AttentionDims& dims, const AttentionLayout& layout,
+                                       const AttentionOptions& options, const float* q, const float* k, const float* v,
+                                       const float* d_o, float* d_sinks);
+
+// Gated attention (Qwen3-Next, Qwen3.5): out = O ∘ sigmoid(G), per token and head. O and out: (rows, H·D)
+// contiguous; G's D values of head h of row r at gate + r·gate_row + h·gate_head (Qwen3-Next reads them in place from
+// its doubled q projection: gate_row = 2·H·D, gate_head = 2·D, gate = projection + D).
+void attention_gate_forward(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate, int64_t gate_row,
+                            int64_t gate_head, float* out);
+// d_o = dout ∘ σ(G), d_gate = dout ∘ O ∘ σ(G)(1 − σ(G)) (written at the gate's strides; other elements untouched).
+void attention_gate_backward(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate, int64_t gate_row,
+                             int64_t gate_head, const float* d_out, float* d_o, float* d_gate);
+// Both in double from the definition.
+void attention_gate_forward_reference(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate,
+                                      int64_t gate_row, int64_t gate_head, float* out);
+void attention_gate_backward_reference(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate,
+                                       int64_t gate_row, int64_t gate_head, const float* d_out, float* d_o,
+                                       float* d_gate);
 
 // Whether dropout keeps weight (bh, i, j): a counter-based hash (murmur3's finalizer) of (seed, bh, i, j).
 bool attention_dropout_keep(uint64_t seed, float p, int64_t bh, int64_t i, int64_t j);

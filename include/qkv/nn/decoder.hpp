@@ -31,6 +31,7 @@ struct GPTConfig;  // the book's GPT_CONFIG (gpt.hpp): a gpt2-family DecoderConf
 struct DecoderLayerSettings {
   int64_t window = 0;  // sliding window (Gemma's local layers, Mistral, Qwen2's use_sliding_window); 0: global
   int64_t rope = 0;    // which of DecoderConfig::ropes rotates its q and k; −1: none (SmolLM3's NoPE layers)
+  bool experts = false;  // its MLP is a mixture of experts (Qwen3-MoE's sparse layers), not the dense one
   bool operator==(const DecoderLayerSettings&) const = default;  // Field by field
 };
 
@@ -40,8 +41,10 @@ enum class Role {
   AttnNorm, AttnNormBias, Query, QueryBias, Key, KeyBias, Value, ValueBias, Output, OutputBias, QueryNorm, KeyNorm,
   PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
   HeadBias,  // a classifier head's bias (the book's chapter 6 Linear(C, classes))
+  // A mixture-of-experts MLP: the router (E, C) and each expert's SwiGLU projections (Parameter::expert says whose)
+  Router, ExpertGate, ExpertUp, ExpertDown,
 };
-inline constexpr int kRoleCount = static_cast<int>(Role::HeadBias) + 1;  // how many roles there are
+inline constexpr int kRoleCount = static_cast<int>(Role::ExpertDown) + 1;  // how many roles there are
 const char* role_name(Role role);  // "query", "gate bias", … for messages
 
 // How a checkpoint's names and layout for a model are chosen:
@@ -78,6 +81,11 @@ struct DecoderConfig {
   // rotate-half (Hugging Face) or interleaved (Meta's original checkpoints)
   RopeLayout rope_layout = RopeLayout::RotateHalf;
   std::vector<RopeFrequencies> ropes;  // one per distinct rotation; empty with learned positions
+  // Mixture of experts (the layers whose settings say experts): num_experts SwiGLU experts of inner width
+  // expert_intermediate_size, experts_per_token chosen per token by a softmax router, their weights renormalised
+  // with norm_topk_prob (Qwen3-MoE's num_experts, moe_intermediate_size, num_experts_per_tok, norm_topk_prob).
+  int64_t num_experts = 0, expert_intermediate_size = 0, experts_per_token = 0;
+  bool norm_topk_prob = false;
   std::vector<DecoderLayerSettings> layers;      // num_layers entries
   std::vector<int64_t> eos_token_ids;            // generation stops at any of them
   int64_t bos_token_id = -1;  // the beginning-of-text token (-1: none)
@@ -111,6 +119,7 @@ struct DecoderConfig {
     std::vector<Part> parts;  // what it holds: one part, or several for a fused projection
     bool transposed = false;  // stored (in, out), as GPT-2's Conv1D: the transpose of the (out, in) matrix
     int64_t layer = -1;  // -1 outside the blocks
+    int64_t expert = -1;  // the expert whose projection this is (Role::Expert*), -1 otherwise
     Role role() const { return parts.front().role; }  // its (first) role
   };
   // The parameter table, in the family's registration order (PyTorch's state_dict order), under `names`.
@@ -136,6 +145,9 @@ struct DecoderBlock {
     std::vector<Role> sites;              // each tensor's site role
   };
   Group qkv, gate_up;  // q/k/v and gate/up, each read by one product
+  // A mixture-of-experts layer's experts (empty in a dense layer): gate, up (F, C) and down (C, F) of expert e at
+  // index e; the router is weights[Role::Router].
+  std::vector<Tensor> expert_gate, expert_up, expert_down;
   // The weight, or the adapter, of a role
   Tensor& operator[](Role role) { return weights[static_cast<size_t>(role)]; }
   const Tensor& operator[](Role role) const { return weights[static_cast<size_t>(role)]; }

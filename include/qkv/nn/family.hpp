@@ -89,6 +89,9 @@ struct Family {
   RopeRule rope = RopeRule::Same;
   bool su_yarn_are_longrope = false;  // rope_scaling types "su" and "yarn" are LongRoPE's old names (Phi-3)
   double attn_softcap_default = 0.0, final_softcap_default = 0.0;  // when config.json leaves the keys out
+  // A mixture-of-experts MLP where config.json puts one (Qwen3-MoE: num_experts, num_experts_per_tok,
+  // moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers)
+  bool experts = false;
 };
 
 // Every family, in the order messages list them.

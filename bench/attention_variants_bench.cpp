@@ -1,0 +1,118 @@
+// What 2025's attention variants cost beside the plain fused kernel, measured in one run: the forward with a sink
+// logit per head, and with the output gate after it (issue 43's target: each ≤ 5% over the plain forward); and a
+// mixture-of-experts layer (k of E experts per token) against a dense SwiGLU with the same active parameters.
+// Medians of repeats, ratios taken in the same run. A plain program: `qkv_attention_variants_bench [--smoke]`.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "qkv/core/random.hpp"
+#include "qkv/kernels.hpp"
+
+namespace {
+
+using namespace qkv::kernels;
+
+// The median of `reps` timed runs of each of fs, in seconds, the runs alternating between them (a shared machine's
+// load drifts: alternating puts each variant under the same drift), one untimed warm-up of each first.
+std::vector<double> median_seconds(int reps, const std::vector<std::function<void()>>& fs) {
+  for (const auto& f : fs) f();
+  std::vector<std::vector<double>> times(fs.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < fs.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      fs[i]();
+      times[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
+}
+
+std::vector<float> random_floats(int64_t n, uint64_t seed, float scale = 1.0f) {
+  qkv::Generator gen(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = gen.uniform_float(-1.0f, 1.0f) * scale;
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool smoke = argc > 1 && std::strcmp(argv[1], "--smoke") == 0;
+  const int reps = smoke ? 1 : 15;
+  const int threads = omp_get_max_threads();
+  std::printf("attention variants, %d threads, kernels %s\n", threads, attention_isa());
+
+  // ---- sinks and the gate on the fused forward: (B, H, T, D) = (1, 16, T, 64), causal, (B, T, H·D) layout ----
+  const int64_t H = 16, D = 64, T = smoke ? 64 : 2048;
+  const AttentionDims dims{1, H, T, T, D, H};
+  AttentionLayout layout;
+  layout.q = layout.k = layout.v = layout.o = AttentionStrides::btc(dims, T);
+  const std::vector<float> q = random_floats(T * H * D, 1), k = random_floats(T * H * D, 2), v = random_floats(T * H * D, 3);
+  const std::vector<float> sinks = random_floats(H, 4, 2.0f), gate = random_floats(T * 2 * H * D, 5, 2.0f);
+  std::vector<float> o(static_cast<size_t>(T * H * D)), gated(o.size()), lse(static_cast<size_t>(H * T));
+  AttentionOptions plain;
+  plain.causal = true;
+  AttentionOptions with_sinks = plain;
+  with_sinks.sinks = sinks.data();
+  const std::vector<double> attention_times = median_seconds(reps, {
+      [&] { attention_forward(dims, layout, plain, q.data(), k.data(), v.data(), o.data(), lse.data()); },
+      [&] { attention_forward(dims, layout, with_sinks, q.data(), k.data(), v.data(), o.data(), lse.data()); },
+      [&] {
+        attention_forward(dims, layout, plain, q.data(), k.data(), v.data(), o.data(), lse.data());
+        attention_gate_forward(T, H, D, o.data(), gate.data() + D, 2 * H * D, 2 * D, gated.data());
+      }});
+  const double t_plain = attention_times[0], t_sinks = attention_times[1], t_gate = attention_times[2];
+  const double flops = 2.0 * 2.0 * H * D * (T * (T + 1) / 2.0);  // QKᵀ and PV over the causal half
+  std::printf("fused forward (1, %lld, %lld, %lld) causal: plain %.3f ms (%.1f GFLOP/s)\n", static_cast<long long>(H),
+              static_cast<long long>(T), static_cast<long long>(D), t_plain * 1e3, flops / t_plain / 1e9);
+  std::printf("  with sinks   %.3f ms  ratio to plain %.3f\n", t_sinks * 1e3, t_sinks / t_plain);
+  std::printf("  with gate    %.3f ms  ratio to plain %.3f\n", t_gate * 1e3, t_gate / t_plain);
+
+  // ---- a mixture of experts against a dense SwiGLU of the same active parameters ----
+  const int64_t N = smoke ? 16 : 512, C = smoke ? 64 : 1024, E = 8, topk = 2, Fe = smoke ? 32 : 512;
+  const MoeDims md{N, C, Fe, E, topk};
+  const std::vector<float> x = random_floats(N * C, 6), router = random_floats(E * C, 7, 0.1f);
+  std::vector<std::vector<float>> weights;
+  for (int64_t i = 0; i < 3 * E; ++i) weights.push_back(random_floats(Fe * C, 10 + static_cast<uint64_t>(i), 0.05f));
+  std::vector<const float*> g, u, d;
+  for (int64_t e = 0; e < E; ++e) {
+    g.push_back(weights[static_cast<size_t>(e)].data());
+    u.push_back(weights[static_cast<size_t>(E + e)].data());
+    d.push_back(weights[static_cast<size_t>(2 * E + e)].data());
+  }
+  std::vector<float> out(static_cast<size_t>(N * C));
+  MoeSaved saved;
+
+  // dense: inner width k·Fe, the active parameters of the MoE (router aside)
+  const int64_t Fd = topk * Fe;
+  const std::vector<float> dg = random_floats(Fd * C, 40, 0.05f), du = random_floats(Fd * C, 41, 0.05f), dd = random_floats(C * Fd, 42, 0.05f);
+  std::vector<float> hg(static_cast<size_t>(N * Fd)), hu(hg.size());
+  const std::vector<double> moe_times = median_seconds(reps, {
+      [&] { moe_forward(md, MoeOptions{}, x.data(), router.data(), g.data(), u.data(), d.data(), out.data(), saved); },
+      [&] {
+        gemm(false, true, N, Fd, C, 1.0f, x.data(), C, dg.data(), C, 0.0f, hg.data(), Fd);
+        gemm(false, true, N, Fd, C, 1.0f, x.data(), C, du.data(), C, 0.0f, hu.data(), Fd);
+        silu_forward(hg.data(), hg.data(), N * Fd);
+        for (size_t i = 0; i < hg.size(); ++i) hg[i] *= hu[i];
+        gemm(false, true, N, C, Fd, 1.0f, hg.data(), Fd, dd.data(), Fd, 0.0f, out.data(), C);
+      }});
+  const double t_moe = moe_times[0], t_dense = moe_times[1];
+  const double moe_flops = 2.0 * 3.0 * N * topk * Fe * C;
+  std::printf("MoE forward N %lld, C %lld, %lld experts of %lld, top-%lld: %.3f ms (%.1f GFLOP/s on the active experts)\n",
+              static_cast<long long>(N), static_cast<long long>(C), static_cast<long long>(E), static_cast<long long>(Fe),
+              static_cast<long long>(topk), t_moe * 1e3, moe_flops / t_moe / 1e9);
+  std::printf("  dense SwiGLU of the active width %lld: %.3f ms  MoE / dense %.3f\n", static_cast<long long>(Fd),
+              t_dense * 1e3, t_moe / t_dense);
+  return 0;
+}

@@ -1,0 +1,64 @@
+// The mixture-of-experts feed-forward layer (Qwen3-MoE, Mixtral, the book's ch04/07_moe) as one kernel, forward and
+// backward, beside its double-precision reference: a router picks k of E SwiGLU experts per token and the layer
+// returns their outputs weighted by the router. Tokens are grouped by expert, so each expert runs one product over
+// its tokens. Pure compute on raw pointers; the autograd op is core/ops_moe.cpp. Not here: gpt-oss's clamped SwiGLU
+// and router bias, DeepSeek-V3's sigmoid router and shared experts.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace qkv::kernels {
+
+// N tokens of C channels; E experts, each a SwiGLU of inner width F (moe_intermediate_size); k experts per token
+struct MoeDims {
+  int64_t N = 0, C = 0, F = 0, E = 0, k = 0;  // tokens, channels, expert hidden width, experts, experts per token
+};
+
+// How the router turns a token's logits z = Wr·x (E) into its k experts and their weights
+struct MoeOptions {
+  // Softmax over all E logits, then the k largest probabilities (ties: the lower expert first, as torch.topk gives
+  // in practice); with norm_topk_prob those k are divided by their sum (Qwen3-MoE's norm_topk_prob, Mixtral always),
+  // otherwise they are used as they are (Qwen2-MoE, Qwen3-MoE with norm_topk_prob false).
+  bool norm_topk_prob = true;
+};
+
+// What the forward keeps for the backward (sized by moe_forward): the routing and each expert's activations, in
+// grouped order — slot (token t, choice s) sits at row position[t·k + s] of its expert's contiguous group.
+struct MoeSaved {
+  std::vector<float> probs;          // (N, E) the router's softmax
+  std::vector<int32_t> experts;      // (N, k) chosen experts, by falling probability
+  std::vector<float> weights;        // (N, k) their weights (renormalised with norm_topk_prob)
+  std::vector<int64_t> offsets;      // (E + 1) expert e's rows are [offsets[e], offsets[e + 1]) of the grouped order
+  std::vector<int64_t> token_of;     // (N·k) the token of each grouped row
+  std::vector<int64_t> position;     // (N·k) the grouped row of slot t·k + s
+  std::vector<float> gate, up;       // (N·k, F) gate x and up x per grouped row, before SiLU and the product
+  std::vector<float> y;              // (N·k, C) each grouped row's expert output, before its weight
+};
+
+// out (N, C) = Σ_s weight[t, s] · down_e(silu(gate_e x_t) ∘ up_e x_t), e = experts[t, s].
+// x (N, C); router (E, C); gate[e] and up[e] (F, C); down[e] (C, F): one pointer per expert, so each may live in
+// its own tensor. Threads: the products run on gemm's threads; rows are summed in a fixed order, so results do not
+// depend on the thread count.
+void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                 const float* const* gate, const float* const* up, const float* const* down, float* out,
+                 MoeSaved& saved);
+// Writes (overwrites) dx (N, C), d_router (E, C) and each expert's d_gate[e], d_up[e] (F, C), d_down[e] (C, F) (an
+// expert no token chose gets zeros). Any output pointer (or the d_gate/d_up/d_down arrays) may be null: not needed.
+// Through the router: with norm_topk_prob, w_s = p_s / S (S = Σ_r p_r over the chosen), so
+// dp_s = (dw_s − Σ_r w_r dw_r) / S on the chosen and 0 elsewhere; then the softmax's dz = p ∘ (dp − p·dp).
+void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                  const float* const* gate, const float* const* up, const float* const* down, const MoeSaved& saved,
+                  const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
+                  float* const* d_down);
+
+// The plain composition per token in double, from the definition: route, then each chosen expert on the token
+// alone. Same arguments (no saved state).
+void moe_forward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                           const float* const* gate, const float* const* up, const float* const* down, float* out);
+void moe_backward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                            const float* const* gate, const float* const* up, const float* const* down,
+                            const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
+                            float* const* d_down);
+
+}  // namespace qkv::kernels

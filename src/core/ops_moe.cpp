@@ -1,0 +1,103 @@
+// The mixture-of-experts layer as a differentiable op (kernels::moe_forward / moe_backward): the forward keeps the
+// routing and the experts' activations, the backward runs the kernel's and hands each input its gradient.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/core/autograd.hpp"
+#include "qkv/core/ops.hpp"
+#include "qkv/kernels/moe.hpp"
+
+namespace qkv {
+
+Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
+                          std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config) {
+  auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts: " + why); };
+  if (x.rank() < 1 || router.rank() != 2) fail("x must be (..., C) and the router (E, C)");
+  const int64_t C = x.size(-1), E = router.size(0), N = x.numel() / std::max<int64_t>(C, 1);
+  if (router.size(1) != C) fail("the router is " + router.shape().str() + " for " + std::to_string(C) + " channels");
+  if (static_cast<int64_t>(gate.size()) != E || static_cast<int64_t>(up.size()) != E || static_cast<int64_t>(down.size()) != E)
+    fail(std::to_string(E) + " router rows but " + std::to_string(gate.size()) + " gate, " + std::to_string(up.size()) +
+         " up and " + std::to_string(down.size()) + " down projections");
+  if (config.experts_per_token < 1 || config.experts_per_token > E)
+    throw ValueError("mixture_of_experts: experts_per_token = " + std::to_string(config.experts_per_token) +
+                     " must lie in 1…" + std::to_string(E) + " (the experts)");
+  const int64_t F = E > 0 ? gate[0].size(0) : 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t i = static_cast<size_t>(e);
+    if (!(gate[i].shape() == Shape{F, C}) || !(up[i].shape() == Shape{F, C}) || !(down[i].shape() == Shape{C, F}))
+      fail("expert " + std::to_string(e) + "'s projections are " + gate[i].shape().str() + ", " + up[i].shape().str() +
+           ", " + down[i].shape().str() + "; expected (F, C), (F, C), (C, F) with F = " + std::to_string(F));
+  }
+  // bf16 weights (a model loaded for bf16 inference): widened for this call — expert by expert would be better
+  bool bf16 = router.dtype() == DType::BF16;
+  for (const auto* list : {&gate, &up, &down})
+    for (const Tensor& t : *list) bf16 = bf16 || t.dtype() == DType::BF16;
+  if (bf16) {
+    if (grad_enabled() && x.requires_grad())
+      throw ValueError("mixture_of_experts: bfloat16 expert weights are for inference; run it under NoGradGuard");
+    auto wide = [](const Tensor& t) {
+      if (t.dtype() != DType::BF16) return t;
+      Tensor w = Tensor::empty(t.shape());
+      w.copy_(t);
+      return w;
+    };
+    std::vector<Tensor> g, u, d;
+    for (int64_t e = 0; e < E; ++e) {
+      g.push_back(wide(gate[static_cast<size_t>(e)]));
+      u.push_back(wide(up[static_cast<size_t>(e)]));
+      d.push_back(wide(down[static_cast<size_t>(e)]));
+    }
+    NoGradGuard no_grad;
+    return mixture_of_experts(x, wide(router), g, u, d, config);
+  }
+  if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
+  const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
+  kernels::MoeOptions options;
+  options.norm_topk_prob = config.norm_topk_prob;
+  std::vector<const float*> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
+  for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
+    g[e] = gate[e].data();
+    u[e] = up[e].data();
+    d[e] = down[e].data();
+  }
+  auto saved = std::make_shared<kernels::MoeSaved>();
+  Tensor out = Tensor::empty(x.shape());
+  kernels::moe_forward(dims, options, x.data(), router.data(), g.data(), u.data(), d.data(), out.data(), *saved);
+  if (config.chosen) config.chosen->assign(saved->experts.begin(), saved->experts.end());
+  if (config.weights) config.weights->assign(saved->weights.begin(), saved->weights.end());
+  std::vector<Tensor> inputs = {x, router};
+  for (const auto* list : {&gate, &up, &down}) inputs.insert(inputs.end(), list->begin(), list->end());
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || t.requires_grad();
+  if (!any || !grad_enabled()) return out;
+  detail::record(out, "MixtureOfExpertsBackward", inputs, [inputs, dims, options, saved](const Tensor& dout) {
+    const int64_t E = dims.E;
+    // Fresh gradients, one per input that wants one, each added to its input's (most are first contributions).
+    std::vector<Tensor> grads(inputs.size());
+    auto slot = [&](size_t i) -> float* {
+      if (!inputs[i].requires_grad()) return nullptr;
+      grads[i] = Tensor::empty(inputs[i].shape());
+      return grads[i].data();
+    };
+    std::vector<const float*> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
+    std::vector<float*> dg(static_cast<size_t>(E)), du(static_cast<size_t>(E)), dd(static_cast<size_t>(E));
+    for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
+      g[e] = inputs[2 + e].data();
+      u[e] = inputs[2 + E + e].data();
+      d[e] = inputs[2 + 2 * E + e].data();
+      dg[e] = slot(2 + e);
+      du[e] = slot(2 + E + e);
+      dd[e] = slot(2 + 2 * E + e);
+    }
+    float* dx = slot(0);
+    float* dr = slot(1);
+    kernels::moe_backward(dims, options, inputs[0].data(), inputs[1].data(), g.data(), u.data(), d.data(), *saved,
+                          dout.data(), dx, dr, dg.data(), du.data(), dd.data());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
+  });
+  return out;
+}
+
+}  // namespace qkv
