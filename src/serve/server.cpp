@@ -48,7 +48,9 @@ json error_body(const std::string& message, const std::string& type, const std::
 
 void send_error(httplib::Response& res, const HttpError& e) {
   res.status = e.status;
-  res.set_content(error_body(e.what(), e.type, e.param, e.code).dump(), "application/json");
+  // replace: a message may quote the client's bytes (a JSON parse error does), which need not be UTF-8
+  res.set_content(error_body(e.what(), e.type, e.param, e.code).dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
 }
 
 HttpError bad_field(const std::string& param, const std::string& message) {
