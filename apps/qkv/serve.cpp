@@ -50,6 +50,9 @@ CLI::App* add_serve_command(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 30));
   cmd->add_option("--timeout", c.server.read_timeout_seconds, "Seconds a client may stay silent while sending or not read")
       ->capture_default_str()->check(CLI::Range(1, 3600));
+  cmd->add_option("--request-timeout", c.server.request_deadline_seconds,
+                  "Seconds a request's headers and body may take to arrive in all (0: no limit)")
+      ->capture_default_str()->check(CLI::Range(0, 3600));
   return cmd;
 }
 

@@ -3,7 +3,11 @@
 // on the Scheduler's thread and reaches the HTTP thread through a Channel (a small queue of text pieces).
 #include "qkv/serve/server.hpp"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +17,7 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -127,6 +132,18 @@ struct Server::State {
   std::string model_id, load_error;
   std::atomic<bool> ready{false}, draining{false}, stopped{false};
   std::time_t created = std::time(nullptr);
+  int port = 0;                         // the port bound
+  // Request deadlines (the watchdog): per client address, whether a handler is answering it and since when it
+  // has been reading; per open connection (by socket inode), when it was first seen
+  struct Peer {
+    bool responding = false;
+    Clock::time_point since = Clock::now();
+  };
+  std::mutex peers_mutex;
+  std::map<std::string, Peer> peers;
+  std::map<ino_t, Clock::time_point> first_seen;
+  std::thread watchdog;
+  std::atomic<int64_t> dropped_slow{0};
   // Counters of HTTP answers for /metrics, by status class
   std::atomic<int64_t> http_2xx{0}, http_4xx{0}, http_5xx{0}, http_429{0};
 
@@ -555,6 +572,8 @@ struct Server::State {
     metric("qkv_requests_active", "gauge", "Requests generating now", static_cast<double>(s.active));
     metric("qkv_kv_cache_bytes", "gauge", "Bytes the running requests' KV caches hold", static_cast<double>(s.kv_cache_bytes));
     metric("qkv_kv_cache_tokens", "gauge", "Tokens the running requests' KV caches hold", static_cast<double>(s.kv_cache_tokens));
+    metric("qkv_connections_dropped_slow_total", "counter", "Connections shut for not sending a whole request in time",
+           static_cast<double>(dropped_slow));
     metric("qkv_steps_total", "counter", "Scheduler steps run", static_cast<double>(s.steps));
     out << "# HELP qkv_time_to_first_token_seconds From a request's arrival to its first token\n"
         << "# TYPE qkv_time_to_first_token_seconds summary\n"
@@ -563,9 +582,80 @@ struct Server::State {
     res.set_content(out.str(), "text/plain; version=0.0.4");
   }
 
+  static std::string peer_key(const std::string& addr, int port) { return addr + "|" + std::to_string(port); }
+
+  // A handler answers this client now (its request was read whole), or has answered it (a next request may come)
+  void mark(const httplib::Request& req, bool responding) {
+    std::lock_guard lock(peers_mutex);
+    peers[peer_key(req.remote_addr, req.remote_port)] = {responding, Clock::now()};
+  }
+
+  // Every half second: a connection of this server that has been reading one request (headers and body) for longer
+  // than the deadline is shut down, so a client trickling bytes cannot hold a worker. httplib's read timeout alone
+  // restarts with every byte. Connections are found as the process's sockets bound to our port.
+  void watch() {
+    const auto deadline = std::chrono::seconds(options.request_deadline_seconds);
+    while (!stopped) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const auto now = Clock::now();
+      std::map<ino_t, Clock::time_point> seen;
+      std::vector<std::string> live;
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+        const int fd = std::atoi(entry.path().filename().c_str());
+        struct stat st {};
+        if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+        sockaddr_storage local{}, peer{};
+        socklen_t local_size = sizeof local, peer_size = sizeof peer;
+        int listening = 0;
+        socklen_t flag_size = sizeof listening;
+        if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0) continue;
+        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_size) != 0 || listening) continue;
+        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0) continue;
+        char addr[INET6_ADDRSTRLEN] = "";
+        int local_port = 0, peer_port = 0;
+        if (local.ss_family == AF_INET) {
+          local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+          peer_port = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
+          inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, addr, sizeof addr);
+        } else if (local.ss_family == AF_INET6) {
+          local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+          peer_port = ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port);
+          inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, addr, sizeof addr);
+        } else {
+          continue;
+        }
+        if (local_port != port) continue;
+        auto first = first_seen.find(st.st_ino);
+        const Clock::time_point since = seen[st.st_ino] = first == first_seen.end() ? now : first->second;
+        std::lock_guard lock(peers_mutex);
+        const std::string key = peer_key(addr, peer_port);
+        auto p = peers.find(key);
+        Clock::time_point reading_since = since;
+        if (p != peers.end()) {
+          live.push_back(key);
+          if (p->second.responding) continue;
+          reading_since = std::max(since, p->second.since);
+        }
+        if (now - reading_since > deadline) {
+          ::shutdown(fd, SHUT_RDWR);  // the worker's read fails at once and the connection closes
+          ++dropped_slow;
+          std::fprintf(stderr, "qkv serve: dropped %s:%d: no whole request within %d s\n", addr, peer_port,
+                       options.request_deadline_seconds);
+        }
+      }
+      first_seen.swap(seen);
+      // Forget clients whose connections are gone (not those marked during this scan: their socket may be newer)
+      std::lock_guard lock(peers_mutex);
+      for (auto it = peers.begin(); it != peers.end();)
+        it = it->second.since < now && std::find(live.begin(), live.end(), it->first) == live.end() ? peers.erase(it) : std::next(it);
+    }
+  }
+
   // Wraps a route: HttpError → its status and OpenAI's error object; anything else → 500
   httplib::Server::Handler route(std::function<void(const httplib::Request&, httplib::Response&)> f) {
-    return [f](const httplib::Request& req, httplib::Response& res) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      mark(req, true);
       try {
         f(req, res);
       } catch (const HttpError& e) {
@@ -599,6 +689,7 @@ struct Server::State {
       return httplib::Server::HandlerResponse::Handled;
     }));
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      mark(req, false);  // answered: a next request on this connection has the deadline afresh
       (res.status < 300 ? http_2xx : res.status < 500 ? http_4xx : http_5xx)++;
       std::fprintf(stderr, "qkv serve: %s %s → %d\n", req.method.c_str(), req.path.substr(0, 200).c_str(), res.status);
     });
@@ -622,22 +713,25 @@ Server::Server(const ServerOptions& options) : state_(std::make_unique<State>())
   s.routes();
 }
 
-Server::~Server() { stop(); }
 
 int Server::bind() {
   State& s = *state_;
   if (s.options.port == 0) {
     const int port = s.http.bind_to_any_port(s.options.host);
     if (port <= 0) throw IoError("cannot listen on " + s.options.host + ": is --host an address of this machine?");
-    return port;
+    return s.port = port;
   }
   if (!s.http.bind_to_port(s.options.host, s.options.port))
     throw IoError("cannot listen on " + s.options.host + ":" + std::to_string(s.options.port) +
                   ": is another server using the port? Give another --port, or --host an address of this machine");
-  return s.options.port;
+  return s.port = s.options.port;
 }
 
-bool Server::serve() { return state_->http.listen_after_bind(); }
+bool Server::serve() {
+  State& s = *state_;
+  if (s.options.request_deadline_seconds > 0 && !s.watchdog.joinable()) s.watchdog = std::thread([&s] { s.watch(); });
+  return s.http.listen_after_bind();
+}
 
 void Server::set_model(std::unique_ptr<nn::Pretrained> model, const std::string& name) {
   State& s = *state_;
@@ -676,6 +770,11 @@ void Server::stop() {
     s.scheduler->shutdown(true);
   }
   s.http.stop();  // closes the listening socket, then joins the workers (each ends its answer first)
+}
+
+Server::~Server() {
+  stop();
+  if (state_->watchdog.joinable()) state_->watchdog.join();
 }
 
 }  // namespace qkv::serve
