@@ -147,6 +147,8 @@ assert t is not None, "a client trickling a header (a byte every 0.2 s) kept its
 print(f"ok: a client trickling its headers a byte at a time is dropped after {t:.1f} s (--request-timeout 3)")
 PY
 
+expect 200 "the chat page at /, without a key" "$base/"
+grep -q '<title>qkv chat</title>' "$work/body.json" || fail "/ is not the chat page"
 expect 200 "/health after all that" "$base/health"
 expect 200 "a chat after all that" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":2}'
 grep -q '^qkv_generated_tokens_total [1-9]' <(curl -s "${auth[@]}" "$base/metrics") || fail "/metrics counts no tokens"

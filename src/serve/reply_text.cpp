@@ -1,5 +1,5 @@
 // ReplyText (see reply_text.hpp).
-#include "reply_text.hpp"
+#include "qkv/serve/reply_text.hpp"
 
 #include <algorithm>
 

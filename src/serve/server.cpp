@@ -25,7 +25,8 @@
 
 #include "qkv/nn/pretrained.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
-#include "reply_text.hpp"
+#include "chat_page.hpp"
+#include "qkv/serve/reply_text.hpp"
 
 namespace qkv::serve {
 
@@ -675,6 +676,13 @@ struct Server::State {
     http.Post("/detokenize", route([this](auto& q, auto& r) { detokenize(q, r); }));
     http.Get("/health", route([this](auto&, auto& r) { health(r); }));
     http.Get("/metrics", route([this](auto& q, auto& r) { metrics(q, r); }));
+    // The chat page: no key needed to load it (it holds nothing); it sends the key the user types with each call.
+    http.Get("/", route([](auto&, auto& r) {
+      r.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'");
+      r.set_header("X-Content-Type-Options", "nosniff");
+      r.set_content(chat_page_html(), "text/html; charset=utf-8");
+    }));
     // Statuses httplib sets itself (404 no route, 413 too large, 400 malformed) get OpenAI's error object too.
     http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;

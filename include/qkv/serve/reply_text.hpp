@@ -1,6 +1,6 @@
 // A reply's text as its tokens arrive: whole UTF-8 characters only (a byte-level token that ends inside a character
 // is held back), and OpenAI's `stop` strings — the reply ends before the first one, and text that could be the start
-// of one is held back until it is clear. Private to the server (src/serve); the text::StreamDecoder of the session
+// of one is held back until it is clear. The server streams every reply through one; the text::StreamDecoder of the session
 // API (windowed decoding) replaces the whole-reply decode here once it lands.
 #pragma once
 
