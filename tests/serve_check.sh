@@ -149,6 +149,13 @@ PY
 
 expect 200 "the chat page at /, without a key" "$base/"
 grep -q '<title>qkv chat</title>' "$work/body.json" || fail "/ is not the chat page"
+if command -v chromium > /dev/null; then  # the page in a browser: it sends a message and shows the server's answer
+  timeout 60 chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 --dump-dom "$base/#say=Hello" \
+    2> /dev/null > "$work/page.html" || true
+  grep -q '<div class="msg user">Hello</div>' "$work/page.html" && grep -q '<div class="msg error">No API key given' "$work/page.html" \
+    || fail "the chat page in chromium: $(grep -o '<div class="msg[^<]*' "$work/page.html" | head -3)"
+  echo "ok: the chat page in headless chromium sends the message and shows the server's answer (401 without the key)"
+fi
 expect 200 "/health after all that" "$base/health"
 expect 200 "a chat after all that" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":2}'
 grep -q '^qkv_generated_tokens_total [1-9]' <(curl -s "${auth[@]}" "$base/metrics") || fail "/metrics counts no tokens"

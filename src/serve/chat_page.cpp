@@ -85,6 +85,8 @@ async function send() {
   }
 }
 document.getElementById("form").onsubmit = e => { e.preventDefault(); send(); };
+// A link may carry a first message (…/#say=Hello): sent once the page loads.
+if (location.hash.startsWith("#say=")) { text.value = decodeURIComponent(location.hash.slice(5)); send(); }
 text.onkeydown = e => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); } };
 </script></body></html>
 )HTML";
