@@ -1,7 +1,7 @@
 cmake_minimum_required(VERSION 3.25)
 # ctest -P script: every #include "qkv/..." in src/ and include/qkv/ must point at the file's own layer or a
 # layer below it. Layers, lowest first:
-#   kernels ← core (core, io) ← text ← nn ← train;   viz ← core
+#   kernels ← core (core, io) ← text ← nn ← train, serve;   viz ← core
 # text sits below nn: a loaded model carries its tokenizer, and generation streams text (nn/pretrained.hpp).
 # train may also call kernels directly (the optimisers' fused updates). Variable: SOURCE_DIR.
 set(allowed_kernels kernels)
@@ -10,6 +10,7 @@ set(allowed_nn core io text nn)
 set(allowed_text core io text)
 set(allowed_train kernels core io nn text train)
 set(allowed_viz core io viz)
+set(allowed_serve core io text nn serve)
 set(violations "")
 file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/*.cpp ${SOURCE_DIR}/src/*.hpp ${SOURCE_DIR}/include/qkv/*.hpp)
 set(checked 0)

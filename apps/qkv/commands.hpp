@@ -197,3 +197,12 @@ struct ConvertCommand {
 int run_convert(const ConvertCommand& options);
 
 }  // namespace qkv::cli
+
+namespace CLI {
+class App;
+}
+namespace qkv::cli {
+// `qkv serve` (serve.cpp): adds the command and its options to app; run_serve runs it once the line is parsed
+CLI::App* add_serve_command(CLI::App& app);
+int run_serve();
+}  // namespace qkv::cli

