@@ -482,6 +482,35 @@ std::vector<KernelCase> kernel_cases() {
                        return ::testing::AssertionSuccess();
                      }});
   }
+  // Row-independent products (sessions): against gemm_reference in double, and each row alone gives the same bits.
+  cases.push_back({"gemm_rows_nt", [](int64_t n, int m) {
+                     const int64_t M = n % 9 + 1, N = n + 3, K = 2 * n + 1;
+                     Buffer A(M * K, m, 1), B(N * K, m, 2), C(M * N, m, 3);
+                     std::vector<float> R = C.copy(), alone = C.copy();
+                     gemm_rows_nt(M, N, K, 0.5f, A.data(), K, B.data(), K, 1.5f, C.data(), N);
+                     gemm_reference(false, true, M, N, K, 0.5f, A.data(), K, B.data(), K, 1.5f, R.data(), N);
+                     if (auto ok = close(C.data(), R.data(), M * N, 1e-5, 1e-5); !ok) return ok;
+                     for (int64_t r = 0; r < M; ++r)
+                       gemm_rows_nt(1, N, K, 0.5f, A.data() + r * K, K, B.data(), K, 1.5f, alone.data() + r * N, N);
+                     return std::memcmp(alone.data(), C.data(), static_cast<size_t>(M * N) * sizeof(float)) == 0
+                                ? ::testing::AssertionSuccess()
+                                : ::testing::AssertionFailure() << "a row alone differs from the same row in the batch";
+                   }});
+  // RoPE with a position per row (a session's batch) against the double reference, row by row.
+  cases.push_back({"rope at a position per row", [](int64_t n, int m) {
+                     const int64_t heads = 2, D = 2 * (n % 6 + 1), rows = n + 1, stride = heads * D + 1;
+                     const auto inv = RopeFrequencies{}.inverse_frequencies(D);
+                     const RopeTable table = RopeTable::make(inv, 64);
+                     std::vector<int64_t> positions;
+                     for (int64_t r = 0; r < rows; ++r) positions.push_back((r * 37 + n) % 64);
+                     Buffer x(rows * stride, m, 4);
+                     std::vector<float> want = x.copy();
+                     rope_apply_rows(table, RopeLayout::RotateHalf, x.data(), x.data(), rows, positions.data(), stride, heads, D);
+                     for (int64_t r = 0; r < rows; ++r)
+                       rope_apply_reference(inv, RopeLayout::RotateHalf, want.data() + r * stride, 1, 1, stride, heads, D,
+                                            positions[static_cast<size_t>(r)], false);
+                     return close(x.data(), want.data(), rows * stride, 1e-5, 1e-5);
+                   }});
   // Every variant of the fused kernel beside its reference at every n: MHA and grouped-query (4 query heads on 2 or
   // 1 K/V heads), causal or not, a sliding window of 3 and soft-capping.
   struct Variant {

@@ -1,5 +1,6 @@
 // `qkv chat`: a conversation with a Hugging Face model folder, formatted by the model's own chat template
-// (tokenizer_config.json), streamed, with the KV cache kept between turns (only the tokens a turn adds are fed).
+// (tokenizer_config.json), streamed in whole characters, one sequence of an nn::Session kept between turns (only the
+// tokens a turn adds are fed).
 // `--messages FILE --print-prompt` prints what the template makes of a conversation, and with `--template` needs no
 // model at all.
 #include <algorithm>
@@ -13,9 +14,10 @@
 #include "commands.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/io/file.hpp"
-#include "qkv/nn/generate.hpp"
+#include "qkv/nn/session.hpp"
 #include "qkv/text/chat_template.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
+#include "qkv/text/stream.hpp"
 
 namespace qkv::cli {
 
@@ -114,52 +116,44 @@ int run_chat(const ChatCommand& options) {
     std::cout << templ.render(messages, chat);
     return 0;
   }
-  const nn::LanguageModel& model = *loaded.model;
+  const nn::Decoder& model = *loaded.model;
   const GenerateCommand& g = options.generation;
-  nn::SamplingOptions sampling;
-  sampling.temperature = g.greedy ? 0.0 : g.temperature;
-  sampling.top_k = g.top_k;
-  sampling.top_p = g.top_p;
-  Generator gen(g.seed);
+  const nn::SamplerOptions sampling = sampler_options(g, loaded);
   const int64_t capacity = std::min<int64_t>(model.context_length(), options.max_context);
-  nn::KVCache cache = model.make_cache(1, capacity);
-  std::vector<int64_t> fed;  // the tokens the cache holds, in order
-  NoGradGuard no_grad;
+  nn::SessionOptions session_options;
+  session_options.max_tokens = capacity;
+  nn::Session session(model, session_options);  // blocks are taken as the conversation grows
+  const int64_t conversation = session.open();
   const bool interactive = isatty(STDIN_FILENO);
-  std::fprintf(stderr, "qkv chat: %s; KV cache for %lld tokens (%.1f MiB). %s\n", loaded.description.c_str(),
-               static_cast<long long>(capacity), static_cast<double>(cache.bytes()) / (1 << 20),
+  std::fprintf(stderr, "qkv chat: %s; KV cache for up to %lld tokens, taken as the conversation grows. %s\n",
+               loaded.description.c_str(), static_cast<long long>(capacity),
                interactive ? "Type a message; an empty line or Ctrl-D ends the chat." : "Reading messages from stdin, one per line.");
-  // One turn: render the conversation, feed the tokens beyond what the cache holds, stream the reply.
+  int64_t turns = 0;
+  // One turn: render the conversation, keep the cached tokens it begins with, feed the rest, stream the reply.
   auto turn = [&]() {
     const std::vector<int64_t> ids = tokenizer->encode_rendered(templ.render(messages, chat));
-    const bool extends = ids.size() > fed.size() && std::equal(fed.begin(), fed.end(), ids.begin());
-    if (!extends) {  // the template rewrote the history (Qwen3 drops old <think> blocks): start over
-      cache = model.make_cache(1, capacity);
-      fed.clear();
-    }
     if (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity)
       throw UsageError("the conversation has " + std::to_string(ids.size()) + " tokens; with --max-new-tokens " +
                        std::to_string(g.max_new_tokens) + " it would pass the " + std::to_string(capacity) +
                        "-token cache (--max-context); start a new chat");
-    const std::vector<int64_t> fresh(ids.begin() + static_cast<std::ptrdiff_t>(fed.size()), ids.end());
-    Tensor logits = model.forward_cached(fresh, 1, static_cast<int64_t>(fresh.size()), cache);
-    fed = ids;
-    std::vector<int64_t> reply;
-    std::string shown;
-    for (int64_t n = 0; n < g.max_new_tokens; ++n) {
-      const int64_t token = nn::sample_token(logits.data(), std::min(model.vocab_size(), loaded.tokenizer->vocab_size()), sampling, gen);
-      if (std::find(loaded.stop_ids.begin(), loaded.stop_ids.end(), token) != loaded.stop_ids.end()) break;
-      reply.push_back(token);
-      const std::string text = tokenizer->decode_text(reply);
-      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
-        std::cout << text.substr(shown.size()) << std::flush;
-        shown = text;
-      }
-      logits = model.forward_cached(std::vector<int64_t>{token}, 1, 1, cache);
-      fed.push_back(token);
-    }
-    std::cout << "\n" << std::flush;
-    messages.push_back({"assistant", tokenizer->decode_text(reply)});
+    // The template may rewrite the history (Qwen3 drops old <think> blocks): the cache is cut where it differs, and
+    // at least the last token is fed again for its logits.
+    const int64_t keep = std::min<int64_t>(session.common_prefix(conversation, ids), static_cast<int64_t>(ids.size()) - 1);
+    session.truncate(conversation, keep);
+    nn::GenerationRequest r;
+    r.prompt.assign(ids.begin() + keep, ids.end());
+    r.max_new_tokens = g.max_new_tokens;
+    r.sampling = sampling;
+    r.sampling.seed = sampling.seed + static_cast<uint64_t>(turns++);
+    r.stop_ids = loaded.stop_ids;
+    r.sequence = conversation;
+    text::StreamDecoder stream(*tokenizer);
+    nn::generate(session, {r}, [&](size_t, int64_t token) {
+      std::cout << stream.push(token) << std::flush;
+      return true;
+    });
+    std::cout << stream.finish() << "\n" << std::flush;
+    messages.push_back({"assistant", stream.text()});
   };
   if (!messages.empty() && messages.back().role == "user") turn();
   for (std::string line;;) {

@@ -11,6 +11,7 @@
 
 #include "qkv/nn/footprint.hpp"
 #include "qkv/nn/pretrained.hpp"
+#include "qkv/nn/sampler.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/finetune.hpp"
@@ -122,13 +123,17 @@ int run_memory(const MemoryCommand& options, std::ostream& out);
 struct GenerateCommand {
   ModelOptions model;
   std::string prompt;
+  std::string prompts_path;  // --prompts FILE: one JSON string per line, run as one batch, one JSON result per line
   int64_t max_new_tokens = 100, top_k = 40;
   double temperature = 0.8, top_p = 1.0;
+  double min_p = 0.0, repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
   bool chat = false;  // the prompt as one user message in the model's chat template
 };
 int run_generate(const GenerateCommand& options);
+// The sampler chain the generation options describe (greedy, temperature, top-k, top-p, min-p, penalties, seed)
+nn::SamplerOptions sampler_options(const GenerateCommand& options, const LoadedModel& loaded);
 
 // `qkv chat`: the generation options, plus the conversation's source and the template's switches.
 struct ChatCommand {

@@ -1,18 +1,22 @@
-// `qkv generate`: continue a prompt with a trained checkpoint or with GPT-2 weights (Hugging Face's
-// model.safetensors), streaming tokens as they come.
+// `qkv generate`: continue a prompt with any checkpoint qkv reads, streaming whole characters as they come, or a file
+// of prompts (--prompts) generated as one batch, one JSON result per line. A thin user of nn::Session.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt2.hpp"
 #include "qkv/nn/hf.hpp"
+#include "qkv/nn/session.hpp"
 #include "qkv/text/chat_template.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
+#include "qkv/text/stream.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/trainer.hpp"
 
@@ -41,8 +45,33 @@ LoadedModel load_model(const ModelOptions& options) {
   return std::move(*loaded);
 }
 
-int run_generate(const GenerateCommand& options) {
-  LoadedModel loaded = load_model(options.model);
+nn::SamplerOptions sampler_options(const GenerateCommand& g, const LoadedModel& loaded) {
+  nn::SamplerOptions o;
+  o.greedy = g.greedy;
+  o.temperature = g.greedy ? 0.0 : g.temperature;
+  o.top_k = g.top_k;
+  o.top_p = g.top_p;
+  o.min_p = g.min_p;
+  o.repetition_penalty = g.repetition_penalty;
+  o.presence_penalty = g.presence_penalty;
+  o.frequency_penalty = g.frequency_penalty;
+  o.seed = g.seed;
+  o.vocab_limit = loaded.tokenizer ? loaded.tokenizer->vocab_size() : 0;
+  return o;
+}
+
+namespace {
+
+// The prompt's token ids: as text, or as one user message in the model's chat template.
+std::vector<int64_t> encode_prompt(const LoadedModel& loaded, const std::string& text, bool chat) {
+  if (!chat) return loaded.tokenizer->encode(text);
+  const auto* hf = dynamic_cast<const text::HfTokenizer*>(loaded.tokenizer.get());
+  if (!hf || hf->chat_template().empty())
+    throw UsageError("--chat needs a model folder whose tokenizer_config.json has a chat template");
+  return loaded.encode_chat({{"user", text}});
+}
+
+void check_language_model(const LoadedModel& loaded) {
   if (loaded.model->is_classifier())
     throw UsageError(loaded.description + " is a classifier (" + std::to_string(loaded.classifier.classes()) +
                      " classes), not a language model: it has no head to generate with; use qkv classify");
@@ -50,21 +79,123 @@ int run_generate(const GenerateCommand& options) {
     std::fprintf(stderr, "qkv generate: note: %s is a fine-tuned classifier (%lld classes); as a language model its "
                          "output head is tok_emb.weight (qkv classify uses its own head)\n",
                  loaded.description.c_str(), static_cast<long long>(loaded.classifier.classes()));
-  const nn::LanguageModel& model = *loaded.model;
+}
+
+void check_ids(const std::vector<int64_t>& prompt, const nn::LanguageModel& model) {
+  for (int64_t id : prompt)
+    if (id >= model.vocab_size())
+      throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                       std::to_string(model.vocab_size()) + ") of the model; is the tokenizer the model's own?");
+}
+
+// --prompts FILE: every line a JSON string (blank lines skipped), all checked before the model is loaded.
+std::vector<std::string> read_prompts(const std::string& path) {
+  const std::vector<std::byte> bytes = io::read_file(path, kMaxTextBytes);
+  const std::string all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<std::string> prompts;
+  size_t line_no = 0;
+  for (size_t at = 0; at < all.size();) {
+    size_t end = all.find('\n', at);
+    if (end == std::string::npos) end = all.size();
+    std::string line = all.substr(at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(path + ":" + std::to_string(line_no) + ": not JSON; each line must be one JSON string, e.g. "
+                    "\"Once upon a time\"");
+    }
+    if (!j.is_string())
+      throw IoError(path + ":" + std::to_string(line_no) + ": a JSON " + std::string(j.type_name()) +
+                    ", not a string; each line must be one JSON string, e.g. \"Once upon a time\"");
+    prompts.push_back(j.get<std::string>());
+  }
+  if (prompts.empty()) throw IoError(path + ": no prompts; write one JSON string per line");
+  return prompts;
+}
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// A file of prompts as one batch: one JSON object per line, in the file's order, printed once all have finished.
+int generate_batch(const GenerateCommand& options) {
+  const std::vector<std::string> texts = read_prompts(options.prompts_path);
+  LoadedModel loaded = load_model(options.model);
+  check_language_model(loaded);
+  const nn::Decoder& model = *loaded.model;
+  const int64_t context = model.context_length();
+  std::vector<nn::GenerationRequest> requests;
+  int64_t positions = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string text = options.replace_invalid ? text::replace_invalid_utf8(texts[i]) : texts[i];
+    nn::GenerationRequest r;
+    try {
+      r.prompt = encode_prompt(loaded, text, options.chat);
+    } catch (const ValueError& e) {
+      throw IoError(options.prompts_path + ": prompt " + std::to_string(i + 1) + ": " + e.what());
+    }
+    if (r.prompt.empty() && loaded.tokenizer->end_of_text() >= 0) r.prompt.push_back(loaded.tokenizer->end_of_text());
+    if (r.prompt.empty())
+      throw IoError(options.prompts_path + ": prompt " + std::to_string(i + 1) + " gives no tokens");
+    if (static_cast<int64_t>(r.prompt.size()) > context) {
+      std::fprintf(stderr, "qkv generate: prompt %zu has %zu tokens; only its last %lld (context_length) are used\n",
+                   i + 1, r.prompt.size(), static_cast<long long>(context));
+      r.prompt.erase(r.prompt.begin(), r.prompt.end() - context);
+    }
+    check_ids(r.prompt, model);
+    r.max_new_tokens = options.max_new_tokens;
+    r.sampling = sampler_options(options, loaded);
+    r.sampling.seed = options.seed + i;  // each prompt its own stream, the same in any batch
+    r.stop_ids = loaded.stop_ids;
+    positions += std::min<int64_t>(context, static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens);
+    requests.push_back(std::move(r));
+  }
+  nn::SessionOptions session_options;
+  session_options.max_tokens = positions + static_cast<int64_t>(requests.size()) * session_options.block_size;
+  nn::Session session(model, session_options);
+  const auto began = std::chrono::steady_clock::now();
+  const std::vector<nn::GenerationResult> results = nn::generate(session, requests);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  std::string out;
+  int64_t produced = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto* hf = dynamic_cast<const text::HfTokenizer*>(loaded.tokenizer.get());
+    const std::string reply = hf ? hf->decode_text(results[i].tokens) : loaded.tokenizer->decode(results[i].tokens);
+    nlohmann::json j = {{"index", i},
+                        {"prompt", texts[i]},
+                        {"text", reply},
+                        {"tokens", results[i].tokens.size()},
+                        {"prompt_tokens", results[i].prompt_tokens},
+                        {"finish_reason", nn::finish_reason_name(results[i].finish)}};
+    out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    produced += static_cast<int64_t>(results[i].tokens.size());
+  }
+  std::cout << out << std::flush;
+  std::fprintf(stderr, "qkv generate: %zu prompts as one batch, %lld new tokens in %.2f s (%.1f tok/s, prompts "
+                       "included); KV cache %s at most (blocks of %lld positions)\n",
+               results.size(), static_cast<long long>(produced), seconds,
+               static_cast<double>(produced) / std::max(seconds, 1e-9), mib(session.cache().bytes_allocated()).c_str(),
+               static_cast<long long>(session.cache().block_size()));
+  return 0;
+}
+
+}  // namespace
+
+int run_generate(const GenerateCommand& options) {
+  if (!options.prompts_path.empty()) return generate_batch(options);
+  LoadedModel loaded = load_model(options.model);
+  check_language_model(loaded);
+  const nn::Decoder& model = *loaded.model;
   const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::string prompt_text = options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt;
-  std::vector<int64_t> prompt;
-  if (options.chat) {
-    const auto* hf = dynamic_cast<const text::HfTokenizer*>(tokenizer);
-    if (!hf || hf->chat_template().empty())
-      throw UsageError("--chat needs a model folder whose tokenizer_config.json has a chat template");
-    text::ChatOptions chat;
-    if (hf->bos_id() >= 0) chat.bos_token = hf->token_content(hf->bos_id());
-    if (hf->end_of_text() >= 0) chat.eos_token = hf->token_content(hf->end_of_text());
-    prompt = hf->encode_rendered(text::ChatTemplate::parse(hf->chat_template()).render({{"user", prompt_text}}, chat));
-  } else {
-    prompt = tokenizer->encode(prompt_text);
-  }
+  std::vector<int64_t> prompt = encode_prompt(loaded, prompt_text, options.chat);
   if (prompt_text.empty() && !options.chat) {
     // An empty prompt: say which token the sample grows from — the BOS the tokenizer adds, or the end-of-text token
     // (GPT-2 starts unconditional samples from <|endoftext|>) — or refuse where there is neither.
@@ -79,56 +210,68 @@ int run_generate(const GenerateCommand& options) {
                  printable(name).c_str(), static_cast<long long>(prompt.front()));
   }
   if (prompt.empty()) throw UsageError("the prompt gives no tokens; give --prompt TEXT");
-  if (static_cast<int64_t>(prompt.size()) > model.context_length()) {
+  const int64_t context = model.context_length();
+  if (static_cast<int64_t>(prompt.size()) > context) {
     std::fprintf(stderr, "qkv generate: the prompt has %zu tokens; only its last %lld (context_length) are used\n",
-                 prompt.size(), static_cast<long long>(model.context_length()));
+                 prompt.size(), static_cast<long long>(context));
+    prompt.erase(prompt.begin(), prompt.end() - context);
   }
-  for (int64_t id : prompt)
-    if (id >= model.vocab_size())
-      throw ValueError("the prompt's token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                       std::to_string(model.vocab_size()) + ") of the model; is the tokenizer the model's own?");
-  nn::SamplingOptions sampling;
-  sampling.max_new_tokens = options.max_new_tokens;
-  sampling.temperature = options.greedy ? 0.0 : options.temperature;
-  sampling.top_k = options.top_k;
-  sampling.top_p = options.top_p;
-  sampling.seed = options.seed;
-  sampling.use_cache = !options.no_cache;
-  sampling.stop_tokens = loaded.stop_ids;
-  sampling.vocab_limit = loaded.tokenizer->vocab_size();
-  // What the KV cache holds: H_kv heads per layer, and a sliding-window layer only its window.
-  const int64_t positions = std::min<int64_t>(model.context_length(), static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
-  int64_t cache_bytes = 0;
-  const char* cache_dtype = "";
-  if (!options.no_cache) {  // what generation's cache will hold (made as it will be: bf16 under --precision bf16)
-    const nn::KVCache probe = model.make_cache(1, positions);
-    cache_bytes = probe.bytes();
-    if (!probe.layers.empty()) cache_dtype = dtype_name(probe.layers[0].keys.dtype());
-  }
+  check_ids(prompt, model);
+  const nn::SamplerOptions sampling = sampler_options(options, loaded);
   const auto began = std::chrono::steady_clock::now();
   if (!options.chat) std::cout << options.prompt << std::flush;
-  // Decode the whole continuation each time and print what is new, so multi-byte characters split across
-  // tokens come out whole.
-  std::vector<int64_t> produced;
-  std::string shown;
-  nn::generate(model, prompt, sampling, [&](int64_t token) {
-    if (std::find(loaded.stop_ids.begin(), loaded.stop_ids.end(), token) != loaded.stop_ids.end()) return;
-    produced.push_back(token);
-    const std::string text = tokenizer->decode(produced);
-    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
-      std::cout << text.substr(shown.size()) << std::flush;
-      shown = text;
+  text::StreamDecoder stream(*tokenizer);
+  int64_t produced = 0;
+  int64_t cache_bytes = 0, block = 0;
+  if (options.no_cache) {  // the book's loop: the whole context again for every token, for comparison
+    nn::SamplingOptions legacy;
+    legacy.max_new_tokens = options.max_new_tokens;
+    legacy.temperature = sampling.is_greedy() ? 0.0 : sampling.temperature;
+    legacy.top_k = sampling.top_k;
+    legacy.top_p = sampling.top_p;
+    legacy.seed = sampling.seed;
+    legacy.use_cache = false;
+    legacy.stop_tokens = loaded.stop_ids;
+    legacy.vocab_limit = sampling.vocab_limit;
+    nn::generate(model, prompt, legacy, [&](int64_t token) {
+      if (std::find(loaded.stop_ids.begin(), loaded.stop_ids.end(), token) != loaded.stop_ids.end()) return;
+      ++produced;
+      std::cout << stream.push(token) << std::flush;
+    });
+  } else {
+    // One sequence in a session; at the model's context the last half of it starts a new sequence (as the book's
+    // loop crops), so a reply may run past context_length.
+    nn::Session session(model);
+    std::vector<int64_t> sequence = prompt;
+    for (int64_t left = options.max_new_tokens, round = 0; left > 0; ++round) {
+      nn::GenerationRequest r;
+      r.prompt = sequence;
+      r.max_new_tokens = left;
+      r.sampling = sampling;
+      r.sampling.seed = sampling.seed + static_cast<uint64_t>(round);
+      r.stop_ids = loaded.stop_ids;
+      const nn::GenerationResult result = nn::generate(session, {r}, [&](size_t, int64_t token) {
+        std::cout << stream.push(token) << std::flush;
+        return true;
+      })[0];
+      produced += static_cast<int64_t>(result.tokens.size());
+      left -= static_cast<int64_t>(result.tokens.size());
+      if (result.finish != nn::FinishReason::Length || left <= 0 || result.tokens.empty()) break;
+      sequence.insert(sequence.end(), result.tokens.begin(), result.tokens.end());
+      sequence.erase(sequence.begin(), sequence.end() - std::max<int64_t>(1, context / 2));
     }
-  });
-  std::cout << "\n" << std::flush;
+    cache_bytes = session.cache().bytes_allocated();
+    block = session.cache().block_size();
+  }
+  std::cout << stream.finish() << "\n" << std::flush;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  std::fprintf(stderr, "qkv generate: %zu new tokens in %.2f s (%.1f tok/s, prompt included); ", produced.size(), seconds,
-               static_cast<double>(produced.size()) / std::max(seconds, 1e-9));
+  std::fprintf(stderr, "qkv generate: %lld new tokens in %.2f s (%.1f tok/s, prompt included); ",
+               static_cast<long long>(produced), seconds, static_cast<double>(produced) / std::max(seconds, 1e-9));
   if (options.no_cache) std::fprintf(stderr, "no KV cache (--no-cache)\n");
   else
-    std::fprintf(stderr, "KV cache %.2f MiB of %s for %lld positions (%lld layers × %lld K/V heads)\n",
-                 static_cast<double>(cache_bytes) / (1 << 20), cache_dtype, static_cast<long long>(positions),
-                 static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
+    std::fprintf(stderr, "KV cache %s of f32 at most, in blocks of %lld positions (%lld layers × %lld K/V heads)\n",
+                 mib(cache_bytes).c_str(), static_cast<long long>(block), static_cast<long long>(model.num_layers()),
+                 static_cast<long long>(model.num_kv_heads()));
   return 0;
 }
 

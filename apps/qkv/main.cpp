@@ -166,6 +166,24 @@ void add_sampling_options(CLI::App* cmd, qkv::cli::GenerateCommand& g) {
         qkv::parse_uint(text, "--seed");
         return std::string();
       }));
+  const auto real_in = [](const char* what, double low, double high) {
+    return checked("NUMBER", [=](const std::string& text) {
+      const double v = qkv::parse_real(text, what);
+      if (v >= low && v <= high) return std::string();
+      char range[64];
+      std::snprintf(range, sizeof range, "[%g, %g]", low, high);
+      return std::string(what) + " must lie in " + range;
+    });
+  };
+  cmd->add_option("--min-p", g.min_p, "Keep tokens at least this fraction of the likeliest one's probability (0: off)")
+      ->capture_default_str()->check(real_in("--min-p", 0.0, 1.0));
+  cmd->add_option("--repetition-penalty", g.repetition_penalty,
+                  "Divide the positive logits (multiply the negative) of tokens already seen (1: off)")
+      ->capture_default_str()->check(real_in("--repetition-penalty", 1e-3, 1e3));
+  cmd->add_option("--presence-penalty", g.presence_penalty, "Subtract from the logit of every token seen (0: off)")
+      ->capture_default_str()->check(real_in("--presence-penalty", -100.0, 100.0));
+  cmd->add_option("--frequency-penalty", g.frequency_penalty, "Subtract per time a token was seen (0: off)")
+      ->capture_default_str()->check(real_in("--frequency-penalty", -100.0, 100.0));
   cmd->add_flag("--replace-invalid", g.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
   cmd->add_flag("--greedy", g.greedy, "Always take the likeliest token");
   cmd->add_flag("--no-cache", g.no_cache, "Recompute the whole context for every token (slow; for comparison)");
@@ -313,6 +331,10 @@ int run(int argc, char** argv) {
   add_weights_option(generate_cmd, generate.model);
   auto* prompt_opt = generate_cmd->add_option("--prompt", generate.prompt, "Text to continue (default: standard input, "
                                                                          "when it is not a terminal)");
+  auto* prompts_opt = generate_cmd->add_option("--prompts", generate.prompts_path,
+                                               "A file of prompts, one JSON string per line, generated as one batch; "
+                                               "prints one JSON object per line");
+  prompts_opt->excludes(prompt_opt);
   add_sampling_options(generate_cmd, generate);
   generate_cmd->add_flag("--chat", generate.chat, "Format the prompt as one user message with the model's chat template");
 
@@ -552,7 +574,7 @@ int run(int argc, char** argv) {
       return qkv::cli::run_train(train, single);
     }
     if (*generate_cmd) {
-      if (!prompt_opt->count() && !isatty(STDIN_FILENO)) {  // echo "text" | qkv generate …
+      if (!prompt_opt->count() && !prompts_opt->count() && !isatty(STDIN_FILENO)) {  // echo "text" | qkv generate …
         generate.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
       }
       return qkv::cli::run_generate(generate);

@@ -37,5 +37,8 @@
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/lora.hpp"
 #include "qkv/nn/pretrained.hpp"
+#include "qkv/nn/sampler.hpp"
+#include "qkv/nn/session.hpp"
 #include "qkv/text/chat_template.hpp"
+#include "qkv/text/stream.hpp"
 #include "qkv/text/tokenizer.hpp"

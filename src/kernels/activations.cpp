@@ -33,6 +33,16 @@ void gelu_forward(const float* x, float* y, int64_t n) {
       const __m256 t = simd::tanh(_mm256_mul_ps(_mm256_set1_ps(kK), _mm256_fmadd_ps(_mm256_set1_ps(kC), v3, v)));
       _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), t)));
     }
+    if (i < end) {  // the tail through the same vector formula: a value's result never depends on where it sits
+      float in[8] = {}, out[8];
+      std::copy(x + i, x + end, in);
+      const __m256 v = _mm256_loadu_ps(in);
+      const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+      const __m256 t = simd::tanh(_mm256_mul_ps(_mm256_set1_ps(kK), _mm256_fmadd_ps(_mm256_set1_ps(kC), v3, v)));
+      _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), t)));
+      std::copy(out, out + (end - i), y + i);
+      i = end;
+    }
 #endif
     for (; i < end; ++i) {
       const float v = x[i];
@@ -86,6 +96,14 @@ void silu_forward(const float* x, float* y, int64_t n) {
       const __m256 v = _mm256_loadu_ps(x + i);
       const __m256 e = simd::exp(_mm256_sub_ps(_mm256_setzero_ps(), v));
       _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+    if (i < end) {  // the tail through the same vector exp: a row's values do not depend on the rows beside it
+      float in[8] = {}, out[8];
+      std::copy(x + i, x + end, in);
+      const __m256 v = _mm256_loadu_ps(in);
+      _mm256_storeu_ps(out, _mm256_div_ps(v, _mm256_add_ps(one, simd::exp(_mm256_sub_ps(_mm256_setzero_ps(), v)))));
+      std::copy(out, out + (end - i), y + i);
+      i = end;
     }
 #endif
     for (; i < end; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));

@@ -61,6 +61,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
+  if (!trans_a && trans_b && RowIndependentProducts::active()) {
+    gemm_rows_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const double flops = 2.0 * static_cast<double>(M) * N * K;
   if (M == 1) {  // threads own slices of the output row; each streams its part of B once

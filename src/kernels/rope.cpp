@@ -86,13 +86,17 @@ RopeTable RopeTable::make(const std::vector<float>& inv_freq, int64_t positions,
   return t;
 }
 
-void rope_apply(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows, int64_t T,
-                int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse) {
+namespace {
+// Rows of row_stride floats, row r at position position_of(r): one implementation for a (B, T, …) block and for a
+// batch of sequences whose rows each have their own position.
+template <typename PositionOf>
+void rotate_rows(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows,
+                 int64_t row_stride, int64_t heads, int64_t D, bool inverse, PositionOf position_of) {
   const int64_t P = table.P;  // pairs rotated per head: D / 2, or fewer with a partial rotation
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static) if (worth_parallel(rows * row_stride))
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t pos = position0 + r % T;
+    const int64_t pos = position_of(r);
     const float* c = table.cos.data() + pos * table.P;
     const float* s = table.sin.data() + pos * table.P;
     for (int64_t h = 0; h < heads; ++h) {
@@ -116,6 +120,18 @@ void rope_apply(const RopeTable& table, RopeLayout layout, const float* src, flo
     if (src != dst)  // the heads that are not rotated (a packed projection's v)
       std::copy(src + r * row_stride + heads * D, src + (r + 1) * row_stride, dst + r * row_stride + heads * D);
   }
+}
+}  // namespace
+
+void rope_apply(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows, int64_t T,
+                int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse) {
+  rotate_rows(table, layout, src, dst, rows, row_stride, heads, D, inverse,
+              [&](int64_t r) { return position0 + r % T; });
+}
+
+void rope_apply_rows(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows,
+                     const int64_t* positions, int64_t row_stride, int64_t heads, int64_t D, bool inverse) {
+  rotate_rows(table, layout, src, dst, rows, row_stride, heads, D, inverse, [&](int64_t r) { return positions[r]; });
 }
 
 void rope_apply_reference(const std::vector<float>& inv_freq, RopeLayout layout, float* x, int64_t rows, int64_t T,

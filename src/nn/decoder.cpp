@@ -11,7 +11,9 @@
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/core/inference.hpp"
 #include "qkv/nn/linear.hpp"
+#include "qkv/nn/session.hpp"
 
 namespace qkv::nn {
 
@@ -804,7 +806,7 @@ Tensor group_product(const Tensor& x, const DecoderBlock& b, const DecoderBlock:
 }  // namespace
 
 Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
-                       AttentionStep::Record* record) const {
+                       AttentionStep::Record* record, const BatchStep* step) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
   const int64_t H = config.num_heads, H_kv = config.num_kv_heads, T = x.size(1);
@@ -826,7 +828,7 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
   // updates in their columns; its gradient comes back as one tensor for one backward product.
   Tensor packed = group_product(x, b, b.qkv);
   Tensor context;
-  if (!cache && !record && config.qk_norm == QkNorm::None) {
+  if (!cache && !record && !step && config.qk_norm == QkNorm::None) {
     // Training and plain inference: rotated in place of a copy and read by the kernel with strides.
     if (rotate) packed = rope(packed, rope_table(layer.rope, extent), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
     context = scaled_dot_product_attention(packed, attention);
@@ -839,6 +841,8 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
       q = rms_norm(q, b[Role::QueryNorm], eps, norm_offset);
       k = rms_norm(k, b[Role::KeyNorm], eps, norm_offset);
     }
+    if (step)  // a session's step: rotated at each row's position, attended over each sequence's blocks
+      return linear_with_lora(attend_blocks(i, q, k, v, *step), b[Role::Output], b[Role::OutputBias], b.adapter(Role::Output));
     if (rotate) {
       const auto table = rope_table(layer.rope, extent);
       q = rope(q, table, config.rope_layout, H, position);
@@ -891,11 +895,11 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
 //   Sandwich  h = x + norm(attn(norm(x)));      out = h + norm(mlp(norm(h)))
 //   Post      h = x + norm(attn(x));            out = h + norm(mlp(h))
 Tensor Decoder::block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
-                              int64_t extent) const {
+                              int64_t extent, const BatchStep* step) const {
   const DecoderBlock& b = blocks[i];
   const bool before = config.placement != NormPlacement::Post, after = config.placement != NormPlacement::Pre;
   if (extent <= 0) extent = position + x.size(1);
-  Tensor a = attend(i, before ? norm(x, b[Role::AttnNorm], b[Role::AttnNormBias]) : x, position, extent, cache, record);
+  Tensor a = attend(i, before ? norm(x, b[Role::AttnNorm], b[Role::AttnNormBias]) : x, position, extent, cache, record, step);
   if (after) a = norm(a, b[Role::PostAttnNorm], Tensor());
   const Tensor h = add(x, hashed_dropout(a, config.drop_rate, is_training(), *gen_));
   Tensor m = mlp(b, before ? norm(h, b[Role::MlpNorm], b[Role::MlpNormBias]) : h);
@@ -1020,6 +1024,72 @@ Tensor Decoder::forward_cached(std::span<const int64_t> ids, int64_t batch, int6
     cache.length += n;
   }
   return logits(norm(select_token(x, x.size(1) - 1), final_norm, final_norm_bias));
+}
+
+// ---- a session's step: rows of many sequences, each at its own position, over a block cache ----
+
+struct Decoder::BatchStep {
+  const BatchPlan& plan;
+  KVBlockCache& cache;
+};
+
+Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const {
+  const DecoderLayerSettings& layer = config.layers[i];
+  const int64_t H = config.num_heads, H_kv = config.num_kv_heads, D = config.head_dim;
+  const int64_t Q = config.q_width(), KV = config.kv_width(), N = q.size(1);
+  const auto layer_index = static_cast<int64_t>(i);
+  AttentionConfig attention;
+  attention.num_heads = H;
+  attention.num_kv_heads = H_kv;
+  attention.causal = true;
+  attention.window = layer.window;
+  attention.scale = static_cast<float>(config.attention_scale);
+  attention.softcap = static_cast<float>(config.attn_softcap);
+  Tensor context = Tensor::empty({1, N, Q});
+  std::vector<float> keys, values;
+  for (const BatchPlan::Run& run : step.plan.runs) {
+    const int64_t end = run.start + run.rows;  // the sequence's length after this step
+    if (!config.learned_positions && layer.rope >= 0) {
+      // The rotation is chosen per sequence by its own last position (LongRoPE's factors), as a call on that
+      // sequence alone would choose it.
+      const auto table = rope_table(layer.rope, end);
+      const int64_t* positions = step.plan.positions.data() + run.row0;
+      rope_rows_(q, *table, config.rope_layout, H, D, run.row0, run.rows, positions);
+      rope_rows_(k, *table, config.rope_layout, H_kv, D, run.row0, run.rows, positions);
+    }
+    const float* ks = k.data();
+    const float* vs = v.data();
+    for (int64_t r = 0; r < run.rows; ++r) {
+      std::copy_n(ks + (run.row0 + r) * KV, KV, step.cache.key(layer_index, run.sequence, run.start + r));
+      std::copy_n(vs + (run.row0 + r) * KV, KV, step.cache.value(layer_index, run.sequence, run.start + r));
+    }
+    // A sliding-window layer reads only the keys its rows can see; the causal offset (Tk − Tq) stays right.
+    const int64_t begin = layer.window > 0 ? std::max<int64_t>(0, run.start - (layer.window - 1)) : 0;
+    const int64_t Tk = end - begin;
+    keys.resize(static_cast<size_t>(Tk * KV));
+    values.resize(static_cast<size_t>(Tk * KV));
+    step.cache.gather(layer_index, run.sequence, begin, end, keys.data(), values.data());
+    attend_rows(q, run.row0, run.rows, keys.data(), values.data(), Tk, attention, context);
+  }
+  return context;
+}
+
+Tensor Decoder::forward_batch(const BatchPlan& plan, KVBlockCache& cache) const {
+  NoGradGuard no_grad;
+  const RowIndependentScope row_independent;
+  const int64_t N = static_cast<int64_t>(plan.ids.size()), C = config.hidden_size;
+  if (N == 0 || plan.positions.size() != plan.ids.size()) throw ShapeError("Decoder::forward_batch: an empty or malformed plan");
+  Tensor x = embedding(tok_emb, plan.ids, {1, N});
+  if (config.embedding_scale > 0.0) x = mul(x, static_cast<float>(config.embedding_scale));
+  if (config.learned_positions) x = add(x, embedding(pos_emb, plan.positions, {1, N}));
+  const BatchStep step{plan, cache};
+  for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x, 0, nullptr, nullptr, 0, &step);
+  const int64_t R = static_cast<int64_t>(plan.logit_rows.size());
+  if (R == 0) return Tensor::empty({0, config.vocab_size});
+  Tensor rows = Tensor::empty({1, R, C});
+  for (int64_t r = 0; r < R; ++r)
+    std::copy_n(x.data() + plan.logit_rows[static_cast<size_t>(r)] * C, C, rows.data() + r * C);
+  return reshape(logits(norm(rows, final_norm, final_norm_bias)), {R, config.vocab_size});
 }
 
 }  // namespace qkv::nn

@@ -59,4 +59,27 @@ void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// ---- row-independent products (inference on batches of sequences) ----
+//
+// C (M,N) = α·A·Bᵀ + β·C with A (M,K) and B (N,K) row-major (a Linear's x·Wᵀ), where each element is
+// Σ_k A[m,k]·B[n,k] in simd::dot's fixed order (term k in lane k mod 16, lanes added pairwise): a row's values are
+// the same whatever the rows beside it, M, the tile it falls in or the thread count. Batched generation needs this to
+// equal generation alone; sgemm and sgemv give a row different bits depending on M. Threads own column slices, each
+// reading its rows of B once for all M rows (a batch of 8 decoding sequences reads the weights once, not 8 times).
+void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                  int64_t ldb, float beta, float* C, int64_t ldc);
+// The same, one simd::dot per element: the reference (bit-identical where FMA contracts simd::dot's sum)
+void gemm_rows_nt_reference(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// While one is alive on a thread, gemm(false, true, …) called from that thread runs gemm_rows_nt: what a session's
+// forward pass sets, so every product of a Linear gives each token the same result in any batch.
+class RowIndependentProducts {
+ public:
+  RowIndependentProducts();   // turns row-independent products on for this thread
+  ~RowIndependentProducts();  // and off again (they nest)
+  RowIndependentProducts(const RowIndependentProducts&) = delete;             // scoped to its block
+  RowIndependentProducts& operator=(const RowIndependentProducts&) = delete;  // scoped to its block
+  static bool active();  // whether one is alive on this thread
+};
+
 }  // namespace qkv::kernels

@@ -66,6 +66,10 @@ struct RopeTable {
 // read of src and one write of dst. position0 + T must not exceed table.positions (checked by the caller).
 void rope_apply(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows, int64_t T,
                 int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse);
+// The same with a position per row (a batch of sequences, each token at its own position): row r is the token at
+// positions[r], each below table.positions (checked by the caller).
+void rope_apply_rows(const RopeTable& table, RopeLayout layout, const float* src, float* dst, int64_t rows,
+                     const int64_t* positions, int64_t row_stride, int64_t heads, int64_t D, bool inverse = false);
 // The same in double, from first principles (angles and trig per element): the reference.
 void rope_apply_reference(const std::vector<float>& inv_freq, RopeLayout layout, float* x, int64_t rows, int64_t T,
                           int64_t row_stride, int64_t heads, int64_t D, int64_t position0, bool inverse,

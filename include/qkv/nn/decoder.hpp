@@ -26,6 +26,8 @@
 namespace qkv::nn {
 
 struct GPTConfig;  // the book's GPT_CONFIG (gpt.hpp): a gpt2-family DecoderConfig under the book's names
+struct BatchPlan;     // a session's batch, rows grouped by sequence (session.hpp)
+class KVBlockCache;   // a session's block KV cache (session.hpp)
 
 // What one layer's attention does differently from the others.
 struct DecoderLayerSettings {
@@ -177,6 +179,11 @@ class Decoder : public LanguageModel {
                         std::vector<int64_t> heads) const override;
   KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
   Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
+  // One step of a session (session.hpp): the plan's rows, each at its own position, run through the blocks; each
+  // row's keys and values are written to its sequence's blocks of `cache` (made room for by the caller) and each
+  // sequence's rows attend over its own positions only. Every product runs row-independent, so a row's logits are
+  // the same bits in any batch. Returns the logits of plan.logit_rows, (rows, V). No gradient.
+  Tensor forward_batch(const BatchPlan& plan, KVBlockCache& cache) const;
 
   Tensor hidden_states(std::span<const int64_t> ids, int64_t batch, int64_t tokens) const override {
     return hidden(ids, batch, tokens, nullptr);
@@ -253,10 +260,14 @@ class Decoder : public LanguageModel {
   Tensor norm(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
   // One block on x (B, T, C) at positions [position, position + T); `extent` is the end of the call's positions (0:
   // position + T), which picks the rotation where it depends on the length (LongRoPE).
+  struct BatchStep;  // a session step: the plan and the block cache (decoder.cpp)
   Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
-                       int64_t extent = 0) const;
+                       int64_t extent = 0, const BatchStep* step = nullptr) const;
   Tensor attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
-                AttentionStep::Record* record) const;
+                AttentionStep::Record* record, const BatchStep* step = nullptr) const;
+  // A session step's attention for layer i: q (1, N, H·D) and k (1, N, H_kv·D) rotated at each row's position, k and v
+  // written to the blocks, each sequence's rows attending over its positions → context (1, N, H·D)
+  Tensor attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const;
   Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,

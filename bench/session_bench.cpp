@@ -1,0 +1,174 @@
+// Batched generation through nn::Session against one prompt at a time, on a Qwen3-0.6B-shaped decoder (random
+// weights, float32), in one run:
+//   - total tokens/s of 8 prompts of different lengths generated as one batch (greedy) against the same 8 one after
+//     another — through a session each, and through nn::generate (the single-sequence path with OpenBLAS's sgemv) —
+//     with the outputs checked identical (target ≥ 4×);
+//   - each against its memory-bound limit: read bandwidth (measured here, same threads) ÷ the bytes a decoding step
+//     reads (every weight matrix once per step, whatever the batch, plus each sequence's keys and values);
+//   - the block cache's peak memory against the positions it held (memory follows the tokens, not a context).
+//   qkv_session_bench [--shape qwen3-0.6b|small] [--prompts N] [--tokens N] [--threads N] [--repeats N] [--smoke]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "peak.hpp"
+#include "qkv/core/autograd.hpp"
+#include "qkv/kernels/threads.hpp"
+#include "qkv/nn/decoder.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/hf.hpp"
+#include "qkv/nn/session.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string config_json(const std::string& shape) {
+  if (shape == "smoke")
+    return R"({"model_type": "qwen3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+      "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": true})";
+  if (shape == "small")  // a quick stand-in: 8 layers of Qwen3's width, a 32 Ki vocabulary
+    return R"({"model_type": "qwen3", "vocab_size": 32768, "hidden_size": 1024, "intermediate_size": 3072,
+      "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+      "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": true})";
+  return R"({"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": true})";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape = "qwen3-0.6b";
+  int64_t prompts = 8, tokens = 32;
+  int threads = 2, repeats = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+    if (a == "--shape") shape = next();
+    else if (a == "--prompts") prompts = std::stoll(next());
+    else if (a == "--tokens") tokens = std::stoll(next());
+    else if (a == "--threads") threads = std::stoi(next());
+    else if (a == "--repeats") repeats = std::stoi(next());
+    else if (a == "--smoke") shape = "smoke", tokens = 4, repeats = 1;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  qkv::set_num_threads(threads);
+  const double bandwidth = qkv::bench::read_bandwidth(shape == "smoke" ? (int64_t{64} << 20) : (int64_t{512} << 20));
+  const qkv::nn::DecoderConfig config = qkv::nn::decoder_config_from_hf(config_json(shape), shape + " config");
+  qkv::Generator gen(7);
+  auto t = Clock::now();
+  qkv::nn::Decoder model(config, gen);
+  model.eval();
+  std::printf("%s: %lld parameters (random, float32) made in %.1f s; %d threads\n", shape.c_str(),
+              static_cast<long long>(model.parameter_count()), since(t), threads);
+  int64_t matrix_bytes = 0;
+  for (const auto& p : config.layout())
+    if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * 4;
+  const int64_t kv_bytes_per_position = config.num_layers * 2 * config.kv_width() * 4;
+
+  // Prompts of 12 … 40 tokens
+  std::vector<qkv::nn::GenerationRequest> requests;
+  for (int64_t i = 0; i < prompts; ++i) {
+    qkv::nn::GenerationRequest r;
+    for (int64_t k = 0; k < 12 + (i * 4) % 29; ++k) r.prompt.push_back((k * 7919 + i * 104729 + 11) % config.vocab_size);
+    r.max_new_tokens = tokens;
+    r.sampling.greedy = true;
+    requests.push_back(r);
+  }
+  int64_t prompt_total = 0;
+  for (const auto& r : requests) prompt_total += static_cast<int64_t>(r.prompt.size());
+  const int64_t new_total = prompts * tokens;
+  // KV read per decoding step, summed over the whole generation: sequence i at length L reads L positions.
+  double kv_read = 0.0;
+  for (const auto& r : requests)
+    for (int64_t n = 0; n < tokens; ++n) kv_read += static_cast<double>(r.prompt.size() + n) * kv_bytes_per_position;
+  // Memory-bound limits of the decoding steps (prefill aside): alone, every token reads all matrices; in a batch,
+  // every step reads them once for all sequences.
+  const double solo_limit = static_cast<double>(new_total) / ((static_cast<double>(new_total) * matrix_bytes + kv_read) / bandwidth);
+  const double batch_limit = static_cast<double>(new_total) / ((static_cast<double>(tokens) * matrix_bytes + kv_read) / bandwidth);
+
+  std::vector<double> solo_session, solo_legacy, batched, batched_decode, solo_decode;
+  std::vector<std::vector<int64_t>> alone_out, legacy_out, batch_out;
+  int64_t peak_bytes = 0, peak_held = 0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    // one at a time, through a session each
+    alone_out.clear();
+    double decode_seconds = 0.0;
+    t = Clock::now();
+    for (const auto& r : requests) {
+      qkv::nn::Session session(model);
+      Clock::time_point first;
+      bool started = false;
+      alone_out.push_back(qkv::nn::generate(session, {r}, [&](size_t, int64_t) {
+        if (!started) first = Clock::now(), started = true;
+        return true;
+      })[0].tokens);
+      decode_seconds += since(first);
+    }
+    solo_session.push_back(since(t));
+    solo_decode.push_back(decode_seconds);
+    // one at a time, through nn::generate (sgemv for one row)
+    legacy_out.clear();
+    t = Clock::now();
+    for (const auto& r : requests) {
+      qkv::nn::SamplingOptions o;
+      o.temperature = 0;
+      o.max_new_tokens = tokens;
+      legacy_out.push_back(qkv::nn::generate(model, r.prompt, o));
+    }
+    solo_legacy.push_back(since(t));
+    // all as one batch
+    qkv::nn::Session session(model);
+    Clock::time_point first;
+    bool started = false;
+    t = Clock::now();
+    const auto results = qkv::nn::generate(session, requests, [&](size_t, int64_t) {
+      if (!started) first = Clock::now(), started = true;
+      peak_bytes = std::max(peak_bytes, session.cache().bytes_allocated());
+      peak_held = std::max(peak_held, session.cache().tokens_held());
+      return true;
+    });
+    batched.push_back(since(t));
+    batched_decode.push_back(since(first));
+    batch_out.clear();
+    for (const auto& r : results) batch_out.push_back(r.tokens);
+  }
+  const bool identical = batch_out == alone_out;
+  int legacy_same = 0;
+  for (size_t i = 0; i < legacy_out.size(); ++i) legacy_same += legacy_out[i] == alone_out[i];
+  const double tb = median(batched), ts = median(solo_session), tl = median(solo_legacy);
+  std::printf("%lld prompts (%lld prompt tokens, 12-40 each) x %lld new tokens, greedy; medians of %d runs\n",
+              static_cast<long long>(prompts), static_cast<long long>(prompt_total), static_cast<long long>(tokens), repeats);
+  std::printf("  bandwidth %.1f GB/s measured (read, %d threads); weights %.3f GB read per decoding step\n",
+              bandwidth / 1e9, threads, matrix_bytes / 1e9);
+  std::printf("  one at a time, nn::generate (sgemv):   %6.1f tok/s total (%.2f s)\n", new_total / tl, tl);
+  std::printf("  one at a time, a session each:          %6.1f tok/s total (%.2f s); decoding %.1f tok/s = %.0f%% of its "
+              "memory-bound limit %.1f\n", new_total / ts, ts, (new_total - prompts) / median(solo_decode),
+              100.0 * (new_total - prompts) / median(solo_decode) / solo_limit, solo_limit);
+  std::printf("  as one batch (session):                 %6.1f tok/s total (%.2f s); decoding %.1f tok/s = %.0f%% of its "
+              "memory-bound limit %.1f\n", new_total / tb, tb, (new_total - prompts) / median(batched_decode),
+              100.0 * (new_total - prompts) / median(batched_decode) / batch_limit, batch_limit);
+  std::printf("  batched vs one at a time: %.2fx (sessions), %.2fx (nn::generate) (target >= 4x); outputs identical to "
+              "each alone: %s; nn::generate's greedy text equal for %d of %lld\n", ts / tb, tl / tb,
+              identical ? "yes" : "NO", legacy_same, static_cast<long long>(prompts));
+  const int64_t preallocated = prompts * config.max_positions * kv_bytes_per_position;
+  std::printf("  KV cache: peak %.2f MiB for %lld positions held at most (%.1f KiB a position, blocks of %lld); a "
+              "context preallocated per sequence would be %.0f MiB\n", peak_bytes / 1048576.0,
+              static_cast<long long>(peak_held), kv_bytes_per_position / 1024.0, 16LL, preallocated / 1048576.0);
+  return identical ? 0 : 1;
+}

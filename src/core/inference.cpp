@@ -1,0 +1,45 @@
+// Inference-only row operations for sessions (see qkv/core/inference.hpp).
+#include "qkv/core/inference.hpp"
+
+#include <string>
+#include <vector>
+
+#include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/rope.hpp"
+
+namespace qkv {
+
+void rope_rows_(Tensor& x, const kernels::RopeTable& table, RopeLayout layout, int64_t heads, int64_t D, int64_t row0,
+                int64_t rows, const int64_t* positions) {
+  const int64_t W = x.size(x.rank() - 1);
+  if (heads * D > W || row0 < 0 || row0 + rows > x.numel() / W) throw ShapeError("rope_rows_: rows or heads outside x");
+  for (int64_t r = 0; r < rows; ++r)
+    if (positions[r] < 0 || positions[r] >= table.positions)
+      throw ShapeError("rope_rows_: position " + std::to_string(positions[r]) + " outside the table's " +
+                       std::to_string(table.positions));
+  float* p = x.data() + row0 * W;
+  kernels::rope_apply_rows(table, layout, p, p, rows, positions, W, heads, D);
+}
+
+void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys, const float* values, int64_t Tk,
+                 const AttentionConfig& config, Tensor& context) {
+  const int64_t H = config.num_heads, H_kv = config.num_kv_heads > 0 ? config.num_kv_heads : H;
+  const int64_t Q = q.size(q.rank() - 1), D = Q / H;
+  if (Q % H != 0 || H % H_kv != 0 || rows > Tk || context.numel() != q.numel())
+    throw ShapeError("attend_rows: q's width, the heads, the rows or the context do not fit");
+  kernels::AttentionDims dims;
+  dims.B = 1, dims.H = H, dims.Tq = rows, dims.Tk = Tk, dims.D = D, dims.H_kv = H_kv;
+  kernels::AttentionLayout layout;
+  layout.q = layout.o = kernels::AttentionStrides::btc(H, D, rows);
+  layout.k = layout.v = kernels::AttentionStrides::btc(H_kv, D, Tk);
+  kernels::AttentionOptions options;
+  options.causal = config.causal;
+  options.window = config.window;
+  options.scale = config.scale;
+  options.softcap = config.softcap;
+  std::vector<float> lse(static_cast<size_t>(H * rows));
+  kernels::attention_forward(dims, layout, options, q.data() + row0 * Q, keys, values, context.data() + row0 * Q,
+                             lse.data());
+}
+
+}  // namespace qkv

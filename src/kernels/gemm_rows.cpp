@@ -1,0 +1,166 @@
+// Row-independent products C = α·A·Bᵀ + β·C for inference on batches of sequences (see gemm.hpp's gemm_rows_nt).
+// Not for training: OpenBLAS's sgemm is faster on large products, but its value for a row depends on how many rows
+// are multiplied with it (measured: every row of a 40-row product differs in its last bits from the same rows
+// multiplied 1, 2, …, 33 at a time, and sgemv from both), so a sequence decoded beside others would drift from the
+// same sequence decoded alone.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "qkv/kernels/gemm.hpp"
+#include "simd.hpp"
+
+namespace qkv::kernels {
+
+namespace {
+
+thread_local int g_row_independent = 0;
+
+// Every element is Σ_k a[k]·b[k] in simd::dot's order: term k goes to lane k mod 16 (one fused multiply-add per
+// term), the 16 lanes are added pairwise (8, 4, 2, 1). AVX-512 holds the 16 lanes in one register, AVX2 in two;
+// both give simd::dot's bits, whatever the tile an element is computed in.
+#if defined(QKV_AVX512)
+struct Lanes {
+  __m512 v;
+  static Lanes zero() { return {_mm512_setzero_ps()}; }
+  static Lanes load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Lanes load_tail(const float* p, int64_t n) {
+    return {_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p)};
+  }
+  void fma(const Lanes& a, const Lanes& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  float sum() const {
+    alignas(64) float l[16];
+    _mm512_store_ps(l, v);
+    for (int width = 8; width > 0; width /= 2)
+      for (int k = 0; k < width; ++k) l[k] += l[k + width];
+    return l[0];
+  }
+};
+#elif defined(QKV_AVX2)
+struct Lanes {
+  __m256 lo, hi;  // lanes 0-7 and 8-15
+  static Lanes zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Lanes load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Lanes load_tail(const float* p, int64_t n) {
+    alignas(32) float buffer[16] = {};
+    std::copy(p, p + n, buffer);
+    return load(buffer);
+  }
+  void fma(const Lanes& a, const Lanes& b) {
+    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
+    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
+  }
+  float sum() const {
+    alignas(32) float l[16];
+    _mm256_store_ps(l, lo);
+    _mm256_store_ps(l + 8, hi);
+    for (int width = 8; width > 0; width /= 2)
+      for (int k = 0; k < width; ++k) l[k] += l[k + width];
+    return l[0];
+  }
+};
+#endif
+
+inline float finish(float dot, float alpha, float beta, float c) { return beta == 0.0f ? alpha * dot : alpha * dot + beta * c; }
+
+#if defined(QKV_AVX2)
+// An MR × NR tile: rows m0… of A against rows n0… of B, each pair one chain of fused multiply-adds over K.
+template <int MR, int NR>
+void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  Lanes acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = Lanes::zero();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    Lanes b[NR];
+    for (int n = 0; n < NR; ++n) b[n] = Lanes::load(B + n * ldb + k);
+    for (int m = 0; m < MR; ++m) {
+      const Lanes a = Lanes::load(A + m * lda + k);
+      for (int n = 0; n < NR; ++n) acc[m][n].fma(a, b[n]);
+    }
+  }
+  if (k < K) {  // zeros beyond K add nothing: the lanes still hold term k in lane k mod 16
+    Lanes b[NR];
+    for (int n = 0; n < NR; ++n) b[n] = Lanes::load_tail(B + n * ldb + k, K - k);
+    for (int m = 0; m < MR; ++m) {
+      const Lanes a = Lanes::load_tail(A + m * lda + k, K - k);
+      for (int n = 0; n < NR; ++n) acc[m][n].fma(a, b[n]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) C[m * ldc + n] = finish(acc[m][n].sum(), alpha, beta, C[m * ldc + n]);
+}
+
+#if defined(QKV_AVX512)
+constexpr int kMR = 4, kNR = 4;  // 16 accumulators of 32 registers
+#else
+constexpr int kMR = 2, kNR = 2;  // 8 two-register accumulators of 16 registers
+#endif
+
+template <int MR>
+void tile_rows(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+               float beta, float* C, int64_t ldc) {
+  switch (nr) {
+    case 1: tile<MR, 1>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 2: tile<MR, 2>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 3: if constexpr (kNR >= 3) tile<MR, 3>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    default: if constexpr (kNR >= 4) tile<MR, 4>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+  }
+}
+
+void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+              int64_t ldb, float beta, float* C, int64_t ldc) {
+  switch (mr) {
+    case 1: tile_rows<1>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 2: tile_rows<2>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 3: if constexpr (kMR >= 3) tile_rows<3>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    default: if constexpr (kMR >= 4) tile_rows<4>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+  }
+}
+#else
+constexpr int kMR = 1, kNR = 1;
+void any_tile(int64_t, int64_t, int64_t K, float alpha, const float* A, int64_t, const float* B, int64_t, float beta,
+              float* C, int64_t) {
+  C[0] = finish(simd::dot(A, B, K), alpha, beta, C[0]);
+}
+#endif
+
+}  // namespace
+
+RowIndependentProducts::RowIndependentProducts() { ++g_row_independent; }
+RowIndependentProducts::~RowIndependentProducts() { --g_row_independent; }
+bool RowIndependentProducts::active() { return g_row_independent > 0; }
+
+void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                  int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  // Threads own slices of columns (rows of B, read once per slice); within a slice, blocks of columns small enough
+  // to stay in L2 (≈ 192 KiB of B) are multiplied with every row of A in turn.
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int parts = static_cast<double>(M) * N * K < 65536.0 ? 1 : std::max(1, threads);
+  const int64_t slice = ((N + parts - 1) / parts + kNR - 1) / kNR * kNR;
+  const int64_t block = std::max<int64_t>(kNR, (int64_t{48} * 1024 / std::max<int64_t>(K, 1)) / kNR * kNR);
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+  for (int p = 0; p < parts; ++p) {
+    const int64_t begin = std::min(N, p * slice), end = std::min(N, begin + slice);
+    for (int64_t n0 = begin; n0 < end; n0 += block) {
+      const int64_t n1 = std::min(end, n0 + block);
+      for (int64_t m = 0; m < M; m += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, M - m);
+        for (int64_t n = n0; n < n1; n += kNR)
+          any_tile(mr, std::min<int64_t>(kNR, n1 - n), K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta,
+                   C + m * ldc + n, ldc);
+      }
+    }
+  }
+}
+
+void gemm_rows_nt_reference(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      C[m * ldc + n] = finish(simd::dot(A + m * lda, B + n * ldb, K), alpha, beta, C[m * ldc + n]);
+}
+
+}  // namespace qkv::kernels
