@@ -520,7 +520,7 @@ TEST_F(FinetuneCli, BadInputIsAUsageErrorThatNamesIt) {
       {"finetune classify" + base + good + " --lora-rank 1000", "rank 1000 is larger than"},
       {"finetune classify" + base + good + " --lora-rank 2 --lora-targets nothing_here", "match no layer LoRA can adapt"},
       {"finetune classify" + base + good + " --trainable trf_blocks.9", "no parameter matches 'trf_blocks.9'"},
-      {"finetune classify" + base + good + " --batch-size 0", "--batch-size must be at least 1"},
+      {"finetune classify" + base + good + " --batch-size 0", "--batch-size: must be at least 1"},
       {"finetune instruct" + base + " --data " + write("nooutput.json", R"([{"instruction": "a"}])") + " --out " + path("bad"),
        "has no \"output\""},
   };

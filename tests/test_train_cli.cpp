@@ -172,12 +172,12 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
       {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
       // A text that never ends, integer options, picture options.
       {"eval --checkpoint " + checkpoint + " --text /dev/zero", "/dev/zero: is a device, not a file", 1},
-      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --stride 0", "--stride must be at least 1", 2},
+      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --stride 0", "--stride: must be at least 1", 2},
       {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --plot loss.bmp", ".png, .svg or .pdf", 2},
-      {"train --attention-every -1 --text " + (dir_ / "text.txt").string() + shape, "--attention-every must be at least 0", 2},
-      {"--threads 0 eval --checkpoint " + checkpoint, "--threads must be a whole number from 1 to 1024", 2},
+      {"train --attention-every -1 --text " + (dir_ / "text.txt").string() + shape, "--attention-every: must be at least 0", 2},
+      {"--threads 0 eval --checkpoint " + checkpoint, "--threads: must be a whole number from 1 to 1024", 2},
       {"attention --checkpoint " + checkpoint + " --prompt the --format jpg", "png", 2},
-      {"attention --checkpoint " + checkpoint + " --prompt the --scale 0", "--scale must lie in 0.25", 2},
+      {"attention --checkpoint " + checkpoint + " --prompt the --scale 0", "--scale: must lie in 0.25", 2},
       {"generate --checkpoint " + checkpoint + " --prompt ''", "has no beginning- or end-of-text token", 2},
   };
   for (const Case& c : cases) {

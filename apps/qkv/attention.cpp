@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/viz/report.hpp"
 
@@ -59,6 +60,26 @@ int run_attention(const AttentionCommand& options) {
   std::fprintf(stderr, "  open %s/attention.html in a browser; %s/attention-grid%s shows every head\n",
                options.out_dir.c_str(), options.out_dir.c_str(), viz::picture_extension(options.pictures.format));
   return 0;
+}
+
+Runner setup_attention(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<AttentionCommand>();
+  add_model_options(cmd, o->model);
+  cmd.add_option("--prompt", o->prompt, "The text whose attention to show")->required();
+  cmd.add_option("--layers", o->layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
+  cmd.add_option("--heads", o->heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
+  cmd.add_option("--out", o->out_dir, "Output directory")->capture_default_str();
+  auto no_head = std::make_shared<bool>(false);
+  auto* no_head_pictures = cmd.add_flag("--no-head-pictures", *no_head, "Skip the per-head pictures (grid, data and "
+                                                                        "HTML only)");
+  cmd.add_flag("--no-head-png", *no_head, "The same as --no-head-pictures")->excludes(no_head_pictures);
+  add_picture_options(cmd, o->pictures);
+  add_precision_option(cmd, context);
+  return [o, no_head, &context] {
+    o->per_head = !*no_head;
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    return run_attention(*o);
+  };
 }
 
 }  // namespace qkv::cli

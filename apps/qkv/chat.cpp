@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/nn/generate.hpp"
@@ -169,6 +170,24 @@ int run_chat(const ChatCommand& options) {
     turn();
   }
   return 0;
+}
+
+Runner setup_chat(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<ChatCommand>();
+  add_model_options(cmd, o->generation.model);
+  add_sampling_options(cmd, o->generation);
+  cmd.add_option("--system", o->system, "A system message before the conversation");
+  cmd.add_option("--messages", o->messages_path, "Start from these messages (JSON list of {role, content})");
+  cmd.add_flag("--print-prompt", o->print_prompt, "Print what the chat template makes of the messages, and stop");
+  cmd.add_option("--template", o->template_path, "With --print-prompt: a tokenizer_config.json (no model needed)");
+  cmd.add_flag("--no-thinking", o->no_thinking, "Qwen3: render enable_thinking = false (an empty think block)");
+  cmd.add_option("--max-context", o->max_context, "Tokens the KV cache holds")->capture_default_str()
+      ->check(int_at_least(1));
+  add_precision_option(cmd, context);
+  return [o, &context] {
+    o->generation.model.bf16_weights = context.precision == Precision::BF16;
+    return run_chat(*o);
+  };
 }
 
 }  // namespace qkv::cli

@@ -1,7 +1,10 @@
-// The subcommands of the qkv tool. Each parses nothing itself: main.cpp fills the options with CLI11.
+// The subcommands of the qkv tool: each has a setup_* function that registers its options on its CLI11 command and
+// returns what runs it, and a run_* function that does the work on parsed options. main.cpp holds the table of
+// commands and maps errors to exit codes.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
@@ -9,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/core/precision.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/finetune.hpp"
@@ -16,7 +20,35 @@
 #include "qkv/train/trainer.hpp"
 #include "qkv/viz/picture.hpp"
 
+namespace CLI {
+class App;
+}
+
 namespace qkv::cli {
+
+// What main.cpp shares with the commands: the command line (MPI's start takes it) and --precision.
+struct CommandContext {
+  int* argc = nullptr;
+  char*** argv = nullptr;
+  std::string precision_text = "fp32";    // --precision, for the commands that take it
+  Precision precision = Precision::FP32;  // resolved once the line is parsed
+};
+// A command's setup registers its options on `command` (they live in the runner it returns) and returns the function
+// that runs the command once the line is parsed: its exit code, or an exception main.cpp maps to one.
+using Runner = std::function<int()>;
+using Setup = Runner (*)(CLI::App& command, CommandContext& context);
+Runner setup_demo(CLI::App& command, CommandContext& context);
+Runner setup_apply(CLI::App& command, CommandContext& context);
+Runner setup_tokenize(CLI::App& command, CommandContext& context);
+Runner setup_detokenize(CLI::App& command, CommandContext& context);
+Runner setup_train(CLI::App& command, CommandContext& context);
+Runner setup_generate(CLI::App& command, CommandContext& context);
+Runner setup_chat(CLI::App& command, CommandContext& context);
+Runner setup_attention(CLI::App& command, CommandContext& context);
+Runner setup_eval(CLI::App& command, CommandContext& context);
+Runner setup_finetune(CLI::App& command, CommandContext& context);
+Runner setup_classify(CLI::App& command, CommandContext& context);
+Runner setup_convert(CLI::App& command, CommandContext& context);
 
 // A mistake on the command line found after parsing (a bad combination, an input that does not fit): exit 2.
 class UsageError : public Error {
@@ -119,6 +151,7 @@ struct GenerateCommand {
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
+  bool temperature_given = false;  // --temperature was on the line (with --greedy it is not used: say so)
   bool chat = false;  // the prompt as one user message in the model's chat template
 };
 int run_generate(const GenerateCommand& options);

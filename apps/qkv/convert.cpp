@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/nn/hf.hpp"
 
@@ -100,6 +101,22 @@ int run_convert(const ConvertCommand& options) {
                c.with_optimizer ? ", with the optimizer state" : "");
   if (!c.note.empty()) std::fprintf(stderr, "  note: %s\n", c.note.c_str());
   return 0;
+}
+
+Runner setup_convert(CLI::App& cmd, CommandContext&) {
+  auto o = std::make_shared<ConvertCommand>();
+  cmd.add_option("input", o->input, "The model file (any format qkv reads)")->required();
+  cmd.add_option("output", o->output, "The file to write")->required();
+  cmd.add_option("--to", o->to, "pth, safetensors (book names), checkpoint (qkv), gpt2 (Hugging Face) or hf (a Hugging "
+                                "Face folder from another); default: .pth/.pt → pth, otherwise safetensors")
+      ->check(one_of({"pth", "safetensors", "checkpoint", "gpt2", "hf"}));
+  cmd.add_option("--dtype", o->dtype, "With --to hf: f32 or bf16 (half the bytes)")->capture_default_str()
+      ->check(one_of({"f32", "bf16"}));
+  add_config_options(cmd, o->hint);
+  cmd.add_flag("--weights-only", o->weights_only, "Keep only the weights (drop optimizer state)");
+  cmd.add_option("--merge", o->merge, "A LoRA adapter folder (PEFT's layout, as qkv finetune writes) to merge into the "
+                                      "weights: W + (alpha / r)·B·A");
+  return [o] { return run_convert(*o); };
 }
 
 }  // namespace qkv::cli

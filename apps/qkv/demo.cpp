@@ -3,6 +3,8 @@
 // also drawn, as PNG, SVG or PDF.
 #include "commands.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "options.hpp"
 #include "qkv/io/npy.hpp"
 #include "qkv/qkv.hpp"
 #include "qkv/viz/heatmap.hpp"
@@ -512,6 +515,37 @@ int run_demo(const DemoOptions& options, std::ostream& out) {
   if (chosen.count("dropout")) section_dropout(out, input, options, pictures);
   if (chosen.count("mha")) section_mha(out, input, options, pictures);
   return 0;
+}
+
+Runner setup_demo(CLI::App& cmd, CommandContext&) {
+  auto o = std::make_shared<DemoOptions>();
+  cmd.add_option("--section", o->sections, "Show only these sections (repeatable): v1, v2, train, causal, dropout, mha")
+      ->check(one_of(demo_sections()));
+  auto force_color = std::make_shared<bool>(false), no_color = std::make_shared<bool>(false);
+  auto* color_flag = cmd.add_flag("--color", *force_color, "Colour the attention grids (default: on a terminal, unless "
+                                                           "NO_COLOR is set)");
+  cmd.add_flag("--no-color", *no_color, "Never use colour")->excludes(color_flag);
+  cmd.add_option("--pictures,--png", o->pictures_dir,
+                 "Also draw every weight matrix as a heatmap in DIR (--format), and the training as a GIF");
+  add_picture_options(cmd, o->pictures);
+  auto* sentence = cmd.add_option("--sentence", o->sentence,
+                                  "Your own sentence: one random embedding per distinct word (like the book)");
+  auto* embeddings = cmd.add_option("--embeddings", o->embeddings,
+                                    "Your own embeddings: a .npy array of (tokens × d_in), with --tokens");
+  auto* tokens = cmd.add_option("--tokens", o->tokens, "The tokens of --embeddings' rows, space-separated");
+  embeddings->needs(tokens)->excludes(sentence);
+  tokens->needs(embeddings);
+  cmd.add_option("--d-in", o->d_in, "Embedding width for --sentence (default 3)");
+  cmd.add_option("--d-out", o->d_out, "Query/key/value width c (default 2; even: two heads share it)");
+  cmd.add_option("--seed", o->seed, "Seed for your input's embeddings and weights (default 123)");
+  return [o, force_color, no_color, sentence] {
+    // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.
+    const char* no_color_env = std::getenv("NO_COLOR");
+    const bool env_off = no_color_env && *no_color_env;
+    o->color = !*no_color && (*force_color || (!env_off && isatty(STDOUT_FILENO)));
+    o->sentence_given = sentence->count() > 0;
+    return run_demo(*o, std::cout);
+  };
 }
 
 }  // namespace qkv::cli

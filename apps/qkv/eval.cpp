@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "progress.hpp"
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
@@ -111,6 +112,29 @@ int run_eval(const EvalCommand& options) {
     if (!options.json) std::fprintf(stderr, "  [plot: %s]\n", plot_path.c_str());
   }
   return 0;
+}
+
+Runner setup_eval(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<EvalCommand>();
+  add_model_options(cmd, o->model);
+  cmd.add_option("--text", o->text_path, "UTF-8 text to score (- for standard input)")->required();
+  cmd.add_option("--context", o->context, "Window length (default: the model's context_length, at most 2048)")
+      ->check(int_at_least(1));
+  cmd.add_option("--stride", o->stride, "Tokens between window starts (default: the window length; smaller gives each "
+                                        "token more context and costs more)")
+      ->check(int_at_least(1));
+  cmd.add_option("--batch-size", o->batch_size, "Windows per forward pass (default: what keeps the logits under 256 MiB)")
+      ->check(int_at_least(1));
+  cmd.add_option("--plot", o->plot_path, "Also draw the loss of each window along the text (FILE.png, .svg or .pdf; a "
+                                         "name without one gets --format's)");
+  add_picture_options(cmd, o->pictures);
+  cmd.add_flag("--json", o->json, "Print one JSON object (loss, perplexity, tokens, tokens/s …) on stdout");
+  cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+  add_precision_option(cmd, context);
+  return [o, &context] {
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    return run_eval(*o);
+  };
 }
 
 }  // namespace qkv::cli

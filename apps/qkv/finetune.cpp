@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "progress.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
@@ -449,6 +450,70 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
               o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "",
               viz::picture_extension(cmd.pictures.format));
   return 0;
+}
+
+Runner setup_finetune(CLI::App& cmd, CommandContext& context) {
+  cmd.require_subcommand(1);
+  auto classify = std::make_shared<FinetuneClassifyCommand>();
+  auto* c = cmd.add_subcommand("classify", "A new classification head on the last position (the book's spam "
+                                           "classifier): CSV/TSV/JSONL in, model.pth, metrics.json, losses.csv and "
+                                           "plots out");
+  add_model_options(*c, classify->model);
+  c->add_option("--train", classify->train_path, "Training texts: .csv (header with Label,Text), .tsv or .jsonl")->required();
+  c->add_option("--val", classify->val_path, "Validation texts, same layout")->required();
+  c->add_option("--test", classify->test_path, "Test texts, same layout (reported at the end)");
+  c->add_option("--out", classify->out_dir, "Folder for the fine-tuned model and its reports")->required();
+  c->add_option("--text-column", classify->columns.text, "Column (or JSON key) of the texts")->capture_default_str();
+  c->add_option("--label-column", classify->columns.label, "Column (or JSON key) of the labels")->capture_default_str();
+  c->add_option("--trainable", classify->trainable, "What trains besides the head: last-block (the last block and the "
+                                                    "final norm), all, head, or parameter-name patterns")
+      ->capture_default_str();
+  c->add_option("--pooling", classify->pooling, "The position the head reads: last (the book's, padding included) or "
+                                                "last-real (each text's last token)")
+      ->capture_default_str()->check(one_of({"last", "last-real"}));
+  c->add_option("--max-length", classify->options.max_length, "Tokens per text (default: the longest training text)")
+      ->check(int_at_least(1));
+  add_finetune_options(*c, classify->options, classify->lora_targets, classify->overwrite);
+  c->add_option("--prefix-cache-mib", classify->prefix_cache_mib,
+                "Keep the frozen blocks' output per text for later epochs, up to this many MiB (0: recompute)")
+      ->capture_default_str()->check(int_at_least(0));
+  add_picture_options(*c, classify->pictures);
+  add_precision_option(*c, context);
+
+  auto instruct = std::make_shared<FinetuneInstructCommand>();
+  auto* i = cmd.add_subcommand("instruct", "Instruction fine-tuning on Alpaca entries (the book's chapter 7): responses "
+                                           "to the test entries, model.pth, metrics and a loss plot");
+  add_model_options(*i, instruct->model);
+  i->add_option("--data", instruct->data_path, "A JSON list of {instruction, input, output}")->required();
+  i->add_option("--out", instruct->out_dir, "Folder for the fine-tuned model and its responses")->required();
+  i->add_option("--format", instruct->format, "alpaca (the book's prompt) or chat (the model's chat template)")
+      ->capture_default_str()->check(one_of({"alpaca", "chat"}));
+  i->add_flag("--mask-prompt", instruct->options.mask_prompt, "Put the loss on the response only");
+  i->add_option("--allowed-max-length", instruct->options.allowed_max_length, "Tokens per example at most")
+      ->capture_default_str()->check(int_at_least(2));
+  i->add_option("--split-seed", instruct->split_seed, "Shuffle before the 85/10/5 split (0: the file's order, as the "
+                                                      "book)")->capture_default_str();
+  i->add_option("--max-new-tokens", instruct->max_new_tokens, "Tokens per test response")
+      ->capture_default_str()->check(int_at_least(0));
+  add_finetune_options(*i, instruct->options, instruct->lora_targets, instruct->overwrite);
+  add_picture_options(*i, instruct->pictures, "--picture-format");
+  add_precision_option(*i, context);
+  return [classify, instruct, c] {
+    // Fine-tuning keeps float32 master weights whatever --precision says (as train does).
+    return c->parsed() ? run_finetune_classify(*classify) : run_finetune_instruct(*instruct);
+  };
+}
+
+Runner setup_classify(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<ClassifyCommand>();
+  add_model_options(cmd, o->model);
+  cmd.add_option("--text", o->texts, "A text to classify (repeatable)")->required();
+  cmd.add_flag("--json", o->json, "Print the label, its probability and every class's as JSON");
+  add_precision_option(cmd, context);
+  return [o, &context] {
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    return run_classify(*o);
+  };
 }
 
 }  // namespace qkv::cli

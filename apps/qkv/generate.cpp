@@ -6,8 +6,11 @@
 #include <map>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
+#include <unistd.h>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt2.hpp"
 #include "qkv/nn/hf.hpp"
@@ -186,6 +189,22 @@ int run_generate(const GenerateCommand& options) {
                  static_cast<double>(cache_bytes) / (1 << 20), cache_dtype, static_cast<long long>(positions),
                  static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
   return 0;
+}
+
+Runner setup_generate(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<GenerateCommand>();
+  add_model_options(cmd, o->model);
+  auto* prompt = cmd.add_option("--prompt", o->prompt, "Text to continue (default: standard input, when it is not a "
+                                                       "terminal)");
+  add_sampling_options(cmd, *o);
+  cmd.add_flag("--chat", o->chat, "Format the prompt as one user message with the model's chat template");
+  add_precision_option(cmd, context);
+  return [o, prompt, &context] {
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    if (!prompt->count() && !isatty(STDIN_FILENO))  // echo "text" | qkv generate …
+      o->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    return run_generate(*o);
+  };
 }
 
 }  // namespace qkv::cli

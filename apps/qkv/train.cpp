@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/nn/hf.hpp"
 #include "progress.hpp"
 #include "qkv/core/settings.hpp"
@@ -28,6 +29,7 @@
 #include "qkv/viz/heatmap.hpp"
 #include "qkv/viz/plot.hpp"
 #include "qkv/viz/report.hpp"
+#include "qkv/train/communicator.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
@@ -458,6 +460,122 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   std::cout << "sample (temperature 0.8, top-k 40):\n" << sample << "\n";
   std::ofstream(options.out_dir + "/sample.txt") << sample << "\n";
   return 0;
+}
+
+namespace {
+// What a setting's values are, found by asking its parser (the schema keeps only how to read and print it): INT,
+// NUMBER or TEXT, for --help.
+const char* setting_type(const Setting<train::TrainSettings>& setting) {
+  train::TrainSettings scratch;
+  auto parses = [&](const char* text) {
+    try {
+      setting.set(scratch, text);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  return parses("not a number") ? "TEXT" : parses("1") && !parses("0.5") ? "INT" : "NUMBER";
+}
+
+// Runs the parsed command: alone, or under mpirun as one of several processes that train one model together.
+int run_train_command(TrainCommand& train, CommandContext& context) {
+  if (train::launched_world_size() <= 1) {
+    train::SingleProcess single;
+    return run_train(train, single);
+  }
+  if (!train::built_with_mpi()) {
+    std::fprintf(stderr, "qkv train: started by mpirun with %d processes, but this qkv was built without MPI; install "
+                         "Open MPI (apt-get install libopenmpi-dev openmpi-bin), rebuild, or run without mpirun\n",
+                 train::launched_world_size());
+    return 2;
+  }
+  auto comm = train::make_mpi_communicator(context.argc, context.argv);
+  try {
+    return run_train(train, *comm);
+  } catch (const train::CollectiveError& e) {  // every process knows: one message, no abort
+    if (comm->rank() == 0) std::fprintf(stderr, "qkv train: error: %s\n", e.what());
+    return 1;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "qkv (process %d of %d): usage error: %s\n", comm->rank(), comm->size(), e.what());
+    if (comm->size() > 1) comm->abort_all(2);
+    return 2;
+  } catch (const std::exception& e) {
+    // One process failed on its own (a write, a read): stop every process, naming this one.
+    std::fprintf(stderr, "qkv (process %d of %d): error: %s\n", comm->rank(), comm->size(), e.what());
+    if (comm->size() > 1) comm->abort_all(1);
+    return 1;
+  }
+}
+}  // namespace
+
+Runner setup_train(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<TrainCommand>();
+  auto& ts = o->settings;
+  ts.model.vocab_size = 50257;
+  ts.model.context_length = 128;
+  ts.model.emb_dim = 192;
+  ts.model.n_heads = 6;
+  ts.model.n_layers = 4;
+  ts.model.drop_rate = 0.1;
+  cmd.add_option("--text", o->text_path, "UTF-8 text file to train on (default: bible -l80 gen1:1-rev22:21)");
+  cmd.add_option("--out", o->out_dir, "Output directory: checkpoint.safetensors, losses.csv, loss.png, sample.txt")
+      ->capture_default_str();
+  cmd.add_option("--resume", o->resume,
+                 "Continue from a checkpoint: qkv's (exactly, with its settings unless overridden), or the book's "
+                 "model_and_optimizer.pth (its weights, AdamW state and learning rate), or a state dict (.pth or "
+                 "safetensors: fine-tune from its weights), or a Hugging Face model folder");
+  cmd.add_option("--config", o->resume_config,
+                 "With --resume of a book state dict: the book's configuration (JSON file or gpt2-small|medium|large|xl)");
+  cmd.add_option("--vocab", o->vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+  // Every model and training setting comes from one table (train_settings_schema): its flag, help, default and
+  // parser. What the command line gives is kept as text and applied to the defaults or, with --resume, to the
+  // checkpoint's settings; then everything is parsed and validated once.
+  auto given = std::make_shared<std::map<std::string, std::string>>();
+  auto settings_options = std::make_shared<std::vector<std::pair<CLI::Option*, std::string>>>();
+  for (const auto& setting : train::train_settings_schema()) {
+    if (!setting.flag) continue;
+    CLI::Option* option;
+    if (setting.is_flag) {
+      option = cmd.add_flag(setting.flag, setting.help);
+    } else {
+      option = cmd.add_option(setting.flag, (*given)[setting.key], setting.help)
+                   ->type_name(setting_type(setting))
+                   ->default_str(setting.get(ts))
+                   ->check(checked([&setting](const std::string& text) {
+                     train::TrainSettings scratch;
+                     try {
+                       setting.set(scratch, text);
+                     } catch (const ValueError& e) {
+                       return parse_problem(e, setting.key);  // "\"abc\" is not an integer": CLI11 names --steps
+                     }
+                     return std::string();
+                   }));
+    }
+    settings_options->emplace_back(option, setting.key);
+  }
+  cmd.add_option("--stop-at", o->stop_at,
+                 "Checkpoint and stop after this step, to continue later with --resume (a run in chunks)")
+      ->check(int_at_least(0));
+  cmd.add_option("--attention-every", o->attention_every,
+                 "Every N steps, save the attention maps of a probe prompt (OUT/attention/step-N.png, and an animation "
+                 "over the run, OUT/attention/attention.gif)")
+      ->check(int_at_least(0));
+  cmd.add_option("--attention-prompt", o->attention_prompt,
+                 "The probe for --attention-every (default: the first 24 tokens of the text)");
+  cmd.add_option("--sample-prompt", o->sample_prompt,
+                 "Prompt for the sample printed at the end (default: the first words of the text)");
+  cmd.add_flag("--overwrite", o->overwrite, "Start over in an --out that already holds a run");
+  add_picture_options(cmd, o->pictures);
+  cmd.add_flag("--plot-log", o->plot_log, "Draw the loss plot's y axis on a log scale");
+  cmd.add_option("--sample-tokens", o->sample_tokens, "Length of that sample")->capture_default_str()
+      ->check(int_at_least(0));
+  return [o, given, settings_options, &context] {
+    for (const auto& [option, key] : *settings_options)
+      if (option->count()) o->overrides[key] = option->get_expected_min() == 0 ? "true" : given->at(key);
+    return run_train_command(*o, context);
+  };
 }
 
 }  // namespace qkv::cli
