@@ -67,6 +67,29 @@ TEST(Cli, HelpVersionAndUsageErrors) {
   EXPECT_EQ(run_cli("demo --section nope").code, 2);
 }
 
+// The option parser's internals never show: help names value types (INT, NUMBER, FORMAT) and bad values are refused
+// in qkv's words, under the option's own name.
+TEST(Cli, OptionHelpAndErrorsShowNoParserInternals) {
+  const CliResult help = run_cli("--help-all");
+  ASSERT_EQ(help.code, 0);
+  for (const char* internal : {"TEXT:VALUE", "{false}", "->", "ENUM", "OR {", ":COUNT", ":NUMBER"})
+    EXPECT_FALSE(contains(help.out, internal)) << internal;
+  for (const char* shown : {"--steps INT=500", "--lr NUMBER=0.001", "--format,--picture-format FORMAT=png",
+                            "--no-head-pictures Excludes"})
+    EXPECT_TRUE(contains(help.out, shown)) << shown;
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"demo --format jpg", "--format: must be png, svg or pdf, not \"jpg\""},
+           {"train --steps abc", "--steps: \"abc\" is not an integer"},
+           {"train --lr 1e-3x", "--lr: \"1e-3x\" is not a number"},
+           {"generate --top-p 2", "--top-p: must lie in (0, 1], not 2"},
+           {"tokenize --vocab", "--vocab"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_TRUE(contains(r.out, message)) << args << "\n" << r.out;
+    EXPECT_FALSE(contains(r.out, "max_steps")) << r.out;
+  }
+}
+
 TEST(Cli, ApplyReproducesPyTorchOutputAndGradients) {
   const std::string base = fixture("modules/mha_dropout");
   const auto out_path = std::filesystem::temp_directory_path() / "qkv_cli_apply.safetensors";
