@@ -332,7 +332,12 @@ TEST(Demo, YourOwnSentenceAndEmbeddingsAndTheirMistakes) {
            {"--embeddings " + (dir / "x.npy").string() + " --tokens 'a b'", "has 3 rows but --tokens names 2"},
            {"--color --no-color", "excludes"},
            {"--tokens 'a b'", "requires"},
-           {"--d-out 4", "go with --sentence"}}) {
+           {"--d-out 4", "go with --sentence"},
+           // 0 is refused like -3 and 65, not read as "the default"
+           {"--sentence 'a b' --d-in 0", "--d-in: must be a whole number from 1 to 64, not 0"},
+           {"--sentence 'a b' --d-out 0", "--d-out: must be a whole number from 1 to 64, not 0"},
+           {"--sentence 'a b' --d-in -3", "from 1 to 64, not -3"},
+           {"--sentence 'a b' --d-out 65", "from 1 to 64, not 65"}}) {
     const CliResult r = run_cli("demo " + c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;

@@ -67,7 +67,7 @@ struct DemoOptions {
   std::string sentence;               // the learner's own words, one random embedding per distinct word
   bool sentence_given = false;
   std::string embeddings, tokens;     // or embeddings from a .npy (T × d_in), one token per row
-  int64_t d_in = 0, d_out = 0;        // 0: the defaults (3 and 2)
+  std::optional<int64_t> d_in, d_out;  // unset: the defaults (3 and 2)
   std::optional<uint64_t> seed;       // for the learner's input (default 123)
 };
 const std::vector<std::string>& demo_sections();

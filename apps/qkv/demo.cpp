@@ -72,8 +72,8 @@ struct Input {
 Input resolve_input(const DemoOptions& o) {
   Input in;
   in.seed = o.seed.value_or(123);
-  if (o.d_out != 0) in.d_out = o.d_out;
-  if (o.d_in != 0) in.d_in = o.d_in;
+  in.d_out = o.d_out.value_or(in.d_out);
+  in.d_in = o.d_in.value_or(in.d_in);
   if (in.d_in < 1 || in.d_in > kMaxWidth || in.d_out < 1 || in.d_out > kMaxWidth) {
     throw UsageError("--d-in and --d-out must lie in 1…" + std::to_string(kMaxWidth) + " (got " + std::to_string(in.d_in) +
                      " and " + std::to_string(in.d_out) + ")");
@@ -92,8 +92,8 @@ Input resolve_input(const DemoOptions& o) {
       throw UsageError(o.embeddings + " has " + std::to_string(x.size(0)) + " rows but --tokens names " +
                        std::to_string(in.tokens.size()) + " tokens; give one token per row");
     }
-    if (o.d_in != 0 && o.d_in != x.size(1)) {
-      throw UsageError("--d-in " + std::to_string(o.d_in) + " differs from the " + std::to_string(x.size(1)) +
+    if (o.d_in && *o.d_in != x.size(1)) {
+      throw UsageError("--d-in " + std::to_string(*o.d_in) + " differs from the " + std::to_string(x.size(1)) +
                        " columns of " + o.embeddings);
     }
     in.d_in = x.size(1);
@@ -111,7 +111,7 @@ Input resolve_input(const DemoOptions& o) {
     in.how = "one random " + std::to_string(in.d_in) + "-d vector per distinct word, drawn with randn after "
              "torch.manual_seed(" + std::to_string(in.seed) + ")";
   } else {
-    if (o.d_in != 0 || o.d_out != 0) {
+    if (o.d_in || o.d_out) {
       throw UsageError("--d-in and --d-out go with --sentence or --embeddings; the book's example is 3 → 2");
     }
     in.tokens = kJourney;
@@ -535,8 +535,10 @@ Runner setup_demo(CLI::App& cmd, CommandContext&) {
   auto* tokens = cmd.add_option("--tokens", o->tokens, "The tokens of --embeddings' rows, space-separated");
   embeddings->needs(tokens)->excludes(sentence);
   tokens->needs(embeddings);
-  cmd.add_option("--d-in", o->d_in, "Embedding width for --sentence (default 3)");
-  cmd.add_option("--d-out", o->d_out, "Query/key/value width c (default 2; even: two heads share it)");
+  cmd.add_option("--d-in", o->d_in, "Embedding width for --sentence (default 3)")->type_name("INT")
+      ->check(int_in_range(1, kMaxWidth));
+  cmd.add_option("--d-out", o->d_out, "Query/key/value width c (default 2; even: two heads share it)")->type_name("INT")
+      ->check(int_in_range(1, kMaxWidth));
   cmd.add_option("--seed", o->seed, "Seed for your input's embeddings and weights (default 123)");
   return [o, force_color, no_color, sentence] {
     // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.
