@@ -15,6 +15,7 @@
 #include "qkv/viz/heatmap.hpp"
 #include "qkv/viz/plot.hpp"
 #include "qkv/viz/report.hpp"
+#include "qkv/viz/show.hpp"
 
 namespace qkv::test {
 namespace {
@@ -342,6 +343,47 @@ TEST(Demo, YourOwnSentenceAndEmbeddingsAndTheirMistakes) {
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
   }
+}
+
+// Terminal tables pad by display width: wide CJK and emoji take two columns, combining marks none, so every row's
+// numbers start in the same column whatever script its label is in.
+TEST(Terminal, TablesAlignByDisplayWidthInAnyScript) {
+  EXPECT_EQ(viz::display_width("naïve"), 5u);
+  EXPECT_EQ(viz::display_width("e\u0301"), 1u);  // e + combining acute
+  EXPECT_EQ(viz::display_width("東京"), 4u);
+  EXPECT_EQ(viz::display_width("🙂"), 2u);
+  EXPECT_EQ(viz::display_width("👩\u200d💻"), 2u);  // one ZWJ picture
+  EXPECT_EQ(viz::display_width("\u2764\ufe0f"), 2u);  // ❤️: a narrow symbol in emoji presentation
+  const std::vector<std::string> labels = {"naïve", "東京", "🙂", "a", "über"};
+  const Tensor m = Tensor::from_rows({{-0.1085f, 1.0f}, {-0.1085f, 1.0f}, {0.5f, 1.0f}, {0.25f, 1.0f}, {0.125f, 1.0f}});
+  for (const std::string& table : {viz::matrix("m", m, labels, {"c1", "c2"}),
+                                   viz::heatmap("w", m, labels), viz::bars({0.5f, 0.25f, 0.1f, 0.0f, 1.0f}, labels)}) {
+    std::istringstream lines(table);
+    std::set<size_t> number_columns;
+    for (std::string line; std::getline(lines, line);) {
+      for (const std::string& label : labels) {
+        const size_t at = line.find(label);
+        if (at > 2) continue;  // a row starts with its label (bars indent it by two spaces)
+        // where the first number ends: numbers are right-aligned in their cells
+        const size_t digit = line.find_first_of("0123456789.-", at + label.size());
+        number_columns.insert(viz::display_width(line.substr(0, line.find_first_not_of("0123456789.-", digit))));
+        break;
+      }
+    }
+    EXPECT_EQ(number_columns.size(), 1u) << table;
+  }
+  const CliResult demo = run_cli("demo --no-color --section v1 --sentence 'naïve café über 東京 🙂'");
+  ASSERT_EQ(demo.code, 0) << demo.out;
+  std::set<size_t> starts;  // where each row's first number ends in the first table (X)
+  int rows = 0;
+  std::istringstream lines(demo.out);
+  for (std::string line; std::getline(lines, line);)
+    for (const char* label : {"naïve ", "café ", "über ", "東京 ", "🙂 "})
+      if (line.rfind(label, 0) == 0 && line.find("0.") != std::string::npos && ++rows <= 5) {  // X's five rows
+        const size_t digit = line.find_first_of("0123456789.-", std::string(label).size());
+        starts.insert(viz::display_width(line.substr(0, line.find_first_not_of("0123456789.-", digit))));
+      }
+  EXPECT_EQ(starts.size(), 1u) << demo.out.substr(0, 1200);
 }
 
 TEST(Demo, NoColorIsHonoured) {
