@@ -141,6 +141,7 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
   const std::string before = read(checkpoint);
   std::ofstream(dir_ / "empty.txt").close();
   std::ofstream(dir_ / "short.txt") << "too short";
+  std::ofstream(dir_ / "no-validation.txt") << std::string(300, 'a');  // 270 bytes train, 30 validate: < 33
   std::ofstream(dir_ / "bad.txt") << "valid text, then \xff\xfe invalid bytes and more text";
   struct Case {
     std::string args, expect;
@@ -152,6 +153,9 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
   const std::vector<Case> cases = {
       {"train --text " + (dir_ / "empty.txt").string() + base, "is empty", 1},
       {"train --text " + (dir_ / "short.txt").string() + base, "fewer than one window", 1},
+      {"train --text " + (dir_ / "no-validation.txt").string() + base,
+       "validation split (the last 10% of the text, from --train-fraction 0.9): the text has 30 tokens, fewer than one "
+       "window of 33 (the context length 32, plus the last token's target)", 1},
       {"train --text " + (dir_ / "bad.txt").string() + " --overwrite --out " + (dir_ / "kept").string(), "invalid UTF-8 at byte 17", 1},
       {"train --text " + (dir_ / "text.txt").string() + " --out " + (dir_ / "kept").string(), "already holds a run", 2},
       {"train --vocab /nonexistent --overwrite --text " + (dir_ / "text.txt").string(), "scripts/fetch-gpt2-vocab", 1},
@@ -185,6 +189,8 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
     EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, c.expect)) << c.args << "\n" << r.out;
     EXPECT_FALSE(contains(r.out, "0.000000 to")) << "an integer option's range is printed as integers: " << r.out;
+    EXPECT_FALSE(contains(r.out, "99999")) << "a number as people write it: " << r.out;
+    EXPECT_FALSE(contains(r.out, "max_length")) << "the options' names, not the code's: " << r.out;
   }
   EXPECT_EQ(read(checkpoint), before);  // no failed run touched the saved checkpoint
   // A prompt longer than context_length is cut to its last context_length tokens, with a notice.

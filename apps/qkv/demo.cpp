@@ -385,7 +385,7 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   for (int64_t i = 0; i < attention.W_value.numel(); ++i)
     change = std::max(change, std::fabs(attention.W_value.data()[i] - w_value_before.data()[i]));
   out << "\n" << (change == 0.0f ? std::string("W_value did not change")
-                                 : "W_value changed by at most " + std::to_string(change))
+                                 : "W_value changed by at most " + format_real(std::round(change * 1e4) / 1e4))
       << ": the loss looks only at who attends to whom, which Wq and Wk decide;\n"
          "the values decide what is passed along once attention is paid.\n";
 }

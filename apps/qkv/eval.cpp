@@ -103,7 +103,9 @@ int run_eval(const EvalCommand& options) {
     for (size_t i = 0; i < windows.size() && i < result.window_losses.size(); ++i)
       per_window.points.emplace_back(static_cast<double>(windows[i].end), result.window_losses[i]);
     const double last = static_cast<double>(windows.back().end);
-    viz::Series mean{"mean " + format_real(result.loss), {214, 39, 40}, {{0.0, result.loss}, {last, result.loss}}, true};
+    char mean_label[64];
+    std::snprintf(mean_label, sizeof mean_label, "mean %.4f", result.loss);
+    viz::Series mean{mean_label, {214, 39, 40}, {{0.0, result.loss}, {last, result.loss}}, true};
     char title[200];
     std::snprintf(title, sizeof title, "qkv eval: loss along the text (windows of %lld, stride %lld)",
                   static_cast<long long>(context), static_cast<long long>(stride));

@@ -16,6 +16,7 @@
 #include <map>
 
 #include "qkv/core/error.hpp"
+#include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -178,7 +179,7 @@ std::string picture_path(const std::string& stem, const PictureOptions& options)
 
 void check_picture_options(const PictureOptions& options) {
   if (!(options.scale >= 0.25 && options.scale <= 8.0)) {
-    throw ValueError("picture scale " + std::to_string(options.scale) +
+    throw ValueError("picture scale " + format_real(options.scale) +
                      " is outside 0.25 … 8 (device pixels per pixel; 2 for a HiDPI screen)");
   }
 }
@@ -407,7 +408,7 @@ Pixels Canvas::render(double scale) const {
   if (cairo_surface_status(image) != CAIRO_STATUS_SUCCESS || !data) {
     cairo_surface_destroy(image);
     throw IoError("could not render a picture of " + std::to_string(w_) + " × " + std::to_string(h_) + " at scale " +
-                  std::to_string(scale) + " (out of memory?)");
+                  format_real(scale) + " (out of memory?)");
   }
   out.rgb.resize(static_cast<size_t>(out.width) * out.height * 3);
   for (int y = 0; y < out.height; ++y) {
