@@ -85,6 +85,15 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   auto text = [](const std::string& out) { return out.substr(0, out.rfind("qkv generate: ")); };
   EXPECT_EQ(text(greedy.out), text(greedy_no_cache.out));
   EXPECT_NE(greedy.out.find("KV cache"), std::string::npos) << greedy.out;
+  // A prompt on standard input (--prompt -) loses echo's line break: the same text as --prompt 'the cat'. A
+  // temperature given with --greedy is not used, and the note says so.
+  const CliResult piped = run_cli("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+                                  " --prompt - --max-new-tokens 20 --greedy --temperature 1.5", "echo 'the cat' | ");
+  ASSERT_EQ(piped.code, 0) << piped.out;
+  EXPECT_TRUE(contains(piped.out, text(greedy.out))) << piped.out << "\nvs\n" << greedy.out;
+  EXPECT_TRUE(contains(piped.out, "qkv generate: note: --greedy always takes the likeliest token; --temperature 1.5 is "
+                                  "not used")) << piped.out;
+  EXPECT_FALSE(contains(greedy.out, "note:")) << greedy.out;
 }
 
 // The training plot in another format with a log axis, and eval's plot of the loss along the text.
@@ -229,8 +238,13 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
     for (int64_t j = row % 11 + 1; j < 11; ++j) EXPECT_EQ(maps.data()[row * 11 + j], 0.0f) << "causal: no weight on the future";
   }
   // Chosen heads, in the order given; mistakes are usage errors.
-  const CliResult one = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the cat' --heads 2 --out " + (dir_ / "one").string());
+  // An output folder given with a trailing slash: the files are named without a doubled one.
+  const CliResult one = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the cat' --heads 2 --out " +
+                                (dir_ / "one").string() + "/");
   ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_TRUE(contains(one.out, "7 tokens, 1 layer × 1 head → ")) << one.out;
+  EXPECT_TRUE(contains(one.out, (dir_ / "one" / "attention.html").string())) << one.out;
+  EXPECT_FALSE(contains(one.out, "//")) << one.out;
   EXPECT_EQ(io::SafetensorsFile::open((dir_ / "one" / "attention.safetensors").string()).metadata().at("heads"), "2");
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--prompt the --heads 3", "the model has heads 1…2"},

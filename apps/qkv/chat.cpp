@@ -186,6 +186,7 @@ Runner setup_chat(CLI::App& cmd, CommandContext& context) {
   add_precision_option(cmd, context);
   return [o, &context] {
     o->generation.model.bf16_weights = context.precision == Precision::BF16;
+    note_unused_sampling(o->generation, "chat");
     return run_chat(*o);
   };
 }

@@ -56,6 +56,11 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// "1 layer", "2 layers": a count with its noun, for messages.
+inline std::string count_of(int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 // The most a command reads of a text (--text, --messages, standard input): 1 GiB, stated in the error past it.
 inline constexpr uint64_t kMaxTextBytes = uint64_t{1} << 30;
 
@@ -151,7 +156,7 @@ struct GenerateCommand {
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
-  bool temperature_given = false;  // --temperature was on the line (with --greedy it is not used: say so)
+  std::vector<std::string> sampling_given;  // "--temperature 1.5", … as given (with --greedy they are not used: say so)
   bool chat = false;  // the prompt as one user message in the model's chat template
 };
 int run_generate(const GenerateCommand& options);

@@ -105,8 +105,8 @@ int run_convert(const ConvertCommand& options) {
 
 Runner setup_convert(CLI::App& cmd, CommandContext&) {
   auto o = std::make_shared<ConvertCommand>();
-  cmd.add_option("input", o->input, "The model file (any format qkv reads)")->required();
-  cmd.add_option("output", o->output, "The file to write")->required();
+  cmd.add_option("input", o->input, "The model file (any format qkv reads)")->required()->transform(folder_path());
+  cmd.add_option("output", o->output, "The file to write")->required()->transform(folder_path());
   cmd.add_option("--to", o->to, "pth, safetensors (book names), checkpoint (qkv), gpt2 (Hugging Face) or hf (a Hugging "
                                 "Face folder from another); default: .pth/.pt → pth, otherwise safetensors")
       ->check(one_of({"pth", "safetensors", "checkpoint", "gpt2", "hf"}));
@@ -115,7 +115,8 @@ Runner setup_convert(CLI::App& cmd, CommandContext&) {
   add_config_options(cmd, o->hint);
   cmd.add_flag("--weights-only", o->weights_only, "Keep only the weights (drop optimizer state)");
   cmd.add_option("--merge", o->merge, "A LoRA adapter folder (PEFT's layout, as qkv finetune writes) to merge into the "
-                                      "weights: W + (alpha / r)·B·A");
+                                      "weights: W + (alpha / r)·B·A")
+      ->transform(folder_path());
   return [o] { return run_convert(*o); };
 }
 

@@ -526,7 +526,8 @@ Runner setup_demo(CLI::App& cmd, CommandContext&) {
                                                            "NO_COLOR is set)");
   cmd.add_flag("--no-color", *no_color, "Never use colour")->excludes(color_flag);
   cmd.add_option("--pictures,--png", o->pictures_dir,
-                 "Also draw every weight matrix as a heatmap in DIR (--format), and the training as a GIF");
+                 "Also draw every weight matrix as a heatmap in DIR (--format), and the training as a GIF")
+      ->transform(folder_path());
   add_picture_options(cmd, o->pictures);
   auto* sentence = cmd.add_option("--sentence", o->sentence,
                                   "Your own sentence: one random embedding per distinct word (like the book)");

@@ -462,7 +462,8 @@ Runner setup_finetune(CLI::App& cmd, CommandContext& context) {
   c->add_option("--train", classify->train_path, "Training texts: .csv (header with Label,Text), .tsv or .jsonl")->required();
   c->add_option("--val", classify->val_path, "Validation texts, same layout")->required();
   c->add_option("--test", classify->test_path, "Test texts, same layout (reported at the end)");
-  c->add_option("--out", classify->out_dir, "Folder for the fine-tuned model and its reports")->required();
+  c->add_option("--out", classify->out_dir, "Folder for the fine-tuned model and its reports")->required()
+      ->transform(folder_path());
   c->add_option("--text-column", classify->columns.text, "Column (or JSON key) of the texts")->capture_default_str();
   c->add_option("--label-column", classify->columns.label, "Column (or JSON key) of the labels")->capture_default_str();
   c->add_option("--trainable", classify->trainable, "What trains besides the head: last-block (the last block and the "
@@ -485,7 +486,8 @@ Runner setup_finetune(CLI::App& cmd, CommandContext& context) {
                                            "to the test entries, model.pth, metrics and a loss plot");
   add_model_options(*i, instruct->model);
   i->add_option("--data", instruct->data_path, "A JSON list of {instruction, input, output}")->required();
-  i->add_option("--out", instruct->out_dir, "Folder for the fine-tuned model and its responses")->required();
+  i->add_option("--out", instruct->out_dir, "Folder for the fine-tuned model and its responses")->required()
+      ->transform(folder_path());
   i->add_option("--format", instruct->format, "alpaca (the book's prompt) or chat (the model's chat template)")
       ->capture_default_str()->check(one_of({"alpaca", "chat"}));
   i->add_flag("--mask-prompt", instruct->options.mask_prompt, "Put the loss on the response only");

@@ -185,24 +185,29 @@ int run_generate(const GenerateCommand& options) {
                static_cast<double>(produced.size()) / std::max(seconds, 1e-9));
   if (options.no_cache) std::fprintf(stderr, "no KV cache (--no-cache)\n");
   else
-    std::fprintf(stderr, "KV cache %.2f MiB of %s for %lld positions (%lld layers × %lld K/V heads)\n",
-                 static_cast<double>(cache_bytes) / (1 << 20), cache_dtype, static_cast<long long>(positions),
-                 static_cast<long long>(model.num_layers()), static_cast<long long>(model.num_kv_heads()));
+    std::fprintf(stderr, "KV cache %.2f MiB of %s for %s (%s × %s)\n", static_cast<double>(cache_bytes) / (1 << 20),
+                 cache_dtype, count_of(positions, "position").c_str(), count_of(model.num_layers(), "layer").c_str(),
+                 count_of(model.num_kv_heads(), "K/V head").c_str());
   return 0;
 }
 
 Runner setup_generate(CLI::App& cmd, CommandContext& context) {
   auto o = std::make_shared<GenerateCommand>();
   add_model_options(cmd, o->model);
-  auto* prompt = cmd.add_option("--prompt", o->prompt, "Text to continue (default: standard input, when it is not a "
-                                                       "terminal)");
+  auto* prompt = cmd.add_option("--prompt", o->prompt, "Text to continue (- or none: standard input, when it is not a "
+                                                       "terminal; its last line break is dropped)");
   add_sampling_options(cmd, *o);
   cmd.add_flag("--chat", o->chat, "Format the prompt as one user message with the model's chat template");
   add_precision_option(cmd, context);
   return [o, prompt, &context] {
     o->model.bf16_weights = context.precision == Precision::BF16;
-    if (!prompt->count() && !isatty(STDIN_FILENO))  // echo "text" | qkv generate …
+    if (o->prompt == "-" || (!prompt->count() && !isatty(STDIN_FILENO))) {  // echo "text" | qkv generate …
       o->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      // echo ends its text with a line break that is no part of the prompt (it would become a token)
+      if (o->prompt.ends_with('\n')) o->prompt.pop_back();
+      if (o->prompt.ends_with('\r')) o->prompt.pop_back();
+    }
+    note_unused_sampling(*o, "generate");
     return run_generate(*o);
   };
 }

@@ -1,6 +1,8 @@
 // The option groups the qkv commands share, and their checks (see options.hpp).
 #include "options.hpp"
 
+#include <cstdio>
+
 #include "qkv/core/precision.hpp"
 #include "qkv/core/settings.hpp"
 
@@ -40,6 +42,15 @@ double real_number(const std::string& text) {
   }
 }
 }  // namespace
+
+CLI::Validator folder_path() {
+  return CLI::Validator(
+      [](std::string& path) {
+        while (path.size() > 1 && path.back() == '/') path.pop_back();
+        return std::string();
+      },
+      "");
+}
 
 CLI::Validator int_at_least(int64_t least) {
   return checked([least](const std::string& text) {
@@ -95,13 +106,15 @@ void add_model_options(CLI::App& command, ModelOptions& m) {
   auto* ckpt = command.add_option("--checkpoint", m.checkpoint,
                                   "The model: a qkv checkpoint, a PyTorch .pth (the book's model.pth or "
                                   "model_and_optimizer.pth), a safetensors state dict (book or Hugging Face names), or "
-                                  "a Hugging Face model folder (config.json, safetensors, tokenizer.json)");
+                                  "a Hugging Face model folder (config.json, safetensors, tokenizer.json)")
+      ->transform(folder_path());
   auto* gpt2 = command.add_option("--gpt2", m.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
   ckpt->excludes(gpt2);
   add_config_options(command, m.hint);
-  command.add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  command.add_option("--vocab", m.vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe")->transform(folder_path());
   command.add_option("--adapter", m.adapter, "A LoRA adapter folder (PEFT's adapter_config.json and "
-                                             "adapter_model.safetensors, as qkv finetune --lora-rank writes) to apply");
+                                             "adapter_model.safetensors, as qkv finetune --lora-rank writes) to apply")
+      ->transform(folder_path());
 }
 
 void add_picture_options(CLI::App& command, viz::PictureOptions& p, const std::string& names) {
@@ -133,14 +146,16 @@ void add_sampling_options(CLI::App& cmd, GenerateCommand& g) {
   cmd.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")->capture_default_str()->check(int_at_least(0));
   cmd.add_option("--temperature", g.temperature, "Sampling temperature (0: greedy)")->capture_default_str()
       ->check(non_negative_real())
-      ->each([&g](const std::string&) { g.temperature_given = true; });
+      ->each([&g](const std::string& v) { g.sampling_given.push_back("--temperature " + v); });
   cmd.add_option("--top-k", g.top_k, "Sample from the k likeliest tokens (0: all)")->capture_default_str()
-      ->check(int_at_least(0));
+      ->check(int_at_least(0))
+      ->each([&g](const std::string& v) { g.sampling_given.push_back("--top-k " + v); });
   cmd.add_option("--top-p", g.top_p, "Nucleus sampling threshold, in (0, 1]")->capture_default_str()
       ->check(checked([](const std::string& text) {
         const double v = real_number(text);
         return v > 0.0 && v <= 1.0 ? std::string() : "must lie in (0, 1], not " + text;
-      }));
+      }))
+      ->each([&g](const std::string& v) { g.sampling_given.push_back("--top-p " + v); });
   cmd.add_option("--seed", g.seed, "Sampling seed")->capture_default_str()->check(checked([](const std::string& text) {
     try {
       parse_uint(text, "value");
@@ -152,6 +167,15 @@ void add_sampling_options(CLI::App& cmd, GenerateCommand& g) {
   cmd.add_flag("--replace-invalid", g.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
   cmd.add_flag("--greedy", g.greedy, "Always take the likeliest token (--temperature is then not used)");
   cmd.add_flag("--no-cache", g.no_cache, "Recompute the whole context for every token (slow; for comparison)");
+}
+
+void note_unused_sampling(const GenerateCommand& g, const char* command) {
+  if (!g.greedy || g.sampling_given.empty()) return;
+  std::string given;
+  for (size_t i = 0; i < g.sampling_given.size(); ++i)
+    given += (i == 0 ? "" : i + 1 == g.sampling_given.size() ? " and " : ", ") + g.sampling_given[i];
+  std::fprintf(stderr, "qkv %s: note: --greedy always takes the likeliest token; %s %s not used\n", command,
+               printable(given).c_str(), g.sampling_given.size() == 1 ? "is" : "are");
 }
 
 void add_precision_option(CLI::App& command, CommandContext& context) {

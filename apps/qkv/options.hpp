@@ -18,6 +18,9 @@ CLI::Validator checked(std::function<std::string(const std::string&)> check);
 // What a qkv parser's error says without its leading `what = ` (CLI11 names the option already).
 std::string parse_problem(const Error& error, const std::string& what);
 
+// A path whose trailing slashes go ("pictures/" → "pictures"), so the files named in it read pictures/01-v1-A.png,
+// not pictures//01-v1-A.png; "/" stays.
+CLI::Validator folder_path();
 CLI::Validator int_at_least(int64_t least);
 CLI::Validator int_in_range(int64_t least, int64_t most);
 CLI::Validator positive_real();
@@ -34,8 +37,10 @@ void add_model_options(CLI::App& command, ModelOptions& model);
 void add_picture_options(CLI::App& command, viz::PictureOptions& pictures,
                          const std::string& names = "--format,--picture-format");
 // Sampling options of generate and chat: counts checked whole and in range (a NaN or a negative count is a usage
-// error, never a silent default); generate.temperature_given says whether --temperature was on the line.
+// error, never a silent default). generate.sampling_given lists the sampling options given, for the note below.
 void add_sampling_options(CLI::App& command, GenerateCommand& generate);
+// With --greedy, a note on stderr naming the sampling options given that it makes unused (--temperature 1.5).
+void note_unused_sampling(const GenerateCommand& generate, const char* command);
 // --precision of a command that multiplies matrices, into context.precision_text (main.cpp resolves it).
 void add_precision_option(CLI::App& command, CommandContext& context);
 

@@ -300,10 +300,10 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   set_up_everywhere(comm, setup);
   train::Trainer& trainer = *trainer_owner;
   if (lead) std::fprintf(stderr,
-               "model: %lld parameters (emb %lld, %lld layers, %lld heads, context %lld, vocab %lld); "
+               "model: %lld parameters (emb %lld, %s, %s, context %lld, vocab %lld); "
                "batch %lld; steps %lld → %lld; outputs in %s\n",
                static_cast<long long>(trainer.model().parameter_count()), static_cast<long long>(settings.model.emb_dim),
-               static_cast<long long>(settings.model.n_layers), static_cast<long long>(settings.model.n_heads),
+               count_of(settings.model.n_layers, "layer").c_str(), count_of(settings.model.n_heads, "head").c_str(),
                static_cast<long long>(settings.model.context_length), static_cast<long long>(settings.model.vocab_size),
                static_cast<long long>(trainer.global_batch()), static_cast<long long>(trainer.step()),
                static_cast<long long>(settings.max_steps), options.out_dir.c_str());
@@ -520,14 +520,15 @@ Runner setup_train(CLI::App& cmd, CommandContext& context) {
   ts.model.drop_rate = 0.1;
   cmd.add_option("--text", o->text_path, "UTF-8 text file to train on (default: bible -l80 gen1:1-rev22:21)");
   cmd.add_option("--out", o->out_dir, "Output directory: checkpoint.safetensors, losses.csv, loss.png, sample.txt")
-      ->capture_default_str();
+      ->capture_default_str()->transform(folder_path());
   cmd.add_option("--resume", o->resume,
                  "Continue from a checkpoint: qkv's (exactly, with its settings unless overridden), or the book's "
                  "model_and_optimizer.pth (its weights, AdamW state and learning rate), or a state dict (.pth or "
-                 "safetensors: fine-tune from its weights), or a Hugging Face model folder");
+                 "safetensors: fine-tune from its weights), or a Hugging Face model folder")
+      ->transform(folder_path());
   cmd.add_option("--config", o->resume_config,
                  "With --resume of a book state dict: the book's configuration (JSON file or gpt2-small|medium|large|xl)");
-  cmd.add_option("--vocab", o->vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  cmd.add_option("--vocab", o->vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe")->transform(folder_path());
   cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
   // Every model and training setting comes from one table (train_settings_schema): its flag, help, default and
   // parser. What the command line gives is kept as text and applied to the defaults or, with --resume, to the
