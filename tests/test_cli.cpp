@@ -90,6 +90,37 @@ TEST(Cli, OptionHelpAndErrorsShowNoParserInternals) {
   }
 }
 
+// A file that is not a model is named for what it is: text, GGUF, a folder without config.json (named as missing).
+TEST(Cli, AFileThatIsNotAModelIsNamedForWhatItIs) {
+  const auto dir = std::filesystem::temp_directory_path() / "qkv_cli_not_a_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "folder");
+  std::ofstream(dir / "story.txt") << "In the beginning God created the heaven and the earth.\n";
+  std::ofstream(dir / "model.gguf") << std::string("GGUF\x03\0\0\0", 8) << std::string(64, '\0');
+  std::ofstream(dir / "folder" / "model.safetensors") << "";
+  for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
+           {(dir / "story.txt").string(), "story.txt: is UTF-8 text (\"In the beginning God created the heaven ...\"), "
+                                          "not a model"},
+           {(dir / "model.gguf").string(), "model.gguf: is a GGUF file (version 3, llama.cpp's format), which qkv does "
+                                           "not read yet"},
+           {(dir / "folder").string() + "/", "folder: is a folder holding model.safetensors, but no config.json"}}) {
+    const std::vector<std::string> commands = {"generate --prompt hi --checkpoint ", "train --steps 1 --out " +
+                                                                       (dir / "out").string() + " --resume "};
+    for (const std::string& command : commands) {
+      const CliResult r = run_cli(command + path);
+      EXPECT_EQ(r.code, 1) << command << path << "\n" << r.out;
+      EXPECT_TRUE(contains(r.out, message)) << r.out;
+      EXPECT_FALSE(contains(r.out, "header length")) << r.out;
+      EXPECT_FALSE(contains(r.out, "not a regular file")) << r.out;
+    }
+  }
+  const CliResult apply = run_cli("apply --module " + (dir / "story.txt").string() + " --input x.npy --output " +
+                                  (dir / "o.safetensors").string());
+  EXPECT_EQ(apply.code, 1);
+  EXPECT_TRUE(contains(apply.out, "the file is UTF-8 text (\"In the beginning")) << apply.out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, ApplyReproducesPyTorchOutputAndGradients) {
   const std::string base = fixture("modules/mha_dropout");
   const auto out_path = std::filesystem::temp_directory_path() / "qkv_cli_apply.safetensors";

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "qkv/core/random.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/gpt2.hpp"
 #include "qkv/train/trainer.hpp"
@@ -231,6 +232,22 @@ const char* model_format_name(ModelFormat format) {
 }
 
 ModelFormat detect_model_format(const std::string& path) {
+  // What is not a model file at all is named for what it is (a folder without config.json, text, GGUF …).
+  const io::FileFormat what = io::sniff_format(path);
+  switch (what.kind) {
+    case io::FileKind::Directory:
+      throw IoError(path + ": is " + what.description + ", but no config.json: a Hugging Face model folder holds "
+                    "config.json beside its *.safetensors and tokenizer.json");
+    case io::FileKind::Gguf:
+      throw IoError(path + ": is " + what.description + ", which qkv does not read yet; give the model's Hugging Face "
+                    "folder (config.json, *.safetensors, tokenizer.json)");
+    case io::FileKind::Empty: case io::FileKind::Text: case io::FileKind::Json: case io::FileKind::Npy:
+    case io::FileKind::Gzip:
+      throw IoError(path + ": is " + what.description + ", not a model: give a qkv checkpoint, a PyTorch .pth, a "
+                    "safetensors file or a Hugging Face model folder");
+    default:
+      break;  // a model file, or a file to open and report on
+  }
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw IoError(path + ": cannot open: " + std::strerror(errno));
   unsigned char head[9] = {};
