@@ -62,6 +62,7 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   const CliResult r = run_cli(tiny("run", 60) + " --attention-every 20 --attention-prompt 'the fat cat'");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "untrained validation loss"));
+  EXPECT_FALSE(contains(r.out, "note: --warmup")) << "a warmup of 5 in 60 steps reaches the peak";
   // Attention snapshots of the probe: steps 0, 20, 40, 60 and an animation over them.
   for (const char* f : {"step-000000.png", "step-000020.png", "step-000060.png", "attention.gif"})
     EXPECT_TRUE(fs::exists(dir_ / "run" / "attention" / f)) << f;
@@ -202,6 +203,20 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
     EXPECT_FALSE(contains(r.out, "max_length")) << "the options' names, not the code's: " << r.out;
   }
   EXPECT_EQ(read(checkpoint), before);  // no failed run touched the saved checkpoint
+  // Learning rates are checked before a model folder loads (its config.json here would not load: exit 1), naming the
+  // default the given one conflicts with.
+  fs::create_directories(dir_ / "folder");
+  std::ofstream(dir_ / "folder" / "config.json") << "{}";
+  const CliResult lr = run_cli("train --resume " + (dir_ / "folder").string() + " --lr 1e-5 --text " +
+                               (dir_ / "text.txt").string() + " --out " + (dir_ / "folder-run").string());
+  EXPECT_EQ(lr.code, 2) << lr.out;
+  EXPECT_TRUE(contains(lr.out, "--lr 1e-05 is below the default --min-lr 1e-04 (where the cosine ends); give a smaller "
+                               "--min-lr too, e.g. --min-lr 1e-06")) << lr.out;
+  // A warmup longer than the run: the peak learning rate is never reached, and a note says so.
+  const CliResult short_run = run_cli(tiny("short", 3));
+  ASSERT_EQ(short_run.code, 0) << short_run.out;
+  EXPECT_TRUE(contains(short_run.out, "note: --warmup 5 is longer than --steps 3: the learning rate never reaches its "
+                                      "peak --lr 0.003 (it rises to 0.0018 at the last step)")) << short_run.out;
   // A prompt longer than context_length is cut to its last context_length tokens, with a notice.
   const CliResult long_prompt = run_cli("generate --checkpoint " + checkpoint + " --max-new-tokens 3 --prompt '" + std::string(100, 'a') + "'");
   EXPECT_EQ(long_prompt.code, 0) << long_prompt.out;

@@ -114,6 +114,13 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm);
 // ("rank N: …"), so none waits for the others.
 void set_up_everywhere(train::Communicator& comm, const std::function<void()>& setup);
 std::string read_corpus(const std::string& path);  // --text FILE, or the default corpus
+// The settings `strings` hold (the defaults or a checkpoint's, with the command line's over them), parsed and
+// validated; a bad value is a UsageError that names where a value not given came from (`origin`: "default",
+// "checkpoint's").
+train::TrainSettings parse_train_settings(const std::map<std::string, std::string>& strings, const TrainCommand& options,
+                                          const std::string& origin);
+// A note on stderr when the schedule cannot do what its settings say (a warmup longer than the run).
+void note_schedule(const train::TrainSettings& settings, int64_t start_step);
 
 // Where a model comes from: --checkpoint FILE (a qkv checkpoint, a .pth, a book-named or Hugging Face safetensors
 // file; told apart by content), --checkpoint DIR (a Hugging Face model folder: config.json, the safetensors and

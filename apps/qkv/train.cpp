@@ -199,6 +199,43 @@ std::string read_corpus(const std::string& path) {
   return text;
 }
 
+train::TrainSettings parse_train_settings(const std::map<std::string, std::string>& strings, const TrainCommand& options,
+                                          const std::string& origin) {
+  try {
+    return train::TrainSettings::from_strings(strings);
+  } catch (const ValueError& e) {
+    // The learning rates are checked together (0 ≤ min-lr ≤ lr): when one was given and the other was not, say
+    // which value the other had and where it came from.
+    const bool lr = options.overrides.count("learning_rate"), min_lr = options.overrides.count("min_learning_rate");
+    train::TrainSettings values;
+    try {
+      values.learning_rate = parse_real(strings.at("learning_rate"), "--lr");
+      values.min_learning_rate = parse_real(strings.at("min_learning_rate"), "--min-lr");
+    } catch (const std::exception&) {
+      throw UsageError(e.what());
+    }
+    if (values.learning_rate > 0 && values.min_learning_rate > values.learning_rate && lr != min_lr) {
+      const std::string lr_text = format_real(values.learning_rate), min_text = format_real(values.min_learning_rate);
+      char tenth[32];
+      std::snprintf(tenth, sizeof tenth, "%.3g", values.learning_rate / 10);
+      throw UsageError(lr ? "--lr " + lr_text + " is below the " + origin + " --min-lr " + min_text +
+                                " (where the cosine ends); give a smaller --min-lr too, e.g. --min-lr " + tenth
+                          : "--min-lr " + min_text + " is above the " + origin + " --lr " + lr_text +
+                                " (the peak); give a larger --lr too, or a smaller --min-lr");
+    }
+    throw UsageError(e.what());  // the values came from the command line (the defaults and a checkpoint's are valid)
+  }
+}
+
+void note_schedule(const train::TrainSettings& s, int64_t start_step) {
+  if (s.warmup_steps <= s.max_steps || start_step >= s.max_steps) return;
+  const double last = train::learning_rate_at(s, s.max_steps - 1);
+  std::fprintf(stderr, "qkv train: note: --warmup %lld is longer than --steps %lld: the learning rate never reaches its "
+                       "peak --lr %s (it rises to %.3g at the last step); give --warmup %lld (a tenth of the steps), say\n",
+               static_cast<long long>(s.warmup_steps), static_cast<long long>(s.max_steps),
+               format_real(s.learning_rate).c_str(), last, static_cast<long long>(std::max<int64_t>(1, s.max_steps / 10)));
+}
+
 void set_up_everywhere(train::Communicator& comm, const std::function<void()>& setup) {
   if (comm.size() == 1) return setup();
   std::string problem;
@@ -259,11 +296,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
       strings["vocab_size"] = "256";
     }
-    try {
-      settings = train::TrainSettings::from_strings(strings);
-    } catch (const ValueError& e) {
-      throw UsageError(e.what());  // the values came from the command line (the checkpoint's were valid)
-    }
+    settings = parse_train_settings(strings, options, options.resume.empty() ? "default" : "checkpoint's");
     if (!options.resume.empty() && lead) {
       for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
         std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
@@ -308,6 +341,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                static_cast<long long>(trainer.global_batch()), static_cast<long long>(trainer.step()),
                static_cast<long long>(settings.max_steps), options.out_dir.c_str());
   if (lead) std::fprintf(stderr, "precision: %s\n", describe_precision(trainer.precision(), settings.precision).c_str());
+  if (lead) note_schedule(settings, trainer.step());
   if (lead && comm.size() > 1) {
     std::fprintf(stderr, "data parallel: %d processes × batch %lld × grad-accum %lld = %lld windows per step\n", comm.size(),
                  static_cast<long long>(settings.batch_size), static_cast<long long>(settings.grad_accum),
