@@ -75,6 +75,8 @@ TEST(Cli, OptionHelpAndErrorsShowNoParserInternals) {
   for (const char* internal : {"TEXT:VALUE", "{false}", "->", "ENUM", "OR {", ":COUNT", ":NUMBER"})
     EXPECT_FALSE(contains(help.out, internal)) << internal;
   for (const char* shown : {"--steps INT=500", "--lr NUMBER=0.001", "--format,--picture-format FORMAT=png",
+                            "--context INT               Window length (default: the model's context_length; for a "
+                            "Hugging Face folder at most 2048)", "--overwrite                 Replace the output if it exists",
                             "--no-head-pictures Excludes"})
     EXPECT_TRUE(contains(help.out, shown)) << shown;
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{

@@ -186,6 +186,11 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
       {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
       // A text that never ends, integer options, picture options.
       {"eval --checkpoint " + checkpoint + " --text /dev/zero", "/dev/zero: is a device, not a file", 1},
+      // What the input lacks (a token to score, a chat template) is the input's problem: exit 1.
+      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "empty.txt").string(), "has 0 tokens; scoring needs at least 2", 1},
+      {"generate --checkpoint " + checkpoint + " --chat --prompt hi", "--chat needs a model folder whose "
+                                                                       "tokenizer_config.json has a chat template", 1},
+      {"chat --checkpoint " + checkpoint, "is no Hugging Face model folder", 1},
       {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --stride 0", "--stride: must be at least 1", 2},
       {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --plot loss.bmp", ".png, .svg or .pdf", 2},
       {"train --attention-every -1 --text " + (dir_ / "text.txt").string() + shape, "--attention-every: must be at least 0", 2},

@@ -100,9 +100,12 @@ int run_chat(const ChatCommand& options) {
   if (options.generation.model.checkpoint.empty()) throw UsageError("give --checkpoint DIR (a Hugging Face model folder)");
   LoadedModel loaded = load_model(options.generation.model);
   const auto* tokenizer = dynamic_cast<const text::HfTokenizer*>(loaded.tokenizer.get());
-  if (!tokenizer) throw UsageError("qkv chat needs a Hugging Face model folder with tokenizer.json and a chat template");
+  // What the model lacks is a problem of the input (exit 1), not of the command line.
+  if (!tokenizer)
+    throw ValueError(loaded.description + " is no Hugging Face model folder (with tokenizer.json and a chat template); "
+                     "qkv chat talks to one; use qkv generate");
   if (tokenizer->chat_template().empty())
-    throw UsageError(options.generation.model.checkpoint + " has no chat template in tokenizer_config.json; use qkv generate");
+    throw ValueError(options.generation.model.checkpoint + " has no chat template in tokenizer_config.json; use qkv generate");
   text::ChatTemplate templ;
   try {
     templ = text::ChatTemplate::parse(tokenizer->chat_template());

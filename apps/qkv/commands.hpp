@@ -230,6 +230,7 @@ struct ConvertCommand {
   std::string merge;              // a PEFT LoRA adapter folder to fold into the weights first
   train::ConfigHint hint;
   bool weights_only = false;
+  bool overwrite = false;  // replace an existing output (as train's --overwrite)
 };
 int run_convert(const ConvertCommand& options);
 

@@ -4,12 +4,25 @@
 
 #include "commands.hpp"
 #include "options.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/nn/hf.hpp"
 
 namespace qkv::cli {
 
 namespace {
+// An existing output is kept unless --overwrite says to replace it (an empty folder, or a device such as /dev/null,
+// is written into).
+void check_output(const ConvertCommand& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(options.output, ec);
+  if (options.overwrite || ec || !fs::exists(status)) return;
+  if (fs::is_directory(status) ? !fs::is_empty(options.output, ec) : fs::is_regular_file(status))
+    throw UsageError(options.output + " already exists (" + io::describe_file(options.output) + "); give --overwrite to "
+                     "replace it, or another output");
+}
+
 // Folds a PEFT adapter into the model's weights; its fully trained modules replace theirs. A module the model has no
 // place for (a classifier head) is a usage error naming it.
 void merge_adapter(const std::string& dir, nn::Module& model) {
@@ -55,6 +68,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   std::error_code same;
   if (fs::equivalent(options.input, options.output, same))
     throw UsageError("the output folder is the input folder; write to another");
+  check_output(options);
   auto model = nn::load_hf_decoder(options.input);
   if (!options.merge.empty()) merge_adapter(options.merge, *model);
   const nn::HfDType dtype = options.dtype == "bf16" ? nn::HfDType::BF16 : nn::HfDType::F32;
@@ -88,6 +102,7 @@ int run_convert(const ConvertCommand& options) {
   if (options.to == "hf") return convert_to_hf_folder(options);
   if (nn::is_hf_folder(options.input))
     throw UsageError(options.input + " is a Hugging Face folder: convert it with --to hf (to F32 or BF16, --dtype)");
+  check_output(options);
   if (!options.merge.empty()) return convert_merged(options);
   const train::ModelFormat to = train::output_format(options.to, options.output);
   train::Conversion c;
@@ -114,6 +129,7 @@ Runner setup_convert(CLI::App& cmd, CommandContext&) {
       ->check(one_of({"f32", "bf16"}));
   add_config_options(cmd, o->hint);
   cmd.add_flag("--weights-only", o->weights_only, "Keep only the weights (drop optimizer state)");
+  cmd.add_flag("--overwrite", o->overwrite, "Replace the output if it exists");
   cmd.add_option("--merge", o->merge, "A LoRA adapter folder (PEFT's layout, as qkv finetune writes) to merge into the "
                                       "weights: W + (alpha / r)·B·A")
       ->transform(folder_path());

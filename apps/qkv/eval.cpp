@@ -51,7 +51,9 @@ int run_eval(const EvalCommand& options) {
   }
   const int64_t stride = options.stride > 0 ? options.stride : context;
   if (stride > context) throw UsageError("--stride " + std::to_string(stride) + " exceeds the window of " + std::to_string(context) + " tokens");
-  if (ids.size() < 2) throw UsageError(options.text_path + " has " + std::to_string(ids.size()) + " token(s); scoring needs at least 2");
+  if (ids.size() < 2)  // the text's problem (exit 1), not the command line's
+    throw ValueError(options.text_path + " has " + count_of(static_cast<int64_t>(ids.size()), "token") +
+                     "; scoring needs at least 2");
   // Logits are batch × context × vocabulary floats: keep them under 256 MiB unless told otherwise.
   const int64_t batch = options.batch_size > 0 ? options.batch_size
                                                 : std::max<int64_t>(1, (int64_t{256} << 20) / (4 * context * model.vocab_size()));
@@ -120,7 +122,8 @@ Runner setup_eval(CLI::App& cmd, CommandContext& context) {
   auto o = std::make_shared<EvalCommand>();
   add_model_options(cmd, o->model);
   cmd.add_option("--text", o->text_path, "UTF-8 text to score (- for standard input)")->required();
-  cmd.add_option("--context", o->context, "Window length (default: the model's context_length, at most 2048)")
+  cmd.add_option("--context", o->context, "Window length (default: the model's context_length; for a Hugging Face "
+                                          "folder at most 2048)")
       ->check(int_at_least(1));
   cmd.add_option("--stride", o->stride, "Tokens between window starts (default: the window length; smaller gives each "
                                         "token more context and costs more)")

@@ -172,20 +172,17 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   std::vector<text::LabelledText> train_texts, val_texts, test_texts;
   std::vector<std::string> labels;
   train::ClassificationSplit train_split, val_split, test_split;
-  try {
-    train_texts = text::read_labelled_texts(cmd.train_path, cmd.columns);
-    val_texts = text::read_labelled_texts(cmd.val_path, cmd.columns);
-    if (!cmd.test_path.empty()) test_texts = text::read_labelled_texts(cmd.test_path, cmd.columns);
-    labels = train::label_names(train_texts);
-    if (labels.size() < 2) throw ValueError(cmd.train_path + ": a classifier needs at least two labels; the training texts have " + std::to_string(labels.size()));
-    const int64_t length = o.max_length > 0 ? std::min(o.max_length, model.context_length())
-                                            : train::longest_text(train_texts, tokenizer, model.context_length());
-    train_split = train::make_split(train_texts, labels, tokenizer, length, o.pad_id, cmd.train_path);
-    val_split = train::make_split(val_texts, labels, tokenizer, length, o.pad_id, cmd.val_path);
-    if (!cmd.test_path.empty()) test_split = train::make_split(test_texts, labels, tokenizer, length, o.pad_id, cmd.test_path);
-  } catch (const ValueError& e) {
-    throw UsageError(e.what());
-  }
+  // A problem here is the data files' (a missing column, an unknown label, an empty split): exit 1.
+  train_texts = text::read_labelled_texts(cmd.train_path, cmd.columns);
+  val_texts = text::read_labelled_texts(cmd.val_path, cmd.columns);
+  if (!cmd.test_path.empty()) test_texts = text::read_labelled_texts(cmd.test_path, cmd.columns);
+  labels = train::label_names(train_texts);
+  if (labels.size() < 2) throw ValueError(cmd.train_path + ": a classifier needs at least two labels; the training texts have " + std::to_string(labels.size()));
+  const int64_t length = o.max_length > 0 ? std::min(o.max_length, model.context_length())
+                                          : train::longest_text(train_texts, tokenizer, model.context_length());
+  train_split = train::make_split(train_texts, labels, tokenizer, length, o.pad_id, cmd.train_path);
+  val_split = train::make_split(val_texts, labels, tokenizer, length, o.pad_id, cmd.val_path);
+  if (!cmd.test_path.empty()) test_split = train::make_split(test_texts, labels, tokenizer, length, o.pad_id, cmd.test_path);
   const int64_t classes = static_cast<int64_t>(labels.size());
   std::printf("%s: %zu training, %zu validation, %zu test texts, %lld classes, %lld tokens each\n", loaded.description.c_str(),
               train_texts.size(), val_texts.size(), test_texts.size(), static_cast<long long>(classes),
@@ -293,7 +290,7 @@ int run_classify(const ClassifyCommand& cmd) {
     m.hint.config = beside.string();  // qkv finetune writes the book's configuration dict beside model.pth
   LoadedModel loaded = load_model(m);
   if (!loaded.classifier_weight.defined()) {
-    throw UsageError(loaded.description + " has no classifier head; give the model.pth (or --adapter) that qkv finetune "
+    throw ValueError(loaded.description + " has no classifier head; give the model.pth (or --adapter) that qkv finetune "
                      "classify wrote");
   }
   // The labels and how the classifier reads a text, from the metrics.json written beside the model (or the adapter).
@@ -354,16 +351,12 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
                  static_cast<long long>(model.context_length()), static_cast<long long>(o.allowed_max_length));
     o.allowed_max_length = model.context_length();
   }
-  std::vector<text::Instruction> entries;
-  try {
-    entries = text::read_instructions(cmd.data_path);
-  } catch (const ValueError& e) {
-    throw UsageError(e.what());
-  }
-  if (entries.size() < 3) throw UsageError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries; the 85/10/5 split needs more");
+  // The data file's problems exit 1 (docs/robustness.md).
+  const std::vector<text::Instruction> entries = text::read_instructions(cmd.data_path);
+  if (entries.size() < 3) throw ValueError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries; the 85/10/5 split needs more");
   const train::InstructionSplits splits = train::split_instructions(entries, cmd.split_seed);
   if (splits.train.empty() || splits.validation.empty() || splits.test.empty()) {
-    throw UsageError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries leave an empty split (" +
+    throw ValueError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries leave an empty split (" +
                      std::to_string(splits.train.size()) + " train, " + std::to_string(splits.test.size()) + " test, " +
                      std::to_string(splits.validation.size()) + " validation); give at least 20");
   }
@@ -371,7 +364,8 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   std::function<std::string(const text::Instruction&)> prompt;
   if (cmd.format == "chat") {
     const auto* hf = dynamic_cast<const text::HfTokenizer*>(&tokenizer);
-    if (!hf || hf->chat_template().empty()) throw UsageError("--format chat needs a model folder with a chat template");
+    if (!hf || hf->chat_template().empty())
+      throw ValueError("--format chat needs a model folder with a chat template; " + loaded.description + " has none");
     auto tmpl = std::make_shared<text::ChatTemplate>(text::ChatTemplate::parse(hf->chat_template()));
     text::ChatOptions chat;
     if (hf->bos_id() >= 0) chat.bos_token = hf->token_content(hf->bos_id());

@@ -116,7 +116,8 @@ int run_generate(const GenerateCommand& options) {
   if (options.chat) {
     const auto* hf = dynamic_cast<const text::HfTokenizer*>(tokenizer);
     if (!hf || hf->chat_template().empty())
-      throw UsageError("--chat needs a model folder whose tokenizer_config.json has a chat template");
+      throw ValueError("--chat needs a model folder whose tokenizer_config.json has a chat template; " +
+                       loaded.description + " has none");
     text::ChatOptions chat;
     if (hf->bos_id() >= 0) chat.bos_token = hf->token_content(hf->bos_id());
     if (hf->end_of_text() >= 0) chat.eos_token = hf->token_content(hf->end_of_text());
