@@ -66,19 +66,33 @@ TemplateFile read_template_file(const std::string& path) {
   return f;
 }
 
+// A JSON list of messages, OpenAI's and Hugging Face's shape: a role, a content (a string; null or absent beside
+// tool_calls) and any other fields (tool_calls, tool_call_id, name …), kept for the template in the file's order.
 std::vector<text::ChatMessage> read_messages(const std::string& path) {
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   try {
-    j = nlohmann::json::parse(read_text(path));
+    j = nlohmann::ordered_json::parse(read_text(path));
   } catch (const nlohmann::json::exception& e) {
     throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_array()) throw IoError(path + ": must be a JSON list of {\"role\": …, \"content\": …} messages");
   std::vector<text::ChatMessage> messages;
   for (const auto& m : j) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string())
-      throw IoError(path + ": every message needs a string role and a string content");
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    const std::string where = path + ": message " + std::to_string(messages.size() + 1);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw IoError(where + " needs a string role (system, user, assistant or tool)");
+    const bool calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (m.contains("tool_calls") && !m["tool_calls"].is_array() && !m["tool_calls"].is_null())
+      throw IoError(where + ": tool_calls must be a list of {\"function\": {\"name\": …, \"arguments\": …}}");
+    const bool text = m.contains("content") && m["content"].is_string();
+    if (!text && !(calls && (!m.contains("content") || m["content"].is_null())))
+      throw IoError(where + " needs a string content (null or none only beside tool_calls)");
+    text::ChatMessage message{m["role"].get<std::string>(), text ? m["content"].get<std::string>() : ""};
+    nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : m.items())
+      if (key != "role" && !(key == "content" && text)) fields[key] = value;
+    if (!fields.empty()) message.fields = fields.dump();
+    messages.push_back(std::move(message));
   }
   return messages;
 }
