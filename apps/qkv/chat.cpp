@@ -149,16 +149,32 @@ int run_chat(const ChatCommand& options) {
                interactive ? "Type a message; an empty line or Ctrl-D ends the chat." : "Reading messages from stdin, one per line.");
   // One turn: render the conversation, feed the tokens beyond what the cache holds, stream the reply.
   auto turn = [&]() {
-    const std::vector<int64_t> ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    std::vector<int64_t> ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    // A conversation that no longer fits the cache with room for a reply loses its oldest turns (a leading system
+    // message stays): whole turns, so what remains still starts with a user's message.
+    size_t dropped = 0;
+    const size_t first = !messages.empty() && messages.front().role == "system" ? 1 : 0;
+    while (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity && messages.size() > first + 1) {
+      do {
+        messages.erase(messages.begin() + static_cast<std::ptrdiff_t>(first));
+        ++dropped;
+      } while (messages.size() > first + 1 && messages[first].role != "user");
+      ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    }
+    if (dropped > 0)
+      std::fprintf(stderr, "qkv chat: the conversation filled the %lld-token cache (--max-context); dropped its oldest "
+                           "%s to make room\n", static_cast<long long>(capacity),
+                   count_of(static_cast<int64_t>(dropped), "message").c_str());
+    if (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity)
+      throw UsageError("the message alone has " + std::to_string(ids.size()) + " tokens; with --max-new-tokens " +
+                       std::to_string(g.max_new_tokens) + " it would pass the " + std::to_string(capacity) +
+                       "-token cache; give a larger --max-context (at most the model's " +
+                       std::to_string(model.context_length()) + "), a smaller --max-new-tokens or a shorter message");
     const bool extends = ids.size() > fed.size() && std::equal(fed.begin(), fed.end(), ids.begin());
-    if (!extends) {  // the template rewrote the history (Qwen3 drops old <think> blocks): start over
+    if (!extends) {  // the template rewrote the history (Qwen3 drops old <think> blocks; old turns dropped): start over
       cache = model.make_cache(1, capacity);
       fed.clear();
     }
-    if (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity)
-      throw UsageError("the conversation has " + std::to_string(ids.size()) + " tokens; with --max-new-tokens " +
-                       std::to_string(g.max_new_tokens) + " it would pass the " + std::to_string(capacity) +
-                       "-token cache (--max-context); start a new chat");
     const std::vector<int64_t> fresh(ids.begin() + static_cast<std::ptrdiff_t>(fed.size()), ids.end());
     Tensor logits = model.forward_cached(fresh, 1, static_cast<int64_t>(fresh.size()), cache);
     fed = ids;
@@ -183,6 +199,8 @@ int run_chat(const ChatCommand& options) {
   for (std::string line;;) {
     if (interactive) std::cerr << "> " << std::flush;
     if (!std::getline(std::cin, line) || (interactive && line.empty())) break;
+    // Piped text: a blank line separates, it is no message (it would make the model answer nothing).
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     messages.push_back({"user", line});
     turn();
   }

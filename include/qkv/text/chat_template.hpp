@@ -21,7 +21,7 @@ struct ChatMessage {
   // The message's other fields as the text of a JSON object, in the file's order: what tool calls and their results
   // carry (tool_calls, tool_call_id, name, reasoning_content). The template sees them as message.<field>; a
   // "content": null here gives message.content = none. Empty: no other fields.
-  std::string fields;
+  std::string fields = {};
 };
 
 // What a template reads besides the messages
