@@ -386,6 +386,38 @@ TEST(Terminal, TablesAlignByDisplayWidthInAnyScript) {
   EXPECT_EQ(starts.size(), 1u) << demo.out.substr(0, 1200);
 }
 
+// A sentence where the goal cannot be met: the run stops at 500 steps and says so (and why), counts its steps right,
+// and its animation keeps ~60 frames (it kept 501: 1.4 GB while drawing, a 30 MB GIF). --attend picks the pair.
+TEST(Demo, TrainingThatMissesItsGoalSaysSoAndKeepsItsAnimationSmall) {
+  std::string sentence;
+  for (int i = 1; i <= 32; ++i) sentence += "w" + std::to_string(i) + " ";
+  const fs::path dir = scratch("demo_miss");
+  fs::remove_all(dir);
+  const CliResult r = run_cli("demo --no-color --section train --sentence '" + sentence + "' --pictures " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("make \"w32\" attend to \"w1\""), std::string::npos) << "last word to first by default";
+  EXPECT_NE(r.out.find("step 500   loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("After 500 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("After 501"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("The goal (\"w32\" attending most to \"w1\", with a weight of at least 0.5) was not reached in "
+                       "500 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with 32 words in d = 3 dimensions"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("03-train-A-steps.gif, 60 frames: the first ten steps, then every tenth"), std::string::npos) << r.out;
+  EXPECT_LT(fs::file_size(dir / "03-train-A-steps.gif"), 8u << 20);
+  fs::remove_all(dir);
+  // --attend QUERY,KEY by word or position; a repeated key is named as the reason the goal is out of reach.
+  const CliResult pair = run_cli("demo --no-color --section train --sentence 'the fat cat sat on the mat' --attend 3,the");
+  ASSERT_EQ(pair.code, 0) << pair.out;
+  EXPECT_NE(pair.out.find("make \"cat\" attend to \"the\""), std::string::npos) << pair.out;
+  EXPECT_NE(pair.out.find("\"the\" appears 2 times with one embedding"), std::string::npos) << pair.out;
+  const CliResult cat_fat = run_cli("demo --no-color --section train --sentence 'a fat cat'");
+  EXPECT_NE(cat_fat.out.find("← cat now attends most to fat"), std::string::npos) << cat_fat.out;
+  const CliResult bad = run_cli("demo --section train --sentence 'a b' --attend a,zz");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--attend: the key \"zz\" is neither a word of the input (a b) nor a position 1…2"),
+            std::string::npos) << bad.out;
+}
+
 TEST(Demo, NoColorIsHonoured) {
   const CliResult r = run_cli("demo --section v1 --color", "NO_COLOR=1 ");
   EXPECT_NE(r.out.find("\x1b["), std::string::npos) << "--color wins over NO_COLOR";

@@ -74,6 +74,9 @@ struct DemoOptions {
   std::string embeddings, tokens;     // or embeddings from a .npy (T × d_in), one token per row
   std::optional<int64_t> d_in, d_out;  // unset: the defaults (3 and 2)
   std::optional<uint64_t> seed;       // for the learner's input (default 123)
+  // Section 3's pair: which word learns to attend to which, as "QUERY,KEY" (words or 1-based positions); empty:
+  // "cat,fat" when the sentence has both, else its last word to its first.
+  std::string attend;
 };
 const std::vector<std::string>& demo_sections();
 int run_demo(const DemoOptions& options, std::ostream& out);

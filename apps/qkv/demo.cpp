@@ -281,37 +281,62 @@ void section_v2(std::ostream& out, const Input& in, const DemoOptions& options, 
                    t.weights, in.tokens);
 }
 
-// Which token learns to attend to which: the book's cat → fat, or the user's last token → first token.
+// Which token learns to attend to which: the book's cat → fat; for the learner's input --attend QUERY,KEY, else
+// cat → fat when both are there, else the last token → the first.
 struct TrainSetup {
   std::vector<std::string> tokens;
   Tensor x;
-  int64_t query, key;
-  int64_t d;
+  int64_t query = 0, key = 0;
+  int64_t d = 0;
 };
 
-TrainSetup train_setup(const Input& in) {
+// A token of --attend: a word (its first occurrence) or a 1-based position.
+int64_t find_token(const std::vector<std::string>& tokens, const std::string& word, const char* role) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] == word) return static_cast<int64_t>(i);
+  if (!word.empty() && word.find_first_not_of("0123456789") == std::string::npos && word.size() < 4) {
+    const int64_t position = std::stoll(word);
+    if (position >= 1 && position <= static_cast<int64_t>(tokens.size())) return position - 1;
+  }
+  std::string words;
+  for (const auto& t : tokens) words += (words.empty() ? "" : " ") + t;
+  throw UsageError(std::string("--attend: the ") + role + " \"" + printable(word) + "\" is neither a word of the input (" +
+                   printable(words) + ") nor a position 1…" + std::to_string(tokens.size()));
+}
+
+TrainSetup train_setup(const Input& in, const std::string& attend) {
+  TrainSetup s;
   if (in.book) {
-    TrainSetup s;
     s.tokens = {"the", "fat", "cat", "sat", "on", "the", "mat"};
     s.d = 4;
     // Fixed embeddings: one random 4-d vector per distinct word (seed 123); Wq, Wk, Wv are drawn next.
     manual_seed(123);
     s.x = word_embeddings(s.tokens, s.d, default_generator());
-    s.query = 2;
-    s.key = 1;
-    return s;
+  } else {
+    s.tokens = in.tokens, s.x = in.x, s.d = in.d_in;
   }
-  TrainSetup s{in.tokens, in.x, static_cast<int64_t>(in.tokens.size()) - 1, 0, in.d_in};
-  for (size_t i = 0; i < in.tokens.size(); ++i) {  // "cat" and "fat" if the sentence has them
-    if (in.tokens[i] == "cat") s.query = static_cast<int64_t>(i);
-    if (in.tokens[i] == "fat") s.key = static_cast<int64_t>(i);
+  if (!attend.empty()) {
+    const size_t comma = attend.find(',');
+    if (comma == std::string::npos)
+      throw UsageError("--attend takes QUERY,KEY (two words or positions), e.g. --attend cat,fat; got \"" +
+                       printable(attend) + "\"");
+    s.query = find_token(s.tokens, attend.substr(0, comma), "query");
+    s.key = find_token(s.tokens, attend.substr(comma + 1), "key");
+    return s;  // a word may learn to attend to itself
   }
-  if (s.query == s.key) s.key = s.query == 0 ? 1 : 0;
+  const auto cat = std::find(s.tokens.begin(), s.tokens.end(), "cat"), fat = std::find(s.tokens.begin(), s.tokens.end(), "fat");
+  if (cat != s.tokens.end() && fat != s.tokens.end()) {  // the book's pair, when the sentence has both
+    s.query = cat - s.tokens.begin();
+    s.key = fat - s.tokens.begin();
+  } else {  // else the last word learns to attend to the first
+    s.query = static_cast<int64_t>(s.tokens.size()) - 1;
+    s.key = 0;
+  }
   return s;
 }
 
 void section_train(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
-  TrainSetup s = train_setup(in);
+  TrainSetup s = train_setup(in, options.attend);
   const std::string& qname = s.tokens[static_cast<size_t>(s.query)];
   const std::string& kname = s.tokens[static_cast<size_t>(s.key)];
   heading(out, "3. Training Wq, Wk, Wv — make \"" + qname + "\" attend to \"" + kname + "\"");
@@ -350,36 +375,62 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   targets[static_cast<size_t>(s.query)] = s.key;
   out << "\nAdamW, lr = 0.05:\n";
   const Tensor w_value_before = attention.W_value.clone();
-  int step = 0;
-  for (; step <= 500; ++step) {
+  // At most kMaxSteps optimiser steps; the animation keeps the first ten and then every tenth (and the last), so a
+  // run that never meets its goal writes ~60 frames, not 501.
+  constexpr int kMaxSteps = 500;
+  int step = 0;  // optimiser steps taken so far
+  bool done = false;
+  float attention_to_key = 0.0f;
+  int64_t best = 0;
+  for (;; ++step) {
     optimizer.zero_grad();
     const nn::AttentionTrace t = attention.trace(s.x);
     const Tensor loss = cross_entropy(div(t.scores, std::sqrt(static_cast<float>(s.d))), targets);
-    const float attention_to_key = t.weights.at({s.query, s.key});
-    int64_t best = 0;
+    attention_to_key = t.weights.at({s.query, s.key});
+    best = 0;
     for (int64_t j = 1; j < T; ++j)
       if (t.weights.at({s.query, j}) > t.weights.at({s.query, best})) best = j;
-    const bool done = best == s.key && attention_to_key >= 0.5f;
+    done = best == s.key && attention_to_key >= 0.5f;
+    const bool last = done || step == kMaxSteps;
     char line[200];
     std::snprintf(line, sizeof line, "  step %3d   loss %.4f   A[%s, %s] = %.4f%s\n", step, loss.item(), qname.c_str(),
                   kname.c_str(), attention_to_key, done ? ("   ← " + qname + " now attends most to " + kname).c_str() : "");
-    if (step < 5 || step % 10 == 0 || done) out << line;
-    if (pictures.on()) {
+    if (step < 5 || step % 10 == 0 || last) out << line;
+    if (pictures.on() && (step < 10 || step % 10 == 0 || last)) {
       char caption[120];
       std::snprintf(caption, sizeof caption, "step %d   loss %.3f   A[%s, %s] = %.2f", step, loss.item(),
                     qname.c_str(), kname.c_str(), attention_to_key);
       animation.add_frame(t.weights.detach(), caption);
     }
-    if (done) break;
+    if (last) break;
     loss.backward();
     optimizer.step();
   }
   const Tensor after = weights_now();
   out << "\nAfter " << step << " steps, \"" << qname << "\" attends to:\n" << viz::bars(query_row(after), s.tokens);
+  if (!done) {
+    // Say so, and why it can happen: the score of key j is x_j·u for one vector u (u = Wk·Wqᵀ·x_q), so only a key
+    // whose embedding is a corner of all the keys' convex hull can ever get the largest weight, and a repeated word
+    // (the same embedding) shares its weight with its copies.
+    const int64_t copies = std::count(s.tokens.begin(), s.tokens.end(), kname);
+    char line[160];
+    std::snprintf(line, sizeof line, "A[%s, %s] = %.4f; the largest weight is on \"%s\"", qname.c_str(), kname.c_str(),
+                  attention_to_key, s.tokens[static_cast<size_t>(best)].c_str());
+    out << "\nThe goal (\"" << qname << "\" attending most to \"" << kname << "\", with a weight of at least 0.5) was not "
+        << "reached in " << kMaxSteps << " steps:\n" << line << ".\n";
+    if (copies > 1)
+      out << "\"" << kname << "\" appears " << copies << " times with one embedding, so its copies share the weight "
+          << "equally.\nChoose another key with --attend QUERY,KEY.\n";
+    else
+      out << "A key's score is its embedding's dot product with one vector, so with " << T << " words in d = " << s.d
+          << " dimensions\na word whose embedding lies inside the others' can never win. Give more dimensions "
+          << "(--d-in), fewer words,\nor another pair (--attend QUERY,KEY).\n";
+  }
   pictures.heatmap(out, "03-train-A-after", "After " + std::to_string(step) + " steps: A", after, s.tokens, 1.0);
   if (pictures.on()) {
     animation.save_gif(pictures.path("03-train-A-steps.gif"), 12);
-    out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", one frame per step]\n";
+    out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", " << animation.frames() << " frames: "
+        << (step < 10 ? "every step" : "the first ten steps, then every tenth") << "]\n";
   }
   float change = 0.0f;
   for (int64_t i = 0; i < attention.W_value.numel(); ++i)
@@ -541,6 +592,9 @@ Runner setup_demo(CLI::App& cmd, CommandContext&) {
   cmd.add_option("--d-out", o->d_out, "Query/key/value width c (default 2; even: two heads share it)")->type_name("INT")
       ->check(int_in_range(1, kMaxWidth));
   cmd.add_option("--seed", o->seed, "Seed for your input's embeddings and weights (default 123)");
+  cmd.add_option("--attend", o->attend, "Section 3 trains QUERY to attend to KEY (words or 1-based positions: "
+                                        "--attend cat,fat; default: cat,fat when your sentence has both, else its last "
+                                        "word to its first)");
   return [o, force_color, no_color, sentence] {
     // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.
     const char* no_color_env = std::getenv("NO_COLOR");

@@ -229,10 +229,9 @@ void save_heatmap_grid(const std::string& path, const std::string& title, const 
 void save_heatmap_grid_gif(const std::string& path, const std::string& title,
                            const std::vector<std::pair<std::vector<HeatmapPanel>, std::string>>& frames, int columns,
                            const std::vector<std::string>& labels, double vmax, int delay_cs) {
-  std::vector<Pixels> pictures;
-  for (const auto& [panels, caption] : frames)
-    pictures.push_back(draw_grid(title, caption.empty() ? " " : caption, panels, columns, labels, vmax).render());
-  save_gif_frames(path, pictures, delay_cs, 200);
+  save_gif_frames(path, frames.size(), [&](size_t f) {
+    return draw_grid(title, frames[f].second.empty() ? " " : frames[f].second, frames[f].first, columns, labels, vmax).render();
+  }, delay_cs, 200);
 }
 
 HeatmapAnimation::HeatmapAnimation(HeatmapStyle style) : style_(std::move(style)) {
@@ -244,13 +243,11 @@ void HeatmapAnimation::add_frame(const Tensor& weights, const std::string& capti
 }
 
 void HeatmapAnimation::save_gif(const std::string& path, int delay_cs) const {
-  std::vector<Pixels> pictures;
-  for (const auto& [weights, caption] : frames_) {
+  save_gif_frames(path, frames_.size(), [&](size_t f) {
     HeatmapStyle style = style_;
-    style.caption = caption.empty() ? " " : caption;  // every frame the same size
-    pictures.push_back(draw_heatmap(weights, style).render());
-  }
-  save_gif_frames(path, pictures, delay_cs, 200);
+    style.caption = frames_[f].second.empty() ? " " : frames_[f].second;  // every frame the same size
+    return draw_heatmap(frames_[f].first, style).render();
+  }, delay_cs, 200);
 }
 
 }  // namespace qkv::viz
