@@ -278,13 +278,14 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "attention.html"));
   EXPECT_EQ(run_cli("attention --prompt hi").code, 2);
 
-  // The page in a real browser: pinned on token 7 ('c') of layer 1, head 2, it draws one line per key that token
-  // attends to (weight ≥ 0.01), with the weights of attention.safetensors.
+  // The page in a real browser: pinned on token 9 ('c'; the page and its link count from 1, as for layers and heads)
+  // of layer 1, head 2, it draws one line per key that token attends to (weight ≥ 0.01), with the weights of
+  // attention.safetensors; a space is '␣' there as in the pictures.
   const std::string profile = (dir_ / "chromium-profile").string();
   const CliResult dom = run_cli("", "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
                                     "--disable-background-networking --disable-component-update --disable-sync "
                                     "--user-data-dir=" + profile + " --dump-dom 'file://" + (out / "attention.html").string() +
-                                    "#layer=1&head=2&token=7' 2>/dev/null; true ");
+                                    "#layer=1&head=2&token=9' 2>/dev/null; true ");
   ASSERT_NE(dom.out.find("<svg"), std::string::npos)
       << "headless chromium did not render the page (is Debian's chromium installed? scripts/run test installs it):\n"
       << dom.out.substr(0, 500);
@@ -292,18 +293,26 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
   for (size_t at = dom.out.find("<line"); at != std::string::npos; at = dom.out.find("<line", at + 1)) {
     ++lines;
     const std::string tag = dom.out.substr(at, dom.out.find('>', at) - at);
-    EXPECT_NE(tag.find("data-query=\"7\""), std::string::npos) << tag;
+    EXPECT_NE(tag.find("data-query=\"9\""), std::string::npos) << tag;
     EXPECT_NE(tag.find("data-head=\"2\""), std::string::npos) << tag;
     const size_t k = tag.find("data-key=\"") + 10, w = tag.find("data-weight=\"") + 13;
-    const int64_t key = std::stoll(tag.substr(k));
-    EXPECT_NEAR(std::stod(tag.substr(w)), maps.data()[(1 * 11 + 7) * 11 + key], 0.5 / 255 + 1e-3) << tag;
+    const int64_t key = std::stoll(tag.substr(k)) - 1;
+    EXPECT_NEAR(std::stod(tag.substr(w)), maps.data()[(1 * 11 + 8) * 11 + key], 0.5 / 255 + 1e-3) << tag;
     ++checked;
   }
   int expected_lines = 0;
-  for (int64_t j = 0; j < 11; ++j) expected_lines += maps.data()[(1 * 11 + 7) * 11 + j] >= 0.01f;
+  for (int64_t j = 0; j < 11; ++j) expected_lines += maps.data()[(1 * 11 + 8) * 11 + j] >= 0.01f;
   EXPECT_GT(lines, 0);
   EXPECT_EQ(lines, expected_lines);
-  EXPECT_NE(dom.out.find("in layer 1 attends most to"), std::string::npos);
+  EXPECT_NE(dom.out.find("Token 9, \u201cc\u201d, in layer 1 attends most to"), std::string::npos);
+  EXPECT_NE(dom.out.find(">\u2423<"), std::string::npos) << "a space as in the pictures";
+  EXPECT_EQ(dom.out.find("\u00b7"), std::string::npos);
+  // The page is as wide as the window (chromium's 800 px here, less the margins), and without a link it starts
+  // with one head (every head at once is a tangle of lines).
+  const size_t box = dom.out.find("viewBox=\"0 0 ");
+  ASSERT_NE(box, std::string::npos);
+  EXPECT_GT(std::stoi(dom.out.substr(box + 12)), 700) << "the page uses the window's width";
+  EXPECT_NE(read(out / "attention.html").find("heads: new Set([0])"), std::string::npos);
 }
 
 }  // namespace

@@ -169,7 +169,9 @@ TEST(Labels, TokensKeepTheirCharactersAndShowWhatIsInvisible) {
   EXPECT_EQ(viz::token_label("\xe6\x9d\xb1\xe4\xba\xac"), "\xe6\x9d\xb1\xe4\xba\xac");  // 東京
   EXPECT_EQ(viz::token_label("a\nb\tc"), "a\\nb\\x09c");
   EXPECT_EQ(viz::token_label(""), "\u2205");
-  EXPECT_EQ(viz::token_label("\xe6\x9d"), "\ufffd\ufffd") << "half a character (a byte-level token): U+FFFD per byte";
+  EXPECT_EQ(viz::token_label("\xe6\x9d"), "\\xe6\\x9d") << "half a character (a byte-level token): its bytes in hex";
+  EXPECT_EQ(viz::token_label("\xac caf\xc3\xa9 \xf0\x9f\x99\x82"), "\\xac caf\xc3\xa9 \xf0\x9f\x99\x82");
+  EXPECT_EQ(viz::token_label("\xed\xa0\x80"), "\\xed\\xa0\\x80") << "a surrogate is no character";
 }
 
 // Every label of a heatmap, in four scripts, has the pixels of the same text drawn alone: real glyphs, not '?'.

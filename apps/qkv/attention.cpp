@@ -45,7 +45,7 @@ int run_attention(const AttentionCommand& options) {
   viz::AttentionReport report;
   report.title = loaded.description + ", prompt \"" + options.prompt + "\"";
   report.token_ids = ids;
-  for (int64_t id : ids) report.tokens.push_back(tokenizer->decode(std::vector<int64_t>{id}));
+  for (int64_t id : ids) report.tokens.push_back(tokenizer->token_bytes(id));  // split characters keep their bytes
   const std::vector<int64_t> layers = indices(options.layers, model.num_layers(), "layer");
   const std::vector<int64_t> heads = indices(options.heads, model.num_heads(), "head");
   report.maps = model.attention_maps(ids, layers, heads);

@@ -69,6 +69,7 @@ struct DemoOptions {
   bool color = false;
   std::string pictures_dir;           // draw every weight matrix there and the training (GIF)
   viz::PictureOptions pictures;       // --format, --scale
+  std::string color_scale;            // --color-scale: fixed, auto, or empty (auto except where pictures compare)
   std::string sentence;               // the learner's own words, one random embedding per distinct word
   bool sentence_given = false;
   std::string embeddings, tokens;     // or embeddings from a .npy (T × d_in), one token per row

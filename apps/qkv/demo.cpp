@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
@@ -136,23 +137,32 @@ std::vector<std::string> dims(const char* prefix, int64_t n) {
   return out;
 }
 
-// Writes a heatmap into --pictures DIR (when given), in the chosen format, and says where.
+// Writes a heatmap into --pictures DIR (when given), in the chosen format, and says where. The colour scale: by
+// default each picture's own largest weight, except where pictures are compared (before and after training: 0 … 1);
+// --color-scale fixed puts every one on 0 … 1 (dropout's kept weights, doubled, on 0 … 2), auto each on its own.
 class Pictures {
  public:
-  Pictures(const std::string& dir, const viz::PictureOptions& options) : dir_(dir), options_(options) {
+  Pictures(const std::string& dir, const viz::PictureOptions& options, const std::string& scale)
+      : dir_(dir), options_(options), scale_(scale) {
     if (dir_.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IoError(dir_ + ": cannot create the picture directory: " + ec.message());
   }
   bool on() const { return !dir_.empty(); }
+  // The colour scale's top: `fixed` (the largest weight there can be) or 0, the picture's own largest.
+  double vmax(bool fixed_by_default, double fixed = 1.0) const {
+    return scale_ == "fixed" || (scale_.empty() && fixed_by_default) ? fixed : 0.0;
+  }
   void heatmap(std::ostream& out, const std::string& stem, const std::string& title, const Tensor& weights,
-               const std::vector<std::string>& tokens, double vmax = 0.0) {
+               const std::vector<std::string>& tokens, bool fixed_by_default = false,
+               std::function<bool(int64_t, int64_t)> masked = {}, double fixed = 1.0) {
     if (!on()) return;
     viz::HeatmapStyle style;
     style.title = title;
     style.row_labels = style.col_labels = tokens;
-    style.vmax = vmax;
+    style.vmax = vmax(fixed_by_default, fixed);
+    style.masked = std::move(masked);
     const std::string path = picture(stem);
     viz::save_heatmap(path, weights, style, options_);
     out << "  [picture: " << path << "]\n";
@@ -164,6 +174,7 @@ class Pictures {
  private:
   std::string dir_;
   viz::PictureOptions options_;
+  std::string scale_;  // "", "fixed" or "auto"
 };
 
 double entropy_bits(const Tensor& row) {
@@ -364,7 +375,7 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   };
   const Tensor before = weights_now();
   out << "\nBefore training, \"" << qname << "\" attends to:\n" << viz::bars(query_row(before), s.tokens);
-  pictures.heatmap(out, "03-train-A-before", "Before training: A", before, s.tokens, 1.0);
+  pictures.heatmap(out, "03-train-A-before", "Before training: A", before, s.tokens, true);
   viz::HeatmapStyle anim_style;
   anim_style.title = "Training: \"" + qname + "\" learns to attend to \"" + kname + "\"";
   anim_style.row_labels = anim_style.col_labels = s.tokens;
@@ -426,7 +437,7 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
           << " dimensions\na word whose embedding lies inside the others' can never win. Give more dimensions "
           << "(--d-in), fewer words,\nor another pair (--attend QUERY,KEY).\n";
   }
-  pictures.heatmap(out, "03-train-A-after", "After " + std::to_string(step) + " steps: A", after, s.tokens, 1.0);
+  pictures.heatmap(out, "03-train-A-after", "After " + std::to_string(step) + " steps: A", after, s.tokens, true);
   if (pictures.on()) {
     animation.save_gif(pictures.path("03-train-A-steps.gif"), 12);
     out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", " << animation.frames() << " frames: "
@@ -476,7 +487,7 @@ void section_causal(std::ostream& out, const Input& in, const DemoOptions& optio
                              style, true);
   out << "\n" << viz::heatmap("What attends to what, causally", weights, in.tokens, style);
   pictures.heatmap(out, "04-causal-A", "Causal: A = softmax(masked QK\u1d40 / \u221a" + std::to_string(in.d_out) + ")",
-                   weights, in.tokens);
+                   weights, in.tokens, false, viz::causal_cells());
   manual_seed(in.book ? 123 : in.seed);
   nn::CausalAttention causal(in.d_in, in.d_out, T, 0.0);
   print_batch_row(out, "CausalAttention(" + std::to_string(in.d_in) + ", " + std::to_string(in.d_out) +
@@ -502,7 +513,8 @@ void section_dropout(std::ostream& out, const Input& in, const DemoOptions& opti
   out << "\nThe same on the causal weights of section 4, reseeded with 123 (as the book does):\n\n";
   const Tensor dropped_weights = dropout(weights, 0.5, true, default_generator());
   out << viz::matrix("dropout(A_causal)", dropped_weights, in.tokens, in.tokens, style, true);
-  pictures.heatmap(out, "05-dropout-A", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens);
+  pictures.heatmap(out, "05-dropout-A", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens, false,
+                   viz::causal_cells(), 2.0);
   out << "In eval() mode, or with dropout = 0, the weights pass through untouched and no random numbers are drawn.\n";
 }
 
@@ -522,7 +534,8 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
   for (size_t h = 0; h < wrapper.heads.size(); ++h) {
     const Tensor w = wrapper.heads[h]->trace(in.x).weights;
     pictures.heatmap(out, "06-wrapper-head" + std::to_string(h + 1),
-                     "MultiHeadAttentionWrapper, head " + std::to_string(h + 1) + ": A", w, in.tokens);
+                     "MultiHeadAttentionWrapper, head " + std::to_string(h + 1) + ": A", w, in.tokens, false,
+                     viz::causal_cells());
   }
   manual_seed(seed);
   nn::MultiHeadAttention mha(in.d_in, in.d_out, T, 0.0, 2);
@@ -536,12 +549,13 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
     const Tensor rows = Tensor::from(std::span<const float>(t.weights.data() + h * T * T, static_cast<size_t>(T * T)), {T, T});
     out << "\n" << viz::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, in.tokens, style);
     pictures.heatmap(out, "06-mha-head" + std::to_string(h + 1),
-                     "MultiHeadAttention, head " + std::to_string(h + 1) + ": A", rows, in.tokens);
-    panels.push_back({"head " + std::to_string(h + 1), rows});
+                     "MultiHeadAttention, head " + std::to_string(h + 1) + ": A", rows, in.tokens, false,
+                     viz::causal_cells());
+    panels.push_back({"head " + std::to_string(h + 1), rows, viz::causal_cells()});
   }
   if (pictures.on()) {
-    viz::save_heatmap_grid(pictures.picture("06-mha-heads"), "MultiHeadAttention: both heads", panels, 2, in.tokens, 0.0,
-                           pictures.options());
+    viz::save_heatmap_grid(pictures.picture("06-mha-heads"), "MultiHeadAttention: both heads", panels, 2, in.tokens,
+                           pictures.vmax(false), pictures.options());
     out << "  [picture: " << pictures.picture("06-mha-heads") << "]\n";
   }
 }
@@ -555,7 +569,7 @@ const std::vector<std::string>& demo_sections() {
 
 int run_demo(const DemoOptions& options, std::ostream& out) {
   const Input input = resolve_input(options);
-  Pictures pictures(options.pictures_dir, options.pictures);
+  Pictures pictures(options.pictures_dir, options.pictures, options.color_scale);
   const auto& wanted = options.sections.empty() ? demo_sections() : options.sections;
   std::set<std::string> chosen(wanted.begin(), wanted.end());
   out << "qkv " << kVersion << " — trainable self-attention, step by step (Raschka, LLMs from Scratch, §3.4)\n";
@@ -580,6 +594,10 @@ Runner setup_demo(CLI::App& cmd, CommandContext&) {
                  "Also draw every weight matrix as a heatmap in DIR (--format), and the training as a GIF")
       ->transform(folder_path());
   add_picture_options(cmd, o->pictures);
+  cmd.add_option("--color-scale", o->color_scale, "The heatmaps' colours: fixed (0 … 1 in every picture) or auto (each "
+                                                  "to its largest weight); default: auto, but 0 … 1 where pictures are "
+                                                  "compared (before and after training)")
+      ->check(one_of({"fixed", "auto"}));
   auto* sentence = cmd.add_option("--sentence", o->sentence,
                                   "Your own sentence: one random embedding per distinct word (like the book)");
   auto* embeddings = cmd.add_option("--embeddings", o->embeddings,

@@ -126,7 +126,9 @@ class TrainingReport {
       viz::save_plot(viz::picture_path(dir + "/loss", pictures), {train_loss, val_loss},
                      {.title = title, .x_label = seen_axis, .y_label = "loss (nats)"}, pictures);
   }
-  viz::Series train_loss{"training loss", {31, 119, 180}, {}}, val_loss{"validation loss", {255, 127, 14}, {}};
+  // Evaluations: a dot where each was measured
+  viz::Series train_loss{"training loss", {31, 119, 180}, {}, false, false, true},
+      val_loss{"validation loss", {255, 127, 14}, {}, false, false, true};
 
  private:
   std::chrono::steady_clock::time_point start_;
@@ -209,7 +211,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   print_trainable(before, model.trainable_parameter_count() + classifier.head.parameter_count());
 
   TrainingReport report("examples_seen");
-  viz::Series train_acc{"training accuracy", {31, 119, 180}, {}}, val_acc{"validation accuracy", {255, 127, 14}, {}};
+  viz::Series train_acc{"training accuracy", {31, 119, 180}, {}, false, false, true},
+      val_acc{"validation accuracy", {255, 127, 14}, {}, false, false, true};
   train::ClassifierCallbacks callbacks;
   callbacks.on_step = [&](const train::ClassifierProgress& p) { report.step(p.epoch, p.step, p.steps_total, p.loss); };
   callbacks.on_eval = [&](const train::ClassifierEvaluation& e) { report.eval(e.step, e.examples_seen, e.train_loss, e.val_loss); };
@@ -264,7 +267,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   report.write(dir, "qkv finetune classify: loss", "examples seen", cmd.pictures);
   if (!train_acc.points.empty())
     viz::save_plot(viz::picture_path(dir + "/accuracy", cmd.pictures), {train_acc, val_acc},
-                   {.title = "qkv finetune classify: accuracy per epoch", .x_label = "epoch", .y_label = "accuracy"},
+                   {.title = "qkv finetune classify: accuracy per epoch", .x_label = "epoch", .y_label = "accuracy",
+                    .whole_x = true},
                    cmd.pictures);
   Tensor counts = Tensor::zeros({classes, classes});
   for (int64_t r = 0; r < classes; ++r)

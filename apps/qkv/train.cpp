@@ -141,8 +141,10 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
 void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows, const TrainCommand& options) {
   std::ostringstream csv;
   csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss,communication_seconds\n";
-  viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
-      validation{"validation", {214, 39, 40}, {}}, learning_rate{"learning rate (right)", {150, 150, 150}, {}, true, true};
+  // The evaluations with a dot where each was measured (every --eval-every steps), the batches' loss as a line.
+  viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}, false, false, true},
+      validation{"validation", {214, 39, 40}, {}, false, false, true},
+      learning_rate{"learning rate (right)", {150, 150, 150}, {}, true, true};
   for (const auto& r : rows) {
     char line[256];
     if (std::isnan(r.loss)) std::snprintf(line, sizeof line, "%lld,,,,,", static_cast<long long>(r.step));  // before training
@@ -376,7 +378,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
       throw UsageError("--attention-prompt has " + std::to_string(probe.size()) + " tokens; the model reads at most " +
                        std::to_string(ctx) + " (--context-length)");
     }
-    for (int64_t id : probe) probe_labels.push_back(viz::token_label(tokenizer->decode(std::vector<int64_t>{id})));
+    for (int64_t id : probe) probe_labels.push_back(viz::token_label(tokenizer->token_bytes(id)));
   }
   auto snapshot = [&](int64_t step) {
     nn::Decoder& model = trainer.model();
@@ -389,7 +391,8 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     for (int64_t l = 0; l < L; ++l)
       for (int64_t h = 0; h < H; ++h)
         panels.push_back({"L" + std::to_string(l + 1) + " H" + std::to_string(h + 1),
-                          Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T})});
+                          Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T}),
+                          viz::causal_cells()});
     char name[64];
     std::snprintf(name, sizeof name, "/step-%06lld", static_cast<long long>(step));
     std::filesystem::create_directories(attention_dir);

@@ -187,17 +187,37 @@ void check_picture_options(const PictureOptions& options) {
 std::string token_label(const std::string& token) {
   if (token.empty()) return "\u2205";
   std::string out;
-  for (size_t i = 0; i < token.size(); ++i) {
+  auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < token.size();) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c == ' ' && i == 0) out += "\u2423";
-    else if (c == '\n') out += "\\n";
-    else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else out += static_cast<char>(c);
+    if (c < 0x80) {
+      if (c == ' ' && i == 0) out += "\u2423";
+      else if (c == '\n') out += "\\n";
+      else if (c < 0x20 || c == 0x7f) hex(c);
+      else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A whole UTF-8 character keeps its glyph; a byte that starts none (a piece of a character split across
+    // byte-level tokens) shows its value, as the control bytes do, not a row of U+FFFD that all look alike.
+    const char* end = nullptr;
+    const size_t n = std::min<size_t>(4, token.size() - i);
+    g_utf8_validate(token.data() + i, static_cast<gssize>(n), &end);
+    const size_t valid = static_cast<size_t>(end - (token.data() + i));  // glib refuses overlongs and surrogates
+    const size_t length = static_cast<size_t>(g_utf8_skip[c]);
+    if (valid >= length) {
+      out.append(token, i, length);
+      i += length;
+    } else {
+      hex(c);
+      ++i;
+    }
   }
-  return valid_utf8(out);
+  return out;
 }
 
 void save_text_picture(const std::string& path, const std::string& text, double px, double margin,
