@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
   const double rss = static_cast<double>(usage.ru_maxrss) * 1024.0;
 
   std::printf("\n%s (%s family), %lld parameters, %d threads, matrices in %s\n", smoke ? "smoke" : shape.c_str(),
-              c.family.c_str(), static_cast<long long>(model->parameter_count()), threads, qkv::dtype_name(matrices));
+              c.family->name.c_str(), static_cast<long long>(model->parameter_count()), threads, qkv::dtype_name(matrices));
   std::printf("  load      %.2f s for %.2f GB; reading those bytes from the warm page cache %.2f s: %.2fx (target <= 1.5x);"
               " first load %.2f s (%.2fx)\n", load_seconds, static_cast<double>(folder_bytes) / 1e9, read_seconds,
               load_seconds / read_seconds, first_load_seconds, first_load_seconds / read_seconds);

@@ -82,11 +82,11 @@ Recipe make_recipe(const std::string& mode) {
   r.model->eval();
   r.classifier = std::make_unique<qkv::train::SequenceClassifier>(*r.model, 2, gen);
   if (mode == "classify" || mode == "cached")
-    qkv::train::set_trainable(*r.model, {r.model->block_prefix(c.n_layers - 1), "final_norm"});
+    qkv::nn::set_trainable(*r.model, {r.model->block_prefix(c.n_layers - 1), "final_norm"});
   if (mode == "cached") r.classifier->enable_prefix_cache(int64_t{1} << 30);
   if (mode == "lora") {
-    qkv::train::set_trainable(*r.model, {});
-    qkv::train::add_lora(*r.model, {.rank = 16, .alpha = 16, .targets = {"all"}}, gen, {"out_head"});
+    qkv::nn::set_trainable(*r.model, {});
+    qkv::nn::add_lora(*r.model, {.rank = 16, .alpha = 16, .targets = {"all"}}, gen, {"out_head"});
   }
   r.optimizer = std::make_unique<qkv::optim::AdamW>(r.classifier->trainable_parameters(),
                                                     qkv::optim::AdamWOptions{.lr = 5e-5, .weight_decay = 0.1});
@@ -201,8 +201,8 @@ int rss_child(const std::string& mode) {
     qkv::NoGradGuard no_grad;
     benchmark::DoNotOptimize(classifier.logits(ids, settings.batch, settings.tokens, positions).data()[0]);
   } else {
-    qkv::train::set_trainable(model, mode == "pos_emb" ? std::vector<std::string>{"pos_emb"} : std::vector<std::string>{});
-    if (mode == "lora") qkv::train::add_lora(model, {.rank = 16, .alpha = 16}, gen, {"out_head"});
+    qkv::nn::set_trainable(model, mode == "pos_emb" ? std::vector<std::string>{"pos_emb"} : std::vector<std::string>{});
+    if (mode == "lora") qkv::nn::add_lora(model, {.rank = 16, .alpha = 16}, gen, {"out_head"});
     classifier.head.weight.requires_grad_(mode == "lora");
     classifier.head.bias.requires_grad_(mode == "lora");
     auto trainable = classifier.trainable_parameters();

@@ -1,11 +1,12 @@
 cmake_minimum_required(VERSION 3.25)
 # ctest -P script: every #include "qkv/..." in src/ and include/qkv/ must point at the file's own layer or a
 # layer below it. Layers, lowest first:
-#   kernels ← core (core, io) ← nn ← train;   text ← core;   viz ← core
+#   kernels ← core (core, io) ← text ← nn ← train;   viz ← core
+# text sits below nn: a loaded model carries its tokenizer, and generation streams text (nn/pretrained.hpp).
 # train may also call kernels directly (the optimisers' fused updates). Variable: SOURCE_DIR.
 set(allowed_kernels kernels)
 set(allowed_core kernels core io)
-set(allowed_nn core io nn)
+set(allowed_nn core io text nn)
 set(allowed_text core io text)
 set(allowed_train kernels core io nn text train)
 set(allowed_viz core io viz)

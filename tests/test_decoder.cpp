@@ -1,10 +1,11 @@
-// The decoder composed from a config against PyTorch: tiny random Llama 3, Qwen2, Qwen3 and Gemma 3 folders in
+// The decoder composed from a config against PyTorch: tiny random folders of every Hugging Face family in
 // Hugging Face's layout (tools/decoder_reference.py) give PyTorch's logits, loss, every gradient and greedy text,
 // with and without the KV cache; the loaders refuse bad folders with messages that name the file and the key.
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
 #include "qkv/io/safetensors.hpp"
@@ -45,7 +46,7 @@ TEST_P(Family, LogitsLossAndEveryGradientMatchPyTorch) {
   loss.backward();
   int checked = 0;
   model->for_each_parameter([&](const std::string& name, Tensor& p) {
-    EXPECT_TRUE(all_close(p.grad(), expected.tensor("grad." + name), 1e-4, 1e-6)) << name;
+    EXPECT_TRUE(all_close(p.grad(), expected.tensor("grad." + name), 1e-4, 1e-5)) << name;
     ++checked;
   });
   EXPECT_EQ(checked, static_cast<int>(model->config.layout().size()));
@@ -91,15 +92,18 @@ TEST_P(Family, FolderRoundTripsBitForBitAndInBf16) {
   fs::remove_all(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(HuggingFace, Family, ::testing::Values("llama", "qwen2", "qwen3", "gemma3"),
+INSTANTIATE_TEST_SUITE_P(HuggingFace, Family, ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "mistral", "phi3", "olmo2",
+                                                                  "olmo3", "smollm3", "gemma2"),
                          [](const auto& info) { return info.param; });
 
 TEST(DecoderConfig, ReadsEachFamilysKeys) {
   const auto gemma = nn::load_hf_decoder(folder("gemma3"))->config;
-  EXPECT_EQ(gemma.family, "gemma3");
+  EXPECT_EQ(gemma.family, &nn::family("gemma3"));
   EXPECT_EQ(gemma.norm, nn::NormKind::GemmaRMSNorm);
   EXPECT_EQ(gemma.mlp, nn::MlpKind::GeGLU);
-  EXPECT_TRUE(gemma.sandwich_norms && gemma.qk_norm && gemma.tie_word_embeddings);
+  EXPECT_EQ(gemma.placement, nn::NormPlacement::Sandwich);
+  EXPECT_EQ(gemma.qk_norm, nn::QkNorm::PerHead);
+  EXPECT_TRUE(gemma.tie_word_embeddings);
   EXPECT_NEAR(gemma.embedding_scale, std::sqrt(24.0), 1e-12);
   EXPECT_NEAR(gemma.attention_scale, 1.0 / std::sqrt(12.0), 1e-12);
   ASSERT_EQ(gemma.layers.size(), 3u);
@@ -133,10 +137,12 @@ TEST(DecoderConfig, ReadsEachFamilysKeys) {
 // tokens one by one gives the full forward pass's logits at every step, and the cache is that small.
 TEST(DecoderCache, SlidingWindowCacheShiftsAndMatchesTheFullForward) {
   nn::DecoderConfig c;
-  c.family = "gemma3";
+  c.family = &nn::family("gemma3");
   c.vocab_size = 50, c.hidden_size = 16, c.intermediate_size = 24, c.num_layers = 2, c.num_heads = 2, c.num_kv_heads = 1;
   c.head_dim = 8, c.max_positions = 400, c.norm = nn::NormKind::GemmaRMSNorm, c.mlp = nn::MlpKind::GeGLU;
-  c.qk_norm = c.sandwich_norms = c.tie_word_embeddings = true;
+  c.qk_norm = nn::QkNorm::PerHead;
+  c.placement = nn::NormPlacement::Sandwich;
+  c.tie_word_embeddings = true;
   c.embedding_scale = 4.0;
   c.ropes = {kernels::RopeFrequencies{.theta = 1e6}, kernels::RopeFrequencies{.theta = 1e4}};
   c.layers = {{3, 1}, {0, 0}};
@@ -198,7 +204,7 @@ TEST(DecoderGpt2, IsTheBooksGPTModel) {
   nn::GPTConfig g{.vocab_size = 61, .context_length = 16, .emb_dim = 24, .n_heads = 4, .n_layers = 2, .drop_rate = 0.2,
                   .qkv_bias = true, .tie_weights = false};
   const nn::DecoderConfig c = g.decoder_config();
-  EXPECT_EQ(c.family, "gpt2");
+  EXPECT_EQ(c.family, &nn::family("gpt2"));
   EXPECT_EQ(c.attention_dropout, 0.2);
   EXPECT_EQ(nn::GPTConfig::of(c), g);
   nn::GPTConfig t = g;
@@ -217,7 +223,7 @@ TEST(DecoderGpt2, IsTheBooksGPTModel) {
   ASSERT_TRUE(st.find("trf_blocks.1.att.mask"));  // the book's buffers, as its .pth files hold them
   EXPECT_EQ(st.find("trf_blocks.1.att.mask")->shape(), (Shape{16, 16}));
   nn::DecoderConfig llama = c;
-  llama.family = "llama";
+  llama.family = &nn::family("llama");
   EXPECT_THROW(nn::GPTConfig::of(llama), ValueError);
   // Dropout on the attention weights alone (the residual dropout off): training draws masks, evaluation none, and
   // the same seed draws the same masks.
@@ -245,6 +251,13 @@ TEST(DecoderCli, ConvertWritesAFolderThatLoadsBack) {
   EXPECT_NE(r.out.find("bf16 rounding"), std::string::npos) << r.out;
   const auto a = nn::load_hf_decoder(folder("gemma3")), b = nn::load_hf_decoder(out.string());
   EXPECT_EQ(a->config, b->config);
+  // config.json says what the tensors are now and keeps the source's keys, adding none of its own.
+  const auto source = nlohmann::json::parse(std::ifstream(folder("gemma3") + "/config.json"));
+  const auto written = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  EXPECT_EQ(written["torch_dtype"], "bfloat16");
+  for (const auto& [key, value] : source.items())
+    if (key != "torch_dtype") EXPECT_EQ(written[key], value) << key;
+  for (const auto& [key, value] : written.items()) EXPECT_TRUE(source.contains(key)) << "added " << key;
   EXPECT_EQ(run_cli("convert " + folder("gemma3") + " " + folder("gemma3") + " --to hf").code, 2);
   EXPECT_EQ(run_cli("convert " + fixture("gpt_tiny.safetensors") + " " + out.string() + " --to hf").code, 2);
   fs::remove_all(out);
@@ -366,8 +379,8 @@ TEST_F(BadFolder, MalformedConfigIsNamed) {
 }
 
 TEST_F(BadFolder, UnsupportedRopeTypeNamesTheSupportedOnes) {
-  replace("\"llama3\"", "\"yarn\"");
-  EXPECT_TRUE(mentions(error(), {"yarn", "default, linear and llama3"}));
+  replace("\"llama3\"", "\"dynamic\"");
+  EXPECT_TRUE(mentions(error(), {"dynamic", "rope_scaling.rope_type", "default, linear, llama3, yarn and longrope"}));
 }
 
 TEST_F(BadFolder, ShapeThatDisagreesWithTheConfig) {

@@ -64,7 +64,7 @@ TEST_F(Finetune, ClassifierHeadGradientsAndAdamWStepsMatchPyTorch) {
   EXPECT_TRUE(all_close(classifier.head.weight, file_->tensor("classify.head_init.weight"), 0, 0));
   EXPECT_TRUE(all_close(classifier.head.bias, file_->tensor("classify.head_init.bias"), 0, 0));
   const int64_t total = model->parameter_count() - model->head.numel() + classifier.head.parameter_count();
-  train::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
+  nn::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
   auto trainable = classifier.trainable_parameters();
   int64_t count = 0;
   for (const auto& [name, p] : trainable) count += p.numel();
@@ -106,7 +106,7 @@ TEST_F(Finetune, TheFrozenPrefixCacheChangesNothingButTheWork) {
     auto model = base();
     Generator gen(123);
     train::SequenceClassifier classifier(*model, 3, gen);
-    train::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
+    nn::set_trainable(*model, {model->block_prefix(1), model->final_norm_prefix()});
     EXPECT_EQ(classifier.enable_prefix_cache(cache), cache ? 1 : 0);  // block 0 is frozen: its output is kept
     train::ClassifierOptions options;
     options.lr = 1e-3;
@@ -123,9 +123,9 @@ TEST_F(Finetune, TheFrozenPrefixCacheChangesNothingButTheWork) {
   auto model = base();
   Generator gen(123);
   train::SequenceClassifier classifier(*model, 3, gen);
-  train::set_trainable(*model, {"pos_emb", "final_norm"});
+  nn::set_trainable(*model, {"pos_emb", "final_norm"});
   EXPECT_EQ(classifier.enable_prefix_cache(int64_t{1} << 30), 0);
-  train::set_trainable(*model, {"final_norm"});
+  nn::set_trainable(*model, {"final_norm"});
   EXPECT_EQ(classifier.enable_prefix_cache(int64_t{1} << 30), 2);  // only the norm and the head: every block cached
 }
 
@@ -133,9 +133,9 @@ TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
   auto model = base();
   Generator gen(123);
   train::SequenceClassifier classifier(*model, 3, gen);
-  train::set_trainable(*model, {});
+  nn::set_trainable(*model, {});
   EXPECT_EQ(model->trainable_parameter_count(), 0);
-  const std::vector<std::string> adapted = train::add_lora(*model, {.rank = 2, .alpha = 4, .targets = {"all"}}, gen, {"out_head"});
+  const std::vector<std::string> adapted = nn::add_lora(*model, {.rank = 2, .alpha = 4, .targets = {"all"}}, gen, {"out_head"});
   ASSERT_EQ(adapted.size(), 12u);  // six Linear layers per block
   EXPECT_EQ(adapted[0], "trf_blocks.0.att.W_query");
   EXPECT_EQ(model->trainable_parameter_count() + classifier.head.parameter_count(), file_->int64s("lora.trainable")[0]);
@@ -172,7 +172,7 @@ TEST_F(Finetune, LoraDrawsTheBooksAMatchesPyTorchsGradientsStepsAndMerge) {
   EXPECT_EQ(states, 2 * (2 * 12 + 2));  // AdamW's two moments for the adapters and the head, none for the frozen base
   expect_close(layers.at(adapted[0]).lora->b, "lora.final_B." + adapted[0]);
   const Tensor before = classifier.logits(ids, 4, 10, last);
-  train::merge_lora(*model);
+  nn::merge_lora(*model);
   expect_close(layers.at(adapted[0]).weight, "lora.merged." + adapted[0]);
   EXPECT_FALSE(layers.at(adapted[0]).lora->defined());
   EXPECT_TRUE(all_close(classifier.logits(ids, 4, 10, last), before, 1e-4, 1e-5));  // merged computes the same
@@ -213,23 +213,23 @@ TEST_F(Finetune, InstructionCollateAndAdamWStepsMatchTheBook) {
 
 TEST_F(Finetune, TrainableByNameAndItsErrors) {
   auto model = base();
-  EXPECT_TRUE(train::name_matches("trf_blocks.1", "trf_blocks.1.att.W_query.weight"));
-  EXPECT_FALSE(train::name_matches("trf_blocks.1", "trf_blocks.10.att.W_query.weight"));
-  EXPECT_TRUE(train::name_matches("*.norm1.*", "trf_blocks.0.norm1.scale"));
-  EXPECT_FALSE(train::name_matches("*.norm1", "trf_blocks.0.norm1.scale"));
-  train::set_trainable(*model, {"final_norm", "*.norm2.*"});
+  EXPECT_TRUE(nn::name_matches("trf_blocks.1", "trf_blocks.1.att.W_query.weight"));
+  EXPECT_FALSE(nn::name_matches("trf_blocks.1", "trf_blocks.10.att.W_query.weight"));
+  EXPECT_TRUE(nn::name_matches("*.norm1.*", "trf_blocks.0.norm1.scale"));
+  EXPECT_FALSE(nn::name_matches("*.norm1", "trf_blocks.0.norm1.scale"));
+  nn::set_trainable(*model, {"final_norm", "*.norm2.*"});
   EXPECT_EQ(model->trainable_parameter_count(), 2 * 32 + 2 * 2 * 32);
   try {
-    train::set_trainable(*model, {"trf_blocks.7"});
+    nn::set_trainable(*model, {"trf_blocks.7"});
     FAIL() << "a pattern that matches nothing must be an error";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("trf_blocks.7"), std::string::npos) << e.what();
   }
   EXPECT_EQ(model->trainable_parameter_count(), 2 * 32 + 2 * 2 * 32);  // unchanged by the refused call
   Generator gen(1);
-  EXPECT_THROW(train::add_lora(*model, {.rank = 0}, gen), ValueError);
-  EXPECT_THROW(train::add_lora(*model, {.rank = 33}, gen), ValueError);  // larger than the 32-wide layers
-  EXPECT_THROW(train::add_lora(*model, {.rank = 2, .targets = {"*nothing*"}}, gen), ValueError);
+  EXPECT_THROW(nn::add_lora(*model, {.rank = 0}, gen), ValueError);
+  EXPECT_THROW(nn::add_lora(*model, {.rank = 33}, gen), ValueError);  // larger than the 32-wide layers
+  EXPECT_THROW(nn::add_lora(*model, {.rank = 2, .targets = {"*nothing*"}}, gen), ValueError);
   int adapted = 0;
   model->for_each_module([&](const std::string&, nn::Module& m) {
     if (auto* l = dynamic_cast<nn::Linear*>(&m)) adapted += l->has_lora();
@@ -242,8 +242,8 @@ TEST_F(Finetune, TrainableByNameAndItsErrors) {
 TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
   auto model = base();
   Generator gen(4);
-  train::set_trainable(*model, {});
-  const auto names = train::add_lora(*model, {.rank = 4, .alpha = 8, .targets = {"attention"}}, gen, {"out_head"});
+  nn::set_trainable(*model, {});
+  const auto names = nn::add_lora(*model, {.rank = 4, .alpha = 8, .targets = {"attention"}}, gen, {"out_head"});
   EXPECT_EQ(names.size(), 8u);
   nn::LoraWeights* first = nullptr;
   for (const nn::LoraSite& site : model->lora_sites())
@@ -252,23 +252,23 @@ TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
   first->b.copy_(random_tensor(first->b.shape(), 3));
   const std::string dir = ::testing::TempDir() + "/qkv_adapter";
   std::filesystem::remove_all(dir);
-  train::save_peft_adapter(dir, *model, {.rank = 4, .alpha = 8, .target_modules = names, .base_model = "tiny"},
+  nn::save_peft_adapter(dir, *model, {.rank = 4, .alpha = 8, .target_modules = names, .base_model = "tiny"},
                            {{"out_head.weight", random_tensor({3, 32}, 5)}});
-  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
+  const nn::PeftAdapter adapter = nn::read_peft_adapter(dir);
   EXPECT_EQ(adapter.rank, 4);
   EXPECT_EQ(adapter.alpha, 8);
   EXPECT_EQ(adapter.tensors.count("trf_blocks.0.att.W_query.lora_A.weight"), 1u);
   EXPECT_EQ(adapter.tensors.count("out_head.weight"), 1u);
   auto fresh = base();
-  train::apply_peft_adapter(*fresh, adapter);
+  nn::apply_peft_adapter(*fresh, adapter);
   const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6};
   EXPECT_TRUE(all_close(fresh->forward(ids, 1, 6), model->forward(ids, 1, 6), 0, 0));
   nn::GPTConfig other = config_;
   other.emb_dim = 16;
   other.n_heads = 2;
   nn::Decoder wrong(other);
-  EXPECT_THROW(train::apply_peft_adapter(wrong, adapter), ValueError);
-  EXPECT_THROW(train::read_peft_adapter(::testing::TempDir()), IoError);
+  EXPECT_THROW(nn::apply_peft_adapter(wrong, adapter), ValueError);
+  EXPECT_THROW(nn::read_peft_adapter(::testing::TempDir()), IoError);
 }
 
 // LoRA on today's decoders: every block's q/k/v/o and MLP projections under PEFT's names; an adapted model computes what
@@ -279,9 +279,9 @@ class DecoderLora : public ::testing::TestWithParam<std::string> {};
 TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
   const std::string folder = fixture("hf/" + GetParam());
   auto model = nn::load_hf_decoder(folder);
-  train::set_trainable(*model, {});
+  nn::set_trainable(*model, {});
   Generator gen(5);
-  const auto names = train::add_lora(*model, {.rank = 2, .alpha = 4}, gen);
+  const auto names = nn::add_lora(*model, {.rank = 2, .alpha = 4}, gen);
   const int64_t per_block = model->config.mlp == nn::MlpKind::GELU ? 6 : 7;
   EXPECT_EQ(static_cast<int64_t>(names.size()), per_block * model->config.num_layers);
   EXPECT_EQ(names[0], "model.layers.0.self_attn.q_proj");
@@ -299,12 +299,12 @@ TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
   }
   const std::string dir = ::testing::TempDir() + "/qkv_decoder_adapter_" + GetParam();
   std::filesystem::remove_all(dir);
-  train::save_peft_adapter(dir, *model, {.rank = 2, .alpha = 4, .target_modules = names}, {});
+  nn::save_peft_adapter(dir, *model, {.rank = 2, .alpha = 4, .target_modules = names}, {});
   auto fresh = nn::load_hf_decoder(folder);
-  train::apply_peft_adapter(*fresh, train::read_peft_adapter(dir));
+  nn::apply_peft_adapter(*fresh, nn::read_peft_adapter(dir));
   fresh->eval();
   EXPECT_TRUE(all_close(fresh->forward(ids, 2, T), adapted, 0, 0));
-  train::merge_lora(*model);
+  nn::merge_lora(*model);
   EXPECT_TRUE(model->lora_sites()[0].lora->defined() == false);
   EXPECT_TRUE(all_close(model->forward(ids, 2, T), adapted, 1e-4, 1e-5));
   EXPECT_NEAR(model->loss(ids, 2, T, targets).item(), loss.item(), 1e-5);

@@ -159,7 +159,7 @@ std::vector<KernelCase> kernel_cases() {
   }
   cases.push_back({"unary", [](int64_t n, int m) {
                      for (UnaryOp op : {UnaryOp::AddScalar, UnaryOp::MulScalar, UnaryOp::DivScalar, UnaryOp::Neg,
-                                        UnaryOp::Exp, UnaryOp::Log}) {
+                                        UnaryOp::Exp, UnaryOp::Log, UnaryOp::SoftCap}) {
                        Buffer x(n, m, 1, 1.0f, 2.0f), y(n, m, 2), r(n, m, 3);
                        unary_forward(op, 1.5f, x.data(), y.data(), n);
                        unary_forward_reference(op, 1.5f, x.data(), r.data(), n);
@@ -279,26 +279,46 @@ std::vector<KernelCase> kernel_cases() {
                      silu_backward_reference(x.data(), g.data(), want.data(), n);
                      return close(dx.data(), want.data(), n, 1e-5, 1e-6);
                    }});
-  // RoPE: both layouts, plain and Llama 3 scaled frequencies, a position offset (a KV cache's next chunk); the
-  // inverse undoes the forward.
+  // RoPE: both layouts, plain, Llama 3, YaRN and LongRoPE frequencies, a partial rotation (the first rotary_dim values
+  // of each head) with an attention factor on cos and sin, a position offset (a KV cache's next chunk); the inverse
+  // (the backward) undoes the forward up to the factor's square.
   for (RopeLayout layout : {RopeLayout::RotateHalf, RopeLayout::Interleaved}) {
     cases.push_back({layout == RopeLayout::RotateHalf ? "rope rotate-half" : "rope interleaved", [layout](int64_t n, int m) {
                        const int64_t heads = 3, D = 2 * (n + 1), T = 7, rows = 2 * T, stride = heads * D + 3, start = 5;
                        RopeFrequencies f;
                        f.theta = 500000.0;
-                       if (n % 2) {
+                       f.original_max_position_embeddings = 64;
+                       if (n % 4 == 1) {
                          f.scaling = RopeFrequencies::Scaling::Llama3;
                          f.factor = 32.0;
-                         f.original_max_position_embeddings = 64;
+                       } else if (n % 4 == 2) {
+                         f.scaling = RopeFrequencies::Scaling::Yarn;
+                         f.factor = 8.0;
+                         f.attention_factor = 1.2;
+                         if (D >= 4) f.rotary_dim = D - 2;
+                       } else if (n % 4 == 3) {
+                         f.scaling = RopeFrequencies::Scaling::LongRope;
+                         f.rotary_dim = D >= 4 ? D - 2 : 0;
+                         for (int64_t i = 0; i < (f.rotary_dim > 0 ? f.rotary_dim : D) / 2; ++i) {
+                           f.short_factor.push_back(1.0 + 0.25 * static_cast<double>(i));
+                           f.long_factor.push_back(2.0 + static_cast<double>(i));
+                         }
+                         f.attention_factor = 0.9;
                        }
-                       const auto inv = f.inverse_frequencies(D);
-                       const RopeTable table = RopeTable::make(inv, start + T);
+                       const auto inv = f.inverse_frequencies(D, n % 8 == 7);
+                       const float scale = static_cast<float>(f.attention_factor);
+                       const RopeTable table = RopeTable::make(inv, start + T, scale);
                        Buffer x(rows * stride, m, 1, 3.0f), y(rows * stride, m, 2);
                        std::vector<float> original = x.copy(), want = x.copy();
                        rope_apply(table, layout, x.data(), y.data(), rows, T, stride, heads, D, start, false);  // out of place
-                       rope_apply_reference(inv, layout, want.data(), rows, T, stride, heads, D, start, false);
+                       rope_apply_reference(inv, layout, want.data(), rows, T, stride, heads, D, start, false, scale);
                        if (auto ok = close(y.data(), want.data(), rows * stride, 1e-5, 1e-5); !ok) return ok;
                        rope_apply(table, layout, y.data(), y.data(), rows, T, stride, heads, D, start, true);  // in place
+                       // rotated values come back scaled by the factor twice; the rest of a partial head unchanged
+                       const int64_t R = 2 * table.P;
+                       for (int64_t r = 0; r < rows; ++r)
+                         for (int64_t h = 0; h < heads; ++h)
+                           for (int64_t d = 0; d < R; ++d) original[static_cast<size_t>(r * stride + h * D + d)] *= scale * scale;
                        return close(y.data(), original.data(), rows * stride, 1e-5, 1e-5);
                      }});
   }
@@ -516,6 +536,8 @@ std::vector<OpCase> op_cases() {
       {"scalar arithmetic", [](const Inputs& x) { return (x[0] * 3.0f + 1.0f) / 2.0f - 0.5f; }, {random_tensor({5}, 1)}},
       {"neg and exp", [](const Inputs& x) { return exp(neg(x[0])); }, {random_tensor({5}, 1)}},
       {"log", [](const Inputs& x) { return log(x[0]); }, {positive({5}, 2)}},
+      {"soft_cap", [](const Inputs& x) { return soft_cap(mul(x[0], 4.0f), 3.0f); }, {random_tensor({2, 5}, 1)}},
+      {"narrow", [](const Inputs& x) { return narrow(x[0], 1, 3); }, {random_tensor({2, 3, 5}, 1)}},
       {"sum all", [](const Inputs& x) { return sum(x[0]); }, {random_tensor({2, 3}, 1)}},
       {"sum dim", [](const Inputs& x) { return sum(x[0], 1, true); }, {random_tensor({2, 3, 4}, 1)}},
       {"mean all", [](const Inputs& x) { return mean(x[0]); }, {random_tensor({2, 3}, 1)}},

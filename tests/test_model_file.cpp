@@ -18,7 +18,7 @@ namespace {
 
 std::string pth(const std::string& name) { return fixture("pth/" + name); }
 
-train::ConfigHint config_json() { return {pth("config.json"), 0, ""}; }
+nn::ConfigHint config_json() { return {pth("config.json"), 0, ""}; }
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -39,10 +39,10 @@ void expect_weights(nn::Decoder& model, const std::string& prefix = "state.") {
 }
 
 TEST(ModelFile, DetectsEachFormatByContent) {
-  EXPECT_EQ(train::detect_model_format(pth("model.pth")), train::ModelFormat::Pth);
-  EXPECT_EQ(train::detect_model_format(pth("model.safetensors")), train::ModelFormat::BookSafetensors);
-  EXPECT_EQ(train::detect_model_format(fixture("gpt2_tiny_hf.safetensors")), train::ModelFormat::HuggingFaceGPT2);
-  EXPECT_NE(error_of([] { train::detect_model_format(fixture("optim.safetensors")); }).find("not a GPT model"), std::string::npos);
+  EXPECT_EQ(nn::detect_checkpoint_format(pth("model.pth")), train::ModelFormat::Pth);
+  EXPECT_EQ(nn::detect_checkpoint_format(pth("model.safetensors")), train::ModelFormat::BookSafetensors);
+  EXPECT_EQ(nn::detect_checkpoint_format(fixture("gpt2_tiny_hf.safetensors")), train::ModelFormat::HuggingFaceGPT2);
+  EXPECT_NE(error_of([] { nn::detect_checkpoint_format(fixture("optim.safetensors")); }).find("not a GPT model"), std::string::npos);
 }
 
 // Read for bf16 inference, every file kind gives its matrices as bf16 — each value the float32 load's rounded to nearest
@@ -54,7 +54,7 @@ TEST(ModelFile, EveryFormatLoadsStraightIntoBf16) {
   nn::Decoder made(settings.model, gen);
   const std::string dir = ::testing::TempDir();
   train::write_checkpoint(dir + "/bf16_check.safetensors", made, [](const auto&) {}, settings, 0, gen.state());
-  std::vector<std::pair<std::string, train::ConfigHint>> files = {
+  std::vector<std::pair<std::string, nn::ConfigHint>> files = {
       {pth("model.pth"), config_json()}, {pth("model.safetensors"), config_json()},
       {pth("model_half.pth"), config_json()}, {fixture("gpt2_tiny_hf.safetensors"), {}},
       {dir + "/bf16_check.safetensors", {}}};
@@ -107,7 +107,7 @@ TEST(ModelFile, InfersTheShapesAndAsksForTheHeads) {
 }
 
 TEST(ModelFile, ReadsPythonStyleConfigurations) {
-  const auto values = train::read_config_hint(pth("config.json"));  // True/False, # comments, a trailing comma
+  const auto values = nn::read_config_hint(pth("config.json"));  // True/False, # comments, a trailing comma
   EXPECT_EQ(values.at("qkv_bias"), "false");
   EXPECT_EQ(values.at("drop_rate"), "0");
   EXPECT_EQ(values.at("n_heads"), "4");
@@ -115,11 +115,11 @@ TEST(ModelFile, ReadsPythonStyleConfigurations) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   std::fputs("GPT_CONFIG_124M = {\n 'vocab_size': 50257, 'qkv_bias': True, 'n_heads': 12,\n}\n", f);
   std::fclose(f);
-  EXPECT_EQ(train::read_config_hint(path).at("qkv_bias"), "true");
+  EXPECT_EQ(nn::read_config_hint(path).at("qkv_bias"), "true");
   f = std::fopen(path.c_str(), "w");
   std::fputs("{\"emb_dims\": 768}", f);
   std::fclose(f);
-  EXPECT_NE(error_of([&] { train::read_config_hint(path); }).find("unknown configuration key \"emb_dims\""), std::string::npos);
+  EXPECT_NE(error_of([&] { nn::read_config_hint(path); }).find("unknown configuration key \"emb_dims\""), std::string::npos);
 }
 
 // The book's notebook stopped after 3 AdamW steps and saved model_and_optimizer.pth; PyTorch's next 5 steps on

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Llama 3, Qwen2, Qwen3 and Gemma 3 in plain PyTorch, written from the published formulas (Hugging Face
-transformers' modeling_llama/qwen2/qwen3/gemma3 are the specification; the transformers package is not in Debian),
-and the tiny random Hugging Face folders the C++ tests load and compare against.
+"""Llama 3, Qwen2, Qwen3, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
+the published formulas (Hugging Face transformers' modeling_<family>.py and modeling_rope_utils.py are the
+specification; the transformers package is not in Debian), and the tiny random Hugging Face folders the C++ tests
+load and compare against.
 
   /usr/bin/python3 tools/decoder_reference.py [--out tests/fixtures/hf]
 
@@ -48,21 +49,70 @@ FAMILIES = {
                    sliding_window=4, sliding_window_pattern=3, hidden_activation="gelu_pytorch_tanh",
                    tie_word_embeddings=True, final_logit_softcapping=None, attn_logit_softcapping=None,
                    eos_token_id=[1, 6]),
+    # Mistral: Llama with a sliding window (5) on every layer and no biases.
+    "mistral": dict(model_type="mistral", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                    rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu", sliding_window=5,
+                    bos_token_id=1, eos_token_id=2),
+    # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj, half of each head rotated, LongRoPE whose long factors
+    # apply once a sequence passes 8 positions (the greedy continuation crosses it).
+    "phi3": dict(model_type="phi3", vocab_size=80, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 original_max_position_embeddings=8, rms_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.5,
+                 rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 4.0]),
+                 tie_word_embeddings=False, hidden_act="silu", sliding_window=None, bos_token_id=1, eos_token_id=7,
+                 pad_token_id=7),
+    # OLMo 2: no norm before attention or the MLP, one after each; q/k RMSNorm over the whole projection.
+    "olmo2": dict(model_type="olmo2", vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                  rope_theta=500000.0, attention_bias=False, tie_word_embeddings=False, hidden_act="silu",
+                  pad_token_id=1, eos_token_id=3),
+    # OLMo 3: OLMo 2 with layers 0-2 sliding (window 4) on plain RoPE and layer 3 full with YaRN, as trained.
+    "olmo3": dict(model_type="olmo3", vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4, attention_bias=False,
+                  rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=32,
+                                    attention_factor=1.2079441541679836, beta_fast=32.0, beta_slow=1.0),
+                  tie_word_embeddings=False, hidden_act="silu", pad_token_id=1, eos_token_id=3),
+    # SmolLM3: no RoPE on layer 3 (no_rope_layers 0), tied head.
+    "smollm3": dict(model_type="smollm3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                    rope_theta=2000000.0, no_rope_layers=[1, 1, 1, 0], use_sliding_window=False,
+                    tie_word_embeddings=True, hidden_act="silu", attention_bias=False, mlp_bias=False,
+                    bos_token_id=1, eos_token_id=2),
+    # Gemma 2: four (1 + w) norms a block, layers 0 and 2 sliding (window 4), attention and final logits soft-capped
+    # (small caps, so that tanh bends these tiny models' logits).
+    "gemma2": dict(model_type="gemma2", vocab_size=88, hidden_size=24, intermediate_size=36, num_hidden_layers=3,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+                   rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=12, sliding_window=4,
+                   hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                   tie_word_embeddings=True, eos_token_id=1, bos_token_id=2, pad_token_id=0),
 }
+
+GEMMA = ("gemma3_text", "gemma2")
+OLMO = ("olmo2", "olmo3")
 
 
 def head_dim(c):
     return c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
 
 
-def inverse_frequencies(c, local=False):
-    D = head_dim(c)
-    theta = c["rope_local_base_freq"] if local else c["rope_theta"]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+def rotary_dim(c):
+    return int(head_dim(c) * c.get("partial_rotary_factor", 1.0))
+
+
+def inverse_frequencies(c, local=False, seq_len=0):
+    """(inv_freq, attention_scaling) as transformers' ROPE_INIT_FUNCTIONS compute them."""
+    dim = rotary_dim(c)
+    theta = c["rope_local_base_freq"] if local and c["model_type"] == "gemma3_text" else c["rope_theta"]
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = None if local else c.get("rope_scaling")
-    if scaling and scaling["rope_type"] == "linear":
+    rope_type = scaling and scaling.get("rope_type", scaling.get("type"))
+    if rope_type in ("su", "yarn") and c["model_type"] == "phi3":
+        rope_type = "longrope"
+    if rope_type == "linear":
         inv = inv / scaling["factor"]
-    elif scaling and scaling["rope_type"] == "llama3":
+    elif rope_type == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]
         low_wavelen, high_wavelen = old / low, old / high
@@ -72,7 +122,31 @@ def inverse_frequencies(c, local=False):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         inv = torch.where(medium, smoothed, scaled)
-    return inv
+    elif rope_type == "yarn":  # _compute_yarn_parameters
+        factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+        attention_factor = scaling.get("attention_factor") or 0.1 * math.log(factor) + 1.0
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+        def correction_dim(rotations):
+            return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+        low, high = math.floor(correction_dim(beta_fast)), math.ceil(correction_dim(beta_slow))
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+        extrapolation_factor = 1 - ramp
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+        return inv, attention_factor
+    elif rope_type == "longrope":  # _compute_longrope_parameters; long factors past the original context
+        original = c["original_max_position_embeddings"]
+        factor = scaling.get("factor") or c["max_position_embeddings"] / original
+        attention_factor = scaling.get("attention_factor") or (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original)))
+        ext = torch.tensor(scaling["long_factor"] if seq_len > original else scaling["short_factor"], dtype=torch.float32)
+        inv = 1.0 / (ext * theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        return inv, attention_factor
+    return inv, 1.0
 
 
 def rotate_half(x):
@@ -80,10 +154,13 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope(x, inv, positions):  # x (B, H, T, D)
+def rope(x, inv, positions, scaling=1.0):  # x (B, H, T, D); the first 2·len(inv) values of each head rotate
     freqs = positions[:, None].float() * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return x * emb.cos() + rotate_half(x) * emb.sin()
+    cos, sin = emb.cos() * scaling, emb.sin() * scaling
+    R = emb.shape[-1]
+    x_rot, x_pass = x[..., :R], x[..., R:]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
 
 def rms_norm(x, w, eps, gemma):
@@ -95,20 +172,31 @@ def parameter_names(c):
     """The state dict's names and shapes, in transformers' registration order."""
     C, F_, D, H, Hkv, V = c["hidden_size"], c["intermediate_size"], head_dim(c), c["num_attention_heads"], \
         c["num_key_value_heads"], c["vocab_size"]
-    gemma, qwen2, qwen3 = c["model_type"] == "gemma3_text", c["model_type"] == "qwen2", c["model_type"] == "qwen3"
+    t = c["model_type"]
+    gemma, qwen2, olmo, phi3 = t in GEMMA, t == "qwen2", t in OLMO, t == "phi3"
     out = [("model.embed_tokens.weight", (V, C))]
     for i in range(c["num_hidden_layers"]):
         b = f"model.layers.{i}."
+        if phi3:  # Phi3Attention registers o_proj before qkv_proj; Phi3MLP gate_up_proj, then down_proj
+            out += [(b + "self_attn.o_proj.weight", (C, H * D)), (b + "self_attn.qkv_proj.weight", (H * D + 2 * Hkv * D, C)),
+                    (b + "mlp.gate_up_proj.weight", (2 * F_, C)), (b + "mlp.down_proj.weight", (C, F_)),
+                    (b + "input_layernorm.weight", (C,)), (b + "post_attention_layernorm.weight", (C,))]
+            continue
         for name, rows in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
             out.append((b + f"self_attn.{name}.weight", (rows, C)))
             if qwen2:
                 out.append((b + f"self_attn.{name}.bias", (rows,)))
         out.append((b + "self_attn.o_proj.weight", (C, H * D)))
-        if gemma or qwen3:
+        if t in ("gemma3_text", "qwen3"):
             out += [(b + "self_attn.q_norm.weight", (D,)), (b + "self_attn.k_norm.weight", (D,))]
+        if olmo:  # over the whole projection
+            out += [(b + "self_attn.q_norm.weight", (H * D,)), (b + "self_attn.k_norm.weight", (Hkv * D,))]
         out += [(b + "mlp.gate_proj.weight", (F_, C)), (b + "mlp.up_proj.weight", (F_, C)),
-                (b + "mlp.down_proj.weight", (C, F_)), (b + "input_layernorm.weight", (C,)),
-                (b + "post_attention_layernorm.weight", (C,))]
+                (b + "mlp.down_proj.weight", (C, F_))]
+        if olmo:
+            out += [(b + "post_attention_layernorm.weight", (C,)), (b + "post_feedforward_layernorm.weight", (C,))]
+        else:
+            out += [(b + "input_layernorm.weight", (C,)), (b + "post_attention_layernorm.weight", (C,))]
         if gemma:
             out += [(b + "pre_feedforward_layernorm.weight", (C,)), (b + "post_feedforward_layernorm.weight", (C,))]
     out.append(("model.norm.weight", (C,)))
@@ -119,7 +207,7 @@ def parameter_names(c):
 
 def random_weights(c, seed):
     g = torch.Generator().manual_seed(seed)
-    gemma = c["model_type"] == "gemma3_text"
+    gemma = c["model_type"] in GEMMA
     w = {}
     for name, shape in parameter_names(c):
         if name.endswith("norm.weight") or "layernorm" in name:
@@ -133,16 +221,33 @@ def random_weights(c, seed):
 
 
 def layer_is_sliding(c, i):
-    if c["model_type"] == "gemma3_text":
+    t = c["model_type"]
+    if t == "gemma3_text":
         return (i + 1) % c["sliding_window_pattern"] != 0
-    if c["model_type"] in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+    if t == "gemma2":  # layer 0 slides, then every other one
+        return (i + 1) % 2 != 0
+    if t == "olmo3":  # three of four
+        return (i + 1) % 4 != 0
+    if t in ("mistral", "phi3"):
+        return c.get("sliding_window") is not None
+    if t in ("qwen2", "qwen3") and c.get("use_sliding_window"):
         return i >= c["max_window_layers"]
     return False
 
 
-def forward(c, w, ids):
-    """ids (B, T) → logits (B, T, V), the family's forward pass written out."""
-    gemma, qk_norm = c["model_type"] == "gemma3_text", c["model_type"] in ("qwen3", "gemma3_text")
+def uses_rope(c, i):
+    return c["model_type"] != "smollm3" or c["no_rope_layers"][i] == 1
+
+
+def softcap(x, cap):
+    return torch.tanh(x / cap) * cap
+
+
+def forward(c, w, ids, hidden=False):
+    """ids (B, T) → logits (B, T, V), the family's forward pass written out; with hidden, the final norm's output
+    (B, T, C), what a *ForSequenceClassification's score reads."""
+    t = c["model_type"]
+    gemma, olmo = t in GEMMA, t in OLMO
     B, T = ids.shape
     C, D, H, Hkv, eps = c["hidden_size"], head_dim(c), c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
     positions = torch.arange(T)
@@ -152,21 +257,32 @@ def forward(c, w, ids):
     scale = c["query_pre_attn_scalar"] ** -0.5 if gemma else D ** -0.5
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        lin = lambda t, name: F.linear(t, w[p + name + ".weight"], w.get(p + name + ".bias"))  # noqa: E731
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps, gemma)
-        q = lin(h, "self_attn.q_proj").view(B, T, H, D)
-        k = lin(h, "self_attn.k_proj").view(B, T, Hkv, D)
-        v = lin(h, "self_attn.v_proj").view(B, T, Hkv, D)
-        if qk_norm:
+        lin = lambda t_, name: F.linear(t_, w[p + name + ".weight"], w.get(p + name + ".bias"))  # noqa: E731
+        h = x if olmo else rms_norm(x, w[p + "input_layernorm.weight"], eps, gemma)
+        if t == "phi3":  # rows q | k | v of qkv_proj
+            qkv = lin(h, "self_attn.qkv_proj")
+            q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + Hkv) * D], qkv[..., (H + Hkv) * D:]
+        else:
+            q, k, v = lin(h, "self_attn.q_proj"), lin(h, "self_attn.k_proj"), lin(h, "self_attn.v_proj")
+        if olmo:  # RMSNorm over all heads of a token, before the split into heads
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False)
+        q, k, v = q.reshape(B, T, H, D), k.reshape(B, T, Hkv, D), v.reshape(B, T, Hkv, D)
+        if t in ("qwen3", "gemma3_text"):
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, gemma)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, gemma)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         sliding = layer_is_sliding(c, i)
-        inv = inverse_frequencies(c, local=gemma and sliding)
-        q, k = rope(q, inv, positions), rope(k, inv, positions)
+        if uses_rope(c, i):
+            # Gemma 3's sliding layers: the local base; OLMo 3's: plain RoPE (scaling on full layers only)
+            local = sliding and t in ("gemma3_text", "olmo3")
+            inv, attention_scaling = inverse_frequencies(c, local=local, seq_len=T)
+            q, k = rope(q, inv, positions, attention_scaling), rope(k, inv, positions, attention_scaling)
         k = k.repeat_interleave(H // Hkv, dim=1)  # repeat_kv: query head h reads K/V head h // group
         v = v.repeat_interleave(H // Hkv, dim=1)
         scores = (q @ k.transpose(-1, -2)) * scale
+        if c.get("attn_logit_softcapping"):  # after the scale, before the mask
+            scores = softcap(scores, c["attn_logit_softcapping"])
         qi, kj = torch.arange(T)[:, None], torch.arange(T)[None, :]
         visible = kj <= qi
         if sliding:
@@ -179,25 +295,40 @@ def forward(c, w, ids):
             a = rms_norm(a, w[p + "post_attention_layernorm.weight"], eps, gemma)
             x = x + a
             h = rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps, gemma)
+        elif olmo:
+            x = x + rms_norm(a, w[p + "post_attention_layernorm.weight"], eps, False)
+            h = x
         else:
             x = x + a
             h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, gemma)
-        gate = lin(h, "mlp.gate_proj")
+        if t == "phi3":  # the first half of gate_up_proj is the gate
+            gate, up = lin(h, "mlp.gate_up_proj").chunk(2, dim=-1)
+        else:
+            gate, up = lin(h, "mlp.gate_proj"), lin(h, "mlp.up_proj")
         act = F.gelu(gate, approximate="tanh") if gemma else F.silu(gate)
-        m = lin(act * lin(h, "mlp.up_proj"), "mlp.down_proj")
+        m = lin(act * up, "mlp.down_proj")
         if gemma:
             m = rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps, gemma)
+        elif olmo:
+            m = rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps, False)
         x = x + m
     x = rms_norm(x, w["model.norm.weight"], eps, gemma)
+    if hidden:
+        return x
     head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
-    return x @ head.t()
+    logits = x @ head.t()
+    if c.get("final_logit_softcapping"):
+        logits = softcap(logits, c["final_logit_softcapping"])
+    return logits
 
 
 def write_folder(c, w, folder, shards):
     os.makedirs(folder, exist_ok=True)
     config = dict(c)
     config["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                                "gemma3_text": "Gemma3ForCausalLM"}[c["model_type"]]]
+                                "gemma3_text": "Gemma3ForCausalLM", "mistral": "MistralForCausalLM",
+                                "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+                                "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[c["model_type"]]]
     config["torch_dtype"] = "float32"
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

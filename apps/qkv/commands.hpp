@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qkv/core/precision.hpp"
+#include "qkv/nn/pretrained.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/train/finetune.hpp"
@@ -133,22 +134,14 @@ void note_schedule(const train::TrainSettings& settings, int64_t start_step);
 struct ModelOptions {
   std::string checkpoint, gpt2_path, vocab_dir;
   std::string adapter;  // a PEFT LoRA adapter folder applied to the model (qkv finetune … --lora-rank writes one)
-  train::ConfigHint hint;
+  nn::ConfigHint hint;
   // Inference under --precision bf16: matrices kept in bfloat16 only (half the memory; a folder's are read as such).
   bool bf16_weights = false;
   std::string path() const { return checkpoint.empty() ? gpt2_path : checkpoint; }
 };
 
-// The model (in eval mode), its tokenizer and a description for titles.
-struct LoadedModel {
-  std::unique_ptr<nn::LanguageModel> model;
-  std::unique_ptr<text::Tokenizer> tokenizer;
-  std::string description;        // for titles: "checkpoint runs/gpt/checkpoint.safetensors"
-  std::vector<int64_t> stop_ids;  // generation ends at these (the model's EOS ids, the tokenizer's end of text)
-  int64_t default_context = 0;    // what eval reads per window unless told (at most the model's context length)
-  // A fine-tuned classifier's head (classes × hidden, classes), from the file or the adapter; undefined otherwise.
-  Tensor classifier_weight, classifier_bias;
-};
+// The model (in eval mode) and what came with it: the library's loader (nn/pretrained.hpp) on the options above.
+using LoadedModel = nn::Pretrained;
 LoadedModel load_model(const ModelOptions& options);
 
 struct AttentionCommand {
@@ -201,7 +194,8 @@ struct FinetuneClassifyCommand {
   std::string train_path, val_path, test_path, out_dir;
   text::TableColumns columns;
   train::ClassifierOptions options;
-  std::string trainable = "last-block", pooling = "last", lora_targets = "all";
+  // pooling: last, last-real, or empty: last-real for a Hugging Face folder (as transformers reads), else last
+  std::string trainable = "last-block", pooling, lora_targets = "all";
   int64_t prefix_cache_mib = 2048;
   bool overwrite = false;
   viz::PictureOptions pictures;
@@ -232,7 +226,7 @@ struct ConvertCommand {
   std::string input, output, to;  // to: pth, safetensors, checkpoint, gpt2, hf (empty: from the output's extension)
   std::string dtype = "f32";      // hf: f32 or bf16
   std::string merge;              // a PEFT LoRA adapter folder to fold into the weights first
-  train::ConfigHint hint;
+  nn::ConfigHint hint;
   bool weights_only = false;
   bool overwrite = false;  // replace an existing output (as train's --overwrite)
 };

@@ -7,6 +7,8 @@
 #include "qkv/io/file.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/nn/hf.hpp"
+#include "qkv/nn/lora.hpp"
+#include "qkv/nn/pretrained.hpp"
 
 namespace qkv::cli {
 
@@ -26,9 +28,9 @@ void check_output(const ConvertCommand& options) {
 // Folds a PEFT adapter into the model's weights; its fully trained modules replace theirs. A module the model has no
 // place for (a classifier head) is a usage error naming it.
 void merge_adapter(const std::string& dir, nn::Module& model) {
-  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
+  const nn::PeftAdapter adapter = nn::read_peft_adapter(dir);
   try {
-    const auto rest = train::apply_peft_adapter(model, adapter);
+    const auto rest = nn::apply_peft_adapter(model, adapter);
     if (!rest.empty()) {
       throw ValueError("its " + rest.begin()->first + " " + rest.begin()->second.shape().str() +
                        " has no place in the model (a classifier head: use the model.pth qkv finetune classify wrote)");
@@ -36,7 +38,7 @@ void merge_adapter(const std::string& dir, nn::Module& model) {
   } catch (const ValueError& e) {
     throw UsageError("--merge " + dir + ": " + e.what());
   }
-  train::merge_lora(model);
+  nn::merge_lora(model);
 }
 
 // A book model file with an adapter merged in, written as the book's .pth or safetensors.
@@ -69,10 +71,27 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   if (fs::equivalent(options.input, options.output, same))
     throw UsageError("the output folder is the input folder; write to another");
   check_output(options);
-  auto model = nn::load_hf_decoder(options.input);
-  if (!options.merge.empty()) merge_adapter(options.merge, *model);
+  // With --merge: the adapter's pairs folded in; a classifier adapter's head (modules_to_save: score) makes the output
+  // a *ForSequenceClassification folder.
+  nn::PretrainedOptions o;
+  o.adapter = options.merge;
+  o.tokenizer = false;  // the weights alone: the tokenizer files are copied below
+  std::unique_ptr<nn::Pretrained> loaded;
+  try {
+    loaded = nn::load_pretrained(options.input, o);
+  } catch (const ValueError& e) {
+    throw UsageError("--merge " + options.merge + ": " + e.what());
+  }
+  nn::Decoder* model = loaded->model.get();
+  nn::merge_lora(*model);
   const nn::HfDType dtype = options.dtype == "bf16" ? nn::HfDType::BF16 : nn::HfDType::F32;
-  nn::save_hf_folder(options.output, *model, dtype);
+  const bool new_classifier = loaded->is_classifier() && !model->is_classifier();
+  if (new_classifier) {
+    nn::save_hf_classifier(options.output, *model, loaded->classifier.weight, loaded->classifier.labels,
+                           loaded->classifier.pad_id, "", dtype);
+  } else {
+    nn::save_hf_folder(options.output, *model, dtype);
+  }
   int copied = 0;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
     const fs::path from = fs::path(options.input) / f;
@@ -85,6 +104,11 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   // Read back: every parameter bit for bit (F32), or as its bf16 rounding.
   auto back = nn::load_hf_decoder(options.output);
   auto a = model->named_parameters(), b = back->named_parameters();
+  if (new_classifier) {  // the language-model head gives way to the adapter's classifier head
+    if (!model->config.tie_word_embeddings)
+      std::erase_if(a, [&](const auto& p) { return p.first == model->head_prefix() + "weight"; });
+    a.emplace_back("score.weight", loaded->classifier.weight);
+  }
   for (size_t i = 0; i < a.size(); ++i) {
     std::vector<float> want = a[i].second.to_vector();
     if (dtype == nn::HfDType::BF16)
@@ -92,7 +116,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
     if (b[i].second.to_vector() != want) throw IoError(options.output + ": " + a[i].first + " did not read back as written");
   }
   std::fprintf(stderr, "qkv convert: %s (%s folder) → %s (%s, %d tokenizer file%s); read back, every parameter %s\n",
-               options.input.c_str(), model->config.family.c_str(), options.output.c_str(), options.dtype.c_str(), copied,
+               options.input.c_str(), model->config.family->name.c_str(), options.output.c_str(), options.dtype.c_str(), copied,
                copied == 1 ? "" : "s", dtype == nn::HfDType::BF16 ? "its bf16 rounding" : "identical");
   return 0;
 }

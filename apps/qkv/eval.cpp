@@ -12,12 +12,46 @@
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/text/tokenizer.hpp"
+#include "qkv/text/records.hpp"
+#include "qkv/train/classify.hpp"
 #include "qkv/train/evaluate.hpp"
 #include "qkv/viz/plot.hpp"
 
 namespace qkv::cli {
 
 namespace fs = std::filesystem;
+
+namespace {
+// A fine-tuned classifier: accuracy and mean loss over a labelled file (CSV, TSV or JSON lines, as qkv finetune
+// classify reads them), read as the classifier was trained to read texts.
+int eval_classifier(const EvalCommand& options, LoadedModel& loaded) {
+  const nn::ClassifierHead& head = loaded.classifier;
+  std::vector<text::LabelledText> texts;
+  train::ClassificationSplit split;
+  try {
+    texts = text::read_labelled_texts(options.text_path);
+    split = train::make_split(texts, head.labels, *loaded.tokenizer, head.max_length, head.pad_id, options.text_path);
+  } catch (const ValueError& e) {
+    throw UsageError(std::string(e.what()) + " (a classifier is evaluated on labelled texts: a CSV, TSV or JSON lines "
+                     "file with text and label columns, as qkv finetune classify reads)");
+  }
+  Generator unused = Generator::drawing_nothing();
+  train::SequenceClassifier classifier(*loaded.model, head.classes(), unused, head.bias.defined());
+  classifier.head.weight.copy_(head.weight);
+  if (head.bias.defined()) classifier.head.bias.copy_(head.bias);
+  const train::Pooling pooling = head.last_real ? train::Pooling::LastReal : train::Pooling::Last;
+  const auto m = train::evaluate_classifier(classifier, split, 8, 0, pooling);
+  if (options.json) {
+    nlohmann::ordered_json j = {{"model", options.model.path()}, {"text", options.text_path}, {"texts", texts.size()},
+                                {"classes", head.labels}, {"accuracy", m.accuracy}, {"loss", m.loss}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("accuracy %.2f%%  loss %.6f  (%zu texts, %lld classes: %s)\n", 100 * m.accuracy, m.loss, texts.size(),
+                static_cast<long long>(head.classes()), loaded.description.c_str());
+  }
+  return 0;
+}
+}  // namespace
 
 int run_eval(const EvalCommand& options) {
   // --plot NAME: NAME.png/.svg/.pdf as given, else with --format's extension; checked before the model loads.
@@ -32,6 +66,7 @@ int run_eval(const EvalCommand& options) {
   }
   const auto start = std::chrono::steady_clock::now();
   LoadedModel loaded = load_model(options.model);
+  if (loaded.is_classifier()) return eval_classifier(options, loaded);
   const nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::string path = options.text_path == "-" ? "/dev/stdin" : options.text_path;

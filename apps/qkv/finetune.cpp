@@ -16,6 +16,7 @@
 #include "qkv/io/file.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
+#include "qkv/nn/hf.hpp"
 #include "qkv/text/chat_template.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
 #include "qkv/viz/heatmap.hpp"
@@ -34,9 +35,9 @@ void write_text(const std::string& path, const std::string& text) {
 // An output folder that does not clobber a finished run unless told to.
 void prepare_out_dir(const std::string& dir, bool overwrite) {
   if (dir.empty()) throw UsageError("give --out DIR for the fine-tuned model");
-  if (!overwrite && fs::exists(fs::path(dir) / "model.pth")) {
-    throw UsageError(dir + " already holds a fine-tuned model (model.pth); choose another --out or pass --overwrite");
-  }
+  for (const char* file : {"model.pth", "model.safetensors"})
+    if (!overwrite && fs::exists(fs::path(dir) / file))
+      throw UsageError(dir + " already holds a fine-tuned model (" + file + "); choose another --out or pass --overwrite");
   fs::create_directories(dir);
 }
 
@@ -56,33 +57,34 @@ void print_trainable(int64_t before, int64_t after) {
 }
 
 // LoRA on the base model (the vocabulary head excluded), the base frozen; returns the adapted modules.
-std::vector<std::string> apply_lora(nn::LanguageModel& model, const train::LoraOptions& lora, const std::string& targets,
+std::vector<std::string> apply_lora(nn::LanguageModel& model, const nn::LoraOptions& lora, const std::string& targets,
                                     Generator& gen) {
   if (lora.rank <= 0) return {};
-  train::LoraOptions o = lora;
+  nn::LoraOptions o = lora;
   o.targets = split_list(targets);
   if (o.targets.empty()) throw UsageError("--lora-targets is empty; give all, attention, qkv, mlp or module names");
-  train::set_trainable(model, {});
+  nn::set_trainable(model, {});
   std::string head = model.head_prefix();
   head.pop_back();
   try {
-    return train::add_lora(model, o, gen, {head});
+    return nn::add_lora(model, o, gen, {head});
   } catch (const ValueError& e) {
     throw UsageError(e.what());
   }
 }
 
-train::PeftAdapter adapter_description(const ModelOptions& m, const train::LoraOptions& lora, std::vector<std::string> names,
-                                       std::vector<std::string> saved) {
+nn::PeftAdapter adapter_description(const ModelOptions& m, const nn::LoraOptions& lora, std::vector<std::string> names,
+                                    std::vector<std::string> saved, const char* task) {
   return {.rank = lora.rank, .alpha = lora.alpha > 0 ? lora.alpha : static_cast<double>(lora.rank),
-          .target_modules = std::move(names), .modules_to_save = std::move(saved), .base_model = m.path()};
+          .target_modules = std::move(names), .modules_to_save = std::move(saved), .base_model = m.path(),
+          .task_type = task};
 }
 
 // The book's configuration dict (GPT_CONFIG_124M's keys) beside model.pth, which carries none: what the book's
 // GPTModel(cfg) needs, and what qkv classify reads back.
 void write_book_config(const std::string& dir, nn::LanguageModel& model) {
   const auto* decoder = dynamic_cast<const nn::Decoder*>(&model);
-  if (!decoder || decoder->config.family != "gpt2") return;
+  if (!decoder || decoder->config.family->naming != nn::Naming::Book) return;
   const nn::GPTConfig c = nn::GPTConfig::of(decoder->config);
   const nlohmann::ordered_json config = {{"vocab_size", c.vocab_size}, {"context_length", c.context_length},
                                          {"emb_dim", c.emb_dim}, {"n_heads", c.n_heads}, {"n_layers", c.n_layers},
@@ -166,7 +168,12 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer& tokenizer = *loaded.tokenizer;
   train::ClassifierOptions o = cmd.options;
-  o.pooling = cmd.pooling == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
+  // A Hugging Face folder's classifier is written as transformers' *ForSequenceClassification, which reads the last
+  // token that is not padding; the book's reads the last position (padding included) unless told otherwise.
+  const bool hf_folder = loaded.format == nn::CheckpointFormat::HuggingFaceFolder &&
+                         loaded.model->config.family->naming == nn::Naming::HuggingFace;
+  const std::string pooling = cmd.pooling.empty() ? (hf_folder ? "last-real" : "last") : cmd.pooling;
+  o.pooling = pooling == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
   o.prefix_cache_bytes = cmd.prefix_cache_mib << 20;
   if (o.pad_id < 0) o.pad_id = tokenizer.end_of_text() >= 0 ? tokenizer.end_of_text() : 0;  // GPT-2's is 50256
   if (o.pad_id < 0 || o.pad_id >= model.vocab_size()) throw UsageError("--pad-id " + std::to_string(o.pad_id) + " is outside the vocabulary");
@@ -193,7 +200,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   // The book: torch.manual_seed(123); model.out_head = torch.nn.Linear(emb_dim, num_classes); then freeze.
   const int64_t before = model.trainable_parameter_count();
   Generator gen(o.seed);
-  train::SequenceClassifier classifier(model, classes, gen);
+  train::SequenceClassifier classifier(model, classes, gen, /*bias=*/!hf_folder);  // score has no bias
   std::vector<std::string> adapted;
   if (o.lora.rank > 0) {
     adapted = apply_lora(model, o.lora, cmd.lora_targets, gen);
@@ -203,7 +210,7 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
     else if (cmd.trainable == "all") model.for_each_parameter([&](const std::string& name, Tensor&) { patterns.push_back(name); });
     else if (cmd.trainable != "head") patterns = split_list(cmd.trainable);
     try {
-      train::set_trainable(model, patterns);
+      nn::set_trainable(model, patterns);
     } catch (const ValueError& e) {
       throw UsageError(std::string("--trainable: ") + e.what());
     }
@@ -247,15 +254,19 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   if (o.lora.rank > 0) {
     std::vector<std::pair<std::string, Tensor>> head;
     for (auto& [name, p] : classifier.head.named_parameters()) head.emplace_back(classifier.head_name() + "." + name, p);
-    train::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}), head);
-    train::merge_lora(model);
+    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}, "SEQ_CLS"), head);
+    nn::merge_lora(model);
   }
-  train::save_state_dict_pth(dir + "/model.pth", classifier.state_dict());
-  write_book_config(dir, model);
+  if (hf_folder) {  // a folder transformers' <Family>ForSequenceClassification and qkv classify load as it is
+    nn::save_hf_classifier(dir, *loaded.model, classifier.head.weight, labels, o.pad_id, cmd.model.path());
+  } else {
+    train::save_state_dict_pth(dir + "/model.pth", classifier.state_dict());
+    write_book_config(dir, model);
+  }
   const train::ClassificationSplit& shown = cmd.test_path.empty() ? val_split : test_split;
   const auto confusion = train::confusion_matrix(classifier, shown, o.batch_size, o.pooling, classes);
   nlohmann::ordered_json metrics = {
-      {"labels", labels}, {"pooling", cmd.pooling}, {"max_length", train_split.length}, {"pad_id", o.pad_id},
+      {"labels", labels}, {"pooling", pooling}, {"max_length", train_split.length}, {"pad_id", o.pad_id},
       {"train", {{"accuracy", finite_or_null(tr.accuracy)}, {"loss", finite_or_null(tr.loss)}}},
       {"val", {{"accuracy", finite_or_null(va.accuracy)}, {"loss", finite_or_null(va.loss)}}},
       {"test", cmd.test_path.empty() ? nlohmann::ordered_json(nullptr)
@@ -281,7 +292,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   style.show_values = 1;
   viz::save_heatmap(viz::picture_path(dir + "/confusion", cmd.pictures), counts, style, cmd.pictures);
   const char* ext = viz::picture_extension(cmd.pictures.format);
-  std::printf("Wrote %s/model.pth%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
+  std::printf("Wrote %s/%s%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
+              hf_folder ? "config.json, model.safetensors, tokenizer files" : "model.pth",
               o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "", ext, ext, ext);
   return 0;
 }
@@ -293,38 +305,19 @@ int run_classify(const ClassifyCommand& cmd) {
   if (m.hint.config.empty() && m.hint.n_heads == 0 && m.adapter.empty() && !fs::is_directory(m.path()) && fs::exists(beside))
     m.hint.config = beside.string();  // qkv finetune writes the book's configuration dict beside model.pth
   LoadedModel loaded = load_model(m);
-  if (!loaded.classifier_weight.defined()) {
-    throw ValueError(loaded.description + " has no classifier head; give the model.pth (or --adapter) that qkv finetune "
-                     "classify wrote");
+  if (!loaded.is_classifier()) {  // the model lacks what the command needs: an input problem, exit 1
+    throw ValueError(loaded.description + " has no classifier head; give the folder, model.pth or --adapter that qkv "
+                     "finetune classify wrote");
   }
-  // The labels and how the classifier reads a text, from the metrics.json written beside the model (or the adapter).
-  std::vector<std::string> labels;
-  int64_t length = 0, pad_id = loaded.tokenizer->end_of_text() >= 0 ? loaded.tokenizer->end_of_text() : 0;
-  train::Pooling pooling = train::Pooling::Last;
-  const fs::path where = !cmd.model.adapter.empty() ? fs::path(cmd.model.adapter) : fs::path(cmd.model.path()).parent_path();
-  if (fs::exists(where / "metrics.json")) {
-    try {
-      const auto m = nlohmann::json::parse(text::read_text_file((where / "metrics.json").string(), 1 << 24));
-      labels = m.at("labels").get<std::vector<std::string>>();
-      length = m.at("max_length").get<int64_t>();
-      pad_id = m.at("pad_id").get<int64_t>();
-      pooling = m.at("pooling").get<std::string>() == "last-real" ? train::Pooling::LastReal : train::Pooling::Last;
-    } catch (const nlohmann::json::exception& e) {
-      throw IoError((where / "metrics.json").string() + ": " + e.what());
-    }
-  }
-  const int64_t classes = loaded.classifier_weight.size(0);
-  if (labels.size() != static_cast<size_t>(classes)) {
-    labels.clear();
-    for (int64_t c = 0; c < classes; ++c) labels.push_back(std::to_string(c));
-  }
-  // metrics.json is user input too: a length beyond the model's context is cut to it.
-  if (length <= 0 || length > loaded.model->context_length()) length = std::min<int64_t>(loaded.model->context_length(), 1024);
+  // The labels and how the classifier reads a text: from the model's files (nn::ClassifierHead).
+  const nn::ClassifierHead& head = loaded.classifier;
+  const std::vector<std::string>& labels = head.labels;
+  const int64_t classes = head.classes(), length = head.max_length, pad_id = head.pad_id;
+  const train::Pooling pooling = head.last_real ? train::Pooling::LastReal : train::Pooling::Last;
   Generator unused = Generator::drawing_nothing();
-  train::SequenceClassifier classifier(*loaded.model, classes, unused);
-  classifier.head.weight.copy_(loaded.classifier_weight);
-  if (loaded.classifier_bias.defined()) classifier.head.bias.copy_(loaded.classifier_bias);
-  else classifier.head.bias.fill_(0.0f);
+  train::SequenceClassifier classifier(*loaded.model, classes, unused, head.bias.defined());
+  classifier.head.weight.copy_(head.weight);
+  if (head.bias.defined()) classifier.head.bias.copy_(head.bias);
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (const std::string& text : cmd.texts) {
     const Prediction p = classify_one(classifier, *loaded.tokenizer, text, length, pad_id, pooling);
@@ -428,8 +421,8 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   const std::string dir = cmd.out_dir;
   write_text(dir + "/instruction-data-with-response.json", with_responses.dump(4) + "\n");
   if (o.lora.rank > 0) {
-    train::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}), {});
-    train::merge_lora(model);
+    nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}, "CAUSAL_LM"), {});
+    nn::merge_lora(model);
   }
   std::vector<std::pair<std::string, Tensor>> state;
   const nn::StateDict sd = model.state_dict();

@@ -21,94 +21,35 @@
 
 namespace qkv::cli {
 
-namespace {
-// What the matrices are read as: bf16 for inference in bf16 (no float32 copy of the model is ever made), except with
-// an adapter, whose updates are added in float32 before the weights are rounded (load_model).
-DType matrices_of(const ModelOptions& options) {
-  return options.bf16_weights && options.adapter.empty() ? DType::BF16 : DType::F32;
-}
-
-// A Hugging Face model folder: the decoder (or GPT-2) and the folder's own tokenizer.
-LoadedModel load_folder(const ModelOptions& options) {
-  const std::string& dir = options.checkpoint;
-  LoadedModel loaded;
-  const std::string type = nn::hf_model_type(dir);
-  if (type == "gpt2") {
-    loaded.model = nn::load_gpt2((std::filesystem::path(dir) / "model.safetensors").string(), matrices_of(options));
-  } else {
-    auto decoder = nn::load_hf_decoder(dir, matrices_of(options));
-    loaded.stop_ids = decoder->config.eos_token_ids;
-    loaded.description = decoder->config.family + " folder " + dir;
-    loaded.model = std::move(decoder);
-  }
-  if (auto hf = text::HfTokenizer::from_folder(dir)) {
-    loaded.tokenizer = std::move(hf);
-  } else if (type == "gpt2") {
-    loaded.tokenizer = text::make_tokenizer("gpt2", options.vocab_dir);
-  } else {
-    throw IoError(dir + ": has no tokenizer.json; a Hugging Face model folder carries its tokenizer (download it with "
-                  "the weights)");
-  }
-  if (loaded.description.empty()) loaded.description = "GPT-2 folder " + dir;
-  loaded.default_context = std::min<int64_t>(loaded.model->context_length(), 2048);
-  return loaded;
-}
-}  // namespace
-
-// A PEFT adapter on a loaded model: its LoRA pairs added, and its fully trained modules (modules_to_save) copied into
-// the parameters of those names — or, for a head with fewer rows than the vocabulary, kept as a classifier's head.
-void apply_adapter(const std::string& dir, LoadedModel& loaded) {
-  const train::PeftAdapter adapter = train::read_peft_adapter(dir);
-  const std::string head = loaded.model->block_prefix(0).rfind("trf_blocks", 0) == 0 ? "out_head" : "score";
-  try {
-    for (const auto& [name, t] : train::apply_peft_adapter(*loaded.model, adapter)) {
-      if (name == head + ".weight" && t.rank() == 2 && t.size(1) == loaded.model->hidden_size()) {
-        loaded.classifier_weight = t;
-      } else if (name == head + ".bias" && t.rank() == 1) {
-        loaded.classifier_bias = t;
-      } else {
-        throw ValueError("the adapter is for another model: its " + name + " " + t.shape().str() + " has no place in " +
-                         loaded.description);
-      }
-    }
-  } catch (const ValueError& e) {
-    throw UsageError("--adapter " + dir + ": " + e.what());
-  }
-  loaded.description += " + adapter " + dir;
-}
-
 LoadedModel load_model(const ModelOptions& options) {
   if (options.checkpoint.empty() && options.gpt2_path.empty()) throw UsageError("give --checkpoint FILE or --gpt2 FILE");
-  LoadedModel loaded;
-  if (!options.checkpoint.empty() && nn::is_hf_folder(options.checkpoint)) {
-    loaded = load_folder(options);
-  } else {
-    train::ModelFile file = train::load_model_file(options.path(), options.hint, matrices_of(options));
-    if (!options.gpt2_path.empty() && file.format != train::ModelFormat::HuggingFaceGPT2) {
-      std::fprintf(stderr, "qkv: note: %s is a %s, not Hugging Face GPT-2 weights; read as such (--checkpoint takes any)\n",
-                   options.gpt2_path.c_str(), train::model_format_name(file.format));
-    }
-    loaded.model = std::move(file.model);
-    loaded.classifier_weight = file.classifier_weight;
-
-    loaded.classifier_bias = file.classifier_bias;
-    loaded.tokenizer = text::make_tokenizer(file.tokenizer, options.vocab_dir);
-    loaded.description = file.description;
-    loaded.default_context = loaded.model->context_length();
+  nn::PretrainedOptions o;
+  o.hint = options.hint;
+  o.vocab_dir = options.vocab_dir;
+  o.adapter = options.adapter;
+  o.matrices = options.bf16_weights ? DType::BF16 : DType::F32;
+  std::unique_ptr<nn::Pretrained> loaded;
+  try {
+    loaded = nn::load_pretrained(options.path(), o);
+  } catch (const ValueError& e) {  // a mismatched adapter or hint is the user's to fix
+    throw UsageError(e.what());
   }
-  loaded.model->eval();
-  if (loaded.tokenizer->end_of_text() >= 0) loaded.stop_ids.push_back(loaded.tokenizer->end_of_text());
-  if (!options.adapter.empty()) apply_adapter(options.adapter, loaded);
-  if (options.bf16_weights) loaded.model->weights_to_bf16();  // a no-op for matrices already read as bf16
-  return loaded;
+  if (!options.gpt2_path.empty() && loaded->format != nn::CheckpointFormat::HuggingFaceGPT2) {
+    std::fprintf(stderr, "qkv: note: %s is a %s, not Hugging Face GPT-2 weights; read as such (--checkpoint takes any)\n",
+                 options.gpt2_path.c_str(), nn::checkpoint_format_name(loaded->format));
+  }
+  return std::move(*loaded);
 }
 
 int run_generate(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.model);
-  if (loaded.classifier_weight.defined())
+  if (loaded.model->is_classifier())
+    throw UsageError(loaded.description + " is a classifier (" + std::to_string(loaded.classifier.classes()) +
+                     " classes), not a language model: it has no head to generate with; use qkv classify");
+  if (loaded.is_classifier())
     std::fprintf(stderr, "qkv generate: note: %s is a fine-tuned classifier (%lld classes); as a language model its "
                          "output head is tok_emb.weight (qkv classify uses its own head)\n",
-                 loaded.description.c_str(), static_cast<long long>(loaded.classifier_weight.size(0)));
+                 loaded.description.c_str(), static_cast<long long>(loaded.classifier.classes()));
   const nn::LanguageModel& model = *loaded.model;
   const text::Tokenizer* tokenizer = loaded.tokenizer.get();
   const std::string prompt_text = options.replace_invalid ? text::replace_invalid_utf8(options.prompt) : options.prompt;

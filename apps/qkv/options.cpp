@@ -90,7 +90,7 @@ CLI::Validator one_of(std::vector<std::string> names) {
   });
 }
 
-void add_config_options(CLI::App& command, train::ConfigHint& hint) {
+void add_config_options(CLI::App& command, nn::ConfigHint& hint) {
   command.add_option("--config", hint.config,
                      "For a book state dict: the book's configuration dict as a JSON file (GPT_CONFIG_124M; Python's "
                      "True/False accepted) or a preset: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl");

@@ -29,7 +29,7 @@ CLI::Validator non_negative_real();
 CLI::Validator one_of(std::vector<std::string> names);
 
 // How to read a book state dict: --config, --n-heads, --tokenizer (generate, attention, eval and convert).
-void add_config_options(CLI::App& command, train::ConfigHint& hint);
+void add_config_options(CLI::App& command, nn::ConfigHint& hint);
 // --checkpoint FILE | --gpt2 FILE, the configuration of a book state dict, --vocab DIR and --adapter DIR.
 void add_model_options(CLI::App& command, ModelOptions& model);
 // --format png|svg|pdf and --scale of every command that draws (`names`: the format option's names; instruct's

@@ -270,12 +270,12 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     train::TrainSettings stored;
     // --resume of a qkv checkpoint resumes exactly; of another model file (the book's model_and_optimizer.pth, a
     // state dict) it continues from its weights and optimizer, with the settings derived from the file.
-    qkv_checkpoint = !options.resume.empty() && train::detect_model_format(options.resume) == train::ModelFormat::QkvCheckpoint;
+    qkv_checkpoint = !options.resume.empty() && nn::detect_checkpoint_format(options.resume) == train::ModelFormat::QkvCheckpoint;
     std::optional<train::ModelFile> model_file;
     if (qkv_checkpoint) {
       strings = (stored = train::read_checkpoint_settings(options.resume)).to_strings();
     } else if (!options.resume.empty()) {
-      train::ConfigHint hint{options.resume_config, 0, ""};
+      nn::ConfigHint hint{options.resume_config, 0, ""};
       if (auto it = options.overrides.find("n_heads"); it != options.overrides.end()) hint.n_heads = parse_int(it->second, "--n-heads");
       if (auto it = options.overrides.find("tokenizer"); it != options.overrides.end()) hint.tokenizer = it->second;
       model_file = train::load_model_file(options.resume, hint);

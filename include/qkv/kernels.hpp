@@ -5,13 +5,15 @@
 // qkv. Calls on disjoint outputs may run concurrently.
 #pragma once
 
+#include "qkv/kernels/activations.hpp"
 #include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/convert.hpp"
-#include "qkv/kernels/decoder.hpp"
 #include "qkv/kernels/elementwise.hpp"
+#include "qkv/kernels/embedding.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
+#include "qkv/kernels/norms.hpp"
 #include "qkv/kernels/optim.hpp"
+#include "qkv/kernels/rope.hpp"
 #include "qkv/kernels/softmax.hpp"
 #include "qkv/kernels/threads.hpp"
-#include "qkv/kernels/transformer.hpp"

@@ -195,4 +195,22 @@ Tensor concat(const std::vector<Tensor>& tensors, int dim) {
   return out;
 }
 
+Tensor narrow(const Tensor& x, int64_t start, int64_t length) {
+  const int64_t W = x.rank() > 0 ? x.size(-1) : 0;
+  if (x.rank() == 0 || start < 0 || length < 0 || start > W || length > W - start)
+    throw ShapeError("narrow: columns [" + std::to_string(start) + ", " + std::to_string(start + length) +
+                     ") of " + x.shape().str());
+  Shape shape = x.shape();
+  shape[-1] = length;
+  const int64_t rows = W > 0 ? x.numel() / W : 0;
+  Tensor out = Tensor::empty(shape);
+  kernels::copy_rows(x.data() + start, W, out.data(), length, rows, length, false);
+  if (detail::needs_grad({&x})) {
+    detail::record(out, "NarrowBackward", {x}, [x, start, length, rows, W](const Tensor& dout) {
+      if (float* dx = detail::grad_buffer(x)) kernels::copy_rows(dout.data(), length, dx + start, W, rows, length, true);
+    });
+  }
+  return out;
+}
+
 }  // namespace qkv

@@ -1,9 +1,12 @@
 // RMSNorm, SiLU and rotary embeddings as differentiable ops: the pieces of Llama-, Qwen- and Gemma-style blocks.
-// Each backward sits under its forward; the loops are kernels (qkv/kernels/decoder.hpp).
+// Each backward sits under its forward; the loops are kernels (qkv/kernels/norms.hpp, activations.hpp, rope.hpp).
 #include <string>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/kernels/activations.hpp"
+#include "qkv/kernels/norms.hpp"
+#include "qkv/kernels/rope.hpp"
 
 namespace qkv {
 
@@ -56,7 +59,7 @@ Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, ke
     throw ShapeError("rope: cannot rotate " + std::to_string(rotated_heads) + " of " + std::to_string(num_heads) + " heads");
   }
   const int64_t rotated = rotated_heads > 0 ? rotated_heads : num_heads, width = x.size(2);
-  if (D != 2 * table->P) {
+  if (2 * table->P > D) {  // fewer is a partial rotation: the rest of each head passes
     throw ShapeError("rope: heads of " + std::to_string(D) + " values, but the table rotates " +
                      std::to_string(2 * table->P));
   }

@@ -1,12 +1,14 @@
 // Embedding lookup, LayerNorm and GELU: the pieces of a GPT block besides attention and Linear.
-// Each backward sits under its forward; the loops are kernels (qkv/kernels/transformer.hpp).
+// Each backward sits under its forward; the loops are kernels (qkv/kernels/embedding.hpp, norms.hpp, activations.hpp).
 #include <cmath>
 #include <numbers>
 #include <string>
 #include <vector>
 
 #include "qkv/core/autograd.hpp"
-#include "qkv/kernels/transformer.hpp"
+#include "qkv/kernels/activations.hpp"
+#include "qkv/kernels/embedding.hpp"
+#include "qkv/kernels/norms.hpp"
 #include "qkv/core/ops.hpp"
 
 namespace qkv {

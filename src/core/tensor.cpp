@@ -299,6 +299,10 @@ void Tensor::copy_(const Tensor& source) {
     throw ShapeError("copy_: source shape " + source.shape().str() + " differs from destination shape " +
                      shape().str());
   }
+  if (source.dtype() == DType::BF16) {  // widened exactly, or copied as it is
+    if (dtype() == DType::BF16) return void(std::copy_n(source.bf16(), numel(), bf16_data()));
+    return kernels::bf16_to_f32(source.bf16(), data(), numel());
+  }
   if (dtype() == DType::BF16) return kernels::f32_to_bf16(source.data(), bf16_data(), numel());
   std::copy_n(source.data(), numel(), data());
 }

@@ -1,8 +1,9 @@
-// read_file and write_file_atomically (see qkv/io/file.hpp).
+// read_file, write_file_atomically, AtomicFileWriter and MappedFile (see qkv/io/file.hpp).
 #include "qkv/io/file.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -84,44 +85,209 @@ bool write_all(int fd, std::span<const std::byte> bytes) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path_given, std::span<const std::byte> bytes) {
+void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
+  AtomicFileWriter writer(path);
+  writer.write(bytes);
+  writer.commit();
+}
+
+namespace {
+constexpr size_t kWriteBuffer = size_t{1} << 20;  // large enough that write(2) calls cost nothing beside the disk
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path_given) : path_given_(path_given), path_(path_given) {
   namespace fs = std::filesystem;
   std::error_code ec;
   // A symbolic link: write its target (replacing the link with a file would surprise whoever made it).
-  std::string path = path_given;
-  if (fs::is_symlink(path_given, ec)) path = fs::weakly_canonical(path_given, ec).string();
+  if (fs::is_symlink(path_given, ec)) path_ = fs::weakly_canonical(path_given, ec).string();
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     // A device, pipe or socket (/dev/null, /dev/stdout, a FIFO): write into it; renaming over it would replace
     // the device with a regular file.
     if (S_ISDIR(st.st_mode)) throw IoError(path_given + ": is a directory; give a file name");
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw IoError(path_given + ": cannot open for writing: " + std::strerror(errno));
-    const bool ok = write_all(fd, bytes);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) throw IoError(path_given + ": cannot open for writing: " + std::strerror(errno));
+  } else {
+    temp_ = path_ + ".tmp." + std::to_string(getpid());
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw IoError(path_given + ": cannot create " + temp_ + ": " + std::strerror(errno));
+  }
+}
+
+AtomicFileWriter::~AtomicFileWriter() { abandon(); }
+
+void AtomicFileWriter::abandon() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+  temp_.clear();
+}
+
+void AtomicFileWriter::flush_buffer() {
+  if (fd_ < 0) throw IoError(path_given_ + ": written after it was committed or abandoned");
+  if (!write_all(fd_, buffer_)) {
     const std::string why = std::strerror(errno);
-    ::close(fd);
-    if (!ok) throw IoError(path_given + ": write failed: " + why);
+    abandon();
+    throw IoError(path_given_ + ": write failed: " + why);
+  }
+  buffer_.clear();
+}
+
+void AtomicFileWriter::write(std::span<const std::byte> bytes) {
+  if (fd_ < 0) throw IoError(path_given_ + ": written after it was committed or abandoned");
+  written_ += bytes.size();
+  if (buffer_.size() + bytes.size() <= kWriteBuffer) {
+    buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
     return;
   }
-  const std::string temp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(path_given + ": cannot create " + temp + ": " + std::strerror(errno));
-  if (!write_all(fd, bytes)) {
+  flush_buffer();
+  if (bytes.size() >= kWriteBuffer) {  // a large piece goes straight to the file, without a copy
+    if (!write_all(fd_, bytes)) {
+      const std::string why = std::strerror(errno);
+      abandon();
+      throw IoError(path_given_ + ": write failed: " + why);
+    }
+  } else {
+    buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
+  }
+}
+
+void AtomicFileWriter::write_zeros(uint64_t count) {
+  static const std::byte kZeros[4096] = {};
+  while (count > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(count, sizeof kZeros));
+    write({kZeros, n});
+    count -= n;
+  }
+}
+
+void AtomicFileWriter::commit() {
+  flush_buffer();
+  if (temp_.empty()) {  // a device: nothing to rename
+    ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+    const std::string why = std::strerror(errno);
+    fd_ = -1;
+    abandon();
+    throw IoError(path_given_ + ": cannot flush to disk: " + why);
+  }
+  fd_ = -1;
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    abandon();
+    throw IoError(path_given_ + ": cannot move the new file into place: " + why);
+  }
+  temp_.clear();
+}
+
+namespace {
+int advice_of(MapAccess access) {
+  switch (access) {
+    case MapAccess::Normal: return MADV_NORMAL;
+    case MapAccess::Sequential: return MADV_SEQUENTIAL;
+    case MapAccess::Random: return MADV_RANDOM;
+    case MapAccess::WillNeed: return MADV_WILLNEED;
+  }
+  return MADV_NORMAL;
+}
+}  // namespace
+
+MappedFile MappedFile::open(const std::string& path, MapAccess access) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
-    ::unlink(temp.c_str());
-    throw IoError(path_given + ": write failed: " + why);
+    throw IoError(path + ": cannot read its size: " + why);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(temp.c_str());
-    throw IoError(path_given + ": cannot flush to disk: " + why);
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw IoError(path + ": is a directory; give a file");
   }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(temp.c_str());
-    throw IoError(path_given + ": cannot move the new file into place: " + why);
+  // A pipe or device has no length to map (and /dev/zero would map forever): only regular files.
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError(path + ": not a regular file (a pipe or device cannot be mapped); save it to a file first");
   }
+  MappedFile file;
+  file.path_ = path;
+  file.fd_ = fd;
+  file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* address = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (address == MAP_FAILED) {
+      const std::string why = std::strerror(errno);
+      file.reset();
+      throw IoError(path + ": cannot map the file: " + why);
+    }
+    file.data_ = static_cast<const std::byte*>(address);
+    if (access != MapAccess::Normal) ::madvise(address, file.size_, advice_of(access));
+  }
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)), data_(other.data_), size_(other.size_), fd_(other.fd_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+  other.fd_ = -1;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    reset();
+    path_ = std::move(other.path_);
+    data_ = other.data_;
+    size_ = other.size_;
+    fd_ = other.fd_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() { reset(); }
+
+void MappedFile::reset() noexcept {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+  data_ = nullptr;
+  size_ = 0;
+  fd_ = -1;
+}
+
+namespace {
+// The whole pages inside [offset, offset + length) of a mapping of `size` bytes at `base`, as [first, last).
+std::pair<uintptr_t, uintptr_t> whole_pages(const std::byte* base, size_t size, uint64_t offset, uint64_t length) {
+  if (!base || offset >= size) return {0, 0};
+  length = std::min<uint64_t>(length, size - offset);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base) + offset;
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + length) / page * page;
+  return {first, std::max(first, last)};
+}
+}  // namespace
+
+void MappedFile::advise(uint64_t offset, uint64_t length, MapAccess access) const {
+  // Hints may start mid-page: the page holding `offset` is included (the mapping starts on a page boundary).
+  if (!data_ || offset >= size_) return;
+  length = std::min<uint64_t>(length, size_ - offset);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data_) + offset) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data_) + offset + length;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, advice_of(access));
+}
+
+void MappedFile::release(uint64_t offset, uint64_t length) const {
+  // Only whole pages: a page shared with a neighbouring tensor may still be in use.
+  const auto [first, last] = whole_pages(data_, size_, offset, length);
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 int remove_stale_temporaries(const std::string& path) {

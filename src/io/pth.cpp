@@ -662,21 +662,6 @@ int64_t PthTensor::numel() const {
   return n;
 }
 
-const char* py_kind_name(PyKind kind) {
-  switch (kind) {
-    case PyKind::None: return "None";
-    case PyKind::Bool: return "bool";
-    case PyKind::Int: return "int";
-    case PyKind::Float: return "float";
-    case PyKind::String: return "str";
-    case PyKind::List: return "list";
-    case PyKind::Tuple: return "tuple";
-    case PyKind::Dict: return "dict";
-    case PyKind::Tensor: return "tensor";
-  }
-  return "?";
-}
-
 // ---- PyRef ----
 
 namespace {

@@ -201,6 +201,7 @@ inline float unary(UnaryOp op, float s, float x) {
     case UnaryOp::Neg: return -x;
     case UnaryOp::Exp: return std::exp(x);
     case UnaryOp::Log: return std::log(x);
+    case UnaryOp::SoftCap: return s * std::tanh(x / s);
   }
   return 0.0f;
 }
@@ -212,6 +213,10 @@ inline float derivative(UnaryOp op, float s, float x, float y) {
     case UnaryOp::Neg: return -1.0f;
     case UnaryOp::Exp: return y;
     case UnaryOp::Log: return 1.0f / x;
+    case UnaryOp::SoftCap: {  // d/dx s·tanh(x/s) = 1 − tanh²(x/s) = 1 − (y/s)²
+      const float t = y / s;
+      return 1.0f - t * t;
+    }
   }
   return 0.0f;
 }
@@ -237,6 +242,7 @@ void dispatch(UnaryOp op, F&& f) {
     case UnaryOp::Neg: return f(std::integral_constant<UnaryOp, UnaryOp::Neg>{});
     case UnaryOp::Exp: return f(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
     case UnaryOp::Log: return f(std::integral_constant<UnaryOp, UnaryOp::Log>{});
+    case UnaryOp::SoftCap: return f(std::integral_constant<UnaryOp, UnaryOp::SoftCap>{});
   }
 }
 }  // namespace
@@ -260,6 +266,7 @@ void unary_forward_reference(UnaryOp op, float s, const float* x, float* y, int6
       case UnaryOp::Neg: r = -v; break;
       case UnaryOp::Exp: r = std::exp(v); break;
       case UnaryOp::Log: r = std::log(v); break;
+      case UnaryOp::SoftCap: r = s * std::tanh(v / s); break;
     }
     y[i] = static_cast<float>(r);
   }

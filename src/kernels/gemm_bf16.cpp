@@ -26,7 +26,7 @@
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
-#include "amx.hpp"
+#include "micro_kernels.hpp"
 #include "reference_product.hpp"
 
 namespace qkv::kernels {

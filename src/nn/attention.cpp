@@ -81,6 +81,9 @@ ProjectedAttention::ProjectedAttention(const AttentionArgs& a, Generator& gen)
   register_module("W_query", W_query);
   register_module("W_key", W_key);
   register_module("W_value", W_value);
+  W_query.lora_roles = kLoraQuery;
+  W_key.lora_roles = kLoraKey;
+  W_value.lora_roles = kLoraValue;
 }
 
 Tensor ProjectedAttention::part_of(const Tensor& whole, int64_t i) {
@@ -209,6 +212,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_in_, int64_t d_out_, int64_t co
       out_proj(d_out_, d_out_, true, gen),
       gen_(&gen) {
   register_module("out_proj", out_proj);
+  out_proj.lora_roles = kLoraOutput;
   register_derived_buffer("mask", Shape{context_length, context_length},
                           [n = context_length] { return causal_mask(n); });
 }

@@ -16,12 +16,6 @@ namespace qkv::nn {
 
 namespace {
 
-using Role = DecoderConfig::Role;
-
-const std::vector<std::string> kFamilies = {"llama", "qwen2", "qwen3", "gemma3", "gpt2"};
-
-bool is_family(const std::string& f) { return std::find(kFamilies.begin(), kFamilies.end(), f) != kFamilies.end(); }
-
 [[noreturn]] void invalid(const std::string& what) { throw ValueError("decoder config: " + what); }
 
 void positive(int64_t v, const char* name) {
@@ -37,16 +31,205 @@ int64_t product(std::initializer_list<int64_t> factors) {
   return n;
 }
 
+// What each role is, for initialisation, freezing and messages.
+enum class Kind { Embedding, Matrix, Norm, Bias };
+struct RoleInfo {
+  Role role;
+  const char* name;
+  Kind kind;
+};
+constexpr RoleInfo kRoles[kRoleCount] = {
+    {Role::TokenEmbedding, "token embedding", Kind::Embedding},
+    {Role::PositionEmbedding, "position embedding", Kind::Embedding},
+    {Role::FinalNorm, "final norm", Kind::Norm},
+    {Role::FinalNormBias, "final norm bias", Kind::Bias},
+    {Role::Head, "output head", Kind::Matrix},
+    {Role::AttnNorm, "attention norm", Kind::Norm},
+    {Role::AttnNormBias, "attention norm bias", Kind::Bias},
+    {Role::Query, "query", Kind::Matrix},
+    {Role::QueryBias, "query bias", Kind::Bias},
+    {Role::Key, "key", Kind::Matrix},
+    {Role::KeyBias, "key bias", Kind::Bias},
+    {Role::Value, "value", Kind::Matrix},
+    {Role::ValueBias, "value bias", Kind::Bias},
+    {Role::Output, "attention output", Kind::Matrix},
+    {Role::OutputBias, "attention output bias", Kind::Bias},
+    {Role::QueryNorm, "query norm", Kind::Norm},
+    {Role::KeyNorm, "key norm", Kind::Norm},
+    {Role::PostAttnNorm, "post-attention norm", Kind::Norm},
+    {Role::MlpNorm, "MLP norm", Kind::Norm},
+    {Role::MlpNormBias, "MLP norm bias", Kind::Bias},
+    {Role::PostMlpNorm, "post-MLP norm", Kind::Norm},
+    {Role::Gate, "gate", Kind::Matrix},
+    {Role::GateBias, "gate bias", Kind::Bias},
+    {Role::Up, "up", Kind::Matrix},
+    {Role::UpBias, "up bias", Kind::Bias},
+    {Role::Down, "down", Kind::Matrix},
+    {Role::DownBias, "down bias", Kind::Bias},
+    {Role::HeadBias, "classifier head bias", Kind::Bias},
+};
+Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
+
+// The roles LoRA's presets choose by (module.hpp's LoraRoles bits).
+unsigned lora_role_bit(Role r) {
+  switch (r) {
+    case Role::Query: return kLoraQuery;
+    case Role::Key: return kLoraKey;
+    case Role::Value: return kLoraValue;
+    case Role::Output: return kLoraOutput;
+    case Role::Gate: return kLoraGate;
+    case Role::Up: return kLoraUp;
+    case Role::Down: return kLoraDown;
+    default: return 0;
+  }
+}
+
+// The bias role of a projection role.
+Role bias_of(Role r) {
+  switch (r) {
+    case Role::Query: return Role::QueryBias;
+    case Role::Key: return Role::KeyBias;
+    case Role::Value: return Role::ValueBias;
+    case Role::Output: return Role::OutputBias;
+    case Role::Gate: return Role::GateBias;
+    case Role::Up: return Role::UpBias;
+    default: return Role::DownBias;
+  }
+}
+
+// The layout of a block under the book's names (chapter 4's GPTModel), in its registration order.
+void book_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Parameter>& out) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size;
+  const std::string b = "trf_blocks." + std::to_string(i) + ".";
+  auto add = [&](std::string name, Shape shape, Role role) {
+    out.push_back({std::move(name), shape, {{role, 0, shape[0]}}, false, i});
+  };
+  for (const auto& [w, role] : {std::pair{"W_query", Role::Query}, {"W_key", Role::Key}, {"W_value", Role::Value}}) {
+    add(b + "att." + w + ".weight", {C, C}, role);
+    if (c.qkv_bias) add(b + "att." + w + ".bias", {C}, bias_of(role));
+  }
+  add(b + "att.out_proj.weight", {C, C}, Role::Output);
+  add(b + "att.out_proj.bias", {C}, Role::OutputBias);
+  add(b + "ff.layers.0.weight", {F, C}, Role::Up);
+  add(b + "ff.layers.0.bias", {F}, Role::UpBias);
+  add(b + "ff.layers.2.weight", {C, F}, Role::Down);
+  add(b + "ff.layers.2.bias", {C}, Role::DownBias);
+  add(b + "norm1.scale", {C}, Role::AttnNorm);
+  add(b + "norm1.shift", {C}, Role::AttnNormBias);
+  add(b + "norm2.scale", {C}, Role::MlpNorm);
+  add(b + "norm2.shift", {C}, Role::MlpNormBias);
+}
+
+// The same block in Hugging Face's GPT-2 files (GPT2LMHeadModel): Conv1D weights stored (in, out), q/k/v in c_attn.
+void hf_gpt2_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Parameter>& out) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size;
+  const std::string h = "h." + std::to_string(i) + ".";
+  auto add = [&](std::string name, Shape shape, std::vector<DecoderConfig::Part> parts, bool transposed = false) {
+    out.push_back({std::move(name), shape, std::move(parts), transposed, i});
+  };
+  add(h + "ln_1.weight", {C}, {{Role::AttnNorm, 0, C}});
+  add(h + "ln_1.bias", {C}, {{Role::AttnNormBias, 0, C}});
+  add(h + "attn.c_attn.weight", {C, 3 * C}, {{Role::Query, 0, C}, {Role::Key, C, C}, {Role::Value, 2 * C, C}}, true);
+  // GPT-2's files always carry the q/k/v bias: zeros for a model without one.
+  add(h + "attn.c_attn.bias", {3 * C}, {{Role::QueryBias, 0, C}, {Role::KeyBias, C, C}, {Role::ValueBias, 2 * C, C}});
+  add(h + "attn.c_proj.weight", {C, C}, {{Role::Output, 0, C}}, true);
+  add(h + "attn.c_proj.bias", {C}, {{Role::OutputBias, 0, C}});
+  add(h + "ln_2.weight", {C}, {{Role::MlpNorm, 0, C}});
+  add(h + "ln_2.bias", {C}, {{Role::MlpNormBias, 0, C}});
+  add(h + "mlp.c_fc.weight", {C, F}, {{Role::Up, 0, F}}, true);
+  add(h + "mlp.c_fc.bias", {F}, {{Role::UpBias, 0, F}});
+  add(h + "mlp.c_proj.weight", {F, C}, {{Role::Down, 0, C}}, true);
+  add(h + "mlp.c_proj.bias", {C}, {{Role::DownBias, 0, C}});
+}
+
+// A block under Hugging Face's names for today's decoders, in transformers' registration order: self_attn (its
+// projections, fused or not, then q_norm and k_norm), mlp, then the norms where the placement puts them.
+void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Parameter>& out) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size, Q = c.q_width(), KV = c.kv_width(), D = c.head_dim;
+  const Family& f = *c.family;
+  const std::string b = "model.layers." + std::to_string(i) + ".";
+  auto add = [&](std::string name, Shape shape, std::vector<DecoderConfig::Part> parts) {
+    out.push_back({std::move(name), shape, std::move(parts), false, i});
+  };
+  auto projection = [&](const std::string& name, int64_t rows, int64_t in, Role role, bool bias) {
+    add(b + name + ".weight", {rows, in}, {{role, 0, rows}});
+    if (bias) add(b + name + ".bias", {rows}, {{bias_of(role), 0, rows}});
+  };
+  if (f.fused_qkv) {  // Phi-3: o_proj is registered first, then qkv_proj (rows q, k, v)
+    projection("self_attn.o_proj", C, Q, Role::Output, c.o_bias);
+    add(b + "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, {{Role::Query, 0, Q}, {Role::Key, Q, KV}, {Role::Value, Q + KV, KV}});
+    if (c.qkv_bias)
+      add(b + "self_attn.qkv_proj.bias", {Q + 2 * KV},
+          {{Role::QueryBias, 0, Q}, {Role::KeyBias, Q, KV}, {Role::ValueBias, Q + KV, KV}});
+  } else {
+    projection("self_attn.q_proj", Q, C, Role::Query, c.qkv_bias);
+    projection("self_attn.k_proj", KV, C, Role::Key, c.qkv_bias);
+    projection("self_attn.v_proj", KV, C, Role::Value, c.qkv_bias);
+    projection("self_attn.o_proj", C, Q, Role::Output, c.o_bias);
+  }
+  if (c.qk_norm != QkNorm::None) {  // per head: (D); over the projection (OLMo 2): (H·D) and (H_kv·D)
+    const bool whole = c.qk_norm == QkNorm::Projection;
+    add(b + "self_attn.q_norm.weight", {whole ? Q : D}, {{Role::QueryNorm, 0, whole ? Q : D}});
+    add(b + "self_attn.k_norm.weight", {whole ? KV : D}, {{Role::KeyNorm, 0, whole ? KV : D}});
+  }
+  if (c.mlp == MlpKind::GELU) {
+    projection("mlp.up_proj", F, C, Role::Up, c.mlp_bias);
+  } else if (f.fused_gate_up) {  // Phi-3: gate_up_proj's first half is the gate
+    add(b + "mlp.gate_up_proj.weight", {2 * F, C}, {{Role::Gate, 0, F}, {Role::Up, F, F}});
+    if (c.mlp_bias) add(b + "mlp.gate_up_proj.bias", {2 * F}, {{Role::GateBias, 0, F}, {Role::UpBias, F, F}});
+  } else {
+    projection("mlp.gate_proj", F, C, Role::Gate, c.mlp_bias);
+    projection("mlp.up_proj", F, C, Role::Up, c.mlp_bias);
+  }
+  projection("mlp.down_proj", C, F, Role::Down, c.mlp_bias);
+  auto norm = [&](const char* name, Role role) { add(b + name + ".weight", {C}, {{role, 0, C}}); };
+  switch (c.placement) {
+    case NormPlacement::Pre:  // post_attention_layernorm is the norm before the MLP
+      norm("input_layernorm", Role::AttnNorm);
+      norm("post_attention_layernorm", Role::MlpNorm);
+      break;
+    case NormPlacement::Sandwich:  // post_attention_layernorm is the norm after attention; a pre-MLP norm follows
+      norm("input_layernorm", Role::AttnNorm);
+      norm("post_attention_layernorm", Role::PostAttnNorm);
+      norm("pre_feedforward_layernorm", Role::MlpNorm);
+      norm("post_feedforward_layernorm", Role::PostMlpNorm);
+      break;
+    case NormPlacement::Post:  // OLMo 2: the norms sit after attention and after the MLP, none before
+      norm("post_attention_layernorm", Role::PostAttnNorm);
+      norm("post_feedforward_layernorm", Role::PostMlpNorm);
+      break;
+  }
+}
+
+// A rotation's settings, each checked: ValueError naming the one that cannot be used.
+void validate_rope(const RopeFrequencies& r) {
+  auto fail = [](const std::string& what) { invalid("RoPE: " + what); };
+  if (!(r.theta > 1.0) || !std::isfinite(r.theta)) fail("rope_theta must be a finite number above 1, got " + std::to_string(r.theta));
+  if (!(r.factor > 0.0) || !std::isfinite(r.factor)) fail("the scaling factor must be positive");
+  if (!(r.attention_factor > 0.0) || !std::isfinite(r.attention_factor)) fail("attention_factor must be positive");
+  if (r.rotary_dim < 0) fail("the rotary dimension must not be negative");
+  if ((r.scaling == RopeFrequencies::Scaling::Llama3 || r.scaling == RopeFrequencies::Scaling::Yarn || r.scaling == RopeFrequencies::Scaling::LongRope) &&
+      !(r.original_max_position_embeddings >= 1.0 && std::isfinite(r.original_max_position_embeddings)))
+    fail("original_max_position_embeddings must be a positive number");
+  if (r.scaling == RopeFrequencies::Scaling::Llama3 && (!(r.high_freq_factor > r.low_freq_factor) || !(r.low_freq_factor > 0)))
+    fail("llama3 scaling needs 0 < low_freq_factor < high_freq_factor");
+  if (r.scaling == RopeFrequencies::Scaling::Yarn && (!(r.beta_fast > 0) || !(r.beta_slow > 0) || !std::isfinite(r.beta_fast) || !std::isfinite(r.beta_slow)))
+    fail("yarn's beta_fast and beta_slow must be positive");
+  if (r.scaling == RopeFrequencies::Scaling::LongRope) {
+    if (r.short_factor.size() != r.long_factor.size() || r.short_factor.empty())
+      fail("longrope's short_factor and long_factor must be lists of one length (half the rotated dimensions)");
+    for (const auto* list : {&r.short_factor, &r.long_factor})
+      for (double v : *list)
+        if (!(v > 0.0) || !std::isfinite(v)) fail("longrope's factors must be positive numbers");
+  }
+}
+
 }  // namespace
 
-const std::vector<std::string>& decoder_families() { return kFamilies; }
+const char* role_name(Role role) { return kRoles[static_cast<size_t>(role)].name; }
 
 void DecoderConfig::validate() const {
-  if (!is_family(family)) {
-    std::string all;
-    for (const auto& f : kFamilies) all += (all.empty() ? "" : ", ") + f;
-    invalid("unknown family '" + family + "'; qkv has " + all);
-  }
+  if (!family) invalid("no family");
   positive(vocab_size, "vocab_size");
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");
@@ -56,6 +239,9 @@ void DecoderConfig::validate() const {
   positive(num_kv_heads, "num_key_value_heads");
   positive(head_dim, "head_dim");
   positive(max_positions, "max_position_embeddings");
+  if (num_labels < 0) invalid("num_labels must not be negative");
+  if (!labels.empty() && static_cast<int64_t>(labels.size()) != num_labels)
+    invalid(std::to_string(labels.size()) + " label names for " + std::to_string(num_labels) + " classes");
   if (num_heads % num_kv_heads != 0) {
     invalid("num_key_value_heads = " + std::to_string(num_kv_heads) + " does not divide num_attention_heads = " +
             std::to_string(num_heads) + " (grouped-query attention shares each K/V head among a whole group)");
@@ -63,112 +249,76 @@ void DecoderConfig::validate() const {
   if (!(norm_eps > 0.0 && norm_eps < 1.0)) invalid("the norm epsilon must lie in (0, 1), got " + std::to_string(norm_eps));
   if (!(drop_rate >= 0.0 && drop_rate < 1.0)) invalid("drop_rate must lie in [0, 1)");
   if (!(attention_dropout >= 0.0 && attention_dropout < 1.0)) invalid("attention_dropout must lie in [0, 1)");
-  if (!(attention_scale >= 0.0) || !(embedding_scale >= 0.0) || !(attn_softcap >= 0.0) || !std::isfinite(attention_scale) ||
-      !std::isfinite(embedding_scale) || !std::isfinite(attn_softcap)) {
-    invalid("attention_scale, embedding_scale and attn_softcap must be finite and ≥ 0");
-  }
+  for (double v : {attention_scale, embedding_scale, attn_softcap, final_softcap})
+    if (!(v >= 0.0) || !std::isfinite(v))
+      invalid("attention_scale, embedding_scale and the soft-capping values must be finite and ≥ 0");
   if (static_cast<int64_t>(layers.size()) != num_layers) {
     invalid(std::to_string(layers.size()) + " layer settings for " + std::to_string(num_layers) + " layers");
   }
   if (learned_positions != ropes.empty()) invalid("a decoder has either learned positions or RoPE frequencies");
-  if (!learned_positions && head_dim % 2 != 0) invalid("RoPE needs an even head_dim, got " + std::to_string(head_dim));
   for (const auto& r : ropes) {
-    if (!(r.theta > 1.0) || !std::isfinite(r.theta)) invalid("rope_theta must be a finite number above 1, got " + std::to_string(r.theta));
-    if (!(r.factor > 0.0) || !std::isfinite(r.factor)) invalid("the RoPE scaling factor must be positive");
-    if (r.scaling == RopeFrequencies::Scaling::Llama3 &&
-        (!(r.high_freq_factor > r.low_freq_factor) || !(r.low_freq_factor > 0) || !(r.original_max_position_embeddings > 0))) {
-      invalid("llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
-    }
+    const int64_t rotated = r.rotary_dim > 0 ? r.rotary_dim : head_dim;
+    if (rotated % 2 != 0 || rotated > head_dim)
+      invalid("RoPE rotates an even number of each head's " + std::to_string(head_dim) + " values, not " +
+              std::to_string(rotated));
+    validate_rope(r);
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].window < 0) invalid("layer " + std::to_string(i) + " has a negative sliding window");
-    if (!learned_positions && (layers[i].rope < 0 || layers[i].rope >= static_cast<int64_t>(ropes.size())))
+    if (!learned_positions && (layers[i].rope < -1 || layers[i].rope >= static_cast<int64_t>(ropes.size())))
       invalid("layer " + std::to_string(i) + " names RoPE " + std::to_string(layers[i].rope) + " of " + std::to_string(ropes.size()));
   }
   for (int64_t id : eos_token_ids)
     if (id < 0 || id >= vocab_size) invalid("eos_token_id " + std::to_string(id) + " is outside the vocabulary");
-  if (family == "gpt2" && !(learned_positions && norm == NormKind::LayerNorm && mlp == MlpKind::GELU && o_bias &&
-                            mlp_bias && q_width() == hidden_size && num_kv_heads == num_heads && !qk_norm && !sandwich_norms)) {
-    invalid("the gpt2 family is learned positions, LayerNorm, a GELU MLP with biases and full multi-head attention");
+  if (family->naming == Naming::Book &&
+      !(learned_positions && norm == NormKind::LayerNorm && mlp == MlpKind::GELU && o_bias && mlp_bias &&
+        q_width() == hidden_size && num_kv_heads == num_heads && qk_norm == QkNorm::None &&
+        placement == NormPlacement::Pre && final_softcap == 0.0)) {
+    invalid("the " + family->name + " family is learned positions, pre-LayerNorm blocks, a GELU MLP with biases and "
+            "full multi-head attention");
   }
-  if (family != "gpt2" && norm == NormKind::LayerNorm) invalid("family " + family + " has no LayerNorm names");
+  if (family->naming == Naming::HuggingFace && (norm == NormKind::LayerNorm || learned_positions))
+    invalid("family " + family->name + " has no names for LayerNorm or learned positions");
   (void)parameter_count();
 }
 
-std::vector<DecoderConfig::Parameter> DecoderConfig::layout() const {
-  const int64_t C = hidden_size, F = intermediate_size, Q = q_width(), KV = kv_width(), D = head_dim, V = vocab_size;
+std::vector<DecoderConfig::Parameter> DecoderConfig::layout(Names names) const {
+  const int64_t C = hidden_size, V = vocab_size;
   product({V, C});
   product({max_positions, C});
-  product({std::max(Q, KV), C});
-  product({F, C});
+  product({q_width() + 2 * kv_width(), C});
+  product({2, intermediate_size, C});
   std::vector<Parameter> out;
-  auto add = [&](std::string name, Shape shape, Role role, int64_t layer = -1) {
-    out.push_back({std::move(name), std::move(shape), role, layer});
+  auto add = [&](std::string name, Shape shape, Role role) {
+    out.push_back({std::move(name), shape, {{role, 0, shape[0]}}, false, -1});
   };
-  if (family == "gpt2") {  // the book's names (chapter 4's GPTModel), in its registration order
-    add("tok_emb.weight", {V, C}, Role::TokenEmbedding);
-    add("pos_emb.weight", {max_positions, C}, Role::PositionEmbedding);
-    for (int64_t i = 0; i < num_layers; ++i) {
-      const std::string b = "trf_blocks." + std::to_string(i) + ".";
-      const std::pair<const char*, std::pair<Role, Role>> qkv[] = {{"W_query", {Role::Query, Role::QueryBias}},
-                                                                  {"W_key", {Role::Key, Role::KeyBias}},
-                                                                  {"W_value", {Role::Value, Role::ValueBias}}};
-      for (const auto& [w, roles] : qkv) {
-        add(b + "att." + w + ".weight", {C, C}, roles.first, i);
-        if (qkv_bias) add(b + "att." + w + ".bias", {C}, roles.second, i);
-      }
-      add(b + "att.out_proj.weight", {C, C}, Role::Output, i);
-      add(b + "att.out_proj.bias", {C}, Role::OutputBias, i);
-      add(b + "ff.layers.0.weight", {F, C}, Role::Up, i);
-      add(b + "ff.layers.0.bias", {F}, Role::UpBias, i);
-      add(b + "ff.layers.2.weight", {C, F}, Role::Down, i);
-      add(b + "ff.layers.2.bias", {C}, Role::DownBias, i);
-      add(b + "norm1.scale", {C}, Role::AttnNorm, i);
-      add(b + "norm1.shift", {C}, Role::AttnNormBias, i);
-      add(b + "norm2.scale", {C}, Role::MlpNorm, i);
-      add(b + "norm2.shift", {C}, Role::MlpNormBias, i);
-    }
-    add("final_norm.scale", {C}, Role::FinalNorm);
-    add("final_norm.shift", {C}, Role::FinalNormBias);
-    if (!tie_word_embeddings) add("out_head.weight", {V, C}, Role::Head);
+  if (family->naming == Naming::Book && names == Names::HuggingFace) {  // GPT2LMHeadModel's files
+    add("wte.weight", {V, C}, Role::TokenEmbedding);
+    add("wpe.weight", {max_positions, C}, Role::PositionEmbedding);
+    for (int64_t i = 0; i < num_layers; ++i) hf_gpt2_block(*this, i, out);
+    add("ln_f.weight", {C}, Role::FinalNorm);
+    add("ln_f.bias", {C}, Role::FinalNormBias);
     return out;
   }
-  // Hugging Face's names (LlamaForCausalLM, Qwen2/Qwen3ForCausalLM, Gemma3ForCausalLM), in their registration order:
-  // per layer self_attn (q, k, v, o, then q_norm, k_norm), mlp (gate, up, down), then the norms.
-  add("model.embed_tokens.weight", {V, C}, Role::TokenEmbedding);
-  for (int64_t i = 0; i < num_layers; ++i) {
-    const std::string b = "model.layers." + std::to_string(i) + ".";
-    add(b + "self_attn.q_proj.weight", {Q, C}, Role::Query, i);
-    if (qkv_bias) add(b + "self_attn.q_proj.bias", {Q}, Role::QueryBias, i);
-    add(b + "self_attn.k_proj.weight", {KV, C}, Role::Key, i);
-    if (qkv_bias) add(b + "self_attn.k_proj.bias", {KV}, Role::KeyBias, i);
-    add(b + "self_attn.v_proj.weight", {KV, C}, Role::Value, i);
-    if (qkv_bias) add(b + "self_attn.v_proj.bias", {KV}, Role::ValueBias, i);
-    add(b + "self_attn.o_proj.weight", {C, Q}, Role::Output, i);
-    if (o_bias) add(b + "self_attn.o_proj.bias", {C}, Role::OutputBias, i);
-    if (qk_norm) {
-      add(b + "self_attn.q_norm.weight", {D}, Role::QueryNorm, i);
-      add(b + "self_attn.k_norm.weight", {D}, Role::KeyNorm, i);
+  if (family->naming == Naming::Book) {  // the book's names (chapter 4's GPTModel), in its registration order
+    add("tok_emb.weight", {V, C}, Role::TokenEmbedding);
+    add("pos_emb.weight", {max_positions, C}, Role::PositionEmbedding);
+    for (int64_t i = 0; i < num_layers; ++i) book_block(*this, i, out);
+    add("final_norm.scale", {C}, Role::FinalNorm);
+    add("final_norm.shift", {C}, Role::FinalNormBias);
+    if (num_labels > 0) {  // the book's chapter 6: out_head = torch.nn.Linear(emb_dim, num_classes)
+      add("out_head.weight", {num_labels, C}, Role::Head);
+      add("out_head.bias", {num_labels}, Role::HeadBias);
+    } else if (!tie_word_embeddings) {
+      add("out_head.weight", {V, C}, Role::Head);
     }
-    if (mlp != MlpKind::GELU) {
-      add(b + "mlp.gate_proj.weight", {F, C}, Role::Gate, i);
-      if (mlp_bias) add(b + "mlp.gate_proj.bias", {F}, Role::GateBias, i);
-    }
-    add(b + "mlp.up_proj.weight", {F, C}, Role::Up, i);
-    if (mlp_bias) add(b + "mlp.up_proj.bias", {F}, Role::UpBias, i);
-    add(b + "mlp.down_proj.weight", {C, F}, Role::Down, i);
-    if (mlp_bias) add(b + "mlp.down_proj.bias", {C}, Role::DownBias, i);
-    add(b + "input_layernorm.weight", {C}, Role::AttnNorm, i);
-    if (sandwich_norms) {  // Gemma 3: post_attention_layernorm is the norm after attention; a pre-MLP norm follows
-      add(b + "post_attention_layernorm.weight", {C}, Role::PostAttnNorm, i);
-      add(b + "pre_feedforward_layernorm.weight", {C}, Role::MlpNorm, i);
-      add(b + "post_feedforward_layernorm.weight", {C}, Role::PostMlpNorm, i);
-    } else {  // Llama, Qwen: post_attention_layernorm is the norm before the MLP
-      add(b + "post_attention_layernorm.weight", {C}, Role::MlpNorm, i);
-    }
+    return out;
   }
+  add("model.embed_tokens.weight", {V, C}, Role::TokenEmbedding);
+  for (int64_t i = 0; i < num_layers; ++i) hf_block(*this, i, out);
   add("model.norm.weight", {C}, Role::FinalNorm);
-  if (!tie_word_embeddings) add("lm_head.weight", {V, C}, Role::Head);
+  if (num_labels > 0) add("score.weight", {num_labels, C}, Role::Head);  // *ForSequenceClassification: no bias
+  else if (!tie_word_embeddings) add("lm_head.weight", {V, C}, Role::Head);
   return out;
 }
 
@@ -183,65 +333,20 @@ int64_t DecoderConfig::parameter_count() const {
 
 // ---- the module ----
 
-namespace {
-
-Tensor* slot(DecoderBlock& b, Role role) {
-  switch (role) {
-    case Role::AttnNorm: return &b.attn_norm;
-    case Role::AttnNormBias: return &b.attn_norm_bias;
-    case Role::Query: return &b.wq;
-    case Role::QueryBias: return &b.bq;
-    case Role::Key: return &b.wk;
-    case Role::KeyBias: return &b.bk;
-    case Role::Value: return &b.wv;
-    case Role::ValueBias: return &b.bv;
-    case Role::Output: return &b.wo;
-    case Role::OutputBias: return &b.bo;
-    case Role::QueryNorm: return &b.q_norm;
-    case Role::KeyNorm: return &b.k_norm;
-    case Role::PostAttnNorm: return &b.post_attn_norm;
-    case Role::MlpNorm: return &b.mlp_norm;
-    case Role::MlpNormBias: return &b.mlp_norm_bias;
-    case Role::PostMlpNorm: return &b.post_mlp_norm;
-    case Role::Gate: return &b.gate;
-    case Role::GateBias: return &b.gate_bias;
-    case Role::Up: return &b.up;
-    case Role::UpBias: return &b.up_bias;
-    case Role::Down: return &b.down;
-    case Role::DownBias: return &b.down_bias;
-    default: return nullptr;
-  }
-}
-
-bool is_norm(Role r) {
-  return r == Role::AttnNorm || r == Role::MlpNorm || r == Role::PostAttnNorm || r == Role::PostMlpNorm ||
-         r == Role::FinalNorm || r == Role::QueryNorm || r == Role::KeyNorm;
-}
-bool is_bias(Role r) {
-  return r == Role::AttnNormBias || r == Role::MlpNormBias || r == Role::FinalNormBias || r == Role::QueryBias ||
-         r == Role::KeyBias || r == Role::ValueBias || r == Role::OutputBias || r == Role::GateBias ||
-         r == Role::UpBias || r == Role::DownBias;
-}
-
-}  // namespace
-
 // The rotation tables, built on first use for the positions asked and regrown by doubling: a model with 128 Ki
-// positions need not hold 128 Ki × head_dim cosines to run 100 tokens.
+// positions need not hold 128 Ki × head_dim cosines to run 100 tokens. LongRoPE keeps a table for its short factors
+// and one for its long ones.
 struct RopeTables {
   std::mutex mutex;
-  std::vector<std::vector<float>> inverse_frequencies;
-  std::vector<std::shared_ptr<const RopeTable>> tables;
+  struct Rotation {
+    std::vector<float> inverse_frequencies[2];  // short (or only), long
+    std::shared_ptr<const RopeTable> tables[2];
+    float scale = 1.0f;
+  };
+  std::vector<Rotation> rotations;
 };
 
 Decoder::Decoder(const DecoderConfig& c, Generator& gen) : Decoder(c, &gen) {}
-
-std::unique_ptr<Decoder> Decoder::uninitialised(const DecoderConfig& config, uint64_t seed) {
-  auto generator = std::make_shared<Generator>(Generator::drawing_nothing(seed));
-  std::unique_ptr<Decoder> model(new Decoder(config, generator.get()));
-  generator->set_drawing(true);
-  model->owned_generator_ = std::move(generator);
-  return model;
-}
 
 std::unique_ptr<Decoder> Decoder::for_loading(const DecoderConfig& config) {
   auto generator = std::make_shared<Generator>(0);
@@ -250,76 +355,124 @@ std::unique_ptr<Decoder> Decoder::for_loading(const DecoderConfig& config) {
   return model;
 }
 
+namespace {
+bool in_qkv(Role r) {
+  return r == Role::Query || r == Role::Key || r == Role::Value || r == Role::QueryBias || r == Role::KeyBias ||
+         r == Role::ValueBias;
+}
+bool in_gate_up(Role r, const DecoderConfig& c) {
+  return c.mlp != MlpKind::GELU && (r == Role::Gate || r == Role::Up || r == Role::GateBias || r == Role::UpBias);
+}
+}  // namespace
+
 Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.validate(), c)), gen_(gen) {
   blocks.resize(static_cast<size_t>(c.num_layers));
   const float norm_identity = c.norm == NormKind::GemmaRMSNorm ? 0.0f : 1.0f;
-  // Each layer's W_q, W_k, W_v (and their biases) live back to back in one buffer, so one product reads all three
-  // in place (linear_concat).
-  std::vector<Tensor> qkv_home(blocks.size()), qkv_bias_home(blocks.size());
-  const int64_t qkv_rows = c.q_width() + 2 * c.kv_width();
+  const int64_t C = c.hidden_size, F = c.intermediate_size, Q = c.q_width(), KV = c.kv_width();
   auto make = [fill](const Shape& shape) { return fill ? Tensor::zeros(shape) : Tensor::empty(shape); };
-  // gpt2: torch.nn.Embedding and torch.nn.Linear's initialisation, in the book's order (the layout's): a Linear's
-  // weight, then its bias uniform in ±1/√(its fan-in).
-  const bool book = c.family == "gpt2";
+  // Each block's q, k and v (and their biases) lie back to back in one buffer, and so do a gated MLP's gate and up:
+  // one product reads each group in place (linear_concat), and a fused checkpoint entry (Phi-3's qkv_proj,
+  // gate_up_proj) is the whole buffer.
+  struct Homes {
+    Tensor qkv, qkv_bias, gate_up, gate_up_bias;
+  };
+  std::vector<Homes> homes(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    DecoderBlock& b = blocks[i];
+    Homes& h = homes[i];
+    h.qkv = make({Q + 2 * KV, C});
+    b[Role::Query] = h.qkv.view_at(0, {Q, C});
+    b[Role::Key] = h.qkv.view_at(Q * C, {KV, C});
+    b[Role::Value] = h.qkv.view_at((Q + KV) * C, {KV, C});
+    if (c.qkv_bias) {
+      h.qkv_bias = make({Q + 2 * KV});
+      b[Role::QueryBias] = h.qkv_bias.view_at(0, {Q});
+      b[Role::KeyBias] = h.qkv_bias.view_at(Q, {KV});
+      b[Role::ValueBias] = h.qkv_bias.view_at(Q + KV, {KV});
+    }
+    if (c.mlp != MlpKind::GELU) {
+      h.gate_up = make({2 * F, C});
+      b[Role::Gate] = h.gate_up.view_at(0, {F, C});
+      b[Role::Up] = h.gate_up.view_at(F * C, {F, C});
+      if (c.mlp_bias) {
+        h.gate_up_bias = make({2 * F});
+        b[Role::GateBias] = h.gate_up_bias.view_at(0, {F});
+        b[Role::UpBias] = h.gate_up_bias.view_at(F, {F});
+      }
+    }
+  }
+  // Init::Book: torch.nn.Embedding and torch.nn.Linear's initialisation, in the book's order (the layout's): a
+  // Linear's weight, then its bias uniform in ±1/√(its fan-in).
+  const bool book = c.family->init == Init::Book;
   int64_t fan_in = 0;
   auto book_draw = [&](const DecoderConfig::Parameter& p, Tensor& t) {
-    if (p.role == Role::TokenEmbedding || p.role == Role::PositionEmbedding) {
+    const Kind kind = kind_of(p.role());
+    if (kind == Kind::Embedding) {
       gen->normal_(t, 0.0, 1.0);
-    } else if (p.shape.rank() == 2) {
+    } else if (kind == Kind::Matrix) {
       kaiming_uniform_(t, std::sqrt(5.0), *gen);
       fan_in = p.shape[1];
-    } else if (is_bias(p.role) && p.role != Role::AttnNormBias && p.role != Role::MlpNormBias &&
-               p.role != Role::FinalNormBias) {  // a Linear's bias; a LayerNorm's shift stays 0
+    } else if (kind == Kind::Bias && p.role() != Role::AttnNormBias && p.role() != Role::MlpNormBias &&
+               p.role() != Role::FinalNormBias) {  // a Linear's bias; a LayerNorm's shift stays 0
       const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
       gen->uniform_(t, -bound, bound);
     }
   };
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    qkv_home[i] = make({qkv_rows, c.hidden_size});
-    if (c.qkv_bias) qkv_bias_home[i] = make({qkv_rows});
-  }
   for (const DecoderConfig::Parameter& p : c.layout()) {
+    const Role role = p.role();
     Tensor t;
-    const bool in_qkv = p.role == Role::Query || p.role == Role::Key || p.role == Role::Value ||
-                        p.role == Role::QueryBias || p.role == Role::KeyBias || p.role == Role::ValueBias;
-    if (in_qkv) {
-      const bool bias = is_bias(p.role);
-      const int64_t row0 = p.role == Role::Query || p.role == Role::QueryBias ? 0
-                           : p.role == Role::Key || p.role == Role::KeyBias   ? c.q_width()
-                                                                              : c.q_width() + c.kv_width();
-      const Tensor& home = bias ? qkv_bias_home[static_cast<size_t>(p.layer)] : qkv_home[static_cast<size_t>(p.layer)];
-      t = home.view_at(row0 * (bias ? 1 : c.hidden_size), p.shape);
+    if (p.layer >= 0 && (in_qkv(role) || in_gate_up(role, c))) {
+      const Homes& h = homes[static_cast<size_t>(p.layer)];
+      if (p.parts.size() == 1) {
+        t = blocks[static_cast<size_t>(p.layer)][role];
+      } else {  // a fused entry: the whole group
+        t = role == Role::Query ? h.qkv : role == Role::QueryBias ? h.qkv_bias : role == Role::Gate ? h.gate_up : h.gate_up_bias;
+        QKV_CHECK(t.defined() && t.shape() == p.shape, "a fused entry is its whole group");
+      }
     } else {
       t = make(p.shape);
     }
+    const Kind kind = kind_of(role);
     if (!fill) {
-    } else if (is_norm(p.role)) {
+    } else if (kind == Kind::Norm) {
       t.fill_(norm_identity);
     } else if (book) {
       book_draw(p, t);
-    } else if (!is_bias(p.role)) {
+    } else if (kind != Kind::Bias) {
       gen->normal_(t, 0.0, 0.02);
     }
     // The book's MultiHeadAttention keeps its causal mask as a buffer: its state dict (and .pth files) name one per
     // block, recomputed here rather than stored.
-    if (book && p.role == Role::Query)
+    if (book && role == Role::Query)
       register_derived_buffer(block_prefix(p.layer) + "att.mask", Shape{c.max_positions, c.max_positions},
                               [n = c.max_positions] { return causal_mask(n); });
     Tensor& registered = register_parameter(p.name, t);
-    if (p.layer >= 0) {
-      *slot(blocks[static_cast<size_t>(p.layer)], p.role) = registered;
+    if (p.layer < 0) {
+      switch (role) {
+        case Role::TokenEmbedding: tok_emb = registered; break;
+        case Role::PositionEmbedding: pos_emb = registered; break;
+        case Role::FinalNorm: final_norm = registered; break;
+        case Role::FinalNormBias: final_norm_bias = registered; break;
+        case Role::Head: head = registered; break;
+        case Role::HeadBias: head_bias = registered; break;
+        default: break;
+      }
       continue;
     }
-    switch (p.role) {
-      case Role::TokenEmbedding: tok_emb = registered; break;
-      case Role::PositionEmbedding: pos_emb = registered; break;
-      case Role::FinalNorm: final_norm = registered; break;
-      case Role::FinalNormBias: final_norm_bias = registered; break;
-      case Role::Head: head = registered; break;
-      default: break;
+    DecoderBlock& b = blocks[static_cast<size_t>(p.layer)];
+    if (p.parts.size() == 1) b[role] = registered;
+    // The groups' registered tensors, in order: what one product reads and writes the gradients of.
+    DecoderBlock::Group* group = in_qkv(role) ? &b.qkv
+                                 : in_gate_up(role, c) || role == Role::Up || role == Role::UpBias ? &b.gate_up
+                                                                                                   : nullptr;
+    if (group && kind == Kind::Bias) {
+      group->biases.push_back(registered);
+    } else if (group) {
+      group->weights.push_back(registered);
+      group->sites.push_back(role);
     }
   }
-  if (c.tie_word_embeddings) {
+  if (c.tie_word_embeddings && c.num_labels == 0) {
     head = tok_emb;
     // The book's GPTModel draws its out_head before tying it: the draws that follow (dropout) stay the same.
     if (book && fill && gen->draws()) {
@@ -329,8 +482,10 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   }
   auto ropes = std::make_shared<RopeTables>();
   for (const auto& r : c.ropes) {
-    ropes->inverse_frequencies.push_back(r.inverse_frequencies(c.head_dim));
-    ropes->tables.emplace_back();
+    RopeTables::Rotation& rotation = ropes->rotations.emplace_back();
+    rotation.inverse_frequencies[0] = r.inverse_frequencies(c.head_dim);
+    if (r.scaling == RopeFrequencies::Scaling::LongRope) rotation.inverse_frequencies[1] = r.inverse_frequencies(c.head_dim, true);
+    rotation.scale = static_cast<float>(r.attention_factor);
   }
   rope_tables_ = std::move(ropes);
 }
@@ -338,31 +493,46 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
 std::vector<LoraSite> Decoder::own_lora_sites() {
   std::vector<LoraSite> out;
   for (const DecoderConfig::Parameter& p : config.layout()) {
-    if (p.layer < 0) continue;
-    DecoderBlock& b = blocks[static_cast<size_t>(p.layer)];
-    LoraWeights* lora = p.role == Role::Query ? &b.lora_q : p.role == Role::Key ? &b.lora_k : p.role == Role::Value ? &b.lora_v
-                        : p.role == Role::Output ? &b.lora_o : p.role == Role::Gate ? &b.lora_gate : p.role == Role::Up ? &b.lora_up
-                        : p.role == Role::Down ? &b.lora_down : nullptr;
-    if (!lora) continue;
+    if (p.layer < 0 || kind_of(p.role()) != Kind::Matrix) continue;
+    unsigned roles = 0;
+    for (const auto& part : p.parts) roles |= lora_role_bit(part.role);
     const std::string name = p.name.substr(0, p.name.size() - std::string(".weight").size());
-    out.push_back({name, *slot(b, p.role), lora, this, name + "."});
+    out.push_back({name, parameter(p), &blocks[static_cast<size_t>(p.layer)].adapter(p.role()), this, name + ".", roles});
   }
   return out;
 }
 
-std::string Decoder::block_prefix(int64_t layer) const {
-  return (config.family == "gpt2" ? "trf_blocks." : "model.layers.") + std::to_string(layer) + ".";
+namespace {
+// "model.layers.3.mlp.up_proj.weight" → "model.layers.3.": a name up to its layer number.
+std::string prefix_through(const std::string& name, const std::string& marker) {
+  const size_t at = name.find(marker);
+  return name.substr(0, at == std::string::npos ? 0 : at + marker.size());
 }
-std::string Decoder::final_norm_prefix() const { return config.family == "gpt2" ? "final_norm." : "model.norm."; }
+// A layout entry's module: "lm_head.weight" → "lm_head.".
+std::string module_of(const std::string& name) { return name.substr(0, name.rfind('.') + 1); }
+}  // namespace
+
+std::string Decoder::block_prefix(int64_t layer) const {
+  for (const auto& p : config.layout())
+    if (p.layer == layer) return prefix_through(p.name, "." + std::to_string(layer) + ".");
+  throw ValueError("Decoder: no block " + std::to_string(layer));
+}
+std::string Decoder::final_norm_prefix() const {
+  for (const auto& p : config.layout())
+    if (p.role() == Role::FinalNorm) return module_of(p.name);
+  return "";
+}
 std::string Decoder::head_prefix() const {
-  if (config.tie_word_embeddings) return config.family == "gpt2" ? "tok_emb." : "model.embed_tokens.";
-  return config.family == "gpt2" ? "out_head." : "lm_head.";
+  const Role role = config.tie_word_embeddings && config.num_labels == 0 ? Role::TokenEmbedding : Role::Head;
+  for (const auto& p : config.layout())
+    if (p.role() == role) return module_of(p.name);
+  return "";
 }
 
 Tensor& Decoder::parameter(Role role, int64_t layer) {
   Tensor* t = nullptr;
   if (layer >= 0 && layer < config.num_layers) {
-    t = slot(blocks[static_cast<size_t>(layer)], role);
+    t = &blocks[static_cast<size_t>(layer)][role];
   } else if (layer < 0) {
     switch (role) {
       case Role::TokenEmbedding: t = &tok_emb; break;
@@ -370,20 +540,46 @@ Tensor& Decoder::parameter(Role role, int64_t layer) {
       case Role::FinalNorm: t = &final_norm; break;
       case Role::FinalNormBias: t = &final_norm_bias; break;
       case Role::Head: t = &head; break;
+      case Role::HeadBias: t = &head_bias; break;
       default: break;
     }
   }
-  if (!t || !t->defined()) throw ValueError("Decoder: this " + config.family + " model has no such parameter");
+  if (!t || !t->defined())
+    throw ValueError("Decoder: this " + config.family->name + " model has no " + role_name(role) +
+                     (layer >= 0 ? " in layer " + std::to_string(layer) : std::string()));
   return *t;
+}
+
+Tensor& Decoder::parameter(const DecoderConfig::Parameter& entry) {
+  if (entry.parts.size() == 1) return parameter(entry.role(), entry.layer);
+  DecoderBlock& b = blocks.at(static_cast<size_t>(entry.layer));
+  switch (entry.role()) {  // a fused entry is its group's one registered tensor
+    case Role::Query: return b.qkv.weights.front();
+    case Role::QueryBias: return b.qkv.biases.front();
+    case Role::Gate: return b.gate_up.weights.front();
+    default: return b.gate_up.biases.front();
+  }
+}
+
+int64_t Decoder::rotation_switch() const {
+  for (const auto& r : config.ropes)
+    if (r.scaling == RopeFrequencies::Scaling::LongRope) return static_cast<int64_t>(r.original_max_position_embeddings);
+  return 0;
+}
+
+Tensor Decoder::part(const DecoderConfig::Part& part, int64_t layer) const {
+  return const_cast<Decoder*>(this)->parameter(part.role, layer);
 }
 
 std::shared_ptr<const RopeTable> Decoder::rope_table(int64_t which, int64_t positions) const {
   std::lock_guard<std::mutex> lock(rope_tables_->mutex);
-  auto& table = rope_tables_->tables[static_cast<size_t>(which)];
+  RopeTables::Rotation& rotation = rope_tables_->rotations[static_cast<size_t>(which)];
+  const int kind = config.ropes[static_cast<size_t>(which)].long_context(positions) ? 1 : 0;
+  auto& table = rotation.tables[kind];
   if (!table || table->positions < positions) {
     const int64_t grown = std::min(config.max_positions, std::max<int64_t>(positions, table ? 2 * table->positions : 1024));
     table = std::make_shared<const RopeTable>(
-        RopeTable::make(rope_tables_->inverse_frequencies[static_cast<size_t>(which)], std::max(grown, positions)));
+        RopeTable::make(rotation.inverse_frequencies[kind], std::max(grown, positions), rotation.scale));
   }
   return table;
 }
@@ -419,7 +615,7 @@ Tensor Decoder::embed(std::span<const int64_t> ids, int64_t batch, int64_t token
 
 std::vector<Decoder::SparseGradient> Decoder::sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const {
   std::vector<SparseGradient> tables;
-  if (!config.tie_word_embeddings) {
+  if (!config.tie_word_embeddings || config.num_labels > 0) {
     std::vector<int64_t> rows(ids.begin(), ids.end());
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
@@ -470,12 +666,32 @@ int64_t append_to_cache(KVCacheLayer& cache, int64_t filled, int64_t window, con
 
 }  // namespace
 
-Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record) const {
+namespace {
+// The adapters of a group's sites, or none when no site has one (the plain product).
+std::vector<LowRankUpdate> group_updates(const DecoderBlock& b, const DecoderBlock::Group& g) {
+  std::vector<LowRankUpdate> updates;
+  bool any = false;
+  for (Role r : g.sites) any = any || b.adapter(r).defined();
+  if (any)
+    for (Role r : g.sites) updates.push_back(b.adapter(r));
+  return updates;
+}
+// One product for the group: x (B, T, C) → (B, T, Σ rows), each registered tensor's columns side by side.
+Tensor group_product(const Tensor& x, const DecoderBlock& b, const DecoderBlock::Group& g) {
+  const std::vector<LowRankUpdate> updates = group_updates(b, g);
+  return linear_concat(x, g.weights, g.biases, updates);
+}
+}  // namespace
+
+Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
+                       AttentionStep::Record* record) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
-  const int64_t H = config.num_heads, H_kv = config.num_kv_heads, B = x.size(0), T = x.size(1);
+  const int64_t H = config.num_heads, H_kv = config.num_kv_heads, T = x.size(1);
+  const int64_t Q = config.q_width(), KV = config.kv_width();
   const float norm_offset = config.norm == NormKind::GemmaRMSNorm ? 1.0f : 0.0f;
   const float eps = static_cast<float>(config.norm_eps);
+  const bool rotate = !config.learned_positions && layer.rope >= 0;
   AttentionConfig attention;
   attention.num_heads = H;
   attention.num_kv_heads = H_kv;
@@ -486,28 +702,25 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
   attention.dropout_p = config.attention_dropout;
   attention.training = is_training();
   attention.generator = gen_;
-  const std::vector<Tensor> weights = {b.wq, b.wk, b.wv};
-  const std::vector<Tensor> biases = b.bq.defined() ? std::vector<Tensor>{b.bq, b.bk, b.bv} : std::vector<Tensor>{};
+  // q, k and v from one product (three registered projections read in place, or one fused qkv_proj), with LoRA
+  // updates in their columns; its gradient comes back as one tensor for one backward product.
+  Tensor packed = group_product(x, b, b.qkv);
   Tensor context;
-  const std::vector<LowRankUpdate> updates = b.lora_q.defined() || b.lora_k.defined() || b.lora_v.defined()
-                                                  ? std::vector<LowRankUpdate>{b.lora_q, b.lora_k, b.lora_v}
-                                                  : std::vector<LowRankUpdate>{};
-  if (!cache && !record && !config.qk_norm) {
-    // Training and plain inference: one product for Q, K and V (LoRA updates in their columns), rotated in place of a
-    // copy and read by the kernel with strides; its gradient comes back as one tensor for one backward product.
-    Tensor packed = linear_concat(x, weights, biases, updates);
-    if (!config.learned_positions)
-      packed = rope(packed, rope_table(layer.rope, position + T), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
+  if (!cache && !record && config.qk_norm == QkNorm::None) {
+    // Training and plain inference: rotated in place of a copy and read by the kernel with strides.
+    if (rotate) packed = rope(packed, rope_table(layer.rope, extent), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
     context = scaled_dot_product_attention(packed, attention);
   } else {
-    Tensor q = linear_with_lora(x, b.wq, b.bq, b.lora_q), k = linear_with_lora(x, b.wk, b.bk, b.lora_k),
-           v = linear_with_lora(x, b.wv, b.bv, b.lora_v);
-    if (config.qk_norm) {
-      q = head_norm(q, H, b.q_norm, eps, norm_offset);
-      k = head_norm(k, H_kv, b.k_norm, eps, norm_offset);
+    Tensor q = narrow(packed, 0, Q), k = narrow(packed, Q, KV), v = narrow(packed, Q + KV, KV);
+    if (config.qk_norm == QkNorm::PerHead) {  // RMSNorm of each head's D values (Qwen3, Gemma)
+      q = head_norm(q, H, b[Role::QueryNorm], eps, norm_offset);
+      k = head_norm(k, H_kv, b[Role::KeyNorm], eps, norm_offset);
+    } else if (config.qk_norm == QkNorm::Projection) {  // over all heads of a token at once (OLMo 2)
+      q = rms_norm(q, b[Role::QueryNorm], eps, norm_offset);
+      k = rms_norm(k, b[Role::KeyNorm], eps, norm_offset);
     }
-    if (!config.learned_positions) {
-      const auto table = rope_table(layer.rope, position + T);
+    if (rotate) {
+      const auto table = rope_table(layer.rope, extent);
       q = rope(q, table, config.rope_layout, H, position);
       k = rope(k, table, config.rope_layout, H_kv, position);
     }
@@ -531,32 +744,36 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, KVCache* cac
       record->lse = lse;
     }
   }
-  (void)B;
-  return linear_with_lora(context, b.wo, b.bo, b.lora_o);
+  return linear_with_lora(context, b[Role::Output], b[Role::OutputBias], b.adapter(Role::Output));
 }
 
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
-  switch (config.mlp) {
-    case MlpKind::GELU:
-      return linear_with_lora(gelu(linear_with_lora(x, b.up, b.up_bias, b.lora_up)), b.down, b.down_bias, b.lora_down);
-    case MlpKind::SwiGLU:
-      return linear_with_lora(mul(silu(linear_with_lora(x, b.gate, b.gate_bias, b.lora_gate)), linear_with_lora(x, b.up, b.up_bias, b.lora_up)),
-                              b.down, b.down_bias, b.lora_down);
-    case MlpKind::GeGLU:
-      return linear_with_lora(mul(gelu(linear_with_lora(x, b.gate, b.gate_bias, b.lora_gate)), linear_with_lora(x, b.up, b.up_bias, b.lora_up)),
-                              b.down, b.down_bias, b.lora_down);
-  }
-  return x;
+  const Tensor& down = b[Role::Down];
+  const Tensor& down_bias = b[Role::DownBias];
+  if (config.mlp == MlpKind::GELU)
+    return linear_with_lora(gelu(group_product(x, b, b.gate_up)), down, down_bias, b.adapter(Role::Down));
+  // gate and up from one product (two registered projections read in place, or one fused gate_up_proj)
+  const int64_t F = config.intermediate_size;
+  const Tensor gate_up = group_product(x, b, b.gate_up);
+  const Tensor gate = narrow(gate_up, 0, F), up = narrow(gate_up, F, F);
+  const Tensor activated = config.mlp == MlpKind::SwiGLU ? silu(gate) : gelu(gate);
+  return linear_with_lora(mul(activated, up), down, down_bias, b.adapter(Role::Down));
 }
 
-Tensor Decoder::block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache,
-                              AttentionStep::Record* record) const {
+// The block's components in the order its norm placement gives:
+//   Pre       h = x + attn(norm(x));            out = h + mlp(norm(h))
+//   Sandwich  h = x + norm(attn(norm(x)));      out = h + norm(mlp(norm(h)))
+//   Post      h = x + norm(attn(x));            out = h + norm(mlp(h))
+Tensor Decoder::block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
+                              int64_t extent) const {
   const DecoderBlock& b = blocks[i];
-  Tensor a = attend(i, norm(x, b.attn_norm, b.attn_norm_bias), position, cache, record);
-  if (config.sandwich_norms) a = norm(a, b.post_attn_norm, Tensor());
+  const bool before = config.placement != NormPlacement::Post, after = config.placement != NormPlacement::Pre;
+  if (extent <= 0) extent = position + x.size(1);
+  Tensor a = attend(i, before ? norm(x, b[Role::AttnNorm], b[Role::AttnNormBias]) : x, position, extent, cache, record);
+  if (after) a = norm(a, b[Role::PostAttnNorm], Tensor());
   const Tensor h = add(x, hashed_dropout(a, config.drop_rate, is_training(), *gen_));
-  Tensor m = mlp(b, norm(h, b.mlp_norm, b.mlp_norm_bias));
-  if (config.sandwich_norms) m = norm(m, b.post_mlp_norm, Tensor());
+  Tensor m = mlp(b, before ? norm(h, b[Role::MlpNorm], b[Role::MlpNormBias]) : h);
+  if (after) m = norm(m, b[Role::PostMlpNorm], Tensor());
   return add(h, hashed_dropout(m, config.drop_rate, is_training(), *gen_));
 }
 
@@ -582,9 +799,15 @@ Tensor Decoder::hidden_from(const Tensor& residual, int64_t layer) const {
   return norm(x, final_norm, final_norm_bias);
 }
 
+Tensor Decoder::logits(const Tensor& hidden_states) const {
+  const Tensor z = linear(hidden_states, head, head_bias);
+  // Gemma 2 caps its language-model logits; a classifier's scores are left as they are (as transformers does).
+  return config.final_softcap > 0.0 && !is_classifier() ? soft_cap(z, static_cast<float>(config.final_softcap)) : z;
+}
+
 Tensor Decoder::forward(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                         std::vector<AttentionStep::Record>* records) const {
-  return linear(hidden(ids, batch, tokens, records), head, Tensor());
+  return logits(hidden(ids, batch, tokens, records));
 }
 
 Tensor Decoder::loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
@@ -593,7 +816,13 @@ Tensor Decoder::loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens
     throw ShapeError("Decoder::loss: " + std::to_string(targets.size()) + " targets for " + std::to_string(batch) +
                      " × " + std::to_string(tokens) + " tokens");
   }
-  return linear_cross_entropy(hidden(ids, batch, tokens, nullptr), head, Tensor(), targets, ignore_index);
+  if (is_classifier())
+    throw ValueError("Decoder::loss: this model is a classifier (" + std::to_string(config.num_labels) +
+                     " classes), not a language model: it has no next-token loss");
+  const Tensor h = hidden(ids, batch, tokens, nullptr);
+  // Soft-capped logits (Gemma 2) are formed whole; otherwise the head and the loss go together, block by block.
+  if (config.final_softcap > 0.0) return cross_entropy(reshape(logits(h), {batch * tokens, config.vocab_size}), targets, ignore_index);
+  return linear_cross_entropy(h, head, Tensor(), targets, ignore_index);
 }
 
 Tensor Decoder::weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const {
@@ -652,6 +881,7 @@ Tensor Decoder::forward_cached(std::span<const int64_t> ids, int64_t batch, int6
                      std::to_string(cache.capacity) + " positions; make the cache for more tokens");
   }
   Tensor x;
+  const int64_t extent = cache.length + tokens;
   for (int64_t t0 = 0; t0 < tokens; t0 += kCacheChunk) {
     const int64_t n = std::min(kCacheChunk, tokens - t0);
     std::vector<int64_t> chunk;
@@ -659,10 +889,11 @@ Tensor Decoder::forward_cached(std::span<const int64_t> ids, int64_t batch, int6
     for (int64_t b = 0; b < batch; ++b)
       chunk.insert(chunk.end(), ids.begin() + b * tokens + t0, ids.begin() + b * tokens + t0 + n);
     x = embed(chunk, batch, n, cache.length);
-    for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x, cache.length, &cache, nullptr);
+    // The rotation is chosen for the whole call (LongRoPE's factors by its last position), not chunk by chunk.
+    for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x, cache.length, &cache, nullptr, extent);
     cache.length += n;
   }
-  return linear(norm(select_token(x, x.size(1) - 1), final_norm, final_norm_bias), head, Tensor());
+  return logits(norm(select_token(x, x.size(1) - 1), final_norm, final_norm_bias));
 }
 
 }  // namespace qkv::nn

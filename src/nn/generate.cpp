@@ -55,6 +55,7 @@ std::vector<int64_t> generate(const LanguageModel& model, std::vector<int64_t> p
     logits = model.forward_cached(window, 1, keep, cache);
   };
   if (options.use_cache) refill(static_cast<int64_t>(sequence.size()));
+  const int64_t switch_length = model.rotation_switch();  // crossing it, the whole sequence is encoded again
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
     if (!options.use_cache) {  // the book's loop: the whole (cropped) sequence every time
       const int64_t T = std::min<int64_t>(static_cast<int64_t>(sequence.size()), ctx);
@@ -71,6 +72,7 @@ std::vector<int64_t> generate(const LanguageModel& model, std::vector<int64_t> p
       break;
     if (options.use_cache && n + 1 < options.max_new_tokens) {
       if (cache.length + 1 > cache.capacity) refill(std::max<int64_t>(1, ctx / 2));
+      else if (cache.length == switch_length) refill(std::min<int64_t>(static_cast<int64_t>(sequence.size()), ctx));
       else logits = model.forward_cached(std::vector<int64_t>{token}, 1, 1, cache);
     }
   }

@@ -28,7 +28,7 @@ void GPTConfig::validate() const {
 
 DecoderConfig GPTConfig::decoder_config() const {
   DecoderConfig c;
-  c.family = "gpt2";
+  c.family = &family("gpt2");
   c.vocab_size = vocab_size;
   c.hidden_size = emb_dim;
   c.num_layers = n_layers;
@@ -49,7 +49,8 @@ DecoderConfig GPTConfig::decoder_config() const {
 }
 
 GPTConfig GPTConfig::of(const DecoderConfig& d) {
-  if (d.family != "gpt2") throw ValueError("GPTConfig: a " + d.family + " model is not the book's GPTModel (family gpt2)");
+  if (d.family->naming != Naming::Book)
+    throw ValueError("GPTConfig: a " + d.family->name + " model is not the book's GPTModel (family gpt2)");
   GPTConfig c;
   c.vocab_size = d.vocab_size;
   c.context_length = d.max_positions;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
 
@@ -22,7 +23,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr int64_t kMaxLayers = 4096;  // far beyond any released model; keeps a hostile config from listing 10⁹ layers
-const char* kSupported = "llama (Llama 3.x), qwen2, qwen3, gemma3_text (Gemma 3 text models) and gpt2";
 
 // Typed reads of config.json keys with the file and key in every message.
 class Keys {
@@ -32,6 +32,7 @@ class Keys {
     throw IoError(source_ + ": '" + key + "' " + problem);
   }
   bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool present(const std::string& key) const { return j_.contains(key); }  // even as null
   int64_t integer(const std::string& key) const {
     if (!has(key)) fail(key, "is missing");
     return integer_of(key, j_[key]);
@@ -69,18 +70,36 @@ class Keys {
   std::string source_;
 };
 
-// rope_theta and rope_scaling (or transformers 5's rope_parameters) → frequencies.
-RopeFrequencies rope_of(const Keys& keys, double default_theta, bool allow_scaling = true) {
+// A rotation's settings from config.json: rope_theta and rope_scaling (or transformers 5's rope_parameters), with
+// `theta` when config.json has no rope_theta. Without `scaled`, the scaling is left out (a sliding layer's plain RoPE).
+RopeFrequencies rope_of(const Keys& keys, const Family& f, double theta, bool scaled, int64_t max_positions) {
   RopeFrequencies r;
-  r.theta = keys.number("rope_theta", default_theta);
+  r.theta = keys.number("rope_theta", theta);
   const char* key = keys.has("rope_scaling") ? "rope_scaling" : keys.has("rope_parameters") ? "rope_parameters" : nullptr;
-  if (!key || !allow_scaling) return r;
-  const json& s = keys.raw(key);
-  if (!s.is_object()) keys.fail(key, "must be an object or null");
-  const Keys scaling(s, keys.source() + " " + key);
+  const json none = json::object();
+  const json& s = key ? keys.raw(key) : none;
+  if (key && !s.is_object()) keys.fail(key, "must be an object or null");
+  const Keys scaling(s, keys.source() + (key ? std::string(" ") + key : std::string()));
   if (scaling.has("rope_theta")) r.theta = scaling.number("rope_theta", r.theta);
-  const std::string type = scaling.has("rope_type") ? scaling.string("rope_type", "default") : scaling.string("type", "default");
-  if (type == "default") return r;
+  // partial rotation (Phi-3, Phi-4-mini): the first int(head_dim · factor) values of each head rotate
+  if (f.partial_rotary) {
+    const double partial = scaling.has("partial_rotary_factor") ? scaling.number("partial_rotary_factor", 1.0)
+                                                                 : keys.number("partial_rotary_factor", 1.0);
+    if (!(partial > 0.0 && partial <= 1.0)) keys.fail("partial_rotary_factor", "must lie in (0, 1]");
+    const int64_t head_dim = keys.integer("head_dim", keys.integer("hidden_size") / std::max<int64_t>(keys.integer("num_attention_heads"), 1));
+    if (partial < 1.0) r.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+  }
+  std::string type = scaling.has("rope_type") ? scaling.string("rope_type", "default") : scaling.string("type", "default");
+  if (f.su_yarn_are_longrope && (type == "su" || type == "yarn")) type = "longrope";  // Phi-3's old names
+  if (type == "default" || !scaled) return r;
+  const std::string where = std::string(key) + ".";
+  // Llama 3, YaRN and LongRoPE's original context: in the scaling object, or (Phi-3) a top-level key
+  auto original_context = [&] {
+    const double top = keys.number("original_max_position_embeddings", static_cast<double>(max_positions));
+    const double v = scaling.number("original_max_position_embeddings", top);
+    if (!(v >= 1.0)) keys.fail(where + "original_max_position_embeddings", "must be positive");
+    return v;
+  };
   if (type == "linear") {
     r.scaling = RopeFrequencies::Scaling::Linear;
     r.factor = scaling.number("factor", 1.0);
@@ -90,11 +109,38 @@ RopeFrequencies rope_of(const Keys& keys, double default_theta, bool allow_scali
     r.low_freq_factor = scaling.number("low_freq_factor", 1.0);
     r.high_freq_factor = scaling.number("high_freq_factor", 4.0);
     r.original_max_position_embeddings = static_cast<double>(scaling.integer("original_max_position_embeddings", 8192));
+  } else if (type == "yarn") {  // transformers' _compute_yarn_parameters (version 5)
+    r.scaling = RopeFrequencies::Scaling::Yarn;
+    r.original_max_position_embeddings = original_context();
+    r.factor = scaling.number("factor", static_cast<double>(max_positions) / r.original_max_position_embeddings);
+    r.beta_fast = scaling.number("beta_fast", 32.0);
+    r.beta_slow = scaling.number("beta_slow", 1.0);
+    r.truncate = scaling.boolean("truncate", true);
+    auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    const double m = scaling.number("mscale", 0.0), m_all = scaling.number("mscale_all_dim", 0.0);
+    r.attention_factor = scaling.has("attention_factor") ? scaling.number("attention_factor", 1.0)
+                         : m != 0.0 && m_all != 0.0   ? mscale(r.factor, m) / mscale(r.factor, m_all)
+                                                      : mscale(r.factor, 1.0);
+  } else if (type == "longrope") {  // transformers' _compute_longrope_parameters
+    r.scaling = RopeFrequencies::Scaling::LongRope;
+    r.original_max_position_embeddings = original_context();
+    r.factor = scaling.number("factor", static_cast<double>(max_positions) / r.original_max_position_embeddings);
+    const double L = r.original_max_position_embeddings;
+    r.attention_factor = scaling.has("attention_factor") ? scaling.number("attention_factor", 1.0)
+                         : r.factor <= 1.0 ? 1.0
+                                           : std::sqrt(1.0 + std::log(r.factor) / std::log(L));
+    for (auto [name, list] : {std::pair{"short_factor", &r.short_factor}, {"long_factor", &r.long_factor}}) {
+      if (!scaling.has(name) || !scaling.raw(name).is_array()) keys.fail(where + name, "must be a list of numbers");
+      for (const json& v : scaling.raw(name)) {
+        if (!v.is_number()) keys.fail(where + name, "must be a list of numbers, got " + printable(v.dump(), 40));
+        list->push_back(v.get<double>());
+      }
+    }
   } else {
-    keys.fail(std::string(key) + ".rope_type", "is '" + printable(type, 40) +
-                                                 "'; qkv supports the RoPE types default, linear and llama3");
+    keys.fail(where + "rope_type", "is '" + printable(type, 40) +
+                                       "'; qkv supports the RoPE types default, linear, llama3, yarn and longrope");
   }
-  if (!(r.factor > 0.0)) keys.fail(std::string(key) + ".factor", "must be positive");
+  if (!(r.factor > 0.0)) keys.fail(where + "factor", "must be positive");
   return r;
 }
 
@@ -110,14 +156,13 @@ std::vector<int64_t> token_ids(const Keys& keys, const std::string& key) {
   return ids;
 }
 
-void require_activation(const Keys& keys, const std::string& key, const std::string& fallback,
-                        std::initializer_list<const char*> allowed) {
-  const std::string act = keys.string(key, fallback);
-  for (const char* a : allowed)
+void require_activation(const Keys& keys, const Family& f) {
+  const std::string act = keys.string(f.activation_key, f.activations.front());
+  for (const std::string& a : f.activations)
     if (act == a) return;
   std::string list;
-  for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-  keys.fail(key, "is '" + printable(act, 40) + "'; this family runs with " + list);
+  for (const std::string& a : f.activations) list += (list.empty() ? "" : ", ") + a;
+  keys.fail(f.activation_key, "is '" + printable(act, 40) + "'; " + f.name + " runs with " + list);
 }
 
 // Which layers slide: transformers' layer_types list when given, else the family's own rule.
@@ -140,6 +185,27 @@ std::vector<bool> sliding_layers(const Keys& keys, int64_t layers, const std::fu
   return sliding;
 }
 
+// SmolLM3's no_rope_layers: 1 where a layer rotates, 0 where it does not (NoPE); by default every
+// no_rope_layer_interval-th layer is NoPE.
+std::vector<bool> rotating_layers(const Keys& keys, int64_t layers) {
+  std::vector<bool> rotates(static_cast<size_t>(layers), true);
+  if (keys.has("no_rope_layers")) {
+    const json& list = keys.raw("no_rope_layers");
+    if (!list.is_array() || static_cast<int64_t>(list.size()) < layers)
+      keys.fail("no_rope_layers", "must list 1 (RoPE) or 0 (no RoPE) for each of the " + std::to_string(layers) + " layers");
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t v = keys.integer_of("no_rope_layers", list[static_cast<size_t>(i)]);
+      if (v != 0 && v != 1) keys.fail("no_rope_layers", "entry " + std::to_string(i) + " is " + std::to_string(v) + "; 1 means RoPE, 0 none");
+      rotates[static_cast<size_t>(i)] = v == 1;
+    }
+    return rotates;
+  }
+  const int64_t interval = keys.integer("no_rope_layer_interval", 4);
+  if (interval <= 0) keys.fail("no_rope_layer_interval", "must be positive");
+  for (int64_t i = 0; i < layers; ++i) rotates[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+  return rotates;
+}
+
 }  // namespace
 
 DecoderConfig decoder_config_from_hf(const std::string& text, const std::string& source) {
@@ -152,20 +218,22 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   if (!j.is_object()) throw IoError(source + ": not a JSON object; a Hugging Face config.json is one");
   const Keys keys(j, source);
   const std::string type = keys.string("model_type", "");
-  if (type.empty()) keys.fail("model_type", "is missing; qkv reads " + std::string(kSupported));
-  DecoderConfig c;
-  if (type == "llama") c.family = "llama";
-  else if (type == "qwen2") c.family = "qwen2";
-  else if (type == "qwen3") c.family = "qwen3";
-  else if (type == "gemma3_text") c.family = "gemma3";
-  else if (type == "gemma3")
+  if (type.empty()) keys.fail("model_type", "is missing; qkv reads " + family_list());
+  const Family* family = family_of_model_type(type);
+  if (type == "gemma3")
     keys.fail("model_type", "is 'gemma3', the multimodal Gemma 3 (4B and larger); qkv runs the text models "
                             "(model_type gemma3_text: Gemma 3 270M and 1B)");
-  else if (type == "gpt2")
-    keys.fail("model_type", "is 'gpt2': load it as GPT-2 (load_language_model), not as a decoder config");
-  else
-    keys.fail("model_type", "is '" + printable(type, 40) + "'; qkv reads " + std::string(kSupported));
-
+  if (!family) keys.fail("model_type", "is '" + printable(type, 40) + "'; qkv reads " + family_list());
+  if (family->naming == Naming::Book)
+    keys.fail("model_type", "is '" + type + "': load it as GPT-2 (load_language_model), not as a decoder config");
+  const Family& f = *family;
+  DecoderConfig c;
+  c.family = family;
+  c.source.json = text;
+  c.norm = f.norm;
+  c.placement = f.placement;
+  c.qk_norm = f.qk_norm;
+  c.mlp = f.mlp;
   c.vocab_size = keys.integer("vocab_size");
   c.hidden_size = keys.integer("hidden_size");
   c.intermediate_size = keys.integer("intermediate_size");
@@ -177,67 +245,123 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   c.num_kv_heads = keys.integer("num_key_value_heads", c.num_heads);
   c.head_dim = keys.integer("head_dim", c.hidden_size / c.num_heads);
   c.max_positions = keys.integer("max_position_embeddings", 0);
-  c.norm_eps = keys.number("rms_norm_eps", 1e-6);
+  if (c.max_positions <= 0) keys.fail("max_position_embeddings", "must be positive");
+  c.norm_eps = keys.number(f.norm_eps_key, f.norm_eps_default);
   c.eos_token_ids = token_ids(keys, "eos_token_id");
-  const auto bos = token_ids(keys, "bos_token_id");
-  if (!bos.empty()) c.bos_token_id = bos.front();
+  if (const auto bos = token_ids(keys, "bos_token_id"); !bos.empty()) c.bos_token_id = bos.front();
+  if (const auto pad = token_ids(keys, "pad_token_id"); !pad.empty()) c.pad_token_id = pad.front();
   c.attention_dropout = keys.number("attention_dropout", 0.0);
   if (!(c.attention_dropout >= 0.0 && c.attention_dropout < 1.0)) keys.fail("attention_dropout", "must lie in [0, 1)");
   if (keys.integer("pretraining_tp", 1) != 1) keys.fail("pretraining_tp", "must be 1 (the split only changes rounding)");
-  if (keys.has("final_logit_softcapping"))
-    keys.fail("final_logit_softcapping", "is set; qkv has no final logit soft-capping (Gemma 2)");
-
-  std::vector<bool> sliding(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), false);
-  int64_t window = 0;
-  if (c.family == "llama") {
-    require_activation(keys, "hidden_act", "silu", {"silu"});
-    c.qkv_bias = c.o_bias = keys.boolean("attention_bias", false);
-    c.mlp_bias = keys.boolean("mlp_bias", false);
-    c.tie_word_embeddings = keys.boolean("tie_word_embeddings", false);
-    c.ropes = {rope_of(keys, 10000.0)};
-  } else if (c.family == "qwen2" || c.family == "qwen3") {
-    require_activation(keys, "hidden_act", "silu", {"silu"});
-    c.qkv_bias = c.family == "qwen2" ? true : keys.boolean("attention_bias", false);
-    c.o_bias = c.family == "qwen3" && c.qkv_bias;
-    c.qk_norm = c.family == "qwen3";
-    c.tie_word_embeddings = keys.boolean("tie_word_embeddings", false);
-    c.ropes = {rope_of(keys, 10000.0)};
-    if (keys.boolean("use_sliding_window", false)) {
-      window = keys.integer("sliding_window", 4096);
-      const int64_t first = keys.integer("max_window_layers", c.num_layers);
-      sliding = sliding_layers(keys, c.num_layers, [&](int64_t i) { return i >= first; });
-    } else if (keys.has("layer_types")) {
-      sliding = sliding_layers(keys, c.num_layers, [](int64_t) { return false; });
-      window = keys.integer("sliding_window", 4096);
-    }
-  } else {  // gemma3
-    require_activation(keys, "hidden_activation", "gelu_pytorch_tanh", {"gelu_pytorch_tanh", "gelu_tanh"});
-    c.norm = NormKind::GemmaRMSNorm;
-    c.mlp = MlpKind::GeGLU;
-    c.qk_norm = true;
-    c.sandwich_norms = true;
-    c.qkv_bias = c.o_bias = keys.boolean("attention_bias", false);
-    c.tie_word_embeddings = keys.boolean("tie_word_embeddings", true);
-    c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  require_activation(keys, f);
+  switch (f.bias) {
+    case BiasRule::AttentionBias:
+      c.qkv_bias = c.o_bias = keys.boolean("attention_bias", false);
+      c.mlp_bias = keys.boolean("mlp_bias", false);
+      break;
+    case BiasRule::QkvAlways: c.qkv_bias = true; break;
+    case BiasRule::None: break;
+  }
+  c.tie_word_embeddings = keys.boolean("tie_word_embeddings", f.tie_default);
+  if (f.embedding_scale) c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  if (f.query_pre_attn_scalar) {
     const double scalar = keys.number("query_pre_attn_scalar", static_cast<double>(c.head_dim));
     if (!(scalar > 0)) keys.fail("query_pre_attn_scalar", "must be positive");
     c.attention_scale = 1.0 / std::sqrt(scalar);
-    c.attn_softcap = keys.number("attn_logit_softcapping", 0.0);
-    window = keys.integer("sliding_window", 4096);
-    const int64_t pattern = keys.integer("sliding_window_pattern", 6);
-    if (pattern <= 0) keys.fail("sliding_window_pattern", "must be positive");
-    sliding = sliding_layers(keys, c.num_layers, [&](int64_t i) { return (i + 1) % pattern != 0; });
-    // Global layers: rope_theta with rope_scaling; local (sliding) layers: rope_local_base_freq, unscaled.
-    c.ropes = {rope_of(keys, 1000000.0), rope_of(keys, 10000.0, false)};
-    c.ropes[1].theta = keys.number("rope_local_base_freq", 10000.0);
+  }
+  // Soft-capping: a key set to null means none; a key left out means the family's default (Gemma 2's 50 and 30).
+  auto cap = [&](const char* key, double fallback) {
+    const double v = keys.present(key) ? keys.number(key, 0.0) : fallback;
+    if (v != 0.0 && !f.soft_capping) keys.fail(key, "is set; " + f.name + " has no soft-capping (Gemma 2 has)");
+    if (v < 0.0) keys.fail(key, "must be positive or null");
+    return v;
+  };
+  c.attn_softcap = cap("attn_logit_softcapping", f.attn_softcap_default);
+  c.final_softcap = cap("final_logit_softcapping", f.final_softcap_default);
+  // A *ForSequenceClassification folder: its classes from id2label (or num_labels; transformers' default is 2).
+  if (keys.has("architectures")) {
+    const json& arch = keys.raw("architectures");
+    if (!arch.is_array() || arch.empty() || !arch[0].is_string()) keys.fail("architectures", "must be a list of class names");
+    const std::string name = arch[0].get<std::string>();
+    const std::string suffix = "ForSequenceClassification";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      if (keys.has("id2label")) {
+        const json& names = keys.raw("id2label");
+        if (!names.is_object()) keys.fail("id2label", "must map class ids to names");
+        std::map<int64_t, std::string> by_id;
+        for (const auto& [id, label] : names.items()) {
+          int64_t k = -1;
+          try {
+            k = parse_int(id, "id2label key");
+          } catch (const ValueError&) {
+          }
+          if (k < 0 || k >= static_cast<int64_t>(names.size()) || !label.is_string())
+            keys.fail("id2label", "must map the ids 0 … " + std::to_string(names.size() - 1) + " to names, got " +
+                                      printable(id, 20) + ": " + printable(label.dump(), 40));
+          by_id[k] = label.get<std::string>();
+        }
+        for (auto& [k, label] : by_id) c.labels.push_back(label);
+        c.num_labels = static_cast<int64_t>(c.labels.size());
+      } else {
+        c.num_labels = keys.integer("num_labels", 2);
+      }
+      if (c.num_labels < 1 || c.num_labels > 1000000) keys.fail("id2label", "must name at least one class");
+    }
+  }
+
+  // Sliding windows: layer_types when given, else the family's rule.
+  std::vector<bool> sliding(static_cast<size_t>(c.num_layers), false);
+  const std::vector<bool> rotates = f.rope == RopeRule::NoRopeLayers ? rotating_layers(keys, c.num_layers)
+                                                                     : std::vector<bool>(static_cast<size_t>(c.num_layers), true);
+  int64_t window = keys.present("sliding_window") ? keys.integer("sliding_window", 0) : f.default_window;
+  switch (f.sliding) {
+    case SlidingRule::None:
+      if (keys.has("layer_types")) sliding = sliding_layers(keys, c.num_layers, [](int64_t) { return false; });
+      break;
+    case SlidingRule::EveryLayer:  // sliding_window null: none
+      sliding = sliding_layers(keys, c.num_layers, [&](int64_t) { return window > 0; });
+      break;
+    case SlidingRule::QwenLayers:
+      if (keys.boolean("use_sliding_window", false)) {
+        const int64_t first = keys.integer("max_window_layers", c.num_layers);
+        sliding = sliding_layers(keys, c.num_layers, [&](int64_t i) { return i >= first; });
+      } else if (keys.has("layer_types")) {
+        sliding = sliding_layers(keys, c.num_layers, [](int64_t) { return false; });
+      }
+      break;
+    case SlidingRule::NoRopeLayers:  // SmolLM3: the NoPE layers slide, and only with use_sliding_window
+      if (keys.boolean("use_sliding_window", false) && window > 0)
+        sliding = sliding_layers(keys, c.num_layers, [&](int64_t i) { return !rotates[static_cast<size_t>(i)]; });
+      break;
+    case SlidingRule::Pattern: {  // all but every pattern-th layer
+      const int64_t pattern = f.pattern_key.empty() ? f.sliding_pattern : keys.integer(f.pattern_key, f.sliding_pattern);
+      if (pattern <= 0) keys.fail(f.pattern_key, "must be positive");
+      sliding = sliding_layers(keys, c.num_layers, [&](int64_t i) { return (i + 1) % pattern != 0; });
+      break;
+    }
   }
   if (window < 0) keys.fail("sliding_window", "must not be negative");
+  if (std::find(sliding.begin(), sliding.end(), true) != sliding.end() && window <= 0)
+    keys.fail("sliding_window", "must be a positive number for the layers layer_types makes sliding");
+
+  // RoPE: one rotation, or a second one for the sliding layers (Gemma 3's local base, OLMo 3's unscaled RoPE).
+  c.ropes = {rope_of(keys, f, f.rope_theta_default, true, c.max_positions)};
+  const bool split = f.rope == RopeRule::LocalBase || f.rope == RopeRule::ScaledOnFullOnly;
+  if (split) {
+    c.ropes.push_back(rope_of(keys, f, f.rope_theta_default, false, c.max_positions));
+    if (f.rope == RopeRule::LocalBase) c.ropes[1].theta = keys.number("rope_local_base_freq", 10000.0);
+  }
   c.layers.resize(sliding.size());
   for (size_t i = 0; i < sliding.size(); ++i) {
     c.layers[i].window = sliding[i] ? window : 0;
-    c.layers[i].rope = c.family == "gemma3" && sliding[i] ? 1 : 0;
+    c.layers[i].rope = !rotates[i] ? -1 : split && sliding[i] ? 1 : 0;
   }
-  if (c.max_positions <= 0) keys.fail("max_position_embeddings", "must be positive");
+  for (const auto& r : c.ropes) {
+    const int64_t rotated = r.rotary_dim > 0 ? r.rotary_dim : c.head_dim;
+    if (r.scaling == RopeFrequencies::Scaling::LongRope && static_cast<int64_t>(r.short_factor.size()) * 2 != rotated)
+      keys.fail("rope_scaling.short_factor", "has " + std::to_string(r.short_factor.size()) + " entries; one per rotated pair (" +
+                                                  std::to_string(rotated / 2) + ") is needed");
+  }
   try {
     c.validate();
   } catch (const ValueError& e) {
@@ -246,70 +370,106 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   return c;
 }
 
-std::string decoder_config_to_hf(const DecoderConfig& c) {
-  json j;
-  const bool gemma = c.family == "gemma3";
-  const std::map<std::string, std::string> types = {
-      {"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"}, {"gemma3", "gemma3_text"}};
-  const std::map<std::string, std::string> architectures = {{"llama", "LlamaForCausalLM"},
-                                                            {"qwen2", "Qwen2ForCausalLM"},
-                                                            {"qwen3", "Qwen3ForCausalLM"},
-                                                            {"gemma3", "Gemma3ForCausalLM"}};
-  if (!types.count(c.family)) throw ValueError("decoder_config_to_hf: the " + c.family + " family has no such config.json");
-  j["model_type"] = types.at(c.family);
-  j["architectures"] = {architectures.at(c.family)};
+std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
+  const Family& f = *c.family;
+  if (f.naming != Naming::HuggingFace)
+    throw ValueError("decoder_config_to_hf: the " + f.name + " family has no such config.json (save_gpt2 writes GPT-2's files)");
+  // What the model was read from, kept: its keys stay, and those qkv knows the value of are written over.
+  json j = c.source.json.empty() ? json::object() : json::parse(c.source.json, nullptr, false);
+  if (!j.is_object()) j = json::object();
+  const bool fresh = c.source.json.empty();
+  j["model_type"] = f.model_types.front();
+  if (c.num_labels > 0) {  // a classifier: transformers' *ForSequenceClassification reads these
+    j["architectures"] = {f.sequence_classifier};
+    json id2label = json::object(), label2id = json::object();
+    for (int64_t i = 0; i < c.num_labels; ++i) {
+      const std::string name = i < static_cast<int64_t>(c.labels.size()) ? c.labels[static_cast<size_t>(i)]
+                                                                          : "LABEL_" + std::to_string(i);
+      id2label[std::to_string(i)] = name;
+      label2id[name] = i;
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
+  } else if (fresh || !j.contains("architectures")) {
+    j["architectures"] = {f.causal_lm};
+  }
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
   j["num_hidden_layers"] = c.num_layers;
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
+  if (j.contains("head_dim") || c.head_dim * c.num_heads != c.hidden_size) j["head_dim"] = c.head_dim;
   j["max_position_embeddings"] = c.max_positions;
-  j["rms_norm_eps"] = c.norm_eps;
-  j["attention_dropout"] = c.attention_dropout;
+  j[f.norm_eps_key] = c.norm_eps;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = dtype == HfDType::BF16 ? "bfloat16" : "float32";
+  if (c.attention_dropout != 0.0 || j.contains("attention_dropout")) j["attention_dropout"] = c.attention_dropout;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  if (!fresh) return j.dump(2) + "\n";
+  // A model made here: every setting its family reads, so that reading the file back gives this configuration.
+  j[f.activation_key] = f.activations.front();
+  if (f.bias == BiasRule::AttentionBias) {
+    j["attention_bias"] = c.qkv_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
   auto scaling = [](const RopeFrequencies& r) -> json {
     using S = RopeFrequencies::Scaling;
-    if (r.scaling == S::None) return nullptr;
-    if (r.scaling == S::Linear) return {{"rope_type", "linear"}, {"factor", r.factor}};
-    return {{"rope_type", "llama3"}, {"factor", r.factor}, {"low_freq_factor", r.low_freq_factor},
-            {"high_freq_factor", r.high_freq_factor},
-            {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)}};
+    json s;
+    switch (r.scaling) {
+      case S::None: return nullptr;
+      case S::Linear: s = {{"rope_type", "linear"}, {"factor", r.factor}}; break;
+      case S::Llama3:
+        s = {{"rope_type", "llama3"}, {"factor", r.factor}, {"low_freq_factor", r.low_freq_factor},
+             {"high_freq_factor", r.high_freq_factor},
+             {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)}};
+        break;
+      case S::Yarn:
+        s = {{"rope_type", "yarn"}, {"factor", r.factor}, {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow},
+             {"truncate", r.truncate}, {"attention_factor", r.attention_factor},
+             {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)}};
+        break;
+      case S::LongRope:
+        s = {{"rope_type", "longrope"}, {"factor", r.factor}, {"attention_factor", r.attention_factor},
+             {"short_factor", r.short_factor}, {"long_factor", r.long_factor},
+             {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)}};
+        break;
+    }
+    return s;
   };
-  j["rope_theta"] = c.ropes.empty() ? 10000.0 : c.ropes[0].theta;
-  j["rope_scaling"] = c.ropes.empty() ? json(nullptr) : scaling(c.ropes[0]);
-  json layer_types = json::array();
-  int64_t window = 0;
-  for (const auto& l : c.layers) {
-    layer_types.push_back(l.window > 0 ? "sliding_attention" : "full_attention");
-    if (l.window > 0) window = l.window;
+  if (!c.ropes.empty()) {
+    j["rope_theta"] = c.ropes[0].theta;
+    j["rope_scaling"] = scaling(c.ropes[0]);
+    if (c.ropes[0].rotary_dim > 0)
+      j["partial_rotary_factor"] = static_cast<double>(c.ropes[0].rotary_dim) / static_cast<double>(c.head_dim);
+    if (f.rope == RopeRule::LocalBase && c.ropes.size() > 1) j["rope_local_base_freq"] = c.ropes[1].theta;
   }
-  j["layer_types"] = layer_types;
-  if (gemma) {
-    j["hidden_activation"] = "gelu_pytorch_tanh";
+  if (f.rope == RopeRule::NoRopeLayers) {
+    json list = json::array();
+    for (const auto& l : c.layers) list.push_back(l.rope >= 0 ? 1 : 0);
+    j["no_rope_layers"] = list;
+  }
+  if (f.query_pre_attn_scalar)
     j["query_pre_attn_scalar"] = c.attention_scale > 0 ? 1.0 / (c.attention_scale * c.attention_scale) : c.head_dim;
-    j["sliding_window"] = window;
-    j["rope_local_base_freq"] = c.ropes.size() > 1 ? c.ropes[1].theta : 10000.0;
-    j["attention_bias"] = c.qkv_bias;
+  if (f.soft_capping) {
     j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
-    j["final_logit_softcapping"] = nullptr;
-  } else {
-    j["hidden_act"] = "silu";
-    if (c.family == "llama") {
-      j["attention_bias"] = c.qkv_bias;
-      j["mlp_bias"] = c.mlp_bias;
-    }
-    if (c.family == "qwen3") j["attention_bias"] = c.qkv_bias;
-    if (c.family != "llama") {
-      j["use_sliding_window"] = window > 0;
-      j["sliding_window"] = window > 0 ? window : 4096;
-      j["max_window_layers"] = c.num_layers;
-    }
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
+  }
+  int64_t window = 0;
+  for (const auto& l : c.layers) window = std::max(window, l.window);
+  if (window > 0) {  // which layers slide, spelled out
+    json types = json::array();
+    for (const auto& l : c.layers) types.push_back(l.window > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["sliding_window"] = window;
+    j["use_sliding_window"] = true;
+  } else if (f.sliding != SlidingRule::None) {
+    j["sliding_window"] = nullptr;
+    j["use_sliding_window"] = false;
+    if (f.sliding == SlidingRule::Pattern) j["layer_types"] = std::vector<std::string>(c.layers.size(), "full_attention");
   }
   return j.dump(2) + "\n";
 }
@@ -377,6 +537,12 @@ bool ignorable(const std::string& name, const DecoderConfig& c) {
   if (c.tie_word_embeddings && name == "lm_head.weight") return true;
   return name.size() > 22 && name.compare(name.size() - 22, 22, "rotary_emb.inv_freq") == 0;
 }
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
 }  // namespace
 
 std::string hf_model_type(const std::string& dir) {
@@ -388,8 +554,133 @@ std::string hf_model_type(const std::string& dir) {
     throw IoError(config.string() + ": not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string())
-    throw IoError(config.string() + ": has no 'model_type' string; qkv reads " + std::string(kSupported));
+    throw IoError(config.string() + ": has no 'model_type' string; qkv reads " + family_list());
   return j["model_type"].get<std::string>();
+}
+
+void check_layout(const DecoderConfig& config, Names names, const TensorLookup& find,
+                  const std::vector<std::string>& present, const std::string& source,
+                  const std::function<bool(const std::string&)>& ignorable) {
+  std::vector<std::string> missing, misshapen, unexpected;
+  std::set<std::string> wanted;
+  for (const auto& p : config.layout(names)) {
+    wanted.insert(p.name);
+    const io::TensorInfo* info = find(p.name);
+    if (!info) {
+      missing.push_back(p.name);
+    } else if (std::vector<int64_t>(p.shape.dims().begin(), p.shape.dims().end()) != info->shape) {
+      misshapen.push_back(p.name + " is " + shape_text(info->shape) + ", the configuration says " + p.shape.str());
+    }
+  }
+  for (const auto& name : present)
+    if (!wanted.count(name) && !(ignorable && ignorable(name))) unexpected.push_back(name);
+  if (missing.empty() && misshapen.empty() && unexpected.empty()) return;
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", " : "") + printable(v[i], 120);
+    if (v.size() > 5) s += " and " + std::to_string(v.size() - 5) + " more";
+    return s;
+  };
+  std::string why = source + ": the weights do not match the configuration (" + config.family->name + ")";
+  if (!missing.empty()) why += "; missing: " + list(missing);
+  if (!misshapen.empty()) why += "; wrong shape: " + list(misshapen);
+  if (!unexpected.empty()) why += "; unexpected: " + list(unexpected);
+  throw IoError(why);
+}
+
+void read_layout(Decoder& model, Names names, const TensorReader& read) {
+  for (const auto& p : model.config.layout(names)) {
+    const bool direct = !p.transposed && (names == Names::Own || model.config.family->naming == Naming::HuggingFace);
+    if (direct) {  // the entry is one of the model's registered tensors
+      read(p, model.parameter(p));
+      continue;
+    }
+    // Another naming's entry (GPT-2's c_attn): read whole, then each part into the model's tensor for its role.
+    Tensor whole = Tensor::empty(p.shape);
+    read(p, whole);
+    for (const auto& part : p.parts) {
+      Tensor dst = model.part(part, p.layer);
+      if (p.transposed) {
+        dst.copy_(transpose_columns(whole, part.row0, part.rows));  // rounded where dst is bf16
+      } else {
+        const int64_t width = p.shape.rank() > 1 ? p.shape[1] : 1;
+        dst.copy_(whole.view_at(part.row0 * width, dst.shape()));
+      }
+    }
+  }
+}
+
+std::vector<io::TensorData> layout_tensors(Decoder& model, Names names, HfDType dtype) {
+  auto data = [dtype](std::string name, const Tensor& t) {
+    return dtype == HfDType::F32 ? io::TensorData::from_tensor(std::move(name), t)
+                                 : io::TensorData::from_tensor_bf16(std::move(name), t);
+  };
+  std::vector<io::TensorData> out;
+  for (const auto& p : model.config.layout(names)) {
+    const bool direct = !p.transposed && (names == Names::Own || model.config.family->naming == Naming::HuggingFace);
+    if (direct) {
+      out.push_back(data(p.name, model.parameter(p)));
+      continue;
+    }
+    // Gathered from each part's role (zeros where the model has none: GPT-2's files always carry q/k/v biases).
+    Tensor whole = Tensor::zeros(p.shape);
+    const int64_t width = p.shape.rank() > 1 ? p.shape[1] : 1;
+    for (const auto& part : p.parts) {
+      Tensor src;
+      try {
+        src = model.part(part, p.layer);
+      } catch (const ValueError&) {
+        continue;
+      }
+      if (src.dtype() == DType::BF16) {  // widened to float32 for the copy below
+        Tensor widened = Tensor::empty(src.shape());
+        widened.copy_(src);
+        src = widened;
+      }
+      if (p.transposed) {  // (out, in) rows → columns [row0, row0 + rows) of the (in, out_total) entry
+        const int64_t in = src.size(1), out_rows = src.size(0);
+        for (int64_t r = 0; r < out_rows; ++r)
+          for (int64_t k = 0; k < in; ++k) whole.data()[k * width + part.row0 + r] = src.data()[r * in + k];
+      } else {
+        std::copy_n(src.data(), src.numel(), whole.data() + part.row0 * width);
+      }
+    }
+    out.push_back(data(p.name, whole));
+  }
+  return out;
+}
+
+void save_hf_classifier(const std::string& dir_name, Decoder& base, const Tensor& score,
+                        const std::vector<std::string>& labels, int64_t pad_token_id, const std::string& tokenizer_from,
+                        HfDType dtype) {
+  DecoderConfig c = base.config;
+  if (c.family->naming != Naming::HuggingFace)
+    throw ValueError("save_hf_classifier: a " + c.family->name + " model has no Hugging Face classifier folder");
+  c.num_labels = score.size(0);
+  c.labels = labels;
+  c.pad_token_id = pad_token_id;
+  c.validate();
+  const fs::path dir(dir_name);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir, ec)) throw IoError(dir.string() + ": cannot create the folder (" + ec.message() + ")");
+  std::vector<io::TensorData> tensors;
+  for (const auto& p : c.layout()) {
+    const Tensor& t = p.role() == Role::Head ? score : base.parameter(p);
+    tensors.push_back(dtype == HfDType::F32 ? io::TensorData::from_tensor(p.name, t) : io::TensorData::from_tensor_bf16(p.name, t));
+  }
+  io::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const std::string config = decoder_config_to_hf(c, dtype);
+  io::write_file_atomically((dir / "config.json").string(),
+                            std::span(reinterpret_cast<const std::byte*>(config.data()), config.size()));
+  if (tokenizer_from.empty()) return;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path from = fs::path(tokenizer_from) / name;
+    if (fs::exists(from, ec)) {
+      const std::vector<std::byte> bytes = io::read_file(from.string());
+      io::write_file_atomically((dir / name).string(), bytes);
+    }
+  }
 }
 
 std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matrices) {
@@ -397,43 +688,19 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matr
   const fs::path config_path = dir / "config.json";
   const DecoderConfig config = decoder_config_from_hf(read_text(config_path), config_path.string());
   const Shards shards = open_shards(dir);
-  // Every tensor the layout needs, present with its shape and a float dtype, and nothing unknown — before allocating.
-  std::vector<std::string> missing, misshapen, unexpected;
-  std::set<std::string> wanted;
-  for (const auto& p : config.layout()) {
-    wanted.insert(p.name);
-    const auto it = shards.where.find(p.name);
-    if (it == shards.where.end()) {
-      missing.push_back(p.name);
-      continue;
-    }
-    const io::TensorInfo* info = shards.files[it->second].find(p.name);
-    if (std::vector<int64_t>(p.shape.dims().begin(), p.shape.dims().end()) != info->shape) {
-      std::string shape = "(";
-      for (size_t i = 0; i < info->shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(info->shape[i]);
-      misshapen.push_back(p.name + " is " + shape + ") in " + shards.files[it->second].path() + ", config.json says " +
-                          p.shape.str());
-    }
-  }
-  for (const auto& [name, i] : shards.where)
-    if (!wanted.count(name) && !ignorable(name, config)) unexpected.push_back(name);
-  if (!missing.empty() || !misshapen.empty() || !unexpected.empty()) {
-    auto list = [](const std::vector<std::string>& v) {
-      std::string s;
-      for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", " : "") + printable(v[i], 120);
-      if (v.size() > 5) s += " and " + std::to_string(v.size() - 5) + " more";
-      return s;
-    };
-    std::string why = dir.string() + ": the weights do not match config.json (" + config.family + ")";
-    if (!missing.empty()) why += "; missing: " + list(missing);
-    if (!misshapen.empty()) why += "; wrong shape: " + list(misshapen);
-    if (!unexpected.empty()) why += "; unexpected: " + list(unexpected);
-    throw IoError(why);
-  }
+  // Every tensor the layout needs, present with its shape, and nothing unknown — before allocating.
+  std::vector<std::string> present;
+  for (const auto& [name, i] : shards.where) present.push_back(name);
+  const TensorLookup find = [&](const std::string& name) -> const io::TensorInfo* {
+    const auto it = shards.where.find(name);
+    return it == shards.where.end() ? nullptr : shards.files[it->second].find(name);
+  };
+  check_layout(config, Names::Own, find, present, dir.string(),
+               [&](const std::string& name) { return ignorable(name, config); });
   auto model = Decoder::for_loading(config);  // every parameter is written below: no zero fill first
-  model->for_each_parameter([&](const std::string& name, Tensor& parameter) {
-    if (matrices == DType::BF16 && parameter.rank() == 2) parameter.to_bf16_(/*keep_values=*/false);  // read below
-    shards.files[shards.where.at(name)].read_weights(name, parameter);
+  read_layout(*model, Names::Own, [&](const DecoderConfig::Parameter& p, Tensor& dst) {
+    if (matrices == DType::BF16 && dst.rank() == 2) dst.to_bf16_(/*keep_values=*/false);  // read below
+    shards.files[shards.where.at(p.name)].read_weights(p.name, dst);
   });
   return model;
 }
@@ -443,12 +710,8 @@ void save_hf_folder(const std::string& dir_name, Decoder& model, HfDType dtype) 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir, ec)) throw IoError(dir.string() + ": cannot create the folder (" + ec.message() + ")");
-  const std::string config = decoder_config_to_hf(model.config);
-  std::vector<io::TensorData> tensors;
-  model.for_each_parameter([&](const std::string& name, Tensor& t) {
-    tensors.push_back(dtype == HfDType::F32 ? io::TensorData::from_tensor(name, t) : io::TensorData::from_tensor_bf16(name, t));
-  });
-  io::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const std::string config = decoder_config_to_hf(model.config, dtype);
+  io::save_safetensors((dir / "model.safetensors").string(), layout_tensors(model, Names::Own, dtype), {{"format", "pt"}});
   io::write_file_atomically((dir / "config.json").string(),
                             std::span(reinterpret_cast<const std::byte*>(config.data()), config.size()));
 }

@@ -74,9 +74,4 @@ void Linear::relocate(const Tensor& weight_home, const Tensor& bias_home) {
   if (bias.defined()) move("bias", bias, bias_home);
 }
 
-void Linear::tie_weight(const Tensor& shared) {
-  replace_parameter("weight", shared);
-  weight = shared;
-}
-
 }  // namespace qkv::nn

@@ -18,7 +18,6 @@ namespace qkv::train {
 
 namespace {
 
-constexpr const char* kFormat = "qkv-gpt-checkpoint-1";
 
 // FNV-1a over the token ids: a resumed run must train on the same text.
 uint64_t fingerprint(const std::vector<int64_t>& tokens) {
@@ -62,8 +61,8 @@ double clip_grad_norm(const std::vector<std::pair<std::string, Tensor>>& paramet
 
 TrainSettings read_checkpoint_settings(const std::string& path) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  if (!file.metadata().count("format") || file.metadata().at("format") != kFormat) {
-    throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + kFormat + "\")");
+  if (!file.metadata().count("format") || file.metadata().at("format") != nn::kQkvCheckpointFormat) {
+    throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + nn::kQkvCheckpointFormat + "\")");
   }
   try {
     return TrainSettings::from_strings(file.metadata());
@@ -183,7 +182,7 @@ void write_checkpoint(const std::string& path, nn::Decoder& model,
   std::vector<int64_t> words(rng_state.begin(), rng_state.end());
   tensors.push_back(io::TensorData::from_int64s("rng.state", words));
   std::map<std::string, std::string> metadata = settings.to_strings();
-  metadata["format"] = kFormat;
+  metadata["format"] = nn::kQkvCheckpointFormat;
   metadata["step"] = std::to_string(step);
   for (const auto& [k, v] : extra_metadata) metadata[k] = v;
   io::save_safetensors(path, tensors, metadata);
@@ -231,8 +230,8 @@ void Trainer::resume_from(const ModelFile& file) {
 
 void Trainer::resume(const std::string& path) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  if (!file.metadata().count("format") || file.metadata().at("format") != kFormat) {
-    throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + kFormat + "\")");
+  if (!file.metadata().count("format") || file.metadata().at("format") != nn::kQkvCheckpointFormat) {
+    throw IoError(path + ": not a qkv training checkpoint (its __metadata__ has no format \"" + nn::kQkvCheckpointFormat + "\")");
   }
   // Settings that shape the model or the data must match; optimisation settings (steps, learning rates,
   // evaluation and checkpoint intervals) may be changed on resume.

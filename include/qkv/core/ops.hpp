@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
-#include "qkv/kernels/decoder.hpp"
+#include "qkv/kernels/rope.hpp"
 
 namespace qkv {
 
@@ -69,6 +69,8 @@ Tensor div(const Tensor& a, float b);
 Tensor neg(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
+// cap · tanh(a / cap) (cap > 0): Gemma 2's soft-capping of the final logits; backward (1 − tanh²(a / cap)) · g.
+Tensor soft_cap(const Tensor& a, float cap);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -133,6 +135,9 @@ Tensor select_token(const Tensor& x, int64_t t);
 Tensor gather_tokens(const Tensor& x, std::span<const int64_t> positions);
 // Joins tensors along `dim`; all other dimensions must agree.
 Tensor concat(const std::vector<Tensor>& tensors, int dim);
+// Columns [start, start + length) of x's last dimension, copied: (…, W) → (…, length), torch.narrow(x, -1, start,
+// length). Backward: the gradient lands in those columns. ShapeError when the range leaves [0, W).
+Tensor narrow(const Tensor& x, int64_t start, int64_t length);
 
 // ---- GPT building blocks ----
 
@@ -147,7 +152,7 @@ Tensor gelu(const Tensor& x);
 
 // ---- today's decoders: RMSNorm, SiLU, rotary embeddings ----
 
-// The rotation's settings and tables, as the kernels define them (qkv/kernels/decoder.hpp).
+// The rotation's settings and tables, as the kernels define them (qkv/kernels/rope.hpp).
 using RopeLayout = kernels::RopeLayout;
 using RopeFrequencies = kernels::RopeFrequencies;
 using RopeTable = kernels::RopeTable;
@@ -158,7 +163,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float offset =
 // SiLU (swish): x·σ(x), the gate of SwiGLU.
 Tensor silu(const Tensor& x);
 // Rotary position embeddings on x (B, T, H·D): token t of every batch row is at position `position + t`, and each of
-// its first `rotated_heads` heads (0: all H) is rotated as kernels::rope_apply says; the others pass unchanged (so a
+// its first `rotated_heads` heads (0: all H) is rotated as kernels::rope_apply says (its first 2·table.P values: all D,
+// or fewer for a partial rotation); the others pass unchanged (so a
 // packed (B, T, (H + 2·H_kv)·D) projection rotates its q and k heads and keeps v). The table must hold position + T
 // positions (ShapeError otherwise). Backward: the inverse rotation of the gradient.
 Tensor rope(const Tensor& x, std::shared_ptr<const kernels::RopeTable> table, kernels::RopeLayout layout,

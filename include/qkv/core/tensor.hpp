@@ -127,7 +127,8 @@ class Tensor {
 
   Tensor detach() const;               // same storage, no history, requires_grad false
   Tensor clone() const;                // a copy of the values, no history
-  // Copies values in place; the shapes must be equal. Into a BF16 tensor: rounded to nearest even (NaN kept).
+  // Copies values in place; the shapes must be equal. Into a BF16 tensor: rounded to nearest even (NaN kept); from
+  // a BF16 tensor into a float32 one: widened exactly.
   void copy_(const Tensor& source);
   void fill_(float value);  // Sets every element to `value`, in place (no gradient is recorded)
   // A tensor of another shape over the same storage (numel must match). No history: ops.hpp's reshape

@@ -41,7 +41,6 @@ struct PthTensor {
 };
 
 enum class PyKind { None, Bool, Int, Float, String, List, Tuple, Dict, Tensor };
-const char* py_kind_name(PyKind kind);  // "dict", "tensor"
 
 class PthFile;
 

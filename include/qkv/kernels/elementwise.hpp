@@ -35,7 +35,8 @@ void binary_backward_reference(BinaryOp op, const Broadcast& shape, const float*
 
 // ---- unary maps y = f(x) with a scalar s ----
 
-enum class UnaryOp { AddScalar, MulScalar, DivScalar, Neg, Exp, Log };
+// SoftCap: s·tanh(x / s), Gemma 2's soft-capping of its final logits.
+enum class UnaryOp { AddScalar, MulScalar, DivScalar, Neg, Exp, Log, SoftCap };
 
 void unary_forward(UnaryOp op, float s, const float* x, float* y, int64_t n);
 // dx += g · f'(x) (y = f(x) is given for ops whose derivative is cheapest from it: exp).

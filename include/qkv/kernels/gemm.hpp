@@ -1,6 +1,6 @@
 // Matrix products: OpenBLAS sgemm, split between OpenMP threads by output slices, beside a plain reference; and
 // products of bfloat16 operands with float32 accumulation through oneDNN's matmul (VDPBF16PS or AMX tiles).
-// Not here: the attention kernel's own micro-kernel (kernels/attention.hpp).
+// Not here: the attention kernel's own micro-kernels (src/kernels/micro_kernels.hpp).
 #pragma once
 
 #include <cstdint>

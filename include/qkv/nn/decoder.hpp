@@ -1,61 +1,75 @@
-// One decoder-only transformer, composed from its configuration: GPT-2, Llama 3, Qwen2, Qwen3 and Gemma 3 are each
-// a DecoderConfig, not a class. A block is
-//   x + post_attn_norm?(attention(attn_norm(x))),  then  x + post_mlp_norm?(mlp(mlp_norm(x)))
-// where each part is chosen by the config: LayerNorm, RMSNorm or Gemma's (1 + w) RMSNorm; learned positions or
-// RoPE (per layer: Gemma 3's local and global bases); H_kv K/V heads; a sliding window per layer; q/k RMSNorm per
-// head (Qwen3, Gemma 3); biases or not; a GELU, SwiGLU or GeGLU MLP; a tied or untied head; an embedding scale.
-//
-// The layout is written once: DecoderConfig::layout() is the table of every parameter — its state-dict name (the
-// family's own: Hugging Face's for llama/qwen/gemma, the book's for gpt2), shape and role — and the module's
-// registry, the parameter count and the loaders all come from it.
+// One decoder-only transformer, composed from its configuration: the book's GPT-2, Llama 3, Qwen2/3, Gemma 2/3,
+// Mistral, Phi-3, OLMo 2/3 and SmolLM3 are each a DecoderConfig, not a class. A block is built from components the
+// config chooses:
+//   attention   H query and H_kv K/V heads; q/k RMSNorm per head or over the projection; RoPE per layer (none, plain,
+//               scaled, partial) or learned positions; a sliding window per layer; logit soft-capping
+//   MLP         GELU, or gated (SwiGLU, GeGLU); biases or not
+//   norms       LayerNorm, RMSNorm or Gemma's (1 + w) RMSNorm, placed before (pre), around (sandwich) or after (post)
+// The layout is written once: DecoderConfig::layout() is the table of every parameter — its name (the family's own,
+// or Hugging Face's files of it), shape as stored and the roles it holds (a fused qkv_proj holds three) — and the
+// module's registry, the parameter count, the loaders, the writers and LoRA's sites all come from it.
 // The book's GPTModel (chapter 4) is the gpt2 family: Decoder(GPTConfig) draws its weights as PyTorch draws the book's
 // model from the same seed, and its state dict has the book's names (causal masks included).
-// Not here: reading config.json or a Hugging Face folder (hf.hpp), the book's configuration names (gpt.hpp), sampling.
+// Not here: the family table (family.hpp), reading config.json or a folder (hf.hpp), the book's names (gpt.hpp).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "qkv/core/random.hpp"
 #include "qkv/core/ops.hpp"
+#include "qkv/nn/family.hpp"
 #include "qkv/nn/language_model.hpp"
 
 namespace qkv::nn {
 
 struct GPTConfig;  // the book's GPT_CONFIG (gpt.hpp): a gpt2-family DecoderConfig under the book's names
 
-// A block's norms: LayerNorm (GPT-2), RMSNorm (Llama, Qwen), or Gemma's RMSNorm x̂·(1 + w), whose weight starts at 0.
-enum class NormKind { LayerNorm, RMSNorm, GemmaRMSNorm };
-// The MLP: GELU is down(gelu(up x)); the gated ones down(act(gate x) ∘ up x) with SiLU (SwiGLU) or GELU (GeGLU).
-enum class MlpKind { GELU, SwiGLU, GeGLU };
-
 // What one layer's attention does differently from the others.
 struct DecoderLayerSettings {
-  int64_t window = 0;  // sliding window (Gemma 3's local layers, Qwen2's use_sliding_window); 0: global
-  int64_t rope = 0;    // which of DecoderConfig::ropes rotates its q and k
+  int64_t window = 0;  // sliding window (Gemma's local layers, Mistral, Qwen2's use_sliding_window); 0: global
+  int64_t rope = 0;    // which of DecoderConfig::ropes rotates its q and k; −1: none (SmolLM3's NoPE layers)
   bool operator==(const DecoderLayerSettings&) const = default;  // Field by field
 };
 
+// What a parameter does in the decoder. A layout entry holds one or several (a fused qkv_proj holds three).
+enum class Role {
+  TokenEmbedding, PositionEmbedding, FinalNorm, FinalNormBias, Head,
+  AttnNorm, AttnNormBias, Query, QueryBias, Key, KeyBias, Value, ValueBias, Output, OutputBias, QueryNorm, KeyNorm,
+  PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
+  HeadBias,  // a classifier head's bias (the book's chapter 6 Linear(C, classes))
+};
+inline constexpr int kRoleCount = static_cast<int>(Role::HeadBias) + 1;  // how many roles there are
+const char* role_name(Role role);  // "query", "gate bias", … for messages
+
+// How a checkpoint's names and layout for a model are chosen:
+//   Own          the family's own state dict (the module's registry, qkv checkpoints, .pth, the family's folders)
+//   HuggingFace  Hugging Face's files of the model: for the book's GPT-2, transformers' GPT2LMHeadModel (Conv1D
+//                weights stored transposed, q/k/v fused in c_attn); for the others the same as Own
+enum class Names { Own, HuggingFace };
+
 // One decoder, composed from its config: what a Hugging Face config.json (or the book's GPT config) describes
 struct DecoderConfig {
-  std::string family = "llama";  // llama, qwen2, qwen3, gemma3, gpt2: the parameter names and their order
+  const Family* family = &nn::family("llama");  // names, config.json, initialisation (family.hpp); never tested by name
   // vocabulary, residual width C, the MLP's inner width, blocks
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim may differ from hidden/heads (Qwen3, Gemma 3)
   int64_t max_positions = 0;                               // max_position_embeddings (GPT-2: n_positions)
   NormKind norm = NormKind::RMSNorm;  // LayerNorm, RMSNorm or Gemma's (1 + w) RMSNorm
+  NormPlacement placement = NormPlacement::Pre;  // pre-norm, sandwich (four norms) or post-norm blocks
   double norm_eps = 1e-6;  // added to the variance in every norm
   MlpKind mlp = MlpKind::SwiGLU;  // the MLP's kind
   bool mlp_bias = false;  // biases in the MLP's projections
   bool qkv_bias = false, o_bias = false;  // Qwen2: q/k/v biases; GPT-2: all
-  bool qk_norm = false;                   // RMSNorm of each head's q and k over head_dim (Qwen3, Gemma 3)
+  QkNorm qk_norm = QkNorm::None;          // RMSNorm of q and k: per head (Qwen3, Gemma) or per projection (OLMo 2)
   bool learned_positions = false;         // GPT-2's position table; otherwise RoPE
-  bool sandwich_norms = false;            // Gemma 3: norms after attention and after the MLP too (four per block)
   bool tie_word_embeddings = false;  // the head reads tok_emb
   double embedding_scale = 0.0;           // token embeddings × this (Gemma: √hidden_size); 0: none
-  double attention_scale = 0.0;           // 0: 1/√head_dim (Gemma 3: query_pre_attn_scalar^−½)
+  double attention_scale = 0.0;           // 0: 1/√head_dim (Gemma: query_pre_attn_scalar^−½)
   double attn_softcap = 0.0;              // attention logit soft-capping (Gemma 2); 0: none
+  double final_softcap = 0.0;             // final logits become cap·tanh(logits / cap) (Gemma 2); 0: none
   double drop_rate = 0.0;                 // embedding and residual dropout (GPT-2's)
   double attention_dropout = 0.0;         // dropout on the attention weights, in training (the book's GPTModel: drop_rate)
   // rotate-half (Hugging Face) or interleaved (Meta's original checkpoints)
@@ -64,23 +78,40 @@ struct DecoderConfig {
   std::vector<DecoderLayerSettings> layers;      // num_layers entries
   std::vector<int64_t> eos_token_ids;            // generation stops at any of them
   int64_t bos_token_id = -1;  // the beginning-of-text token (-1: none)
+  int64_t pad_token_id = -1;  // the padding token (-1: none); a classifier pools the last token before it
+  // A sequence classifier (Hugging Face's *ForSequenceClassification, the book's chapter 6): its head maps C to
+  // num_labels scores instead of the vocabulary (score.weight, no bias; the book's out_head with a bias). 0: a
+  // language model.
+  int64_t num_labels = 0;
+  std::vector<std::string> labels;  // the classes' names in id order (config.json's id2label); empty: unnamed
+  // The config.json this configuration was read from (empty for a model made here): writing it back keeps its keys
+  // and replaces only those qkv knows the value of. Not compared: two configurations are equal when they compute the
+  // same.
+  struct Source {
+    std::string json;                                      // the file's text (empty: none)
+    bool operator==(const Source&) const { return true; }  // always: the source is not compared
+  };
+  Source source;  // the config.json read, kept for writing back
 
   void validate() const;  // ValueError naming the field and what is allowed
 
-  // The parameter table, in the family's registration order (PyTorch's state_dict order).
-  enum class Role {
-    TokenEmbedding, PositionEmbedding, FinalNorm, FinalNormBias, Head,
-    AttnNorm, AttnNormBias, Query, QueryBias, Key, KeyBias, Value, ValueBias, Output, OutputBias, QueryNorm, KeyNorm,
-    PostAttnNorm, MlpNorm, MlpNormBias, PostMlpNorm, Gate, GateBias, Up, UpBias, Down, DownBias,
+  // One role's rows of a layout entry: rows [row0, row0 + rows) of its (out, in) matrix (or of a vector)
+  struct Part {
+    Role role;                                     // what these rows are
+    int64_t row0 = 0, rows = 0;                    // where they start and how many
+    bool operator==(const Part&) const = default;  // same role, same rows
   };
-  // One parameter: its state-dict name (the family's), shape, role and block
+  // One parameter of a checkpoint: its name, its shape as stored, the roles it holds and how it is stored
   struct Parameter {
     std::string name;  // as in the family's checkpoints ("model.layers.0.self_attn.q_proj.weight")
-    Shape shape;  // its shape
-    Role role;  // what it does
+    Shape shape;  // as stored
+    std::vector<Part> parts;  // what it holds: one part, or several for a fused projection
+    bool transposed = false;  // stored (in, out), as GPT-2's Conv1D: the transpose of the (out, in) matrix
     int64_t layer = -1;  // -1 outside the blocks
+    Role role() const { return parts.front().role; }  // its (first) role
   };
-  std::vector<Parameter> layout() const;  // ValueError when a size overflows
+  // The parameter table, in the family's registration order (PyTorch's state_dict order), under `names`.
+  std::vector<Parameter> layout(Names names = Names::Own) const;  // ValueError when a size overflows
   int64_t parameter_count() const;         // Σ over layout()
   // Query projection's output width, num_heads · head_dim
   int64_t q_width() const { return num_heads * head_dim; }
@@ -89,30 +120,36 @@ struct DecoderConfig {
   bool operator==(const DecoderConfig&) const = default;  // Field by field
 };
 
-// Short names for the supported families and what they are, for messages: "llama (Llama 3.x), qwen2, …".
-const std::vector<std::string>& decoder_families();
-
-// One block's parameters, by role (undefined where the config has none).
+// One block's parameters, by role (undefined where the config has none). q, k and v live back to back in one buffer,
+// and so do gate and up, so that one product reads each group; the registered parameters covering a group (three
+// q_proj/k_proj/v_proj, or one fused qkv_proj) are what the products read, so their gradients reach the registry.
 struct DecoderBlock {
-  // attention's norm, projections (with biases where the config has them) and q/k norms
-  Tensor attn_norm, attn_norm_bias, wq, bq, wk, bk, wv, bv, wo, bo, q_norm, k_norm;
-  // the norms after attention, before and after the MLP, and the MLP's projections
-  Tensor post_attn_norm, mlp_norm, mlp_norm_bias, post_mlp_norm, gate, gate_bias, up, up_bias, down, down_bias;
-  LoraWeights lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;  // adapters (fine-tuning), usually none
+  std::array<Tensor, kRoleCount> weights;       // by role; for q/k/v and gate/up, views into the group's buffer
+  std::array<LoraWeights, kRoleCount> lora;     // adapters, by the role of the site they adapt (its first part)
+  // A group of projections read by one product: the registered tensors covering it, their biases, and each one's
+  // site role (where its adapter lives in `lora`)
+  struct Group {
+    std::vector<Tensor> weights, biases;  // the registered tensors and their biases (undefined: none)
+    std::vector<Role> sites;              // each tensor's site role
+  };
+  Group qkv, gate_up;  // q/k/v and gate/up, each read by one product
+  // The weight, or the adapter, of a role
+  Tensor& operator[](Role role) { return weights[static_cast<size_t>(role)]; }
+  const Tensor& operator[](Role role) const { return weights[static_cast<size_t>(role)]; }
+  LoraWeights& adapter(Role role) { return lora[static_cast<size_t>(role)]; }
+  const LoraWeights& adapter(Role role) const { return lora[static_cast<size_t>(role)]; }
 };
 
-// The decoder of today's models, composed from a DecoderConfig: Llama 3, Qwen2, Qwen3, Gemma 3 and GPT-2 are configurations of it
+// The decoder of today's models, composed from a DecoderConfig: every family of family.hpp is a configuration of it
 class Decoder : public LanguageModel {
  public:
-  // Weights drawn from `gen`: for llama, qwen2, qwen3 and gemma3 as Hugging Face initialises them (normal(0, 0.02)
-  // matrices and embeddings, norms at their identity, biases 0); for gpt2 as PyTorch builds the book's GPTModel
+  // Weights drawn from `gen` as the family's row says (Init): as Hugging Face initialises them (normal(0, 0.02)
+  // matrices and embeddings, norms at their identity, biases 0), or as PyTorch builds the book's GPTModel
   // (embeddings standard normal, each Linear's kaiming_uniform_(a = √5) weight then its uniform bias, the head last
   // and drawn even when tied), so the same seed gives the book's weights.
   explicit Decoder(const DecoderConfig& config, Generator& gen = default_generator());
   // The book's GPTModel(cfg): this decoder in its gpt2 configuration (config.decoder_config()), drawn as above.
   explicit Decoder(const GPTConfig& config, Generator& gen = default_generator());
-  // A model whose weights a loader will overwrite: nothing is drawn, zeros everywhere.
-  static std::unique_ptr<Decoder> uninitialised(const DecoderConfig& config, uint64_t seed = 0);
   // The same without even the zeros: for a loader that writes every parameter (load_hf_decoder), so loading is one
   // pass over the weights. Reading a parameter before it is written gives unspecified values.
   static std::unique_ptr<Decoder> for_loading(const DecoderConfig& config);
@@ -135,6 +172,8 @@ class Decoder : public LanguageModel {
   std::string block_prefix(int64_t layer) const override;
   std::string final_norm_prefix() const override;
   std::string head_prefix() const override;
+  std::string classifier_head_name() const override { return config.family->classifier_head; }
+  int64_t rotation_switch() const override;
 
   // the rows of the token table
   int64_t vocab_size() const override { return config.vocab_size; }
@@ -149,12 +188,19 @@ class Decoder : public LanguageModel {
     return layer >= 0 && layer < config.num_layers ? config.layers[static_cast<size_t>(layer)].window : 0;
   }
   std::string type_name() const override { return "Decoder"; }
-  // LoRA can adapt every block's q/k/v/o and MLP projections, named as PEFT names them (the layout's names without
-  // ".weight": "model.layers.0.self_attn.q_proj", "trf_blocks.0.att.W_query").
+  // LoRA can adapt every block's projections — one site per layout entry (a fused qkv_proj is one site), named as
+  // PEFT names them (the layout's names without ".weight": "model.layers.0.self_attn.q_proj",
+  // "trf_blocks.0.att.W_query") and tagged with the roles they hold, which LoRA's presets choose by.
   std::vector<LoraSite> own_lora_sites() override;
 
-  // The parameter with this role (and layer); ValueError when the config has none.
-  Tensor& parameter(DecoderConfig::Role role, int64_t layer = -1);
+  // The parameter with this role (and layer); ValueError when the config has none. For q/k/v and gate/up: the role's
+  // rows, a view into its group's buffer.
+  Tensor& parameter(Role role, int64_t layer = -1);
+  // The registered tensor of a layout entry (Names::Own): what loaders write and writers read.
+  Tensor& parameter(const DecoderConfig::Parameter& entry);
+  // Rows [part.row0, part.row0 + part.rows) of the model's (out, in) matrix (or vector) for `part` in `layer`: where a
+  // checkpoint entry's part lives, whatever the checkpoint's naming fuses or splits.
+  Tensor part(const DecoderConfig::Part& part, int64_t layer) const;
   // Dropout (in training) draws from `gen` from now on; the caller keeps it alive as long as the model.
   void use_generator(Generator& gen) { gen_ = &gen; }
   // Layer `layer`'s attention weights for batch row b and query head h, (T, Tk), from a record of forward().
@@ -176,16 +222,22 @@ class Decoder : public LanguageModel {
 
   const DecoderConfig config;  // what the model was built from
   Tensor tok_emb, pos_emb, final_norm, final_norm_bias, head;  // head is tok_emb when tied
+  Tensor head_bias;  // a classifier head's bias (the book's), else undefined
+  bool is_classifier() const { return config.num_labels > 0; }  // a sequence classifier (num_labels > 0)
   std::vector<DecoderBlock> blocks;  // the blocks' parameters, in order
 
  private:
   Decoder(const DecoderConfig& config, Generator* gen, bool fill = true);
   Tensor embed(std::span<const int64_t> ids, int64_t batch, int64_t tokens, int64_t position) const;
   Tensor norm(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
-  Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache,
-                       AttentionStep::Record* record) const;
-  Tensor attend(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record) const;
+  // One block on x (B, T, C) at positions [position, position + T); `extent` is the end of the call's positions (0:
+  // position + T), which picks the rotation where it depends on the length (LongRoPE).
+  Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
+                       int64_t extent = 0) const;
+  Tensor attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
+                AttentionStep::Record* record) const;
   Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
+  Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records) const;
   // The rotation table of config.ropes[which] for at least `positions` positions.

@@ -1,6 +1,7 @@
 // OpenAI's GPT-2 weights in Hugging Face's model.safetensors layout, loaded into the decoder's gpt2 configuration (the book's GPTModel).
 // Hugging Face stores GPT-2's linear layers as Conv1D, weight [in, out]: c_attn.weight [C, 3C] holds Wq, Wk
-// and Wv side by side, so each third is split off and transposed into Linear's (out, in). The output
+// and Wv side by side. That layout is the decoder's Names::HuggingFace naming of the gpt2 family (decoder.hpp), so
+// reading and writing it is read_layout and layout_tensors (hf.hpp). The output
 // head is tied to wte. The configuration (124M, 355M, 774M, 1558M, or any other size) is read off the
 // tensor shapes; the head count from __metadata__ "n_head" if present, else from GPT-2's sizes.
 #pragma once

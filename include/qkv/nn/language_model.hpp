@@ -54,6 +54,9 @@ class LanguageModel : public Module {
   virtual std::string block_prefix(int64_t layer) const = 0;
   virtual std::string final_norm_prefix() const = 0;
   virtual std::string head_prefix() const = 0;
+  // The name a classifier's head takes in place of the output head: "out_head" (the book's chapter 6), "score"
+  // (Hugging Face's *ForSequenceClassification).
+  virtual std::string classifier_head_name() const = 0;
   // The mean next-token cross-entropy against targets (B·T, ignore_index skipped), through the fused head, so the
   // (B·T × vocab) logits are never held whole.
   virtual Tensor loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens, std::span<const int64_t> targets,
@@ -66,6 +69,10 @@ class LanguageModel : public Module {
   // `tokens` new ids per row at positions cache.length…, returns the logits of the last new position (B, vocab).
   // ShapeError when the cache would overflow.
   virtual KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const = 0;
+  // A length past which the rotation of every position changes (LongRoPE's original context, Phi-3), or 0: keys
+  // cached before a sequence grows past it are stale, so generation encodes the whole sequence again once when it
+  // crosses it, as transformers' generate does.
+  virtual int64_t rotation_switch() const { return 0; }
   virtual Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const = 0;
 };
 

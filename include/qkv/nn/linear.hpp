@@ -23,8 +23,6 @@ class Linear : public UnaryModule {
 
   // x (..., in) → (..., out)
   Tensor forward(const Tensor& x) const override;
-  // Uses `shared` (e.g. a token embedding table, out × in) as this layer's weight: weight tying.
-  void tie_weight(const Tensor& shared);
   // Moves this layer's parameters, values kept, into `weight_home` and `bias_home` (this layer's shapes; the bias
   // one is ignored without a bias), e.g. views into one buffer that several layers share so that one product can
   // read them all (ProjectedAttention's W_query, W_key, W_value).
@@ -34,11 +32,12 @@ class Linear : public UnaryModule {
   void add_lora(int64_t rank, double alpha, Generator& gen);
   bool has_lora() const { return lora.defined(); }
   void merge_lora();
-  std::vector<LoraSite> own_lora_sites() override { return {{"", weight, &lora, this, ""}}; }
+  std::vector<LoraSite> own_lora_sites() override { return {{"", weight, &lora, this, "", lora_roles}}; }
 
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
   LoraWeights lora;  // A (rank, in), B (out, rank); undefined without an adapter
+  unsigned lora_roles = 0;  // what it projects to, for LoRA's presets (module.hpp's LoraRoleBits); set by its owner
   std::string type_name() const override { return "Linear"; }
 };
 

@@ -45,6 +45,12 @@ class Module;
 // A low-rank adapter on a projection W (out, in): W x + scale·B A x with A (rank, in), B (out, rank), PEFT's layout.
 using LoraWeights = LowRankUpdate;
 
+// What a LoRA site projects to, as bits: LoRA's presets choose sites by them ("attention": q, k, v and o; "mlp": gate,
+// up and down), whatever the checkpoint calls the module. A fused qkv_proj carries three.
+enum LoraRoleBits : unsigned {
+  kLoraQuery = 1, kLoraKey = 2, kLoraValue = 4, kLoraOutput = 8, kLoraGate = 16, kLoraUp = 32, kLoraDown = 64,
+};
+
 // A projection a LoRA adapter can attach to: a Linear layer, or a weight a model keeps bare (Decoder's q/k/v/o and MLP
 // projections). The adapter's parameters are registered in `owner` as owner_prefix + "lora_A.weight", "lora_B.weight".
 struct LoraSite {
@@ -53,6 +59,7 @@ struct LoraSite {
   LoraWeights* lora = nullptr;  // the adapter at this site (nullptr: none)
   Module* owner = nullptr;  // the module its parameters are registered in
   std::string owner_prefix;  // their name prefix there
+  unsigned roles = 0;       // LoraRoleBits: what it projects to (0: a projection of no named role)
 };
 
 // The base of every layer and model: one registry of named parameters, buffers and children, with PyTorch's names, that serves state dicts, optimisers, counts, train()/eval() and LoRA

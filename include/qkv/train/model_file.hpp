@@ -1,12 +1,6 @@
-// Model files of every kind qkv meets, opened by content (not by name), and written back:
-//   qkv checkpoint        qkv train's safetensors (weights, AdamW, settings, generator)
-//   .pth                  torch.save of the book's GPTModel: a state dict (model.pth) or
-//                         {"model_state_dict", "optimizer_state_dict"} (model_and_optimizer.pth)
-//   book safetensors      the same state dict under the book's names in a safetensors file
-//   Hugging Face GPT-2    model.safetensors of OpenAI's weights (Conv1D layout; nn/gpt2.hpp)
-// A book state dict carries no configuration: it is read off the tensor shapes (vocabulary, context, width,
-// layers, Q/K/V biases, tied head) and completed by a ConfigHint (the book's GPT_CONFIG dict as JSON, a preset
-// gpt2-small|medium|large|xl, or the head count alone), which must agree with the shapes.
+// Model files for training: what nn/checkpoint.hpp reads of a file's model, plus what training resumes from — a qkv
+// checkpoint's or a .pth's settings, AdamW state and generator — and the files written back (.pth, book safetensors,
+// qkv checkpoints, GPT-2's layout), converted between each other bit for bit.
 #pragma once
 
 #include <map>
@@ -16,36 +10,17 @@
 #include <vector>
 
 #include "qkv/io/pth.hpp"
+#include "qkv/nn/checkpoint.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/train/settings.hpp"
 
 namespace qkv::train {
 
-enum class ModelFormat { QkvCheckpoint, Pth, BookSafetensors, HuggingFaceGPT2 };
-const char* model_format_name(ModelFormat format);  // "qkv checkpoint", ".pth state dict", …
-// What the file holds, from its first bytes and, for safetensors, its tensor names. IoError if none of the above.
-ModelFormat detect_model_format(const std::string& path);
-
-// The book's chapter 5 presets (model_configs): emb_dim, n_layers, n_heads; vocabulary 50257, context 1024.
-const std::vector<std::string>& preset_names();  // gpt2-small, gpt2-medium, gpt2-large, gpt2-xl
-// The configuration keys a user gave, as strings: from a preset name or a JSON file with the book's keys
-// (vocab_size, context_length, emb_dim, n_heads, n_layers, drop_rate, qkv_bias; also tie_weights). Python's
-// True/False/None, single quotes, # comments and trailing commas are accepted, as pasted from a notebook.
-// Unknown keys are a ValueError naming them.
-std::map<std::string, std::string> read_config_hint(const std::string& preset_or_path);
-
-// What a user says about a book state dict that its tensors do not: its configuration, heads and tokenizer
-struct ConfigHint {
-  std::string config;       // preset name or JSON path (empty: none)
-  int64_t n_heads = 0;      // 0: not given
-  std::string tokenizer;    // empty: from the file (qkv), else bytes for a vocabulary of 256, else gpt2
-};
-
-// The GPTConfig of a book state dict (names → shapes): shapes first, then the hint's values, which must agree
-// with them. IoError naming `label` when heads cannot be known, or a value contradicts a shape.
-nn::GPTConfig resolve_book_config(const std::vector<std::pair<std::string, Shape>>& shapes, const ConfigHint& hint,
-                                  const std::string& label);
+// The formats qkv reads (nn/checkpoint.hpp); the CLI's convert writes the book's and qkv's.
+using ModelFormat = nn::CheckpointFormat;
+using nn::ConfigHint;
+inline const char* model_format_name(ModelFormat format) { return nn::checkpoint_format_name(format); }
 
 // torch.optim.AdamW's state for a model's parameters (in named_parameters order, as model.parameters() in PyTorch).
 struct TorchAdamW {

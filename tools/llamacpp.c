@@ -1,0 +1,152 @@
+// llama.cpp's own code on a GGUF file, through the prebuilt libllama that npm's node-llama-cpp ships: quantize a
+// file (llama_model_quantize, llama-quantize's code), or load one and generate greedily (token ids and text), with a
+// chosen CPU back-end. For cross-checks against qkv; not part of qkv. Build (tools/llamacpp.sh does it):
+//   cc -O2 -I SRC/include -I SRC/ggml/include tools/llamacpp.c -L BINS -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so
+//      -l:libggml-base.so -Wl,-rpath,BINS -o llamacpp
+// where SRC is llama.cpp's source at the same commit (node-llama-cpp/llama/gitRelease.bundle) and BINS the folder
+// @node-llama-cpp/linux-x64/bins/linux-x64.
+// Usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS]       TYPE: f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k …
+//        llamacpp [--cpu VARIANT] generate MODEL PROMPT N [THREADS]    prints "ids: …" and "text: …"
+// VARIANT is a libggml-cpu-VARIANT.so in BINS (haswell = AVX2, zen4 / icelake / sapphirerapids = AVX-512, …); without
+// it, ggml loads the one that scores best on this CPU. The back-end loaded is printed first.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+static int ftype_of(const char* name) {
+  static const struct { const char* name; int ftype; } table[] = {
+      {"f32", LLAMA_FTYPE_ALL_F32},        {"f16", LLAMA_FTYPE_MOSTLY_F16},       {"bf16", LLAMA_FTYPE_MOSTLY_BF16},
+      {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},   {"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0},     {"q4_1", LLAMA_FTYPE_MOSTLY_Q4_1},
+      {"q5_0", LLAMA_FTYPE_MOSTLY_Q5_0},   {"q5_1", LLAMA_FTYPE_MOSTLY_Q5_1},     {"q2_k", LLAMA_FTYPE_MOSTLY_Q2_K},
+      {"q3_k_m", LLAMA_FTYPE_MOSTLY_Q3_K_M}, {"q4_k_s", LLAMA_FTYPE_MOSTLY_Q4_K_S}, {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
+      {"q5_k_s", LLAMA_FTYPE_MOSTLY_Q5_K_S}, {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i)
+    if (strcmp(table[i].name, name) == 0) return table[i].ftype;
+  return -1;
+}
+
+// The folder holding libllama (the CPU back-ends sit beside it): from the path the dynamic loader resolved.
+static void load_backends(const char* variant) {
+  const char* bins = getenv("LLAMACPP_BINS");
+  if (variant) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/libggml-cpu-%s.so", bins ? bins : ".", variant);
+    if (!ggml_backend_load(path)) {
+      fprintf(stderr, "cannot load %s (set LLAMACPP_BINS to the folder of libllama)\n", path);
+      exit(1);
+    }
+  } else {
+    ggml_backend_load_all_from_path(bins);
+  }
+  for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+    ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+    printf("backend: %s\n", ggml_backend_reg_name(reg));
+  }
+  for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    printf("device: %s (%s)\n", ggml_backend_dev_name(dev), ggml_backend_dev_description(dev));
+  }
+  printf("system: %s\n", llama_print_system_info());
+}
+
+static int quantize(const char* in, const char* out, const char* type, int threads) {
+  const int ftype = ftype_of(type);
+  if (ftype < 0) {
+    fprintf(stderr, "unknown type %s\n", type);
+    return 1;
+  }
+  struct llama_model_quantize_params params = llama_model_quantize_default_params();
+  params.nthread = threads;
+  params.ftype = (enum llama_ftype)ftype;
+  const uint32_t status = llama_model_quantize(in, out, &params);
+  printf("quantize %s -> %s as %s: %s\n", in, out, type, status == 0 ? "ok" : "failed");
+  return status == 0 ? 0 : 1;
+}
+
+static int generate(const char* model_path, const char* prompt, int n, int threads) {
+  struct llama_model_params model_params = llama_model_default_params();
+  struct llama_model* model = llama_model_load_from_file(model_path, model_params);
+  if (!model) {
+    fprintf(stderr, "llama.cpp could not load %s\n", model_path);
+    return 1;
+  }
+  char desc[256];
+  llama_model_desc(model, desc, sizeof desc);
+  printf("model: %s\n", desc);
+  const struct llama_vocab* vocab = llama_model_get_vocab(model);
+  llama_token tokens[4096];
+  const int n_prompt = llama_tokenize(vocab, prompt, (int32_t)strlen(prompt), tokens, 4096 - n, true, true);
+  if (n_prompt < 0) {
+    fprintf(stderr, "prompt too long\n");
+    return 1;
+  }
+  struct llama_context_params ctx_params = llama_context_default_params();
+  ctx_params.n_ctx = (uint32_t)(n_prompt + n + 8);
+  ctx_params.n_batch = (uint32_t)(n_prompt + 8);
+  ctx_params.n_threads = threads;
+  ctx_params.n_threads_batch = threads;
+  struct llama_context* ctx = llama_init_from_model(model, ctx_params);
+  struct llama_sampler* sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
+  llama_sampler_chain_add(sampler, llama_sampler_init_greedy());
+  printf("prompt ids:");
+  for (int i = 0; i < n_prompt; ++i) printf(" %d", tokens[i]);
+  printf("\n");
+  struct llama_batch batch = llama_batch_get_one(tokens, n_prompt);
+  llama_token generated[4096];
+  int count = 0;
+  for (; count < n; ++count) {
+    if (llama_decode(ctx, batch) != 0) {
+      fprintf(stderr, "llama_decode failed\n");
+      return 1;
+    }
+    llama_token next = llama_sampler_sample(sampler, ctx, -1);
+    generated[count] = next;
+    if (llama_vocab_is_eog(vocab, next)) {
+      ++count;
+      break;
+    }
+    batch = llama_batch_get_one(&generated[count], 1);
+  }
+  printf("ids:");
+  for (int i = 0; i < count; ++i) printf(" %d", generated[i]);
+  printf("\ntext: ");
+  for (int i = 0; i < count; ++i) {
+    char piece[256];
+    const int len = llama_token_to_piece(vocab, generated[i], piece, sizeof piece, 0, true);
+    if (len > 0) fwrite(piece, 1, (size_t)len, stdout);
+  }
+  printf("\n");
+  llama_sampler_free(sampler);
+  llama_free(ctx);
+  llama_model_free(model);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const char* variant = NULL;
+  int a = 1;
+  if (a + 1 < argc && strcmp(argv[a], "--cpu") == 0) {
+    variant = argv[a + 1];
+    a += 2;
+  }
+  if (a >= argc) {
+    fprintf(stderr, "usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS]\n");
+    return 2;
+  }
+  load_backends(variant);  // before llama_backend_init, which would search only the program's folder and the cwd
+  llama_backend_init();
+  int status = 2;
+  if (strcmp(argv[a], "quantize") == 0 && argc - a >= 4) {
+    status = quantize(argv[a + 1], argv[a + 2], argv[a + 3], argc - a > 4 ? atoi(argv[a + 4]) : 1);
+  } else if (strcmp(argv[a], "generate") == 0 && argc - a >= 4) {
+    status = generate(argv[a + 1], argv[a + 2], atoi(argv[a + 3]), argc - a > 4 ? atoi(argv[a + 4]) : 1);
+  } else {
+    fprintf(stderr, "unknown command or missing arguments\n");
+  }
+  llama_backend_free();
+  return status;
+}
