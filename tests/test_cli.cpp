@@ -101,11 +101,9 @@ TEST(Cli, AFileThatIsNotAModelIsNamedForWhatItIs) {
   std::ofstream(dir / "model.gguf") << std::string("GGUF\x03\0\0\0", 8) << std::string(64, '\0');
   std::ofstream(dir / "folder" / "model.safetensors") << "";
   for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
-           {(dir / "story.txt").string(), "story.txt: is UTF-8 text (\"In the beginning God created the heaven ...\"), "
-                                          "not a model"},
-           {(dir / "model.gguf").string(), "model.gguf: is a GGUF file (version 3, llama.cpp's format), which qkv does "
-                                           "not read yet"},
-           {(dir / "folder").string() + "/", "folder: is a folder holding model.safetensors, but no config.json"}}) {
+           {(dir / "story.txt").string(), "story.txt: a text file, not a model"},
+           {(dir / "model.gguf").string(), "model.gguf: a GGUF file (llama.cpp's format)"},
+           {(dir / "folder").string() + "/", "folder: a folder without config.json"}}) {
     const std::vector<std::string> commands = {"generate --prompt hi --checkpoint ", "train --steps 1 --out " +
                                                                        (dir / "out").string() + " --resume "};
     for (const std::string& command : commands) {
@@ -181,6 +179,51 @@ TEST(Readme, ShowsTheCompiledExampleVerbatimAndTheTwoCommands) {
   EXPECT_NE(read_text(root + "/.ci/run").find("scripts/run test"), std::string::npos);
   const auto lines = std::count(readme.begin(), readme.end(), '\n');
   EXPECT_LE(lines, 300) << "the README is for a newcomer's five minutes: details belong in docs/";
+}
+
+// The README's first command leaves what its tour needs: fonts for CJK and emoji (Debian's packages, installed before
+// any job) and the GPT-2 vocabulary `qkv train` reads, fetched by the demo job itself into data/gpt2 (where qkv looks
+// from the checkout).
+TEST(Readme, ScriptsRunDemoInstallsWhatTheTourNeeds) {
+  const std::string root = std::string(QKV_FIXTURES) + "/../..";
+  const std::string run = read_text(root + "/scripts/run");
+  const size_t packages = run.find("packages=("), demo = run.find("\n  demo)");
+  ASSERT_NE(packages, std::string::npos);
+  ASSERT_NE(demo, std::string::npos);
+  const std::string list = run.substr(packages, run.find(')', packages) - packages);
+  for (const char* p : {"fonts-noto-cjk", "fonts-noto-color-emoji", "bible-kjv"})
+    EXPECT_NE(list.find(p), std::string::npos) << "scripts/run installs no " << p;
+  const std::string job = run.substr(demo, run.find(";;", demo) - demo);
+  EXPECT_NE(job.find("scripts/fetch-gpt2-vocab data/gpt2"), std::string::npos) << job;
+  EXPECT_LT(job.find("fetch-gpt2-vocab"), job.find("./build/qkv demo")) << job;
+}
+
+// The README's excerpt of `qkv demo --section v1` is the real output: each run of lines between its "…" appears, line
+// for line, in what the command prints (it once showed Wq beside A; the output stacks them).
+TEST(Readme, TheDemoExcerptIsRealOutput) {
+  const std::string root = std::string(QKV_FIXTURES) + "/../..";
+  const std::string readme = read_text(root + "/README.md");
+  const std::string command = "$ build/qkv demo --section v1\n";
+  const size_t begin = readme.find(command);
+  ASSERT_NE(begin, std::string::npos);
+  const std::string excerpt = readme.substr(begin + command.size(), readme.find("```", begin) - begin - command.size());
+  const CliResult r = run_cli("demo --section v1 --no-color");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(excerpt);
+  std::string line, run;
+  int runs = 0;
+  auto check = [&] {
+    if (run.empty()) return;
+    ++runs;
+    EXPECT_NE(r.out.find(run), std::string::npos) << "README.md shows lines qkv demo does not print:\n" << run;
+    run.clear();
+  };
+  while (std::getline(lines, line)) {
+    if (line == "\u2026") check();
+    else run += line + "\n";
+  }
+  check();
+  EXPECT_GE(runs, 2);
 }
 
 // GitHub's anchor for a heading: lower case, spaces to '-', ASCII punctuation dropped (letters of other scripts kept).

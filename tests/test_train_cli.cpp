@@ -63,6 +63,11 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "untrained validation loss"));
   EXPECT_FALSE(contains(r.out, "note: --warmup")) << "a warmup of 5 in 60 steps reaches the peak";
+  // The time the run takes is on the progress line from the start (estimated before the first step), then measured.
+  const size_t estimate = r.out.find("step 0/60  ETA ~"), first = r.out.find("step 1/60  loss");
+  EXPECT_NE(estimate, std::string::npos) << r.out;
+  EXPECT_LT(estimate, first) << r.out;
+  EXPECT_TRUE(contains(r.out.substr(first, 120), "ETA ")) << r.out;
   // Attention snapshots of the probe: steps 0, 20, 40, 60 and an animation over them.
   for (const char* f : {"step-000000.png", "step-000020.png", "step-000060.png", "attention.gif"})
     EXPECT_TRUE(fs::exists(dir_ / "run" / "attention" / f)) << f;

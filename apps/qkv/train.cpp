@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <cmath>
 #include <csignal>
@@ -356,12 +357,24 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                  static_cast<long long>(settings.max_steps), static_cast<long long>(trainer.step() + 100));
   }
   std::vector<CsvRow> rows = !qkv_checkpoint ? std::vector<CsvRow>{} : read_csv(options.out_dir + "/losses.csv", trainer.step());
+  // A step's seconds, estimated before the first from the untrained evaluation's forward passes (a step is about three:
+  // forward, backward twice its cost; plus its share of the evaluations every --eval-every steps), so the bar shows
+  // the time the run will take from the start.
+  double seconds_per_step = 0;
   if (trainer.step() == 0) {
+    const auto began = std::chrono::steady_clock::now();
     const double untrained = trainer.evaluate(true, settings.eval_batches);
+    const double forwards = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     if (lead)
       std::fprintf(stderr, "untrained validation loss %.4f (ln vocab = %.4f)\n", untrained,
                    std::log(static_cast<double>(settings.model.vocab_size)));
     rows.push_back({0, NAN, NAN, NAN, NAN, trainer.evaluate(false, settings.eval_batches), untrained});
+    const double forward = forwards / static_cast<double>(std::max<int64_t>(settings.eval_batches, 1)) *
+                           static_cast<double>(trainer.global_batch()) / static_cast<double>(std::max<int64_t>(settings.batch_size, 1)) /
+                           static_cast<double>(std::max(comm.size(), 1));
+    seconds_per_step = 3.0 * forward;
+    if (settings.eval_every > 0)
+      seconds_per_step += 2.0 * forwards / static_cast<double>(settings.eval_every);
   }
   // Attention snapshots of a fixed probe while training: watch the heads form.
   std::vector<int64_t> probe;
@@ -409,6 +422,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   if (options.attention_every > 0 && trainer.step() == 0 && lead) snapshot(0);
 
   Progress progress(settings.max_steps, trainer.step(), lead);
+  progress.begin(seconds_per_step);
   g_interrupted.store(false);
   g_signal.store(0);
   struct sigaction action {}, previous[3];

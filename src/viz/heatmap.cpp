@@ -72,6 +72,9 @@ std::string number(double v, int decimals) {
 
 constexpr Rgb kMasked{228, 228, 228}, kHatch{200, 200, 200};
 
+// What the note under a colour bar says of its scale.
+const char* scale_note(bool fixed) { return fixed ? "fixed scale" : "scaled to its largest"; }
+
 // A vertical colour bar at (x, y) of height h, with ticks 0, vmax/2, vmax, and under it what the scale is (fixed,
 // or stretched to the largest value) and, when cells are masked, their swatch.
 void colour_bar(Canvas& c, double x, double y, double h, double vmax, bool whole, bool fixed, bool any_masked) {
@@ -92,7 +95,7 @@ void colour_bar(Canvas& c, double x, double y, double h, double vmax, bool whole
   }
   const double small_h = measure_text("Ag", kSmallPx).height;
   double note_y = y + h + 10;
-  c.text(x, note_y, fixed ? "fixed scale" : "scaled to its largest", kSmallPx, kMuted);
+  c.text(x, note_y, scale_note(fixed), kSmallPx, kMuted);
   if (any_masked) {
     note_y += small_h + 6;
     c.rect(x, note_y, 10, 10, kMasked);
@@ -176,7 +179,8 @@ Canvas draw_heatmap(const Tensor& input, const HeatmapStyle& style, HeatmapGeome
   const int grid_w = static_cast<int>(cols) * cell, grid_h = static_cast<int>(rows) * cell;
   const int bottom_labels = (label_text ? static_cast<int>(std::ceil(widest(cl, label_px))) + 10 : 0) + 40;
   const std::string title = style.title + "  (" + std::to_string(rows) + "\u00d7" + std::to_string(cols) + ")";
-  const double width = std::max<double>(left + grid_w + 110, measure_text(title, kTitlePx, true).width + 40);
+  const double width = std::max({left + grid_w + 110.0, measure_text(title, kTitlePx, true).width + 40,
+                                  left + grid_w + 20.0 + measure_text(scale_note(style.vmax > 0), kSmallPx).width + 12});
   const bool masked_cells = any_masked(style.masked, rows, cols);
   Canvas c(width, std::max<double>(top + grid_h + bottom_labels,
                                    top + std::max(grid_h, 60) + colour_bar_notes(masked_cells) + 8));
@@ -244,7 +248,8 @@ Canvas draw_grid(const std::string& title, const std::string& caption, const std
   const int axis = token_text ? static_cast<int>(std::ceil(widest(fitted, token_px))) + 8 : 0;
   const double caption_h = caption.empty() ? 0 : line_h + 6;
   const int left = 20 + axis, top = static_cast<int>(std::ceil(16 + title_h + 14 + caption_h));
-  const int width = left + columns * (panel + gap) + 100;
+  const int width = left + columns * (panel + gap) +
+                    std::max(100, static_cast<int>(std::ceil(measure_text(scale_note(fixed), kSmallPx).width)) + 12);
   const int bar_h = std::max(panel, 60);
   const int keys_h = axis;  // the key labels under the last row, rotated: as tall as the widest token
   const double height = std::max<double>(top + rows * (panel + label_h + gap) + keys_h + 10,

@@ -91,11 +91,13 @@ PlotGeometry save_plot(const std::string& path, const std::vector<Series>& serie
   const std::vector<double> y_ticks = style.log_y ? log_ticks(ys) : linear_ticks(ys, 6);
   const bool second = !y2s.empty();
   const std::vector<double> y2_ticks = second ? linear_ticks(y2s, 6) : std::vector<double>{};
-  const double x_step = style.whole_x ? std::max(1.0, nice_step(xs.hi - xs.lo, 8)) : nice_step(xs.hi - xs.lo, 8);
+  // Whole-number axes (epochs) never get a tick between two whole numbers, nor at 2.5, 7.5 (a step of 2.5 becomes 3).
+  const double x_step = style.whole_x ? std::max(1.0, std::ceil(nice_step(xs.hi - xs.lo, 8) - 1e-9))
+                                      : nice_step(xs.hi - xs.lo, 8);
 
   PlotGeometry g;
   g.width = style.width, g.height = style.height, g.log_y = style.log_y;
-  g.x_min = xs.lo, g.x_max = xs.hi, g.y_min = ys.lo, g.y_max = ys.hi;
+  g.x_min = xs.lo, g.x_max = xs.hi, g.y_min = ys.lo, g.y_max = ys.hi, g.x_step = x_step;
   if (second) g.y2_min = y2s.lo, g.y2_max = y2s.hi;
   double y_label_w = 0, y2_label_w = 0;
   for (double v : y_ticks) y_label_w = std::max(y_label_w, measure_text(tick_label(v, step_of(y_ticks)), kLabelPx).width);

@@ -104,8 +104,9 @@ enum class FileKind {
   Empty, Text, Json,            // no bytes; UTF-8 text; text that opens with { or [
   Safetensors, Gguf, Zip, Pickle, Npy, Gzip, Binary,
 };
+// A file's kind and a phrase that names it.
 struct FileFormat {
-  FileKind kind = FileKind::Binary;
+  FileKind kind = FileKind::Binary;  // what the first bytes say it is
   // "UTF-8 text (\"In the beginning God…\")", "a GGUF file (version 3, llama.cpp's format)", "a folder holding
   // model.safetensors and tokenizer.json": a phrase to follow "is".
   std::string description;

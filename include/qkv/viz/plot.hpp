@@ -1,6 +1,7 @@
 // Line charts for loss, accuracy and learning-rate curves: numbered ticks on both axes, one coloured line per
 // series (solid or dashed, with dots on its points if asked), an optional second axis on the right (the learning
-// rate beside the loss), a linear or logarithmic y axis, and a legend in the corner the curves leave freest. Written as PNG, SVG or PDF, the format the file name ends in.
+// rate beside the loss), a linear or logarithmic y axis, and a legend in the corner the curves leave freest.
+// Written as PNG, SVG or PDF, the format the file name ends in.
 #pragma once
 
 #include <array>
@@ -38,6 +39,7 @@ struct PlotGeometry {
   // the axes' ranges (whole ticks), left and right
   double x_min = 0, x_max = 1, y_min = 0, y_max = 1, y2_min = 0, y2_max = 1;
   bool log_y = false;  // whether the left axis is logarithmic
+  double x_step = 1;   // the distance between two ticks of the x axis
   double legend_x = 0, legend_y = 0, legend_w = 0, legend_h = 0;  // the legend's box, in logical pixels
   double x_pixel(double x) const;  // The x of a data point, in logical pixels
   double y_pixel(double y) const;   // on the left axis
