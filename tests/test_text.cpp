@@ -56,6 +56,16 @@ TEST(Utf8, ValidationAndReplacement) {
   EXPECT_EQ(text::first_invalid_utf8("x\xF4\x90\x80\x80"), std::optional<size_t>(1)); // above U+10FFFF
   EXPECT_EQ(text::first_invalid_utf8("\xE4\xB8"), std::optional<size_t>(0));          // truncated
   EXPECT_EQ(text::replace_invalid_utf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+  // One U+FFFD per maximal subpart, as Python's errors="replace" (these are its outputs), Rust's from_utf8_lossy and
+  // TextDecoder give: a character cut short is one replacement, a byte that cannot continue it starts afresh.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(text::replace_invalid_utf8("\xE4\xB8"), r);
+  EXPECT_EQ(text::replace_invalid_utf8("\xE4\xB8" "a"), r + "a");
+  EXPECT_EQ(text::replace_invalid_utf8("\xF0\x9F\x98" "\xE4\xB8\xAD"), r + "\xE4\xB8\xAD");
+  EXPECT_EQ(text::replace_invalid_utf8("\xC0\xAF"), r + r);
+  EXPECT_EQ(text::replace_invalid_utf8("\xED\xA0\x80"), r + r + r);
+  EXPECT_EQ(text::replace_invalid_utf8("\xE0\x80\xAF"), r + r + r);
+  EXPECT_EQ(text::replace_invalid_utf8("\xF4\x90\x80\x80"), r + r + r + r);
 }
 
 TEST(ByteTokenizer, RoundTripsEveryByte) {

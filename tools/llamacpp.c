@@ -7,6 +7,7 @@
 // @node-llama-cpp/linux-x64/bins/linux-x64.
 // Usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS]       TYPE: f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k …
 //        llamacpp [--cpu VARIANT] generate MODEL PROMPT N [THREADS]    prints "ids: …" and "text: …"
+//        llamacpp tokenize MODEL [--no-special] FILE…                 prints "ids: [a, b, …]" per file (vocab only)
 // VARIANT is a libggml-cpu-VARIANT.so in BINS (haswell = AVX2, zen4 / icelake / sapphirerapids = AVX-512, …); without
 // it, ggml loads the one that scores best on this CPU. The back-end loaded is printed first.
 #include <stdio.h>
@@ -126,6 +127,46 @@ static int generate(const char* model_path, const char* prompt, int n, int threa
   return 0;
 }
 
+// Each FILE's bytes through llama_tokenize (add_special and parse_special both true, or both false with
+// --no-special), the model loaded vocab-only: one "ids: [a, b, …]" line per file, in order.
+static int tokenize(const char* model_path, int special, char** files, int n_files) {
+  struct llama_model_params model_params = llama_model_default_params();
+  model_params.vocab_only = true;
+  struct llama_model* model = llama_model_load_from_file(model_path, model_params);
+  if (!model) {
+    fprintf(stderr, "llama.cpp could not load %s\n", model_path);
+    return 1;
+  }
+  const struct llama_vocab* vocab = llama_model_get_vocab(model);
+  for (int f = 0; f < n_files; ++f) {
+    FILE* in = fopen(files[f], "rb");
+    if (!in) {
+      fprintf(stderr, "cannot read %s\n", files[f]);
+      return 1;
+    }
+    fseek(in, 0, SEEK_END);
+    const long size = ftell(in);
+    fseek(in, 0, SEEK_SET);
+    char* text = malloc((size_t)size + 1);
+    const size_t got = fread(text, 1, (size_t)size, in);
+    fclose(in);
+    const int capacity = (int)got + 16;
+    llama_token* tokens = malloc(sizeof(llama_token) * (size_t)capacity);
+    const int n = llama_tokenize(vocab, text, (int32_t)got, tokens, capacity, special, special);
+    if (n < 0) {
+      fprintf(stderr, "llama_tokenize failed on %s\n", files[f]);
+      return 1;
+    }
+    printf("ids: [");
+    for (int i = 0; i < n; ++i) printf(i ? ", %d" : "%d", tokens[i]);
+    printf("]\n");
+    free(tokens);
+    free(text);
+  }
+  llama_model_free(model);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* variant = NULL;
   int a = 1;
@@ -134,7 +175,8 @@ int main(int argc, char** argv) {
     a += 2;
   }
   if (a >= argc) {
-    fprintf(stderr, "usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS]\n");
+    fprintf(stderr, "usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS] | "
+                    "tokenize MODEL [--no-special] FILE...\n");
     return 2;
   }
   load_backends(variant);  // before llama_backend_init, which would search only the program's folder and the cwd
@@ -142,6 +184,10 @@ int main(int argc, char** argv) {
   int status = 2;
   if (strcmp(argv[a], "quantize") == 0 && argc - a >= 4) {
     status = quantize(argv[a + 1], argv[a + 2], argv[a + 3], argc - a > 4 ? atoi(argv[a + 4]) : 1);
+  } else if (strcmp(argv[a], "tokenize") == 0 && argc - a >= 3) {
+    const int special = strcmp(argv[a + 2], "--no-special") != 0;
+    const int first = a + (special ? 2 : 3);
+    status = tokenize(argv[a + 1], special, argv + first, argc - first);
   } else if (strcmp(argv[a], "generate") == 0 && argc - a >= 4) {
     status = generate(argv[a + 1], argv[a + 2], atoi(argv[a + 3]), argc - a > 4 ? atoi(argv[a + 4]) : 1);
   } else {

@@ -3,7 +3,9 @@
 //
 // Layers, each calling only those to its left:
 //   kernels (raw float loops) ← core (Tensor, tape, ops, random, io) ← nn (modules) ← train (optimisers, loop)
-//   text (tokenizers, datasets) and viz (pictures) sit beside, on core.
+//   text (tokenizers, chat templates, datasets) sits on core, below nn; viz (pictures) sits beside, on core.
+// The umbrella covers the book's classes and today's decoders (load_pretrained, generate); the rest (training loops,
+// fine-tuning, file formats) is one include away: qkv/train/*.hpp, qkv/io/*.hpp.
 //
 // Concurrency contract:
 // - Calls on different objects may run concurrently: two threads may each build, train or run their own modules
@@ -29,3 +31,11 @@
 #include "qkv/nn/module.hpp"
 #include "qkv/train/optim.hpp"
 #include "qkv/version.hpp"
+
+// Today's decoders: load a checkpoint with its tokenizer and chat template (nn::load_pretrained), generate from it.
+#include "qkv/nn/decoder.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/lora.hpp"
+#include "qkv/nn/pretrained.hpp"
+#include "qkv/text/chat_template.hpp"
+#include "qkv/text/tokenizer.hpp"

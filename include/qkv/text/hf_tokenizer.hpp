@@ -1,8 +1,10 @@
 // Hugging Face's tokenizer.json: the BPE model with its normalizer, pre-tokenizer (the file's own Split regex through
 // PCRE2, ByteLevel, Metaspace), added and special tokens matched before BPE, the post_processor (TemplateProcessing's
 // BOS/EOS where the file has one) and the decoder (ByteLevel, or SentencePiece-style Replace/ByteFallback/Fuse) — so
-// Llama 3's, Qwen's and Gemma 3's files give the ids Hugging Face's tokenizers give. tokenizer_config.json, when
-// given, names the EOS token and holds the chat template.
+// Llama 3's, Qwen's, Gemma's, Mistral's, DeepSeek-V3's and gpt-oss's files give the ids Hugging Face's tokenizers give.
+// tokenizer_config.json, when given, names the BOS and EOS tokens, holds the chat template, and for the classes whose
+// transformers tokenizer rebuilds the post-processor (LlamaTokenizerFast, Gemma's, CodeLlama's, Cohere's) its
+// add_bos_token / add_eos_token decide what encode adds, as in transformers.
 // Not here: GPT-2's own files (tokenizer.hpp), chat templates (chat_template.hpp).
 #pragma once
 
@@ -12,6 +14,10 @@
 #include <vector>
 
 #include "qkv/text/tokenizer.hpp"
+
+namespace qkv::io {
+class GgufFile;
+}
 
 namespace qkv::text {
 
@@ -27,6 +33,13 @@ class HfTokenizer : public Tokenizer {
                                             const std::string& label = "tokenizer.json");
   // Both files of a Hugging Face model folder; nullptr when it has no tokenizer.json.
   static std::unique_ptr<HfTokenizer> from_folder(const std::string& dir);
+  // The tokenizer of a GGUF file's tokenizer.ggml.* metadata (llama.cpp's vocabulary), run as the tokenizer.json it
+  // was converted from: model "gpt2" (byte-level BPE: tokens, merges, the pre-tokenizer regexes named by
+  // tokenizer.ggml.pre — llama-bpe, qwen2, deepseek-v3, gpt-4o …) or "llama" (SentencePiece: tokens, scores, <0xNN>
+  // byte tokens); token types (control and user-defined tokens are matched in text, control ones as special);
+  // bos/eos/unk/padding ids, add_bos_token/add_eos_token, add_space_prefix and tokenizer.chat_template, with llama.cpp's
+  // defaults where a key is absent. IoError naming the file and the key for anything missing, malformed or unknown.
+  static std::unique_ptr<HfTokenizer> from_gguf(const io::GgufFile& file);
   ~HfTokenizer() override;
 
   // tokenizer(text): added tokens matched first (special ones only with allow_special), the rest normalised,
@@ -40,11 +53,12 @@ class HfTokenizer : public Tokenizer {
   // Like decode, without the special tokens (what a person reads of a generation).
   std::string decode_text(std::span<const int64_t> ids) const;
   int64_t vocab_size() const override;
-  int64_t end_of_text() const override;  // tokenizer_config.json's eos_token, else −1
-  std::string name() const override { return "tokenizer.json"; }
+  int64_t end_of_text() const override;  // tokenizer_config.json's eos_token (or its class's default), else −1
+  std::string name() const override;  // "tokenizer.json" or "gguf"
 
   int64_t token_id(std::string_view token) const;  // −1 when the vocabulary has no such token
-  int64_t bos_id() const;                          // tokenizer_config.json's bos_token, else −1
+  int64_t bos_id() const;                          // tokenizer_config.json's bos_token (or its class's), else −1
+  int64_t pad_id() const;  // tokenizer_config.json's pad_token (a GGUF's padding_token_id), else −1
   bool is_special(int64_t id) const;  // Whether `id` is a special (added, special) token
   const std::string& chat_template() const;        // tokenizer_config.json's (empty when none)
   std::string token_content(int64_t id) const;     // the token's text as the vocabulary spells it

@@ -73,7 +73,7 @@ std::vector<std::string> gpt2_vocabulary_search_path();
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& directory = "");
 
 // UTF-8 checks: the byte offset of the first invalid sequence, or nullopt; and a copy with each invalid
-// sequence replaced by U+FFFD (as Python's errors="replace").
+// sequence replaced by U+FFFD (one per maximal subpart, as Python's errors="replace").
 std::optional<size_t> first_invalid_utf8(std::string_view text);
 std::string replace_invalid_utf8(std::string_view text);
 

@@ -1,0 +1,183 @@
+// Generation on 1 and 2 threads, on a quiet machine and with another program spinning on a core, under each way
+// OpenMP's idle threads can wait: libgomp's default (300,000 pauses of spinning), bounded spins (GOMP_SPINCOUNT) —
+// what the qkv program sets, see apps/qkv/thread_waits.cpp — and OMP_WAIT_POLICY=PASSIVE (sleep at once).
+// Each run is a child process (libgomp reads its environment once, at start); runs alternate, medians are printed,
+// with the ratios the inference issue sets: 2 threads ≥ 1 thread when busy, and quiet speed within 5% of the default.
+//   qkv_contention_bench [--shape small|qwen3-0.6b] [--tokens N] [--repeats R] [--smoke]
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "qkv/kernels/threads.hpp"
+#include "qkv/nn/generate.hpp"
+#include "qkv/nn/hf.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string config_json(const std::string& shape) {
+  if (shape == "smoke")
+    return R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+      "rms_norm_eps": 1e-5, "tie_word_embeddings": true})";
+  if (shape == "small")  // 42 M parameters: a learner's model, where a token is a few milliseconds
+    return R"({"model_type": "llama", "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1536,
+      "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+      "rms_norm_eps": 1e-5, "tie_word_embeddings": true})";
+  if (shape == "qwen3-0.6b")
+    return R"({"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+      "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+      "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": true})";
+  std::fprintf(stderr, "unknown --shape %s: small, qwen3-0.6b (or smoke)\n", shape.c_str());
+  std::exit(2);
+}
+
+// The child: loads the folder, generates greedily, prints its decoding rate (tokens/s after the first token).
+int run(const fs::path& dir, int threads, int64_t tokens) {
+  qkv::set_num_threads(threads);
+  auto model = qkv::nn::load_hf_decoder(dir.string());
+  model->eval();
+  std::vector<int64_t> prompt(16);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((i * 7919 + 11) % model->config.vocab_size);
+  qkv::nn::SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = tokens;
+  std::vector<Clock::time_point> stamps;
+  qkv::nn::generate(*model, prompt, options, [&](int64_t) { stamps.push_back(Clock::now()); });
+  const double seconds = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
+  std::printf("%.6f\n", static_cast<double>(stamps.size() - 1) / seconds);
+  return 0;
+}
+
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env, int out_fd) {
+  std::vector<char*> argv, envp;
+  std::vector<std::string> args_copy = args, env_copy;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("OMP_WAIT_POLICY=", 0) == 0 || entry.rfind("GOMP_SPINCOUNT=", 0) == 0) continue;
+    env_copy.push_back(entry);
+  }
+  for (const auto& e : env) env_copy.push_back(e);
+  for (auto& a : args_copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env_copy) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (out_fd >= 0) posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, args_copy[0].c_str(), &actions, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+// One child run: its tokens/s, or 0 when it failed.
+double measure(const char* self, const fs::path& dir, int threads, int64_t tokens, const std::vector<std::string>& env) {
+  int fds[2];
+  if (pipe(fds) != 0) return 0;
+  const pid_t pid = spawn({self, "--run", dir.string(), std::to_string(threads), std::to_string(tokens)}, env, fds[1]);
+  close(fds[1]);
+  std::string out;
+  char buffer[256];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof buffer)) > 0;) out.append(buffer, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  if (pid > 0) waitpid(pid, &status, 0);
+  if (pid <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 0;
+  return std::atof(out.c_str());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--run") return run(argv[2], std::atoi(argv[3]), std::atoll(argv[4]));
+  std::string shape = "small";
+  int64_t tokens = 64;
+  int repeats = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--shape") shape = next();
+    else if (a == "--tokens") tokens = std::stoll(next());
+    else if (a == "--repeats") repeats = std::stoi(next());
+    else if (a == "--smoke") shape = "smoke", tokens = 4, repeats = 1;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const fs::path dir = fs::temp_directory_path() / ("qkv_contention_" + shape);
+  if (!fs::exists(dir / "config.json")) {
+    qkv::Generator gen(7);
+    qkv::nn::Decoder model(qkv::nn::decoder_config_from_hf(config_json(shape), shape), gen);
+    qkv::nn::save_hf_folder(dir.string(), model);
+    std::printf("made %s: %lld parameters, random weights\n", dir.c_str(), static_cast<long long>(model.parameter_count()));
+  }
+  const char* self = "/proc/self/exe";
+  char path[4096];
+  const ssize_t n = readlink(self, path, sizeof path - 1);
+  if (n <= 0) return 1;
+  path[n] = 0;
+
+  struct Policy {
+    const char* name;
+    std::vector<std::string> env;
+  };
+  const std::vector<Policy> policies = {{"libgomp default (300000 spins)", {}},
+                                        {"GOMP_SPINCOUNT=100000", {"GOMP_SPINCOUNT=100000"}},
+                                        {"GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT=10000"}},
+                                        {"GOMP_SPINCOUNT=1000 (qkv)", {"GOMP_SPINCOUNT=1000"}},
+                                        {"OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY=PASSIVE"}}};
+  // rates[busy][policy][threads - 1]
+  std::map<int, std::map<int, std::map<int, std::vector<double>>>> rates;
+  for (int busy = 0; busy < 2; ++busy) {
+    pid_t spinner = -1;
+    if (busy) {
+      spinner = fork();
+      if (spinner == 0) {
+        for (volatile uint64_t i = 0;; i = i + 1) {
+        }
+      }
+    }
+    for (int r = 0; r < repeats; ++r)
+      for (size_t p = 0; p < policies.size(); ++p)
+        for (int threads = 1; threads <= 2; ++threads)
+          rates[busy][static_cast<int>(p)][threads].push_back(measure(path, dir, threads, tokens, policies[p].env));
+    if (spinner > 0) {
+      kill(spinner, SIGKILL);
+      waitpid(spinner, nullptr, 0);
+    }
+  }
+  std::printf("\n%s, greedy, %lld new tokens, tokens/s (median of %d alternating runs)\n", shape.c_str(),
+              static_cast<long long>(tokens), repeats);
+  std::printf("%-32s %9s %9s %9s | %9s %9s %9s | %s\n", "idle threads wait by", "quiet 1t", "quiet 2t", "2t/1t",
+              "busy 1t", "busy 2t", "2t/1t", "quiet 2t vs default");
+  const double reference = median(rates[0][0][2]);
+  for (size_t p = 0; p < policies.size(); ++p) {
+    const double q1 = median(rates[0][p][1]), q2 = median(rates[0][p][2]);
+    const double b1 = median(rates[1][p][1]), b2 = median(rates[1][p][2]);
+    std::printf("%-32s %9.1f %9.1f %8.2fx | %9.1f %9.1f %8.2fx | %.2fx\n", policies[p].name, q1, q2, q2 / q1, b1, b2,
+                b2 / b1, q2 / reference);
+  }
+  std::printf("targets: busy 2t/1t >= 1.0; quiet 2t within 5%% of the default\n");
+  return 0;
+}
