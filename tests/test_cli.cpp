@@ -67,6 +67,60 @@ TEST(Cli, HelpVersionAndUsageErrors) {
   EXPECT_EQ(run_cli("demo --section nope").code, 2);
 }
 
+// The option parser's internals never show: help names value types (INT, NUMBER, FORMAT) and bad values are refused
+// in qkv's words, under the option's own name.
+TEST(Cli, OptionHelpAndErrorsShowNoParserInternals) {
+  const CliResult help = run_cli("--help-all");
+  ASSERT_EQ(help.code, 0);
+  for (const char* internal : {"TEXT:VALUE", "{false}", "->", "ENUM", "OR {", ":COUNT", ":NUMBER"})
+    EXPECT_FALSE(contains(help.out, internal)) << internal;
+  for (const char* shown : {"--steps INT=500", "--lr NUMBER=0.001", "--format,--picture-format FORMAT=png",
+                            "--context INT               Window length (default: the model's context_length; for a "
+                            "Hugging Face folder at most 2048)", "--overwrite                 Replace the output if it exists",
+                            "--no-head-pictures Excludes"})
+    EXPECT_TRUE(contains(help.out, shown)) << shown;
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"demo --format jpg", "--format: must be png, svg or pdf, not \"jpg\""},
+           {"train --steps abc", "--steps: \"abc\" is not an integer"},
+           {"train --lr 1e-3x", "--lr: \"1e-3x\" is not a number"},
+           {"generate --top-p 2", "--top-p: must lie in (0, 1], not 2"},
+           {"tokenize --vocab", "--vocab"}}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_TRUE(contains(r.out, message)) << args << "\n" << r.out;
+    EXPECT_FALSE(contains(r.out, "max_steps")) << r.out;
+  }
+}
+
+// A file that is not a model is named for what it is: text, GGUF, a folder without config.json (named as missing).
+TEST(Cli, AFileThatIsNotAModelIsNamedForWhatItIs) {
+  const auto dir = std::filesystem::temp_directory_path() / "qkv_cli_not_a_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "folder");
+  std::ofstream(dir / "story.txt") << "In the beginning God created the heaven and the earth.\n";
+  std::ofstream(dir / "model.gguf") << std::string("GGUF\x03\0\0\0", 8) << std::string(64, '\0');
+  std::ofstream(dir / "folder" / "model.safetensors") << "";
+  for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
+           {(dir / "story.txt").string(), "story.txt: a text file, not a model"},
+           {(dir / "model.gguf").string(), "model.gguf: a GGUF file (llama.cpp's format)"},
+           {(dir / "folder").string() + "/", "folder: a folder without config.json"}}) {
+    const std::vector<std::string> commands = {"generate --prompt hi --checkpoint ", "train --steps 1 --out " +
+                                                                       (dir / "out").string() + " --resume "};
+    for (const std::string& command : commands) {
+      const CliResult r = run_cli(command + path);
+      EXPECT_EQ(r.code, 1) << command << path << "\n" << r.out;
+      EXPECT_TRUE(contains(r.out, message)) << r.out;
+      EXPECT_FALSE(contains(r.out, "header length")) << r.out;
+      EXPECT_FALSE(contains(r.out, "not a regular file")) << r.out;
+    }
+  }
+  const CliResult apply = run_cli("apply --module " + (dir / "story.txt").string() + " --input x.npy --output " +
+                                  (dir / "o.safetensors").string());
+  EXPECT_EQ(apply.code, 1);
+  EXPECT_TRUE(contains(apply.out, "the file is UTF-8 text (\"In the beginning")) << apply.out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, ApplyReproducesPyTorchOutputAndGradients) {
   const std::string base = fixture("modules/mha_dropout");
   const auto out_path = std::filesystem::temp_directory_path() / "qkv_cli_apply.safetensors";
@@ -125,6 +179,51 @@ TEST(Readme, ShowsTheCompiledExampleVerbatimAndTheTwoCommands) {
   EXPECT_NE(read_text(root + "/.ci/run").find("scripts/run test"), std::string::npos);
   const auto lines = std::count(readme.begin(), readme.end(), '\n');
   EXPECT_LE(lines, 300) << "the README is for a newcomer's five minutes: details belong in docs/";
+}
+
+// The README's first command leaves what its tour needs: fonts for CJK and emoji (Debian's packages, installed before
+// any job) and the GPT-2 vocabulary `qkv train` reads, fetched by the demo job itself into data/gpt2 (where qkv looks
+// from the checkout).
+TEST(Readme, ScriptsRunDemoInstallsWhatTheTourNeeds) {
+  const std::string root = std::string(QKV_FIXTURES) + "/../..";
+  const std::string run = read_text(root + "/scripts/run");
+  const size_t packages = run.find("packages=("), demo = run.find("\n  demo)");
+  ASSERT_NE(packages, std::string::npos);
+  ASSERT_NE(demo, std::string::npos);
+  const std::string list = run.substr(packages, run.find(')', packages) - packages);
+  for (const char* p : {"fonts-noto-cjk", "fonts-noto-color-emoji", "bible-kjv"})
+    EXPECT_NE(list.find(p), std::string::npos) << "scripts/run installs no " << p;
+  const std::string job = run.substr(demo, run.find(";;", demo) - demo);
+  EXPECT_NE(job.find("scripts/fetch-gpt2-vocab data/gpt2"), std::string::npos) << job;
+  EXPECT_LT(job.find("fetch-gpt2-vocab"), job.find("./build/qkv demo")) << job;
+}
+
+// The README's excerpt of `qkv demo --section v1` is the real output: each run of lines between its "…" appears, line
+// for line, in what the command prints (it once showed Wq beside A; the output stacks them).
+TEST(Readme, TheDemoExcerptIsRealOutput) {
+  const std::string root = std::string(QKV_FIXTURES) + "/../..";
+  const std::string readme = read_text(root + "/README.md");
+  const std::string command = "$ build/qkv demo --section v1\n";
+  const size_t begin = readme.find(command);
+  ASSERT_NE(begin, std::string::npos);
+  const std::string excerpt = readme.substr(begin + command.size(), readme.find("```", begin) - begin - command.size());
+  const CliResult r = run_cli("demo --section v1 --no-color");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(excerpt);
+  std::string line, run;
+  int runs = 0;
+  auto check = [&] {
+    if (run.empty()) return;
+    ++runs;
+    EXPECT_NE(r.out.find(run), std::string::npos) << "README.md shows lines qkv demo does not print:\n" << run;
+    run.clear();
+  };
+  while (std::getline(lines, line)) {
+    if (line == "\u2026") check();
+    else run += line + "\n";
+  }
+  check();
+  EXPECT_GE(runs, 2);
 }
 
 // GitHub's anchor for a heading: lower case, spaces to '-', ASCII punctuation dropped (letters of other scripts kept).

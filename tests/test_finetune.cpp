@@ -501,32 +501,38 @@ TEST_F(FinetuneCli, InstructWritesResponsesForTheTestSplit) {
   EXPECT_TRUE(fs::exists(dir_ / "ins" / "loss.png"));
 }
 
-TEST_F(FinetuneCli, BadInputIsAUsageErrorThatNamesIt) {
+TEST_F(FinetuneCli, BadInputIsNamedWithTheDocumentedExitCode) {
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir_ / name) << text;
     return path(name);
   };
   const std::string base = " --checkpoint " + path("base/checkpoint.safetensors");
   const std::string good = " --train " + path("train.csv") + " --val " + path("val.csv") + " --out " + path("bad");
+  // The data files' problems exit 1, the command line's 2 (docs/robustness.md).
   const struct {
     std::string args, says;
+    int code;
   } cases[] = {
       {"finetune classify" + base + " --train " + write("nocol.csv", "Label,Body\nlow,abc\n") + " --val " + path("val.csv") +
-           " --out " + path("bad"), "no column 'Text'"},
+           " --out " + path("bad"), "no column 'Text'", 1},
       {"finetune classify" + base + " --train " + path("train.csv") + " --val " + write("other.csv", "Label,Text\nmid,abc\n") +
-           " --out " + path("bad"), "label 'mid' is not in the training set"},
+           " --out " + path("bad"), "label 'mid' is not in the training set", 1},
       {"finetune classify" + base + " --train " + path("train.csv") + " --val " + write("empty.csv", "Label,Text\n") +
-           " --out " + path("bad"), "empty split"},
-      {"finetune classify" + base + good + " --lora-rank 1000", "rank 1000 is larger than"},
-      {"finetune classify" + base + good + " --lora-rank 2 --lora-targets nothing_here", "match no layer LoRA can adapt"},
-      {"finetune classify" + base + good + " --trainable trf_blocks.9", "no parameter matches 'trf_blocks.9'"},
-      {"finetune classify" + base + good + " --batch-size 0", "--batch-size must be at least 1"},
+           " --out " + path("bad"), "empty split", 1},
+      {"finetune classify" + base + good + " --lora-rank 1000", "rank 1000 is larger than", 2},
+      {"finetune classify" + base + good + " --lora-rank 2 --lora-targets nothing_here", "match no layer LoRA can adapt", 2},
+      {"finetune classify" + base + good + " --trainable trf_blocks.9", "no parameter matches 'trf_blocks.9'", 2},
+      {"finetune classify" + base + good + " --batch-size 0", "--batch-size: must be at least 1", 2},
       {"finetune instruct" + base + " --data " + write("nooutput.json", R"([{"instruction": "a"}])") + " --out " + path("bad"),
-       "has no \"output\""},
+       "has no \"output\"", 1},
+      {"finetune instruct" + base + " --data " + write("two.json", R"([{"instruction": "a", "output": "b"},
+           {"instruction": "c", "output": "d"}])") + " --out " + path("bad"), "2 entries; the 85/10/5 split needs more", 1},
+      {"finetune instruct" + base + " --format chat --data " + path("data.json") + " --out " + path("bad"),
+       "--format chat needs a model folder with a chat template", 1},
   };
   for (const auto& c : cases) {
     const CliResult r = run_cli(c.args);
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
   }
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "model.pth"));

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "helpers.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/io/npy.hpp"
 #include "qkv/io/safetensors.hpp"
 
@@ -194,6 +195,53 @@ TEST(Npy, BadFilesGetClearErrors) {
   cut.resize(15);
   expect_npy_error(cut, "past the end");
   EXPECT_THROW(io::load_npy("/nonexistent.npy"), IoError);
+}
+
+// A file that is not what was expected is named for what it is, from its first bytes.
+TEST(Sniff, NamesTextGgufArchivesFoldersAndWhatItCannotTell) {
+  struct Case {
+    std::string bytes;
+    io::FileKind kind;
+    std::string description;
+  };
+  const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string safetensors(8, '\0');
+  safetensors[0] = static_cast<char>(header.size());
+  safetensors += header + std::string(4, '\0');
+  for (const Case& c : std::vector<Case>{
+           {"", io::FileKind::Empty, "an empty file"},
+           {"\n\n  In the beginning God created the heaven and the earth.\n", io::FileKind::Text,
+            "UTF-8 text (\"In the beginning God created the heaven ...\")"},
+           {"Tokyo \xe6\x9d\xb1\xe4\xba\xac", io::FileKind::Text, "UTF-8 text (\"Tokyo \\xe6"},
+           {" {\"model_type\": \"llama\"}", io::FileKind::Json, "JSON text"},
+           {std::string("GGUF\x03\0\0\0", 8) + "rest", io::FileKind::Gguf, "a GGUF file (version 3, llama.cpp's format)"},
+           {safetensors, io::FileKind::Safetensors, "a safetensors file"},
+           {"PK\x03\x04" "data.pkl", io::FileKind::Zip, "a zip archive"},
+           {"\x80\x02}q\x00", io::FileKind::Pickle, "a Python pickle (protocol 2)"},
+           {"\x93NUMPY\x01\x00", io::FileKind::Npy, "a NumPy .npy array"},
+           {"\x1f\x8b\x08", io::FileKind::Gzip, "gzip-compressed data"},
+           {"valid \xff\xfe bytes", io::FileKind::Binary, "binary data of no format qkv knows (it starts 76 61 6c 69)"},
+           {std::string("\0\x01\x02\x03", 4), io::FileKind::Binary, "it starts 00 01 02 03"}}) {
+    const io::FileFormat got = io::sniff_bytes(bytes_of(c.bytes), c.bytes.size());
+    EXPECT_EQ(got.kind, c.kind) << c.bytes;
+    EXPECT_NE(got.description.find(c.description), std::string::npos) << got.description;
+  }
+  // A safetensors-like start whose header cannot fit the file is not called safetensors.
+  EXPECT_NE(io::sniff_bytes(bytes_of(safetensors.substr(0, 20)), 20).kind, io::FileKind::Safetensors);
+  // From a path: missing, a folder (its names listed), a file.
+  const auto dir = scratch("sniff_folder");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(io::sniff_format(dir.string()).kind, io::FileKind::Missing);
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(io::describe_file(dir.string()), "an empty folder");
+  for (const char* f : {"tokenizer.json", "model.safetensors"}) std::ofstream(dir / f) << "{}";
+  EXPECT_EQ(io::describe_file(dir.string()), "a folder holding model.safetensors and tokenizer.json");
+  EXPECT_EQ(io::sniff_format((dir / "tokenizer.json").string()).kind, io::FileKind::Json);
+  EXPECT_EQ(io::sniff_format("/dev/null").kind, io::FileKind::Special);
+  std::filesystem::remove_all(dir);
+  // The safetensors reader names text for what it is instead of reporting a huge header length alone.
+  expect_error(bytes_of("In the beginning God created the heaven and the earth."),
+               "the file is UTF-8 text (\"In the beginning");
 }
 
 }  // namespace

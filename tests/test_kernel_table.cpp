@@ -660,6 +660,37 @@ std::vector<KernelCase> kernel_cases() {
                        return ::testing::AssertionSuccess();
                      }});
   }
+  // A query that sees one key (T = 1, or a window of 1: every row here) has a softmax of exactly 1 whatever its score,
+  // so its dS is exactly 0 and dQ and dK are exactly 0, as PyTorch gives them: G − Di (dO·V from a tile product,
+  // dO·O from a dot) agrees only to rounding, which became a W_query gradient of 1e-6…1e-4 (issue 44 item 18).
+  // O = V and dV = dO exactly too. Scores of every size: inputs scaled by 1 and 16.
+  cases.push_back({"attention, one visible key: dS, dQ and dK exactly 0", [](int64_t n, int m) {
+                     if (n == 0 || n > 257) return ::testing::AssertionSuccess();  // every block shape by 257
+                     for (const float scale : {1.0f, 16.0f})
+                       for (const int64_t D : {2, 5}) {
+                         const AttentionDims d{2, 1, n, n, D, 1};
+                         AttentionLayout l;
+                         l.q = l.o = l.k = l.v = AttentionStrides::bhtd(d, n);
+                         AttentionOptions o;
+                         o.causal = true;
+                         o.window = 1;
+                         const int64_t size = 2 * n * D;
+                         Buffer q(size, m, 1, scale), k(size, m, 2, scale), v(size, m, 3, scale), out(size, m, 4),
+                             lse(2 * n, m, 6), g(size, m, 7), dq(size, m, 8), dk(size, m, 9), dv(size, m, 10);
+                         attention_forward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data());
+                         attention_backward(d, l, o, q.data(), k.data(), v.data(), out.data(), lse.data(), g.data(),
+                                            dq.data(), dk.data(), dv.data());
+                         for (int64_t i = 0; i < size; ++i) {
+                           if (out.data()[i] != v.data()[i] || dv.data()[i] != g.data()[i] || dq.data()[i] != 0.0f ||
+                               dk.data()[i] != 0.0f)
+                             return ::testing::AssertionFailure()
+                                    << "D = " << D << ", scale " << scale << ", element " << i << ": O " << out.data()[i]
+                                    << " (V " << v.data()[i] << "), dV " << dv.data()[i] << " (dO " << g.data()[i]
+                                    << "), dQ " << dq.data()[i] << ", dK " << dk.data()[i];
+                         }
+                       }
+                     return ::testing::AssertionSuccess();
+                   }});
   return cases;
 }
 

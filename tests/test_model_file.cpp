@@ -228,8 +228,14 @@ TEST(ModelFileCli, GenerateAndAttentionFromTheBooksFiles) {
   EXPECT_NE(hostile.out.find("posix.system"), std::string::npos) << hostile.out;
 }
 
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 TEST(ModelFileCli, ConvertKeepsEverythingOrRefuses) {
   const std::string d = ::testing::TempDir() + "qkv_convert/";
+  std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   const CliResult lossy = run_cli("convert " + fx("model_and_optimizer.pth") + " " + d + "w.safetensors --config " + fx("config.json"));
   EXPECT_EQ(lossy.code, 2) << lossy.out;
@@ -239,6 +245,14 @@ TEST(ModelFileCli, ConvertKeepsEverythingOrRefuses) {
                     fx("config.json")).code, 0);
   ASSERT_EQ(run_cli("convert " + d + "c.safetensors " + d + "back.pth").code, 0);
   ASSERT_EQ(run_cli("convert " + d + "back.pth " + d + "c2.safetensors --to checkpoint").code, 0);
+  // An existing output is kept unless --overwrite (as qkv train does).
+  const std::string c2 = read_bytes(d + "c2.safetensors");
+  const CliResult again = run_cli("convert " + d + "back.pth " + d + "c2.safetensors --to checkpoint --weights-only");
+  EXPECT_EQ(again.code, 2) << again.out;
+  EXPECT_NE(again.out.find("c2.safetensors already exists (a safetensors file); give --overwrite to replace it"),
+            std::string::npos) << again.out;
+  EXPECT_EQ(read_bytes(d + "c2.safetensors"), c2);
+  ASSERT_EQ(run_cli("convert " + d + "back.pth " + d + "c2.safetensors --to checkpoint --overwrite").code, 0);
   // pth → qkv checkpoint → pth → qkv checkpoint: the two checkpoints hold the same tensors, bit for bit.
   const io::SafetensorsFile a = io::SafetensorsFile::open(d + "c.safetensors"), b = io::SafetensorsFile::open(d + "c2.safetensors");
   ASSERT_EQ(a.tensors().size(), b.tensors().size());

@@ -1,5 +1,6 @@
 // Tokenizers (GPT-2 BPE and bytes), UTF-8 handling, and the sliding-window dataset.
 #include "helpers.hpp"
+#include "qkv/text/chat_template.hpp"
 #include "qkv/text/dataset.hpp"
 #include "qkv/text/tokenizer.hpp"
 
@@ -99,6 +100,23 @@ TEST(Dataset, WindowsTargetsAndDeterministicBatches) {
   const auto [train, validation] = text::split_tokens(ids, 0.9);
   EXPECT_EQ(train.size(), 45u);
   EXPECT_EQ(validation.front(), 45);
+}
+
+// A message's other fields (tool calls, tool results) reach the template as message.<field>, objects in the file's
+// order (tojson prints them so), null as none; a field text that is not a JSON object is refused.
+TEST(ChatTemplate, MessageFieldsReachTheTemplateInTheirOrder) {
+  const auto t = text::ChatTemplate::parse(
+      "{% for m in messages %}[{{ m.role }}"
+      "{% if m.tool_calls %} call {{ m.tool_calls[0].function.name }}{{ m.tool_calls[0].function.arguments | tojson }}"
+      "{% endif %}{% if m.tool_call_id is defined %} id {{ m.tool_call_id }}{% endif %}"
+      "{% if m.content is none %} none{% else %} {{ m.content }}{% endif %}]{% endfor %}");
+  const std::vector<text::ChatMessage> messages = {
+      {"user", "Paris?", ""},
+      {"assistant", "", R"({"content": null, "tool_calls": [{"function": {"name": "weather", "arguments": {"z": 1, "a": [true, 2.5]}}}]})"},
+      {"tool", "21", R"({"tool_call_id": "c1"})"}};
+  EXPECT_EQ(t.render(messages, {}), "[user Paris?][assistant call weather{\"z\": 1, \"a\": [true, 2.5]} none][tool id c1 21]");
+  EXPECT_THROW(t.render({{"tool", "x", "[1]"}}, {}), ValueError);
+  EXPECT_THROW(t.render({{"tool", "x", "{"}}, {}), ValueError);
 }
 
 }  // namespace

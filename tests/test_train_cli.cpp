@@ -62,6 +62,12 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   const CliResult r = run_cli(tiny("run", 60) + " --attention-every 20 --attention-prompt 'the fat cat'");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "untrained validation loss"));
+  EXPECT_FALSE(contains(r.out, "note: --warmup")) << "a warmup of 5 in 60 steps reaches the peak";
+  // The time the run takes is on the progress line from the start (estimated before the first step), then measured.
+  const size_t estimate = r.out.find("step 0/60  ETA ~"), first = r.out.find("step 1/60  loss");
+  EXPECT_NE(estimate, std::string::npos) << r.out;
+  EXPECT_LT(estimate, first) << r.out;
+  EXPECT_TRUE(contains(r.out.substr(first, 120), "ETA ")) << r.out;
   // Attention snapshots of the probe: steps 0, 20, 40, 60 and an animation over them.
   for (const char* f : {"step-000000.png", "step-000020.png", "step-000060.png", "attention.gif"})
     EXPECT_TRUE(fs::exists(dir_ / "run" / "attention" / f)) << f;
@@ -85,6 +91,15 @@ TEST_F(TrainCli, TrainsAndWritesCheckpointCsvPlotAndSample) {
   auto text = [](const std::string& out) { return out.substr(0, out.rfind("qkv generate: ")); };
   EXPECT_EQ(text(greedy.out), text(greedy_no_cache.out));
   EXPECT_NE(greedy.out.find("KV cache"), std::string::npos) << greedy.out;
+  // A prompt on standard input (--prompt -) loses echo's line break: the same text as --prompt 'the cat'. A
+  // temperature given with --greedy is not used, and the note says so.
+  const CliResult piped = run_cli("generate --checkpoint " + (dir_ / "run" / "checkpoint.safetensors").string() +
+                                  " --prompt - --max-new-tokens 20 --greedy --temperature 1.5", "echo 'the cat' | ");
+  ASSERT_EQ(piped.code, 0) << piped.out;
+  EXPECT_TRUE(contains(piped.out, text(greedy.out))) << piped.out << "\nvs\n" << greedy.out;
+  EXPECT_TRUE(contains(piped.out, "qkv generate: note: --greedy always takes the likeliest token; --temperature 1.5 is "
+                                  "not used")) << piped.out;
+  EXPECT_FALSE(contains(greedy.out, "note:")) << greedy.out;
 }
 
 // The training plot in another format with a log axis, and eval's plot of the loss along the text.
@@ -141,6 +156,7 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
   const std::string before = read(checkpoint);
   std::ofstream(dir_ / "empty.txt").close();
   std::ofstream(dir_ / "short.txt") << "too short";
+  std::ofstream(dir_ / "no-validation.txt") << std::string(300, 'a');  // 270 bytes train, 30 validate: < 33
   std::ofstream(dir_ / "bad.txt") << "valid text, then \xff\xfe invalid bytes and more text";
   struct Case {
     std::string args, expect;
@@ -152,6 +168,9 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
   const std::vector<Case> cases = {
       {"train --text " + (dir_ / "empty.txt").string() + base, "is empty", 1},
       {"train --text " + (dir_ / "short.txt").string() + base, "fewer than one window", 1},
+      {"train --text " + (dir_ / "no-validation.txt").string() + base,
+       "validation split (the last 10% of the text, from --train-fraction 0.9): the text has 30 tokens, fewer than one "
+       "window of 33 (the context length 32, plus the last token's target)", 1},
       {"train --text " + (dir_ / "bad.txt").string() + " --overwrite --out " + (dir_ / "kept").string(), "invalid UTF-8 at byte 17", 1},
       {"train --text " + (dir_ / "text.txt").string() + " --out " + (dir_ / "kept").string(), "already holds a run", 2},
       {"train --vocab /nonexistent --overwrite --text " + (dir_ / "text.txt").string(), "scripts/fetch-gpt2-vocab", 1},
@@ -172,12 +191,17 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
       {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
       // A text that never ends, integer options, picture options.
       {"eval --checkpoint " + checkpoint + " --text /dev/zero", "/dev/zero: is a device, not a file", 1},
-      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --stride 0", "--stride must be at least 1", 2},
+      // What the input lacks (a token to score, a chat template) is the input's problem: exit 1.
+      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "empty.txt").string(), "has 0 tokens; scoring needs at least 2", 1},
+      {"generate --checkpoint " + checkpoint + " --chat --prompt hi", "--chat needs a model folder whose "
+                                                                       "tokenizer_config.json has a chat template", 1},
+      {"chat --checkpoint " + checkpoint, "is no Hugging Face model folder", 1},
+      {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --stride 0", "--stride: must be at least 1", 2},
       {"eval --checkpoint " + checkpoint + " --text " + (dir_ / "text.txt").string() + " --plot loss.bmp", ".png, .svg or .pdf", 2},
-      {"train --attention-every -1 --text " + (dir_ / "text.txt").string() + shape, "--attention-every must be at least 0", 2},
-      {"--threads 0 eval --checkpoint " + checkpoint, "--threads must be a whole number from 1 to 1024", 2},
+      {"train --attention-every -1 --text " + (dir_ / "text.txt").string() + shape, "--attention-every: must be at least 0", 2},
+      {"--threads 0 eval --checkpoint " + checkpoint, "--threads: must be a whole number from 1 to 1024", 2},
       {"attention --checkpoint " + checkpoint + " --prompt the --format jpg", "png", 2},
-      {"attention --checkpoint " + checkpoint + " --prompt the --scale 0", "--scale must lie in 0.25", 2},
+      {"attention --checkpoint " + checkpoint + " --prompt the --scale 0", "--scale: must lie in 0.25", 2},
       {"generate --checkpoint " + checkpoint + " --prompt ''", "has no beginning- or end-of-text token", 2},
   };
   for (const Case& c : cases) {
@@ -185,8 +209,24 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
     EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, c.expect)) << c.args << "\n" << r.out;
     EXPECT_FALSE(contains(r.out, "0.000000 to")) << "an integer option's range is printed as integers: " << r.out;
+    EXPECT_FALSE(contains(r.out, "99999")) << "a number as people write it: " << r.out;
+    EXPECT_FALSE(contains(r.out, "max_length")) << "the options' names, not the code's: " << r.out;
   }
   EXPECT_EQ(read(checkpoint), before);  // no failed run touched the saved checkpoint
+  // Learning rates are checked before a model folder loads (its config.json here would not load: exit 1), naming the
+  // default the given one conflicts with.
+  fs::create_directories(dir_ / "folder");
+  std::ofstream(dir_ / "folder" / "config.json") << "{}";
+  const CliResult lr = run_cli("train --resume " + (dir_ / "folder").string() + " --lr 1e-5 --text " +
+                               (dir_ / "text.txt").string() + " --out " + (dir_ / "folder-run").string());
+  EXPECT_EQ(lr.code, 2) << lr.out;
+  EXPECT_TRUE(contains(lr.out, "--lr 1e-05 is below the default --min-lr 1e-04 (where the cosine ends); give a smaller "
+                               "--min-lr too, e.g. --min-lr 1e-06")) << lr.out;
+  // A warmup longer than the run: the peak learning rate is never reached, and a note says so.
+  const CliResult short_run = run_cli(tiny("short", 3));
+  ASSERT_EQ(short_run.code, 0) << short_run.out;
+  EXPECT_TRUE(contains(short_run.out, "note: --warmup 5 is longer than --steps 3: the learning rate never reaches its "
+                                      "peak --lr 0.003 (it rises to 0.0018 at the last step)")) << short_run.out;
   // A prompt longer than context_length is cut to its last context_length tokens, with a notice.
   const CliResult long_prompt = run_cli("generate --checkpoint " + checkpoint + " --max-new-tokens 3 --prompt '" + std::string(100, 'a') + "'");
   EXPECT_EQ(long_prompt.code, 0) << long_prompt.out;
@@ -223,8 +263,13 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
     for (int64_t j = row % 11 + 1; j < 11; ++j) EXPECT_EQ(maps.data()[row * 11 + j], 0.0f) << "causal: no weight on the future";
   }
   // Chosen heads, in the order given; mistakes are usage errors.
-  const CliResult one = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the cat' --heads 2 --out " + (dir_ / "one").string());
+  // An output folder given with a trailing slash: the files are named without a doubled one.
+  const CliResult one = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the cat' --heads 2 --out " +
+                                (dir_ / "one").string() + "/");
   ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_TRUE(contains(one.out, "7 tokens, 1 layer × 1 head → ")) << one.out;
+  EXPECT_TRUE(contains(one.out, (dir_ / "one" / "attention.html").string())) << one.out;
+  EXPECT_FALSE(contains(one.out, "//")) << one.out;
   EXPECT_EQ(io::SafetensorsFile::open((dir_ / "one" / "attention.safetensors").string()).metadata().at("heads"), "2");
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--prompt the --heads 3", "the model has heads 1…2"},
@@ -238,13 +283,14 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "attention.html"));
   EXPECT_EQ(run_cli("attention --prompt hi").code, 2);
 
-  // The page in a real browser: pinned on token 7 ('c') of layer 1, head 2, it draws one line per key that token
-  // attends to (weight ≥ 0.01), with the weights of attention.safetensors.
+  // The page in a real browser: pinned on token 9 ('c'; the page and its link count from 1, as for layers and heads)
+  // of layer 1, head 2, it draws one line per key that token attends to (weight ≥ 0.01), with the weights of
+  // attention.safetensors; a space is '␣' there as in the pictures.
   const std::string profile = (dir_ / "chromium-profile").string();
   const CliResult dom = run_cli("", "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
                                     "--disable-background-networking --disable-component-update --disable-sync "
                                     "--user-data-dir=" + profile + " --dump-dom 'file://" + (out / "attention.html").string() +
-                                    "#layer=1&head=2&token=7' 2>/dev/null; true ");
+                                    "#layer=1&head=2&token=9' 2>/dev/null; true ");
   ASSERT_NE(dom.out.find("<svg"), std::string::npos)
       << "headless chromium did not render the page (is Debian's chromium installed? scripts/run test installs it):\n"
       << dom.out.substr(0, 500);
@@ -252,18 +298,26 @@ TEST_F(TrainCli, AttentionWritesPicturesDataAndAnHtmlPageThatRenders) {
   for (size_t at = dom.out.find("<line"); at != std::string::npos; at = dom.out.find("<line", at + 1)) {
     ++lines;
     const std::string tag = dom.out.substr(at, dom.out.find('>', at) - at);
-    EXPECT_NE(tag.find("data-query=\"7\""), std::string::npos) << tag;
+    EXPECT_NE(tag.find("data-query=\"9\""), std::string::npos) << tag;
     EXPECT_NE(tag.find("data-head=\"2\""), std::string::npos) << tag;
     const size_t k = tag.find("data-key=\"") + 10, w = tag.find("data-weight=\"") + 13;
-    const int64_t key = std::stoll(tag.substr(k));
-    EXPECT_NEAR(std::stod(tag.substr(w)), maps.data()[(1 * 11 + 7) * 11 + key], 0.5 / 255 + 1e-3) << tag;
+    const int64_t key = std::stoll(tag.substr(k)) - 1;
+    EXPECT_NEAR(std::stod(tag.substr(w)), maps.data()[(1 * 11 + 8) * 11 + key], 0.5 / 255 + 1e-3) << tag;
     ++checked;
   }
   int expected_lines = 0;
-  for (int64_t j = 0; j < 11; ++j) expected_lines += maps.data()[(1 * 11 + 7) * 11 + j] >= 0.01f;
+  for (int64_t j = 0; j < 11; ++j) expected_lines += maps.data()[(1 * 11 + 8) * 11 + j] >= 0.01f;
   EXPECT_GT(lines, 0);
   EXPECT_EQ(lines, expected_lines);
-  EXPECT_NE(dom.out.find("in layer 1 attends most to"), std::string::npos);
+  EXPECT_NE(dom.out.find("Token 9, \u201cc\u201d, in layer 1 attends most to"), std::string::npos);
+  EXPECT_NE(dom.out.find(">\u2423<"), std::string::npos) << "a space as in the pictures";
+  EXPECT_EQ(dom.out.find("\u00b7"), std::string::npos);
+  // The page is as wide as the window (chromium's 800 px here, less the margins), and without a link it starts
+  // with one head (every head at once is a tangle of lines).
+  const size_t box = dom.out.find("viewBox=\"0 0 ");
+  ASSERT_NE(box, std::string::npos);
+  EXPECT_GT(std::stoi(dom.out.substr(box + 12)), 700) << "the page uses the window's width";
+  EXPECT_NE(read(out / "attention.html").find("heads: new Set([0])"), std::string::npos);
 }
 
 }  // namespace

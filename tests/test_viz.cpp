@@ -12,9 +12,11 @@
 
 #include "helpers.hpp"
 #include "qkv/io/npy.hpp"
+#include "qkv/text/tokenizer.hpp"
 #include "qkv/viz/heatmap.hpp"
 #include "qkv/viz/plot.hpp"
 #include "qkv/viz/report.hpp"
+#include "qkv/viz/show.hpp"
 
 namespace qkv::test {
 namespace {
@@ -160,6 +162,74 @@ TEST(Heatmap, CountsPrintAsWholeNumbers) {
   const Ink decimals = ink(read_png((dir / "decimals.png").string()), 0, 0, 1000, 1000);
   EXPECT_LT(std::abs(in_cell.width - whole.width), 3) << in_cell.width << " vs " << whole.width;
   EXPECT_LT(whole.width + 10, decimals.width);
+  EXPECT_GE(g.cell, 120) << "a 2 × 2 confusion matrix is drawn large enough to read (it was 370 × 240 px in all)";
+}
+
+// Cells a causal mask hides are light grey and hatched, without a value: not the dark purple of a real weight of 0. Under
+// the colour bar, a note says which scale the colours are on (a fixed 0 … 1, or stretched to the largest value).
+TEST(Heatmap, MaskedCellsDifferFromZeroWeightsAndTheBarNamesItsScale) {
+  const fs::path dir = scratch("masked");
+  const Tensor w = Tensor::from_rows({{1.0f, 0.0f, 0.0f}, {0.0f, 1.0f, 0.0f}, {0.2f, 0.3f, 0.5f}});  // (1, 0) is a real 0
+  viz::HeatmapStyle style;
+  style.row_labels = style.col_labels = {"a", "b", "c"};
+  style.masked = viz::causal_cells();
+  style.vmax = 1.0;
+  const viz::HeatmapGeometry g = viz::save_heatmap((dir / "m.png").string(), w, style);
+  const Image image = read_png((dir / "m.png").string());
+  ASSERT_EQ(image.width, g.width);
+  auto corner = [&](int r, int c) { return image.at(g.left + c * g.cell + 3, g.top + r * g.cell + 3); };
+  const auto masked = corner(0, 1), zero = corner(1, 0);
+  EXPECT_EQ(masked[0], masked[1]);
+  EXPECT_EQ(masked[1], masked[2]);
+  EXPECT_GT(image.luminance(g.left + g.cell + 3, g.top + 3), 200) << "a masked cell is light grey";
+  EXPECT_LT(image.luminance(g.left + 3, g.top + g.cell + 3), 80) << "a weight of 0 is viridis' dark purple";
+  EXPECT_NE(masked, zero);
+  // hatched: the cell's diagonal is darker than its corner; and no value is printed in it
+  EXPECT_LT(image.luminance(g.left + 2 * g.cell + g.cell / 2, g.top + g.cell / 2), image.luminance(g.left + 2 * g.cell + 3, g.top + 3) - 5);
+  EXPECT_EQ(ink(image, g.left + g.cell + 2, g.top + 2, g.left + 2 * g.cell - 2, g.top + g.cell - 2).width, 0);
+  // The note under the bar: "fixed scale" here, "scaled to its largest" with vmax = 0 (the same matrix, unmasked).
+  auto note = [&](const Image& im, const viz::HeatmapGeometry& h) {
+    const int x = h.left + 3 * h.cell + 20, y = h.top + std::max(3 * h.cell, 60) + 10;
+    return ink(im, x - 2, y - 2, im.width, y + 15);
+  };
+  auto alone = [&](const std::string& text) {
+    viz::save_text_picture((dir / "note.png").string(), text, 10);
+    return ink(read_png((dir / "note.png").string()), 0, 0, 10000, 10000);
+  };
+  const Ink fixed = note(image, g), fixed_alone = alone("fixed scale");
+  EXPECT_NEAR(fixed.width, fixed_alone.width, 2) << "the note under a fixed scale's bar";
+  style.vmax = 0.0;
+  style.masked = {};
+  const viz::HeatmapGeometry a = viz::save_heatmap((dir / "auto.png").string(), w, style);
+  const Ink stretched = note(read_png((dir / "auto.png").string()), a), stretched_alone = alone("scaled to its largest");
+  EXPECT_NEAR(stretched.width, stretched_alone.width, 2) << "the note under a stretched scale's bar";
+  EXPECT_GT(stretched.width, fixed.width + 20);
+}
+
+// Small multiples label the keys under the last row of panels as well as the queries beside the first column.
+TEST(Heatmap, GridsLabelTheirKeysToo) {
+  const fs::path dir = scratch("grid_keys");
+  const Tensor w = random_tensor({6, 6}, 4);
+  const std::vector<viz::HeatmapPanel> panels = {{"H1", w, viz::causal_cells()}, {"H2", w, viz::causal_cells()}};
+  const std::vector<std::string> words = {"The", "keeper", "of", "the", "light", "house"};
+  viz::save_heatmap_grid((dir / "labelled.png").string(), "heads", panels, 2, words);
+  viz::save_heatmap_grid((dir / "bare.png").string(), "heads", panels, 2, {});
+  const Image labelled = read_png((dir / "labelled.png").string()), bare = read_png((dir / "bare.png").string());
+  ASSERT_GT(bare.height, 0);
+  EXPECT_GT(labelled.height, bare.height + 20) << "room for the key labels under the panels";
+  // Under the second panel (the lower half, left of the colour bar), dark text: its keys, which the bare grid lacks
+  // (the cells are viridis, the bar's notes grey).
+  auto text_pixels = [](const Image& image) {
+    int n = 0;
+    for (int y = image.height / 2; y < image.height; ++y)
+      for (int x = image.width / 2 - 20; x < image.width - 150; ++x) {
+        const auto p = image.at(x, y);
+        n += std::abs(p[0] - 40) < 30 && std::abs(p[1] - 40) < 30 && std::abs(p[2] - 40) < 30;
+      }
+    return n;
+  };
+  EXPECT_GT(text_pixels(labelled), text_pixels(bare) + 150) << "keys under the last row's panels: " << text_pixels(labelled)
+                                                             << " dark pixels, " << text_pixels(bare) << " without labels";
 }
 
 TEST(Labels, TokensKeepTheirCharactersAndShowWhatIsInvisible) {
@@ -168,7 +238,29 @@ TEST(Labels, TokensKeepTheirCharactersAndShowWhatIsInvisible) {
   EXPECT_EQ(viz::token_label("\xe6\x9d\xb1\xe4\xba\xac"), "\xe6\x9d\xb1\xe4\xba\xac");  // 東京
   EXPECT_EQ(viz::token_label("a\nb\tc"), "a\\nb\\x09c");
   EXPECT_EQ(viz::token_label(""), "\u2205");
-  EXPECT_EQ(viz::token_label("\xe6\x9d"), "\ufffd\ufffd") << "half a character (a byte-level token): U+FFFD per byte";
+  EXPECT_EQ(viz::token_label("\xe6\x9d"), "\\xe6\\x9d") << "half a character (a byte-level token): its bytes in hex";
+  EXPECT_EQ(viz::token_label("\xac caf\xc3\xa9 \xf0\x9f\x99\x82"), "\\xac caf\xc3\xa9 \xf0\x9f\x99\x82");
+  EXPECT_EQ(viz::token_label("\xed\xa0\x80"), "\\xed\\xa0\\x80") << "a surrogate is no character";
+}
+
+// GPT-2 splits an emoji into byte pieces: each keeps its bytes (token_bytes), labelled in hex, never U+FFFD.
+TEST(Labels, SplitCharactersShowTheirBytes) {
+  const auto dir = text::find_gpt2_vocabulary();
+  ASSERT_TRUE(dir) << "GPT-2 vocabulary missing: run scripts/fetch-gpt2-vocab (scripts/run test does)";
+  const auto gpt2 = text::make_tokenizer("gpt2", *dir);
+  const std::string text = " \xf0\x9f\xa4\x96 \xe6\x9d\xb1\xe4\xba\xac";  // " 🤖 東京"
+  const std::vector<int64_t> ids = gpt2->encode(text);
+  std::string joined, labels;
+  for (int64_t id : ids) {
+    joined += gpt2->token_bytes(id);
+    labels += viz::token_label(gpt2->token_bytes(id)) + "|";
+  }
+  EXPECT_EQ(joined, text) << "the pieces' bytes are the text's";
+  EXPECT_NE(labels.find("\\xf0"), std::string::npos) << labels;
+  EXPECT_NE(labels.find("\\x96"), std::string::npos) << labels;
+  EXPECT_EQ(labels.find("\ufffd"), std::string::npos) << labels;
+  EXPECT_EQ(text::ByteTokenizer().token_bytes(0xe6), "\xe6");
+  EXPECT_THROW(gpt2->token_bytes(50257), ValueError);
 }
 
 // Every label of a heatmap, in four scripts, has the pixels of the same text drawn alone: real glyphs, not '?'.
@@ -283,6 +375,79 @@ TEST(Plot, CurvesLieWhereTheirPointsAreOnEitherAxisAndOnALogScale) {
   EXPECT_THROW(viz::save_plot((dir / "neg.png").string(), {{"x", blue, {{0, -1}, {1, 0}}}}, {.log_y = true}), ValueError);
 }
 
+// Accuracy per epoch: ticks at whole epochs only, a dot on every evaluation, and the legend where the curves are not
+// (they rise into the top right corner, its usual place).
+TEST(Plot, WholeEpochTicksMarkersAndALegendOffTheData) {
+  const fs::path dir = scratch("plot_epochs");
+  const std::array<unsigned char, 3> blue{31, 119, 180}, orange{255, 127, 14};
+  viz::Series train{"training accuracy", blue, {{1, 0.5}, {2, 0.8}, {3, 0.95}}, false, false, true},
+      val{"validation accuracy", orange, {{1, 0.45}, {2, 0.75}, {3, 0.92}}, false, false, true};
+  const viz::PlotStyle style{.title = "accuracy", .x_label = "epoch", .y_label = "accuracy", .whole_x = true};
+  const viz::PlotGeometry g = viz::save_plot((dir / "a.png").string(), {train, val}, style);
+  EXPECT_EQ(g.x_step, 1.0) << "no tick at epoch 1.2";
+  EXPECT_LT(viz::save_plot((dir / "b.png").string(), {train, val}, {.title = "t"}).x_step, 1.0);
+  for (int64_t epochs : {12, 21, 40}) {  // a step of 2.5 would put ticks at 2.5, 7.5
+    viz::Series many{"a", blue, {}};
+    for (int64_t e = 1; e <= epochs; ++e) many.points.emplace_back(static_cast<double>(e), 1.0 / static_cast<double>(e));
+    const double step = viz::save_plot((dir / "c.png").string(), {many}, style).x_step;
+    EXPECT_EQ(step, std::round(step)) << epochs << " epochs";
+  }
+  ASSERT_GT(g.legend_w, 50);
+  for (const viz::Series& s : {train, val})
+    for (const auto& [x, y] : s.points) {
+      const double px = g.x_pixel(x), py = g.y_pixel(y);
+      EXPECT_FALSE(px >= g.legend_x && px <= g.legend_x + g.legend_w && py >= g.legend_y && py <= g.legend_y + g.legend_h)
+          << s.name << " at epoch " << x << " lies under the legend";
+    }
+  EXPECT_LT(g.legend_x, g.left + (g.right - g.left) / 2) << "the top right is taken by the data";
+  // The dot at epoch 2 on the training curve: more of its colour around the point than the line alone leaves.
+  const Image marked = read_png((dir / "a.png").string());
+  train.markers = val.markers = false;
+  viz::save_plot((dir / "plain.png").string(), {train, val}, style);
+  const Image plain = read_png((dir / "plain.png").string());
+  auto coloured = [&](const Image& image) {
+    int n = 0;
+    for (int dy = -3; dy <= 3; ++dy)
+      for (int dx = -3; dx <= 3; ++dx) {
+        const auto p = image.at(static_cast<int>(g.x_pixel(2)) + dx, static_cast<int>(g.y_pixel(0.8)) + dy);
+        n += std::abs(p[0] - blue[0]) + std::abs(p[1] - blue[1]) + std::abs(p[2] - blue[2]) < 60;
+      }
+    return n;
+  };
+  EXPECT_GT(coloured(marked), coloured(plain) + 8) << coloured(marked) << " vs " << coloured(plain);
+}
+
+// --color-scale: auto stretches each picture's colours to its largest weight (the book's A, at most 0.23, reaches
+// yellow), fixed keeps 0 … 1 (no cell of it does). Causal pictures show their masked cells as such.
+TEST(Demo, ColorScaleAndMaskedCells) {
+  auto yellow = [](const Image& image) {
+    int n = 0;
+    for (int y = 0; y < image.height; ++y)
+      for (int x = 0; x < image.width; ++x) {
+        const auto p = image.at(x, y);
+        n += p[0] > 200 && p[1] > 190 && p[2] < 90;
+      }
+    return n;
+  };
+  int counts[2] = {0, 0};
+  for (int fixed : {0, 1}) {
+    const fs::path dir = scratch(std::string("demo_scale_") + (fixed ? "fixed" : "auto"));
+    const CliResult r = run_cli("demo --no-color --section v1 --section causal --pictures " + dir.string() +
+                                " --color-scale " + (fixed ? "fixed" : "auto"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    counts[fixed] = yellow(read_png((dir / "01-v1-A.png").string()));
+    const Image causal = read_png((dir / "04-causal-A.png").string());
+    int grey = 0;
+    for (int y = 0; y < causal.height; ++y)
+      for (int x = 0; x < causal.width; ++x) grey += causal.at(x, y) == std::array<int, 3>{228, 228, 228};
+    EXPECT_GT(grey, 15 * 40 * 40) << "the 15 masked cells of a 6 × 6 causal A";
+  }
+  EXPECT_GT(counts[0], counts[1] + 2000) << "auto: " << counts[0] << " yellow pixels, fixed: " << counts[1];
+  const CliResult bad = run_cli("demo --section v1 --color-scale bright");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("fixed"), std::string::npos) << bad.out;
+}
+
 TEST(Demo, PicturesDirHoldsAHeatmapPerMatrixAndTheTrainingGif) {
   const fs::path dir = scratch("demo");
   const CliResult r = run_cli("demo --no-color --png " + dir.string());  // --png: the older name of --pictures
@@ -332,11 +497,89 @@ TEST(Demo, YourOwnSentenceAndEmbeddingsAndTheirMistakes) {
            {"--embeddings " + (dir / "x.npy").string() + " --tokens 'a b'", "has 3 rows but --tokens names 2"},
            {"--color --no-color", "excludes"},
            {"--tokens 'a b'", "requires"},
-           {"--d-out 4", "go with --sentence"}}) {
+           {"--d-out 4", "go with --sentence"},
+           // 0 is refused like -3 and 65, not read as "the default"
+           {"--sentence 'a b' --d-in 0", "--d-in: must be a whole number from 1 to 64, not 0"},
+           {"--sentence 'a b' --d-out 0", "--d-out: must be a whole number from 1 to 64, not 0"},
+           {"--sentence 'a b' --d-in -3", "from 1 to 64, not -3"},
+           {"--sentence 'a b' --d-out 65", "from 1 to 64, not 65"}}) {
     const CliResult r = run_cli("demo " + c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
   }
+}
+
+// Terminal tables pad by display width: wide CJK and emoji take two columns, combining marks none, so every row's
+// numbers start in the same column whatever script its label is in.
+TEST(Terminal, TablesAlignByDisplayWidthInAnyScript) {
+  EXPECT_EQ(viz::display_width("naïve"), 5u);
+  EXPECT_EQ(viz::display_width("e\u0301"), 1u);  // e + combining acute
+  EXPECT_EQ(viz::display_width("東京"), 4u);
+  EXPECT_EQ(viz::display_width("🙂"), 2u);
+  EXPECT_EQ(viz::display_width("👩\u200d💻"), 2u);  // one ZWJ picture
+  EXPECT_EQ(viz::display_width("\u2764\ufe0f"), 2u);  // ❤️: a narrow symbol in emoji presentation
+  const std::vector<std::string> labels = {"naïve", "東京", "🙂", "a", "über"};
+  const Tensor m = Tensor::from_rows({{-0.1085f, 1.0f}, {-0.1085f, 1.0f}, {0.5f, 1.0f}, {0.25f, 1.0f}, {0.125f, 1.0f}});
+  for (const std::string& table : {viz::matrix("m", m, labels, {"c1", "c2"}),
+                                   viz::heatmap("w", m, labels), viz::bars({0.5f, 0.25f, 0.1f, 0.0f, 1.0f}, labels)}) {
+    std::istringstream lines(table);
+    std::set<size_t> number_columns;
+    for (std::string line; std::getline(lines, line);) {
+      for (const std::string& label : labels) {
+        const size_t at = line.find(label);
+        if (at > 2) continue;  // a row starts with its label (bars indent it by two spaces)
+        // where the first number ends: numbers are right-aligned in their cells
+        const size_t digit = line.find_first_of("0123456789.-", at + label.size());
+        number_columns.insert(viz::display_width(line.substr(0, line.find_first_not_of("0123456789.-", digit))));
+        break;
+      }
+    }
+    EXPECT_EQ(number_columns.size(), 1u) << table;
+  }
+  const CliResult demo = run_cli("demo --no-color --section v1 --sentence 'naïve café über 東京 🙂'");
+  ASSERT_EQ(demo.code, 0) << demo.out;
+  std::set<size_t> starts;  // where each row's first number ends in the first table (X)
+  int rows = 0;
+  std::istringstream lines(demo.out);
+  for (std::string line; std::getline(lines, line);)
+    for (const char* label : {"naïve ", "café ", "über ", "東京 ", "🙂 "})
+      if (line.rfind(label, 0) == 0 && line.find("0.") != std::string::npos && ++rows <= 5) {  // X's five rows
+        const size_t digit = line.find_first_of("0123456789.-", std::string(label).size());
+        starts.insert(viz::display_width(line.substr(0, line.find_first_not_of("0123456789.-", digit))));
+      }
+  EXPECT_EQ(starts.size(), 1u) << demo.out.substr(0, 1200);
+}
+
+// A sentence where the goal cannot be met: the run stops at 500 steps and says so (and why), counts its steps right,
+// and its animation keeps ~60 frames (it kept 501: 1.4 GB while drawing, a 30 MB GIF). --attend picks the pair.
+TEST(Demo, TrainingThatMissesItsGoalSaysSoAndKeepsItsAnimationSmall) {
+  std::string sentence;
+  for (int i = 1; i <= 32; ++i) sentence += "w" + std::to_string(i) + " ";
+  const fs::path dir = scratch("demo_miss");
+  fs::remove_all(dir);
+  const CliResult r = run_cli("demo --no-color --section train --sentence '" + sentence + "' --pictures " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("make \"w32\" attend to \"w1\""), std::string::npos) << "last word to first by default";
+  EXPECT_NE(r.out.find("step 500   loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("After 500 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("After 501"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("The goal (\"w32\" attending most to \"w1\", with a weight of at least 0.5) was not reached in "
+                       "500 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with 32 words in d = 3 dimensions"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("03-train-A-steps.gif, 60 frames: the first ten steps, then every tenth"), std::string::npos) << r.out;
+  EXPECT_LT(fs::file_size(dir / "03-train-A-steps.gif"), 8u << 20);
+  fs::remove_all(dir);
+  // --attend QUERY,KEY by word or position; a repeated key is named as the reason the goal is out of reach.
+  const CliResult pair = run_cli("demo --no-color --section train --sentence 'the fat cat sat on the mat' --attend 3,the");
+  ASSERT_EQ(pair.code, 0) << pair.out;
+  EXPECT_NE(pair.out.find("make \"cat\" attend to \"the\""), std::string::npos) << pair.out;
+  EXPECT_NE(pair.out.find("\"the\" appears 2 times with one embedding"), std::string::npos) << pair.out;
+  const CliResult cat_fat = run_cli("demo --no-color --section train --sentence 'a fat cat'");
+  EXPECT_NE(cat_fat.out.find("← cat now attends most to fat"), std::string::npos) << cat_fat.out;
+  const CliResult bad = run_cli("demo --section train --sentence 'a b' --attend a,zz");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--attend: the key \"zz\" is neither a word of the input (a b) nor a position 1…2"),
+            std::string::npos) << bad.out;
 }
 
 TEST(Demo, NoColorIsHonoured) {

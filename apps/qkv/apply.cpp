@@ -4,6 +4,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/io/npy.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/nn/apply.hpp"
@@ -49,6 +50,20 @@ int run_apply(const ApplyCommand& options) {
   std::fprintf(stderr, "qkv apply: %s on %s → %s (%zu tensors)\n", module->type_name().c_str(),
                options.input_path.c_str(), options.output_path.c_str(), result.size());
   return 0;
+}
+
+Runner setup_apply(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<ApplyCommand>();
+  cmd.add_option("--module", o->module_path, "Module file (.safetensors)")->required();
+  cmd.add_option("--input", o->input_path, "Input: .npy, or .safetensors with a tensor \"input\"")->required();
+  cmd.add_option("--output", o->output_path,
+                 "Result (.safetensors): \"output\", and with --grad-output \"grad.input\" and \"grad.<parameter>\"")
+      ->required();
+  cmd.add_option("--grad-output", o->grad_output_path, "dL/d(output): .npy, or .safetensors with a tensor \"grad_output\"");
+  auto* train_flag = cmd.add_flag("--train", o->train, "Training mode: dropout on");
+  cmd.add_option("--seed", o->seed, "Seed drawn from just before forward (dropout masks)")->needs(train_flag);
+  add_precision_option(cmd, context);
+  return [o] { return run_apply(*o); };
 }
 
 }  // namespace qkv::cli

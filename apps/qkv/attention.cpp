@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/viz/report.hpp"
 
@@ -44,7 +45,7 @@ int run_attention(const AttentionCommand& options) {
   viz::AttentionReport report;
   report.title = loaded.description + ", prompt \"" + options.prompt + "\"";
   report.token_ids = ids;
-  for (int64_t id : ids) report.tokens.push_back(tokenizer->decode(std::vector<int64_t>{id}));
+  for (int64_t id : ids) report.tokens.push_back(tokenizer->token_bytes(id));  // split characters keep their bytes
   const std::vector<int64_t> layers = indices(options.layers, model.num_layers(), "layer");
   const std::vector<int64_t> heads = indices(options.heads, model.num_heads(), "head");
   report.maps = model.attention_maps(ids, layers, heads);
@@ -54,11 +55,35 @@ int run_attention(const AttentionCommand& options) {
   for (int64_t h = 0; h < report.maps.size(1); ++h) report.heads.push_back(heads.empty() ? h + 1 : heads[static_cast<size_t>(h)] + 1);
   const auto written = viz::write_attention_report(options.out_dir, report, options.per_head, options.pictures);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "qkv attention: %zu tokens, %zu layers × %zu heads → %zu files in %s (%.2f s)\n", ids.size(),
-               report.layers.size(), report.heads.size(), written.size(), options.out_dir.c_str(), seconds);
+  std::fprintf(stderr, "qkv attention: %s, %s × %s → %s in %s (%.2f s)\n",
+               count_of(static_cast<int64_t>(ids.size()), "token").c_str(),
+               count_of(static_cast<int64_t>(report.layers.size()), "layer").c_str(),
+               count_of(static_cast<int64_t>(report.heads.size()), "head").c_str(),
+               count_of(static_cast<int64_t>(written.size()), "file").c_str(), options.out_dir.c_str(), seconds);
   std::fprintf(stderr, "  open %s/attention.html in a browser; %s/attention-grid%s shows every head\n",
                options.out_dir.c_str(), options.out_dir.c_str(), viz::picture_extension(options.pictures.format));
   return 0;
+}
+
+Runner setup_attention(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<AttentionCommand>();
+  add_model_options(cmd, o->model);
+  add_weights_option(cmd, o->model);
+  cmd.add_option("--prompt", o->prompt, "The text whose attention to show")->required();
+  cmd.add_option("--layers", o->layers, "Layers to show, 1-based (default: all)")->expected(1, -1);
+  cmd.add_option("--heads", o->heads, "Heads to show, 1-based (default: all)")->expected(1, -1);
+  cmd.add_option("--out", o->out_dir, "Output directory")->capture_default_str()->transform(folder_path());
+  auto no_head = std::make_shared<bool>(false);
+  auto* no_head_pictures = cmd.add_flag("--no-head-pictures", *no_head, "Skip the per-head pictures (grid, data and "
+                                                                        "HTML only)");
+  cmd.add_flag("--no-head-png", *no_head, "The same as --no-head-pictures")->excludes(no_head_pictures);
+  add_picture_options(cmd, o->pictures);
+  add_precision_option(cmd, context);
+  return [o, no_head, &context] {
+    o->per_head = !*no_head;
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    return run_attention(*o);
+  };
 }
 
 }  // namespace qkv::cli

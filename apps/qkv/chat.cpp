@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/nn/session.hpp"
@@ -67,19 +68,33 @@ TemplateFile read_template_file(const std::string& path) {
   return f;
 }
 
+// A JSON list of messages, OpenAI's and Hugging Face's shape: a role, a content (a string; null or absent beside
+// tool_calls) and any other fields (tool_calls, tool_call_id, name …), kept for the template in the file's order.
 std::vector<text::ChatMessage> read_messages(const std::string& path) {
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   try {
-    j = nlohmann::json::parse(read_text(path));
+    j = nlohmann::ordered_json::parse(read_text(path));
   } catch (const nlohmann::json::exception& e) {
     throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_array()) throw IoError(path + ": must be a JSON list of {\"role\": …, \"content\": …} messages");
   std::vector<text::ChatMessage> messages;
   for (const auto& m : j) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string())
-      throw IoError(path + ": every message needs a string role and a string content");
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    const std::string where = path + ": message " + std::to_string(messages.size() + 1);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw IoError(where + " needs a string role (system, user, assistant or tool)");
+    const bool calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (m.contains("tool_calls") && !m["tool_calls"].is_array() && !m["tool_calls"].is_null())
+      throw IoError(where + ": tool_calls must be a list of {\"function\": {\"name\": …, \"arguments\": …}}");
+    const bool text = m.contains("content") && m["content"].is_string();
+    if (!text && !(calls && (!m.contains("content") || m["content"].is_null())))
+      throw IoError(where + " needs a string content (null or none only beside tool_calls)");
+    text::ChatMessage message{m["role"].get<std::string>(), text ? m["content"].get<std::string>() : ""};
+    nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : m.items())
+      if (key != "role" && !(key == "content" && text)) fields[key] = value;
+    if (!fields.empty()) message.fields = fields.dump();
+    messages.push_back(std::move(message));
   }
   return messages;
 }
@@ -101,9 +116,12 @@ int run_chat(const ChatCommand& options) {
   if (options.generation.model.checkpoint.empty()) throw UsageError("give --checkpoint DIR (a Hugging Face model folder)");
   LoadedModel loaded = load_model(options.generation.model);
   const auto* tokenizer = dynamic_cast<const text::HfTokenizer*>(loaded.tokenizer.get());
-  if (!tokenizer) throw UsageError("qkv chat needs a Hugging Face model folder with tokenizer.json and a chat template");
+  // What the model lacks is a problem of the input (exit 1), not of the command line.
+  if (!tokenizer)
+    throw ValueError(loaded.description + " is no Hugging Face model folder (with tokenizer.json and a chat template); "
+                     "qkv chat talks to one; use qkv generate");
   if (tokenizer->chat_template().empty())
-    throw UsageError(options.generation.model.checkpoint + " has no chat template in tokenizer_config.json; use qkv generate");
+    throw ValueError(options.generation.model.checkpoint + " has no chat template in tokenizer_config.json; use qkv generate");
   text::ChatTemplate templ;
   try {
     templ = text::ChatTemplate::parse(tokenizer->chat_template());
@@ -131,11 +149,27 @@ int run_chat(const ChatCommand& options) {
   int64_t turns = 0;
   // One turn: render the conversation, keep the cached tokens it begins with, feed the rest, stream the reply.
   auto turn = [&]() {
-    const std::vector<int64_t> ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    std::vector<int64_t> ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    // A conversation that no longer fits the cache with room for a reply loses its oldest turns (a leading system
+    // message stays): whole turns, so what remains still starts with a user's message.
+    size_t dropped = 0;
+    const size_t first = !messages.empty() && messages.front().role == "system" ? 1 : 0;
+    while (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity && messages.size() > first + 1) {
+      do {
+        messages.erase(messages.begin() + static_cast<std::ptrdiff_t>(first));
+        ++dropped;
+      } while (messages.size() > first + 1 && messages[first].role != "user");
+      ids = tokenizer->encode_rendered(templ.render(messages, chat));
+    }
+    if (dropped > 0)
+      std::fprintf(stderr, "qkv chat: the conversation filled the %lld-token cache (--max-context); dropped its oldest "
+                           "%s to make room\n", static_cast<long long>(capacity),
+                   count_of(static_cast<int64_t>(dropped), "message").c_str());
     if (static_cast<int64_t>(ids.size()) + g.max_new_tokens > capacity)
-      throw UsageError("the conversation has " + std::to_string(ids.size()) + " tokens; with --max-new-tokens " +
+      throw UsageError("the message alone has " + std::to_string(ids.size()) + " tokens; with --max-new-tokens " +
                        std::to_string(g.max_new_tokens) + " it would pass the " + std::to_string(capacity) +
-                       "-token cache (--max-context); start a new chat");
+                       "-token cache; give a larger --max-context (at most the model's " +
+                       std::to_string(model.context_length()) + "), a smaller --max-new-tokens or a shorter message");
     // The template may rewrite the history (Qwen3 drops old <think> blocks): the cache is cut where it differs, and
     // at least the last token is fed again for its logits.
     const int64_t keep = std::min<int64_t>(session.common_prefix(conversation, ids), static_cast<int64_t>(ids.size()) - 1);
@@ -159,10 +193,32 @@ int run_chat(const ChatCommand& options) {
   for (std::string line;;) {
     if (interactive) std::cerr << "> " << std::flush;
     if (!std::getline(std::cin, line) || (interactive && line.empty())) break;
+    // Piped text: a blank line separates, it is no message (it would make the model answer nothing).
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     messages.push_back({"user", line});
     turn();
   }
   return 0;
+}
+
+Runner setup_chat(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<ChatCommand>();
+  add_model_options(cmd, o->generation.model);
+  add_weights_option(cmd, o->generation.model);
+  add_sampling_options(cmd, o->generation);
+  cmd.add_option("--system", o->system, "A system message before the conversation");
+  cmd.add_option("--messages", o->messages_path, "Start from these messages (JSON list of {role, content})");
+  cmd.add_flag("--print-prompt", o->print_prompt, "Print what the chat template makes of the messages, and stop");
+  cmd.add_option("--template", o->template_path, "With --print-prompt: a tokenizer_config.json (no model needed)");
+  cmd.add_flag("--no-thinking", o->no_thinking, "Qwen3: render enable_thinking = false (an empty think block)");
+  cmd.add_option("--max-context", o->max_context, "Tokens the KV cache holds")->capture_default_str()
+      ->check(int_at_least(1));
+  add_precision_option(cmd, context);
+  return [o, &context] {
+    o->generation.model.bf16_weights = context.precision == Precision::BF16;
+    note_unused_sampling(o->generation, "chat");
+    return run_chat(*o);
+  };
 }
 
 }  // namespace qkv::cli

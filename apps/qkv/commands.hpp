@@ -1,7 +1,10 @@
-// The subcommands of the qkv tool. Each parses nothing itself: main.cpp fills the options with CLI11.
+// The subcommands of the qkv tool: each has a setup_* function that registers its options on its CLI11 command and
+// returns what runs it, and a run_* function that does the work on parsed options. main.cpp holds the table of
+// commands and maps errors to exit codes.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
@@ -9,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/core/precision.hpp"
 #include "qkv/nn/footprint.hpp"
 #include "qkv/nn/pretrained.hpp"
 #include "qkv/nn/sampler.hpp"
@@ -19,13 +23,48 @@
 #include "qkv/train/trainer.hpp"
 #include "qkv/viz/picture.hpp"
 
+namespace CLI {
+class App;
+}
+
 namespace qkv::cli {
+
+// What main.cpp shares with the commands: the command line (MPI's start takes it) and --precision.
+struct CommandContext {
+  int* argc = nullptr;
+  char*** argv = nullptr;
+  std::string precision_text = "fp32";    // --precision, for the commands that take it
+  Precision precision = Precision::FP32;  // resolved once the line is parsed
+};
+// A command's setup registers its options on `command` (they live in the runner it returns) and returns the function
+// that runs the command once the line is parsed: its exit code, or an exception main.cpp maps to one.
+using Runner = std::function<int()>;
+using Setup = Runner (*)(CLI::App& command, CommandContext& context);
+Runner setup_demo(CLI::App& command, CommandContext& context);
+Runner setup_apply(CLI::App& command, CommandContext& context);
+Runner setup_tokenize(CLI::App& command, CommandContext& context);
+Runner setup_detokenize(CLI::App& command, CommandContext& context);
+Runner setup_train(CLI::App& command, CommandContext& context);
+Runner setup_generate(CLI::App& command, CommandContext& context);
+Runner setup_chat(CLI::App& command, CommandContext& context);
+Runner setup_attention(CLI::App& command, CommandContext& context);
+Runner setup_eval(CLI::App& command, CommandContext& context);
+Runner setup_finetune(CLI::App& command, CommandContext& context);
+Runner setup_classify(CLI::App& command, CommandContext& context);
+Runner setup_convert(CLI::App& command, CommandContext& context);
+Runner setup_memory(CLI::App& command, CommandContext& context);
+Runner setup_serve(CLI::App& command, CommandContext& context);
 
 // A mistake on the command line found after parsing (a bad combination, an input that does not fit): exit 2.
 class UsageError : public Error {
  public:
   using Error::Error;
 };
+
+// "1 layer", "2 layers": a count with its noun, for messages.
+inline std::string count_of(int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 
 // The most a command reads of a text (--text, --messages, standard input): 1 GiB, stated in the error past it.
 inline constexpr uint64_t kMaxTextBytes = uint64_t{1} << 30;
@@ -35,11 +74,15 @@ struct DemoOptions {
   bool color = false;
   std::string pictures_dir;           // draw every weight matrix there and the training (GIF)
   viz::PictureOptions pictures;       // --format, --scale
+  std::string color_scale;            // --color-scale: fixed, auto, or empty (auto except where pictures compare)
   std::string sentence;               // the learner's own words, one random embedding per distinct word
   bool sentence_given = false;
   std::string embeddings, tokens;     // or embeddings from a .npy (T × d_in), one token per row
-  int64_t d_in = 0, d_out = 0;        // 0: the defaults (3 and 2)
+  std::optional<int64_t> d_in, d_out;  // unset: the defaults (3 and 2)
   std::optional<uint64_t> seed;       // for the learner's input (default 123)
+  // Section 3's pair: which word learns to attend to which, as "QUERY,KEY" (words or 1-based positions); empty:
+  // "cat,fat" when the sentence has both, else its last word to its first.
+  std::string attend;
 };
 const std::vector<std::string>& demo_sections();
 int run_demo(const DemoOptions& options, std::ostream& out);
@@ -80,6 +123,13 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm);
 // ("rank N: …"), so none waits for the others.
 void set_up_everywhere(train::Communicator& comm, const std::function<void()>& setup);
 std::string read_corpus(const std::string& path);  // --text FILE, or the default corpus
+// The settings `strings` hold (the defaults or a checkpoint's, with the command line's over them), parsed and
+// validated; a bad value is a UsageError that names where a value not given came from (`origin`: "default",
+// "checkpoint's").
+train::TrainSettings parse_train_settings(const std::map<std::string, std::string>& strings, const TrainCommand& options,
+                                          const std::string& origin);
+// A note on stderr when the schedule cannot do what its settings say (a warmup longer than the run).
+void note_schedule(const train::TrainSettings& settings, int64_t start_step);
 
 // Where a model comes from: --checkpoint FILE (a qkv checkpoint, a .pth, a book-named or Hugging Face safetensors
 // file; told apart by content), --checkpoint DIR (a Hugging Face model folder: config.json, the safetensors and
@@ -129,6 +179,7 @@ struct GenerateCommand {
   double min_p = 0.0, repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
+  std::vector<std::string> sampling_given;  // "--temperature 1.5", … as given (with --greedy they are not used: say so)
   bool chat = false;  // the prompt as one user message in the model's chat template
 };
 int run_generate(const GenerateCommand& options);
@@ -198,6 +249,7 @@ struct ConvertCommand {
   std::string merge;              // a PEFT LoRA adapter folder to fold into the weights first
   nn::ConfigHint hint;
   bool weights_only = false;
+  bool overwrite = false;  // replace an existing output (as train's --overwrite)
 };
 int run_convert(const ConvertCommand& options);
 
@@ -207,7 +259,6 @@ namespace CLI {
 class App;
 }
 namespace qkv::cli {
-// `qkv serve` (serve.cpp): adds the command and its options to app; run_serve runs it once the line is parsed
-CLI::App* add_serve_command(CLI::App& app);
+// `qkv serve` (serve.cpp), once the line is parsed
 int run_serve();
 }  // namespace qkv::cli

@@ -3,6 +3,8 @@
 #include <filesystem>
 
 #include "commands.hpp"
+#include "options.hpp"
+#include "qkv/io/file.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/nn/hf.hpp"
 #include "qkv/nn/lora.hpp"
@@ -11,6 +13,18 @@
 namespace qkv::cli {
 
 namespace {
+// An existing output is kept unless --overwrite says to replace it (an empty folder, or a device such as /dev/null,
+// is written into).
+void check_output(const ConvertCommand& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(options.output, ec);
+  if (options.overwrite || ec || !fs::exists(status)) return;
+  if (fs::is_directory(status) ? !fs::is_empty(options.output, ec) : fs::is_regular_file(status))
+    throw UsageError(options.output + " already exists (" + io::describe_file(options.output) + "); give --overwrite to "
+                     "replace it, or another output");
+}
+
 // Folds a PEFT adapter into the model's weights; its fully trained modules replace theirs. A module the model has no
 // place for (a classifier head) is a usage error naming it.
 void merge_adapter(const std::string& dir, nn::Module& model) {
@@ -56,6 +70,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
   std::error_code same;
   if (fs::equivalent(options.input, options.output, same))
     throw UsageError("the output folder is the input folder; write to another");
+  check_output(options);
   // With --merge: the adapter's pairs folded in; a classifier adapter's head (modules_to_save: score) makes the output
   // a *ForSequenceClassification folder.
   nn::PretrainedOptions o;
@@ -111,6 +126,7 @@ int run_convert(const ConvertCommand& options) {
   if (options.to == "hf") return convert_to_hf_folder(options);
   if (nn::is_hf_folder(options.input))
     throw UsageError(options.input + " is a Hugging Face folder: convert it with --to hf (to F32 or BF16, --dtype)");
+  check_output(options);
   if (!options.merge.empty()) return convert_merged(options);
   const train::ModelFormat to = train::output_format(options.to, options.output);
   train::Conversion c;
@@ -124,6 +140,24 @@ int run_convert(const ConvertCommand& options) {
                c.with_optimizer ? ", with the optimizer state" : "");
   if (!c.note.empty()) std::fprintf(stderr, "  note: %s\n", c.note.c_str());
   return 0;
+}
+
+Runner setup_convert(CLI::App& cmd, CommandContext&) {
+  auto o = std::make_shared<ConvertCommand>();
+  cmd.add_option("input", o->input, "The model file (any format qkv reads)")->required()->transform(folder_path());
+  cmd.add_option("output", o->output, "The file to write")->required()->transform(folder_path());
+  cmd.add_option("--to", o->to, "pth, safetensors (book names), checkpoint (qkv), gpt2 (Hugging Face) or hf (a Hugging "
+                                "Face folder from another); default: .pth/.pt → pth, otherwise safetensors")
+      ->check(one_of({"pth", "safetensors", "checkpoint", "gpt2", "hf"}));
+  cmd.add_option("--dtype", o->dtype, "With --to hf: f32 or bf16 (half the bytes)")->capture_default_str()
+      ->check(one_of({"f32", "bf16"}));
+  add_config_options(cmd, o->hint);
+  cmd.add_flag("--weights-only", o->weights_only, "Keep only the weights (drop optimizer state)");
+  cmd.add_flag("--overwrite", o->overwrite, "Replace the output if it exists");
+  cmd.add_option("--merge", o->merge, "A LoRA adapter folder (PEFT's layout, as qkv finetune writes) to merge into the "
+                                      "weights: W + (alpha / r)·B·A")
+      ->transform(folder_path());
+  return [o] { return run_convert(*o); };
 }
 
 }  // namespace qkv::cli

@@ -3,14 +3,18 @@
 // also drawn, as PNG, SVG or PDF.
 #include "commands.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "options.hpp"
 #include "qkv/io/npy.hpp"
 #include "qkv/qkv.hpp"
 #include "qkv/viz/heatmap.hpp"
@@ -69,8 +73,8 @@ struct Input {
 Input resolve_input(const DemoOptions& o) {
   Input in;
   in.seed = o.seed.value_or(123);
-  if (o.d_out != 0) in.d_out = o.d_out;
-  if (o.d_in != 0) in.d_in = o.d_in;
+  in.d_out = o.d_out.value_or(in.d_out);
+  in.d_in = o.d_in.value_or(in.d_in);
   if (in.d_in < 1 || in.d_in > kMaxWidth || in.d_out < 1 || in.d_out > kMaxWidth) {
     throw UsageError("--d-in and --d-out must lie in 1…" + std::to_string(kMaxWidth) + " (got " + std::to_string(in.d_in) +
                      " and " + std::to_string(in.d_out) + ")");
@@ -89,8 +93,8 @@ Input resolve_input(const DemoOptions& o) {
       throw UsageError(o.embeddings + " has " + std::to_string(x.size(0)) + " rows but --tokens names " +
                        std::to_string(in.tokens.size()) + " tokens; give one token per row");
     }
-    if (o.d_in != 0 && o.d_in != x.size(1)) {
-      throw UsageError("--d-in " + std::to_string(o.d_in) + " differs from the " + std::to_string(x.size(1)) +
+    if (o.d_in && *o.d_in != x.size(1)) {
+      throw UsageError("--d-in " + std::to_string(*o.d_in) + " differs from the " + std::to_string(x.size(1)) +
                        " columns of " + o.embeddings);
     }
     in.d_in = x.size(1);
@@ -108,7 +112,7 @@ Input resolve_input(const DemoOptions& o) {
     in.how = "one random " + std::to_string(in.d_in) + "-d vector per distinct word, drawn with randn after "
              "torch.manual_seed(" + std::to_string(in.seed) + ")";
   } else {
-    if (o.d_in != 0 || o.d_out != 0) {
+    if (o.d_in || o.d_out) {
       throw UsageError("--d-in and --d-out go with --sentence or --embeddings; the book's example is 3 → 2");
     }
     in.tokens = kJourney;
@@ -133,23 +137,32 @@ std::vector<std::string> dims(const char* prefix, int64_t n) {
   return out;
 }
 
-// Writes a heatmap into --pictures DIR (when given), in the chosen format, and says where.
+// Writes a heatmap into --pictures DIR (when given), in the chosen format, and says where. The colour scale: by
+// default each picture's own largest weight, except where pictures are compared (before and after training: 0 … 1);
+// --color-scale fixed puts every one on 0 … 1 (dropout's kept weights, doubled, on 0 … 2), auto each on its own.
 class Pictures {
  public:
-  Pictures(const std::string& dir, const viz::PictureOptions& options) : dir_(dir), options_(options) {
+  Pictures(const std::string& dir, const viz::PictureOptions& options, const std::string& scale)
+      : dir_(dir), options_(options), scale_(scale) {
     if (dir_.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IoError(dir_ + ": cannot create the picture directory: " + ec.message());
   }
   bool on() const { return !dir_.empty(); }
+  // The colour scale's top: `fixed` (the largest weight there can be) or 0, the picture's own largest.
+  double vmax(bool fixed_by_default, double fixed = 1.0) const {
+    return scale_ == "fixed" || (scale_.empty() && fixed_by_default) ? fixed : 0.0;
+  }
   void heatmap(std::ostream& out, const std::string& stem, const std::string& title, const Tensor& weights,
-               const std::vector<std::string>& tokens, double vmax = 0.0) {
+               const std::vector<std::string>& tokens, bool fixed_by_default = false,
+               std::function<bool(int64_t, int64_t)> masked = {}, double fixed = 1.0) {
     if (!on()) return;
     viz::HeatmapStyle style;
     style.title = title;
     style.row_labels = style.col_labels = tokens;
-    style.vmax = vmax;
+    style.vmax = vmax(fixed_by_default, fixed);
+    style.masked = std::move(masked);
     const std::string path = picture(stem);
     viz::save_heatmap(path, weights, style, options_);
     out << "  [picture: " << path << "]\n";
@@ -161,6 +174,7 @@ class Pictures {
  private:
   std::string dir_;
   viz::PictureOptions options_;
+  std::string scale_;  // "", "fixed" or "auto"
 };
 
 double entropy_bits(const Tensor& row) {
@@ -278,37 +292,62 @@ void section_v2(std::ostream& out, const Input& in, const DemoOptions& options, 
                    t.weights, in.tokens);
 }
 
-// Which token learns to attend to which: the book's cat → fat, or the user's last token → first token.
+// Which token learns to attend to which: the book's cat → fat; for the learner's input --attend QUERY,KEY, else
+// cat → fat when both are there, else the last token → the first.
 struct TrainSetup {
   std::vector<std::string> tokens;
   Tensor x;
-  int64_t query, key;
-  int64_t d;
+  int64_t query = 0, key = 0;
+  int64_t d = 0;
 };
 
-TrainSetup train_setup(const Input& in) {
+// A token of --attend: a word (its first occurrence) or a 1-based position.
+int64_t find_token(const std::vector<std::string>& tokens, const std::string& word, const char* role) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] == word) return static_cast<int64_t>(i);
+  if (!word.empty() && word.find_first_not_of("0123456789") == std::string::npos && word.size() < 4) {
+    const int64_t position = std::stoll(word);
+    if (position >= 1 && position <= static_cast<int64_t>(tokens.size())) return position - 1;
+  }
+  std::string words;
+  for (const auto& t : tokens) words += (words.empty() ? "" : " ") + t;
+  throw UsageError(std::string("--attend: the ") + role + " \"" + printable(word) + "\" is neither a word of the input (" +
+                   printable(words) + ") nor a position 1…" + std::to_string(tokens.size()));
+}
+
+TrainSetup train_setup(const Input& in, const std::string& attend) {
+  TrainSetup s;
   if (in.book) {
-    TrainSetup s;
     s.tokens = {"the", "fat", "cat", "sat", "on", "the", "mat"};
     s.d = 4;
     // Fixed embeddings: one random 4-d vector per distinct word (seed 123); Wq, Wk, Wv are drawn next.
     manual_seed(123);
     s.x = word_embeddings(s.tokens, s.d, default_generator());
-    s.query = 2;
-    s.key = 1;
-    return s;
+  } else {
+    s.tokens = in.tokens, s.x = in.x, s.d = in.d_in;
   }
-  TrainSetup s{in.tokens, in.x, static_cast<int64_t>(in.tokens.size()) - 1, 0, in.d_in};
-  for (size_t i = 0; i < in.tokens.size(); ++i) {  // "cat" and "fat" if the sentence has them
-    if (in.tokens[i] == "cat") s.query = static_cast<int64_t>(i);
-    if (in.tokens[i] == "fat") s.key = static_cast<int64_t>(i);
+  if (!attend.empty()) {
+    const size_t comma = attend.find(',');
+    if (comma == std::string::npos)
+      throw UsageError("--attend takes QUERY,KEY (two words or positions), e.g. --attend cat,fat; got \"" +
+                       printable(attend) + "\"");
+    s.query = find_token(s.tokens, attend.substr(0, comma), "query");
+    s.key = find_token(s.tokens, attend.substr(comma + 1), "key");
+    return s;  // a word may learn to attend to itself
   }
-  if (s.query == s.key) s.key = s.query == 0 ? 1 : 0;
+  const auto cat = std::find(s.tokens.begin(), s.tokens.end(), "cat"), fat = std::find(s.tokens.begin(), s.tokens.end(), "fat");
+  if (cat != s.tokens.end() && fat != s.tokens.end()) {  // the book's pair, when the sentence has both
+    s.query = cat - s.tokens.begin();
+    s.key = fat - s.tokens.begin();
+  } else {  // else the last word learns to attend to the first
+    s.query = static_cast<int64_t>(s.tokens.size()) - 1;
+    s.key = 0;
+  }
   return s;
 }
 
 void section_train(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
-  TrainSetup s = train_setup(in);
+  TrainSetup s = train_setup(in, options.attend);
   const std::string& qname = s.tokens[static_cast<size_t>(s.query)];
   const std::string& kname = s.tokens[static_cast<size_t>(s.key)];
   heading(out, "3. Training Wq, Wk, Wv — make \"" + qname + "\" attend to \"" + kname + "\"");
@@ -336,7 +375,7 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   };
   const Tensor before = weights_now();
   out << "\nBefore training, \"" << qname << "\" attends to:\n" << viz::bars(query_row(before), s.tokens);
-  pictures.heatmap(out, "03-train-A-before", "Before training: A", before, s.tokens, 1.0);
+  pictures.heatmap(out, "03-train-A-before", "Before training: A", before, s.tokens, true);
   viz::HeatmapStyle anim_style;
   anim_style.title = "Training: \"" + qname + "\" learns to attend to \"" + kname + "\"";
   anim_style.row_labels = anim_style.col_labels = s.tokens;
@@ -347,42 +386,68 @@ void section_train(std::ostream& out, const Input& in, const DemoOptions& option
   targets[static_cast<size_t>(s.query)] = s.key;
   out << "\nAdamW, lr = 0.05:\n";
   const Tensor w_value_before = attention.W_value.clone();
-  int step = 0;
-  for (; step <= 500; ++step) {
+  // At most kMaxSteps optimiser steps; the animation keeps the first ten and then every tenth (and the last), so a
+  // run that never meets its goal writes ~60 frames, not 501.
+  constexpr int kMaxSteps = 500;
+  int step = 0;  // optimiser steps taken so far
+  bool done = false;
+  float attention_to_key = 0.0f;
+  int64_t best = 0;
+  for (;; ++step) {
     optimizer.zero_grad();
     const nn::AttentionTrace t = attention.trace(s.x);
     const Tensor loss = cross_entropy(div(t.scores, std::sqrt(static_cast<float>(s.d))), targets);
-    const float attention_to_key = t.weights.at({s.query, s.key});
-    int64_t best = 0;
+    attention_to_key = t.weights.at({s.query, s.key});
+    best = 0;
     for (int64_t j = 1; j < T; ++j)
       if (t.weights.at({s.query, j}) > t.weights.at({s.query, best})) best = j;
-    const bool done = best == s.key && attention_to_key >= 0.5f;
+    done = best == s.key && attention_to_key >= 0.5f;
+    const bool last = done || step == kMaxSteps;
     char line[200];
     std::snprintf(line, sizeof line, "  step %3d   loss %.4f   A[%s, %s] = %.4f%s\n", step, loss.item(), qname.c_str(),
                   kname.c_str(), attention_to_key, done ? ("   ← " + qname + " now attends most to " + kname).c_str() : "");
-    if (step < 5 || step % 10 == 0 || done) out << line;
-    if (pictures.on()) {
+    if (step < 5 || step % 10 == 0 || last) out << line;
+    if (pictures.on() && (step < 10 || step % 10 == 0 || last)) {
       char caption[120];
       std::snprintf(caption, sizeof caption, "step %d   loss %.3f   A[%s, %s] = %.2f", step, loss.item(),
                     qname.c_str(), kname.c_str(), attention_to_key);
       animation.add_frame(t.weights.detach(), caption);
     }
-    if (done) break;
+    if (last) break;
     loss.backward();
     optimizer.step();
   }
   const Tensor after = weights_now();
   out << "\nAfter " << step << " steps, \"" << qname << "\" attends to:\n" << viz::bars(query_row(after), s.tokens);
-  pictures.heatmap(out, "03-train-A-after", "After " + std::to_string(step) + " steps: A", after, s.tokens, 1.0);
+  if (!done) {
+    // Say so, and why it can happen: the score of key j is x_j·u for one vector u (u = Wk·Wqᵀ·x_q), so only a key
+    // whose embedding is a corner of all the keys' convex hull can ever get the largest weight, and a repeated word
+    // (the same embedding) shares its weight with its copies.
+    const int64_t copies = std::count(s.tokens.begin(), s.tokens.end(), kname);
+    char line[160];
+    std::snprintf(line, sizeof line, "A[%s, %s] = %.4f; the largest weight is on \"%s\"", qname.c_str(), kname.c_str(),
+                  attention_to_key, s.tokens[static_cast<size_t>(best)].c_str());
+    out << "\nThe goal (\"" << qname << "\" attending most to \"" << kname << "\", with a weight of at least 0.5) was not "
+        << "reached in " << kMaxSteps << " steps:\n" << line << ".\n";
+    if (copies > 1)
+      out << "\"" << kname << "\" appears " << copies << " times with one embedding, so its copies share the weight "
+          << "equally.\nChoose another key with --attend QUERY,KEY.\n";
+    else
+      out << "A key's score is its embedding's dot product with one vector, so with " << T << " words in d = " << s.d
+          << " dimensions\na word whose embedding lies inside the others' can never win. Give more dimensions "
+          << "(--d-in), fewer words,\nor another pair (--attend QUERY,KEY).\n";
+  }
+  pictures.heatmap(out, "03-train-A-after", "After " + std::to_string(step) + " steps: A", after, s.tokens, true);
   if (pictures.on()) {
     animation.save_gif(pictures.path("03-train-A-steps.gif"), 12);
-    out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", one frame per step]\n";
+    out << "  [animation: " << pictures.path("03-train-A-steps.gif") << ", " << animation.frames() << " frames: "
+        << (step < 10 ? "every step" : "the first ten steps, then every tenth") << "]\n";
   }
   float change = 0.0f;
   for (int64_t i = 0; i < attention.W_value.numel(); ++i)
     change = std::max(change, std::fabs(attention.W_value.data()[i] - w_value_before.data()[i]));
   out << "\n" << (change == 0.0f ? std::string("W_value did not change")
-                                 : "W_value changed by at most " + std::to_string(change))
+                                 : "W_value changed by at most " + format_real(std::round(change * 1e4) / 1e4))
       << ": the loss looks only at who attends to whom, which Wq and Wk decide;\n"
          "the values decide what is passed along once attention is paid.\n";
 }
@@ -422,7 +487,7 @@ void section_causal(std::ostream& out, const Input& in, const DemoOptions& optio
                              style, true);
   out << "\n" << viz::heatmap("What attends to what, causally", weights, in.tokens, style);
   pictures.heatmap(out, "04-causal-A", "Causal: A = softmax(masked QK\u1d40 / \u221a" + std::to_string(in.d_out) + ")",
-                   weights, in.tokens);
+                   weights, in.tokens, false, viz::causal_cells());
   manual_seed(in.book ? 123 : in.seed);
   nn::CausalAttention causal(in.d_in, in.d_out, T, 0.0);
   print_batch_row(out, "CausalAttention(" + std::to_string(in.d_in) + ", " + std::to_string(in.d_out) +
@@ -448,7 +513,8 @@ void section_dropout(std::ostream& out, const Input& in, const DemoOptions& opti
   out << "\nThe same on the causal weights of section 4, reseeded with 123 (as the book does):\n\n";
   const Tensor dropped_weights = dropout(weights, 0.5, true, default_generator());
   out << viz::matrix("dropout(A_causal)", dropped_weights, in.tokens, in.tokens, style, true);
-  pictures.heatmap(out, "05-dropout-A", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens);
+  pictures.heatmap(out, "05-dropout-A", "Dropout(0.5) on the causal A (training only)", dropped_weights, in.tokens, false,
+                   viz::causal_cells(), 2.0);
   out << "In eval() mode, or with dropout = 0, the weights pass through untouched and no random numbers are drawn.\n";
 }
 
@@ -468,7 +534,8 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
   for (size_t h = 0; h < wrapper.heads.size(); ++h) {
     const Tensor w = wrapper.heads[h]->trace(in.x).weights;
     pictures.heatmap(out, "06-wrapper-head" + std::to_string(h + 1),
-                     "MultiHeadAttentionWrapper, head " + std::to_string(h + 1) + ": A", w, in.tokens);
+                     "MultiHeadAttentionWrapper, head " + std::to_string(h + 1) + ": A", w, in.tokens, false,
+                     viz::causal_cells());
   }
   manual_seed(seed);
   nn::MultiHeadAttention mha(in.d_in, in.d_out, T, 0.0, 2);
@@ -482,12 +549,13 @@ void section_mha(std::ostream& out, const Input& in, const DemoOptions& options,
     const Tensor rows = Tensor::from(std::span<const float>(t.weights.data() + h * T * T, static_cast<size_t>(T * T)), {T, T});
     out << "\n" << viz::heatmap("Head " + std::to_string(h + 1) + " weights (batch row 0)", rows, in.tokens, style);
     pictures.heatmap(out, "06-mha-head" + std::to_string(h + 1),
-                     "MultiHeadAttention, head " + std::to_string(h + 1) + ": A", rows, in.tokens);
-    panels.push_back({"head " + std::to_string(h + 1), rows});
+                     "MultiHeadAttention, head " + std::to_string(h + 1) + ": A", rows, in.tokens, false,
+                     viz::causal_cells());
+    panels.push_back({"head " + std::to_string(h + 1), rows, viz::causal_cells()});
   }
   if (pictures.on()) {
-    viz::save_heatmap_grid(pictures.picture("06-mha-heads"), "MultiHeadAttention: both heads", panels, 2, in.tokens, 0.0,
-                           pictures.options());
+    viz::save_heatmap_grid(pictures.picture("06-mha-heads"), "MultiHeadAttention: both heads", panels, 2, in.tokens,
+                           pictures.vmax(false), pictures.options());
     out << "  [picture: " << pictures.picture("06-mha-heads") << "]\n";
   }
 }
@@ -597,7 +665,7 @@ const std::vector<std::string>& demo_sections() {
 
 int run_demo(const DemoOptions& options, std::ostream& out) {
   const Input input = resolve_input(options);
-  Pictures pictures(options.pictures_dir, options.pictures);
+  Pictures pictures(options.pictures_dir, options.pictures, options.color_scale);
   const auto& wanted = options.sections.empty() ? demo_sections() : options.sections;
   std::set<std::string> chosen(wanted.begin(), wanted.end());
   out << "qkv " << kVersion << " — trainable self-attention, step by step (Raschka, LLMs from Scratch, §3.4)\n";
@@ -610,6 +678,47 @@ int run_demo(const DemoOptions& options, std::ostream& out) {
   if (chosen.count("sinks")) section_sinks(out, input, options, pictures);
   if (chosen.count("moe")) section_moe(out, input, options, pictures);
   return 0;
+}
+
+Runner setup_demo(CLI::App& cmd, CommandContext&) {
+  auto o = std::make_shared<DemoOptions>();
+  cmd.add_option("--section", o->sections, "Show only these sections (repeatable): v1, v2, train, causal, dropout, mha")
+      ->check(one_of(demo_sections()));
+  auto force_color = std::make_shared<bool>(false), no_color = std::make_shared<bool>(false);
+  auto* color_flag = cmd.add_flag("--color", *force_color, "Colour the attention grids (default: on a terminal, unless "
+                                                           "NO_COLOR is set)");
+  cmd.add_flag("--no-color", *no_color, "Never use colour")->excludes(color_flag);
+  cmd.add_option("--pictures,--png", o->pictures_dir,
+                 "Also draw every weight matrix as a heatmap in DIR (--format), and the training as a GIF")
+      ->transform(folder_path());
+  add_picture_options(cmd, o->pictures);
+  cmd.add_option("--color-scale", o->color_scale, "The heatmaps' colours: fixed (0 … 1 in every picture) or auto (each "
+                                                  "to its largest weight); default: auto, but 0 … 1 where pictures are "
+                                                  "compared (before and after training)")
+      ->check(one_of({"fixed", "auto"}));
+  auto* sentence = cmd.add_option("--sentence", o->sentence,
+                                  "Your own sentence: one random embedding per distinct word (like the book)");
+  auto* embeddings = cmd.add_option("--embeddings", o->embeddings,
+                                    "Your own embeddings: a .npy array of (tokens × d_in), with --tokens");
+  auto* tokens = cmd.add_option("--tokens", o->tokens, "The tokens of --embeddings' rows, space-separated");
+  embeddings->needs(tokens)->excludes(sentence);
+  tokens->needs(embeddings);
+  cmd.add_option("--d-in", o->d_in, "Embedding width for --sentence (default 3)")->type_name("INT")
+      ->check(int_in_range(1, kMaxWidth));
+  cmd.add_option("--d-out", o->d_out, "Query/key/value width c (default 2; even: two heads share it)")->type_name("INT")
+      ->check(int_in_range(1, kMaxWidth));
+  cmd.add_option("--seed", o->seed, "Seed for your input's embeddings and weights (default 123)");
+  cmd.add_option("--attend", o->attend, "Section 3 trains QUERY to attend to KEY (words or 1-based positions: "
+                                        "--attend cat,fat; default: cat,fat when your sentence has both, else its last "
+                                        "word to its first)");
+  return [o, force_color, no_color, sentence] {
+    // NO_COLOR (no-color.org): any non-empty value turns colour off unless --color asks for it.
+    const char* no_color_env = std::getenv("NO_COLOR");
+    const bool env_off = no_color_env && *no_color_env;
+    o->color = !*no_color && (*force_color || (!env_off && isatty(STDOUT_FILENO)));
+    o->sentence_given = sentence->count() > 0;
+    return run_demo(*o, std::cout);
+  };
 }
 
 }  // namespace qkv::cli

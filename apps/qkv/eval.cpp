@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "progress.hpp"
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
@@ -85,7 +86,9 @@ int run_eval(const EvalCommand& options) {
   }
   const int64_t stride = options.stride > 0 ? options.stride : context;
   if (stride > context) throw UsageError("--stride " + std::to_string(stride) + " exceeds the window of " + std::to_string(context) + " tokens");
-  if (ids.size() < 2) throw UsageError(options.text_path + " has " + std::to_string(ids.size()) + " token(s); scoring needs at least 2");
+  if (ids.size() < 2)  // the text's problem (exit 1), not the command line's
+    throw ValueError(options.text_path + " has " + count_of(static_cast<int64_t>(ids.size()), "token") +
+                     "; scoring needs at least 2");
   // Logits are batch × context × vocabulary floats: keep them under 256 MiB unless told otherwise.
   const int64_t batch = options.batch_size > 0 ? options.batch_size
                                                 : std::max<int64_t>(1, (int64_t{256} << 20) / (4 * context * model.vocab_size()));
@@ -137,7 +140,9 @@ int run_eval(const EvalCommand& options) {
     for (size_t i = 0; i < windows.size() && i < result.window_losses.size(); ++i)
       per_window.points.emplace_back(static_cast<double>(windows[i].end), result.window_losses[i]);
     const double last = static_cast<double>(windows.back().end);
-    viz::Series mean{"mean " + format_real(result.loss), {214, 39, 40}, {{0.0, result.loss}, {last, result.loss}}, true};
+    char mean_label[64];
+    std::snprintf(mean_label, sizeof mean_label, "mean %.4f", result.loss);
+    viz::Series mean{mean_label, {214, 39, 40}, {{0.0, result.loss}, {last, result.loss}}, true};
     char title[200];
     std::snprintf(title, sizeof title, "qkv eval: loss along the text (windows of %lld, stride %lld)",
                   static_cast<long long>(context), static_cast<long long>(stride));
@@ -146,6 +151,31 @@ int run_eval(const EvalCommand& options) {
     if (!options.json) std::fprintf(stderr, "  [plot: %s]\n", plot_path.c_str());
   }
   return 0;
+}
+
+Runner setup_eval(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<EvalCommand>();
+  add_model_options(cmd, o->model);
+  add_weights_option(cmd, o->model);
+  cmd.add_option("--text", o->text_path, "UTF-8 text to score (- for standard input)")->required();
+  cmd.add_option("--context", o->context, "Window length (default: the model's context_length; for a Hugging Face "
+                                          "folder at most 2048)")
+      ->check(int_at_least(1));
+  cmd.add_option("--stride", o->stride, "Tokens between window starts (default: the window length; smaller gives each "
+                                        "token more context and costs more)")
+      ->check(int_at_least(1));
+  cmd.add_option("--batch-size", o->batch_size, "Windows per forward pass (default: what keeps the logits under 256 MiB)")
+      ->check(int_at_least(1));
+  cmd.add_option("--plot", o->plot_path, "Also draw the loss of each window along the text (FILE.png, .svg or .pdf; a "
+                                         "name without one gets --format's)");
+  add_picture_options(cmd, o->pictures);
+  cmd.add_flag("--json", o->json, "Print one JSON object (loss, perplexity, tokens, tokens/s …) on stdout");
+  cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+  add_precision_option(cmd, context);
+  return [o, &context] {
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    return run_eval(*o);
+  };
 }
 
 }  // namespace qkv::cli

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "progress.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
@@ -127,7 +128,9 @@ class TrainingReport {
       viz::save_plot(viz::picture_path(dir + "/loss", pictures), {train_loss, val_loss},
                      {.title = title, .x_label = seen_axis, .y_label = "loss (nats)"}, pictures);
   }
-  viz::Series train_loss{"training loss", {31, 119, 180}, {}}, val_loss{"validation loss", {255, 127, 14}, {}};
+  // Evaluations: a dot where each was measured
+  viz::Series train_loss{"training loss", {31, 119, 180}, {}, false, false, true},
+      val_loss{"validation loss", {255, 127, 14}, {}, false, false, true};
 
  private:
   std::chrono::steady_clock::time_point start_;
@@ -178,20 +181,17 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   std::vector<text::LabelledText> train_texts, val_texts, test_texts;
   std::vector<std::string> labels;
   train::ClassificationSplit train_split, val_split, test_split;
-  try {
-    train_texts = text::read_labelled_texts(cmd.train_path, cmd.columns);
-    val_texts = text::read_labelled_texts(cmd.val_path, cmd.columns);
-    if (!cmd.test_path.empty()) test_texts = text::read_labelled_texts(cmd.test_path, cmd.columns);
-    labels = train::label_names(train_texts);
-    if (labels.size() < 2) throw ValueError(cmd.train_path + ": a classifier needs at least two labels; the training texts have " + std::to_string(labels.size()));
-    const int64_t length = o.max_length > 0 ? std::min(o.max_length, model.context_length())
-                                            : train::longest_text(train_texts, tokenizer, model.context_length());
-    train_split = train::make_split(train_texts, labels, tokenizer, length, o.pad_id, cmd.train_path);
-    val_split = train::make_split(val_texts, labels, tokenizer, length, o.pad_id, cmd.val_path);
-    if (!cmd.test_path.empty()) test_split = train::make_split(test_texts, labels, tokenizer, length, o.pad_id, cmd.test_path);
-  } catch (const ValueError& e) {
-    throw UsageError(e.what());
-  }
+  // A problem here is the data files' (a missing column, an unknown label, an empty split): exit 1.
+  train_texts = text::read_labelled_texts(cmd.train_path, cmd.columns);
+  val_texts = text::read_labelled_texts(cmd.val_path, cmd.columns);
+  if (!cmd.test_path.empty()) test_texts = text::read_labelled_texts(cmd.test_path, cmd.columns);
+  labels = train::label_names(train_texts);
+  if (labels.size() < 2) throw ValueError(cmd.train_path + ": a classifier needs at least two labels; the training texts have " + std::to_string(labels.size()));
+  const int64_t length = o.max_length > 0 ? std::min(o.max_length, model.context_length())
+                                          : train::longest_text(train_texts, tokenizer, model.context_length());
+  train_split = train::make_split(train_texts, labels, tokenizer, length, o.pad_id, cmd.train_path);
+  val_split = train::make_split(val_texts, labels, tokenizer, length, o.pad_id, cmd.val_path);
+  if (!cmd.test_path.empty()) test_split = train::make_split(test_texts, labels, tokenizer, length, o.pad_id, cmd.test_path);
   const int64_t classes = static_cast<int64_t>(labels.size());
   std::printf("%s: %zu training, %zu validation, %zu test texts, %lld classes, %lld tokens each\n", loaded.description.c_str(),
               train_texts.size(), val_texts.size(), test_texts.size(), static_cast<long long>(classes),
@@ -218,7 +218,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   print_trainable(before, model.trainable_parameter_count() + classifier.head.parameter_count());
 
   TrainingReport report("examples_seen");
-  viz::Series train_acc{"training accuracy", {31, 119, 180}, {}}, val_acc{"validation accuracy", {255, 127, 14}, {}};
+  viz::Series train_acc{"training accuracy", {31, 119, 180}, {}, false, false, true},
+      val_acc{"validation accuracy", {255, 127, 14}, {}, false, false, true};
   train::ClassifierCallbacks callbacks;
   callbacks.on_step = [&](const train::ClassifierProgress& p) { report.step(p.epoch, p.step, p.steps_total, p.loss); };
   callbacks.on_eval = [&](const train::ClassifierEvaluation& e) { report.eval(e.step, e.examples_seen, e.train_loss, e.val_loss); };
@@ -277,7 +278,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   report.write(dir, "qkv finetune classify: loss", "examples seen", cmd.pictures);
   if (!train_acc.points.empty())
     viz::save_plot(viz::picture_path(dir + "/accuracy", cmd.pictures), {train_acc, val_acc},
-                   {.title = "qkv finetune classify: accuracy per epoch", .x_label = "epoch", .y_label = "accuracy"},
+                   {.title = "qkv finetune classify: accuracy per epoch", .x_label = "epoch", .y_label = "accuracy",
+                    .whole_x = true},
                    cmd.pictures);
   Tensor counts = Tensor::zeros({classes, classes});
   for (int64_t r = 0; r < classes; ++r)
@@ -303,8 +305,8 @@ int run_classify(const ClassifyCommand& cmd) {
   if (m.hint.config.empty() && m.hint.n_heads == 0 && m.adapter.empty() && !fs::is_directory(m.path()) && fs::exists(beside))
     m.hint.config = beside.string();  // qkv finetune writes the book's configuration dict beside model.pth
   LoadedModel loaded = load_model(m);
-  if (!loaded.is_classifier()) {
-    throw UsageError(loaded.description + " has no classifier head; give the folder, model.pth or --adapter that qkv "
+  if (!loaded.is_classifier()) {  // the model lacks what the command needs: an input problem, exit 1
+    throw ValueError(loaded.description + " has no classifier head; give the folder, model.pth or --adapter that qkv "
                      "finetune classify wrote");
   }
   // The labels and how the classifier reads a text: from the model's files (nn::ClassifierHead).
@@ -346,16 +348,12 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
                  static_cast<long long>(model.context_length()), static_cast<long long>(o.allowed_max_length));
     o.allowed_max_length = model.context_length();
   }
-  std::vector<text::Instruction> entries;
-  try {
-    entries = text::read_instructions(cmd.data_path);
-  } catch (const ValueError& e) {
-    throw UsageError(e.what());
-  }
-  if (entries.size() < 3) throw UsageError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries; the 85/10/5 split needs more");
+  // The data file's problems exit 1 (docs/robustness.md).
+  const std::vector<text::Instruction> entries = text::read_instructions(cmd.data_path);
+  if (entries.size() < 3) throw ValueError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries; the 85/10/5 split needs more");
   const train::InstructionSplits splits = train::split_instructions(entries, cmd.split_seed);
   if (splits.train.empty() || splits.validation.empty() || splits.test.empty()) {
-    throw UsageError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries leave an empty split (" +
+    throw ValueError(cmd.data_path + ": " + std::to_string(entries.size()) + " entries leave an empty split (" +
                      std::to_string(splits.train.size()) + " train, " + std::to_string(splits.test.size()) + " test, " +
                      std::to_string(splits.validation.size()) + " validation); give at least 20");
   }
@@ -363,7 +361,8 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   std::function<std::string(const text::Instruction&)> prompt;
   if (cmd.format == "chat") {
     const auto* hf = dynamic_cast<const text::HfTokenizer*>(&tokenizer);
-    if (!hf || hf->chat_template().empty()) throw UsageError("--format chat needs a model folder with a chat template");
+    if (!hf || hf->chat_template().empty())
+      throw ValueError("--format chat needs a model folder with a chat template; " + loaded.description + " has none");
     auto tmpl = std::make_shared<text::ChatTemplate>(text::ChatTemplate::parse(hf->chat_template()));
     text::ChatOptions chat;
     if (hf->bos_id() >= 0) chat.bos_token = hf->token_content(hf->bos_id());
@@ -442,6 +441,73 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
               o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "",
               viz::picture_extension(cmd.pictures.format));
   return 0;
+}
+
+Runner setup_finetune(CLI::App& cmd, CommandContext& context) {
+  cmd.require_subcommand(1);
+  auto classify = std::make_shared<FinetuneClassifyCommand>();
+  auto* c = cmd.add_subcommand("classify", "A new classification head on the last position (the book's spam "
+                                           "classifier): CSV/TSV/JSONL in, model.pth, metrics.json, losses.csv and "
+                                           "plots out");
+  add_model_options(*c, classify->model);
+  c->add_option("--train", classify->train_path, "Training texts: .csv (header with Label,Text), .tsv or .jsonl")->required();
+  c->add_option("--val", classify->val_path, "Validation texts, same layout")->required();
+  c->add_option("--test", classify->test_path, "Test texts, same layout (reported at the end)");
+  c->add_option("--out", classify->out_dir, "Folder for the fine-tuned model and its reports")->required()
+      ->transform(folder_path());
+  c->add_option("--text-column", classify->columns.text, "Column (or JSON key) of the texts")->capture_default_str();
+  c->add_option("--label-column", classify->columns.label, "Column (or JSON key) of the labels")->capture_default_str();
+  c->add_option("--trainable", classify->trainable, "What trains besides the head: last-block (the last block and the "
+                                                    "final norm), all, head, or parameter-name patterns")
+      ->capture_default_str();
+  c->add_option("--pooling", classify->pooling, "The position the head reads: last (the book's, padding included) or "
+                                                "last-real (each text's last token)")
+      ->capture_default_str()->check(one_of({"last", "last-real"}));
+  c->add_option("--max-length", classify->options.max_length, "Tokens per text (default: the longest training text)")
+      ->check(int_at_least(1));
+  add_finetune_options(*c, classify->options, classify->lora_targets, classify->overwrite);
+  c->add_option("--prefix-cache-mib", classify->prefix_cache_mib,
+                "Keep the frozen blocks' output per text for later epochs, up to this many MiB (0: recompute)")
+      ->capture_default_str()->check(int_at_least(0));
+  add_picture_options(*c, classify->pictures);
+  add_precision_option(*c, context);
+
+  auto instruct = std::make_shared<FinetuneInstructCommand>();
+  auto* i = cmd.add_subcommand("instruct", "Instruction fine-tuning on Alpaca entries (the book's chapter 7): responses "
+                                           "to the test entries, model.pth, metrics and a loss plot");
+  add_model_options(*i, instruct->model);
+  i->add_option("--data", instruct->data_path, "A JSON list of {instruction, input, output}")->required();
+  i->add_option("--out", instruct->out_dir, "Folder for the fine-tuned model and its responses")->required()
+      ->transform(folder_path());
+  i->add_option("--format", instruct->format, "alpaca (the book's prompt) or chat (the model's chat template)")
+      ->capture_default_str()->check(one_of({"alpaca", "chat"}));
+  i->add_flag("--mask-prompt", instruct->options.mask_prompt, "Put the loss on the response only");
+  i->add_option("--allowed-max-length", instruct->options.allowed_max_length, "Tokens per example at most")
+      ->capture_default_str()->check(int_at_least(2));
+  i->add_option("--split-seed", instruct->split_seed, "Shuffle before the 85/10/5 split (0: the file's order, as the "
+                                                      "book)")->capture_default_str();
+  i->add_option("--max-new-tokens", instruct->max_new_tokens, "Tokens per test response")
+      ->capture_default_str()->check(int_at_least(0));
+  add_finetune_options(*i, instruct->options, instruct->lora_targets, instruct->overwrite);
+  add_picture_options(*i, instruct->pictures, "--picture-format");
+  add_precision_option(*i, context);
+  return [classify, instruct, c] {
+    // Fine-tuning keeps float32 master weights whatever --precision says (as train does).
+    return c->parsed() ? run_finetune_classify(*classify) : run_finetune_instruct(*instruct);
+  };
+}
+
+Runner setup_classify(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<ClassifyCommand>();
+  add_model_options(cmd, o->model);
+  add_weights_option(cmd, o->model);
+  cmd.add_option("--text", o->texts, "A text to classify (repeatable)")->required();
+  cmd.add_flag("--json", o->json, "Print the label, its probability and every class's as JSON");
+  add_precision_option(cmd, context);
+  return [o, &context] {
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    return run_classify(*o);
+  };
 }
 
 }  // namespace qkv::cli

@@ -6,9 +6,12 @@
 #include <map>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt2.hpp"
@@ -269,10 +272,35 @@ int run_generate(const GenerateCommand& options) {
                static_cast<long long>(produced), seconds, static_cast<double>(produced) / std::max(seconds, 1e-9));
   if (options.no_cache) std::fprintf(stderr, "no KV cache (--no-cache)\n");
   else
-    std::fprintf(stderr, "KV cache %s of f32 at most, in blocks of %lld positions (%lld layers × %lld K/V heads)\n",
-                 mib(cache_bytes).c_str(), static_cast<long long>(block), static_cast<long long>(model.num_layers()),
-                 static_cast<long long>(model.num_kv_heads()));
+    std::fprintf(stderr, "KV cache %s of f32 at most, in blocks of %s (%s × %s)\n", mib(cache_bytes).c_str(),
+                 count_of(block, "position").c_str(), count_of(model.num_layers(), "layer").c_str(),
+                 count_of(model.num_kv_heads(), "K/V head").c_str());
   return 0;
+}
+
+Runner setup_generate(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<GenerateCommand>();
+  add_model_options(cmd, o->model);
+  auto* prompt = cmd.add_option("--prompt", o->prompt, "Text to continue (- or none: standard input, when it is not a "
+                                                       "terminal; its last line break is dropped)");
+  auto* prompts = cmd.add_option("--prompts", o->prompts_path, "A file of prompts, one JSON string per line, generated "
+                                                              "as one batch; prints one JSON object per line");
+  prompts->excludes(prompt);
+  add_weights_option(cmd, o->model);
+  add_sampling_options(cmd, *o);
+  cmd.add_flag("--chat", o->chat, "Format the prompt as one user message with the model's chat template");
+  add_precision_option(cmd, context);
+  return [o, prompt, prompts, &context] {
+    o->model.bf16_weights = context.precision == Precision::BF16;
+    if (o->prompt == "-" || (!prompt->count() && !prompts->count() && !isatty(STDIN_FILENO))) {  // echo "text" | qkv generate …
+      o->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      // echo ends its text with a line break that is no part of the prompt (it would become a token)
+      if (o->prompt.ends_with('\n')) o->prompt.pop_back();
+      if (o->prompt.ends_with('\r')) o->prompt.pop_back();
+    }
+    note_unused_sampling(*o, "generate");
+    return run_generate(*o);
+  };
 }
 
 }  // namespace qkv::cli

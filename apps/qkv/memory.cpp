@@ -1,10 +1,13 @@
 // `qkv memory`: what attention variants cost in memory, printed from their settings (nn/footprint.hpp) — with no
 // settings the book's chapter-4 bonus figures — or from a Hugging Face folder's config.json.
 #include <fstream>
+#include <iostream>
+#include <memory>
 #include <ostream>
 #include <sstream>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/core/settings.hpp"
 #include "qkv/nn/hf.hpp"
 
@@ -48,6 +51,34 @@ int run_memory(const MemoryCommand& options, std::ostream& out) {
   s.ffn_matrices = options.ffn == "gelu" ? 2 : 3;
   out << nn::memory_report(s);
   return 0;
+}
+
+Runner setup_memory(CLI::App& cmd, CommandContext&) {
+  auto o = std::make_shared<MemoryCommand>();
+  cmd.add_option("folder", o->folder, "A Hugging Face model folder (its config.json)")->transform(folder_path());
+  nn::MemorySettings& ms = o->settings;
+  const std::vector<CLI::Option*> settings = {
+      cmd.add_option("--emb", ms.emb_dim, "Residual width (emb_dim)")->check(int_at_least(1)),
+      cmd.add_option("--heads", ms.heads, "Query heads")->check(int_at_least(1)),
+      cmd.add_option("--layers", ms.layers, "Layers")->check(int_at_least(1)),
+      cmd.add_option("--kv-groups", ms.kv_groups, "GQA: query heads per K/V head")->check(int_at_least(1)),
+      cmd.add_option("--latent", ms.latent_dim, "MLA: the latent cached per token and layer")->check(int_at_least(1)),
+      cmd.add_option("--window", ms.window, "SWA: the sliding layers' window")->check(int_at_least(1)),
+      cmd.add_option("--swa-ratio", o->swa_ratio, "SWA: a:b sliding to full layers (default 1:0, all sliding)"),
+      cmd.add_option("--hidden", ms.hidden_dim, "MoE: the dense FFN's hidden width")->check(int_at_least(1)),
+      cmd.add_option("--experts", ms.experts, "MoE: experts")->check(int_at_least(1)),
+      cmd.add_option("--experts-per-token", ms.top_k, "MoE: experts per token (top-k)")->check(int_at_least(1)),
+      cmd.add_option("--ffn", o->ffn, "MoE: swiglu (3 matrices) or gelu (2)")->check(one_of({"swiglu", "gelu"})),
+  };
+  cmd.add_option("--context", ms.context, "Tokens cached per sequence")->capture_default_str()->check(int_at_least(1));
+  cmd.add_option("--batch", ms.batch, "Sequences")->capture_default_str()->check(int_at_least(1));
+  cmd.add_option("--dtype", o->dtype, "Bytes a value: fp32, bf16, fp16, fp8, int8")->capture_default_str()
+      ->check(one_of({"fp32", "bf16", "fp16", "fp8", "int8"}));
+  return [o, settings] {
+    for (const CLI::Option* option : settings) o->custom = o->custom || option->count() > 0;
+    if (o->custom && !o->folder.empty()) throw UsageError("give a folder or settings (--emb, --heads, …), not both");
+    return run_memory(*o, std::cout);
+  };
 }
 
 }  // namespace qkv::cli

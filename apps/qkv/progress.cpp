@@ -30,7 +30,7 @@ std::string format_duration(double seconds) {
 
 ProgressLine::ProgressLine(bool shown) : tty_(isatty(STDERR_FILENO)), shown_(shown) {}
 
-void ProgressLine::draw(int64_t done, int64_t total, const std::string& text) {
+void ProgressLine::draw(int64_t done, int64_t total, const std::string& text, bool always) {
   if (!shown_) return;
   // The bar takes what the terminal's width leaves, so the line never wraps (80 columns: a 10-wide bar).
   const int columns = terminal_columns();
@@ -42,6 +42,8 @@ void ProgressLine::draw(int64_t done, int64_t total, const std::string& text) {
   if (static_cast<int>(line.size()) >= columns) line.resize(static_cast<size_t>(std::max(columns - 1, 10)));
   if (tty_) {
     std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
+  } else if (always) {
+    std::fprintf(stderr, "%s\n", line.c_str());
   } else if (done == total || done / std::max<int64_t>(1, total / 25) != last_printed_) {
     last_printed_ = done / std::max<int64_t>(1, total / 25);
     std::fprintf(stderr, "%s\n", line.c_str());

@@ -29,10 +29,9 @@ ServeCommand& serve_command() {
 }
 }  // namespace
 
-CLI::App* add_serve_command(CLI::App& app) {
+Runner setup_serve(CLI::App& command, CommandContext&) {
   ServeCommand& c = serve_command();
-  auto* cmd = app.add_subcommand("serve", "An OpenAI-compatible HTTP server for a model: /v1/chat/completions, "
-                                          "/v1/completions (streamed or whole), /v1/models, /health, /metrics");
+  CLI::App* cmd = &command;
   cmd->add_option("--checkpoint", c.checkpoint, "The model: a Hugging Face folder or any checkpoint qkv reads")->required();
   cmd->add_option("--adapter", c.adapter, "A PEFT LoRA adapter folder to apply");
   cmd->add_option("--host", c.server.host, "Address to listen on (127.0.0.1: this machine only)")->capture_default_str();
@@ -53,7 +52,7 @@ CLI::App* add_serve_command(CLI::App& app) {
   cmd->add_option("--request-timeout", c.server.request_deadline_seconds,
                   "Seconds a request's headers and body may take to arrive in all (0: no limit)")
       ->capture_default_str()->check(CLI::Range(0, 3600));
-  return cmd;
+  return [] { return run_serve(); };
 }
 
 int run_serve() {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/core/error.hpp"
 #include "qkv/text/tokenizer.hpp"
 
@@ -35,6 +36,29 @@ int run_detokenize(const TokenizeCommand& options) {
   }
   std::cout << tokenizer->decode(ids);
   return 0;
+}
+
+namespace {
+std::shared_ptr<TokenizeCommand> add_tokenizer_options(CLI::App& cmd) {
+  auto o = std::make_shared<TokenizeCommand>();
+  cmd.add_option("--tokenizer", o->tokenizer, "gpt2 (byte-level BPE), bytes, or a Hugging Face tokenizer.json (or a "
+                                              "model folder holding one)")
+      ->capture_default_str();
+  cmd.add_option("--vocab", o->vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe");
+  return o;
+}
+}  // namespace
+
+Runner setup_tokenize(CLI::App& cmd, CommandContext&) {
+  auto o = add_tokenizer_options(cmd);
+  cmd.add_flag("--no-special", o->no_special, "Treat <|endoftext|> as plain text");
+  cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+  return [o] { return run_tokenize(*o); };
+}
+
+Runner setup_detokenize(CLI::App& cmd, CommandContext&) {
+  auto o = add_tokenizer_options(cmd);
+  return [o] { return run_detokenize(*o); };
 }
 
 }  // namespace qkv::cli

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <cmath>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/nn/hf.hpp"
 #include "progress.hpp"
 #include "qkv/core/settings.hpp"
@@ -28,6 +30,7 @@
 #include "qkv/viz/heatmap.hpp"
 #include "qkv/viz/plot.hpp"
 #include "qkv/viz/report.hpp"
+#include "qkv/train/communicator.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::cli {
@@ -139,8 +142,10 @@ std::vector<CsvRow> read_csv(const std::string& path, int64_t up_to_step) {
 void write_outputs(const std::string& out_dir, const std::vector<CsvRow>& rows, const TrainCommand& options) {
   std::ostringstream csv;
   csv << "step,train_loss,learning_rate,grad_norm,tokens_per_second,eval_train_loss,validation_loss,communication_seconds\n";
-  viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}},
-      validation{"validation", {214, 39, 40}, {}}, learning_rate{"learning rate (right)", {150, 150, 150}, {}, true, true};
+  // The evaluations with a dot where each was measured (every --eval-every steps), the batches' loss as a line.
+  viz::Series train_series{"train (batch)", {31, 119, 180}, {}}, eval_series{"train (eval)", {44, 160, 44}, {}, false, false, true},
+      validation{"validation", {214, 39, 40}, {}, false, false, true},
+      learning_rate{"learning rate (right)", {150, 150, 150}, {}, true, true};
   for (const auto& r : rows) {
     char line[256];
     if (std::isnan(r.loss)) std::snprintf(line, sizeof line, "%lld,,,,,", static_cast<long long>(r.step));  // before training
@@ -195,6 +200,43 @@ std::string read_corpus(const std::string& path) {
                   "run; install it (apt-get install bible-kjv) or pass --text FILE");
   }
   return text;
+}
+
+train::TrainSettings parse_train_settings(const std::map<std::string, std::string>& strings, const TrainCommand& options,
+                                          const std::string& origin) {
+  try {
+    return train::TrainSettings::from_strings(strings);
+  } catch (const ValueError& e) {
+    // The learning rates are checked together (0 ≤ min-lr ≤ lr): when one was given and the other was not, say
+    // which value the other had and where it came from.
+    const bool lr = options.overrides.count("learning_rate"), min_lr = options.overrides.count("min_learning_rate");
+    train::TrainSettings values;
+    try {
+      values.learning_rate = parse_real(strings.at("learning_rate"), "--lr");
+      values.min_learning_rate = parse_real(strings.at("min_learning_rate"), "--min-lr");
+    } catch (const std::exception&) {
+      throw UsageError(e.what());
+    }
+    if (values.learning_rate > 0 && values.min_learning_rate > values.learning_rate && lr != min_lr) {
+      const std::string lr_text = format_real(values.learning_rate), min_text = format_real(values.min_learning_rate);
+      char tenth[32];
+      std::snprintf(tenth, sizeof tenth, "%.3g", values.learning_rate / 10);
+      throw UsageError(lr ? "--lr " + lr_text + " is below the " + origin + " --min-lr " + min_text +
+                                " (where the cosine ends); give a smaller --min-lr too, e.g. --min-lr " + tenth
+                          : "--min-lr " + min_text + " is above the " + origin + " --lr " + lr_text +
+                                " (the peak); give a larger --lr too, or a smaller --min-lr");
+    }
+    throw UsageError(e.what());  // the values came from the command line (the defaults and a checkpoint's are valid)
+  }
+}
+
+void note_schedule(const train::TrainSettings& s, int64_t start_step) {
+  if (s.warmup_steps <= s.max_steps || start_step >= s.max_steps) return;
+  const double last = train::learning_rate_at(s, s.max_steps - 1);
+  std::fprintf(stderr, "qkv train: note: --warmup %lld is longer than --steps %lld: the learning rate never reaches its "
+                       "peak --lr %s (it rises to %.3g at the last step); give --warmup %lld (a tenth of the steps), say\n",
+               static_cast<long long>(s.warmup_steps), static_cast<long long>(s.max_steps),
+               format_real(s.learning_rate).c_str(), last, static_cast<long long>(std::max<int64_t>(1, s.max_steps / 10)));
 }
 
 void set_up_everywhere(train::Communicator& comm, const std::function<void()>& setup) {
@@ -257,11 +299,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     if (options.resume.empty() && !options.overrides.count("vocab_size") && strings["tokenizer"] == "bytes") {
       strings["vocab_size"] = "256";
     }
-    try {
-      settings = train::TrainSettings::from_strings(strings);
-    } catch (const ValueError& e) {
-      throw UsageError(e.what());  // the values came from the command line (the checkpoint's were valid)
-    }
+    settings = parse_train_settings(strings, options, options.resume.empty() ? "default" : "checkpoint's");
     if (!options.resume.empty() && lead) {
       for (const std::string& change : train::settings_differences(stored, settings, /*must_match=*/false))
         std::fprintf(stderr, "qkv train: changed on resume: %s\n", change.c_str());
@@ -298,14 +336,15 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   set_up_everywhere(comm, setup);
   train::Trainer& trainer = *trainer_owner;
   if (lead) std::fprintf(stderr,
-               "model: %lld parameters (emb %lld, %lld layers, %lld heads, context %lld, vocab %lld); "
+               "model: %lld parameters (emb %lld, %s, %s, context %lld, vocab %lld); "
                "batch %lld; steps %lld → %lld; outputs in %s\n",
                static_cast<long long>(trainer.model().parameter_count()), static_cast<long long>(settings.model.emb_dim),
-               static_cast<long long>(settings.model.n_layers), static_cast<long long>(settings.model.n_heads),
+               count_of(settings.model.n_layers, "layer").c_str(), count_of(settings.model.n_heads, "head").c_str(),
                static_cast<long long>(settings.model.context_length), static_cast<long long>(settings.model.vocab_size),
                static_cast<long long>(trainer.global_batch()), static_cast<long long>(trainer.step()),
                static_cast<long long>(settings.max_steps), options.out_dir.c_str());
   if (lead) std::fprintf(stderr, "precision: %s\n", describe_precision(trainer.precision(), settings.precision).c_str());
+  if (lead) note_schedule(settings, trainer.step());
   if (lead && comm.size() > 1) {
     std::fprintf(stderr, "data parallel: %d processes × batch %lld × grad-accum %lld = %lld windows per step\n", comm.size(),
                  static_cast<long long>(settings.batch_size), static_cast<long long>(settings.grad_accum),
@@ -318,12 +357,24 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                  static_cast<long long>(settings.max_steps), static_cast<long long>(trainer.step() + 100));
   }
   std::vector<CsvRow> rows = !qkv_checkpoint ? std::vector<CsvRow>{} : read_csv(options.out_dir + "/losses.csv", trainer.step());
+  // A step's seconds, estimated before the first from the untrained evaluation's forward passes (a step is about three:
+  // forward, backward twice its cost; plus its share of the evaluations every --eval-every steps), so the bar shows
+  // the time the run will take from the start.
+  double seconds_per_step = 0;
   if (trainer.step() == 0) {
+    const auto began = std::chrono::steady_clock::now();
     const double untrained = trainer.evaluate(true, settings.eval_batches);
+    const double forwards = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     if (lead)
       std::fprintf(stderr, "untrained validation loss %.4f (ln vocab = %.4f)\n", untrained,
                    std::log(static_cast<double>(settings.model.vocab_size)));
     rows.push_back({0, NAN, NAN, NAN, NAN, trainer.evaluate(false, settings.eval_batches), untrained});
+    const double forward = forwards / static_cast<double>(std::max<int64_t>(settings.eval_batches, 1)) *
+                           static_cast<double>(trainer.global_batch()) / static_cast<double>(std::max<int64_t>(settings.batch_size, 1)) /
+                           static_cast<double>(std::max(comm.size(), 1));
+    seconds_per_step = 3.0 * forward;
+    if (settings.eval_every > 0)
+      seconds_per_step += 2.0 * forwards / static_cast<double>(settings.eval_every);
   }
   // Attention snapshots of a fixed probe while training: watch the heads form.
   std::vector<int64_t> probe;
@@ -340,7 +391,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
       throw UsageError("--attention-prompt has " + std::to_string(probe.size()) + " tokens; the model reads at most " +
                        std::to_string(ctx) + " (--context-length)");
     }
-    for (int64_t id : probe) probe_labels.push_back(viz::token_label(tokenizer->decode(std::vector<int64_t>{id})));
+    for (int64_t id : probe) probe_labels.push_back(viz::token_label(tokenizer->token_bytes(id)));
   }
   auto snapshot = [&](int64_t step) {
     nn::Decoder& model = trainer.model();
@@ -353,7 +404,8 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     for (int64_t l = 0; l < L; ++l)
       for (int64_t h = 0; h < H; ++h)
         panels.push_back({"L" + std::to_string(l + 1) + " H" + std::to_string(h + 1),
-                          Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T})});
+                          Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T}),
+                          viz::causal_cells()});
     char name[64];
     std::snprintf(name, sizeof name, "/step-%06lld", static_cast<long long>(step));
     std::filesystem::create_directories(attention_dir);
@@ -370,6 +422,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   if (options.attention_every > 0 && trainer.step() == 0 && lead) snapshot(0);
 
   Progress progress(settings.max_steps, trainer.step(), lead);
+  progress.begin(seconds_per_step);
   g_interrupted.store(false);
   g_signal.store(0);
   struct sigaction action {}, previous[3];
@@ -458,6 +511,123 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   std::cout << "sample (temperature 0.8, top-k 40):\n" << sample << "\n";
   std::ofstream(options.out_dir + "/sample.txt") << sample << "\n";
   return 0;
+}
+
+namespace {
+// What a setting's values are, found by asking its parser (the schema keeps only how to read and print it): INT,
+// NUMBER or TEXT, for --help.
+const char* setting_type(const Setting<train::TrainSettings>& setting) {
+  train::TrainSettings scratch;
+  auto parses = [&](const char* text) {
+    try {
+      setting.set(scratch, text);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  return parses("not a number") ? "TEXT" : parses("1") && !parses("0.5") ? "INT" : "NUMBER";
+}
+
+// Runs the parsed command: alone, or under mpirun as one of several processes that train one model together.
+int run_train_command(TrainCommand& train, CommandContext& context) {
+  if (train::launched_world_size() <= 1) {
+    train::SingleProcess single;
+    return run_train(train, single);
+  }
+  if (!train::built_with_mpi()) {
+    std::fprintf(stderr, "qkv train: started by mpirun with %d processes, but this qkv was built without MPI; install "
+                         "Open MPI (apt-get install libopenmpi-dev openmpi-bin), rebuild, or run without mpirun\n",
+                 train::launched_world_size());
+    return 2;
+  }
+  auto comm = train::make_mpi_communicator(context.argc, context.argv);
+  try {
+    return run_train(train, *comm);
+  } catch (const train::CollectiveError& e) {  // every process knows: one message, no abort
+    if (comm->rank() == 0) std::fprintf(stderr, "qkv train: error: %s\n", e.what());
+    return 1;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "qkv (process %d of %d): usage error: %s\n", comm->rank(), comm->size(), e.what());
+    if (comm->size() > 1) comm->abort_all(2);
+    return 2;
+  } catch (const std::exception& e) {
+    // One process failed on its own (a write, a read): stop every process, naming this one.
+    std::fprintf(stderr, "qkv (process %d of %d): error: %s\n", comm->rank(), comm->size(), e.what());
+    if (comm->size() > 1) comm->abort_all(1);
+    return 1;
+  }
+}
+}  // namespace
+
+Runner setup_train(CLI::App& cmd, CommandContext& context) {
+  auto o = std::make_shared<TrainCommand>();
+  auto& ts = o->settings;
+  ts.model.vocab_size = 50257;
+  ts.model.context_length = 128;
+  ts.model.emb_dim = 192;
+  ts.model.n_heads = 6;
+  ts.model.n_layers = 4;
+  ts.model.drop_rate = 0.1;
+  cmd.add_option("--text", o->text_path, "UTF-8 text file to train on (default: bible -l80 gen1:1-rev22:21)");
+  cmd.add_option("--out", o->out_dir, "Output directory: checkpoint.safetensors, losses.csv, loss.png, sample.txt")
+      ->capture_default_str()->transform(folder_path());
+  cmd.add_option("--resume", o->resume,
+                 "Continue from a checkpoint: qkv's (exactly, with its settings unless overridden), or the book's "
+                 "model_and_optimizer.pth (its weights, AdamW state and learning rate), or a state dict (.pth or "
+                 "safetensors: fine-tune from its weights), or a Hugging Face model folder")
+      ->transform(folder_path());
+  cmd.add_option("--config", o->resume_config,
+                 "With --resume of a book state dict: the book's configuration (JSON file or gpt2-small|medium|large|xl)");
+  cmd.add_option("--vocab", o->vocab_dir, "Directory with GPT-2's encoder.json and vocab.bpe")->transform(folder_path());
+  cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
+  // Every model and training setting comes from one table (train_settings_schema): its flag, help, default and
+  // parser. What the command line gives is kept as text and applied to the defaults or, with --resume, to the
+  // checkpoint's settings; then everything is parsed and validated once.
+  auto given = std::make_shared<std::map<std::string, std::string>>();
+  auto settings_options = std::make_shared<std::vector<std::pair<CLI::Option*, std::string>>>();
+  for (const auto& setting : train::train_settings_schema()) {
+    if (!setting.flag) continue;
+    CLI::Option* option;
+    if (setting.is_flag) {
+      option = cmd.add_flag(setting.flag, setting.help);
+    } else {
+      option = cmd.add_option(setting.flag, (*given)[setting.key], setting.help)
+                   ->type_name(setting_type(setting))
+                   ->default_str(setting.get(ts))
+                   ->check(checked([&setting](const std::string& text) {
+                     train::TrainSettings scratch;
+                     try {
+                       setting.set(scratch, text);
+                     } catch (const ValueError& e) {
+                       return parse_problem(e, setting.key);  // "\"abc\" is not an integer": CLI11 names --steps
+                     }
+                     return std::string();
+                   }));
+    }
+    settings_options->emplace_back(option, setting.key);
+  }
+  cmd.add_option("--stop-at", o->stop_at,
+                 "Checkpoint and stop after this step, to continue later with --resume (a run in chunks)")
+      ->check(int_at_least(0));
+  cmd.add_option("--attention-every", o->attention_every,
+                 "Every N steps, save the attention maps of a probe prompt (OUT/attention/step-N.png, and an animation "
+                 "over the run, OUT/attention/attention.gif)")
+      ->check(int_at_least(0));
+  cmd.add_option("--attention-prompt", o->attention_prompt,
+                 "The probe for --attention-every (default: the first 24 tokens of the text)");
+  cmd.add_option("--sample-prompt", o->sample_prompt,
+                 "Prompt for the sample printed at the end (default: the first words of the text)");
+  cmd.add_flag("--overwrite", o->overwrite, "Start over in an --out that already holds a run");
+  add_picture_options(cmd, o->pictures);
+  cmd.add_flag("--plot-log", o->plot_log, "Draw the loss plot's y axis on a log scale");
+  cmd.add_option("--sample-tokens", o->sample_tokens, "Length of that sample")->capture_default_str()
+      ->check(int_at_least(0));
+  return [o, given, settings_options, &context] {
+    for (const auto& [option, key] : *settings_options)
+      if (option->count()) o->overrides[key] = option->get_expected_min() == 0 ? "true" : given->at(key);
+    return run_train_command(*o, context);
+  };
 }
 
 }  // namespace qkv::cli

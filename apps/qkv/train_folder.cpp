@@ -30,9 +30,11 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm) {
   const std::filesystem::path out_dir(options.out_dir), model_dir = out_dir / "model";
   std::error_code ec;
   set_up_everywhere(comm, [&] {
-    // The command line's settings over the defaults, parsed and checked once (the model's own sizes come from the folder).
+    // The command line's settings over the defaults, checked before the folder loads (that can take seconds) and
+    // again with the folder's sizes.
     std::map<std::string, std::string> strings = options.settings.to_strings();
     for (const auto& [key, value] : options.overrides) strings[key] = value;
+    parse_train_settings(strings, options, "default");
     ModelOptions source;
     source.checkpoint = options.resume;
     LoadedModel loaded = load_model(source);
@@ -46,11 +48,7 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm) {
                                 : std::min<int64_t>(256, decoder->context_length());
     strings["context_length"] = std::to_string(context);
     strings["vocab_size"] = std::to_string(decoder->vocab_size());
-    try {
-      s = train::TrainSettings::from_strings(strings);
-    } catch (const ValueError& e) {
-      throw UsageError(e.what());
-    }
+    s = parse_train_settings(strings, options, "default");
     std::string corpus = read_corpus(options.text_path);
     if (options.replace_invalid) corpus = text::replace_invalid_utf8(corpus);
     std::vector<int64_t> ids;
@@ -78,6 +76,7 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm) {
                  static_cast<long long>(trainer.validation_windows()), static_cast<long long>(context),
                  static_cast<long long>(trainer.global_batch()), static_cast<long long>(s.max_steps));
     std::fprintf(stderr, "precision: %s\n", describe_precision(trainer.precision(), s.precision).c_str());
+    note_schedule(s, 0);
   }
   auto save = [&](int64_t) {
     if (!lead) return;

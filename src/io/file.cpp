@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -308,5 +309,116 @@ int remove_stale_temporaries(const std::string& path) {
   }
   return removed;
 }
+
+namespace {
+// The length of the UTF-8 sequence starting at text[i] (1-4), or 0 if it is not one; a sequence cut by the end of
+// the buffer counts as whole (the sniff reads only the start of a file).
+size_t utf8_sequence(std::span<const std::byte> text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 && c >= 0xC2 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E && c <= 0xF4 ? 4 : 0;
+  for (size_t k = 1; k < n && i + k < text.size(); ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+bool looks_like_text(std::span<const std::byte> head) {
+  for (size_t i = 0; i < head.size();) {
+    const unsigned char c = static_cast<unsigned char>(head[i]);
+    if (c == 0 || (c < 0x20 && c != '\n' && c != '\r' && c != '\t' && c != '\f') || c == 0x7F) return false;
+    const size_t n = utf8_sequence(head, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+// The text's first words, quoted and made printable: ("In the beginning God created…").
+std::string opening_words(std::span<const std::byte> head) {
+  std::string line;
+  for (std::byte b : head) {
+    const char c = static_cast<char>(b);
+    if (c == '\n' || c == '\r') {
+      if (line.find_first_not_of(" \t") != std::string::npos) break;
+      line.clear();
+      continue;
+    }
+    line += c;
+  }
+  const size_t start = line.find_first_not_of(" \t");
+  line = start == std::string::npos ? "" : line.substr(start);
+  if (line.size() > 40) {  // cut at a character boundary
+    size_t cut = 40;
+    while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
+    line = line.substr(0, cut) + "...";  // ASCII: printable() escapes the rest
+  }
+  return "\"" + printable(line, 60) + "\"";
+}
+}  // namespace
+
+FileFormat sniff_bytes(std::span<const std::byte> head, uint64_t total_size) {
+  const auto byte = [&](size_t k) { return k < head.size() ? static_cast<unsigned char>(head[k]) : 0; };
+  const auto starts = [&](std::string_view magic) {
+    return head.size() >= magic.size() && std::memcmp(head.data(), magic.data(), magic.size()) == 0;
+  };
+  if (head.empty()) return {FileKind::Empty, "an empty file"};
+  if (starts("GGUF") && head.size() >= 8) {
+    const uint32_t version = byte(4) | byte(5) << 8 | byte(6) << 16 | static_cast<uint32_t>(byte(7)) << 24;
+    return {FileKind::Gguf, "a GGUF file (version " + std::to_string(version) + ", llama.cpp's format)"};
+  }
+  if (head.size() >= 9 && byte(8) == '{') {
+    uint64_t length = 0;
+    for (int k = 7; k >= 0; --k) length = length << 8 | byte(static_cast<size_t>(k));
+    if (length >= 2 && length <= total_size - 8) return {FileKind::Safetensors, "a safetensors file"};
+  }
+  if (starts("PK\x03\x04")) return {FileKind::Zip, "a zip archive (the format of PyTorch's .pth files)"};
+  if (byte(0) == 0x80 && byte(1) >= 2 && byte(1) <= 5)
+    return {FileKind::Pickle, "a Python pickle (protocol " + std::to_string(byte(1)) + ")"};
+  if (starts("\x93NUMPY")) return {FileKind::Npy, "a NumPy .npy array"};
+  if (byte(0) == 0x1F && byte(1) == 0x8B) return {FileKind::Gzip, "gzip-compressed data"};
+  if (looks_like_text(head)) {
+    size_t first = 0;
+    while (first < head.size() && std::isspace(byte(first))) ++first;
+    if (byte(first) == '{' || byte(first) == '[') return {FileKind::Json, "JSON text"};
+    return {FileKind::Text, "UTF-8 text (" + opening_words(head) + ")"};
+  }
+  if (starts("\x89PNG")) return {FileKind::Binary, "a PNG image"};
+  if (starts("\x7F" "ELF")) return {FileKind::Binary, "an executable (ELF)"};
+  char first_bytes[40];
+  std::snprintf(first_bytes, sizeof first_bytes, "%02x %02x %02x %02x", byte(0), byte(1), byte(2), byte(3));
+  return {FileKind::Binary, std::string("binary data of no format qkv knows (it starts ") + first_bytes + ")"};
+}
+
+FileFormat sniff_format(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return {FileKind::Missing, "missing (nothing is there)"};
+  if (fs::is_directory(status)) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(path, ec)) names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    if (names.empty()) return {FileKind::Directory, "an empty folder"};
+    std::string listed;
+    for (size_t i = 0; i < names.size() && i < 5; ++i)
+      listed += (i == 0 ? "" : i + 1 == std::min<size_t>(names.size(), 5) && names.size() <= 5 ? " and " : ", ") +
+                printable(names[i], 60);
+    if (names.size() > 5) listed += " and " + std::to_string(names.size() - 5) + " more";
+    return {FileKind::Directory, "a folder holding " + listed};
+  }
+  if (!fs::is_regular_file(status)) return {FileKind::Special, "not a regular file (a device, pipe or socket)"};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {FileKind::Missing, std::string("unreadable (") + std::strerror(errno) + ")"};
+  std::byte head[4096];
+  ssize_t n;
+  do n = ::pread(fd, head, sizeof head, 0);
+  while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n < 0) return {FileKind::Missing, std::string("unreadable (") + std::strerror(errno) + ")"};
+  const uintmax_t size = fs::file_size(path, ec);
+  return sniff_bytes(std::span<const std::byte>(head, static_cast<size_t>(n)), ec ? UINT64_MAX : size);
+}
+
+std::string describe_file(const std::string& path) { return sniff_format(path).description; }
 
 }  // namespace qkv::io

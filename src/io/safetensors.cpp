@@ -182,7 +182,11 @@ void SafetensorsFile::validate(const std::byte* file, size_t size) {
   if (size < 8) fail(label, "file is too small to be safetensors (" + std::to_string(size) + " bytes; the header length alone takes 8)");
   const uint64_t header_length = load<uint64_t>(file);
   if (header_length > kMaxHeader) {
-    fail(label, "header length " + std::to_string(header_length) + " exceeds the 100 MB limit: not a safetensors file, or corrupt");
+    // Say what the file is when its first bytes show it (text, GGUF, a zip): the usual cause is the wrong file.
+    const FileFormat what = sniff_bytes({file, std::min<size_t>(size, 4096)}, size);
+    fail(label, "header length " + std::to_string(header_length) + " exceeds the 100 MB limit: " +
+                    (what.kind == FileKind::Binary ? std::string("not a safetensors file, or corrupt")
+                                                   : "the file is " + what.description + ", not a safetensors file"));
   }
   if (header_length > size - 8) {
     fail(label, "header length " + std::to_string(header_length) + " runs past the end of the file (" +

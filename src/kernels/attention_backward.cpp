@@ -309,6 +309,15 @@ void probabilities_and_dscores(const Plan& p, Group& group, int64_t g, const flo
     float* pr = pz + r * kBc;
     float* dr = ds + r * kBc;
     const auto [lo, hi] = p.visible_in_block(i, k0, cols);
+    if (hi - lo == 1 && p.visible(i) == 1) {
+      // One key in all: its softmax is exactly 1 whatever the score, so dS = 0 (G − Di is rounding alone: the two
+      // dot products dO·V and dO·O come from different loops) and P = 1, as PyTorch has them.
+      std::fill_n(pr, cols_pad, 0.0f);
+      std::fill_n(dr, cols_pad, 0.0f);
+      pr[lo] = 1.0f;
+      if (p.dropout) apply_dropout_row(pr, hi, p.options.seed, p.threshold, p.inv_keep, bh, i, k0);  // P ∘ Z for dV
+      continue;
+    }
     if (!p.dropout && p.softcap == 0.0f) {  // P = exp(S − lse), dS = P ∘ (G − Di) on [lo, hi), zero elsewhere
       if (hi <= lo) {
         std::fill_n(pr, cols_pad, 0.0f);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "qkv/core/error.hpp"
@@ -1141,6 +1142,31 @@ class Renderer {
   int64_t steps_ = 0;
 };
 
+// A JSON value (a message's extra fields) as a template value, objects keeping their order (tojson prints it).
+Value from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::null: return Value::none();
+    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned:
+      return j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX) ? Value::integer(j.get<int64_t>())
+                                                                  : Value::number(j.get<double>());
+    case nlohmann::json::value_t::number_float: return Value::number(j.get<double>());
+    case nlohmann::json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::json::value_t::array: {
+      List list;
+      for (const auto& v : j) list.push_back(from_json(v));
+      return Value::of_list(std::move(list));
+    }
+    case nlohmann::json::value_t::object: {
+      Map map;
+      for (const auto& [k, v] : j.items()) map.emplace_back(k, from_json(v));
+      return Value::of_map(std::move(map));
+    }
+    default: return Value();
+  }
+}
+
 }  // namespace
 
 ChatTemplate::ChatTemplate() = default;
@@ -1157,8 +1183,21 @@ ChatTemplate ChatTemplate::parse(std::string_view source) {
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const ChatOptions& options) const {
   if (!root_) throw ValueError("chat template: none loaded; the model's tokenizer_config.json has no chat_template");
   List list;
-  for (const ChatMessage& m : messages)
-    list.push_back(Value::of_map({{"role", Value::string(m.role)}, {"content", Value::string(m.content)}}));
+  for (const ChatMessage& m : messages) {
+    Value message = Value::of_map({{"role", Value::string(m.role)}, {"content", Value::string(m.content)}});
+    if (!m.fields.empty()) {
+      nlohmann::ordered_json fields;
+      try {
+        fields = nlohmann::ordered_json::parse(m.fields);
+      } catch (const nlohmann::json::exception& e) {
+        throw ValueError("chat message " + std::to_string(list.size() + 1) + ": its fields are not JSON (" + e.what() + ")");
+      }
+      if (!fields.is_object())
+        throw ValueError("chat message " + std::to_string(list.size() + 1) + ": its fields must be a JSON object");
+      for (const auto& [key, value] : fields.items()) message.put(key, from_json(value));
+    }
+    list.push_back(std::move(message));
+  }
   Map globals = {{"messages", Value::of_list(std::move(list))},
                  {"add_generation_prompt", Value::boolean(options.add_generation_prompt)},
                  {"bos_token", Value::string(options.bos_token)},

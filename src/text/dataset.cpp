@@ -15,8 +15,9 @@ SlidingWindowDataset::SlidingWindowDataset(std::vector<int64_t> ids, int64_t max
   if (max_length < 1 || stride < 1) throw ValueError("dataset: max_length and stride must be at least 1");
   const int64_t n = static_cast<int64_t>(ids_.size());
   if (n < max_length + 1) {
-    throw ValueError("the text has " + std::to_string(n) + " tokens, fewer than one window of max_length + 1 = " +
-                     std::to_string(max_length + 1) + "; give a longer text or a smaller context length");
+    throw ValueError("the text has " + std::to_string(n) + " tokens, fewer than one window of " +
+                     std::to_string(max_length + 1) + " (the context length " + std::to_string(max_length) +
+                     ", plus the last token's target); give a longer text or a smaller context length");
   }
   windows_ = (n - max_length - 1) / stride + 1;
 }

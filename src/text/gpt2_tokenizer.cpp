@@ -269,6 +269,17 @@ std::string GPT2Tokenizer::decode(std::span<const int64_t> ids) const {
   return replace_invalid_utf8(bytes);
 }
 
+std::string GPT2Tokenizer::token_bytes(int64_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw ValueError("token id " + std::to_string(id) + " is outside [0, " + std::to_string(vocab_size()) + ")");
+  return state_->token_bytes[static_cast<size_t>(id)];
+}
+
+std::string ByteTokenizer::token_bytes(int64_t id) const {
+  if (id < 0 || id > 255) throw ValueError("byte id " + std::to_string(id) + " is outside [0, 256)");
+  return std::string(1, static_cast<char>(id));
+}
+
 std::vector<int64_t> ByteTokenizer::encode(std::string_view text, bool) const {
   std::vector<int64_t> ids(text.size());
   for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);

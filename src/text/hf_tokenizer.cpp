@@ -638,7 +638,7 @@ std::vector<int64_t> HfTokenizer::encode_impl(std::string_view text, bool allow_
 }
 
 namespace {
-std::string decode_ids(const HfTokenizer::State& s, std::span<const int64_t> ids, bool skip_special) {
+std::string decode_ids(const HfTokenizer::State& s, std::span<const int64_t> ids, bool skip_special, bool raw = false) {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int64_t id : ids) {
@@ -651,12 +651,15 @@ std::string decode_ids(const HfTokenizer::State& s, std::span<const int64_t> ids
   if (s.decoder) s.decoder->apply(tokens, s.byte_of);
   std::string out;
   for (const std::string& t : tokens) out += t;
-  return replace_invalid_utf8(out);
+  return raw ? out : replace_invalid_utf8(out);
 }
 }  // namespace
 
 std::string HfTokenizer::decode(std::span<const int64_t> ids) const { return decode_ids(*state_, ids, false); }
 std::string HfTokenizer::decode_text(std::span<const int64_t> ids) const { return decode_ids(*state_, ids, true); }
+std::string HfTokenizer::token_bytes(int64_t id) const {
+  return decode_ids(*state_, std::span<const int64_t>(&id, 1), false, true);
+}
 int64_t HfTokenizer::vocab_size() const { return state_->size(); }
 std::string HfTokenizer::name() const { return state_->kind; }
 int64_t HfTokenizer::end_of_text() const { return state_->eos; }

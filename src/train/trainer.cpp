@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <numbers>
 
@@ -146,8 +147,11 @@ Trainer::Trainer(const TrainSettings& settings, const std::vector<int64_t>& toke
   try {
     validation_data_ = std::make_unique<text::SlidingWindowDataset>(std::move(validation_ids), T, T);
   } catch (const ValueError& e) {
-    throw ValueError(std::string("validation split (the last ") + format_real(100 * (1 - settings_.train_fraction)) +
-                     "% of the text): " + e.what());
+    // The share as people write it: 10%, not the 9.999999999999998% that 100 × (1 − 0.9) is in doubles.
+    char share[32];
+    std::snprintf(share, sizeof share, "%.3g%%", 100 * (1 - settings_.train_fraction));
+    throw ValueError(std::string("validation split (the last ") + share + " of the text, from --train-fraction " +
+                     format_real(settings_.train_fraction) + "): " + e.what());
   }
   // The loader hands out whole global batches; each process takes its micro-batches from them (run()).
   try {

@@ -16,6 +16,7 @@
 #include <map>
 
 #include "qkv/core/error.hpp"
+#include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -178,7 +179,7 @@ std::string picture_path(const std::string& stem, const PictureOptions& options)
 
 void check_picture_options(const PictureOptions& options) {
   if (!(options.scale >= 0.25 && options.scale <= 8.0)) {
-    throw ValueError("picture scale " + std::to_string(options.scale) +
+    throw ValueError("picture scale " + format_real(options.scale) +
                      " is outside 0.25 … 8 (device pixels per pixel; 2 for a HiDPI screen)");
   }
 }
@@ -186,17 +187,37 @@ void check_picture_options(const PictureOptions& options) {
 std::string token_label(const std::string& token) {
   if (token.empty()) return "\u2205";
   std::string out;
-  for (size_t i = 0; i < token.size(); ++i) {
+  auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < token.size();) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c == ' ' && i == 0) out += "\u2423";
-    else if (c == '\n') out += "\\n";
-    else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else out += static_cast<char>(c);
+    if (c < 0x80) {
+      if (c == ' ' && i == 0) out += "\u2423";
+      else if (c == '\n') out += "\\n";
+      else if (c < 0x20 || c == 0x7f) hex(c);
+      else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A whole UTF-8 character keeps its glyph; a byte that starts none (a piece of a character split across
+    // byte-level tokens) shows its value, as the control bytes do, not a row of U+FFFD that all look alike.
+    const char* end = nullptr;
+    const size_t n = std::min<size_t>(4, token.size() - i);
+    g_utf8_validate(token.data() + i, static_cast<gssize>(n), &end);
+    const size_t valid = static_cast<size_t>(end - (token.data() + i));  // glib refuses overlongs and surrogates
+    const size_t length = static_cast<size_t>(g_utf8_skip[c]);
+    if (valid >= length) {
+      out.append(token, i, length);
+      i += length;
+    } else {
+      hex(c);
+      ++i;
+    }
   }
-  return valid_utf8(out);
+  return out;
 }
 
 void save_text_picture(const std::string& path, const std::string& text, double px, double margin,
@@ -407,7 +428,7 @@ Pixels Canvas::render(double scale) const {
   if (cairo_surface_status(image) != CAIRO_STATUS_SUCCESS || !data) {
     cairo_surface_destroy(image);
     throw IoError("could not render a picture of " + std::to_string(w_) + " × " + std::to_string(h_) + " at scale " +
-                  std::to_string(scale) + " (out of memory?)");
+                  format_real(scale) + " (out of memory?)");
   }
   out.rgb.resize(static_cast<size_t>(out.width) * out.height * 3);
   for (int y = 0; y < out.height; ++y) {
@@ -476,9 +497,13 @@ std::vector<Rgb> gif_palette() {
 
 }  // namespace
 
-void save_gif_frames(const std::string& path, const std::vector<Pixels>& frames, int delay_cs, int last_delay_cs) {
-  if (frames.empty()) throw ValueError(path + ": an animation needs at least one frame");
-  const int w = frames[0].width, h = frames[0].height;
+void save_gif_frames(const std::string& path, size_t count, const std::function<Pixels(size_t)>& frame, int delay_cs,
+                     int last_delay_cs) {
+  if (count == 0) throw ValueError(path + ": an animation needs at least one frame");
+  // Frames are drawn one at a time as they are encoded (one palette for all), so memory holds one frame, not all:
+  // 500 frames of a 32-token heatmap took 1.4 GB before.
+  Pixels current = frame(0);
+  const int w = current.width, h = current.height;
   const std::vector<Rgb> palette = gif_palette();
   std::map<uint32_t, GifByteType> index;
   auto lookup = [&](const unsigned char* p) -> GifByteType {
@@ -509,20 +534,21 @@ void save_gif_frames(const std::string& path, const std::vector<Pixels>& frames,
        EGifPutExtensionBlock(gif, sizeof kNetscape, kNetscape) == GIF_OK &&
        EGifPutExtensionBlock(gif, sizeof kLoop, kLoop) == GIF_OK && EGifPutExtensionTrailer(gif) == GIF_OK;
   std::vector<GifByteType> row(static_cast<size_t>(w));
-  for (size_t f = 0; ok && f < frames.size(); ++f) {
-    if (frames[f].width != w || frames[f].height != h) {
+  for (size_t f = 0; ok && f < count; ++f) {
+    if (f > 0) current = frame(f);
+    if (current.width != w || current.height != h) {
       ok = false;
       break;
     }
     GraphicsControlBlock gcb{};
     gcb.DisposalMode = DISPOSE_DO_NOT;
-    gcb.DelayTime = f + 1 == frames.size() ? last_delay_cs : delay_cs;
+    gcb.DelayTime = f + 1 == count ? last_delay_cs : delay_cs;
     gcb.TransparentColor = NO_TRANSPARENT_COLOR;
     GifByteType extension[4];
     EGifGCBToExtension(&gcb, extension);
     ok = EGifPutExtension(gif, GRAPHICS_EXT_FUNC_CODE, 4, extension) == GIF_OK &&
          EGifPutImageDesc(gif, 0, 0, w, h, false, nullptr) == GIF_OK;
-    const unsigned char* px = frames[f].rgb.data();
+    const unsigned char* px = current.rgb.data();
     for (int y = 0; ok && y < h; ++y) {
       for (int x = 0; x < w; ++x) row[static_cast<size_t>(x)] = lookup(px + (static_cast<size_t>(y) * w + x) * 3);
       ok = EGifPutLine(gif, row.data(), w) == GIF_OK;

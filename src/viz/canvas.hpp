@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,9 +82,10 @@ class Canvas {
   int w_ = 0, h_ = 0;
 };
 
-// Frames of equal size written as one looping GIF (giflib), with a 256-colour palette holding the viridis
-// levels, the interface colours and greys (anti-aliased text). `delay_cs` is each frame's display time in
-// 1/100 s; the last frame shows `last_delay_cs`. Written atomically.
-void save_gif_frames(const std::string& path, const std::vector<Pixels>& frames, int delay_cs, int last_delay_cs);
+// `frames` frames of equal size, frame(i) drawing the i-th when the encoder reaches it, written as one looping GIF
+// (giflib), with a 256-colour palette holding the viridis levels, the interface colours and greys (anti-aliased
+// text). `delay_cs` is each frame's display time in 1/100 s; the last frame shows `last_delay_cs`. Written atomically.
+void save_gif_frames(const std::string& path, size_t frames, const std::function<Pixels(size_t)>& frame, int delay_cs,
+                     int last_delay_cs);
 
 }  // namespace qkv::viz

@@ -91,11 +91,13 @@ PlotGeometry save_plot(const std::string& path, const std::vector<Series>& serie
   const std::vector<double> y_ticks = style.log_y ? log_ticks(ys) : linear_ticks(ys, 6);
   const bool second = !y2s.empty();
   const std::vector<double> y2_ticks = second ? linear_ticks(y2s, 6) : std::vector<double>{};
-  const double x_step = nice_step(xs.hi - xs.lo, 8);
+  // Whole-number axes (epochs) never get a tick between two whole numbers, nor at 2.5, 7.5 (a step of 2.5 becomes 3).
+  const double x_step = style.whole_x ? std::max(1.0, std::ceil(nice_step(xs.hi - xs.lo, 8) - 1e-9))
+                                      : nice_step(xs.hi - xs.lo, 8);
 
   PlotGeometry g;
   g.width = style.width, g.height = style.height, g.log_y = style.log_y;
-  g.x_min = xs.lo, g.x_max = xs.hi, g.y_min = ys.lo, g.y_max = ys.hi;
+  g.x_min = xs.lo, g.x_max = xs.hi, g.y_min = ys.lo, g.y_max = ys.hi, g.x_step = x_step;
   if (second) g.y2_min = y2s.lo, g.y2_max = y2s.hi;
   double y_label_w = 0, y2_label_w = 0;
   for (double v : y_ticks) y_label_w = std::max(y_label_w, measure_text(tick_label(v, step_of(y_ticks)), kLabelPx).width);
@@ -137,22 +139,58 @@ PlotGeometry save_plot(const std::string& path, const std::vector<Series>& serie
       pixels.emplace_back(usable(s, x, y) ? std::pair{g.x_pixel(x), s.right_axis ? g.y2_pixel(y) : g.y_pixel(y)}
                                           : std::pair<double, double>{NAN, NAN});
     c.polyline(pixels, s.color, 2, s.dashed);
-    for (size_t i = 0; i < pixels.size(); ++i) {  // points with no neighbour to join (one evaluation) as dots
+    for (size_t i = 0; i < pixels.size(); ++i) {  // marked points, and points with no neighbour to join, as dots
       const bool alone = (i == 0 || std::isnan(pixels[i - 1].first)) && (i + 1 == pixels.size() || std::isnan(pixels[i + 1].first));
-      if (alone && !std::isnan(pixels[i].first)) c.dot(pixels[i].first, pixels[i].second, 3, s.color);
+      if ((alone || s.markers) && !std::isnan(pixels[i].first)) c.dot(pixels[i].first, pixels[i].second, 3.5, s.color);
     }
   }
-  // The legend in the top right corner, on white so that curves under it do not hide it.
+  // The legend on white (so curves under it do not hide it), in the corner of the plotting area where it covers the
+  // fewest points of the curves, and the segments between them: top right unless the data are there.
   double legend_w = 0;
   for (const auto& s : series) legend_w = std::max(legend_w, measure_text(s.name, kLabelPx).width);
-  const double lx = g.right - 12 - legend_w - 34;
-  double legend_y = g.top + 8;
-  c.rect(lx - 8, legend_y - 4, legend_w + 50, static_cast<double>(series.size()) * (line_h + 6) + 4, kWhite);
+  const double box_w = legend_w + 50, box_h = static_cast<double>(series.size()) * (line_h + 6) + 4;
+  struct Corner { double x, y; };
+  const Corner corners[] = {{g.right - 12 - box_w, g.top + 4},
+                            {g.left + 12, g.top + 4},
+                            {g.right - 12 - box_w, g.bottom - 8 - box_h},
+                            {g.left + 12, g.bottom - 8 - box_h}};
+  auto covered = [&](const Corner& k) {
+    int n = 0;
+    for (const auto& s : series) {
+      std::pair<double, double> previous{NAN, NAN};
+      for (const auto& [x, y] : s.points) {
+        if (!usable(s, x, y)) {
+          previous = {NAN, NAN};
+          continue;
+        }
+        const double px = g.x_pixel(x), py = s.right_axis ? g.y2_pixel(y) : g.y_pixel(y);
+        // the point, and with a previous one three more along the segment between them
+        const bool joined = !std::isnan(previous.first);
+        for (int t = joined ? 1 : 4; t <= 4; ++t) {
+          const double f = t / 4.0;
+          const double sx = joined ? previous.first + (px - previous.first) * f : px;
+          const double sy = joined ? previous.second + (py - previous.second) * f : py;
+          n += sx >= k.x - 4 && sx <= k.x + box_w + 4 && sy >= k.y - 4 && sy <= k.y + box_h + 4;
+        }
+        previous = {px, py};
+      }
+    }
+    return n;
+  };
+  Corner best = corners[0];
+  int fewest = covered(best);
+  for (const Corner& k : corners)
+    if (const int n = covered(k); n < fewest) best = k, fewest = n;
+  const double lx = best.x + 8;
+  double legend_y = best.y + 4;
+  c.rect(best.x, best.y, box_w, box_h, kWhite);
   for (const auto& s : series) {
     c.line(lx, legend_y + line_h / 2, lx + 24, legend_y + line_h / 2, s.color, 2.5, s.dashed);
+    if (s.markers) c.dot(lx + 12, legend_y + line_h / 2, 3.5, s.color);
     c.text(lx + 32, legend_y, s.name, kLabelPx, kInk);
     legend_y += line_h + 6;
   }
+  g.legend_x = best.x, g.legend_y = best.y, g.legend_w = box_w, g.legend_h = box_h;
   c.save(path, options);
   return g;
 }

@@ -69,7 +69,8 @@ std::string html_page(const AttentionReport& r) {
   for (size_t i = 0; i < r.heads.size(); ++i) kv += (i ? "," : "") + std::to_string(kv_head(r, i));
   for (size_t i = 0; i < r.layers.size(); ++i) windows += (i ? "," : "") + std::to_string(window_of(r, i));
   kv += "]", windows += "]";
-  for (size_t i = 0; i < r.tokens.size(); ++i) tokens += (i ? "," : "") + json_string(r.tokens[i]);
+  // The page labels tokens as the pictures do (a leading space '␣', split characters' bytes as \xNN).
+  for (size_t i = 0; i < r.tokens.size(); ++i) tokens += (i ? "," : "") + json_string(token_label(r.tokens[i]));
   for (size_t i = 0; i < r.layers.size(); ++i) layers += (i ? "," : "") + std::to_string(r.layers[i]);
   for (size_t i = 0; i < r.heads.size(); ++i) heads += (i ? "," : "") + std::to_string(r.heads[i]);
   tokens += "]", layers += "]", heads += "]";
@@ -77,6 +78,7 @@ std::string html_page(const AttentionReport& r) {
 <html lang="en"><head><meta charset="utf-8"><title>qkv attention</title>
 <style>
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
+#view { display: block; width: 100%; max-width: 1200px; }
 h1 { font-size: 20px; margin: 0 0 4px; } .muted { color: #666; font-size: 14px; }
 #controls { margin: 14px 0; } #controls label { margin-right: 12px; }
 .head { display: inline-block; width: 22px; height: 22px; margin: 2px; border: 2px solid #fff; cursor: pointer;
@@ -88,7 +90,8 @@ svg text { font-size: 14px; cursor: pointer; } svg text.pinned { font-weight: bo
 <h1>What attends to what</h1>
 <div class="muted" id="title"></div>
 <div id="controls"><label>Layer <select id="layer"></select></label>
-<span class="muted">heads (click to show or hide):</span> <span id="heads"></span></div>
+<span class="muted">heads (click to show or hide):</span> <span id="heads"></span>
+<button id="all">all heads</button> <button id="one">one head</button></div>
 <div id="info">Hover a token on the left to see what it attends to; click it to keep it.</div>
 <svg id="view" xmlns="http://www.w3.org/2000/svg"></svg>
 <script>
@@ -102,11 +105,13 @@ const T = DATA.T, H = DATA.heads.length;
 function weight(l, h, i, j) { return raw[((l * H + h) * T + i) * T + j] / 255; }
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
-const state = {layer: 0, heads: new Set(DATA.heads.map((_, i) => i)), token: null, pinned: null};
+// One head to start with: every head at once is a tangle of lines. Layers, heads and tokens are numbered from 1,
+// in the page and in its link (#layer=1&head=2&token=8).
+const state = {layer: 0, heads: new Set([0]), token: null, pinned: null};
 const params = new URLSearchParams(location.hash.slice(1));
 if (params.has("layer")) state.layer = Math.max(0, DATA.layers.indexOf(+params.get("layer")));
 if (params.has("head")) state.heads = new Set([Math.max(0, DATA.heads.indexOf(+params.get("head")))]);
-if (params.has("token")) state.pinned = +params.get("token");
+if (params.has("token")) state.pinned = Math.min(Math.max(+params.get("token") - 1, 0), T - 1);
 document.getElementById("title").textContent = decode(DATA.title) + " — " + T + " tokens, layers " +
     DATA.layers.join(", ") + "; heads " + DATA.heads.join(", ");
 const layerSelect = document.getElementById("layer");
@@ -120,11 +125,22 @@ DATA.heads.forEach((h, i) => { const b = document.createElement("span"); b.class
   b.style.background = COLORS[i % COLORS.length]; b.dataset.head = h;
   b.onclick = () => { state.heads.has(i) ? state.heads.delete(i) : state.heads.add(i); draw(); };
   headBox.appendChild(b); });
+document.getElementById("all").onclick = () => { state.heads = new Set(DATA.heads.map((_, i) => i)); draw(); };
+document.getElementById("one").onclick = () => { state.heads = new Set([[...state.heads][0] || 0]); draw(); };
 const svg = document.getElementById("view"), NS = "http://www.w3.org/2000/svg";
-const rowH = 20, leftX = 10, width = 520, rightX = width - 10;
-svg.setAttribute("width", width); svg.setAttribute("height", T * rowH + 20);
+const rowH = 22;
+// As wide as the window allows (labels at both ends, the lines between them), at most 1200 px.
+let width = 0, label = 150;
+function layout() {
+  width = Math.max(480, Math.min(svg.parentNode.clientWidth || 800, 1200));
+  label = Math.min(220, Math.max(60, width / 5));
+  svg.setAttribute("viewBox", "0 0 " + width + " " + (T * rowH + 20));
+  svg.setAttribute("height", T * rowH + 20);
+}
+window.onresize = () => { layout(); draw(); };
 function draw() {
   svg.innerHTML = "";
+  const leftX = label, rightX = width - label;
   [...headBox.children].forEach((b, i) => b.classList.toggle("off", !state.heads.has(i)));
   const focus = state.pinned !== null ? state.pinned : state.token;
   const lines = document.createElementNS(NS, "g"); lines.id = "lines"; svg.appendChild(lines);
@@ -133,24 +149,25 @@ function draw() {
     for (let j = 0; j < T; ++j) {
       const w = weight(state.layer, h, i, j);
       if (w < 0.01) continue;
+      // Width and opacity both grow with the weight, from a visible 0.25 at 0.01: light heads stay readable.
       const line = document.createElementNS(NS, "line");
-      line.setAttribute("x1", leftX + 150); line.setAttribute("y1", 14 + i * rowH);
-      line.setAttribute("x2", rightX - 150); line.setAttribute("y2", 14 + j * rowH);
-      line.setAttribute("stroke", COLORS[h % COLORS.length]); line.setAttribute("stroke-width", 2);
-      line.setAttribute("stroke-opacity", (focus !== null ? w : w * 0.6).toFixed(3));
-      line.dataset.query = i; line.dataset.key = j; line.dataset.head = DATA.heads[h]; line.dataset.weight = w.toFixed(3);
+      line.setAttribute("x1", leftX + 8); line.setAttribute("y1", 14 + i * rowH);
+      line.setAttribute("x2", rightX - 8); line.setAttribute("y2", 14 + j * rowH);
+      line.setAttribute("stroke", COLORS[h % COLORS.length]); line.setAttribute("stroke-width", (1.5 + 4 * w).toFixed(2));
+      line.setAttribute("stroke-opacity", (0.25 + 0.75 * Math.sqrt(w) * (focus !== null || state.heads.size === 1 ? 1 : 0.7)).toFixed(3));
+      line.dataset.query = i + 1; line.dataset.key = j + 1; line.dataset.head = DATA.heads[h]; line.dataset.weight = w.toFixed(3);
       lines.appendChild(line);
     }
   }
   tokens.forEach((t, i) => {
     for (const side of ["query", "key"]) {
       const text = document.createElementNS(NS, "text");
-      text.textContent = t.replace(/ /g, "\u00b7");
+      text.textContent = t;
       text.setAttribute("class", "token " + side + (side === "query" && i === state.pinned ? " pinned" : ""));
-      text.setAttribute("x", side === "query" ? leftX + 140 : rightX - 140);
+      text.setAttribute("x", side === "query" ? leftX : rightX);
       text.setAttribute("y", 18 + i * rowH);
       text.setAttribute("text-anchor", side === "query" ? "end" : "start");
-      text.dataset.index = i;
+      text.dataset.index = i + 1;
       if (side === "query") {
         text.onmouseenter = () => { state.token = i; draw(); };
         text.onmouseleave = () => { state.token = null; draw(); };
@@ -164,10 +181,12 @@ function draw() {
   let best = [];
   for (const h of state.heads) for (let j = 0; j < T; ++j) best.push([weight(state.layer, h, focus, j), j, h]);
   best.sort((a, b) => b[0] - a[0]);
-  info.textContent = "\u201c" + tokens[focus] + "\u201d in layer " + DATA.layers[state.layer] + " attends most to: " +
-      best.slice(0, 3).map(([w, j, h]) => "\u201c" + tokens[j] + "\u201d " + w.toFixed(2) + " (head " + DATA.heads[h] +
+  info.textContent = "Token " + (focus + 1) + ", \u201c" + tokens[focus] + "\u201d, in layer " + DATA.layers[state.layer] +
+      " attends most to: " +
+      best.slice(0, 3).map(([w, j, h]) => "\u201c" + tokens[j] + "\u201d (" + (j + 1) + ") " + w.toFixed(2) + " (head " + DATA.heads[h] +
                            (DATA.group > 1 ? ", K/V head " + DATA.kv[h] : "") + ")").join(", ");
 }
+layout();
 draw();
 </script></body></html>
 )HTML";
@@ -215,7 +234,7 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
       panels.push_back({"L" + std::to_string(r.layers[static_cast<size_t>(l)]) + " H" + std::to_string(r.heads[static_cast<size_t>(h)]) +
                             (r.kv_group > 1 ? " kv" + std::to_string(kv_head(r, static_cast<size_t>(h))) : "") +
                             (window_of(r, static_cast<size_t>(l)) > 0 ? " w" + std::to_string(window_of(r, static_cast<size_t>(l))) : ""),
-                        head_matrix(l, h)});
+                        head_matrix(l, h), causal_cells(window_of(r, static_cast<size_t>(l)))});
   written.push_back(picture_path(dir + "/attention-grid", pictures));
   save_heatmap_grid(written.back(), "Attention: layers (rows) \u00d7 heads (columns)", panels, static_cast<int>(H), labels, 1.0,
                     pictures);
@@ -240,6 +259,7 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
                            ? ", sliding window " + std::to_string(window_of(r, static_cast<size_t>(l))) : "");
         style.row_labels = style.col_labels = labels;
         style.vmax = 1.0;
+        style.masked = causal_cells(window_of(r, static_cast<size_t>(l)));  // decoders are causal
         save_heatmap(paths[static_cast<size_t>(i)], head_matrix(l, h), style, pictures);
       } catch (...) {
 #pragma omp critical(qkv_attention_report)

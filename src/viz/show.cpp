@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include <utf8proc.h>
+
 #include "canvas.hpp"
 
 namespace qkv::viz {
@@ -18,11 +20,13 @@ std::string fmt(float v, int decimals) {
 }
 
 std::string pad_left(const std::string& s, size_t width) {
-  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
+  const size_t w = display_width(s);
+  return w >= width ? s : std::string(width - w, ' ') + s;
 }
 
 std::string pad_right(const std::string& s, size_t width) {
-  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+  const size_t w = display_width(s);
+  return w >= width ? s : s + std::string(width - w, ' ');
 }
 
 std::vector<std::string> labels_or_numbers(const std::vector<std::string>& labels, int64_t n, const char* prefix) {
@@ -39,6 +43,28 @@ Tensor as_matrix(const Tensor& m) {
 }
 }  // namespace
 
+size_t display_width(std::string_view text) {
+  size_t width = 0;
+  utf8proc_int32_t previous = 0;
+  int previous_width = 0;
+  for (size_t at = 0; at < text.size();) {
+    utf8proc_int32_t c = 0;
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + at),
+                                    static_cast<utf8proc_ssize_t>(text.size() - at), &c);
+    if (n <= 0) {  // a byte that starts no character: terminals show one replacement character
+      ++width, ++at, previous = 0, previous_width = 1;
+      continue;
+    }
+    at += static_cast<size_t>(n);
+    int w = utf8proc_charwidth(c);
+    if (previous == 0x200D) w = 0;  // joined to the emoji before it (👩‍💻 is one picture, two columns)
+    if (c == 0xFE0F && previous_width == 1) w = 1;  // emoji presentation widens a narrow symbol (❤️)
+    width += static_cast<size_t>(std::max(w, 0));
+    previous = c, previous_width = w;
+  }
+  return width;
+}
+
 std::string matrix(const std::string& title, const Tensor& input, const std::vector<std::string>& row_labels,
                    const std::vector<std::string>& col_labels, const Style& style, bool row_sums) {
   const Tensor m = as_matrix(input);
@@ -46,10 +72,10 @@ std::string matrix(const std::string& title, const Tensor& input, const std::vec
   const auto rl = labels_or_numbers(row_labels, rows, "");
   const auto cl = labels_or_numbers(col_labels, cols, "d");
   size_t label_width = 0;
-  for (const auto& l : rl) label_width = std::max(label_width, l.size());
+  for (const auto& l : rl) label_width = std::max(label_width, display_width(l));
   size_t cell = 0;
   for (int64_t i = 0; i < m.numel(); ++i) cell = std::max(cell, fmt(m.data()[i], style.decimals).size());
-  for (const auto& l : cl) cell = std::max(cell, l.size());
+  for (const auto& l : cl) cell = std::max(cell, display_width(l));
   cell += 2;
   std::ostringstream os;
   os << title << "  (" << rows << "×" << cols << ")\n";
@@ -95,7 +121,7 @@ std::string heatmap(const std::string& title, const Tensor& weights, const std::
   // viridis map of the PNG pictures (dark purple = 0, yellow = the largest weight).
   static const char* kShades[] = {" ", "·", "░", "░", "▒", "▒", "▓", "█"};
   size_t label_width = 0;
-  for (const auto& l : rl) label_width = std::max(label_width, l.size());
+  for (const auto& l : rl) label_width = std::max(label_width, display_width(l));
   // Shades are relative to the largest weight in the grid, so nearly uniform rows still show structure.
   float largest = 0.0f;
   for (int64_t i = 0; i < m.numel(); ++i)
@@ -135,7 +161,7 @@ std::string heatmap(const std::string& title, const Tensor& weights, const std::
 
 std::string bars(const std::vector<float>& values, const std::vector<std::string>& labels, int width) {
   size_t label_width = 0;
-  for (const auto& l : labels) label_width = std::max(label_width, l.size());
+  for (const auto& l : labels) label_width = std::max(label_width, display_width(l));
   std::ostringstream os;
   for (size_t i = 0; i < values.size(); ++i) {
     const float v = std::isnan(values[i]) ? 0.0f : std::clamp(values[i], 0.0f, 1.0f);

@@ -97,4 +97,26 @@ class MappedFile {
 // Removes path.tmp.<pid> files left by processes that no longer run (a killed writer); returns how many.
 int remove_stale_temporaries(const std::string& path);
 
+// What a file is, from its first bytes: for messages that name it when it is not what was expected ("UTF-8 text, not
+// a safetensors file"). Not a validator: a file sniffed as safetensors may still be corrupt.
+enum class FileKind {
+  Missing, Directory, Special,  // nothing there; a folder; a device, pipe or socket
+  Empty, Text, Json,            // no bytes; UTF-8 text; text that opens with { or [
+  Safetensors, Gguf, Zip, Pickle, Npy, Gzip, Binary,
+};
+// A file's kind and a phrase that names it.
+struct FileFormat {
+  FileKind kind = FileKind::Binary;  // what the first bytes say it is
+  // "UTF-8 text (\"In the beginning God…\")", "a GGUF file (version 3, llama.cpp's format)", "a folder holding
+  // model.safetensors and tokenizer.json": a phrase to follow "is".
+  std::string description;
+};
+// Reads at most the first 4 KiB (and, for a folder, its names); never throws.
+FileFormat sniff_format(const std::string& path);
+// The same for bytes already read (the start of a file); `total_size`, when known, tells a safetensors header
+// that fits the file from one that cannot.
+FileFormat sniff_bytes(std::span<const std::byte> head, uint64_t total_size = UINT64_MAX);
+// sniff_format(path).description.
+std::string describe_file(const std::string& path);
+
 }  // namespace qkv::io

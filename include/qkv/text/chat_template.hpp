@@ -17,7 +17,11 @@ namespace qkv::text {
 
 // One message of a conversation
 struct ChatMessage {
-  std::string role, content;  // "system", "user" or "assistant", and its text
+  std::string role, content;  // "system", "user", "assistant" or "tool", and its text
+  // The message's other fields as the text of a JSON object, in the file's order: what tool calls and their results
+  // carry (tool_calls, tool_call_id, name, reasoning_content). The template sees them as message.<field>; a
+  // "content": null here gives message.content = none. Empty: no other fields.
+  std::string fields = {};
 };
 
 // What a template reads besides the messages

@@ -49,6 +49,7 @@ class HfTokenizer : public Tokenizer {
   // gives for a rendered chat, whose text already holds the BOS the template put there.
   std::vector<int64_t> encode_rendered(std::string_view text) const;
   std::string decode(std::span<const int64_t> ids) const override;
+  std::string token_bytes(int64_t id) const override;  // byte-fallback and byte-level pieces as their bytes
   // Like decode, without the special tokens (what a person reads of a generation).
   std::string decode_text(std::span<const int64_t> ids) const;
   int64_t vocab_size() const override;

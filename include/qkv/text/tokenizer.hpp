@@ -22,6 +22,9 @@ class Tokenizer {
   virtual std::vector<int64_t> encode(std::string_view text, bool allow_special = true) const = 0;
   // Bytes that do not form valid UTF-8 come out as U+FFFD.
   virtual std::string decode(std::span<const int64_t> ids) const = 0;
+  // One token's bytes as they are: a piece of a character split across byte-level tokens stays its bytes (decode
+  // would make it U+FFFD), for labels that show them (viz::token_label).
+  virtual std::string token_bytes(int64_t id) const { return decode(std::span<const int64_t>(&id, 1)); }
   virtual int64_t vocab_size() const = 0;
   virtual int64_t end_of_text() const = 0;  // the id of <|endoftext|>, or −1 if there is none
   virtual std::string name() const = 0;     // "gpt2" or "bytes"
@@ -32,6 +35,7 @@ class ByteTokenizer : public Tokenizer {
  public:
   std::vector<int64_t> encode(std::string_view text, bool allow_special = true) const override;
   std::string decode(std::span<const int64_t> ids) const override;
+  std::string token_bytes(int64_t id) const override;
   int64_t vocab_size() const override { return 256; }
   int64_t end_of_text() const override { return -1; }
   std::string name() const override { return "bytes"; }
@@ -47,6 +51,7 @@ class GPT2Tokenizer : public Tokenizer {
 
   std::vector<int64_t> encode(std::string_view text, bool allow_special = true) const override;
   std::string decode(std::span<const int64_t> ids) const override;
+  std::string token_bytes(int64_t id) const override;
   int64_t vocab_size() const override;
   int64_t end_of_text() const override { return 50256; }
   std::string name() const override { return "gpt2"; }

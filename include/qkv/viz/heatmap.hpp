@@ -5,6 +5,8 @@
 // giflib; the rest of qkv links none of them.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,12 +20,20 @@ struct HeatmapStyle {
   std::string title;                                // the matrix's name; its shape is appended, e.g. "(6×6)"
   std::vector<std::string> row_labels, col_labels;  // queries (rows) and keys (columns); empty: 1, 2, …
   std::string row_axis = "query", col_axis = "key";  // the axes' names
-  double vmax = 0.0;     // the colour scale runs 0 … vmax; 0: the matrix's largest finite value
+  // The colour scale runs 0 … vmax; 0: the matrix's largest finite value. A note under the colour bar says which
+  // ("fixed scale" or "scale: the largest"), so pictures on different scales are not read alike.
+  double vmax = 0.0;
   int show_values = -1;  // print each cell's value: -1 when the matrix is at most 16×16, 0 never, 1 always
   std::string caption;   // a line under the title (e.g. "step 12, loss 0.41")
   // Digits after the point in printed values; -1: whole numbers as such (counts), others with 2 (or 1 in small cells).
   int decimals = -1;
+  // Cells the model cannot see (a causal mask's future, keys past a sliding window; see causal_cells): drawn light
+  // grey and hatched, without a value, so they do not read as a weight of 0. Empty: every cell is a weight.
+  std::function<bool(int64_t row, int64_t col)> masked;
 };
+
+// The cells a causal mask hides (keys after the query) and, with a window, the keys the window leaves behind.
+std::function<bool(int64_t row, int64_t col)> causal_cells(int64_t window = 0);
 
 // Where the cells landed, in logical pixels (PNG pixels at scale 1): cell (r, c) covers x ∈ [left + c·cell,
 // left + (c+1)·cell), y likewise from top. Row r's label ends at label_right, centred on the row; its size is
@@ -44,10 +54,12 @@ HeatmapGeometry save_heatmap(const std::string& path, const Tensor& weights, con
 struct HeatmapPanel {
   std::string label;  // e.g. "layer 2, head 5"
   Tensor weights;     // (T, T)
+  std::function<bool(int64_t row, int64_t col)> masked = {};  // as HeatmapStyle::masked
 };
 
 // Small multiples: the panels in a grid of `columns` per row (heads across, layers down), each labelled, one
-// colour bar for all (0 … vmax, or the largest value of all panels), the tokens along the first panel's axes.
+// colour bar for all (0 … vmax, or the largest value of all panels), the tokens along the first column's rows
+// (queries) and under the last row's columns (keys).
 void save_heatmap_grid(const std::string& path, const std::string& title, const std::vector<HeatmapPanel>& panels,
                        int columns, const std::vector<std::string>& labels, double vmax = 0.0,
                        const PictureOptions& options = {});

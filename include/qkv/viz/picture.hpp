@@ -31,9 +31,9 @@ std::string picture_path(const std::string& stem, const PictureOptions& options)
 // Checks the options (a scale outside 0.25 … 8 is a ValueError that says so).
 void check_picture_options(const PictureOptions& options);
 
-// A token as the pictures label it: valid UTF-8 drawn with its real glyphs, a leading space shown as '␣', a
-// newline as "\n", tabs and other control bytes as "\xNN", and bytes that are not UTF-8 (a character split
-// across byte-level tokens) as U+FFFD; an empty token as "∅".
+// A token as the pictures and attention.html label it: valid UTF-8 drawn with its real glyphs, a leading space shown
+// as '␣', a newline as "\n", tabs and other control bytes as "\xNN", and so are bytes that are not UTF-8 (the pieces
+// of a character split across byte-level tokens: "\xe6\x9d"); an empty token as "∅".
 std::string token_label(const std::string& token);
 
 // One line of text alone on a white picture, drawn as every picture draws its labels (same font, size,

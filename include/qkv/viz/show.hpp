@@ -3,7 +3,9 @@
 // Not here: plots of training curves (viz/plot.hpp).
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
@@ -28,6 +30,10 @@ std::string matrix(const std::string& title, const Tensor& m, const std::vector<
 // a shade from ' ' (0) to '█' (the largest weight), or, with style.color, on a viridis background (ANSI).
 std::string heatmap(const std::string& title, const Tensor& weights, const std::vector<std::string>& labels,
                     const Style& style = {});
+
+// The columns a terminal gives `text` (UTF-8): 2 for each CJK character or emoji, 0 for combining marks, 1 for the
+// rest; what the tables above pad by, so 東京 and 🙂 line up with ASCII.
+size_t display_width(std::string_view text);
 
 // One row of weights as horizontal bars, one line per key.
 std::string bars(const std::vector<float>& values, const std::vector<std::string>& labels, int width = 40);
