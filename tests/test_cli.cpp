@@ -273,7 +273,7 @@ TEST(Readme, EveryLinkResolvesAndEveryCppExampleIsCompiled) {
     if (entry.path().extension() == ".md") pages.push_back(entry.path());
   ASSERT_GE(pages.size(), 8u) << "docs/ holds the details the README links to";
   std::set<std::string> examples;
-  for (const char* f : {"readme_example.cpp", "pictures_example.cpp"}) examples.insert(read_text((root / "tests" / f).string()));
+  for (const char* f : {"readme_example.cpp", "pictures_example.cpp", "chat_example.cpp", "batch_example.cpp"}) examples.insert(read_text((root / "tests" / f).string()));
   int links = 0;
   for (const fs::path& page : pages) {
     const Markdown md = parse_markdown(read_text(page.string()));

@@ -70,7 +70,7 @@ std::vector<int64_t> encode_prompt(const LoadedModel& loaded, const std::string&
   if (!chat) return loaded.tokenizer->encode(text);
   const auto* hf = dynamic_cast<const text::HfTokenizer*>(loaded.tokenizer.get());
   if (!hf || hf->chat_template().empty())
-    throw UsageError("--chat needs a model folder whose tokenizer_config.json has a chat template");
+    throw ValueError("--chat needs a model folder whose tokenizer_config.json has a chat template; " + loaded.description + " has none");
   return loaded.encode_chat({{"user", text}});
 }
 

@@ -309,9 +309,9 @@ void probabilities_and_dscores(const Plan& p, Group& group, int64_t g, const flo
     float* pr = pz + r * kBc;
     float* dr = ds + r * kBc;
     const auto [lo, hi] = p.visible_in_block(i, k0, cols);
-    if (hi - lo == 1 && p.visible(i) == 1) {
-      // One key in all: its softmax is exactly 1 whatever the score, so dS = 0 (G − Di is rounding alone: the two
-      // dot products dO·V and dO·O come from different loops) and P = 1, as PyTorch has them.
+    if (hi - lo == 1 && p.visible(i) == 1 && !p.options.sinks) {
+      // One key in all, and no sink sharing the softmax: its softmax is exactly 1 whatever the score, so dS = 0 (G − Di
+      // is rounding alone: the two dot products dO·V and dO·O come from different loops) and P = 1, as PyTorch has them.
       std::fill_n(pr, cols_pad, 0.0f);
       std::fill_n(dr, cols_pad, 0.0f);
       pr[lo] = 1.0f;

@@ -6,8 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "qkv/kernels/convert.hpp"
-#include "qkv/kernels/quant.hpp"
+#include "qkv/io/ggml_types.hpp"
 #include "qkv/nn/hf.hpp"
 
 namespace qkv::nn {
@@ -15,9 +14,12 @@ namespace qkv::nn {
 namespace {
 
 using json = nlohmann::json;
-using kernels::WeightType;
+using io::WeightType;
 
-[[noreturn]] void fail(const io::GgufFile& file, const std::string& what) { throw IoError(file.path() + ": " + what); }
+// Every message says what the file is, then what is wrong with it.
+[[noreturn]] void fail(const io::GgufFile& file, const std::string& what) {
+  throw IoError(file.path() + ": a GGUF file (llama.cpp's format) that qkv cannot run: " + what);
+}
 
 // Architectures whose converter interleaved q and k's rows for llama.cpp's RoPE (rope type NORM): Llama (and
 // Mistral, written as llama) and SmolLM3. convert_hf_to_gguf's permute: GGUF row h·D + 2i + s holds Hugging Face row
@@ -55,7 +57,7 @@ Storage storage_of(const io::GgufFile& file, const io::GgufTensor& t) {
   const auto id = static_cast<uint32_t>(t.type);
   if (t.type == io::GgmlType::Q5_0) return {WeightType::Q8_0, true, false};
   if (t.type == io::GgmlType::Q4_1 || t.type == io::GgmlType::Q5_1) return {WeightType::F32, false, true};
-  if (const auto type = kernels::weight_type_from_ggml(id)) return {*type, false, false};
+  if (const auto type = io::weight_type_from_ggml(id)) return {*type, false, false};
   fail(file, "tensor '" + t.name + "' is " + io::ggml_type_name(id) + "; qkv computes with F32, F16, BF16, Q8_0, Q4_0, "
              "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (requantize the model with llama-quantize or qkv quantize)");
 }
@@ -63,7 +65,7 @@ Storage storage_of(const io::GgufFile& file, const io::GgufTensor& t) {
 float half(const unsigned char* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return kernels::f16_to_f32_reference(h);
+  return io::f16_to_f32(h);
 }
 
 // ggml's Q5_0 (d, 32 fifth bits, 16 bytes of nibbles: x = d·(q − 16)) as Q8_0 (d, int8 q − 16): the same values and
@@ -119,6 +121,8 @@ const Family* family_of_gguf_architecture(std::string_view architecture) {
 }
 
 DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
+  if (!file.contains("general.architecture"))
+    fail(file, "it has no general.architecture key, so nothing says which model it holds");
   const std::string arch = file.string("general.architecture");
   const Family* family = family_of_gguf_architecture(arch);
   if (!family) {
@@ -224,7 +228,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     if (p.shape.rank() == 1) {  // norms and biases: float32 copies
       float* out = dst.data();
       const int64_t n = p.shape[0];
-      if (n > 0) kernels::dequantize_rows(s.type, bytes, out, 1, n);
+      if (n > 0) io::dequantize_rows(s.type, bytes, out, 1, n);
       if (gemma_norms && is_norm(p.role()))  // llama.cpp's converter stored 1 + w; qkv's Gemma norm adds the 1
         for (int64_t c = 0; c < n; ++c) out[c] -= 1.0f;
       continue;
@@ -247,7 +251,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     const bool permute = permutes_qk(file->string("general.architecture")) && p.parts.size() == 1 &&
                          (p.role() == Role::Query || p.role() == Role::Key);
     if (permute) {  // Hugging Face's row h·D + s·D/2 + i is the file's h·D + 2i + s
-      const int64_t D = config.head_dim, heads = rows / D, row = kernels::row_bytes(type, cols);
+      const int64_t D = config.head_dim, heads = rows / D, row = io::row_bytes(type, cols);
       if (D % 2 != 0 || heads * D != rows) fail(*file, "tensor '" + t.name + "' does not hold whole heads of " + std::to_string(D) + " rows");
       auto permuted = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(rows * row));
       for (int64_t h = 0; h < heads; ++h)
