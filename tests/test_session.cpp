@@ -237,6 +237,34 @@ TEST(Session, AChatContinuesFromItsCacheAndAForkSharesThePrefix) {
   EXPECT_EQ(session.cache().blocks_in_use(), 0);
 }
 
+// A chat that continues its sequence in a full-sized cache: the blocks it already holds are not asked for again (qkv
+// chat --max-context 48 refused its second turn, counting 3 blocks needed where 1 was new).
+TEST(Session, AContinuedSequenceNeedsOnlyTheBlocksItAdds) {
+  const auto model = nn::load_hf_decoder(fixture("hf/qwen3"));
+  model->eval();
+  nn::SessionOptions o;
+  o.block_size = 16;
+  o.max_tokens = 48;  // 3 blocks
+  nn::Session session(*model, o);
+  const int64_t chat = session.open();
+  nn::GenerationRequest r;
+  r.sampling.greedy = true;
+  r.sequence = chat;
+  r.prompt = prompt_of(20, model->vocab_size(), 4);
+  r.max_new_tokens = 4;
+  nn::generate(session, {r});
+  EXPECT_EQ(session.cache().blocks_in_use(), 2);
+  r.prompt = prompt_of(3, model->vocab_size(), 6);
+  r.max_new_tokens = 48 - session.length(chat) - 3;  // up to the last position the cache holds
+  const auto reply = nn::generate(session, {r})[0];
+  EXPECT_EQ(reply.tokens.size(), static_cast<size_t>(r.max_new_tokens));
+  EXPECT_EQ(session.cache().blocks_in_use(), 3);
+  r.prompt = {1};
+  r.max_new_tokens = 20;  // past the cache: refused, nothing taken
+  EXPECT_THROW(nn::generate(session, {r}), ShapeError);
+  EXPECT_EQ(session.cache().blocks_in_use(), 3);
+}
+
 TEST(Session, CancellingStopsASequenceAndFreesItsBlocks) {
   const auto model = nn::load_hf_decoder(fixture("hf/llama"));
   model->eval();

@@ -369,7 +369,8 @@ std::vector<GenerationResult> generate(Session& session, const std::vector<Gener
       throw ShapeError(which + ": its prompt and max_new_tokens need " + std::to_string(most) + " positions, but the "
                        "KV cache holds " + std::to_string(session.capacity()) + "; lower max_new_tokens or make the "
                        "session with a larger max_tokens");
-    blocks_total += blocks;
+    // What it adds to the cache: a continued sequence already holds its first blocks (counted free of them)
+    blocks_total += r.sequence >= 0 ? session.cache().blocks_to_grow(r.sequence, most) : blocks;
   }
   if (blocks_total > session.cache().blocks_free())
     throw ShapeError("generate: " + std::to_string(requests.size()) + " requests may need " + std::to_string(blocks_total) +
