@@ -143,9 +143,10 @@ int main(int argc, char** argv) {
     std::vector<std::string> env;
   };
   const std::vector<Policy> policies = {{"libgomp default (300000 spins)", {}},
-                                        {"GOMP_SPINCOUNT=100000", {"GOMP_SPINCOUNT=100000"}},
                                         {"GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT=10000"}},
                                         {"GOMP_SPINCOUNT=1000 (qkv)", {"GOMP_SPINCOUNT=1000"}},
+                                        {"GOMP_SPINCOUNT=300", {"GOMP_SPINCOUNT=300"}},
+                                        {"GOMP_SPINCOUNT=100", {"GOMP_SPINCOUNT=100"}},
                                         {"OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY=PASSIVE"}}};
   // rates[busy][policy][threads - 1]
   std::map<int, std::map<int, std::map<int, std::vector<double>>>> rates;
