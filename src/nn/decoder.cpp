@@ -346,6 +346,12 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::UpBias: base = "ffn_up.bias"; break;
     case Role::Down: base = "ffn_down.weight"; break;
     case Role::DownBias: base = "ffn_down.bias"; break;
+    case Role::Router:
+    case Role::ExpertGate:
+    case Role::ExpertUp:
+    case Role::ExpertDown:  // llama.cpp stacks a layer's experts in one 3-D tensor (ffn_gate_exps, …)
+      throw ValueError("a mixture-of-experts model's GGUF tensors (ffn_gate_inp, ffn_*_exps) are not read by qkv yet; "
+                       "use its Hugging Face folder");
   }
   return "blk." + std::to_string(p.layer) + "." + base;
 }
@@ -666,7 +672,10 @@ void Decoder::store_matrices(kernels::WeightType type) {
     const kernels::WeightType kept = cols % block == 0 ? type : cols % 32 == 0 ? kernels::WeightType::Q8_0 : t.weight_type();
     t.to_weight_type_(kept);
   }
-  // A fused entry (Phi-3's qkv_proj, gate_up_proj) is its group's one tensor: the roles' views of it are made again.
+  refresh_fused_views();
+}
+
+void Decoder::refresh_fused_views() {
   const int64_t C = config.hidden_size, F = config.intermediate_size, Q = config.q_width(), KV = config.kv_width();
   for (DecoderBlock& b : blocks) {
     if (b.qkv.weights.size() == 1) {
@@ -809,7 +818,7 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
                        AttentionStep::Record* record, const BatchStep* step) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
-  const int64_t H = config.num_heads, H_kv = config.num_kv_heads, T = x.size(1);
+  const int64_t H = config.num_heads, H_kv = config.num_kv_heads;
   const int64_t Q = config.q_width(), KV = config.kv_width();
   const float norm_offset = config.norm == NormKind::GemmaRMSNorm ? 1.0f : 0.0f;
   const float eps = static_cast<float>(config.norm_eps);

@@ -270,21 +270,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       dst.set_stored_(type, rows_at, owner);
     }
   }
-  // A fused entry (Phi-3's attn_qkv, ffn_up) is its group's one tensor: the roles' views of it are made again.
-  const int64_t C = config.hidden_size, F = config.intermediate_size, Q = config.q_width(), KV = config.kv_width();
-  for (DecoderBlock& b : model->blocks) {
-    if (b.qkv.weights.size() == 1) {
-      const Tensor& w = b.qkv.weights.front();
-      b[Role::Query] = w.view_at(0, {Q, C});
-      b[Role::Key] = w.view_at(Q * C, {KV, C});
-      b[Role::Value] = w.view_at((Q + KV) * C, {KV, C});
-    }
-    if (b.gate_up.weights.size() == 1 && config.mlp != MlpKind::GELU) {
-      const Tensor& w = b.gate_up.weights.front();
-      b[Role::Gate] = w.view_at(0, {F, C});
-      b[Role::Up] = w.view_at(F * C, {F, C});
-    }
-  }
+  model->refresh_fused_views();  // Phi-3's attn_qkv and ffn_up: the roles' views of the mapped tensor
   for (Tensor& t : model->parameters()) t.requires_grad_(false);
   model->eval();
   return model;

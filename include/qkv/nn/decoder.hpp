@@ -229,6 +229,9 @@ class Decoder : public LanguageModel {
   // whose rows are not a multiple of a block type's block (K-quants: 256) is kept as Q8_0 when they are a multiple
   // of 32, else as it is. Embeddings and norms are not converted.
   void store_matrices(kernels::WeightType type);
+  // Makes the role views of each fused group again (Phi-3's qkv_proj, gate_up_proj: the group's one tensor), after
+  // its storage was replaced (converted, or mapped from a file)
+  void refresh_fused_views();
   // Dropout (in training) draws from `gen` from now on; the caller keeps it alive as long as the model.
   void use_generator(Generator& gen) { gen_ = &gen; }
   // Layer `layer`'s attention weights for batch row b and query head h, (T, Tk), from a record of forward().
