@@ -52,6 +52,7 @@ Runner setup_eval(CLI::App& command, CommandContext& context);
 Runner setup_finetune(CLI::App& command, CommandContext& context);
 Runner setup_classify(CLI::App& command, CommandContext& context);
 Runner setup_convert(CLI::App& command, CommandContext& context);
+Runner setup_quantize(CLI::App& command, CommandContext& context);
 Runner setup_memory(CLI::App& command, CommandContext& context);
 Runner setup_serve(CLI::App& command, CommandContext& context);
 
