@@ -20,6 +20,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/io/gguf.hpp"
 #include "qkv/nn/gguf_export.hpp"
+#include "qkv/nn/divergence.hpp"
 #include "qkv/nn/gguf_model.hpp"
 #include "qkv/nn/hf.hpp"
 #include "qkv/nn/pretrained.hpp"
@@ -411,6 +412,78 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
       fs::remove(path);
     }
   }
+}
+
+// qkv eval --kl-reference's numbers: a model against itself is 0 and agrees everywhere; a Q4_0 model against its
+// float32 self gives what the definition gives on the two models' logits (probabilities by plain exponentials here),
+// window by window.
+TEST(Divergence, MatchesTheDefinitionAndIsZeroForTheSameModel) {
+  const auto reference = nn::load_pretrained(folders().llama.string());
+  nn::PretrainedOptions q4;
+  q4.weights = WeightType::Q4_0;
+  const auto quantized = nn::load_pretrained(folders().llama.string(), q4);
+  const std::vector<int64_t> ids = reference->tokenizer->encode(std::string(kPrompt) + " on the mat; the cat sat again.");
+  const int64_t context = 12, n = static_cast<int64_t>(ids.size());
+  ASSERT_GT(n, 2 * context);  // three windows, the last one short
+  const nn::Divergence self = nn::next_token_divergence(*reference->model, *reference->model, ids, context);
+  EXPECT_EQ(self.positions, n);
+  EXPECT_EQ(self.max_kl, 0.0);
+  EXPECT_EQ(self.top1_agreement, 1.0);
+  EXPECT_EQ(self.perplexity, self.reference_perplexity);
+  const nn::Divergence d = nn::next_token_divergence(*reference->model, *quantized->model, ids, context);
+  double kl_sum = 0, max_kl = 0, nll = 0, ref_nll = 0;
+  int64_t agree = 0, scored = 0;
+  for (int64_t start = 0; start < n; start += context) {
+    const int64_t T = std::min(context, n - start);
+    const std::vector<int64_t> window(ids.begin() + start, ids.begin() + start + T);
+    const Tensor r = logits(*reference->model, window), q = logits(*quantized->model, window);
+    const int64_t V = r.size(-1);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> p(V), pq(V);
+      double zr = 0, zq = 0;
+      for (int64_t i = 0; i < V; ++i) zr += std::exp(double{r.data()[t * V + i]}), zq += std::exp(double{q.data()[t * V + i]});
+      double kl = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        p[i] = std::exp(double{r.data()[t * V + i]}) / zr, pq[i] = std::exp(double{q.data()[t * V + i]}) / zq;
+        kl += p[i] * std::log(p[i] / pq[i]);
+      }
+      kl_sum += kl, max_kl = std::max(max_kl, kl);
+      agree += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(pq.begin(), pq.end()) - pq.begin();
+      if (t + 1 < T) nll -= std::log(pq[window[t + 1]]), ref_nll -= std::log(p[window[t + 1]]), ++scored;
+    }
+  }
+  EXPECT_GT(d.mean_kl, 1e-6);  // Q4_0 changes the distributions
+  EXPECT_NEAR(d.mean_kl, kl_sum / n, 1e-6 * kl_sum / n);
+  EXPECT_NEAR(d.max_kl, max_kl, 1e-6 * max_kl);
+  EXPECT_LE(d.median_kl, d.p99_kl);
+  EXPECT_LE(d.p99_kl, d.max_kl);
+  EXPECT_DOUBLE_EQ(d.top1_agreement, static_cast<double>(agree) / n);
+  EXPECT_NEAR(d.perplexity, std::exp(nll / scored), 1e-9 * d.perplexity);
+  EXPECT_NEAR(d.reference_perplexity, std::exp(ref_nll / scored), 1e-9 * d.perplexity);
+  const auto other = nn::load_pretrained(folders().qwen3.string());  // the same vocabulary size: comparable
+  EXPECT_NO_THROW(nn::next_token_divergence(*reference->model, *other->model, ids, context));
+  EXPECT_THROW(nn::next_token_divergence(*reference->model, *quantized->model, ids, 1000), ValueError);
+  nn::PretrainedOptions weights_only;
+  weights_only.tokenizer = false;
+  const auto small = nn::load_pretrained(fixture("hf/qwen3"), weights_only);  // 72 tokens, not 265
+  EXPECT_THROW(nn::next_token_divergence(*reference->model, *small->model, ids, context), ValueError);
+
+  // The command: a Q4_K_M file qkv wrote against the folder, as JSON
+  const std::string gguf = out_path("kl-q4_k_m.gguf"), text = out_path("kl.txt");
+  nn::GgufExportOptions o;
+  o.type = GgufFileType::Q4_K_M;
+  nn::quantize_to_gguf(folders().llama.string(), gguf, o);
+  std::ofstream(text) << kPrompt << " on the mat; the cat sat again.";
+  const CliResult r = run_cli("eval --checkpoint " + gguf + " --kl-reference " + folders().llama.string() + " --text " +
+                              text + " --context 12 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["positions"], n);
+  EXPECT_GT(j["mean_kl"].get<double>(), 0.0);
+  EXPECT_GT(j["top1_agreement"].get<double>(), 0.0);  // this random model amplifies rounding: about half agree
+  EXPECT_LT(j["top1_agreement"].get<double>(), 1.0);
+  fs::remove(gguf);
+  fs::remove(text);
 }
 
 }  // namespace

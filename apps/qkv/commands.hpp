@@ -207,6 +207,7 @@ struct EvalCommand {
   bool json = false, replace_invalid = false;
   std::string plot_path;        // --plot FILE: the loss of each window (FILE.png, .svg or .pdf; else --format's)
   viz::PictureOptions pictures;
+  std::string kl_reference;     // --kl-reference MODEL: KL divergence and top-1 agreement against it instead of the loss
 };
 int run_eval(const EvalCommand& options);
 
