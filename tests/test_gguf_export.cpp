@@ -1,13 +1,14 @@
 // qkv quantize: a tiny random Hugging Face folder (llama and qwen3, a small byte-level BPE tokenizer made here) written
 // as GGUF in every type, read back by qkv — float32 gives the folder's logits, each other type the logits of the folder
 // with its matrices stored as that file's rule says (the --weights path) — and by llama.cpp, which gives qkv's greedy
-// tokens; llama.cpp's Q4_K_M / Q5_K_M mix; mistakes refused with the reason and exit 1 (2 for a usage error).
+// tokens, and whose own quantizer writes the same types and bytes from qkv's float32 file; mistakes refused with the reason and exit 1 (2 for a usage error).
 // Not here: the GGUF format (test_gguf.cpp), reading llama.cpp's files (test_gguf_model.cpp), the block formats.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -411,6 +412,53 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
       EXPECT_GE(distinct.size(), 3u) << "a text that varies, so agreeing means something";
       fs::remove(path);
     }
+  }
+}
+
+// llama.cpp's own quantizer (llama_model_quantize, llama-quantize's code) on qkv's float32 file chooses the same type
+// for every tensor as qkv quantize does for Q8_0, Q6_K and the Q4_K_M / Q5_K_M mixes, and writes the same bytes: both
+// run ggml's reference quantizers (no importance matrix). Skipped, or failed, as the test above.
+TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
+  const char* env = std::getenv("QKV_NODE_LLAMA_CPP");
+  const std::string modules = env ? env : QKV_NODE_MODULES;
+  if (!fs::exists(modules + "/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so")) {
+    const std::string missing = "node-llama-cpp is not in " + modules + " (scripts/run test installs it)";
+    const char* required = std::getenv("QKV_REQUIRE_LLAMACPP");
+    if (required && std::string(required) == "1") FAIL() << missing;
+    GTEST_SKIP() << missing;
+  }
+  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
+  for (const fs::path& folder : {folders().llama, folders().qwen3}) {
+    const std::string f32 = out_path("same-f32.gguf");
+    nn::quantize_to_gguf(folder.string(), f32, {});
+    for (GgufFileType type : {GgufFileType::Q8_0, GgufFileType::Q6_K, GgufFileType::Q4_K_M, GgufFileType::Q5_K_M}) {
+      const std::string name = nn::gguf_file_type_name(type);
+      SCOPED_TRACE(folder.filename().string() + " " + name);
+      const std::string ours = out_path("same-qkv.gguf"), theirs = out_path("same-llamacpp.gguf");
+      nn::GgufExportOptions o;
+      o.type = type;
+      nn::quantize_to_gguf(folder.string(), ours, o);
+      const std::string command = "NODE_MODULES=" + modules + " " + script + " quantize " + f32 + " " + theirs + " " + name + " 1 2>&1";
+      FILE* pipe = popen(command.c_str(), "r");
+      ASSERT_NE(pipe, nullptr);
+      std::string out;
+      char buffer[4096];
+      while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+      ASSERT_EQ(pclose(pipe), 0) << out;
+      const io::GgufFile a = io::GgufFile::open(ours), b = io::GgufFile::open(theirs);
+      ASSERT_EQ(a.tensors().size(), b.tensors().size());
+      for (const io::GgufTensor& t : a.tensors()) {
+        const io::GgufTensor* u = b.find(t.name);
+        ASSERT_NE(u, nullptr) << t.name;
+        EXPECT_EQ(io::ggml_type_name(t.type), io::ggml_type_name(u->type)) << t.name;
+        EXPECT_EQ(t.dims, u->dims) << t.name;
+        EXPECT_TRUE(t.bytes == u->bytes && std::memcmp(t.data, u->data, t.bytes) == 0) << t.name << ": other bytes";
+      }
+      EXPECT_EQ(a.integer("general.file_type"), b.integer("general.file_type"));
+      fs::remove(ours);
+      fs::remove(theirs);
+    }
+    fs::remove(f32);
   }
 }
 
