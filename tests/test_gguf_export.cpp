@@ -1,7 +1,8 @@
 // qkv quantize: a tiny random Hugging Face folder (llama and qwen3, a small byte-level BPE tokenizer made here) written
 // as GGUF in every type, read back by qkv — float32 gives the folder's logits, each other type the logits of the folder
 // with its matrices stored as that file's rule says (the --weights path) — and by llama.cpp, which gives qkv's greedy
-// tokens, and whose own quantizer writes the same types and bytes from qkv's float32 file; mistakes refused with the reason and exit 1 (2 for a usage error).
+// tokens and whose own quantizer writes the same types and bytes from qkv's float32 file; mistakes refused with the
+// reason and exit 1 (2 for a usage error); qkv eval --kl-reference's numbers against their definition.
 // Not here: the GGUF format (test_gguf.cpp), reading llama.cpp's files (test_gguf_model.cpp), the block formats.
 #include <gtest/gtest.h>
 
