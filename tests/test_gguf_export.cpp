@@ -95,14 +95,19 @@ fs::path make_folder(const std::string& type) {
   const fs::path dir = fs::temp_directory_path() / ("qkv-quantize-" + type + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const bool qwen = type == "qwen3";
-  const json config = {{"model_type", type}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+  const bool qwen = type == "qwen3", llama3 = type == "llama3";
+  json config = {{"model_type", qwen ? "qwen3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
+  // Llama 3.1's scaling, its bands moved into the short context this model sees (wavelengths above 64 positions
+  // scaled by 8), so a file without the factors would give other tokens
+  if (llama3)
+    config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(qwen ? 3 : 4);
+  std::mt19937 rng(qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -114,15 +119,16 @@ fs::path make_folder(const std::string& type) {
 }
 
 struct Folders {
-  fs::path llama, qwen3;
+  fs::path llama, qwen3, llama3;  // llama3: llama with Llama 3.1's RoPE scaling
   ~Folders() {
     std::error_code ec;
     fs::remove_all(llama, ec);
     fs::remove_all(qwen3, ec);
+    fs::remove_all(llama3, ec);
   }
 };
 const Folders& folders() {
-  static const Folders f = {make_folder("llama"), make_folder("qwen3")};
+  static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3")};
   return f;
 }
 
@@ -198,8 +204,8 @@ TEST(GgufExport, TypesPerTensorFollowLlamaCppsMix) {
 
 // The float32 file holds llama.cpp's keys and names, aligned to 32, and gives the folder's logits and token ids.
 TEST(GgufExport, Float32FileGivesTheFoldersLogitsAndTokens) {
-  for (const fs::path& folder : {folders().llama, folders().qwen3}) {
-    const bool qwen = folder == folders().qwen3;
+  for (const fs::path& folder : {folders().llama, folders().qwen3, folders().llama3}) {
+    const bool qwen = folder == folders().qwen3, llama3 = folder == folders().llama3;
     const std::string path = out_path(qwen ? "qwen3-f32.gguf" : "llama-f32.gguf");
     nn::GgufExportOptions o;
     const nn::GgufExportReport report = nn::quantize_to_gguf(folder.string(), path, o);
@@ -209,6 +215,16 @@ TEST(GgufExport, Float32FileGivesTheFoldersLogitsAndTokens) {
     const std::string a = report.architecture;
     EXPECT_EQ(file.version(), 3u);
     EXPECT_EQ(file.data_offset() % 32, 0u);
+    // Llama 3.1's scaling as llama.cpp's per-frequency divisors: 1 for the short wavelengths, 8 for the long
+    EXPECT_EQ(file.find("rope_freqs.weight") != nullptr, llama3);
+    if (llama3) {
+      const float* f = reinterpret_cast<const float*>(file.tensor("rope_freqs.weight").data);
+      EXPECT_EQ(file.tensor("rope_freqs.weight").numel(), 32);
+      EXPECT_EQ(f[0], 1.0f);
+      EXPECT_EQ(f[31], 8.0f);
+      EXPECT_GT(f[4], 1.0f);  // wavelength 2π·10000^(4/32) ≈ 20.4: between 16 and 64, interpolated
+      EXPECT_LT(f[4], 8.0f);
+    }
     for (const io::GgufTensor& t : file.tensors()) {
       EXPECT_EQ(t.offset % 32, 0u) << t.name;
       EXPECT_EQ(t.type, io::GgmlType::F32) << t.name;
@@ -298,6 +314,53 @@ TEST(GgufExport, EveryTypeLoadsBackAsTheWeightsPathComputes) {
   }
 }
 
+// A file as convert_hf_to_gguf.py writes Llama 3.2 (rope_freqs.weight, no qkv.rope.llama3) is read with Meta's
+// settings, checked against every factor; factors that are not Llama 3.1's are refused with the index.
+TEST(GgufExport, LlamaThreeFactorsFromConvertAreReadAndOthersRefused) {
+  nn::DecoderConfig c;
+  c.family = &nn::family("llama");
+  c.vocab_size = 40, c.hidden_size = 64, c.intermediate_size = 96, c.num_layers = 1, c.num_heads = 2, c.num_kv_heads = 1;
+  c.head_dim = 32, c.max_positions = 64, c.norm_eps = 1e-5;
+  kernels::RopeFrequencies rope{.theta = 500000.0};
+  rope.scaling = kernels::RopeFrequencies::Scaling::Llama3;
+  rope.factor = 32.0, rope.low_freq_factor = 1.0, rope.high_freq_factor = 4.0, rope.original_max_position_embeddings = 8192;
+  c.ropes = {rope};
+  c.layers = {{0, 0}};
+  Generator gen(3);
+  nn::Decoder model(c, gen);
+  const std::string ours = out_path("llama32.gguf"), theirs = out_path("llama32-convert.gguf");
+  nn::write_gguf(model, {}, ours, {});
+  const io::GgufFile file = io::GgufFile::open(ours);
+  ASSERT_TRUE(file.contains("qkv.rope.llama3"));
+  auto rewrite = [&](float scale_last) {  // the file without qkv's key, the last factor scaled
+    std::vector<std::pair<std::string, io::GgufValue>> meta;
+    for (const auto& kv : file.metadata())
+      if (kv.first != "qkv.rope.llama3") meta.push_back(kv);
+    std::vector<float> factors(16);
+    std::memcpy(factors.data(), file.tensor("rope_freqs.weight").data, 64);
+    factors.back() *= scale_last;
+    std::vector<io::GgufTensorData> tensors;
+    for (const io::GgufTensor& t : file.tensors())
+      tensors.push_back({t.name, t.dims, t.type, t.name == "rope_freqs.weight" ? std::as_bytes(std::span(factors)) : t.span()});
+    io::save_gguf(theirs, meta, tensors);
+  };
+  rewrite(1.0f);
+  const auto loaded = nn::load_gguf_decoder(theirs);
+  EXPECT_EQ(loaded->config.ropes, c.ropes);
+  const std::vector<int64_t> ids = {1, 5, 9, 33, 2, 17, 8};
+  EXPECT_EQ(max_diff(logits(*loaded, ids), logits(model, ids)), 0.0f);
+  rewrite(0.5f);  // 16 where 32 belongs: not Meta's settings, and no record of others
+  try {
+    (void)nn::load_gguf_decoder(theirs);
+    ADD_FAILURE() << "loaded factors that are not Llama 3.1's";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_freqs.weight[8] is 3.292263 where Llama 3.1's scaling gives 3.0655"), std::string::npos)
+        << e.what();
+  }
+  fs::remove(ours);
+  fs::remove(theirs);
+}
+
 // A GGUF is a source too: the float32 file quantized again gives the bytes the folder gives.
 TEST(GgufExport, AGgufQuantizedAgainGivesTheFoldersBytes) {
   const std::string f32 = out_path("src-f32.gguf"), from_gguf = out_path("from-gguf.gguf"), from_folder = out_path("from-folder.gguf");
@@ -365,7 +428,7 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
   }
   const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
   constexpr int kTokens = 12;
-  for (const fs::path& folder : {folders().llama, folders().qwen3}) {
+  for (const fs::path& folder : {folders().llama, folders().qwen3, folders().llama3}) {
     for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0, GgufFileType::Q4_K_M}) {
       const std::string name = nn::gguf_file_type_name(type);
       SCOPED_TRACE(folder.filename().string() + " " + name);

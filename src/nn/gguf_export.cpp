@@ -72,8 +72,9 @@ void check_exportable(const DecoderConfig& c) {
   if (c.num_experts > 0) refuse("has a mixture of experts");
   if (c.ropes.size() != 1) refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
   const kernels::RopeFrequencies& rope = c.ropes.front();
-  if (rope.scaling != kernels::RopeFrequencies::Scaling::None)
-    refuse("scales its RoPE (llama 3.1's, linear, YaRN or LongRoPE), which qkv does not write to GGUF yet");
+  const bool llama3 = rope.scaling == kernels::RopeFrequencies::Scaling::Llama3;
+  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama"))
+    refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's it does)");
   if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
   for (const DecoderLayerSettings& l : c.layers) {
     if (l.window > 0) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
@@ -107,6 +108,14 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
   if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
   m.emplace_back("general.file_type", GgufValue::u32(row_of(o.type).ftype));
   if (quantized) m.emplace_back("general.quantization_version", GgufValue::u32(2));  // ggml's GGML_QNT_VERSION
+  const kernels::RopeFrequencies& rope = c.ropes.front();
+  if (rope.scaling == kernels::RopeFrequencies::Scaling::Llama3) {
+    // llama.cpp reads only rope_freqs.weight; qkv's reader takes the settings back from here (not rope.scaling.factor:
+    // llama.cpp would scale every frequency by it)
+    const std::vector<double> settings = {rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+                                          rope.original_max_position_embeddings};
+    m.emplace_back("qkv.rope.llama3", GgufValue::f64s(settings));
+  }
   return m;
 }
 
@@ -196,15 +205,26 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
   for (auto& [k, v] : model_metadata(c, options, quantized)) writer.add_metadata(k, v);
   for (const auto& [k, v] : tokenizer) writer.add_metadata(k, v);
   uint64_t total = 0;
+  // Llama 3.1's scaled RoPE: one divisor per frequency, first, as convert_hf_to_gguf.py writes it
+  std::vector<float> rope_factors;
+  if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::Llama3) {
+    rope_factors = llama3_rope_factors(c.ropes.front(), c.head_dim);
+    total += writer.add_tensor("rope_freqs.weight", {static_cast<int64_t>(rope_factors.size())}, io::GgmlType::F32);
+    ++report.tensors_by_type["F32"];
+  }
   for (const Planned& t : plan) {
     const std::vector<int64_t> dims(t.p->shape.dims().rbegin(), t.p->shape.dims().rend());  // ggml order: ne0 first
     total += writer.add_tensor(t.name, dims, static_cast<io::GgmlType>(io::weight_type_info(t.type).ggml_type));
-    report.tensor_bytes = total;
     report.parameters += static_cast<uint64_t>(t.p->shape.numel());
     ++report.tensors_by_type[io::ggml_type_name(io::weight_type_info(t.type).ggml_type)];
   }
+  report.tensor_bytes = total;
 
   uint64_t done = 0;
+  if (!rope_factors.empty()) {
+    writer.write_tensor_data(std::as_bytes(std::span(rope_factors)));
+    done += rope_factors.size() * 4;
+  }
   std::vector<float> values;
   std::vector<unsigned char> bytes;
   for (const Planned& t : plan) {

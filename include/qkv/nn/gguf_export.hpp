@@ -62,8 +62,9 @@ std::string gguf_export_families();
 // Writes `model` to `path` as GGUF version 3 (alignment 32) of type options.type, with `tokenizer` (the tokenizer.*
 // keys: text::gguf_tokenizer_metadata, or a GGUF's own) after the model's keys. The model's matrices may be float32,
 // bfloat16 or stored in any type (a GGUF model's are widened a few rows at a time and quantized again). ValueError
-// for a model llama.cpp's architectures cannot hold as written here (another family, experts, scaled or partial RoPE,
-// sliding windows, a classifier) or a non-finite weight in a block type; IoError when `path` cannot be written.
+// for a model llama.cpp's architectures cannot hold as written here (another family, experts, RoPE scaled otherwise
+// than Llama 3.1's — written as llama.cpp's rope_freqs.weight — or partial, sliding windows, a classifier) or a
+// non-finite weight in a block type; IoError when `path` cannot be written.
 GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::string, io::GgufValue>>& tokenizer,
                             const std::string& path, const GgufExportOptions& options);
 
