@@ -162,6 +162,12 @@ float max_diff(const Tensor& a, const Tensor& b) {
 
 const char* const kPrompt = "the cat sat on the mat, the cat";
 
+// Where tools/llamacpp.sh builds its program for one test: a folder of the test's own in the build tree, so tests that
+// ctest runs at once (and tokenizer_cases_vs_hf, which uses build/llamacpp) never clone or compile into one folder.
+std::string llamacpp_work(const std::string& test) {
+  return (fs::path(QKV_CLI).parent_path() / ("llamacpp-gguf-export-" + test)).string();
+}
+
 // llama.cpp's choice for Q4_K_M and Q5_K_M (llama-quant.cpp): attn_v and ffn_down get Q6_K in layers 0, 3, 6, 7 of 8
 // (use_more_bits), the head Q6_K, the untied embedding the base type; plain types are one type throughout; rows
 // that are not whole blocks fall back (896 columns: Qwen2-0.5B's width).
@@ -436,7 +442,8 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
       nn::GgufExportOptions o;
       o.type = type;
       nn::quantize_to_gguf(folder.string(), path, o);
-      const std::string command = "NODE_MODULES=" + modules + " " + script + " generate " + path + " '" + kPrompt + "' " +
+      const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("generate") + " " + script +
+                                  " generate " + path + " '" + kPrompt + "' " +
                                   std::to_string(kTokens) + " 1 2>&1";
       FILE* pipe = popen(command.c_str(), "r");
       ASSERT_NE(pipe, nullptr);
@@ -502,7 +509,8 @@ TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
       nn::GgufExportOptions o;
       o.type = type;
       nn::quantize_to_gguf(folder.string(), ours, o);
-      const std::string command = "NODE_MODULES=" + modules + " " + script + " quantize " + f32 + " " + theirs + " " + name + " 1 2>&1";
+      const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("quantize") + " " + script +
+                                  " quantize " + f32 + " " + theirs + " " + name + " 1 2>&1";
       FILE* pipe = popen(command.c_str(), "r");
       ASSERT_NE(pipe, nullptr);
       std::string out;
