@@ -955,9 +955,20 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
     attention.kv_tokens = filled;
     attention.num_kv_heads = 1;
     Tensor out;  // (…, H, W)
-    if (T == 1) {
-      // One new token sees every cached row: its H heads are H query rows of one head over the shared latents (one
-      // product per tile, instead of H one-row queries).
+    if (T == 1 && layer_cache.keys.dtype() == DType::F32) {
+      // One new token sees every cached row, so its H heads are H query rows over one shared matrix of latents:
+      // scores = q̃ Cᵀ (H × filled), softmax, õ = P C, as two products that each read the cache once (the fused
+      // kernel's one-row-per-head tiles read it H times and ran at a few GFLOP/s here).
+      std::vector<Tensor> rows;
+      for (int64_t r = 0; r < B; ++r) {
+        const Tensor latents = layer_cache.keys.view_at(r * layer_cache.keys.size(1) * W, {filled, W});  // C (filled, W)
+        const Tensor q_row = reshape(narrow(reshape(queries, {B, H * W}), r * H * W, H * W), {H, W});
+        const Tensor weights = softmax(mul(linear(q_row, latents, Tensor()), attention.scale));      // (H, filled)
+        rows.push_back(reshape(matmul(weights, latents), {1, H, W}));
+      }
+      out = B == 1 ? rows.front() : concat(rows, 0);
+    } else if (T == 1) {
+      // the same as one head of H query rows in the fused kernel (a bf16 cache)
       attention.causal = false;
       attention.num_heads = 1;
       out = scaled_dot_product_attention(reshape(queries, {B, H, W}), layer_cache.keys, layer_cache.keys, attention);
