@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -662,6 +663,15 @@ Shards open_shards(const fs::path& dir) {
 // Tensors a checkpoint may carry that the model does not need: a tied head saved anyway, old rotary buffers.
 bool ignorable(const std::string& name, const DecoderConfig& c) {
   if (c.tie_word_embeddings && name == "lm_head.weight") return true;
+  // DeepSeek-V3's multi-token-prediction layers follow the last block (model.layers.61 …): transformers skips them on
+  // load (_keys_to_ignore_on_load_unexpected), and so does qkv
+  if (c.family->latent_attention && name.rfind("model.layers.", 0) == 0) {
+    const size_t end = name.find('.', 13);
+    const std::string layer = name.substr(13, end == std::string::npos ? std::string::npos : end - 13);
+    if (!layer.empty() && layer.size() < 7 && std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+        std::stoll(layer) >= c.num_layers)
+      return true;
+  }
   return name.size() > 22 && name.compare(name.size() - 22, 22, "rotary_emb.inv_freq") == 0;
 }
 
