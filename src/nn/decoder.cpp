@@ -904,22 +904,45 @@ Tensor group_product(const Tensor& x, const DecoderBlock& b, const DecoderBlock:
 // output instead, since q_nope_h·k_nope_h = q_nope_h·(W_UK_h c) = (W_UK_hᵀ q_nope_h)·c:
 //   q̃_h = [W_UK_hᵀ q_nope_h | q_pe_h]  (R + dr);  õ_h = Σ_j p_hj c_j  (attention over [c | k_pe] rows as one shared
 //   key/value head, the values' last dr columns dropped);  o_h = W_UV_h õ_h  (dv)
+// DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm without the config's rms_norm_eps: theirs is 1e-6
+constexpr float kLatentEps = 1e-6f;
+
+Decoder::LatentProjections Decoder::latent_projections(size_t i, const Tensor& x) const {
+  const DecoderBlock& b = blocks[i];
+  const int64_t R = config.kv_lora_rank, dr = config.head_dim;
+  const Tensor none;
+  LatentProjections p;
+  p.q = config.q_lora_rank > 0
+            ? linear_with_lora(rms_norm(linear_with_lora(x, b[Role::QueryA], none, b.adapter(Role::QueryA)),
+                                        b[Role::QueryANorm], kLatentEps),
+                               b[Role::QueryB], none, b.adapter(Role::QueryB))
+            : linear_with_lora(x, b[Role::Query], none, b.adapter(Role::Query));
+  const Tensor compressed = linear_with_lora(x, b[Role::LatentA], none, b.adapter(Role::LatentA));  // (B, T, R + dr)
+  p.latent = rms_norm(narrow(compressed, 0, R), b[Role::LatentNorm], kLatentEps);
+  p.k_pe = narrow(compressed, R, dr);
+  return p;
+}
+
+float Decoder::latent_scale() const {
+  const double dq = static_cast<double>(config.qk_nope_head_dim + config.head_dim);
+  return static_cast<float>(config.attention_scale > 0.0 ? config.attention_scale : 1.0 / std::sqrt(dq));
+}
+
+int64_t Decoder::block_cache_width() const {
+  if (!config.latent()) return config.kv_width();
+  return config.num_heads * std::max(config.qk_nope_head_dim + config.head_dim, config.v_head_dim);
+}
+
 Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, R = config.kv_lora_rank;
   const int64_t dn = config.qk_nope_head_dim, dr = config.head_dim, dv = config.v_head_dim, dq = dn + dr;
-  // DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm without the config's rms_norm_eps: theirs is 1e-6
-  constexpr float kLatentEps = 1e-6f;
   const Tensor none;
-  const Tensor q = config.q_lora_rank > 0
-                       ? linear_with_lora(rms_norm(linear_with_lora(x, b[Role::QueryA], none, b.adapter(Role::QueryA)),
-                                                   b[Role::QueryANorm], kLatentEps),
-                                          b[Role::QueryB], none, b.adapter(Role::QueryB))
-                       : linear_with_lora(x, b[Role::Query], none, b.adapter(Role::Query));
-  const Tensor compressed = linear_with_lora(x, b[Role::LatentA], none, b.adapter(Role::LatentA));  // (B, T, R + dr)
-  const Tensor latent = rms_norm(narrow(compressed, 0, R), b[Role::LatentNorm], kLatentEps);      // (B, T, R)
-  Tensor k_pe = narrow(compressed, R, dr);                                                          // (B, T, dr)
+  const LatentProjections projections = latent_projections(i, x);
+  const Tensor& q = projections.q;
+  const Tensor& latent = projections.latent;
+  Tensor k_pe = projections.k_pe;                                                                   // (B, T, dr)
   const Tensor q_heads = reshape(q, {B, T, H, dq});
   const Tensor q_nope = narrow(q_heads, 0, dn);                     // (B, T, H, dn)
   Tensor q_pe = reshape(narrow(q_heads, dn, dr), {B, T, H * dr});   // (B, T, H·dr)
@@ -930,7 +953,7 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
   }
   AttentionConfig attention;
   attention.causal = true;
-  attention.scale = static_cast<float>(config.attention_scale > 0.0 ? config.attention_scale : 1.0 / std::sqrt(static_cast<double>(dq)));
+  attention.scale = latent_scale();
   attention.dropout_p = config.attention_dropout;
   attention.training = is_training();
   attention.generator = gen_;
@@ -1015,9 +1038,7 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
 Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                        AttentionStep::Record* record, const BatchStep* step) const {
   if (config.latent()) {
-    if (step)
-      throw ValueError("Decoder: sessions (batched steps over a block cache) do not run latent attention (" +
-                       config.family->name + ") yet; generate with forward_cached");
+    if (step) return attend_latent_blocks(i, x, *step);
     if (record)
       throw ValueError("Decoder: attention pictures of latent attention (" + config.family->name + ") are not drawn yet");
     return attend_latent(i, x, position, extent, cache);
@@ -1272,21 +1293,23 @@ struct Decoder::BatchStep {
 
 Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const {
   const DecoderLayerSettings& layer = config.layers[i];
-  const int64_t H = config.num_heads, H_kv = config.num_kv_heads, D = config.head_dim;
-  const int64_t Q = config.q_width(), KV = config.kv_width(), N = q.size(1);
+  // Latent attention comes here expanded and already rotated: every head its own key and value, padded to one width
+  const bool latent = config.latent();
+  const int64_t H = config.num_heads, H_kv = latent ? H : config.num_kv_heads, KV = block_cache_width();
+  const int64_t D = KV / H_kv, Q = H * D, N = q.size(1);
   const auto layer_index = static_cast<int64_t>(i);
   AttentionConfig attention;
   attention.num_heads = H;
   attention.num_kv_heads = H_kv;
   attention.causal = true;
   attention.window = layer.window;
-  attention.scale = static_cast<float>(config.attention_scale);
+  attention.scale = latent ? latent_scale() : static_cast<float>(config.attention_scale);
   attention.softcap = static_cast<float>(config.attn_softcap);
   Tensor context = Tensor::empty({1, N, Q});
   std::vector<float> keys, values;
   for (const BatchPlan::Run& run : step.plan.runs) {
     const int64_t end = run.start + run.rows;  // the sequence's length after this step
-    if (!config.learned_positions && layer.rope >= 0) {
+    if (!latent && !config.learned_positions && layer.rope >= 0) {
       // The rotation is chosen per sequence by its own last position (LongRoPE's factors), as a call on that
       // sequence alone would choose it.
       const auto table = rope_table(layer.rope, end);
@@ -1309,6 +1332,48 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
     attend_rows(q, run.row0, run.rows, keys.data(), values.data(), Tk, attention, context);
   }
   return context;
+}
+
+// Latent attention in a session's step: q_pe and k_pe rotated at each row's position, then every head's query, key
+// [k_nope_h | k_pe] and value laid out as attend_latent's expanded form lays them (zeros to one width D), attended over
+// the blocks, and each head's first dv outputs kept.
+Tensor Decoder::attend_latent_blocks(size_t i, const Tensor& x, const BatchStep& step) const {
+  const DecoderBlock& b = blocks[i];
+  const DecoderLayerSettings& layer = config.layers[i];
+  const int64_t N = x.size(1), H = config.num_heads;
+  const int64_t dn = config.qk_nope_head_dim, dr = config.head_dim, dv = config.v_head_dim, dq = dn + dr;
+  const int64_t D = block_cache_width() / H;
+  const Tensor none;
+  const LatentProjections p = latent_projections(i, x);
+  Tensor q_pe = Tensor::empty({1, N, H * dr}), k_pe = p.k_pe;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      std::copy_n(p.q.data() + (n * H + h) * dq + dn, dr, q_pe.data() + (n * H + h) * dr);
+  if (layer.rope >= 0)
+    for (const BatchPlan::Run& run : step.plan.runs) {
+      const auto table = rope_table(layer.rope, run.start + run.rows);
+      const int64_t* positions = step.plan.positions.data() + run.row0;
+      rope_rows_(q_pe, *table, config.rope_layout, H, dr, run.row0, run.rows, positions);
+      rope_rows_(k_pe, *table, config.rope_layout, 1, dr, run.row0, run.rows, positions);
+    }
+  const Tensor kv = linear_with_lora(p.latent, b[Role::LatentB], none, b.adapter(Role::LatentB));  // (1, N, H·(dn + dv))
+  Tensor queries = Tensor::zeros({1, N, H * D}), keys = Tensor::zeros({1, N, H * D}), values = Tensor::zeros({1, N, H * D});
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* kv_h = kv.data() + (n * H + h) * (dn + dv);
+      float* qo = queries.data() + (n * H + h) * D;
+      float* ko = keys.data() + (n * H + h) * D;
+      std::copy_n(p.q.data() + (n * H + h) * dq, dn, qo);
+      std::copy_n(q_pe.data() + (n * H + h) * dr, dr, qo + dn);
+      std::copy_n(kv_h, dn, ko);
+      std::copy_n(k_pe.data() + n * dr, dr, ko + dn);
+      std::copy_n(kv_h + dn, dv, values.data() + (n * H + h) * D);
+    }
+  const Tensor context = attend_blocks(i, queries, keys, values, step);  // (1, N, H·D)
+  Tensor out = Tensor::empty({1, N, H * dv});
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h) std::copy_n(context.data() + (n * H + h) * D, dv, out.data() + (n * H + h) * dv);
+  return linear_with_lora(out, b[Role::Output], none, b.adapter(Role::Output));
 }
 
 Tensor Decoder::forward_batch(const BatchPlan& plan, KVBlockCache& cache) const {

@@ -182,7 +182,7 @@ int64_t cache_blocks(const Decoder& model, const SessionOptions& o) {
 
 Session::Session(const Decoder& model, const SessionOptions& options)
     : model_(model), options_(options),
-      cache_(model.num_layers(), model.config.kv_width(), options.block_size, cache_blocks(model, options)) {
+      cache_(model.num_layers(), model.block_cache_width(), options.block_size, cache_blocks(model, options)) {
   if (model.is_classifier())
     throw ValueError("session: the model is a classifier (" + std::to_string(model.config.num_labels) +
                      " classes), not a language model");

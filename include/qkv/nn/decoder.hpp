@@ -225,6 +225,9 @@ class Decoder : public LanguageModel {
   int64_t context_length() const override { return config.max_positions; }
   // blocks
   int64_t num_layers() const override { return config.num_layers; }
+  // Values a session's block cache keeps per token, layer and kind (keys, values): kv_width(), or with latent
+  // attention every head's key and value padded to one width (sessions run its expanded form)
+  int64_t block_cache_width() const;
   int64_t num_heads() const override { return config.num_heads; }
   // K/V heads (grouped-query attention: fewer than the query heads)
   int64_t num_kv_heads() const override { return config.num_kv_heads; }
@@ -307,6 +310,15 @@ class Decoder : public LanguageModel {
   Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
   // Multi-head latent attention for layer i (x normed), as attend() is for the others
   Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const;
+  // The same for a session's step: the expanded form, every head padded to block_cache_width() / H, over the blocks
+  Tensor attend_latent_blocks(size_t i, const Tensor& x, const BatchStep& step) const;
+  struct LatentProjections {
+    Tensor q;       // (B, T, H·(dn + dr)): each head's q_nope | q_pe, not rotated
+    Tensor latent;  // (B, T, R), normed
+    Tensor k_pe;    // (B, T, dr), not rotated
+  };
+  LatentProjections latent_projections(size_t i, const Tensor& x) const;
+  float latent_scale() const;  // the softmax scale of latent attention
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records) const;
