@@ -9,10 +9,12 @@
 #include <mutex>
 #include <thread>
 
+#include "helpers.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/nn/decoder.hpp"
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
+#include "qkv/nn/hf.hpp"
 #include "qkv/nn/session.hpp"
 #include "qkv/serve/reply_text.hpp"
 #include "qkv/serve/scheduler.hpp"
@@ -207,6 +209,41 @@ TEST(ServeScheduler, AChatsSecondTurnPrefillsOnlyTheNewTokens) {
                                                         "the third's 40 shared tokens remain";
   EXPECT_EQ(settled(plain).prompt_cache_hit_tokens, 0);
   EXPECT_EQ(settled(plain).kv_cache_blocks_used, 0);
+}
+
+// LongRoPE (the tiny Phi-3 folder, rotation switch at 8 positions): a sequence growing past the switch is encoded again
+// from its start, so only requests that stay short of it share blocks; each gives what it gives alone, also with
+// others crossing the switch beside it.
+TEST(ServeScheduler, TheRotationSwitchNeverRewritesSharedBlocks) {
+  const auto model = nn::load_hf_decoder(test::fixture("hf/phi3"));
+  model->eval();
+  ASSERT_EQ(model->rotation_switch(), 8);
+  serve::SamplingParams greedy{.greedy = true};
+  serve::Scheduler scheduler(*model, {.parallel = 3, .queue_size = 3, .context = 64});
+  auto run = [&](const std::vector<int64_t>& prompt, int64_t max_new) {
+    Waiter w;
+    scheduler.submit(w.request(prompt, max_new, greedy));
+    const serve::Outcome o = w.done.get_future().get();
+    settled(scheduler);
+    EXPECT_EQ(o.tokens, session_alone(*model, prompt, max_new, greedy)) << prompt.size() << " + " << max_new;
+    return o;
+  };
+  const std::vector<int64_t> turn1 = pseudo_prompt(4, 80, 1);
+  const serve::Outcome first = run(turn1, 2);  // 6 positions: short of the switch
+  std::vector<int64_t> turn2 = turn1;
+  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+  turn2.push_back(9);
+  EXPECT_EQ(run(turn2, 1).cached_tokens, 5) << "7 + 1 positions stay short of the switch: shared";
+  std::vector<int64_t> longer = turn2;
+  longer.insert(longer.end(), {11, 12, 13});
+  EXPECT_EQ(run(longer, 6).cached_tokens, 0) << "it crosses the switch: computed afresh";
+  // Three at once, two crossing the switch while decoding
+  Waiter w[3];
+  const std::vector<std::vector<int64_t>> prompts = {pseudo_prompt(6, 80, 2), pseudo_prompt(3, 80, 3), turn1};
+  for (int i = 0; i < 3; ++i) scheduler.submit(w[i].request(prompts[static_cast<size_t>(i)], 6 - 2 * (i == 2), greedy));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(w[i].done.get_future().get().tokens,
+              session_alone(*model, prompts[static_cast<size_t>(i)], 6 - 2 * (i == 2), greedy)) << i;
 }
 
 // Many requests through a small cache: the session's blocks stay bounded (kept sequences within the budget), no

@@ -117,7 +117,10 @@ Scheduler::Scheduler(const nn::Decoder& model, const SchedulerOptions& options) 
   so.max_batch_tokens = options.max_batch_tokens;
   so.prefill_chunk = options.prefill_chunk;
   const int64_t bs = so.block_size;
-  const int64_t cache_tokens = options.prompt_cache_tokens < 0 ? context_ : options.prompt_cache_tokens;
+  // The default keeps one context of conversations, at most 8192 positions (a 40 Ki context of a 0.6B model would
+  // otherwise keep gigabytes; --cache-tokens asks for more)
+  const int64_t cache_tokens =
+      options.prompt_cache_tokens < 0 ? std::min<int64_t>(context_, 8192) : options.prompt_cache_tokens;
   const int64_t blocks = options.parallel * (blocks_for(context_, bs) + 1) + blocks_for(cache_tokens, bs) +
                          (cache_tokens > 0 ? options.parallel + 8 : 0);
   so.max_tokens = blocks * bs;
@@ -253,17 +256,22 @@ bool Scheduler::start(Slot& slot) {
   const int64_t bs = cache.block_size();
   const std::vector<int64_t>& prompt = slot.request.prompt;
   // The longest shared prefix, leaving at least one prompt token to feed (its logits give the first token)
+  // A model with a rotation switch (LongRoPE, Phi-3) encodes a sequence again from its start when it grows past the
+  // switch, writing over every position: shared blocks must never see that, so with such a model only sequences that
+  // stay short of the switch share (`most`: the most positions the source may come to hold).
+  const int64_t rotation_switch = model_.rotation_switch();
   int64_t source = -1, reuse = 0;
-  auto consider = [&](int64_t seq) {
+  auto consider = [&](int64_t seq, int64_t most) {
+    if (rotation_switch > 0 && (slot.most > rotation_switch || most > rotation_switch)) return;
     const int64_t n = std::min(session.common_prefix(seq, prompt), static_cast<int64_t>(prompt.size()) - 1);
     if (n > reuse) {
       reuse = n;
       source = seq;
     }
   };
-  for (const State::Kept& k : st.kept) consider(k.seq);
+  for (const State::Kept& k : st.kept) consider(k.seq, session.length(k.seq));
   for (const auto& other : active_)
-    if (other->started && !other->done) consider(other->seq);
+    if (other->started && !other->done) consider(other->seq, other->most);
   auto available = [&] {
     int64_t reserved = 0;
     for (const auto& other : active_)

@@ -85,7 +85,7 @@ struct SchedulerOptions {
   int64_t context = 0;        // the most tokens (prompt + reply) a request may hold; 0: the model's context length
   // Prompt cache: finished requests' sequences are kept (least recently used evicted first) while they hold at most
   // this many tokens together, so a later prompt that begins with one of them (a chat's next turn) computes only the
-  // rest. −1: one context's worth; 0: off (running sequences are still shared).
+  // rest. −1: one context's worth, at most 8192; 0: off (running sequences are still shared).
   int64_t prompt_cache_tokens = -1;
   int64_t max_batch_tokens = 512;  // a step feeds at most this many tokens (decoding requests come first)
   // Prompts are fed in pieces cut at multiples of this (the same cuts as nn::generate, so a prompt computes the same)
