@@ -13,6 +13,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -51,8 +52,8 @@ struct Stream {
 };
 
 // POSTs a streamed completion of `prompt` (token ids) for `max_tokens` tokens, greedy, and records when each event
-// arrives
-Stream complete(int port, const std::vector<int64_t>& prompt, int64_t max_tokens) {
+// arrives (counting `decoding` up at its first text)
+Stream complete(int port, const std::vector<int64_t>& prompt, int64_t max_tokens, std::atomic<int>* decoding = nullptr) {
   Stream s;
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(600, 0);
@@ -76,7 +77,10 @@ Stream complete(int port, const std::vector<int64_t>& prompt, int64_t max_tokens
       if (j.contains("choices") && !j["choices"].empty()) {
         const std::string piece = j["choices"][0].value("text", std::string());
         if (!piece.empty()) {
-          if (s.arrivals.empty()) s.first = now;
+          if (s.arrivals.empty()) {
+            s.first = now;
+            if (decoding) ++*decoding;
+          }
           s.arrivals.push_back(now);
           s.text += piece;
         }
@@ -217,11 +221,14 @@ int main(int argc, char** argv) {
     {
       std::vector<Stream> busy(static_cast<size_t>(streams - 1));
       std::vector<std::thread> clients;
+      std::atomic<int> decoding{0};
       for (size_t i = 0; i < busy.size(); ++i) {
         const std::vector<int64_t> p = prompt_of(prompt, salt++);
-        clients.emplace_back([&, i, p] { busy[i] = complete(port, p, 4 * tokens); });
+        clients.emplace_back([&, i, p] { busy[i] = complete(port, p, 4 * tokens, &decoding); });
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(smoke ? 50 : 1500));  // they are decoding by now
+      // Once every one of them decodes (their prompts are in), and a few steps more
+      while (decoding < static_cast<int>(busy.size())) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(smoke ? 10 : 200));
       const Stream joined = complete(port, prompt_of(128, salt++), 2);
       for (auto& c : clients) c.join();
       ok = ok && joined.ok;
