@@ -2,7 +2,8 @@
 # `qkv serve` end to end: a tiny random Qwen3 folder with the real Qwen3 tokenizer and chat template
 # (tools/decoder_cli_reference.py), served on a free loopback port with an API key, driven by the official openai
 # npm client (tests/serve_openai.js: whole and streamed chats equal `qkv generate --chat --greedy`), then by curl
-# and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled, and
+# and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled; a prompt
+# continuing an earlier one must compute only its new tokens (the prompt cache), and
 # SIGTERM must end the server with exit code 0.
 #   serve_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
 set -euo pipefail
@@ -106,7 +107,20 @@ done
 grep -q '^qkv_requests_active 0' <<< "$m" || fail "requests still run after their clients left: $(grep active <<< "$m")"
 cancelled=$(grep '^qkv_requests_cancelled_total' <<< "$m" | awk '{print $2}')
 [[ "$cancelled" -ge 3 ]] || fail "only $cancelled requests were cancelled after 3 clients left"
-echo "ok: 3 clients gone mid-stream → 3 requests cancelled, KV caches freed ($(grep '^qkv_kv_cache_bytes' <<< "$m"))"
+echo "ok: 3 clients gone mid-stream → 3 requests cancelled (KV blocks in use now: $(grep '^qkv_kv_cache_bytes' <<< "$m" | awk '{print $2}') bytes, finished requests' kept for the prompt cache)"
+
+# The prompt cache: a second request whose prompt begins with the first one's computes only the rest — the usage
+# says how many tokens were cached and /metrics counts the prefilled ones.
+prefilled() { curl -s "${auth[@]}" "$base/metrics" | awk '/^qkv_prompt_tokens_prefilled_total/ {print $2}'; }
+turn1=$(seq -s, 100 139) turn2="$(seq -s, 100 139),7,8,9,10,11"
+curl -s "${auth[@]}" "$base/v1/completions" -d "{\"prompt\":[$turn1],\"max_tokens\":3,\"temperature\":0}" > /dev/null
+before=$(prefilled)
+curl -s "${auth[@]}" "$base/v1/completions" -d "{\"prompt\":[$turn2],\"max_tokens\":3,\"temperature\":0}" > "$work/body.json"
+after=$(prefilled)
+cached=$(/usr/bin/python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['usage']['prompt_tokens_details']['cached_tokens'])" "$work/body.json")
+[[ "$cached" -ge 40 ]] || fail "the second prompt took $cached tokens from the prompt cache, not its first 40"
+[[ $((after - before)) -eq $((45 - cached)) ]] || fail "the second prompt prefilled $((after - before)) tokens, not $((45 - cached))"
+echo "ok: a prompt continuing an earlier one → $cached tokens from the prompt cache, $((after - before)) prefilled"
 
 # Slow clients: a request line with no headers after it, and headers sent a byte at a time, are dropped; a
 # request line of 20 kB is refused.
