@@ -3,7 +3,7 @@
 # (tools/decoder_cli_reference.py), served on a free loopback port with an API key, driven by the official openai
 # npm client (tests/serve_openai.js: whole and streamed chats equal `qkv generate --chat --greedy`), then by curl
 # and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled; a prompt
-# continuing an earlier one must compute only its new tokens (the prompt cache), and
+# continuing an earlier one must compute only its new tokens (the prompt cache); 1,000 requests must leave RSS flat; and
 # SIGTERM must end the server with exit code 0.
 #   serve_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
 set -euo pipefail
@@ -121,6 +121,40 @@ cached=$(/usr/bin/python3 -c "import json, sys; print(json.load(open(sys.argv[1]
 [[ "$cached" -ge 40 ]] || fail "the second prompt took $cached tokens from the prompt cache, not its first 40"
 [[ $((after - before)) -eq $((45 - cached)) ]] || fail "the second prompt prefilled $((after - before)) tokens, not $((45 - cached))"
 echo "ok: a prompt continuing an earlier one → $cached tokens from the prompt cache, $((after - before)) prefilled"
+
+# Memory stays flat: 1,000 requests (4 clients at once, retrying a 429, prompts of 1–60 tokens, some sharing starts so the prompt
+# cache forks and evicts) leave the server's RSS within 5% of what it was after the first 100.
+/usr/bin/python3 - "$port" "$key" "$server" <<'PY' || fail "memory grew over 1,000 requests, or one failed"
+import http.client, json, sys, threading, time
+port, key, pid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def rss():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"): return int(line.split()[1])
+failed = []
+def client(first, count):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for i in range(first, first + count):
+        prompt = [100 + (i % 13) * 7 + k for k in range(1 + i % 60)]
+        body = json.dumps({"prompt": prompt, "max_tokens": 1 + i % 4, "temperature": 0, "stream": i % 2 == 0})
+        for attempt in range(50):  # the queue holds 2 + 1: a 429 is retried, as its Retry-After asks
+            c.request("POST", "/v1/completions", body, {"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            if r.status != 429: break
+            time.sleep(0.02)
+        if r.status != 200: failed.append(r.status)
+def run(first, n):
+    ts = [threading.Thread(target=client, args=(first + k * n // 4, n // 4)) for k in range(4)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+run(0, 100)
+at100 = rss()
+run(100, 900)
+at1000 = rss()
+print(f"ok: 1,000 requests → RSS {at100 // 1024} MB after 100, {at1000 // 1024} MB after 1,000 ({100 * (at1000 - at100) / at100:+.1f}%)")
+if failed: print("statuses other than 200:", sorted(set(failed)))
+sys.exit(1 if failed or at1000 > at100 * 1.05 else 0)
+PY
 
 # Slow clients: a request line with no headers after it, and headers sent a byte at a time, are dropped; a
 # request line of 20 kB is refused.
