@@ -731,6 +731,8 @@ Server::Server(const ServerOptions& options) : state_(std::make_unique<State>())
   s.http.set_read_timeout(options.read_timeout_seconds, 0);
   s.http.set_write_timeout(options.write_timeout_seconds, 0);
   s.http.set_keep_alive_timeout(5);
+  // A streamed token is a few small writes: without TCP_NODELAY, Nagle holds each until the client's (delayed) ACK
+  s.http.set_tcp_nodelay(true);
   s.routes();
 }
 
