@@ -1,6 +1,7 @@
 // Generation on 1 and 2 threads, on a quiet machine and with another program spinning on a core, under each way
 // OpenMP's idle threads can wait: libgomp's default (300,000 pauses of spinning), bounded spins (GOMP_SPINCOUNT) —
-// what the qkv program sets, see apps/qkv/thread_waits.cpp — and OMP_WAIT_POLICY=PASSIVE (sleep at once).
+// what the qkv program sets, see apps/qkv/thread_waits.cpp — and OMP_WAIT_POLICY=PASSIVE (sleep at once); each with a
+// fixed thread count and with the session's adaptive one (qkv/core/thread_governor.hpp: 1 thread while that is faster).
 // Each run is a child process (libgomp reads its environment once, at start); runs alternate, medians are printed,
 // with the ratios the inference issue sets: 2 threads ≥ 1 thread when busy, and quiet speed within 5% of the default.
 //   qkv_contention_bench [--shape small|qwen3-0.6b] [--tokens N] [--repeats R] [--smoke]
@@ -19,7 +20,7 @@
 #include <vector>
 
 #include "qkv/kernels/threads.hpp"
-#include "qkv/nn/generate.hpp"
+#include "qkv/nn/session.hpp"
 #include "qkv/nn/hf.hpp"
 
 extern char** environ;
@@ -46,18 +47,26 @@ std::string config_json(const std::string& shape) {
   std::exit(2);
 }
 
-// The child: loads the folder, generates greedily, prints its decoding rate (tokens/s after the first token).
-int run(const fs::path& dir, int threads, int64_t tokens) {
+// The child: loads the folder, generates greedily through a session (adaptive: its ThreadGovernor chooses each
+// step's thread count; fixed: always `threads`), prints its decoding rate (tokens/s after the first token).
+int run(const fs::path& dir, int threads, int64_t tokens, bool adaptive) {
   qkv::set_num_threads(threads);
   auto model = qkv::nn::load_hf_decoder(dir.string());
   model->eval();
-  std::vector<int64_t> prompt(16);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((i * 7919 + 11) % model->config.vocab_size);
-  qkv::nn::SamplingOptions options;
-  options.temperature = 0;
-  options.max_new_tokens = tokens;
+  qkv::nn::GenerationRequest request;
+  request.prompt.resize(16);
+  for (size_t i = 0; i < request.prompt.size(); ++i)
+    request.prompt[i] = static_cast<int64_t>((i * 7919 + 11) % model->config.vocab_size);
+  request.max_new_tokens = tokens;
+  request.sampling.greedy = true;
+  qkv::nn::SessionOptions options;
+  options.adapt_threads = adaptive;
+  qkv::nn::Session session(*model, options);
   std::vector<Clock::time_point> stamps;
-  qkv::nn::generate(*model, prompt, options, [&](int64_t) { stamps.push_back(Clock::now()); });
+  qkv::nn::generate(session, {request}, [&](size_t, int64_t) {
+    stamps.push_back(Clock::now());
+    return true;
+  });
   const double seconds = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
   std::printf("%.6f\n", static_cast<double>(stamps.size() - 1) / seconds);
   return 0;
@@ -86,10 +95,13 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
 }
 
 // One child run: its tokens/s, or 0 when it failed.
-double measure(const char* self, const fs::path& dir, int threads, int64_t tokens, const std::vector<std::string>& env) {
+double measure(const char* self, const fs::path& dir, int threads, int64_t tokens, const std::vector<std::string>& env,
+               bool adaptive) {
   int fds[2];
   if (pipe(fds) != 0) return 0;
-  const pid_t pid = spawn({self, "--run", dir.string(), std::to_string(threads), std::to_string(tokens)}, env, fds[1]);
+  const pid_t pid = spawn({self, "--run", dir.string(), std::to_string(threads), std::to_string(tokens),
+                          adaptive ? "adaptive" : "fixed"},
+                         env, fds[1]);
   close(fds[1]);
   std::string out;
   char buffer[256];
@@ -109,7 +121,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[1]) == "--run") return run(argv[2], std::atoi(argv[3]), std::atoll(argv[4]));
+  if (argc == 6 && std::string(argv[1]) == "--run")
+    return run(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::string(argv[5]) == "adaptive");
   std::string shape = "small";
   int64_t tokens = 64;
   int repeats = 3;
@@ -138,16 +151,18 @@ int main(int argc, char** argv) {
   if (n <= 0) return 1;
   path[n] = 0;
 
+  // The first row is the reference ("today": libgomp's default, a fixed count); the qkv row is what the qkv program
+  // and a default Session do.
   struct Policy {
     const char* name;
     std::vector<std::string> env;
+    bool adaptive;
   };
-  const std::vector<Policy> policies = {{"libgomp default (300000 spins)", {}},
-                                        {"GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT=10000"}},
-                                        {"GOMP_SPINCOUNT=1000 (qkv)", {"GOMP_SPINCOUNT=1000"}},
-                                        {"GOMP_SPINCOUNT=300", {"GOMP_SPINCOUNT=300"}},
-                                        {"GOMP_SPINCOUNT=100", {"GOMP_SPINCOUNT=100"}},
-                                        {"OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY=PASSIVE"}}};
+  const std::vector<Policy> policies = {{"libgomp default, fixed", {}, false},
+                                        {"GOMP_SPINCOUNT=1000, fixed", {"GOMP_SPINCOUNT=1000"}, false},
+                                        {"GOMP_SPINCOUNT=1000, adaptive (qkv)", {"GOMP_SPINCOUNT=1000"}, true},
+                                        {"OMP_WAIT_POLICY=PASSIVE, fixed", {"OMP_WAIT_POLICY=PASSIVE"}, false},
+                                        {"OMP_WAIT_POLICY=PASSIVE, adaptive", {"OMP_WAIT_POLICY=PASSIVE"}, true}};
   // rates[busy][policy][threads - 1]
   std::map<int, std::map<int, std::map<int, std::vector<double>>>> rates;
   for (int busy = 0; busy < 2; ++busy) {
@@ -162,7 +177,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < repeats; ++r)
       for (size_t p = 0; p < policies.size(); ++p)
         for (int threads = 1; threads <= 2; ++threads)
-          rates[busy][static_cast<int>(p)][threads].push_back(measure(path, dir, threads, tokens, policies[p].env));
+          rates[busy][static_cast<int>(p)][threads].push_back(measure(path, dir, threads, tokens, policies[p].env,
+                                                                    policies[p].adaptive));
     if (spinner > 0) {
       kill(spinner, SIGKILL);
       waitpid(spinner, nullptr, 0);
@@ -170,13 +186,13 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%s, greedy, %lld new tokens, tokens/s (median of %d alternating runs)\n", shape.c_str(),
               static_cast<long long>(tokens), repeats);
-  std::printf("%-32s %9s %9s %9s | %9s %9s %9s | %s\n", "idle threads wait by", "quiet 1t", "quiet 2t", "2t/1t",
+  std::printf("%-38s %9s %9s %9s | %9s %9s %9s | %s\n", "idle threads wait by, count", "quiet 1t", "quiet 2t", "2t/1t",
               "busy 1t", "busy 2t", "2t/1t", "quiet 2t vs default");
   const double reference = median(rates[0][0][2]);
   for (size_t p = 0; p < policies.size(); ++p) {
     const double q1 = median(rates[0][p][1]), q2 = median(rates[0][p][2]);
     const double b1 = median(rates[1][p][1]), b2 = median(rates[1][p][2]);
-    std::printf("%-32s %9.1f %9.1f %8.2fx | %9.1f %9.1f %8.2fx | %.2fx\n", policies[p].name, q1, q2, q2 / q1, b1, b2,
+    std::printf("%-38s %9.1f %9.1f %8.2fx | %9.1f %9.1f %8.2fx | %.2fx\n", policies[p].name, q1, q2, q2 / q1, b1, b2,
                 b2 / b1, q2 / reference);
   }
   std::printf("targets: busy 2t/1t >= 1.0; quiet 2t within 5%% of the default\n");

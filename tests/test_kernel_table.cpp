@@ -612,13 +612,25 @@ std::vector<KernelCase> kernel_cases() {
                        if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
                      return ::testing::AssertionSuccess();
                    }});
-  for (bool norm : {true, false}) {
-    cases.push_back({norm ? "moe forward and backward (4 experts, top-2, renormalised)" : "moe, top-2 not renormalised",
-                     [norm](int64_t n, int m) {
-                       // n tokens of C = 5 on E = 4 SwiGLU experts of F = 3 (n = 0: nothing routed, zero gradients)
-                       const MoeDims d{n, 5, 3, 4, 2};
+  for (int mode : {0, 1, 2}) {
+    const bool norm = mode != 1;
+    cases.push_back({mode == 0   ? "moe forward and backward (4 experts, top-2, renormalised)"
+                     : mode == 1 ? "moe, top-2 not renormalised"
+                                 : "moe, DeepSeek-V3 router (sigmoid, bias, 2 of 3 groups, top-3, scaled)",
+                     [norm, mode](int64_t n, int m) {
+                       // n tokens of C = 5 on E = 4 SwiGLU experts of F = 3 (n = 0: nothing routed, zero gradients);
+                       // DeepSeek-V3's router: 6 experts in 3 groups of 2, the best 2 groups kept, 3 experts chosen
+                       const MoeDims d = mode == 2 ? MoeDims{n, 5, 3, 6, 3} : MoeDims{n, 5, 3, 4, 2};
                        MoeOptions options;
                        options.norm_topk_prob = norm;
+                       Buffer bias(d.E, m, 9, 0.5f);
+                       if (mode == 2) {
+                         options.sigmoid = true;
+                         options.selection_bias = bias.data();
+                         options.groups = 3;
+                         options.groups_kept = 2;
+                         options.scaling = 2.5f;
+                       }
                        Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), g_out(n * d.C, m, 3);
                        std::vector<Buffer> weights;
                        for (int64_t i = 0; i < 3 * d.E; ++i) weights.emplace_back(d.F * d.C, m, 10 + i);
@@ -849,6 +861,20 @@ std::vector<OpCase> op_cases() {
                                    std::vector<Tensor>{x[6], x[7]}, c); },
        {random_tensor({5, 3}, 21), random_tensor({2, 3}, 22, 3.0f), random_tensor({2, 3}, 23), random_tensor({2, 3}, 24),
         random_tensor({2, 3}, 25), random_tensor({2, 3}, 26), random_tensor({3, 2}, 27), random_tensor({3, 2}, 28)}},
+      {"mixture_of_experts (DeepSeek-V3 router: sigmoid, bias, best 1 of 2 groups, top-2, x2.5)", [](const Inputs& x) {
+         MoeConfig c;
+         c.experts_per_token = 2;
+         c.sigmoid = true;
+         c.selection_bias = Tensor::from({0.3f, -0.2f, 0.1f, 0.0f}, Shape{4});
+         c.groups = 2;
+         c.groups_kept = 1;
+         c.scaling = 2.5f;
+         return mixture_of_experts(x[0], x[1], std::vector<Tensor>{x[2], x[3], x[4], x[5]},
+                                   std::vector<Tensor>{x[6], x[7], x[8], x[9]}, std::vector<Tensor>{x[10], x[11], x[12], x[13]}, c); },
+       {random_tensor({2, 3, 4}, 41), random_tensor({4, 4}, 42, 3.0f), random_tensor({2, 4}, 43), random_tensor({2, 4}, 44),
+        random_tensor({2, 4}, 45), random_tensor({2, 4}, 46), random_tensor({2, 4}, 47), random_tensor({2, 4}, 48),
+        random_tensor({2, 4}, 49), random_tensor({2, 4}, 50), random_tensor({4, 2}, 51), random_tensor({4, 2}, 52),
+        random_tensor({4, 2}, 53), random_tensor({4, 2}, 54)}},
       {"gated_delta_rule (2 heads, Dk 3, Dv 2)", [](const Inputs& x) {
          return gated_delta_rule(x[0], x[1], x[2], x[3], x[4]); },
        {random_tensor({1, 5, 2, 3}, 31), random_tensor({1, 5, 2, 3}, 32, 0.6f), random_tensor({1, 5, 2, 2}, 33),

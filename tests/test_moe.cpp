@@ -1,5 +1,6 @@
-// Mixture-of-experts models: the qwen3_moe family's config keys and layout (its logits, loss, gradients and greedy
-// text against PyTorch run in test_decoder.cpp's family table), the layer's routing, and bad configs refused naming
+// Mixture-of-experts and latent-attention models: the qwen3_moe and deepseek_v3 families' config keys and layout
+// (their logits, loss, gradients and greedy text against PyTorch run in test_decoder.cpp's family table), the
+// layer's routing, latent attention's absorbed decoding against its expanded form, and bad configs refused naming
 // the key.
 #include <unistd.h>
 
@@ -98,6 +99,116 @@ TEST(MoeFamily, AMissingExpertTensorIsListed) {
   }
   EXPECT_NE(message.find("model.layers.0.mlp.experts.4.gate_proj.weight"), std::string::npos) << message;
   fs::remove_all(dir);
+}
+
+// config.json of the deepseek_v3 fixture with one key's text replaced
+std::string edited_latent(const std::string& from, const std::string& to) {
+  std::string c = read(fs::path(fixture("hf/deepseek_v3")) / "config.json");
+  const size_t at = c.find(from);
+  if (at == std::string::npos) ADD_FAILURE() << from << " not in the fixture's config.json";
+  return at == std::string::npos ? c : c.replace(at, from.size(), to);
+}
+
+TEST(LatentFamily, ReadsTheLatentAttentionAndTheRouter) {
+  const auto model = nn::load_hf_decoder(fixture("hf/deepseek_v3"));
+  const nn::DecoderConfig& c = model->config;
+  EXPECT_EQ(c.family->name, "deepseek_v3");
+  EXPECT_TRUE(c.latent());
+  EXPECT_EQ(c.kv_lora_rank, 16);
+  EXPECT_EQ(c.q_lora_rank, 12);
+  EXPECT_EQ(c.qk_nope_head_dim, 8);
+  EXPECT_EQ(c.head_dim, 4);  // qk_rope_head_dim
+  EXPECT_EQ(c.v_head_dim, 6);
+  EXPECT_EQ(c.rope_layout, RopeLayout::Interleaved);
+  const double mscale = 0.1 * std::log(4.0) + 1.0;  // yarn_get_mscale(factor 4, mscale_all_dim 1)
+  EXPECT_NEAR(c.attention_scale, mscale * mscale / std::sqrt(12.0), 1e-12);
+  EXPECT_TRUE(c.sigmoid_router);
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.expert_groups, 4);
+  EXPECT_EQ(c.expert_groups_kept, 2);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 10);
+  ASSERT_EQ(c.layers.size(), 3u);
+  EXPECT_FALSE(c.layers[0].experts);  // first_k_dense_replace: 1
+  EXPECT_TRUE(c.layers[1].experts);
+  bool bias = false, kv_b = false;
+  for (const auto& [name, t] : model->named_parameters()) {
+    if (name == "model.layers.2.mlp.gate.e_score_correction_bias") bias = t.shape() == Shape{8};
+    if (name == "model.layers.0.self_attn.kv_b_proj.weight") kv_b = t.shape() == Shape{4 * (8 + 6), 16};
+  }
+  EXPECT_TRUE(bias);
+  EXPECT_TRUE(kv_b);
+  EXPECT_EQ(nn::decoder_config_from_hf(nn::decoder_config_to_hf(c)), c);
+}
+
+// The logits of a whole forward's last token, and of absorbed and expanded decoding from the cache (a prompt in one
+// chunk, then one token at a time), agree; the absorbed cache holds kv_lora_rank + qk_rope_head_dim values a token.
+void expect_same_decoding(nn::Decoder& model, const std::vector<int64_t>& tokens) {
+  model.eval();
+  NoGradGuard no_grad;
+  const int64_t prompt = 5, L = model.config.num_layers, n = static_cast<int64_t>(tokens.size());
+  std::vector<std::vector<float>> logits[2];
+  int64_t bytes[2] = {0, 0};
+  for (int mode = 0; mode < 2; ++mode) {
+    model.latent_decode = mode == 0 ? nn::Decoder::LatentDecode::Absorbed : nn::Decoder::LatentDecode::Expanded;
+    nn::KVCache cache = model.make_cache(1, 32);
+    bytes[mode] = cache.bytes();
+    logits[mode].push_back(model.forward_cached(std::span(tokens).first(static_cast<size_t>(prompt)), 1, prompt, cache).to_vector());
+    for (int64_t t = prompt; t < n; ++t)
+      logits[mode].push_back(model.forward_cached(std::span(tokens).subspan(static_cast<size_t>(t), 1), 1, 1, cache).to_vector());
+  }
+  const nn::DecoderConfig& c = model.config;
+  EXPECT_EQ(bytes[0], L * 32 * (c.kv_lora_rank + c.head_dim) * 4);
+  EXPECT_EQ(bytes[1], L * 32 * 2 * c.num_heads * std::max(c.qk_head_dim(), c.v_head_dim) * 4);
+  for (int64_t step = 0; step < static_cast<int64_t>(logits[0].size()); ++step) {
+    const int64_t T = prompt + step;
+    const Tensor full = model.forward(std::span(tokens).first(static_cast<size_t>(T)), 1, T);
+    const int64_t V = c.vocab_size;
+    const std::vector<float> all = full.to_vector();
+    const Tensor last = Tensor::from(std::span<const float>(all).subspan(static_cast<size_t>((T - 1) * V), static_cast<size_t>(V)), Shape{1, V});
+    for (int mode = 0; mode < 2; ++mode)
+      EXPECT_TRUE(all_close(Tensor::from(logits[mode][static_cast<size_t>(step)], Shape{1, V}), last, 1e-4, 2e-5))
+          << (mode == 0 ? "absorbed" : "expanded") << " decoding, step " << step;
+  }
+}
+
+TEST(LatentAttention, AbsorbedDecodingGivesTheExpandedLogits) {
+  const auto model = nn::load_hf_decoder(fixture("hf/deepseek_v3"));
+  expect_same_decoding(*model, {3, 17, 42, 8, 66, 12, 9, 30, 51, 2, 7});
+  // a dense DeepSeek-style model (every layer a SwiGLU MLP) with a plain q_proj (q_lora_rank null), drawn afresh,
+  // and its values wider than its query/key heads (the expanded form pads the other way)
+  nn::DecoderConfig dense = model->config;
+  dense.source = {};
+  dense.q_lora_rank = 0;
+  dense.v_head_dim = 16;
+  for (auto& layer : dense.layers) layer.experts = false;
+  Generator gen(11);
+  nn::Decoder fresh(dense, gen);
+  {
+    NoGradGuard no_grad;
+    fresh.for_each_parameter([&](const std::string&, Tensor& p) {  // larger weights than 0.02: attention not flat
+      if (p.rank() == 2) p.copy_(mul(p, 12.0f));
+    });
+  }
+  expect_same_decoding(fresh, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST(LatentFamily, BadConfigsAreRefusedNamingTheKey) {
+  auto refused = [](const std::string& json, const char* key) {
+    const std::string message = refusal(json);
+    return message.find(key) != std::string::npos ? ::testing::AssertionSuccess()
+                                                  : ::testing::AssertionFailure() << key << " not named in: " << message;
+  };
+  EXPECT_TRUE(refused(edited_latent("\"kv_lora_rank\": 16", "\"kv_lora_rank\": 0"), "kv_lora_rank"));
+  EXPECT_TRUE(refused(edited_latent("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9"), "num_experts_per_tok"));
+  EXPECT_TRUE(refused(edited_latent("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5"), "num_experts_per_tok"));  // > 2 groups of 2
+  EXPECT_TRUE(refused(edited_latent("\"topk_group\": 2", "\"topk_group\": 5"), "topk_group"));
+  EXPECT_TRUE(refused(edited_latent("\"n_group\": 4", "\"n_group\": 3"), "n_group"));
+  EXPECT_TRUE(refused(edited_latent("\"rope_type\": \"yarn\"", "\"rope_type\": \"spiral\""), "rope_type"));
+  EXPECT_TRUE(refused(edited_latent("\"qk_rope_head_dim\": 4", "\"qk_rope_head_dim\": 3"), "qk_rope_head_dim"));
+  EXPECT_TRUE(refused(edited_latent("\"attention_bias\": false", "\"attention_bias\": true"), "attention_bias"));
+  EXPECT_TRUE(refused(edited_latent("\"norm_topk_prob\": true", "\"norm_topk_prob\": true, \"scoring_func\": \"softmax\""),
+                      "scoring_func"));
 }
 
 TEST(MoeLayer, RoutesEachTokenToItsTopKAndReportsThem) {

@@ -6,15 +6,18 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "qkv/core/thread_governor.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/rope.hpp"
+#include "qkv/kernels/threads.hpp"
 #include "qkv/nn/decoder.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/nn/hf.hpp"
@@ -185,6 +188,93 @@ TEST(Session, TheBooksGptBatchedEqualsAlone) {
                     gen);
   model.eval();
   expect_batched_equals_alone(model, "book GPT");
+}
+
+// ---- threads ----
+
+// The governor may run any step on 1 thread or on all: that is only safe because a step gives the same bits either
+// way. A model large enough that every product, the attention and the norms split their rows among threads.
+TEST(SessionThreads, OneThreadAndManyGiveTheSameBits) {
+  nn::DecoderConfig c;
+  c.family = &nn::family("qwen3");
+  c.vocab_size = 3000, c.hidden_size = 256, c.intermediate_size = 704, c.num_layers = 2, c.num_heads = 8;
+  c.num_kv_heads = 2, c.head_dim = 32, c.max_positions = 256, c.norm_eps = 1e-6;
+  c.qk_norm = nn::QkNorm::PerHead;
+  c.ropes = {kernels::RopeFrequencies{.theta = 1e6}};
+  c.layers = {{0, 0}, {0, 0}};
+  Generator gen(31);
+  nn::Decoder model(c, gen);
+  model.eval();
+  const int before = num_threads();
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    nn::SessionOptions o;
+    o.adapt_threads = false;
+    nn::Session session(model, o);
+    const int64_t a = session.open(), b = session.open();
+    std::vector<float> out;
+    nn::Batch batch;
+    for (int64_t t = 0; t < 40; ++t) batch.add((t * 37 + 5) % 3000, t, a, true);
+    for (int64_t t = 0; t < 9; ++t) batch.add((t * 11 + 2) % 3000, t, b, t == 8);
+    for (int step = 0; step < 6; ++step) {
+      const Tensor logits = session.decode(batch);
+      out.insert(out.end(), logits.data(), logits.data() + logits.numel());
+      batch.clear();
+      batch.add((step * 7 + 1) % 3000, session.length(a), a, true);
+      batch.add((step * 5 + 3) % 3000, session.length(b), b, true);
+    }
+    return out;
+  };
+  const std::vector<float> one = run(1), two = run(2), five = run(5);
+  set_num_threads(before);
+  ASSERT_EQ(one.size(), two.size());
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << "1 and 2 threads";
+  EXPECT_EQ(std::memcmp(one.data(), five.data(), one.size() * sizeof(float)), 0) << "1 and 5 threads";
+}
+
+// The governor's choices from step times it is told: it stays on the full count while 1 thread is slower and tries
+// 1 thread ever more rarely; it moves to 1 thread after two tries beat the full count and back when the full count
+// is faster again; each kind of step learns apart; it sets the caller's count back after every step.
+TEST(ThreadGovernor, FollowsTheStepTimesItIsGiven) {
+  const int before = num_threads();
+  set_num_threads(4);
+  ThreadGovernor governor;
+  double one_thread = 2.0, full = 1.0;  // seconds per step (a quiet machine: 1 thread is slower)
+  int64_t on_one = 0;
+  auto steps = [&](int n, int64_t key = 7) {
+    for (int i = 0; i < n; ++i) {
+      const int threads = governor.begin_step(key);
+      EXPECT_TRUE(threads == 1 || threads == 4) << threads;
+      EXPECT_EQ(num_threads(), threads) << "the step's count is the calling thread's";
+      on_one += threads == 1;
+      governor.end_step(threads == 1 ? one_thread : full);
+      EXPECT_EQ(num_threads(), 4) << "the caller's count is back after each step";
+    }
+  };
+  steps(1000);
+  EXPECT_EQ(governor.switches(), 0);
+  EXPECT_EQ(governor.current(7), 4);
+  EXPECT_LE(on_one, 10) << "tries of 1 thread become rare while it keeps losing";
+  EXPECT_GE(governor.trials(), 4);
+  one_thread = 0.5;  // another program takes a core: 1 thread is now twice as fast
+  on_one = 0;
+  steps(300);
+  EXPECT_EQ(governor.switches(), 1);
+  EXPECT_EQ(governor.current(7), 1);
+  EXPECT_GE(on_one, 250) << "once switched, steps run on 1 thread";
+  EXPECT_EQ(governor.current(8), 4) << "another kind of step has learnt nothing";
+  one_thread = 2.0;  // the core is free again
+  steps(300);
+  EXPECT_EQ(governor.switches(), 2);
+  EXPECT_EQ(governor.current(7), 4);
+  one_thread = 0.97;  // 3% better is noise, not a reason to switch
+  steps(500);
+  EXPECT_EQ(governor.switches(), 2);
+  set_num_threads(1);  // the caller's own count changes: with 1 thread there is nothing to choose
+  EXPECT_EQ(governor.begin_step(7), 1);
+  governor.end_step(1.0);
+  EXPECT_EQ(governor.full(), 1);
+  set_num_threads(before);
 }
 
 TEST(Session, AChatContinuesFromItsCacheAndAForkSharesThePrefix) {

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Llama 3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
+"""Llama 3, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
 the published formulas (Hugging Face transformers' modeling_<family>.py and modeling_rope_utils.py are the
 specification; the transformers package is not in Debian), and the tiny random Hugging Face folders the C++ tests
 load and compare against.
@@ -94,6 +94,20 @@ FAMILIES = {
                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
                       attention_bias=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], eos_token_id=5),
+    # DeepSeek-V3: multi-head latent attention (q through a rank-12 path, a rank-16 KV latent, 8 + 4 query/key values
+    # per head, 6 values, the 4 rotated ones interleaved), YaRN with mscale_all_dim (the softmax scale × mscale²);
+    # layer 0 dense (first_k_dense_replace), layers 1-2 a sigmoid router over 8 experts in 4 groups (the best 2
+    # kept), top-2 renormalised × 2.5, one shared expert. rms_norm_eps 1e-5 (the latent norms keep their 1e-6).
+    "deepseek_v3": dict(model_type="deepseek_v3", vocab_size=72, hidden_size=32, intermediate_size=40,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu",
+                        attention_bias=False, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+                        qk_rope_head_dim=4, v_head_dim=6, rope_interleave=True,
+                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16,
+                                          mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0),
+                        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                        moe_intermediate_size=10, n_shared_experts=1, first_k_dense_replace=1,
+                        routed_scaling_factor=2.5, norm_topk_prob=True, bos_token_id=1, eos_token_id=5),
 }
 
 GEMMA = ("gemma3_text", "gemma2")
@@ -101,6 +115,8 @@ OLMO = ("olmo2", "olmo3")
 
 
 def head_dim(c):
+    if c["model_type"] == "deepseek_v3":  # DeepseekV3Config: head_dim = qk_rope_head_dim (what RoPE rotates)
+        return c["qk_rope_head_dim"]
     return c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
 
 
@@ -131,7 +147,14 @@ def inverse_frequencies(c, local=False, seq_len=0):
         inv = torch.where(medium, smoothed, scaled)
     elif rope_type == "yarn":  # _compute_yarn_parameters
         factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
-        attention_factor = scaling.get("attention_factor") or 0.1 * math.log(factor) + 1.0
+        def get_mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+                attention_factor = get_mscale(factor, scaling["mscale"]) / get_mscale(factor, scaling["mscale_all_dim"])
+            else:
+                attention_factor = get_mscale(factor)
         beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
         def correction_dim(rotations):
@@ -197,6 +220,80 @@ def moe(c, w, p, h):
     return (picked * weights[:, :, None]).sum(dim=1).reshape(B, T, C)
 
 
+def deepseek_moe(c, w, p, h):
+    """DeepseekV3MoE: DeepseekV3TopkRouter (sigmoid scores; the choice, without gradient, over scores +
+    e_score_correction_bias, limited to the topk_group groups whose two best choice values sum highest, the others
+    masked to 0; weights the chosen scores, renormalised (+1e-20) and × routed_scaling_factor), the experts as moe()
+    runs them, plus the shared experts."""
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)
+    E, G, k = c["n_routed_experts"], c["n_group"], c["num_experts_per_tok"]
+    scores = torch.sigmoid(F.linear(x, w[p + "mlp.gate.weight"]))
+    with torch.no_grad():
+        choice = scores + w[p + "mlp.gate.e_score_correction_bias"][None, :]
+        group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=c["topk_group"], dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+        choice = choice.masked_fill(~score_mask.bool(), 0.0)
+        chosen = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, chosen)
+    if c.get("norm_topk_prob"):
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    weights = weights * c["routed_scaling_factor"]
+    outs = []
+    for e in range(E):
+        ex = p + f"mlp.experts.{e}."
+        gate, up = F.linear(x, w[ex + "gate_proj.weight"]), F.linear(x, w[ex + "up_proj.weight"])
+        outs.append(F.linear(F.silu(gate) * up, w[ex + "down_proj.weight"]))
+    outs = torch.stack(outs, dim=1)
+    picked = outs.gather(1, chosen[:, :, None].expand(-1, -1, C))
+    routed = (picked * weights[:, :, None]).sum(dim=1)
+    sx = p + "mlp.shared_experts."
+    shared = F.linear(F.silu(F.linear(x, w[sx + "gate_proj.weight"])) * F.linear(x, w[sx + "up_proj.weight"]),
+                      w[sx + "down_proj.weight"])
+    return (routed + shared).reshape(B, T, C)
+
+
+def latent_attention(c, w, p, h, positions):
+    """DeepseekV3Attention (eager): the low-rank q path or q_proj, the compressed KV latent and its norm (eps 1e-6,
+    DeepseekV3RMSNorm's default: the module is built without the config's), kv_b_proj's per-head k_nope and v, the
+    shared rotated key, RoPE after apply_rotary_pos_emb_interleave's de-interleave, the scale with mscale²."""
+    B, T, C = h.shape
+    H, R, dn, dr, dv = c["num_attention_heads"], c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    lin = lambda t_, name: F.linear(t_, w[p + name + ".weight"])  # noqa: E731
+    if c.get("q_lora_rank"):
+        q = lin(rms_norm(lin(h, "self_attn.q_a_proj"), w[p + "self_attn.q_a_layernorm.weight"], 1e-6, False), "self_attn.q_b_proj")
+    else:
+        q = lin(h, "self_attn.q_proj")
+    q = q.view(B, T, H, dn + dr).transpose(1, 2)
+    q_pass, q_rot = torch.split(q, [dn, dr], dim=-1)
+    compressed = lin(h, "self_attn.kv_a_proj_with_mqa")
+    k_pass, k_rot = torch.split(compressed, [R, dr], dim=-1)
+    kv = lin(rms_norm(k_pass, w[p + "self_attn.kv_a_layernorm.weight"], 1e-6, False), "self_attn.kv_b_proj")
+    kv = kv.view(B, T, H, dn + dv).transpose(1, 2)
+    k_pass, v = torch.split(kv, [dn, dv], dim=-1)
+    k_rot = k_rot.view(B, 1, T, dr)
+    if c.get("rope_interleave", True):  # view(…, d/2, 2).transpose(-1, -2): evens first, then odds
+        q_rot = q_rot.reshape(B, H, T, dr // 2, 2).transpose(4, 3).reshape(B, H, T, dr)
+        k_rot = k_rot.reshape(B, 1, T, dr // 2, 2).transpose(4, 3).reshape(B, 1, T, dr)
+    inv, attention_scaling = inverse_frequencies(c, seq_len=T)
+    q_rot, k_rot = rope(q_rot, inv, positions, attention_scaling), rope(k_rot, inv, positions, attention_scaling)
+    k_rot = k_rot.expand(B, H, T, dr)
+    query, key = torch.cat((q_pass, q_rot), dim=-1), torch.cat((k_pass, k_rot), dim=-1)
+    scale = (dn + dr) ** -0.5
+    scaling = c.get("rope_scaling")
+    if scaling and scaling.get("mscale_all_dim"):
+        factor = scaling["factor"]
+        m = 1.0 if factor <= 1 else 0.1 * scaling["mscale_all_dim"] * math.log(factor) + 1.0
+        scale = scale * m * m
+    scores = (query @ key.transpose(-1, -2)) * scale
+    qi, kj = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    scores = scores.masked_fill(~(kj <= qi), float("-inf"))
+    ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * dv)
+    return lin(ctx, "self_attn.o_proj")
+
+
 def rms_norm(x, w, eps, gemma):
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return y * (1.0 + w) if gemma else w * y
@@ -211,6 +308,29 @@ def parameter_names(c):
     out = [("model.embed_tokens.weight", (V, C))]
     for i in range(c["num_hidden_layers"]):
         b = f"model.layers.{i}."
+        if t == "deepseek_v3":  # DeepseekV3Attention, then DeepseekV3MoE (experts, gate, shared_experts) or the MLP
+            R, Rq, dn, dv = c["kv_lora_rank"], c.get("q_lora_rank"), c["qk_nope_head_dim"], c["v_head_dim"]
+            if Rq:
+                out += [(b + "self_attn.q_a_proj.weight", (Rq, C)), (b + "self_attn.q_a_layernorm.weight", (Rq,)),
+                        (b + "self_attn.q_b_proj.weight", (H * (dn + D), Rq))]
+            else:
+                out.append((b + "self_attn.q_proj.weight", (H * (dn + D), C)))
+            out += [(b + "self_attn.kv_a_proj_with_mqa.weight", (R + D, C)), (b + "self_attn.kv_a_layernorm.weight", (R,)),
+                    (b + "self_attn.kv_b_proj.weight", (H * (dn + dv), R)), (b + "self_attn.o_proj.weight", (C, H * dv))]
+            if i >= c["first_k_dense_replace"]:
+                E, Fe = c["n_routed_experts"], c["moe_intermediate_size"]
+                for e in range(E):
+                    out += [(b + f"mlp.experts.{e}.gate_proj.weight", (Fe, C)), (b + f"mlp.experts.{e}.up_proj.weight", (Fe, C)),
+                            (b + f"mlp.experts.{e}.down_proj.weight", (C, Fe))]
+                Fs = Fe * c["n_shared_experts"]
+                out += [(b + "mlp.gate.weight", (E, C)), (b + "mlp.gate.e_score_correction_bias", (E,)),
+                        (b + "mlp.shared_experts.gate_proj.weight", (Fs, C)), (b + "mlp.shared_experts.up_proj.weight", (Fs, C)),
+                        (b + "mlp.shared_experts.down_proj.weight", (C, Fs))]
+            else:
+                out += [(b + "mlp.gate_proj.weight", (F_, C)), (b + "mlp.up_proj.weight", (F_, C)),
+                        (b + "mlp.down_proj.weight", (C, F_))]
+            out += [(b + "input_layernorm.weight", (C,)), (b + "post_attention_layernorm.weight", (C,))]
+            continue
         if phi3:  # Phi3Attention registers o_proj before qkv_proj; Phi3MLP gate_up_proj, then down_proj
             out += [(b + "self_attn.o_proj.weight", (C, H * D)), (b + "self_attn.qkv_proj.weight", (H * D + 2 * Hkv * D, C)),
                     (b + "mlp.gate_up_proj.weight", (2 * F_, C)), (b + "mlp.down_proj.weight", (C, F_)),
@@ -254,11 +374,14 @@ def random_weights(c, seed):
         if name.endswith("norm.weight") or "layernorm" in name:
             # norms near their identity (1 for w·x̂, 0 for (1 + w)·x̂), not at it, so their gradients matter
             w[name] = (0.0 if gemma else 1.0) + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("e_score_correction_bias"):  # a buffer: no gradient (it only chooses)
+            w[name] = 0.1 * torch.randn(shape, generator=g)
+            continue
         elif name.endswith(".bias"):
             w[name] = 0.1 * torch.randn(shape, generator=g)
         else:
             w[name] = 0.25 * torch.randn(shape, generator=g)
-    return {k: v.requires_grad_() for k, v in w.items()}
+    return {k: (v if k.endswith("e_score_correction_bias") else v.requires_grad_()) for k, v in w.items()}
 
 
 def layer_is_sliding(c, i):
@@ -299,6 +422,14 @@ def forward(c, w, ids, hidden=False):
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         lin = lambda t_, name: F.linear(t_, w[p + name + ".weight"], w.get(p + name + ".bias"))  # noqa: E731
+        if t == "deepseek_v3":  # pre-norm blocks: latent attention, then the dense MLP or the mixture of experts
+            x = x + latent_attention(c, w, p, rms_norm(x, w[p + "input_layernorm.weight"], eps, False), positions)
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, False)
+            if i >= c["first_k_dense_replace"]:
+                x = x + deepseek_moe(c, w, p, h)
+            else:
+                x = x + lin(F.silu(lin(h, "mlp.gate_proj")) * lin(h, "mlp.up_proj"), "mlp.down_proj")
+            continue
         h = x if olmo else rms_norm(x, w[p + "input_layernorm.weight"], eps, gemma)
         if t == "phi3":  # rows q | k | v of qkv_proj
             qkv = lin(h, "self_attn.qkv_proj")
@@ -373,7 +504,7 @@ def write_folder(c, w, folder, shards):
                                 "gemma3_text": "Gemma3ForCausalLM", "mistral": "MistralForCausalLM",
                                 "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
                                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                                "qwen3_moe": "Qwen3MoeForCausalLM"}[c["model_type"]]]
+                                "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}[c["model_type"]]]
     config["torch_dtype"] = "float32"
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
@@ -418,8 +549,8 @@ def main():
                 sequence.append(int(forward(c, w, torch.tensor([sequence]))[0, -1].argmax()))
         expected = {"ids": ids, "targets": targets, "logits": logits, "loss": loss.reshape(1),
                     "greedy": torch.tensor(sequence[5:]), "prompt": torch.tensor(sequence[:5])}
-        for name, _ in parameter_names(c):
-            expected["grad." + name] = w[name].grad
+        for name, shape in parameter_names(c):
+            expected["grad." + name] = w[name].grad if w[name].grad is not None else torch.zeros(shape)
         folder = os.path.join(args.out, family)
         write_folder(c, w, folder, shards=2 if family == "qwen3" else 1)
         save_safetensors(os.path.join(args.out, family + ".expected.safetensors"), expected,

@@ -3,140 +3,23 @@
 // a file vocab-only (no tensors). For checking qkv's GGUF tokenizer (HfTokenizer::from_gguf) and llama.cpp's against
 // the tokenizer.json without downloading a GGUF (tests/tokenizer_cases_vs_hf.sh). A developer tool, not part of qkv.
 //   qkv_tokenizer_to_gguf MODEL_DIR OUT.gguf
-// What convert_hf_to_gguf.py does, and what this does alike (conversion/base.py, gguf-py/gguf/vocab.py):
-// - byte-level BPE (not byte_fallback): _set_vocab_gpt2. Tokens by id ([PADi] of type UNUSED in gaps); an added token
-//   is CONTROL if special or if it looks special (<|…|>, <｜…｜>, <unused…>, <pad>, <mask>), else USER_DEFINED with ▁
-//   written as a space; a non-normalized one is first encoded and decoded by the tokenizer. tokenizer.ggml.pre is
-//   named from the sha256 of str(tokenizer.encode(chktxt)), looked up in convert's table; the merges are the file's
-//   ("a b"; a pair ["a", "b"] is joined with a space, a space inside written U+0120).
-// - SentencePiece BPE (byte_fallback, a Sequence decoder: Llama 2, Mistral, Gemma): _create_vocab_sentencepiece, as
-//   if tokenizer.model were there — which npm's packages do not ship. Its piece scores are rebuilt from the merges
-//   (SentencePiece's BPE scores a piece −(the order it was learnt in); tokenizers' merges list the pieces in that
-//   order): a piece's score is −(the rank of the first merge that makes it). convert's fallback without
-//   tokenizer.model, LlamaHfVocab, writes −1000 for every piece, with which llama.cpp merges leftmost-first instead.
-//   add_space_prefix is what the tokenizer.json does (a Prepend ▁ normalizer: Llama 2, Mistral; none: Gemma).
-// - SpecialVocab: bos/eos/unk/sep/pad/cls/mask ids from tokenizer_config.json's *_token found among the added tokens;
-//   add_bos/add_eos from a TemplateProcessing post-processor, then from the config's add_*_token; the chat template.
+// What convert_hf_to_gguf.py does, and what this does alike: qkv::text::gguf_tokenizer_metadata (src/text/gguf_vocab.cpp),
+// which qkv quantize uses for the GGUF files it writes.
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <set>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "qkv/core/error.hpp"
 #include "qkv/io/gguf.hpp"
-#include "qkv/text/hf_tokenizer.hpp"
+#include "qkv/text/gguf_vocab.hpp"
 
-namespace {
-
-using json = nlohmann::json;
 using qkv::io::GgufValue;
 
-// ---- SHA-256 (FIPS 180-4), for convert's pre-tokenizer hash ----
-std::string sha256_hex(const std::string& message) {
-  static const uint32_t k[64] = {
-      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
-      0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
-      0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-      0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
-      0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-      0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  std::string m = message;
-  const uint64_t bits = static_cast<uint64_t>(message.size()) * 8;
-  m += static_cast<char>(0x80);
-  while (m.size() % 64 != 56) m += '\0';
-  for (int i = 7; i >= 0; --i) m += static_cast<char>((bits >> (8 * i)) & 0xFF);
-  auto rotr = [](uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
-  for (size_t block = 0; block < m.size(); block += 64) {
-    uint32_t w[64];
-    for (int i = 0; i < 16; ++i) {
-      w[i] = 0;
-      for (int b = 0; b < 4; ++b) w[i] = (w[i] << 8) | static_cast<unsigned char>(m[block + 4 * i + b]);
-    }
-    for (int i = 16; i < 64; ++i) {
-      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-    for (int i = 0; i < 64; ++i) {
-      const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
-      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-    }
-    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
-  }
-  char out[65];
-  for (int i = 0; i < 8; ++i) std::snprintf(out + 8 * i, 9, "%08x", h[i]);
-  return out;
-}
-
-// convert_hf_to_gguf.py's get_vocab_base_pre: its test text, and the hashes of the tokenizers this tool meets.
+// convert_hf_to_gguf.py's check text's hash, to show the SHA-256 is the one convert computes.
 constexpr const char* kChkTxt =
     "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 333 "
     "3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ ------======= нещо на "
     "Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you sure? 'M not sure I'll make it, "
     "'D you like some tea? We'Ve a'lL";
-const std::map<std::string, std::string>& pre_by_hash() {
-  static const std::map<std::string, std::string> table = {
-      {"0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5", "llama-bpe"},
-      {"c136ed14d01c2745d4f60a9596ae66800e2b61fa45643e72436041855ad4089d", "smaug-bpe"},  // Llama 3's without its BOS
-      {"d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c", "qwen2"},
-      {"e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea", "qwen2"},
-      {"877081d19cf6996e2c4ff0e1236341e9b7bde288f5311a56a937f0afbbb3aeb5", "deepseek-v3"},
-      {"b3f499bb4255f8ca19fccd664443283318f2fd2414d5e0b040fbdd0cc195d6c5", "deepseek-r1-qwen"},
-      {"ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e", "gpt-4o"},
-      {"3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454", "gpt-2"},
-      {"0fe1cf6eda062318a1af7270f3331a85c539a01778ff948e24388e949c5282f4", "gpt-2"},
-  };
-  return table;
-}
-
-// Python's str() of a list of ints: "[1, 2, 3]".
-std::string python_list(const std::vector<int64_t>& ids) {
-  std::string s = "[";
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
-  return s + "]";
-}
-
-bool looks_special(const std::string& t) {
-  auto ends = [&](const std::string& b, const std::string& e) {
-    return t.size() >= b.size() + e.size() && t.compare(0, b.size(), b) == 0 && t.compare(t.size() - e.size(), e.size(), e) == 0;
-  };
-  return t == "<pad>" || t == "<mask>" || t == "<2mass>" || t == "[@BOS@]" || ends("<|", "|>") || ends("<｜", "｜>") ||
-         ends("<unused", ">");
-}
-
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size()) s.replace(at, from.size(), to);
-  return s;
-}
-
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return nullptr;
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
-
-std::string token_text(const json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"];
-  return "";
-}
-
-enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
@@ -144,160 +27,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (sha256_hex(kChkTxt) != "a36179c1e2b1cfcfbfad1dc779addad2ffc778201e4cf0d538bddeafa2c526da")
+    if (qkv::text::sha256_hex(kChkTxt) != "a36179c1e2b1cfcfbfad1dc779addad2ffc778201e4cf0d538bddeafa2c526da")
       throw std::runtime_error("the test text or SHA-256 is not convert_hf_to_gguf.py's");
-    const std::filesystem::path dir = argv[1];
-    const json file = read_json(dir / "tokenizer.json");
-    json config = read_json(dir / "tokenizer_config.json");
-    if (config.is_null()) config = json::object();
-    const auto tokenizer = qkv::text::HfTokenizer::from_folder(dir.string());
-    if (file.is_null() || !tokenizer) throw std::runtime_error(dir.string() + " has no tokenizer.json");
-    const json& model = file["model"];
-
-    // Every token by id: the model's vocabulary and the added tokens.
-    std::map<int64_t, std::string> by_id;
-    for (const auto& [token, id] : model["vocab"].items()) by_id[id.get<int64_t>()] = token;
-    std::map<int64_t, json> added;  // id → its added_tokens entry
-    for (const json& a : file.value("added_tokens", json::array())) {
-      by_id[a["id"].get<int64_t>()] = a["content"].get<std::string>();
-      added[a["id"].get<int64_t>()] = a;
+    auto meta = qkv::text::gguf_tokenizer_metadata(argv[1]);
+    std::string model, pre;
+    size_t tokens = 0, merges = 0;
+    for (const auto& [k, v] : meta) {
+      if (k == "tokenizer.ggml.model") model = v.as_string();
+      if (k == "tokenizer.ggml.pre") pre = v.as_string();
+      if (k == "tokenizer.ggml.tokens") tokens = v.size();
+      if (k == "tokenizer.ggml.merges") merges = v.size();
     }
-    const int64_t vocab_size = by_id.rbegin()->first + 1;
-    const bool spm = model.value("byte_fallback", false) && file.contains("decoder") && file["decoder"].is_object() &&
-                     file["decoder"].value("type", "") == "Sequence";
-
-    std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
-    std::vector<int32_t> types(static_cast<size_t>(vocab_size), kUnused);
-    std::vector<float> scores(static_cast<size_t>(vocab_size), -10000.0f);
-    for (int64_t i = 0; i < vocab_size; ++i) tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
-    std::vector<std::string> merges;
-    for (const json& m : model.value("merges", json::array())) {
-      if (m.is_string()) merges.push_back(m);
-      else merges.push_back(replace_all(m[0].get<std::string>(), " ", "\xC4\xA0") + " " + replace_all(m[1].get<std::string>(), " ", "\xC4\xA0"));
-    }
-    std::vector<GgufValue> extra;
-    std::vector<std::pair<std::string, GgufValue>> meta;
-
-    if (spm) {
-      // The first merge that makes each piece: its score is −rank (SentencePiece scores pieces by learning order).
-      std::map<std::string, int64_t> made_by;
-      for (size_t r = 0; r < merges.size(); ++r) {
-        const size_t space = merges[r].find(' ', 1);
-        made_by.try_emplace(merges[r].substr(0, space) + merges[r].substr(space + 1), static_cast<int64_t>(r));
-      }
-      const std::string unk = model.value("unk_token", json()).is_string() ? model["unk_token"].get<std::string>() : "";
-      for (const auto& [token, id_json] : model["vocab"].items()) {
-        const auto id = static_cast<size_t>(id_json.get<int64_t>());
-        tokens[id] = token;
-        const bool byte = token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>';
-        types[id] = token == unk ? kUnknown : byte ? kByte : added.count(static_cast<int64_t>(id)) && added[static_cast<int64_t>(id)].value("special", false) ? kControl : kNormal;
-        const auto made = made_by.find(token);
-        // A single character is never a merge's result (scored below every merged piece); a longer piece no merge
-        // makes, last of all.
-        size_t characters = 0;
-        for (unsigned char c : token) characters += (c & 0xC0) != 0x80;
-        scores[id] = types[id] != kNormal ? 0.0f
-                     : made != made_by.end() ? -static_cast<float>(made->second)
-                     : characters <= 1       ? -static_cast<float>(merges.size() + id)
-                                             : -1e9f;
-      }
-      for (const auto& [id, a] : added) {  // tokenizer_config.json's added_tokens_decoder, as tokenizer.json lists it
-        std::string content = a["content"];
-        if (a.value("special", false) || looks_special(content)) {
-          types[static_cast<size_t>(id)] = kControl;
-        } else {
-          content = replace_all(content, "\xE2\x96\x81", " ");
-          types[static_cast<size_t>(id)] = kUserDefined;
-        }
-        if (types[static_cast<size_t>(id)] != kUnknown) scores[static_cast<size_t>(id)] = -1000.0f;
-        tokens[static_cast<size_t>(id)] = content;
-      }
-      bool prepend = false;
-      std::function<void(const json&)> find_prepend = [&](const json& n) {
-        if (!n.is_object()) return;
-        if (n.value("type", "") == "Prepend") prepend = true;
-        for (const json& c : n.value("normalizers", json::array())) find_prepend(c);
-      };
-      if (file.contains("normalizer")) find_prepend(file["normalizer"]);
-      meta.emplace_back("tokenizer.ggml.model", GgufValue::string("llama"));
-      meta.emplace_back("tokenizer.ggml.pre", GgufValue::string("default"));
-      meta.emplace_back("tokenizer.ggml.add_space_prefix", GgufValue::boolean(prepend));
-      merges.clear();  // SpecialVocab(load_merges=False)
-    } else {
-      for (int64_t i = 0; i < vocab_size; ++i) {
-        const auto it = by_id.find(i);
-        if (it == by_id.end()) continue;
-        std::string token = it->second;
-        if (added.count(i)) {
-          const json& a = added[i];
-          if (!a.value("normalized", !a.value("special", false))) token = tokenizer->decode(tokenizer->encode_rendered(token));
-          if (a.value("special", false) || looks_special(token)) {
-            types[static_cast<size_t>(i)] = kControl;
-          } else {
-            token = replace_all(token, "\xE2\x96\x81", " ");
-            types[static_cast<size_t>(i)] = kUserDefined;
-          }
-        } else {
-          types[static_cast<size_t>(i)] = kNormal;
-        }
-        tokens[static_cast<size_t>(i)] = token;
-      }
-      const std::string hash = sha256_hex(python_list(tokenizer->encode(kChkTxt)));
-      const auto pre = pre_by_hash().find(hash);
-      if (pre == pre_by_hash().end())
-        throw std::runtime_error("BPE pre-tokenizer was not recognized (chkhsh " + hash + "), as convert_hf_to_gguf.py says");
-      meta.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
-      meta.emplace_back("tokenizer.ggml.pre", GgufValue::string(pre->second));
-      std::printf("tokenizer.ggml.pre = %s (chkhsh %s)\n", pre->second.c_str(), hash.c_str());
-    }
-    meta.emplace_back("tokenizer.ggml.tokens", GgufValue::strings(tokens));
-    if (spm) meta.emplace_back("tokenizer.ggml.scores", GgufValue::f32s(scores));
-    meta.emplace_back("tokenizer.ggml.token_type", GgufValue::i32s(types));
-    if (!merges.empty()) meta.emplace_back("tokenizer.ggml.merges", GgufValue::strings(merges));
-
-    // SpecialVocab: ids of the config's special tokens among the added tokens; add_bos/add_eos.
-    std::map<std::string, bool> add;
-    std::string bos_text = token_text(config.value("bos_token", json())), eos_text = token_text(config.value("eos_token", json()));
-    if (file.contains("post_processor") && file["post_processor"].is_object()) {
-      const json& post = file["post_processor"];
-      const json processors = post.contains("processors") ? post["processors"] : json::array({post});
-      for (const json& p : processors) {
-        if (p.value("type", "") != "TemplateProcessing") continue;
-        const json single = p.value("single", json::array());
-        if (single.size() <= 1) continue;
-        const std::string first = single.front().contains("SpecialToken") ? single.front()["SpecialToken"].value("id", "") : "";
-        const std::string last = single.back().contains("SpecialToken") ? single.back()["SpecialToken"].value("id", "") : "";
-        if (!first.empty()) {
-          if (bos_text.empty()) bos_text = first;
-          add["bos"] = first == bos_text;
-        }
-        if (!last.empty()) {
-          if (eos_text.empty()) eos_text = last;
-          add["eos"] = last == eos_text;
-        }
-      }
-    }
-    const std::map<std::string, std::string> id_keys = {{"bos", "bos_token_id"}, {"eos", "eos_token_id"}, {"unk", "unknown_token_id"},
-                                                        {"sep", "seperator_token_id"}, {"pad", "padding_token_id"},
-                                                        {"cls", "cls_token_id"}, {"mask", "mask_token_id"}};
-    for (const char* type : {"bos", "eos", "unk", "sep", "pad", "cls", "mask"}) {
-      const std::string key = std::string("add_") + type + "_token";
-      if (config.contains(key) && config[key].is_boolean()) add[type] = config[key].get<bool>();
-      std::string text = token_text(config.value(std::string(type) + "_token", json()));
-      if (std::string(type) == "bos") text = bos_text.empty() ? text : bos_text;
-      if (std::string(type) == "eos") text = eos_text.empty() ? text : eos_text;
-      if (text.empty()) continue;
-      for (const json& a : file.value("added_tokens", json::array()))
-        if (a["content"] == text) {
-          meta.emplace_back("tokenizer.ggml." + id_keys.at(type), GgufValue::u32(a["id"].get<uint32_t>()));
-          break;
-        }
-    }
-    for (const auto& [type, value] : add)
-      if (type == "bos" || type == "eos") meta.emplace_back("tokenizer.ggml.add_" + type + "_token", GgufValue::boolean(value));
-    if (config.contains("chat_template") && config["chat_template"].is_string())
-      meta.emplace_back("tokenizer.chat_template", GgufValue::string(config["chat_template"]));
-
+    if (model == "gpt2") std::printf("tokenizer.ggml.pre = %s\n", pre.c_str());
     // The hyper-parameters llama.cpp reads before the vocabulary (the file has no tensors: load it vocab-only).
     qkv::io::GgufWriter out(argv[2]);
     for (auto& [k, v] : std::vector<std::pair<std::string, GgufValue>>{
@@ -305,11 +46,11 @@ int main(int argc, char** argv) {
              {"llama.context_length", GgufValue::u32(4096)}, {"llama.embedding_length", GgufValue::u32(64)},
              {"llama.block_count", GgufValue::u32(1)}, {"llama.feed_forward_length", GgufValue::u32(128)},
              {"llama.attention.head_count", GgufValue::u32(1)}, {"llama.attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f)},
-             {"llama.vocab_size", GgufValue::u32(static_cast<uint32_t>(vocab_size))}})
+             {"llama.vocab_size", GgufValue::u32(static_cast<uint32_t>(tokens))}})
       out.add_metadata(k, std::move(v));
     for (auto& [k, v] : meta) out.add_metadata(k, std::move(v));
     out.finish();
-    std::printf("%s: %s tokenizer, %lld tokens, %zu merges\n", argv[2], spm ? "llama" : "gpt2", static_cast<long long>(vocab_size), merges.size());
+    std::printf("%s: %s tokenizer, %zu tokens, %zu merges\n", argv[2], model.c_str(), tokens, merges);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qkv_tokenizer_to_gguf: %s\n", e.what());

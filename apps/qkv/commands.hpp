@@ -52,6 +52,7 @@ Runner setup_eval(CLI::App& command, CommandContext& context);
 Runner setup_finetune(CLI::App& command, CommandContext& context);
 Runner setup_classify(CLI::App& command, CommandContext& context);
 Runner setup_convert(CLI::App& command, CommandContext& context);
+Runner setup_quantize(CLI::App& command, CommandContext& context);
 Runner setup_memory(CLI::App& command, CommandContext& context);
 Runner setup_serve(CLI::App& command, CommandContext& context);
 
@@ -206,6 +207,7 @@ struct EvalCommand {
   bool json = false, replace_invalid = false;
   std::string plot_path;        // --plot FILE: the loss of each window (FILE.png, .svg or .pdf; else --format's)
   viz::PictureOptions pictures;
+  std::string kl_reference;     // --kl-reference MODEL: KL divergence and top-1 agreement against it instead of the loss
 };
 int run_eval(const EvalCommand& options);
 

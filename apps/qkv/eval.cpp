@@ -1,4 +1,5 @@
 // `qkv eval`: loss and perplexity of a model on a text, with a progress bar, tokens/s and --json.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "progress.hpp"
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
+#include "qkv/nn/divergence.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/text/records.hpp"
 #include "qkv/train/classify.hpp"
@@ -51,6 +53,55 @@ int eval_classifier(const EvalCommand& options, LoadedModel& loaded) {
   }
   return 0;
 }
+// --kl-reference: the model's next-token distributions against the reference's on the same tokens (llama-perplexity
+// --kl-divergence), in windows that do not overlap: --context, else 512 tokens (two vocabularies of logits per
+// window are held).
+int eval_divergence(const EvalCommand& options, const LoadedModel& loaded, const std::vector<int64_t>& ids) {
+  if (!options.plot_path.empty() || options.stride > 0) throw UsageError("--kl-reference compares whole windows: no --plot or --stride");
+  ModelOptions reference_options;
+  reference_options.checkpoint = options.kl_reference;
+  reference_options.hint = options.model.hint;
+  reference_options.vocab_dir = options.model.vocab_dir;
+  const LoadedModel reference = load_model(reference_options);  // as its file stores it (an F32 file: float32)
+  if (reference.model->vocab_size() != loaded.model->vocab_size())
+    throw UsageError("--kl-reference " + options.kl_reference + " has " + std::to_string(reference.model->vocab_size()) +
+                     " tokens and the model " + std::to_string(loaded.model->vocab_size()) + ": give the same model");
+  const int64_t context = options.context > 0 ? options.context
+                                              : std::min({int64_t{512}, loaded.model->context_length(), reference.model->context_length()});
+  if (!options.json)
+    std::fprintf(stderr, "qkv eval: %s against %s, %zu tokens of %s in windows of %lld\n", loaded.description.c_str(),
+                 reference.description.c_str(), ids.size(), options.text_path.c_str(), static_cast<long long>(context));
+  ProgressLine line(!options.json);
+  const auto began = std::chrono::steady_clock::now();
+  nn::Divergence d;
+  try {
+    d = nn::next_token_divergence(*reference.model, *loaded.model, ids, context, [&](int64_t done, int64_t total) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      line.draw(done, total, " window " + std::to_string(done) + "/" + std::to_string(total) + "  ETA " +
+                                 format_duration(seconds / static_cast<double>(done) * static_cast<double>(total - done)));
+    });
+  } catch (const ValueError& e) {
+    throw UsageError(std::string("--kl-reference: ") + e.what());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  if (options.json) {
+    nlohmann::ordered_json j = {{"model", options.model.path()}, {"weights", options.model.weights},
+                                {"reference", options.kl_reference}, {"text", options.text_path}, {"context", context},
+                                {"positions", d.positions}, {"mean_kl", d.mean_kl}, {"median_kl", d.median_kl},
+                                {"p99_kl", d.p99_kl}, {"max_kl", d.max_kl}, {"top1_agreement", d.top1_agreement},
+                                {"perplexity", d.perplexity}, {"reference_perplexity", d.reference_perplexity},
+                                {"seconds", seconds}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    line.message("");
+    std::printf("KL divergence %.6f mean, %.6f median, %.6f 99%%, %.6f max; top-1 agreement %.2f%%; perplexity %.4f "
+                "(reference %.4f); %lld positions, %.1f s\n",
+                d.mean_kl, d.median_kl, d.p99_kl, d.max_kl, 100 * d.top1_agreement, d.perplexity, d.reference_perplexity,
+                static_cast<long long>(d.positions), seconds);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_eval(const EvalCommand& options) {
@@ -93,6 +144,7 @@ int run_eval(const EvalCommand& options) {
   const int64_t batch = options.batch_size > 0 ? options.batch_size
                                                 : std::max<int64_t>(1, (int64_t{256} << 20) / (4 * context * model.vocab_size()));
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!options.kl_reference.empty()) return eval_divergence(options, loaded, ids);
   if (!options.json) {
     std::fprintf(stderr, "qkv eval: %s, %zu %s tokens of %s, windows of %lld every %lld tokens\n", loaded.description.c_str(),
                  ids.size(), tokenizer->name().c_str(), options.text_path.c_str(), static_cast<long long>(context),
@@ -169,6 +221,10 @@ Runner setup_eval(CLI::App& cmd, CommandContext& context) {
   cmd.add_option("--plot", o->plot_path, "Also draw the loss of each window along the text (FILE.png, .svg or .pdf; a "
                                          "name without one gets --format's)");
   add_picture_options(cmd, o->pictures);
+  cmd.add_option("--kl-reference", o->kl_reference, "Compare the model's next-token distributions with this model's "
+                                                    "(the same model in full precision: a folder or an F32 GGUF): KL "
+                                                    "divergence and top-1 agreement, as llama-perplexity --kl-divergence")
+      ->transform(folder_path());
   cmd.add_flag("--json", o->json, "Print one JSON object (loss, perplexity, tokens, tokens/s …) on stdout");
   cmd.add_flag("--replace-invalid", o->replace_invalid, "Replace invalid UTF-8 with U+FFFD instead of failing");
   add_precision_option(cmd, context);

@@ -55,6 +55,9 @@ const Command kCommands[] = {
     {"convert", "Convert a model between PyTorch .pth, book-named safetensors, qkv checkpoints and Hugging Face "
                 "GPT-2 safetensors, where nothing is lost (it refuses, saying what would be, otherwise)",
      qkv::cli::setup_convert},
+    {"quantize", "Write a model (a Hugging Face folder or a GGUF file) as a GGUF file llama.cpp loads: f32, f16, bf16, "
+                 "q8_0, q4_0, q4_k, q5_k, q6_k, or llama.cpp's q4_k_m / q5_k_m mixes",
+     qkv::cli::setup_quantize},
     {"serve", "An OpenAI-compatible HTTP server for a model: /v1/chat/completions, /v1/completions (streamed or whole), "
               "/v1/models, /health, /metrics",
      qkv::cli::setup_serve},

@@ -55,6 +55,26 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
   kernels::MoeOptions options;
   options.norm_topk_prob = config.norm_topk_prob;
+  options.sigmoid = config.sigmoid;
+  options.groups = config.groups;
+  options.groups_kept = config.groups_kept;
+  options.scaling = config.scaling;
+  if (config.groups < 1 || E % config.groups != 0 || config.groups_kept < 1 || config.groups_kept > config.groups ||
+      (config.groups > 1 && E / config.groups < 2))
+    throw ValueError("mixture_of_experts: " + std::to_string(E) + " experts in " + std::to_string(config.groups) +
+                     " groups keeping " + std::to_string(config.groups_kept) +
+                     ": the groups must divide the experts (two or more each) and 1 ≤ kept ≤ groups");
+  if (config.experts_per_token > config.groups_kept * (E / config.groups))
+    throw ValueError("mixture_of_experts: experts_per_token = " + std::to_string(config.experts_per_token) +
+                     " is more than the kept groups hold (" + std::to_string(config.groups_kept * (E / config.groups)) + ")");
+  // the bias only chooses: read as float32 values (a bf16 copy widened), never given a gradient
+  Tensor bias;
+  if (config.selection_bias.defined()) {
+    if (config.selection_bias.numel() != E) fail("the selection bias has " + std::to_string(config.selection_bias.numel()) + " values for " + std::to_string(E) + " experts");
+    bias = Tensor::empty({E});
+    bias.copy_(config.selection_bias);
+    options.selection_bias = bias.data();
+  }
   std::vector<const float*> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
   for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
     g[e] = gate[e].data();
@@ -71,7 +91,7 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   bool any = false;
   for (const Tensor& t : inputs) any = any || t.requires_grad();
   if (!any || !grad_enabled()) return out;
-  detail::record(out, "MixtureOfExpertsBackward", inputs, [inputs, dims, options, saved](const Tensor& dout) {
+  detail::record(out, "MixtureOfExpertsBackward", inputs, [inputs, dims, options, saved, bias](const Tensor& dout) {
     const int64_t E = dims.E;
     // Fresh gradients, one per input that wants one, each added to its input's (most are first contributions).
     std::vector<Tensor> grads(inputs.size());

@@ -36,35 +36,71 @@ void top_k(const float* p, int64_t n, int64_t k, int32_t* chosen) {
   }
 }
 
+// Which k experts a token takes from its router scores p (E): the k largest (softmax router), or DeepSeek-V3's
+// group-limited choice over p + selection_bias (MoeOptions::sigmoid).
+void choose(const MoeDims& d, const MoeOptions& options, const float* p, int32_t* chosen) {
+  if (!options.sigmoid) {
+    top_k(p, d.E, d.k, chosen);
+    return;
+  }
+  std::vector<float> choice(p, p + d.E);
+  if (options.selection_bias)
+    for (int64_t e = 0; e < d.E; ++e) choice[static_cast<size_t>(e)] += options.selection_bias[e];
+  if (options.groups > 1) {  // each group scored by its two best choice values; the groups not kept score 0
+    const int64_t size = d.E / options.groups;
+    std::vector<float> group_score(static_cast<size_t>(options.groups));
+    int32_t best[2];
+    for (int64_t g = 0; g < options.groups; ++g) {
+      top_k(choice.data() + g * size, size, 2, best);
+      group_score[static_cast<size_t>(g)] = choice[static_cast<size_t>(g * size + best[0])] + choice[static_cast<size_t>(g * size + best[1])];
+    }
+    std::vector<int32_t> kept(static_cast<size_t>(options.groups_kept));
+    top_k(group_score.data(), options.groups, options.groups_kept, kept.data());
+    for (int64_t e = 0; e < d.E; ++e)
+      if (std::find(kept.begin(), kept.end(), static_cast<int32_t>(e / size)) == kept.end()) choice[static_cast<size_t>(e)] = 0.0f;
+  }
+  top_k(choice.data(), d.E, d.k, chosen);
+}
+
+// The renormalisation's denominator: Σ of the chosen scores (+ 1e-20 for the sigmoid router, as transformers adds).
+double chosen_total(const MoeOptions& options, const float* p, const int32_t* chosen, int64_t k) {
+  double total = 0.0;
+  for (int64_t s = 0; s < k; ++s) total += p[chosen[s]];
+  return options.sigmoid ? total + 1e-20 : total;
+}
+
 // Routing from the probabilities: each token's experts and weights.
 void route(const MoeDims& d, const MoeOptions& options, const float* probs, int32_t* experts, float* weights) {
   for (int64_t t = 0; t < d.N; ++t) {
     const float* p = probs + t * d.E;
-    top_k(p, d.E, d.k, experts + t * d.k);
-    double total = 0.0;
-    for (int64_t s = 0; s < d.k; ++s) total += p[experts[t * d.k + s]];
+    choose(d, options, p, experts + t * d.k);
+    const double total = chosen_total(options, p, experts + t * d.k, d.k);
     for (int64_t s = 0; s < d.k; ++s) {
-      const float chosen = p[experts[t * d.k + s]];
-      weights[t * d.k + s] = options.norm_topk_prob ? static_cast<float>(chosen / total) : chosen;
+      const double chosen = p[experts[t * d.k + s]];
+      weights[t * d.k + s] = static_cast<float>((options.norm_topk_prob ? chosen / total : chosen) * options.scaling);
     }
   }
 }
 
-// The routing's gradient: dz (N, E) from dw (N, k) through the renormalisation and the softmax.
+// The routing's gradient: dz (N, E) from dw (N, k) through the scaling, the renormalisation and the softmax (or
+// sigmoid).
 void route_backward(const MoeDims& d, const MoeOptions& options, const float* probs, const int32_t* experts,
                     const float* weights, const float* dw, float* dz) {
   std::vector<double> dp(static_cast<size_t>(d.E));
+  const double a = options.scaling;
   for (int64_t t = 0; t < d.N; ++t) {
     const float* p = probs + t * d.E;
     std::fill(dp.begin(), dp.end(), 0.0);
-    double total = 0.0, weighted = 0.0;  // S = Σ chosen p; Σ_r w_r dw_r
-    for (int64_t s = 0; s < d.k; ++s) {
-      total += p[experts[t * d.k + s]];
-      weighted += static_cast<double>(weights[t * d.k + s]) * dw[t * d.k + s];
-    }
+    const double total = chosen_total(options, p, experts + t * d.k, d.k);  // S
+    double weighted = 0.0;  // Σ_r w_r dw_r
+    for (int64_t s = 0; s < d.k; ++s) weighted += static_cast<double>(weights[t * d.k + s]) * dw[t * d.k + s];
     for (int64_t s = 0; s < d.k; ++s) {
       const int32_t e = experts[t * d.k + s];
-      dp[static_cast<size_t>(e)] = options.norm_topk_prob ? (dw[t * d.k + s] - weighted) / total : dw[t * d.k + s];
+      dp[static_cast<size_t>(e)] = options.norm_topk_prob ? (a * dw[t * d.k + s] - weighted) / total : a * dw[t * d.k + s];
+    }
+    if (options.sigmoid) {  // dz = dp · p (1 − p)
+      for (int64_t e = 0; e < d.E; ++e) dz[t * d.E + e] = static_cast<float>(dp[static_cast<size_t>(e)] * p[e] * (1.0 - p[e]));
+      continue;
     }
     double dot = 0.0;
     for (int64_t e = 0; e < d.E; ++e) dot += p[e] * dp[static_cast<size_t>(e)];
@@ -84,7 +120,11 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
   if (d.N <= 0) return;
   // z = x Wrᵀ (N × E), then the softmax in place
   gemm(false, true, d.N, d.E, d.C, 1.0f, x, d.C, router, d.C, 0.0f, saved.probs.data(), d.E);
-  softmax_rows(saved.probs.data(), saved.probs.data(), d.N, d.E);
+  if (options.sigmoid) {
+    for (float& v : saved.probs) v = 1.0f / (1.0f + std::exp(-v));  // N·E values: a scalar loop is enough
+  } else {
+    softmax_rows(saved.probs.data(), saved.probs.data(), d.N, d.E);
+  }
   route(d, options, saved.probs.data(), saved.experts.data(), saved.weights.data());
   // Group the slots by expert, tokens in order within each group (a counting sort).
   saved.offsets.assign(static_cast<size_t>(d.E + 1), 0);
@@ -225,15 +265,20 @@ ReferenceRoute reference_route(const MoeDims& d, const MoeOptions& options, cons
     r.p[static_cast<size_t>(e)] = z;
     mx = std::max(mx, z);
   }
-  double sum = 0.0;
-  for (double& v : r.p) sum += (v = std::exp(v - mx));
-  for (double& v : r.p) v /= sum;
+  if (options.sigmoid) {
+    for (double& v : r.p) v = sigmoid(v);
+  } else {
+    double sum = 0.0;
+    for (double& v : r.p) sum += (v = std::exp(v - mx));
+    for (double& v : r.p) v /= sum;
+  }
   std::vector<float> pf(r.p.begin(), r.p.end());  // chosen on the float probabilities, as the kernel chooses
   r.chosen.assign(static_cast<size_t>(d.k), 0);
-  top_k(pf.data(), d.E, d.k, r.chosen.data());
-  double total = 0.0;
+  choose(d, options, pf.data(), r.chosen.data());
+  double total = options.sigmoid ? 1e-20 : 0.0;
   for (int32_t e : r.chosen) total += r.p[static_cast<size_t>(e)];
-  for (int32_t e : r.chosen) r.w.push_back(options.norm_topk_prob ? r.p[static_cast<size_t>(e)] / total : r.p[static_cast<size_t>(e)]);
+  for (int32_t e : r.chosen)
+    r.w.push_back((options.norm_topk_prob ? r.p[static_cast<size_t>(e)] / total : r.p[static_cast<size_t>(e)]) * options.scaling);
   return r;
 }
 
@@ -313,23 +358,28 @@ void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const f
       }
     }
     // the router, straight from w_s = p_s / Σ_r p_r (or p_s) and p = softmax(z)
-    double total = 0.0;
+    double total = options.sigmoid ? 1e-20 : 0.0;
     for (int32_t e : r.chosen) total += r.p[static_cast<size_t>(e)];
+    const double a = options.scaling;
     for (int64_t s = 0; s < d.k; ++s) {
       const int32_t e = r.chosen[static_cast<size_t>(s)];
       if (!options.norm_topk_prob) {
-        dp[static_cast<size_t>(e)] += dw[static_cast<size_t>(s)];
+        dp[static_cast<size_t>(e)] += a * dw[static_cast<size_t>(s)];
         continue;
       }
-      for (int64_t q = 0; q < d.k; ++q) {  // ∂w_q/∂p_e = [q = s]/S − p_q/S²
+      for (int64_t q = 0; q < d.k; ++q) {  // ∂w_q/∂p_e = a·([q = s]/S − p_q/S²)
         const double pq = r.p[static_cast<size_t>(r.chosen[static_cast<size_t>(q)])];
-        dp[static_cast<size_t>(e)] += dw[static_cast<size_t>(q)] * ((q == s ? 1.0 : 0.0) / total - pq / (total * total));
+        dp[static_cast<size_t>(e)] += a * dw[static_cast<size_t>(q)] * ((q == s ? 1.0 : 0.0) / total - pq / (total * total));
       }
     }
     for (int64_t e = 0; e < d.E; ++e) {
-      double dz = 0.0;  // ∂p_j/∂z_e = p_j([j = e] − p_e)
-      for (int64_t j = 0; j < d.E; ++j)
-        dz += dp[static_cast<size_t>(j)] * r.p[static_cast<size_t>(j)] * ((j == e ? 1.0 : 0.0) - r.p[static_cast<size_t>(e)]);
+      double dz = 0.0;  // softmax: ∂p_j/∂z_e = p_j([j = e] − p_e); sigmoid: ∂p_j/∂z_e = [j = e] p_e (1 − p_e)
+      if (options.sigmoid) {
+        dz = dp[static_cast<size_t>(e)] * r.p[static_cast<size_t>(e)] * (1.0 - r.p[static_cast<size_t>(e)]);
+      } else {
+        for (int64_t j = 0; j < d.E; ++j)
+          dz += dp[static_cast<size_t>(j)] * r.p[static_cast<size_t>(j)] * ((j == e ? 1.0 : 0.0) - r.p[static_cast<size_t>(e)]);
+      }
       for (int64_t c = 0; c < d.C; ++c) {
         dr[static_cast<size_t>(e * d.C + c)] += dz * xt[c];
         dxt[static_cast<size_t>(c)] += dz * router[e * d.C + c];

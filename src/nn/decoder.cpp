@@ -74,6 +74,16 @@ constexpr RoleInfo kRoles[kRoleCount] = {
     {Role::ExpertGate, "expert gate", Kind::Matrix},
     {Role::ExpertUp, "expert up", Kind::Matrix},
     {Role::ExpertDown, "expert down", Kind::Matrix},
+    {Role::QueryA, "query down-projection", Kind::Matrix},
+    {Role::QueryANorm, "query latent norm", Kind::Norm},
+    {Role::QueryB, "query up-projection", Kind::Matrix},
+    {Role::LatentA, "KV latent down-projection", Kind::Matrix},
+    {Role::LatentNorm, "KV latent norm", Kind::Norm},
+    {Role::LatentB, "KV latent up-projection", Kind::Matrix},
+    {Role::RouterBias, "expert score correction bias", Kind::Bias},
+    {Role::SharedGate, "shared expert gate", Kind::Matrix},
+    {Role::SharedUp, "shared expert up", Kind::Matrix},
+    {Role::SharedDown, "shared expert down", Kind::Matrix},
 };
 Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
 
@@ -162,7 +172,20 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
     add(b + name + ".weight", {rows, in}, {{role, 0, rows}});
     if (bias) add(b + name + ".bias", {rows}, {{bias_of(role), 0, rows}});
   };
-  if (f.fused_qkv) {  // Phi-3: o_proj is registered first, then qkv_proj (rows q, k, v)
+  if (c.latent()) {  // DeepseekV3Attention, in its registration order
+    const int64_t H = c.num_heads, R = c.kv_lora_rank, Rq = c.q_lora_rank, dr = c.head_dim;
+    if (Rq > 0) {
+      projection("self_attn.q_a_proj", Rq, C, Role::QueryA, false);
+      add(b + "self_attn.q_a_layernorm.weight", {Rq}, {{Role::QueryANorm, 0, Rq}});
+      projection("self_attn.q_b_proj", Q, Rq, Role::QueryB, false);
+    } else {
+      projection("self_attn.q_proj", Q, C, Role::Query, false);
+    }
+    projection("self_attn.kv_a_proj_with_mqa", R + dr, C, Role::LatentA, false);
+    add(b + "self_attn.kv_a_layernorm.weight", {R}, {{Role::LatentNorm, 0, R}});
+    projection("self_attn.kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), R, Role::LatentB, false);
+    projection("self_attn.o_proj", C, H * c.v_head_dim, Role::Output, false);
+  } else if (f.fused_qkv) {  // Phi-3: o_proj is registered first, then qkv_proj (rows q, k, v)
     projection("self_attn.o_proj", C, Q, Role::Output, c.o_bias);
     add(b + "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, {{Role::Query, 0, Q}, {Role::Key, Q, KV}, {Role::Value, Q + KV, KV}});
     if (c.qkv_bias)
@@ -180,9 +203,10 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
     add(b + "self_attn.k_norm.weight", {whole ? KV : D}, {{Role::KeyNorm, 0, whole ? KV : D}});
   }
   const bool experts = i < static_cast<int64_t>(c.layers.size()) && c.layers[static_cast<size_t>(i)].experts;
-  if (experts) {  // Qwen3MoeSparseMoeBlock: gate (the router), then experts.N
+  if (experts) {  // Qwen3MoeSparseMoeBlock: gate (the router), then experts.N; DeepseekV3MoE: experts.N, gate
+                   // (its weight, then the e_score_correction_bias buffer), then shared_experts
     const int64_t E = c.num_experts, Fe = c.expert_intermediate_size;
-    add(b + "mlp.gate.weight", {E, C}, {{Role::Router, 0, E}});
+    if (!c.sigmoid_router) add(b + "mlp.gate.weight", {E, C}, {{Role::Router, 0, E}});
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = b + "mlp.experts." + std::to_string(e) + ".";
       for (auto [name, shape, role] : {std::tuple{"gate_proj", Shape{Fe, C}, Role::ExpertGate},
@@ -190,6 +214,15 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
         add(x + name + ".weight", shape, {{role, 0, shape[0]}});
         out.back().expert = e;
       }
+    }
+    if (c.sigmoid_router) {
+      add(b + "mlp.gate.weight", {E, C}, {{Role::Router, 0, E}});
+      add(b + "mlp.gate.e_score_correction_bias", {E}, {{Role::RouterBias, 0, E}});
+    }
+    if (const int64_t Fs = c.shared_expert_intermediate_size; Fs > 0) {
+      add(b + "mlp.shared_experts.gate_proj.weight", {Fs, C}, {{Role::SharedGate, 0, Fs}});
+      add(b + "mlp.shared_experts.up_proj.weight", {Fs, C}, {{Role::SharedUp, 0, Fs}});
+      add(b + "mlp.shared_experts.down_proj.weight", {C, Fs}, {{Role::SharedDown, 0, C}});
     }
   } else if (c.mlp == MlpKind::GELU) {
     projection("mlp.up_proj", F, C, Role::Up, c.mlp_bias);
@@ -282,6 +315,35 @@ void DecoderConfig::validate() const {
               std::to_string(rotated));
     validate_rope(r);
   }
+  if (latent() || family->latent_attention) {
+    if (!family->latent_attention) invalid("the " + family->name + " family has no latent attention (kv_lora_rank)");
+    positive(kv_lora_rank, "kv_lora_rank");
+    positive(qk_nope_head_dim, "qk_nope_head_dim");
+    positive(v_head_dim, "v_head_dim");
+    if (q_lora_rank < 0) invalid("q_lora_rank must be positive or null, got " + std::to_string(q_lora_rank));
+    if (head_dim % 2 != 0) invalid("qk_rope_head_dim must be even (RoPE rotates pairs), got " + std::to_string(head_dim));
+    if (num_kv_heads != num_heads) invalid("latent attention expands K and V for every head: num_key_value_heads must equal num_attention_heads");
+    if (qkv_bias || o_bias) invalid("attention_bias: latent attention's projections without biases only");
+    if (qk_norm != QkNorm::None || learned_positions) invalid("latent attention has no q/k norms and rotates with RoPE");
+    for (const auto& l : layers)
+      if (l.window > 0) invalid("latent attention has no sliding window");
+    product({num_heads, qk_nope_head_dim + v_head_dim, kv_lora_rank});
+    product({num_heads, qk_head_dim(), std::max<int64_t>(q_lora_rank, hidden_size)});
+  }
+  if (sigmoid_router) {
+    if (expert_groups < 1 || num_experts % expert_groups != 0)
+      invalid("n_group = " + std::to_string(expert_groups) + " must divide n_routed_experts = " + std::to_string(num_experts));
+    if (expert_groups > 1 && num_experts / expert_groups < 2)
+      invalid("n_group = " + std::to_string(expert_groups) + " leaves fewer than two experts a group (each group is scored by its two best)");
+    if (expert_groups_kept < 1 || expert_groups_kept > expert_groups)
+      invalid("topk_group = " + std::to_string(expert_groups_kept) + " must lie in 1…n_group (" + std::to_string(expert_groups) + ")");
+    if (experts_per_token > expert_groups_kept * (num_experts / expert_groups))
+      invalid("num_experts_per_tok = " + std::to_string(experts_per_token) + " is more than topk_group groups hold (" +
+              std::to_string(expert_groups_kept * (num_experts / expert_groups)) + ")");
+    if (!(routed_scaling_factor > 0.0) || !std::isfinite(routed_scaling_factor))
+      invalid("routed_scaling_factor must be a positive number");
+  }
+  if (shared_expert_intermediate_size < 0) invalid("n_shared_experts must not be negative");
   const bool any_experts = std::any_of(layers.begin(), layers.end(), [](const auto& l) { return l.experts; });
   if (any_experts || num_experts > 0) {
     if (!family->experts) invalid("the " + family->name + " family has no mixture-of-experts layers");
@@ -350,7 +412,19 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::ExpertGate:
     case Role::ExpertUp:
     case Role::ExpertDown:  // llama.cpp stacks a layer's experts in one 3-D tensor (ffn_gate_exps, …)
+    case Role::RouterBias:
+    case Role::SharedGate:
+    case Role::SharedUp:
+    case Role::SharedDown:
       throw ValueError("a mixture-of-experts model's GGUF tensors (ffn_gate_inp, ffn_*_exps) are not read by qkv yet; "
+                       "use its Hugging Face folder");
+    case Role::QueryA:
+    case Role::QueryANorm:
+    case Role::QueryB:
+    case Role::LatentA:
+    case Role::LatentNorm:
+    case Role::LatentB:
+      throw ValueError("a latent-attention model's GGUF tensors (attn_kv_a_mqa, attn_kv_b, …) are not read by qkv yet; "
                        "use its Hugging Face folder");
   }
   return "blk." + std::to_string(p.layer) + "." + base;
@@ -462,10 +536,12 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   for (size_t i = 0; i < blocks.size(); ++i) {
     DecoderBlock& b = blocks[i];
     Homes& h = homes[i];
-    h.qkv = make({Q + 2 * KV, C});
-    b[Role::Query] = h.qkv.view_at(0, {Q, C});
-    b[Role::Key] = h.qkv.view_at(Q * C, {KV, C});
-    b[Role::Value] = h.qkv.view_at((Q + KV) * C, {KV, C});
+    if (!c.latent()) {  // latent attention's projections are each their own tensor
+      h.qkv = make({Q + 2 * KV, C});
+      b[Role::Query] = h.qkv.view_at(0, {Q, C});
+      b[Role::Key] = h.qkv.view_at(Q * C, {KV, C});
+      b[Role::Value] = h.qkv.view_at((Q + KV) * C, {KV, C});
+    }
     if (c.qkv_bias) {
       h.qkv_bias = make({Q + 2 * KV});
       b[Role::QueryBias] = h.qkv_bias.view_at(0, {Q});
@@ -508,7 +584,7 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   for (const DecoderConfig::Parameter& p : c.layout()) {
     const Role role = p.role();
     Tensor t;
-    if (p.layer >= 0 && (in_qkv(role) || in_gate_up(role, c))) {
+    if (p.layer >= 0 && ((in_qkv(role) && !c.latent()) || in_gate_up(role, c))) {
       const Homes& h = homes[static_cast<size_t>(p.layer)];
       if (p.parts.size() == 1) {
         t = blocks[static_cast<size_t>(p.layer)][role];
@@ -546,6 +622,9 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       }
       continue;
     }
+    // DeepSeek-V3's e_score_correction_bias is a buffer in transformers, set by its training's load balancing, not by
+    // gradients: it only chooses experts, so no gradient reaches it and no optimiser moves it.
+    if (role == Role::RouterBias) registered.requires_grad_(false);
     DecoderBlock& b = blocks[static_cast<size_t>(p.layer)];
     if (p.expert >= 0) {
       auto& list = role == Role::ExpertGate ? b.expert_gate : role == Role::ExpertUp ? b.expert_up : b.expert_down;
@@ -554,7 +633,7 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
     }
     if (p.parts.size() == 1) b[role] = registered;
     // The groups' registered tensors, in order: what one product reads and writes the gradients of.
-    DecoderBlock::Group* group = in_qkv(role) ? &b.qkv
+    DecoderBlock::Group* group = in_qkv(role) && !c.latent() ? &b.qkv
                                  : in_gate_up(role, c) || role == Role::Up || role == Role::UpBias ? &b.gate_up
                                                                                                    : nullptr;
     if (group && kind == Kind::Bias) {
@@ -665,6 +744,7 @@ void Decoder::store_matrices(kernels::WeightType type) {
   for (const DecoderConfig::Parameter& p : config.layout()) {
     if (kind_of(p.role()) != Kind::Matrix || p.transposed) continue;
     if (p.role() == Role::Head && (config.tie_word_embeddings || is_classifier())) continue;  // the table, or a small score
+    if (p.role() == Role::LatentB) continue;  // absorbed decoding reads it per head as float32 (attend_latent)
     Tensor& t = parameter(p);
     const int64_t cols = t.size(1);
     // K-quants need rows of 256 values (Qwen2-0.5B's 896 are not): such a matrix takes Q8_0, as llama.cpp falls back
@@ -814,8 +894,134 @@ Tensor group_product(const Tensor& x, const DecoderBlock& b, const DecoderBlock:
 }
 }  // namespace
 
+// Multi-head latent attention (DeepseekV3Attention), x (B, T, C) normed:
+//   q = q_b(norm(q_a x)) or q_proj x                 (B, T, H, dn + dr): q_nope | q_pe per head
+//   [c | k_pe] = kv_a x;  c = norm(c)                (B, T, R) and (B, T, dr), k_pe one head shared by all
+//   [k_nope | v] = kv_b c                            (B, T, H, dn + dv)
+//   q_pe, k_pe rotated; k_h = [k_nope_h | k_pe]; softmax(scale · q_h·k_h) v_h; o_proj
+// Training and forward() run this expanded form through the autograd ops (its gradients come from theirs). With a
+// cache, Expanded keeps every head's k and v; Absorbed keeps [c | k_pe] per token and folds kv_b into the query and the
+// output instead, since q_nope_h·k_nope_h = q_nope_h·(W_UK_h c) = (W_UK_hᵀ q_nope_h)·c:
+//   q̃_h = [W_UK_hᵀ q_nope_h | q_pe_h]  (R + dr);  õ_h = Σ_j p_hj c_j  (attention over [c | k_pe] rows as one shared
+//   key/value head, the values' last dr columns dropped);  o_h = W_UV_h õ_h  (dv)
+Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const {
+  const DecoderBlock& b = blocks[i];
+  const DecoderLayerSettings& layer = config.layers[i];
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, R = config.kv_lora_rank;
+  const int64_t dn = config.qk_nope_head_dim, dr = config.head_dim, dv = config.v_head_dim, dq = dn + dr;
+  // DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm without the config's rms_norm_eps: theirs is 1e-6
+  constexpr float kLatentEps = 1e-6f;
+  const Tensor none;
+  const Tensor q = config.q_lora_rank > 0
+                       ? linear_with_lora(rms_norm(linear_with_lora(x, b[Role::QueryA], none, b.adapter(Role::QueryA)),
+                                                   b[Role::QueryANorm], kLatentEps),
+                                          b[Role::QueryB], none, b.adapter(Role::QueryB))
+                       : linear_with_lora(x, b[Role::Query], none, b.adapter(Role::Query));
+  const Tensor compressed = linear_with_lora(x, b[Role::LatentA], none, b.adapter(Role::LatentA));  // (B, T, R + dr)
+  const Tensor latent = rms_norm(narrow(compressed, 0, R), b[Role::LatentNorm], kLatentEps);      // (B, T, R)
+  Tensor k_pe = narrow(compressed, R, dr);                                                          // (B, T, dr)
+  const Tensor q_heads = reshape(q, {B, T, H, dq});
+  const Tensor q_nope = narrow(q_heads, 0, dn);                     // (B, T, H, dn)
+  Tensor q_pe = reshape(narrow(q_heads, dn, dr), {B, T, H * dr});   // (B, T, H·dr)
+  if (layer.rope >= 0) {
+    const auto table = rope_table(layer.rope, extent);
+    q_pe = rope(q_pe, table, config.rope_layout, H, position);
+    k_pe = rope(k_pe, table, config.rope_layout, 1, position);
+  }
+  AttentionConfig attention;
+  attention.causal = true;
+  attention.scale = static_cast<float>(config.attention_scale > 0.0 ? config.attention_scale : 1.0 / std::sqrt(static_cast<double>(dq)));
+  attention.dropout_p = config.attention_dropout;
+  attention.training = is_training();
+  attention.generator = gen_;
+  Tensor context;  // (B, T, H·dv)
+  if (cache && latent_decode == LatentDecode::Absorbed) {
+    NoGradGuard no_grad;
+    KVCacheLayer& layer_cache = cache->layers[i];
+    int64_t& filled = cache->filled[i];
+    const int64_t W = R + dr;
+    if (filled + T > layer_cache.keys.size(1))
+      throw ShapeError("Decoder: " + std::to_string(filled + T) + " tokens exceed the KV cache's " +
+                       std::to_string(layer_cache.keys.size(1)) + "; make the cache for more tokens");
+    write_tokens(concat({latent, k_pe}, 2), layer_cache.keys, filled);
+    filled += T;
+    // q̃ = W_UK_hᵀ q_nope_h per head: kv_b (H·(dn + dv), R) read as (H, dn + dv, R), q_nope padded with dv zeros so
+    // that one batched product over whole head blocks does it (the value rows meet zeros)
+    const int64_t N = B * T;
+    const Tensor w = reshape(b[Role::LatentB], {H, dn + dv, R});
+    const Tensor q_by_head = transpose(reshape(q_nope, {N, H, dn}), 0, 1);                        // (H, N, dn)
+    const Tensor q_latent = matmul(concat({q_by_head, Tensor::zeros({H, N, dv})}, 2), w);         // (H, N, R)
+    const Tensor queries = concat({reshape(transpose(q_latent, 0, 1), {B, T, H, R}), reshape(q_pe, {B, T, H, dr})}, 3);
+    attention.kv_tokens = filled;
+    attention.num_kv_heads = 1;
+    Tensor out;  // (…, H, W)
+    if (T == 1 && layer_cache.keys.dtype() == DType::F32) {
+      // One new token sees every cached row, so its H heads are H query rows over one shared matrix of latents:
+      // scores = q̃ Cᵀ (H × filled), softmax, õ = P C, as two products that each read the cache once (the fused
+      // kernel's one-row-per-head tiles read it H times and ran at a few GFLOP/s here).
+      std::vector<Tensor> rows;
+      for (int64_t r = 0; r < B; ++r) {
+        const Tensor latents = layer_cache.keys.view_at(r * layer_cache.keys.size(1) * W, {filled, W});  // C (filled, W)
+        const Tensor q_row = reshape(narrow(reshape(queries, {B, H * W}), r * H * W, H * W), {H, W});
+        const Tensor weights = softmax(mul(linear(q_row, latents, Tensor()), attention.scale));      // (H, filled)
+        rows.push_back(reshape(matmul(weights, latents), {1, H, W}));
+      }
+      out = B == 1 ? rows.front() : concat(rows, 0);
+    } else if (T == 1) {
+      // the same as one head of H query rows in the fused kernel (a bf16 cache)
+      attention.causal = false;
+      attention.num_heads = 1;
+      out = scaled_dot_product_attention(reshape(queries, {B, H, W}), layer_cache.keys, layer_cache.keys, attention);
+    } else {
+      attention.num_heads = H;
+      out = scaled_dot_product_attention(reshape(queries, {B, T, H * W}), layer_cache.keys, layer_cache.keys, attention);
+    }
+    // o_h = W_UV_h õ_h: (H, dn + dv, R) · õ (H, R, N), the value rows kept
+    const Tensor o_latent = transpose(narrow(reshape(out, {N, H, W}), 0, R), 0, 1);  // (H, N, R)
+    const Tensor expanded = transpose(matmul(w, transpose(o_latent, 1, 2)), 1, 2);   // (H, N, dn + dv)
+    context = reshape(transpose(narrow(expanded, dn, dv), 0, 1), {B, T, H * dv});
+  } else {
+    // the expanded form: every head's key [k_nope_h | k_pe] and value, each head padded with zeros to one width D
+    // (the fused kernel takes one head width; zeros change no score and no kept output)
+    const int64_t D = std::max(dq, dv);
+    const Tensor kv = reshape(linear_with_lora(latent, b[Role::LatentB], none, b.adapter(Role::LatentB)), {B, T, H, dn + dv});
+    const Tensor k_shared = reshape(k_pe, {B, T, 1, dr});
+    // k_pe broadcast to the H heads: H copies side by side (their gradients sum back into k_pe)
+    Tensor keys = concat({narrow(kv, 0, dn), concat(std::vector<Tensor>(static_cast<size_t>(H), k_shared), 2)}, 3);
+    Tensor queries = concat({q_nope, reshape(q_pe, {B, T, H, dr})}, 3);
+    Tensor values = narrow(kv, dn, dv);
+    auto pad = [&](Tensor t, int64_t width) {
+      return width == D ? t : concat({t, Tensor::zeros({B, T, H, D - width})}, 3);
+    };
+    queries = reshape(pad(queries, dq), {B, T, H * D});
+    keys = reshape(pad(keys, dq), {B, T, H * D});
+    values = reshape(pad(values, dv), {B, T, H * D});
+    attention.num_heads = attention.num_kv_heads = H;
+    if (cache) {
+      NoGradGuard no_grad;
+      KVCacheLayer& layer_cache = cache->layers[i];
+      int64_t& filled = cache->filled[i];
+      filled = append_to_cache(layer_cache, filled, 0, keys, values);
+      keys = layer_cache.keys;
+      values = layer_cache.values;
+      attention.kv_tokens = filled;
+    }
+    const Tensor out = scaled_dot_product_attention(queries, keys, values, attention);  // (B, T, H·D)
+    context = D == dv ? out : reshape(narrow(reshape(out, {B, T, H, D}), 0, dv), {B, T, H * dv});
+  }
+  return linear_with_lora(context, b[Role::Output], none, b.adapter(Role::Output));
+}
+
 Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                        AttentionStep::Record* record, const BatchStep* step) const {
+  if (config.latent()) {
+    if (step)
+      throw ValueError("Decoder: sessions (batched steps over a block cache) do not run latent attention (" +
+                       config.family->name + ") yet; generate with forward_cached");
+    if (record)
+      throw ValueError("Decoder: attention pictures of latent attention (" + config.family->name + ") are not drawn yet");
+    return attend_latent(i, x, position, extent, cache);
+  }
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
   const int64_t H = config.num_heads, H_kv = config.num_kv_heads;
@@ -885,7 +1091,18 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
     MoeConfig moe;
     moe.experts_per_token = config.experts_per_token;
     moe.norm_topk_prob = config.norm_topk_prob;
-    return mixture_of_experts(x, b[Role::Router], b.expert_gate, b.expert_up, b.expert_down, moe);
+    moe.sigmoid = config.sigmoid_router;
+    moe.selection_bias = b[Role::RouterBias];
+    moe.groups = config.expert_groups;
+    moe.groups_kept = config.expert_groups_kept;
+    moe.scaling = static_cast<float>(config.routed_scaling_factor);
+    Tensor routed = mixture_of_experts(x, b[Role::Router], b.expert_gate, b.expert_up, b.expert_down, moe);
+    if (!b[Role::SharedGate].defined()) return routed;
+    // DeepSeek-V3's shared experts: one SwiGLU every token goes through, added to the routed experts' sum
+    const Tensor none;
+    const Tensor shared = mul(silu(linear_with_lora(x, b[Role::SharedGate], none, b.adapter(Role::SharedGate))),
+                              linear_with_lora(x, b[Role::SharedUp], none, b.adapter(Role::SharedUp)));
+    return add(routed, linear_with_lora(shared, b[Role::SharedDown], none, b.adapter(Role::SharedDown)));
   }
   const Tensor& down = b[Role::Down];
   const Tensor& down_bias = b[Role::DownBias];
@@ -999,6 +1216,17 @@ KVCache Decoder::make_cache(int64_t batch, int64_t max_tokens) const {
   for (const DecoderLayerSettings& layer : config.layers) {
     const int64_t rows =
         layer.window > 0 ? std::min(cache.capacity, layer.window - 1 + kCacheChunk) : cache.capacity;
+    if (config.latent()) {  // latents and rotated keys (absorbed), or every head's padded key and value (expanded)
+      const int64_t dq = config.qk_head_dim(), width = latent_decode == LatentDecode::Absorbed
+                                                           ? config.kv_lora_rank + config.head_dim
+                                                           : config.num_heads * std::max(dq, config.v_head_dim);
+      product({batch, rows, width});
+      KVCacheLayer buffers = KVCacheLayer::make(batch, rows, width);
+      if (latent_decode == LatentDecode::Absorbed) buffers.values = Tensor();  // keys holds both
+      cache.layers.push_back(std::move(buffers));
+      cache.filled.push_back(0);
+      continue;
+    }
     product({batch, rows, config.kv_width()});
     cache.layers.push_back(KVCacheLayer::make(batch, rows, config.kv_width()));
     cache.filled.push_back(0);

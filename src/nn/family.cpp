@@ -93,6 +93,19 @@ std::vector<Family> make_table() {
     f.experts = true;
     t.push_back(f);
   }
+  {  // DeepSeek-V3 (and Kimi K2, the same architecture): multi-head latent attention; a sigmoid router over expert
+     // groups with shared experts, after first_k_dense_replace dense layers.
+    Family f = llama;
+    f.name = "deepseek_v3";
+    f.description = "DeepSeek-V3";
+    f.model_types = {"deepseek_v3"};
+    f.causal_lm = "DeepseekV3ForCausalLM";
+    f.sequence_classifier = "DeepseekV3ForSequenceClassification";
+    f.gguf_architecture = "deepseek2";
+    f.experts = true;
+    f.latent_attention = true;
+    t.push_back(f);
+  }
   Family gemma = llama;  // Gemma 2 and 3: (1 + w) norms, four a block, GeGLU, √C embedding scale
   gemma.norm = NormKind::GemmaRMSNorm;
   gemma.placement = NormPlacement::Sandwich;

@@ -234,7 +234,10 @@ std::string memory_report(const DecoderConfig& config, int64_t batch, int64_t co
   const std::string active = idle > 0 ? " (" + thousands(total_params - idle) + " active per token)" : "";
   std::string out = config.family->description + ": " + thousands(total_params) + " parameters" + active + "; " +
                     std::to_string(config.num_layers) + " layers, " + std::to_string(config.num_heads) + " heads of " +
-                    std::to_string(config.head_dim) + ", " + std::to_string(config.num_kv_heads) + " K/V heads\n";
+                    std::to_string(config.head_dim) + ", " + std::to_string(config.num_kv_heads) + " K/V heads" +
+                    (config.latent() ? "; latent attention caches " + std::to_string(config.kv_lora_rank) + " + " +
+                                           std::to_string(config.head_dim) + " values a token and layer"
+                                     : std::string()) + "\n";
   out += "  KV cache for batch " + std::to_string(batch) + " × " + thousands(context) + " tokens, " +
          std::to_string(bytes_per_value) + " bytes a value:\n";
   // layers grouped by the tokens they cache: full layers, then each window
@@ -247,7 +250,10 @@ std::string memory_report(const DecoderConfig& config, int64_t batch, int64_t co
   int64_t total = 0;
   for (const auto& [window, layers] : kinds) {
     const int64_t tokens = window > 0 ? std::min(context, window) : context;
-    const int64_t bytes = kv_cache_bytes(batch, tokens, config.head_dim, config.num_kv_heads, layers, bytes_per_value);
+    // latent attention caches one latent (kv_lora_rank) and one rotated key (qk_rope_head_dim) a token, not K and V
+    const int64_t bytes =
+        config.latent() ? product({batch, tokens, config.kv_lora_rank + config.head_dim, bytes_per_value, layers}, "the KV cache's bytes")
+                        : kv_cache_bytes(batch, tokens, config.head_dim, config.num_kv_heads, layers, bytes_per_value);
     total = sum(total, bytes, "the KV cache's bytes");
     line(out, std::to_string(layers) + (window > 0 ? " sliding (" + thousands(window) + ")" : " full") + " layers",
          gigabytes(bytes) + " (" + thousands(bytes) + " bytes)");

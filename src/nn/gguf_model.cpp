@@ -2,7 +2,9 @@
 // metadata written as the config.json it came from, so every family rule applies once), the tensors mapped.
 #include "qkv/nn/gguf_model.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <numbers>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -112,7 +114,55 @@ bool is_norm(Role r) {
          r == Role::MlpNorm || r == Role::PostMlpNorm || r == Role::FinalNorm;
 }
 
+// rope_freqs.weight as Llama 3.1's scaling (see the header), or a refusal naming what differs.
+json llama3_scaling(const io::GgufFile& file, const io::GgufTensor& freqs, const json& config, int64_t rotary) {
+  const int64_t head_dim = config["head_dim"].get<int64_t>();
+  if (freqs.type != io::GgmlType::F32 || freqs.dims.size() != 1 || freqs.dims[0] != rotary / 2 || rotary != head_dim)
+    fail(file, "rope_freqs.weight is not " + std::to_string(head_dim / 2) + " F32 factors, one per frequency of a head");
+  std::vector<float> factors(static_cast<size_t>(freqs.dims[0]));
+  if (!factors.empty()) std::memcpy(factors.data(), freqs.data, factors.size() * 4);
+  kernels::RopeFrequencies rope{.theta = config["rope_theta"].get<double>()};
+  rope.scaling = kernels::RopeFrequencies::Scaling::Llama3;
+  if (const io::GgufValue* v = file.find_value("qkv.rope.llama3"); v && v->is_array() && v->size() == 4) {
+    const std::vector<double> p = v->as_doubles();
+    rope.factor = p[0], rope.low_freq_factor = p[1], rope.high_freq_factor = p[2], rope.original_max_position_embeddings = p[3];
+  } else {  // a file from convert_hf_to_gguf.py: Meta's settings for every Llama 3.1, 3.2 and 3.3
+    rope.factor = factors.empty() ? 1.0 : factors.back(), rope.low_freq_factor = 1.0, rope.high_freq_factor = 4.0;
+    rope.original_max_position_embeddings = 8192.0;
+  }
+  const std::vector<float> want = llama3_rope_factors(rope, head_dim);
+  for (size_t i = 0; i < factors.size(); ++i)
+    if (!(std::fabs(factors[i] - want[i]) <= 1e-4f * std::fabs(want[i])))
+      fail(file, "rope_freqs.weight[" + std::to_string(i) + "] is " + std::to_string(factors[i]) + " where Llama 3.1's "
+                 "scaling gives " + std::to_string(want[i]) + "; qkv computes RoPE scaled only as Llama 3.1 does");
+  return {{"rope_type", "llama3"}, {"factor", rope.factor}, {"low_freq_factor", rope.low_freq_factor},
+          {"high_freq_factor", rope.high_freq_factor},
+          {"original_max_position_embeddings", static_cast<int64_t>(rope.original_max_position_embeddings)}};
+}
+
 }  // namespace
+
+std::vector<float> llama3_rope_factors(const kernels::RopeFrequencies& rope, int64_t head_dim) {
+  // convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors): freqs = 1 / base ** (arange(0, dim, 2) / dim) in
+  // float32, then per frequency its wavelength's band.
+  const double old_len = rope.original_max_position_embeddings;
+  const double low_wavelen = old_len / rope.low_freq_factor, high_wavelen = old_len / rope.high_freq_factor;
+  std::vector<float> out(static_cast<size_t>(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    const float freq = 1.0f / static_cast<float>(std::pow(rope.theta, static_cast<double>(exponent)));
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    double f = 1.0;
+    if (wavelen > low_wavelen) {
+      f = rope.factor;
+    } else if (!(wavelen < high_wavelen)) {
+      const double smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+      f = 1.0 / ((1.0 - smooth) / rope.factor + smooth);
+    }
+    out[static_cast<size_t>(i)] = static_cast<float>(f);
+  }
+  return out;
+}
 
 const Family* family_of_gguf_architecture(std::string_view architecture) {
   for (const Family& f : families())
@@ -132,9 +182,6 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
         known += (known.empty() ? "" : ", ") + f.gguf_architecture;
     fail(file, "general.architecture is '" + arch.substr(0, 40) + "'; qkv runs GGUF files of " + known);
   }
-  if (file.find("rope_freqs.weight"))
-    fail(file, "holds rope_freqs.weight (Llama 3.1's scaled RoPE as per-frequency factors), which qkv does not read "
-               "yet; run the model from its Hugging Face folder");
   const std::string k = arch + ".";
   const io::GgufTensor* embedding = file.find("token_embd.weight");
   if (!embedding || embedding->dims.size() != 2) fail(file, "has no 2-D tensor token_embd.weight (the token embedding)");
@@ -166,6 +213,7 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
       fail(file, k + "rope.scaling.type is '" + type.substr(0, 20) + "'; qkv reads none, linear and yarn from a GGUF");
     }
   }
+  if (const io::GgufTensor* freqs = file.find("rope_freqs.weight")) j["rope_scaling"] = llama3_scaling(file, *freqs, j, rotary);
   if (file.contains(k + "attention.sliding_window")) j["sliding_window"] = integer_key(file, k + "attention.sliding_window", 0);
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (file.contains(k + cap)) j[cap] = file.real(k + cap);
@@ -211,7 +259,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
   }
   if (file->tensors().size() != own.size()) {
     for (const io::GgufTensor& t : file->tensors()) {
-      bool known = false;
+      bool known = t.name == "rope_freqs.weight";  // read into the configuration
       for (const auto& p : names) known = known || p.name == t.name;
       if (!known) fail(*file, "holds tensor '" + t.name + "', which qkv's " + config.family->name + " model does not use");
     }

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -238,6 +239,70 @@ void read_experts(const Keys& keys, DecoderConfig& c) {
     c.layers[static_cast<size_t>(i)].experts = c.num_experts > 0 && !dense.count(i) && (i + 1) % step == 0;
   if (c.num_experts == 0) c.experts_per_token = c.expert_intermediate_size = 0;  // a dense model
 }
+
+// DeepSeek-V3's keys (DeepseekV3Config's, with its defaults): multi-head latent attention and its mixture of experts
+// (a sigmoid router over groups, shared experts, the first first_k_dense_replace layers dense).
+void read_latent(const Keys& keys, DecoderConfig& c) {
+  c.kv_lora_rank = keys.integer("kv_lora_rank", 512);
+  if (c.kv_lora_rank <= 0) keys.fail("kv_lora_rank", "is " + std::to_string(c.kv_lora_rank) + "; the latent's rank must be positive");
+  c.q_lora_rank = keys.present("q_lora_rank") ? keys.integer("q_lora_rank", 0) : 1536;  // null: a plain q_proj
+  if (c.q_lora_rank < 0) keys.fail("q_lora_rank", "must be positive or null");
+  if (keys.present("q_lora_rank") && keys.has("q_lora_rank") && c.q_lora_rank == 0)
+    keys.fail("q_lora_rank", "is 0; write null for a plain q_proj");
+  c.qk_nope_head_dim = keys.integer("qk_nope_head_dim", 128);
+  c.head_dim = keys.integer("qk_rope_head_dim", 64);
+  c.v_head_dim = keys.integer("v_head_dim", 128);
+  for (auto [key, v] : {std::pair{"qk_nope_head_dim", c.qk_nope_head_dim}, {"qk_rope_head_dim", c.head_dim}, {"v_head_dim", c.v_head_dim}})
+    if (v <= 0 || v > 65536) keys.fail(key, "is " + std::to_string(v) + "; it must lie in 1…65536");
+  if (c.head_dim % 2 != 0) keys.fail("qk_rope_head_dim", "must be even (RoPE rotates pairs)");
+  // transformers applies RoPE to q_pe and k_pe after de-interleaving them (apply_rotary_pos_emb_interleave): pairs
+  // (2i, 2i + 1) rotate by frequency i, which is the interleaved rotation in the original order, the same scores
+  c.rope_layout = keys.boolean("rope_interleave", true) ? RopeLayout::Interleaved : RopeLayout::RotateHalf;
+  // softmax scale: qk_head_dim^−½, times mscale² when rope_scaling has mscale_all_dim (DeepseekV3Attention)
+  c.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.head_dim));
+  const char* rope_key = keys.has("rope_scaling") ? "rope_scaling" : keys.has("rope_parameters") ? "rope_parameters" : nullptr;
+  if (rope_key && keys.raw(rope_key).is_object()) {
+    const Keys scaling(keys.raw(rope_key), keys.source() + " " + rope_key);
+    const double all_dim = scaling.number("mscale_all_dim", 0.0), factor = scaling.number("factor", 1.0);
+    if (all_dim != 0.0 && factor > 1.0) {
+      const double mscale = 0.1 * all_dim * std::log(factor) + 1.0;
+      c.attention_scale *= mscale * mscale;
+    }
+  }
+  // the router: only DeepSeek-V3's (sigmoid scores, noaux_tc selection) is run
+  if (keys.string("scoring_func", "sigmoid") != "sigmoid")
+    keys.fail("scoring_func", "is '" + printable(keys.string("scoring_func", ""), 40) + "'; qkv runs DeepSeek-V3's sigmoid router only");
+  if (keys.string("topk_method", "noaux_tc") != "noaux_tc")
+    keys.fail("topk_method", "is '" + printable(keys.string("topk_method", ""), 40) + "'; qkv runs DeepSeek-V3's noaux_tc selection only");
+  c.sigmoid_router = true;
+  c.num_experts = keys.integer("n_routed_experts", 256);
+  c.experts_per_token = keys.integer("num_experts_per_tok", 8);
+  c.expert_intermediate_size = keys.integer("moe_intermediate_size", 2048);
+  c.norm_topk_prob = keys.boolean("norm_topk_prob", true);
+  c.routed_scaling_factor = keys.number("routed_scaling_factor", 2.5);
+  c.expert_groups = keys.integer("n_group", 8);
+  c.expert_groups_kept = keys.integer("topk_group", 4);
+  const int64_t shared = keys.integer("n_shared_experts", 1), dense = keys.integer("first_k_dense_replace", 3);
+  if (c.num_experts < 1 || c.num_experts > 65536) keys.fail("n_routed_experts", "must lie in 1…65536");
+  if (c.experts_per_token < 1 || c.experts_per_token > c.num_experts)
+    keys.fail("num_experts_per_tok", "is " + std::to_string(c.experts_per_token) + "; it must lie in 1…n_routed_experts (" +
+                                         std::to_string(c.num_experts) + ")");
+  if (c.expert_intermediate_size <= 0) keys.fail("moe_intermediate_size", "must be positive");
+  if (c.expert_groups < 1 || c.num_experts % c.expert_groups != 0)
+    keys.fail("n_group", "is " + std::to_string(c.expert_groups) + "; it must divide n_routed_experts (" + std::to_string(c.num_experts) + ")");
+  if (c.expert_groups > 1 && c.num_experts / c.expert_groups < 2)
+    keys.fail("n_group", "leaves fewer than two experts a group; each group is scored by its two best");
+  if (c.expert_groups_kept < 1 || c.expert_groups_kept > c.expert_groups)
+    keys.fail("topk_group", "is " + std::to_string(c.expert_groups_kept) + "; it must lie in 1…n_group (" + std::to_string(c.expert_groups) + ")");
+  if (c.experts_per_token > c.expert_groups_kept * (c.num_experts / c.expert_groups))
+    keys.fail("num_experts_per_tok", "is " + std::to_string(c.experts_per_token) + ", more than the topk_group groups hold (" +
+                                         std::to_string(c.expert_groups_kept * (c.num_experts / c.expert_groups)) + ")");
+  if (!(c.routed_scaling_factor > 0.0)) keys.fail("routed_scaling_factor", "must be positive");
+  if (shared < 0 || shared > 65536) keys.fail("n_shared_experts", "must lie in 0…65536");
+  c.shared_expert_intermediate_size = shared * c.expert_intermediate_size;
+  if (dense < 0) keys.fail("first_k_dense_replace", "must not be negative");
+  for (int64_t i = 0; i < c.num_layers; ++i) c.layers[static_cast<size_t>(i)].experts = i >= dense;
+}
 }  // namespace
 
 DecoderConfig decoder_config_from_hf(const std::string& text, const std::string& source) {
@@ -388,7 +453,8 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
     c.layers[i].window = sliding[i] ? window : 0;
     c.layers[i].rope = !rotates[i] ? -1 : split && sliding[i] ? 1 : 0;
   }
-  if (f.experts) read_experts(keys, c);
+  if (f.latent_attention) read_latent(keys, c);
+  else if (f.experts) read_experts(keys, c);
   for (const auto& r : c.ropes) {
     const int64_t rotated = r.rotary_dim > 0 ? r.rotary_dim : c.head_dim;
     if (r.scaling == RopeFrequencies::Scaling::LongRope && static_cast<int64_t>(r.short_factor.size()) * 2 != rotated)
@@ -442,7 +508,25 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
   if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
-  if (f.experts) {  // the experts, and the layers without them spelled out
+  if (f.latent_attention) {  // DeepseekV3Config's names
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = c.head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["rope_interleave"] = c.rope_layout == RopeLayout::Interleaved;
+    j["n_routed_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["moe_intermediate_size"] = c.expert_intermediate_size;
+    j["n_shared_experts"] = c.expert_intermediate_size > 0 ? c.shared_expert_intermediate_size / c.expert_intermediate_size : 0;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+    j["n_group"] = c.expert_groups;
+    j["topk_group"] = c.expert_groups_kept;
+    int64_t dense = 0;
+    while (dense < c.num_layers && !c.layers[static_cast<size_t>(dense)].experts) ++dense;
+    j["first_k_dense_replace"] = dense;
+  } else if (f.experts) {  // the experts, and the layers without them spelled out
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.experts_per_token;
     j["moe_intermediate_size"] = c.expert_intermediate_size;
@@ -579,6 +663,15 @@ Shards open_shards(const fs::path& dir) {
 // Tensors a checkpoint may carry that the model does not need: a tied head saved anyway, old rotary buffers.
 bool ignorable(const std::string& name, const DecoderConfig& c) {
   if (c.tie_word_embeddings && name == "lm_head.weight") return true;
+  // DeepSeek-V3's multi-token-prediction layers follow the last block (model.layers.61 …): transformers skips them on
+  // load (_keys_to_ignore_on_load_unexpected), and so does qkv
+  if (c.family->latent_attention && name.rfind("model.layers.", 0) == 0) {
+    const size_t end = name.find('.', 13);
+    const std::string layer = name.substr(13, end == std::string::npos ? std::string::npos : end - 13);
+    if (!layer.empty() && layer.size() < 7 && std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+        std::stoll(layer) >= c.num_layers)
+      return true;
+  }
   return name.size() > 22 && name.compare(name.size() - 22, 22, "rotary_emb.inv_freq") == 0;
 }
 

@@ -11,7 +11,8 @@ int64_t KVCache::bytes() const {
   int64_t total = 0;
   for (const KVCacheLayer& layer : layers)
     for (const Tensor* t : {&layer.keys, &layer.values})
-      total += t->numel() * (t->dtype() == DType::BF16 ? 2 : static_cast<int64_t>(sizeof(float)));
+      if (t->defined())  // a latent-attention layer's one buffer is its keys and its values (values undefined)
+        total += t->numel() * (t->dtype() == DType::BF16 ? 2 : static_cast<int64_t>(sizeof(float)));
   return total;
 }
 

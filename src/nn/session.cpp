@@ -2,6 +2,7 @@
 #include "qkv/nn/session.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -185,6 +186,7 @@ Session::Session(const Decoder& model, const SessionOptions& options)
   if (model.is_classifier())
     throw ValueError("session: the model is a classifier (" + std::to_string(model.config.num_labels) +
                      " classes), not a language model");
+  if (options.adapt_threads) governor_ = std::make_unique<ThreadGovernor>();
 }
 
 int64_t Session::open() {
@@ -227,6 +229,21 @@ int64_t Session::common_prefix(int64_t seq, std::span<const int64_t> ids) const 
 }
 
 Tensor Session::decode(const Batch& batch) {
+  if (!governor_) return decode_batch(batch);
+  // Batches of one size are one kind of step: the governor compares a step only with steps that feed as many rows.
+  governor_->begin_step(static_cast<int64_t>(batch.tokens.size()));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    Tensor logits = decode_batch(batch);
+    governor_->end_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return logits;
+  } catch (...) {
+    governor_->abandon_step();
+    throw;
+  }
+}
+
+Tensor Session::decode_batch(const Batch& batch) {
   if (batch.tokens.empty()) throw ValueError("session: an empty batch; add at least one token");
   const int64_t V = model_.vocab_size(), context = model_.context_length();
   // Rows grouped by sequence (in the order sequences first appear), each sequence's in position order.

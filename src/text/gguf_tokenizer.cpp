@@ -96,6 +96,24 @@ const std::vector<PreTokenizerType>& pre_tokenizer_types() {
   return types;
 }
 
+}  // namespace
+
+std::string detail::gguf_pre_for_regexes(const std::vector<std::string>& regexes) {
+  for (const PreTokenizerType& type : pre_tokenizer_types()) {
+    if (type.regexes.size() != regexes.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < regexes.size(); ++i) same = same && regexes[i] == type.regexes[i];
+    if (!same) continue;
+    // convert_hf_to_gguf.py's name where a row has several (Llama 3's is "llama-bpe")
+    for (std::string_view name : type.names)
+      if (name == "llama-bpe") return std::string(name);
+    return std::string(type.names.front());
+  }
+  return "";
+}
+
+namespace {
+
 // Reads the metadata with the file's name and the key in every error.
 class Metadata {
  public:

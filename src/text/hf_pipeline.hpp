@@ -204,6 +204,10 @@ struct Normalizer {
 
 inline constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// The name llama.cpp gives (tokenizer.ggml.pre) to a byte-level pre-tokenizer made of these Split regexes, applied in
+// order; "" when it knows none with exactly these (gguf_tokenizer.cpp holds the table).
+std::string gguf_pre_for_regexes(const std::vector<std::string>& regexes);
+
 struct PreTokenizer {
   enum class Kind { Split, ByteLevel, Metaspace, Sequence } kind = Kind::Sequence;
   enum class Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous } behavior = Behavior::Isolated;

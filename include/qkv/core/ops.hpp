@@ -231,6 +231,12 @@ Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const
 struct MoeConfig {
   int64_t experts_per_token = 2;  // k (num_experts_per_tok)
   bool norm_topk_prob = true;     // the k weights divided by their sum
+  // DeepSeek-V3's router (kernels::MoeOptions::sigmoid): sigmoid scores, the choice over scores + selection_bias
+  // (E values, no gradient; undefined: 0) limited to the best groups_kept of `groups` groups, weights times scaling
+  bool sigmoid = false;
+  Tensor selection_bias;                 // e_score_correction_bias (E), or undefined
+  int64_t groups = 1, groups_kept = 1;   // n_group, topk_group
+  float scaling = 1.0f;                  // routed_scaling_factor
   // If set, receives each token's chosen experts (N·k, by falling weight) and their weights: for pictures of the
   // routing.
   std::vector<int32_t>* chosen = nullptr;

@@ -21,6 +21,13 @@ inline int64_t row_bytes(WeightType type, int64_t cols) { return kernels::row_by
 inline void dequantize_rows(WeightType type, const void* src, float* dst, int64_t rows, int64_t cols) {
   kernels::dequantize_rows(type, src, dst, rows, cols);
 }
+// rows × cols floats (row-major) stored as `type` at dst, as ggml's reference quantizers do (llama-quantize without an
+// importance matrix); std::invalid_argument for a non-finite value in a block type (kernels::quantize_rows)
+inline void quantize_rows(WeightType type, const float* src, void* dst, int64_t rows, int64_t cols) {
+  kernels::quantize_rows(type, src, dst, rows, cols);
+}
+// The ggml type id and name of a weight type, and its block geometry
+inline const kernels::WeightTypeInfo& weight_type_info(WeightType type) { return kernels::weight_type_info(type); }
 // One IEEE half-precision value as float32
 inline float f16_to_f32(uint16_t h) { return kernels::f16_to_f32_reference(h); }
 

@@ -21,12 +21,21 @@ struct MoeOptions {
   // in practice); with norm_topk_prob those k are divided by their sum (Qwen3-MoE's norm_topk_prob, Mixtral always),
   // otherwise they are used as they are (Qwen2-MoE, Qwen3-MoE with norm_topk_prob false).
   bool norm_topk_prob = true;
+  // DeepSeek-V3's router (DeepseekV3TopkRouter) instead of the softmax: scores p = sigmoid(z); the choice reads
+  // p + selection_bias (e_score_correction_bias, E values; null: 0) and only that: the E experts fall in `groups`
+  // groups, each group scored by the sum of its two best choice values, the best `groups_kept` groups kept (the
+  // others' choice values become 0, as transformers' masked_fill does), then the k best; the weights are p of the
+  // chosen (divided by their sum + 1e-20 with norm_topk_prob), times `scaling` (routed_scaling_factor).
+  bool sigmoid = false;
+  const float* selection_bias = nullptr;
+  int64_t groups = 1, groups_kept = 1;  // n_group, topk_group
+  float scaling = 1.0f;                 // routed_scaling_factor (the softmax router: 1)
 };
 
 // What the forward keeps for the backward (sized by moe_forward): the routing and each expert's activations, in
 // grouped order — slot (token t, choice s) sits at row position[t·k + s] of its expert's contiguous group.
 struct MoeSaved {
-  std::vector<float> probs;          // (N, E) the router's softmax
+  std::vector<float> probs;          // (N, E) the router's softmax (or sigmoid)
   std::vector<int32_t> experts;      // (N, k) chosen experts, by falling probability
   std::vector<float> weights;        // (N, k) their weights (renormalised with norm_topk_prob)
   std::vector<int64_t> offsets;      // (E + 1) expert e's rows are [offsets[e], offsets[e + 1]) of the grouped order
@@ -46,7 +55,8 @@ void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x,
 // Writes (overwrites) dx (N, C), d_router (E, C) and each expert's d_gate[e], d_up[e] (F, C), d_down[e] (C, F) (an
 // expert no token chose gets zeros). Any output pointer (or the d_gate/d_up/d_down arrays) may be null: not needed.
 // Through the router: with norm_topk_prob, w_s = p_s / S (S = Σ_r p_r over the chosen), so
-// dp_s = (dw_s − Σ_r w_r dw_r) / S on the chosen and 0 elsewhere; then the softmax's dz = p ∘ (dp − p·dp).
+// dp_s = (a·dw_s − Σ_r w_r dw_r) / S on the chosen (a: the scaling) and 0 elsewhere; then the softmax's
+// dz = p ∘ (dp − p·dp), or the sigmoid's dz = dp ∘ p ∘ (1 − p). The selection bias gets no gradient (it only chooses).
 void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                   const float* const* gate, const float* const* up, const float* const* down, const MoeSaved& saved,
                   const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,

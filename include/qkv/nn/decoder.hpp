@@ -45,8 +45,15 @@ enum class Role {
   HeadBias,  // a classifier head's bias (the book's chapter 6 Linear(C, classes))
   // A mixture-of-experts MLP: the router (E, C) and each expert's SwiGLU projections (Parameter::expert says whose)
   Router, ExpertGate, ExpertUp, ExpertDown,
+  // Multi-head latent attention (DeepSeek-V2/V3): q_a_proj (q_lora_rank, C), q_a_layernorm, q_b_proj (H·(dn + dr),
+  // q_lora_rank) (Query is the plain q_proj when q_lora_rank is 0), kv_a_proj_with_mqa (kv_lora_rank + dr, C),
+  // kv_a_layernorm (kv_lora_rank), kv_b_proj (H·(dn + dv), kv_lora_rank)
+  QueryA, QueryANorm, QueryB, LatentA, LatentNorm, LatentB,
+  // DeepSeek-V3's router's e_score_correction_bias (E) and its shared experts' SwiGLU (moe_intermediate_size ·
+  // n_shared_experts wide)
+  RouterBias, SharedGate, SharedUp, SharedDown,
 };
-inline constexpr int kRoleCount = static_cast<int>(Role::ExpertDown) + 1;  // how many roles there are
+inline constexpr int kRoleCount = static_cast<int>(Role::SharedDown) + 1;  // how many roles there are
 const char* role_name(Role role);  // "query", "gate bias", … for messages
 
 // How a checkpoint's names and layout for a model are chosen:
@@ -88,6 +95,22 @@ struct DecoderConfig {
   // with norm_topk_prob (Qwen3-MoE's num_experts, moe_intermediate_size, num_experts_per_tok, norm_topk_prob).
   int64_t num_experts = 0, expert_intermediate_size = 0, experts_per_token = 0;
   bool norm_topk_prob = false;
+  // DeepSeek-V3's router (n_group, topk_group, routed_scaling_factor, e_score_correction_bias): sigmoid scores, the
+  // choice limited to the best expert_groups_kept of expert_groups groups, weights × routed_scaling_factor; and
+  // shared experts, one SwiGLU of shared_expert_intermediate_size (moe_intermediate_size · n_shared_experts; 0: none)
+  // added to every token's output.
+  bool sigmoid_router = false;
+  int64_t expert_groups = 1, expert_groups_kept = 1, shared_expert_intermediate_size = 0;
+  double routed_scaling_factor = 1.0;
+  // Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0): each token's keys and values come from a latent
+  // of kv_lora_rank values (after its RMSNorm) expanded per head by kv_b_proj into qk_nope_head_dim key values and
+  // v_head_dim values, plus one rotated key of head_dim (= qk_rope_head_dim) values shared by all heads; queries are
+  // qk_nope_head_dim + head_dim per head, through a low-rank q_lora_rank path when it is not 0. The cache holds the
+  // latent and the rotated key only. rope_layout: Interleaved when rope_interleave (transformers de-interleaves then
+  // rotates halves; the scores are the same).
+  int64_t kv_lora_rank = 0, q_lora_rank = 0, qk_nope_head_dim = 0, v_head_dim = 0;
+  bool latent() const { return kv_lora_rank > 0; }  // multi-head latent attention
+  int64_t qk_head_dim() const { return qk_nope_head_dim + head_dim; }  // a latent attention head's query/key width
   std::vector<DecoderLayerSettings> layers;      // num_layers entries
   std::vector<int64_t> eos_token_ids;            // generation stops at any of them
   int64_t bos_token_id = -1;  // the beginning-of-text token (-1: none)
@@ -127,8 +150,8 @@ struct DecoderConfig {
   // The parameter table, in the family's registration order (PyTorch's state_dict order), under `names`.
   std::vector<Parameter> layout(Names names = Names::Own) const;  // ValueError when a size overflows
   int64_t parameter_count() const;         // Σ over layout()
-  // Query projection's output width, num_heads · head_dim
-  int64_t q_width() const { return num_heads * head_dim; }
+  // Query projection's output width, num_heads · head_dim (latent attention: num_heads · qk_head_dim())
+  int64_t q_width() const { return num_heads * (latent() ? qk_head_dim() : head_dim); }
   // Key and value projections' output width, num_kv_heads · head_dim
   int64_t kv_width() const { return num_kv_heads * head_dim; }
   bool operator==(const DecoderConfig&) const = default;  // Field by field
@@ -247,6 +270,16 @@ class Decoder : public LanguageModel {
   // sums only those rows across processes. With no ids: the tables, with no rows.
   std::vector<SparseGradient> sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const;
 
+  // How latent attention decodes from its cache (make_cache and forward_cached read it):
+  //   Absorbed  the cache holds each token's normed latent and rotated key, kv_lora_rank + qk_rope_head_dim values
+  //             per layer; q_nope is multiplied into the latent space through kv_b_proj's key rows (W_UK), attention
+  //             runs over the latents as one shared key/value head, and kv_b_proj's value rows (W_UV) map each
+  //             head's result back (DeepSeek-V2 §2.1.2)
+  //   Expanded  the cache holds every head's full key and value (as multi-head attention would), expanded once per
+  //             token: the reference and the speed baseline
+  enum class LatentDecode { Absorbed, Expanded };
+  LatentDecode latent_decode = LatentDecode::Absorbed;  // what make_cache and forward_cached do for latent attention
+
   // New positions are processed in chunks of at most this many tokens when a cache is used, so a sliding-window
   // layer's cache needs only window − 1 + kCacheChunk rows.
   static constexpr int64_t kCacheChunk = 256;
@@ -272,6 +305,8 @@ class Decoder : public LanguageModel {
   // written to the blocks, each sequence's rows attending over its positions → context (1, N, H·D)
   Tensor attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const;
   Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
+  // Multi-head latent attention for layer i (x normed), as attend() is for the others
+  Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const;
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records) const;

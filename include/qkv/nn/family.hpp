@@ -92,6 +92,9 @@ struct Family {
   // A mixture-of-experts MLP where config.json puts one (Qwen3-MoE: num_experts, num_experts_per_tok,
   // moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers)
   bool experts = false;
+  // Multi-head latent attention and DeepSeek-V3's mixture of experts (kv_lora_rank, q_lora_rank, qk_nope_head_dim,
+  // qk_rope_head_dim, v_head_dim; a sigmoid router over groups, shared experts, the first layers dense)
+  bool latent_attention = false;
 };
 
 // Every family, in the order messages list them.

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "qkv/io/gguf.hpp"
 #include "qkv/nn/decoder.hpp"
@@ -19,9 +20,18 @@ namespace qkv::nn {
 // "llama" too), or nullptr.
 const Family* family_of_gguf_architecture(std::string_view architecture);
 
+// Llama 3.1's RoPE scaling as llama.cpp holds it: rope_freqs.weight, a divisor for each of the head's head_dim / 2
+// frequencies — 1 for short wavelengths, rope.factor for long ones, interpolated between — computed as
+// convert_hf_to_gguf.py does from `rope` (a Llama3-scaled rotation). What qkv quantize writes, and what the reader
+// checks a file's factors against.
+std::vector<float> llama3_rope_factors(const kernels::RopeFrequencies& rope, int64_t head_dim);
+
 // The configuration a GGUF file's metadata and tensor shapes describe. IoError naming the file and the key when the
 // architecture is not one qkv runs, a key is missing or wrong, or the file uses something qkv does not compute
-// (llama 3's rope_freqs factors, a per-layer feed-forward width).
+// (rope_freqs factors that are not Llama 3.1's scaling, a per-layer feed-forward width). Llama 3.1's factors are read
+// back into its llama3 scaling: with the settings qkv quantize records (qkv.rope.llama3: factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings), else Meta's published ones (1, 4, 8192, the factor of the
+// lowest frequency), checked against every factor in the file.
 DecoderConfig decoder_config_from_gguf(const io::GgufFile& file);
 
 // What a GGUF file says beside the weights, for load_pretrained.

@@ -17,7 +17,9 @@ namespace qkv::nn {
 
 // Keys and values of every layer for the tokens seen so far, so each new token costs O(T) attention instead of a
 // full forward pass. layers[i] holds (B, capacity[i], H_kv·D) keys and values: a global layer up to the cache's
-// length, a sliding-window layer only its last window − 1 positions plus room for one chunk of new ones.
+// length, a sliding-window layer only its last window − 1 positions plus room for one chunk of new ones. A latent-
+// attention layer decoding absorbed (Decoder::LatentDecode) holds one (B, capacity, kv_lora_rank + qk_rope_head_dim)
+// buffer of latents and rotated keys in `keys`, read as keys and as values; its `values` is undefined.
 struct KVCache {
   std::vector<KVCacheLayer> layers;  // one per layer, (B, capacity, H_kv·D) keys and values
   std::vector<int64_t> filled;  // per layer: how many rows of its buffers hold keys (== length for global layers)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "qkv/core/tensor.hpp"
+#include "qkv/core/thread_governor.hpp"
 #include "qkv/nn/sampler.hpp"
 
 namespace qkv::nn {
@@ -122,6 +123,9 @@ struct SessionOptions {
   // that are multiples of prefill_chunk — the same cuts in any batch, so a prompt is computed identically.
   int64_t max_batch_tokens = 512;
   int64_t prefill_chunk = 256;  // see max_batch_tokens
+  // decode() runs each kind of batch on 1 thread while that is faster than the full count (another program holds a
+  // core); see ThreadGovernor. The results are the same either way.
+  bool adapt_threads = true;
 };
 
 // A model with a KV cache for many sequences (llama_context): open sequences, decode batches, fork, cut and close
@@ -159,6 +163,8 @@ class Session {
   KVBlockCache cache_;
   std::unordered_map<int64_t, std::vector<int64_t>> tokens_;
   int64_t next_id_ = 0;
+  std::unique_ptr<ThreadGovernor> governor_;  // with options.adapt_threads
+  Tensor decode_batch(const Batch& batch);
 };
 
 // One prompt to continue

@@ -1,0 +1,297 @@
+// A decoder as a GGUF file llama.cpp loads (see qkv/nn/gguf_export.hpp): the metadata llama.cpp's llama, qwen2 and
+// qwen3 architectures read, each matrix widened a few rows at a time from however the model holds it and quantized
+// into the file's bytes as it is written.
+#include "qkv/nn/gguf_export.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include "qkv/io/ggml_types.hpp"
+#include "qkv/nn/gguf_model.hpp"
+#include "qkv/nn/pretrained.hpp"
+#include "qkv/text/gguf_vocab.hpp"
+
+namespace qkv::nn {
+
+namespace {
+
+using io::GgufValue;
+using kernels::WeightType;
+
+struct FileTypeRow {
+  GgufFileType type;
+  const char* name;
+  WeightType base;     // what most matrices take
+  uint32_t ftype;      // llama.cpp's llama_ftype, written as general.file_type
+};
+// LLAMA_FTYPE_*: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_S 14, Q4_K_M 15, Q5_K_S 16, Q5_K_M 17, Q6_K 18, BF16 32.
+// The pure K types are recorded as the _S mixes' ids (llama.cpp has no id of its own for them).
+constexpr FileTypeRow kFileTypes[] = {
+    {GgufFileType::F32, "f32", WeightType::F32, 0},        {GgufFileType::F16, "f16", WeightType::F16, 1},
+    {GgufFileType::BF16, "bf16", WeightType::BF16, 32},    {GgufFileType::Q8_0, "q8_0", WeightType::Q8_0, 7},
+    {GgufFileType::Q4_0, "q4_0", WeightType::Q4_0, 2},     {GgufFileType::Q4_K, "q4_k", WeightType::Q4_K, 14},
+    {GgufFileType::Q5_K, "q5_k", WeightType::Q5_K, 16},    {GgufFileType::Q6_K, "q6_k", WeightType::Q6_K, 18},
+    {GgufFileType::Q4_K_M, "q4_k_m", WeightType::Q4_K, 15}, {GgufFileType::Q5_K_M, "q5_k_m", WeightType::Q5_K, 17},
+};
+const FileTypeRow& row_of(GgufFileType type) {
+  for (const FileTypeRow& r : kFileTypes)
+    if (r.type == type) return r;
+  throw ValueError("unknown GGUF file type");
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers, and every third layer between.
+bool use_more_bits(int64_t layer, int64_t layers) {
+  return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
+}
+
+// tensor_type_fallback for rows of `cols` values, with Q8_0 for the K-quants' 32-value fallbacks (see the header).
+WeightType fallback(WeightType type, int64_t cols) {
+  const int64_t block = io::weight_type_info(type).block_elements;
+  if (cols % block == 0) return type;
+  if (block > 32 && cols % 32 == 0) return WeightType::Q8_0;
+  return WeightType::F16;
+}
+
+// Architectures whose converter interleaves q and k rows for llama.cpp's RoPE (gguf_model.cpp undoes it).
+bool permutes_qk(const std::string& architecture) { return architecture == "llama"; }
+
+// Refuses what llama.cpp's llama, qwen2 and qwen3 graphs would compute differently from qkv's model.
+void check_exportable(const DecoderConfig& c) {
+  const std::string arch = c.family->gguf_architecture;
+  auto refuse = [&](const std::string& what) {
+    throw ValueError("qkv quantize writes GGUF files of " + gguf_export_families() + " models; this " + c.family->name +
+                     " model " + what);
+  };
+  if (c.family->naming == Naming::Book || (arch != "llama" && arch != "qwen2" && arch != "qwen3"))
+    refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
+           "conventions qkv does not write yet)");
+  if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
+  if (c.num_experts > 0) refuse("has a mixture of experts");
+  if (c.ropes.size() != 1) refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
+  const kernels::RopeFrequencies& rope = c.ropes.front();
+  const bool llama3 = rope.scaling == kernels::RopeFrequencies::Scaling::Llama3;
+  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama"))
+    refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's it does)");
+  if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
+  for (const DecoderLayerSettings& l : c.layers) {
+    if (l.window > 0) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
+    if (l.rope != 0) refuse("has layers without RoPE");
+  }
+  if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama") refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
+  for (const DecoderConfig::Parameter& p : c.layout())
+    if (p.transposed || p.parts.size() != 1) refuse("stores " + p.name + " fused or transposed");
+}
+
+// The model's keys, as convert_hf_to_gguf.py writes them for these architectures.
+std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfig& c, const GgufExportOptions& o,
+                                                              bool quantized) {
+  const std::string a = c.family->gguf_architecture;
+  auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
+  std::vector<std::pair<std::string, GgufValue>> m = {{"general.architecture", GgufValue::string(a)}};
+  if (!o.name.empty()) m.emplace_back("general.name", GgufValue::string(o.name));
+  m.emplace_back(a + ".vocab_size", u32(c.vocab_size));
+  m.emplace_back(a + ".context_length", u32(c.max_positions));
+  m.emplace_back(a + ".embedding_length", u32(c.hidden_size));
+  m.emplace_back(a + ".block_count", u32(c.num_layers));
+  m.emplace_back(a + ".feed_forward_length", u32(c.intermediate_size));
+  m.emplace_back(a + ".attention.head_count", u32(c.num_heads));
+  m.emplace_back(a + ".attention.head_count_kv", u32(c.num_kv_heads));
+  m.emplace_back(a + ".rope.freq_base", GgufValue::f32(static_cast<float>(c.ropes.front().theta)));
+  m.emplace_back(a + ".attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(c.norm_eps)));
+  if (c.head_dim * c.num_heads != c.hidden_size) {  // Qwen3's 128-wide heads of a 1024-wide model
+    m.emplace_back(a + ".attention.key_length", u32(c.head_dim));
+    m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
+  }
+  if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
+  m.emplace_back("general.file_type", GgufValue::u32(row_of(o.type).ftype));
+  if (quantized) m.emplace_back("general.quantization_version", GgufValue::u32(2));  // ggml's GGML_QNT_VERSION
+  const kernels::RopeFrequencies& rope = c.ropes.front();
+  if (rope.scaling == kernels::RopeFrequencies::Scaling::Llama3) {
+    // llama.cpp reads only rope_freqs.weight; qkv's reader takes the settings back from here (not rope.scaling.factor:
+    // llama.cpp would scale every frequency by it)
+    const std::vector<double> settings = {rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+                                          rope.original_max_position_embeddings};
+    m.emplace_back("qkv.rope.llama3", GgufValue::f64s(settings));
+  }
+  return m;
+}
+
+// Rows [r0, r0 + n) of a matrix as float32, whatever it is stored as.
+void widen_rows(const Tensor& t, const std::vector<int64_t>& rows, float* out) {
+  const int64_t cols = t.size(1);
+  const WeightType type = t.weight_type();
+  if (type == WeightType::F32) {
+    for (size_t k = 0; k < rows.size(); ++k) std::memcpy(out + k * cols, t.data() + rows[k] * cols, static_cast<size_t>(cols) * 4);
+    return;
+  }
+  const auto* base = type == WeightType::BF16 ? static_cast<const unsigned char*>(static_cast<const void*>(t.bf16()))
+                                              : static_cast<const unsigned char*>(t.stored_bytes());
+  const int64_t bytes = io::row_bytes(type, cols);
+  // Consecutive rows in one call (the threads split them); a permuted matrix's rows one by one.
+  for (size_t k = 0; k < rows.size();) {
+    size_t run = 1;
+    while (k + run < rows.size() && rows[k + run] == rows[k] + static_cast<int64_t>(run)) ++run;
+    io::dequantize_rows(type, base + rows[k] * bytes, out + k * cols, static_cast<int64_t>(run), cols);
+    k += run;
+  }
+}
+
+}  // namespace
+
+std::optional<GgufFileType> gguf_file_type_from_name(std::string_view name) {
+  std::string lower(name);
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const FileTypeRow& r : kFileTypes)
+    if (lower == r.name) return r.type;
+  return std::nullopt;
+}
+
+const char* gguf_file_type_name(GgufFileType type) { return row_of(type).name; }
+
+std::string gguf_file_type_names() {
+  std::string out;
+  for (const FileTypeRow& r : kFileTypes) out += (out.empty() ? "" : ", ") + std::string(r.name);
+  return out;
+}
+
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2 and qwen3"; }
+
+WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
+  const WeightType base = row_of(type).base;
+  const int64_t cols = p.shape[1];
+  WeightType chosen = base;
+  if (type == GgufFileType::Q4_K_M || type == GgufFileType::Q5_K_M) {
+    const Role role = p.role();
+    if (role == Role::Head || (role == Role::TokenEmbedding && config.tie_word_embeddings)) {
+      // llama.cpp: Q8_0 when the rows do not hold whole 256-value blocks, else Q6_K
+      return cols % 256 != 0 ? WeightType::Q8_0 : WeightType::Q6_K;
+    }
+    if ((role == Role::Value || role == Role::Down) && use_more_bits(p.layer, config.num_layers)) chosen = WeightType::Q6_K;
+  }
+  return fallback(chosen, cols);
+}
+
+GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::string, GgufValue>>& tokenizer,
+                            const std::string& path, const GgufExportOptions& options) {
+  const DecoderConfig& c = model.config;
+  check_exportable(c);
+  const std::string arch = c.family->gguf_architecture;
+  const std::vector<DecoderConfig::Parameter> own = c.layout(Names::Own), names = c.layout(Names::Gguf);
+  // Each tensor's type and dims, before anything is written.
+  struct Planned {
+    const DecoderConfig::Parameter* p;
+    std::string name;
+    WeightType type;
+    bool permute;
+  };
+  std::vector<Planned> plan;
+  bool quantized = false;
+  for (size_t i = 0; i < own.size(); ++i) {
+    const DecoderConfig::Parameter& p = own[i];
+    const bool matrix = p.shape.rank() == 2;
+    const WeightType type = matrix ? gguf_tensor_type(options.type, c, p) : WeightType::F32;
+    quantized = quantized || io::weight_type_info(type).block_elements > 1;
+    const bool permute = matrix && permutes_qk(arch) && c.rope_layout == RopeLayout::RotateHalf &&
+                         (p.role() == Role::Query || p.role() == Role::Key);
+    plan.push_back({&p, names[i].name, type, permute});
+  }
+
+  GgufExportReport report;
+  report.architecture = arch;
+  io::GgufWriter writer(path);
+  for (auto& [k, v] : model_metadata(c, options, quantized)) writer.add_metadata(k, v);
+  for (const auto& [k, v] : tokenizer) writer.add_metadata(k, v);
+  uint64_t total = 0;
+  // Llama 3.1's scaled RoPE: one divisor per frequency, first, as convert_hf_to_gguf.py writes it
+  std::vector<float> rope_factors;
+  if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::Llama3) {
+    rope_factors = llama3_rope_factors(c.ropes.front(), c.head_dim);
+    total += writer.add_tensor("rope_freqs.weight", {static_cast<int64_t>(rope_factors.size())}, io::GgmlType::F32);
+    ++report.tensors_by_type["F32"];
+  }
+  for (const Planned& t : plan) {
+    const std::vector<int64_t> dims(t.p->shape.dims().rbegin(), t.p->shape.dims().rend());  // ggml order: ne0 first
+    total += writer.add_tensor(t.name, dims, static_cast<io::GgmlType>(io::weight_type_info(t.type).ggml_type));
+    report.parameters += static_cast<uint64_t>(t.p->shape.numel());
+    ++report.tensors_by_type[io::ggml_type_name(io::weight_type_info(t.type).ggml_type)];
+  }
+  report.tensor_bytes = total;
+
+  uint64_t done = 0;
+  if (!rope_factors.empty()) {
+    writer.write_tensor_data(std::as_bytes(std::span(rope_factors)));
+    done += rope_factors.size() * 4;
+  }
+  std::vector<float> values;
+  std::vector<unsigned char> bytes;
+  for (const Planned& t : plan) {
+    Tensor& tensor = model.parameter(*t.p);
+    if (t.p->shape.rank() == 1) {  // norms and biases: float32
+      const Tensor v = tensor.dtype() == DType::F32 ? tensor : Tensor();
+      values.resize(static_cast<size_t>(tensor.numel()));
+      if (v.defined()) std::memcpy(values.data(), v.data(), values.size() * 4);
+      else io::dequantize_rows(tensor.weight_type(), tensor.bf16(), values.data(), 1, tensor.numel());
+      writer.write_tensor_data(std::as_bytes(std::span(values)));
+      done += values.size() * 4;
+      continue;
+    }
+    const int64_t rows = t.p->shape[0], cols = t.p->shape[1], D = c.head_dim;
+    const int64_t row_size = io::row_bytes(t.type, cols);
+    // A few MiB of float32 at a time: memory stays at the model plus one chunk.
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / std::max<int64_t>(cols * 4, 1));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      std::vector<int64_t> source(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t r = r0 + k;
+        // convert_hf_to_gguf's permute: file row h·D + 2i + s holds the model's row h·D + s·D/2 + i
+        source[static_cast<size_t>(k)] = t.permute ? (r / D) * D + (r % D % 2) * (D / 2) + (r % D) / 2 : r;
+      }
+      values.resize(static_cast<size_t>(n * cols));
+      widen_rows(tensor, source, values.data());
+      bytes.resize(static_cast<size_t>(n * row_size));
+      try {
+        io::quantize_rows(t.type, values.data(), bytes.data(), n, cols);
+      } catch (const std::invalid_argument& e) {
+        throw ValueError(t.p->name + " cannot be stored as " + io::weight_type_info(t.type).name + ": " + e.what());
+      }
+      writer.write_tensor_data(std::as_bytes(std::span(bytes)));
+      done += bytes.size();
+      if (options.progress) options.progress(done, total);
+    }
+  }
+  writer.finish();
+  std::error_code ec;
+  report.file_bytes = std::filesystem::file_size(path, ec);
+  return report;
+}
+
+GgufExportReport quantize_to_gguf(const std::string& source, const std::string& path, const GgufExportOptions& options) {
+  PretrainedOptions load;
+  load.keep_stored = true;  // read as stored: a bfloat16 folder stays bfloat16, a GGUF mapped
+  load.tokenizer = false;   // its metadata is taken as the file has it, below
+  const auto loaded = load_pretrained(source, load);
+  check_exportable(loaded->model->config);
+  std::vector<std::pair<std::string, GgufValue>> tokenizer;
+  GgufExportOptions o = options;
+  if (loaded->format == CheckpointFormat::Gguf) {  // its tokenizer keys as they are
+    const io::GgufFile file = io::GgufFile::open(source);
+    for (const auto& [k, v] : file.metadata())
+      if (k.rfind("tokenizer.", 0) == 0) tokenizer.emplace_back(k, v);
+    if (o.name.empty() && file.contains("general.name") && file.value("general.name").type() == io::GgufType::String)
+      o.name = file.string("general.name");
+  } else if (loaded->format == CheckpointFormat::HuggingFaceFolder) {
+    tokenizer = text::gguf_tokenizer_metadata(source);
+    if (o.name.empty()) o.name = std::filesystem::path(source).lexically_normal().filename().string();
+    if (o.name.empty()) o.name = std::filesystem::path(source).lexically_normal().parent_path().filename().string();
+  } else {
+    throw IoError(source + " is a " + std::string(checkpoint_format_name(loaded->format)) +
+                  "; qkv quantize reads a Hugging Face model folder (with its tokenizer.json) or a GGUF file");
+  }
+  return write_gguf(*loaded->model, tokenizer, path, o);
+}
+
+}  // namespace qkv::nn
