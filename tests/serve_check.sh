@@ -2,7 +2,8 @@
 # `qkv serve` end to end: a tiny random Qwen3 folder with the real Qwen3 tokenizer and chat template
 # (tools/decoder_cli_reference.py), served on a free loopback port with an API key, driven by the official openai
 # npm client (tests/serve_openai.js: whole and streamed chats equal `qkv generate --chat --greedy`), then by curl
-# and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled, and
+# and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled; a prompt
+# continuing an earlier one must compute only its new tokens (the prompt cache); 1,000 requests must leave RSS flat; and
 # SIGTERM must end the server with exit code 0.
 #   serve_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
 set -euo pipefail
@@ -106,7 +107,54 @@ done
 grep -q '^qkv_requests_active 0' <<< "$m" || fail "requests still run after their clients left: $(grep active <<< "$m")"
 cancelled=$(grep '^qkv_requests_cancelled_total' <<< "$m" | awk '{print $2}')
 [[ "$cancelled" -ge 3 ]] || fail "only $cancelled requests were cancelled after 3 clients left"
-echo "ok: 3 clients gone mid-stream → 3 requests cancelled, KV caches freed ($(grep '^qkv_kv_cache_bytes' <<< "$m"))"
+echo "ok: 3 clients gone mid-stream → 3 requests cancelled (KV blocks in use now: $(grep '^qkv_kv_cache_bytes' <<< "$m" | awk '{print $2}') bytes, finished requests' kept for the prompt cache)"
+
+# The prompt cache: a second request whose prompt begins with the first one's computes only the rest — the usage
+# says how many tokens were cached and /metrics counts the prefilled ones.
+prefilled() { curl -s "${auth[@]}" "$base/metrics" | awk '/^qkv_prompt_tokens_prefilled_total/ {print $2}'; }
+turn1=$(seq -s, 100 139) turn2="$(seq -s, 100 139),7,8,9,10,11"
+curl -s "${auth[@]}" "$base/v1/completions" -d "{\"prompt\":[$turn1],\"max_tokens\":3,\"temperature\":0}" > /dev/null
+before=$(prefilled)
+curl -s "${auth[@]}" "$base/v1/completions" -d "{\"prompt\":[$turn2],\"max_tokens\":3,\"temperature\":0}" > "$work/body.json"
+after=$(prefilled)
+cached=$(/usr/bin/python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['usage']['prompt_tokens_details']['cached_tokens'])" "$work/body.json")
+[[ "$cached" -ge 40 ]] || fail "the second prompt took $cached tokens from the prompt cache, not its first 40"
+[[ $((after - before)) -eq $((45 - cached)) ]] || fail "the second prompt prefilled $((after - before)) tokens, not $((45 - cached))"
+echo "ok: a prompt continuing an earlier one → $cached tokens from the prompt cache, $((after - before)) prefilled"
+
+# Memory stays flat: 1,000 requests (4 clients at once, retrying a 429, prompts of 1–60 tokens, some sharing starts so the prompt
+# cache forks and evicts) leave the server's RSS within 5% of what it was after the first 100.
+/usr/bin/python3 - "$port" "$key" "$server" <<'PY' || fail "memory grew over 1,000 requests, or one failed"
+import http.client, json, sys, threading, time
+port, key, pid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def rss():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"): return int(line.split()[1])
+failed = []
+def client(first, count):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for i in range(first, first + count):
+        prompt = [100 + (i % 13) * 7 + k for k in range(1 + i % 60)]
+        body = json.dumps({"prompt": prompt, "max_tokens": 1 + i % 4, "temperature": 0, "stream": i % 2 == 0})
+        for attempt in range(50):  # the queue holds 2 + 1: a 429 is retried, as its Retry-After asks
+            c.request("POST", "/v1/completions", body, {"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            if r.status != 429: break
+            time.sleep(0.02)
+        if r.status != 200: failed.append(r.status)
+def run(first, n):
+    ts = [threading.Thread(target=client, args=(first + k * n // 4, n // 4)) for k in range(4)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+run(0, 100)
+at100 = rss()
+run(100, 900)
+at1000 = rss()
+print(f"ok: 1,000 requests → RSS {at100 // 1024} MB after 100, {at1000 // 1024} MB after 1,000 ({100 * (at1000 - at100) / at100:+.1f}%)")
+if failed: print("statuses other than 200:", sorted(set(failed)))
+sys.exit(1 if failed or at1000 > at100 * 1.05 else 0)
+PY
 
 # Slow clients: a request line with no headers after it, and headers sent a byte at a time, are dropped; a
 # request line of 20 kB is refused.

@@ -43,6 +43,10 @@ Runner setup_serve(CLI::App& command, CommandContext&) {
       ->capture_default_str()->check(CLI::Range(0, 65536));
   cmd->add_option("--ctx-size", c.server.context, "Tokens a request may hold, prompt + reply (0: the model's context)")
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--cache-tokens", c.server.prompt_cache_tokens,
+                  "Tokens of finished conversations kept so a next turn computes only its new tokens (-1: one context, "
+                  "at most 8192; 0: no prompt cache)")
+      ->capture_default_str()->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   cmd->add_option("--api-key", c.server.api_key, "Require 'Authorization: Bearer KEY' (default: $QKV_API_KEY; none: open)");
   cmd->add_option("--model-name", c.server.model_name, "The model id /v1/models reports (default: the folder's name)");
   cmd->add_option("--max-body", c.server.max_body_bytes, "Largest request body in bytes (more get 413)")

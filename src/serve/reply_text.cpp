@@ -17,41 +17,29 @@ size_t unfinished_utf8_tail(const std::string& text) {
   return 0;
 }
 
-namespace {
-// Text a tokenizer writes for bytes that are not (yet) a character: U+FFFD at the very end
-bool ends_with_replacement(const std::string& s) {
-  static const std::string fffd = "\xEF\xBF\xBD";
-  return s.size() >= 3 && s.compare(s.size() - 3, 3, fffd) == 0;
-}
-}  // namespace
-
-ReplyText::ReplyText(const text::Tokenizer& tokenizer, std::vector<std::string> stops) : tokenizer_(tokenizer) {
-  for (auto& s : stops)
-    if (!s.empty()) stops_.push_back(std::move(s));
+ReplyText::ReplyText(const text::Tokenizer& tokenizer, std::vector<std::string> stops) : decoder_(tokenizer) {
+  for (auto& x : stops)
+    if (!x.empty()) stops_.push_back(std::move(x));
 }
 
 std::string ReplyText::push(int64_t token) {
   if (stopped_) return {};
-  tokens_.push_back(token);
-  return release(tokenizer_.decode(tokens_), false);
+  decoded_ += decoder_.push(token);
+  return release(false);
 }
 
 std::string ReplyText::finish() {
-  if (stopped_ || tokens_.empty()) return {};
-  return release(tokenizer_.decode(tokens_), true);
+  if (stopped_) return {};
+  decoded_ += decoder_.finish();
+  return release(true);
 }
 
-// Hands out what `decoded` (the whole reply so far) adds to what was sent, cut at a stop string and, unless final,
-// short of an unfinished character and of a tail that may still grow into a stop string.
-std::string ReplyText::release(const std::string& decoded, bool final) {
-  // Decoding the whole reply again may change its end (a byte completes a character); what was sent stays sent.
-  if (decoded.size() <= sent_.size() || decoded.compare(0, sent_.size(), sent_) != 0) return {};
+// Hands out what the reply's text so far adds to what was sent, cut at a stop string and, unless final, short of a
+// tail that may still grow into a stop string. (The stream decoder hands out whole characters only.)
+std::string ReplyText::release(bool final) {
+  const std::string& decoded = decoded_;
+  if (decoded.size() <= sent_.size()) return {};
   size_t end = decoded.size();
-  if (!final) {
-    const size_t tail = unfinished_utf8_tail(decoded);
-    end -= tail;
-    if (tail == 0 && ends_with_replacement(decoded)) end -= 3;  // a decoder that already wrote U+FFFD for it
-  }
   // The earliest stop string that begins in the unsent part (it may straddle what was sent, so search from a little
   // before it)
   size_t cut = std::string::npos;

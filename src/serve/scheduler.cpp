@@ -1,15 +1,15 @@
 // The scheduler's queue and step loop (see qkv/serve/scheduler.hpp). One thread runs the model; HTTP threads only
 // queue, cancel and read counters, so the model never runs two things at once and a slow client never stalls it.
+// Each step is one nn::Session::decode over every running request; the prompt cache is the session's forks.
 #include "qkv/serve/scheduler.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <unordered_map>
 
 #include "qkv/core/autograd.hpp"
-#include "qkv/core/random.hpp"
-#include "qkv/nn/generate.hpp"
-#include "qkv/nn/language_model.hpp"
+#include "qkv/nn/decoder.hpp"
+#include "qkv/nn/sampler.hpp"
+#include "qkv/nn/session.hpp"
 
 namespace qkv::serve {
 
@@ -28,28 +28,105 @@ const char* finish_reason_name(FinishReason reason) {
   return "error";
 }
 
-// One request and, once it runs, its KV cache. With sessions the cache becomes a sequence id of nn::Session.
+// One request and, once it runs, its sequence of the session
 struct Scheduler::Slot {
   int64_t id = 0;
   GenerationRequest request;
   Outcome outcome;
   Clock::time_point submitted = Clock::now();
   bool started = false, cancel = false, done = false;
-  nn::KVCache cache;
-  std::vector<int64_t> sequence;           // prompt + reply: what the cache holds (re-encoded at a rotation switch)
-  Tensor logits;                           // (1, V): the next token's
-  Generator gen;
-  std::unordered_map<int64_t, int64_t> counts;  // how often each token was produced (presence/frequency penalties)
-  std::vector<float> scratch;              // penalised logits
+  int64_t seq = -1;               // its session sequence once started
+  int64_t most = 0;               // the positions it may come to hold: prompt + max_new_tokens
+  std::vector<int64_t> pending;   // tokens still to feed: the prompt's uncached rest, then each sampled token
+  size_t fed = 0;                 // of pending, fed already
+  nn::Sampler sampler;            // its own chain and random stream: the same draws in any batch
 };
 
-Scheduler::Scheduler(const nn::LanguageModel& model, const SchedulerOptions& options) : model_(model), options_(options) {
+// The loop's own: the session every request runs in and the finished sequences kept for the prompt cache
+struct Scheduler::State {
+  nn::Session session;
+  struct Kept {
+    int64_t seq = 0;
+    uint64_t used = 0;  // when a request last finished in it or forked from it (LRU)
+  };
+  std::vector<Kept> kept;
+  uint64_t clock = 0;
+  int64_t cache_tokens = 0;  // the prompt cache's budget in positions
+  State(const nn::Decoder& model, const nn::SessionOptions& o) : session(model, o) {}
+
+  int64_t kept_tokens() const {
+    int64_t n = 0;
+    for (const Kept& k : kept) n += session.length(k.seq);
+    return n;
+  }
+  // Closes the least recently used kept sequence other than `except`; false when there is none
+  bool evict_one(int64_t except = -1) {
+    auto victim = kept.end();
+    for (auto it = kept.begin(); it != kept.end(); ++it)
+      if (it->seq != except && (victim == kept.end() || it->used < victim->used)) victim = it;
+    if (victim == kept.end()) return false;
+    session.close(victim->seq);
+    kept.erase(victim);
+    return true;
+  }
+  void drop(int64_t seq) {
+    for (auto it = kept.begin(); it != kept.end(); ++it)
+      if (it->seq == seq) {
+        session.close(seq);
+        kept.erase(it);
+        return;
+      }
+  }
+  bool is_kept(int64_t seq) const {
+    return std::any_of(kept.begin(), kept.end(), [&](const Kept& k) { return k.seq == seq; });
+  }
+};
+
+namespace {
+nn::SamplerOptions sampler_options(const SamplingParams& p) {
+  nn::SamplerOptions o;
+  o.greedy = p.greedy;
+  o.temperature = p.temperature;
+  o.top_k = p.top_k;
+  o.top_p = p.top_p;
+  o.presence_penalty = p.presence_penalty;
+  o.frequency_penalty = p.frequency_penalty;
+  o.seed = p.seed;
+  o.vocab_limit = p.vocab_limit;
+  return o;
+}
+
+int64_t blocks_for(int64_t positions, int64_t block_size) { return (positions + block_size - 1) / block_size; }
+}  // namespace
+
+Scheduler::Scheduler(const nn::Decoder& model, const SchedulerOptions& options) : model_(model), options_(options) {
   if (options.parallel < 1 || options.parallel > 256)
     throw ValueError("--parallel " + std::to_string(options.parallel) + " is out of range; give 1 to 256 requests at once");
   if (options.queue_size < 0 || options.queue_size > 65536)
     throw ValueError("the queue size " + std::to_string(options.queue_size) + " is out of range; give 0 to 65536");
   if (options.context < 0) throw ValueError("--ctx-size must not be negative (0: the model's context length)");
+  if (options.prompt_cache_tokens < -1)
+    throw ValueError("the prompt cache size must be −1 (one context), 0 (off) or a number of tokens");
+  if (options.max_batch_tokens < 1 || options.prefill_chunk < 1)
+    throw ValueError("max_batch_tokens and prefill_chunk must be positive");
   context_ = options.context > 0 ? std::min(options.context, model.context_length()) : model.context_length();
+  // The session's blocks: every slot's worst case (prompt + reply up to the context, one block of slack for a fork's
+  // copied last block), then the prompt cache's budget (each kept sequence may waste part of a block). Blocks are
+  // allocated as sequences reach them: this bounds memory, it does not take it.
+  nn::SessionOptions so;
+  so.max_batch_tokens = options.max_batch_tokens;
+  so.prefill_chunk = options.prefill_chunk;
+  const int64_t bs = so.block_size;
+  // The default keeps one context of conversations, at most 8192 positions (a 40 Ki context of a 0.6B model would
+  // otherwise keep gigabytes; --cache-tokens asks for more)
+  const int64_t cache_tokens =
+      options.prompt_cache_tokens < 0 ? std::min<int64_t>(context_, 8192) : options.prompt_cache_tokens;
+  const int64_t blocks = options.parallel * (blocks_for(context_, bs) + 1) + blocks_for(cache_tokens, bs) +
+                         (cache_tokens > 0 ? options.parallel + 8 : 0);
+  so.max_tokens = blocks * bs;
+  state_ = std::make_unique<State>(model, so);
+  state_->cache_tokens = cache_tokens;
+  stats_.kv_cache_blocks_total = state_->session.cache().max_blocks();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -74,9 +151,10 @@ int64_t Scheduler::submit(GenerationRequest request) {
       throw ValueError("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
   check_fits(static_cast<int64_t>(request.prompt.size()), request.max_new_tokens);
   auto slot = std::make_unique<Slot>();
+  slot->sampler = nn::Sampler(sampler_options(request.sampling));  // ValueError for settings out of range
   slot->request = std::move(request);
   slot->outcome.prompt_tokens = static_cast<int64_t>(slot->request.prompt.size());
-  slot->gen = Generator(slot->request.sampling.seed);
+  slot->most = slot->outcome.prompt_tokens + slot->request.max_new_tokens;
   std::lock_guard lock(mutex_);
   if (!accepting_) throw ShapeError("the server is shutting down; no new requests are taken");
   if (admitted_ >= options_.parallel + options_.queue_size) {
@@ -168,12 +246,92 @@ void Scheduler::admit() {
   }
 }
 
+// Gives a slot its sequence: a fork of the cached or running sequence sharing the longest prefix of its prompt, else
+// a new one. The blocks it may come to need must be free beyond what the running requests may still take (kept
+// sequences are evicted for them, least recently used first); false when they are not yet: it waits for a later step.
+bool Scheduler::start(Slot& slot) {
+  State& st = *state_;
+  nn::Session& session = st.session;
+  const nn::KVBlockCache& cache = session.cache();
+  const int64_t bs = cache.block_size();
+  const std::vector<int64_t>& prompt = slot.request.prompt;
+  // The longest shared prefix, leaving at least one prompt token to feed (its logits give the first token)
+  // A model with a rotation switch (LongRoPE, Phi-3) encodes a sequence again from its start when it grows past the
+  // switch, writing over every position: shared blocks must never see that, so with such a model only sequences that
+  // stay short of the switch share (`most`: the most positions the source may come to hold).
+  const int64_t rotation_switch = model_.rotation_switch();
+  int64_t source = -1, reuse = 0;
+  auto consider = [&](int64_t seq, int64_t most) {
+    if (rotation_switch > 0 && (slot.most > rotation_switch || most > rotation_switch)) return;
+    const int64_t n = std::min(session.common_prefix(seq, prompt), static_cast<int64_t>(prompt.size()) - 1);
+    if (n > reuse) {
+      reuse = n;
+      source = seq;
+    }
+  };
+  for (const State::Kept& k : st.kept) consider(k.seq, session.length(k.seq));
+  for (const auto& other : active_)
+    if (other->started && !other->done) consider(other->seq, other->most);
+  auto available = [&] {
+    int64_t reserved = 0;
+    for (const auto& other : active_)
+      if (other->started && !other->done) reserved += cache.blocks_to_grow(other->seq, other->most);
+    return cache.blocks_free() - reserved;
+  };
+  // A fork shares the source's blocks; the fork copies a shared, partly filled last block before writing to it, and
+  // so does a running source (one more block than it had reserved)
+  auto need = [&] {
+    const bool running_source = source >= 0 && !st.is_kept(source);
+    return blocks_for(slot.most, bs) - reuse / bs + (running_source && reuse % bs != 0 ? 1 : 0);
+  };
+  while (need() > available() && st.evict_one(source)) {
+  }
+  if (need() > available() && source >= 0 && st.is_kept(source)) {  // the source itself must go: no reuse
+    st.drop(source);
+    source = -1;
+    reuse = 0;
+    while (need() > available() && st.evict_one()) {
+    }
+  }
+  if (need() > available()) return false;
+  if (reuse > 0) {
+    slot.seq = session.fork(source, reuse);
+    if (st.is_kept(source)) {
+      if (reuse == session.length(source)) st.drop(source);  // the new sequence holds all of it
+      else
+        for (State::Kept& k : st.kept)
+          if (k.seq == source) k.used = ++st.clock;
+    }
+  } else {
+    slot.seq = session.open();
+  }
+  slot.started = true;
+  slot.outcome.queued_seconds = seconds_since(slot.submitted);
+  slot.outcome.cached_tokens = reuse;
+  slot.pending.assign(prompt.begin() + reuse, prompt.end());
+  slot.fed = 0;
+  return true;
+}
+
 void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error) {
   slot.done = true;
   slot.outcome.finish = reason;
   slot.outcome.error = error;
-  slot.cache = nn::KVCache();  // the memory goes back now, not when the HTTP side lets go
-  slot.logits = Tensor();
+  if (slot.seq >= 0) {
+    // A request that ended well leaves its sequence (prompt and reply) to the prompt cache; the rest free theirs now.
+    State& st = *state_;
+    const bool keep = st.cache_tokens > 0 && (reason == FinishReason::Stop || reason == FinishReason::Length) &&
+                      st.session.length(slot.seq) > 0;
+    if (keep) {
+      st.kept.push_back({slot.seq, ++st.clock});
+      while (!st.kept.empty() && st.kept_tokens() > st.cache_tokens && st.evict_one()) {
+      }
+    } else {
+      st.session.close(slot.seq);
+    }
+    slot.seq = -1;
+  }
+  slot.pending = {};
   if (slot.request.on_finish) {
     try {
       slot.request.on_finish(slot.outcome);
@@ -182,82 +340,95 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
   }
 }
 
-// One step: every running request that has not begun feeds its prompt, then each one picks a token and feeds it.
-// Today the requests run one after another on their own caches; with nn::Session this loop builds one nn::Batch
-// (each slot's prompt piece or last token, with its sequence id) and calls Session::decode once.
+// One step: requests that got a slot take a sequence (and what the prompt cache holds of their prompt); then ONE
+// batch holds each decoding request's last token and the prompt pieces of those still prefilling, the model runs
+// once, and every request whose row came back samples its next token with its own sampler.
 void Scheduler::step() {
+  State& st = *state_;
+  nn::Session& session = st.session;
   const int64_t V = model_.vocab_size();
   for (auto& holder : active_) {
     Slot& slot = *holder;
-    const GenerationRequest& r = slot.request;
-    if (slot.cancel) {
-      finish(slot, FinishReason::Cancelled);
-      continue;
-    }
+    if (slot.cancel) finish(slot, FinishReason::Cancelled);
+  }
+  int64_t hits = 0, computed = 0;
+  for (auto& holder : active_) {
+    Slot& slot = *holder;
+    if (slot.done || slot.started) continue;
     try {
-      if (!slot.started) {  // prefill: the cache is made for this request's prompt and reply, as nn::generate does
-        slot.started = true;
-        slot.outcome.queued_seconds = seconds_since(slot.submitted);
-        slot.sequence = r.prompt;
-        slot.cache = model_.make_cache(1, static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens);
-        slot.logits = model_.forward_cached(r.prompt, 1, static_cast<int64_t>(r.prompt.size()), slot.cache);
-      }
-      const SamplingParams& p = r.sampling;
-      const int64_t limit = p.vocab_limit > 0 ? std::min(V, p.vocab_limit) : V;
-      const float* row = slot.logits.data();
-      if ((p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !slot.counts.empty()) {
-        slot.scratch.assign(row, row + V);
-        for (const auto& [token, count] : slot.counts)
-          slot.scratch[static_cast<size_t>(token)] -=
-              static_cast<float>(p.presence_penalty + static_cast<double>(count) * p.frequency_penalty);
-        row = slot.scratch.data();
-      }
-      nn::SamplingOptions o;
-      o.temperature = p.greedy ? 0.0 : p.temperature;
-      o.top_k = p.top_k;
-      o.top_p = p.top_p;
-      const int64_t token = nn::sample_token(row, limit, o, slot.gen);
-      if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
-        finish(slot, FinishReason::Stop);
-        continue;
-      }
-      if (slot.outcome.tokens.empty()) slot.outcome.first_token_seconds = seconds_since(slot.submitted);
-      slot.outcome.tokens.push_back(token);
-      slot.sequence.push_back(token);
-      ++slot.counts[token];
-      const TokenVerdict verdict = r.on_token ? r.on_token(token) : TokenVerdict::Continue;
-      if (verdict == TokenVerdict::Stop) {
-        finish(slot, FinishReason::Stop);
-        continue;
-      }
-      if (verdict == TokenVerdict::Cancel) {
-        finish(slot, FinishReason::Cancelled);
-        continue;
-      }
-      if (static_cast<int64_t>(slot.outcome.tokens.size()) >= r.max_new_tokens) {
-        finish(slot, FinishReason::Length);
-        continue;
-      }
-      if (slot.cache.length == model_.rotation_switch() && model_.rotation_switch() > 0) {
-        // LongRoPE (Phi-3): crossing the switch, the whole sequence is encoded again with the long factors, as alone
-        slot.cache = model_.make_cache(1, static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens);
-        slot.logits = model_.forward_cached(slot.sequence, 1, static_cast<int64_t>(slot.sequence.size()), slot.cache);
-      } else {
-        slot.logits = model_.forward_cached(std::vector<int64_t>{token}, 1, 1, slot.cache);
-      }
+      if (!start(slot)) break;  // first come, first served: later requests wait behind it
     } catch (const std::exception& e) {
       finish(slot, FinishReason::Error, e.what());
+      continue;
+    }
+    hits += slot.outcome.cached_tokens;
+    computed += slot.outcome.prompt_tokens - slot.outcome.cached_tokens;
+  }
+  // The batch: decoding requests first (one token each: inter-token latency), then prompt pieces up to the cap, each
+  // cut at the next multiple of prefill_chunk as nn::generate cuts it.
+  nn::Batch batch;
+  std::vector<Slot*> sampled;  // whose logits row each returned row is
+  const int64_t chunk = options_.prefill_chunk, cap = options_.max_batch_tokens;
+  for (int pass = 0; pass < 2; ++pass)
+    for (auto& holder : active_) {
+      Slot& slot = *holder;
+      if (slot.done || !slot.started) continue;
+      const int64_t left = static_cast<int64_t>(slot.pending.size() - slot.fed);
+      const bool decoding = !slot.outcome.tokens.empty();
+      if (left <= 0 || decoding != (pass == 0)) continue;
+      const int64_t pos = session.length(slot.seq);
+      const int64_t piece = std::min(left, (pos / chunk + 1) * chunk - pos);
+      if (batch.size() > 0 && batch.size() + piece > cap) continue;  // the next step
+      for (int64_t k = 0; k < piece; ++k)
+        batch.add(slot.pending[slot.fed + static_cast<size_t>(k)], pos + k, slot.seq, k + 1 == left);
+      slot.fed += static_cast<size_t>(piece);
+      if (piece == left) sampled.push_back(&slot);
+    }
+  if (batch.size() > 0) {
+    Tensor logits;
+    try {
+      logits = session.decode(batch);
+    } catch (const std::exception& e) {  // nothing changed in the session; the requests in this batch fail
+      const std::string what = e.what();
+      for (auto& holder : active_)
+        if (holder->started && !holder->done &&
+            std::any_of(batch.tokens.begin(), batch.tokens.end(), [&](const nn::BatchToken& t) { return t.sequence == holder->seq; }))
+          finish(*holder, FinishReason::Error, what);
+      sampled.clear();
+    }
+    for (size_t row = 0; row < sampled.size(); ++row) {
+      Slot& slot = *sampled[row];
+      const GenerationRequest& r = slot.request;
+      if (slot.done) continue;
+      try {
+        const int64_t token = slot.sampler.sample(logits.data() + static_cast<int64_t>(row) * V, V);
+        slot.pending.assign(1, token);
+        slot.fed = 0;
+        if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
+          finish(slot, FinishReason::Stop);
+          continue;
+        }
+        if (slot.outcome.tokens.empty()) slot.outcome.first_token_seconds = seconds_since(slot.submitted);
+        slot.outcome.tokens.push_back(token);
+        slot.sampler.accept(token);  // the penalties count the reply's tokens (OpenAI's meaning), not the prompt's
+        const TokenVerdict verdict = r.on_token ? r.on_token(token) : TokenVerdict::Continue;
+        if (verdict == TokenVerdict::Stop) finish(slot, FinishReason::Stop);
+        else if (verdict == TokenVerdict::Cancel) finish(slot, FinishReason::Cancelled);
+        else if (static_cast<int64_t>(slot.outcome.tokens.size()) >= r.max_new_tokens) finish(slot, FinishReason::Length);
+      } catch (const std::exception& e) {
+        finish(slot, FinishReason::Error, e.what());
+      }
     }
   }
   // Count, then drop the requests that ended.
   std::lock_guard lock(mutex_);
   ++stats_.steps;
-  int64_t bytes = 0, tokens = 0;
+  stats_.prompt_cache_hit_tokens += hits;
+  stats_.prefilled_tokens += computed;
+  stats_.batch_tokens_max = std::max(stats_.batch_tokens_max, batch.size());
   for (auto it = active_.begin(); it != active_.end();) {
     Slot& slot = **it;
     if (!slot.done) {
-      bytes += slot.cache.bytes();
-      tokens += slot.cache.length;
       ++it;
       continue;
     }
@@ -273,8 +444,11 @@ void Scheduler::step() {
     --admitted_;
     it = active_.erase(it);
   }
-  stats_.kv_cache_bytes = bytes;
-  stats_.kv_cache_tokens = tokens;
+  const nn::KVBlockCache& cache = session.cache();
+  stats_.kv_cache_blocks_used = cache.blocks_in_use();
+  stats_.kv_cache_bytes = cache.blocks_in_use() * cache.bytes_per_block();
+  stats_.kv_cache_tokens = cache.tokens_held();
+  stats_.prompt_cache_sequences = static_cast<int64_t>(st.kept.size());
 }
 
 }  // namespace qkv::serve

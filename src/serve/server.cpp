@@ -282,8 +282,10 @@ struct Server::State {
 
   static json usage_of(const Outcome& o) {
     const int64_t completion = static_cast<int64_t>(o.tokens.size());
+    // prompt_tokens_details.cached_tokens: OpenAI's field for prompt tokens its prompt cache served
     return {{"prompt_tokens", o.prompt_tokens}, {"completion_tokens", completion},
-            {"total_tokens", o.prompt_tokens + completion}};
+            {"total_tokens", o.prompt_tokens + completion},
+            {"prompt_tokens_details", {{"cached_tokens", o.cached_tokens}}}};
   }
 
   // Waits for the whole reply (a non-streamed request)
@@ -571,8 +573,19 @@ struct Server::State {
     metric("qkv_generated_tokens_total", "counter", "Tokens generated", static_cast<double>(s.generated_tokens));
     metric("qkv_queue_length", "gauge", "Requests waiting for a slot", static_cast<double>(s.queued));
     metric("qkv_requests_active", "gauge", "Requests generating now", static_cast<double>(s.active));
-    metric("qkv_kv_cache_bytes", "gauge", "Bytes the running requests' KV caches hold", static_cast<double>(s.kv_cache_bytes));
-    metric("qkv_kv_cache_tokens", "gauge", "Tokens the running requests' KV caches hold", static_cast<double>(s.kv_cache_tokens));
+    metric("qkv_kv_cache_bytes", "gauge", "Bytes of the session's KV cache blocks in use (running and cached sequences)",
+           static_cast<double>(s.kv_cache_bytes));
+    metric("qkv_kv_cache_tokens", "gauge", "Positions the session's sequences hold", static_cast<double>(s.kv_cache_tokens));
+    metric("qkv_kv_cache_blocks_used", "gauge", "KV cache blocks in use", static_cast<double>(s.kv_cache_blocks_used));
+    metric("qkv_kv_cache_blocks_total", "gauge", "KV cache blocks the session may hold", static_cast<double>(s.kv_cache_blocks_total));
+    metric("qkv_kv_cache_usage_ratio", "gauge", "KV cache blocks in use / blocks it may hold",
+           s.kv_cache_blocks_total > 0 ? static_cast<double>(s.kv_cache_blocks_used) / static_cast<double>(s.kv_cache_blocks_total) : 0.0);
+    metric("qkv_prompt_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prompt cache instead of computed",
+           static_cast<double>(s.prompt_cache_hit_tokens));
+    metric("qkv_prompt_tokens_prefilled_total", "counter", "Prompt tokens computed (prompt tokens less cache hits)",
+           static_cast<double>(s.prefilled_tokens));
+    metric("qkv_prompt_cache_sequences", "gauge", "Finished sequences kept for the prompt cache",
+           static_cast<double>(s.prompt_cache_sequences));
     metric("qkv_connections_dropped_slow_total", "counter", "Connections shut for not sending a whole request in time",
            static_cast<double>(dropped_slow));
     metric("qkv_steps_total", "counter", "Scheduler steps run", static_cast<double>(s.steps));
@@ -718,6 +731,8 @@ Server::Server(const ServerOptions& options) : state_(std::make_unique<State>())
   s.http.set_read_timeout(options.read_timeout_seconds, 0);
   s.http.set_write_timeout(options.write_timeout_seconds, 0);
   s.http.set_keep_alive_timeout(5);
+  // A streamed token is a few small writes: without TCP_NODELAY, Nagle holds each until the client's (delayed) ACK
+  s.http.set_tcp_nodelay(true);
   s.routes();
 }
 
@@ -747,6 +762,7 @@ void Server::set_model(std::unique_ptr<nn::Pretrained> model, const std::string&
   o.parallel = s.options.parallel;
   o.queue_size = s.options.queue_size;
   o.context = s.options.context;
+  o.prompt_cache_tokens = s.options.prompt_cache_tokens;
   auto scheduler = std::make_unique<Scheduler>(*model->model, o);
   std::lock_guard lock(s.mutex);
   s.model = std::move(model);

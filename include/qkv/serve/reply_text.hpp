@@ -1,13 +1,15 @@
 // A reply's text as its tokens arrive: whole UTF-8 characters only (a byte-level token that ends inside a character
 // is held back), and OpenAI's `stop` strings — the reply ends before the first one, and text that could be the start
-// of one is held back until it is clear. The server streams every reply through one; the text::StreamDecoder of the session
-// API (windowed decoding) replaces the whole-reply decode here once it lands.
+// of one is held back until it is clear. The server streams every reply through one. Tokens become text through
+// text::StreamDecoder (a window of the last few tokens per token, not the whole reply again; special tokens give no
+// text, as `qkv generate` prints).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "qkv/text/stream.hpp"
 #include "qkv/text/tokenizer.hpp"
 
 namespace qkv::serve {
@@ -25,10 +27,10 @@ class ReplyText {
   const std::string& text() const { return sent_; }  // everything handed out
 
  private:
-  std::string release(const std::string& decoded, bool final);
-  const text::Tokenizer& tokenizer_;
+  std::string release(bool final);
+  text::StreamDecoder decoder_;
   std::vector<std::string> stops_;
-  std::vector<int64_t> tokens_;
+  std::string decoded_;  // the reply's text so far, whole characters (what decoder_ handed out)
   std::string sent_;
   bool stopped_ = false;
 };

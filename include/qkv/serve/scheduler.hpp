@@ -1,9 +1,9 @@
-// The server's scheduler: a bounded queue of generation requests, a step loop on one thread that runs every active
-// request one token per step, per-request token callbacks (which can stop their request) and cancellation from any
-// thread. What a request asks for is tokens in, tokens out; text, HTTP and JSON belong to server.hpp.
-// Today each active request holds a one-sequence KV cache of the decoder (nn::LanguageModel::forward_cached) and a step
-// visits them in turn; with the session API (nn::Session, a block KV cache of many sequences) a step becomes one
-// batched decode — a change inside Scheduler::step and Slot, not in this interface.
+// The server's scheduler: a bounded queue of generation requests and a step loop on one thread doing continuous
+// batching over one nn::Session — every running request is a sequence of the session's block KV cache, and each step
+// is ONE Session::decode of a batch holding the next token of every decoding request plus prompt pieces of those that
+// joined; a prompt cache lets a new request fork the KV blocks of an earlier (kept) or running sequence its prompt
+// begins with. Per-request token callbacks (which can stop their request) and cancellation from any thread. What a
+// request asks for is tokens in, tokens out; text, HTTP and JSON belong to server.hpp.
 #pragma once
 
 #include <atomic>
@@ -20,13 +20,13 @@
 #include "qkv/core/error.hpp"
 
 namespace qkv::nn {
-class LanguageModel;
+class Decoder;
 }
 
 namespace qkv::serve {
 
-// How a request's next token is picked: the fields and meanings of the session API's nn::SamplerOptions (penalties,
-// then greedy or temperature, top-k, top-p, and a seeded draw), so moving to its sampler chain is a copy.
+// How a request's next token is picked: fields of the session API's nn::SamplerOptions (penalties, then greedy or
+// temperature, top-k, top-p, and a seeded draw); each running request owns an nn::Sampler made from them.
 struct SamplingParams {
   bool greedy = false;              // the argmax (as temperature 0)
   double temperature = 1.0;         // 0: greedy
@@ -59,6 +59,7 @@ struct Outcome {
   FinishReason finish = FinishReason::Length;  // why it ended
   std::vector<int64_t> tokens;                 // the new tokens, without a stop token
   int64_t prompt_tokens = 0;                   // tokens of the prompt
+  int64_t cached_tokens = 0;                   // of those, taken from the prompt cache (not computed again)
   double queued_seconds = 0;                   // from submit to the first step that ran it
   double first_token_seconds = 0;              // from submit to the first token (0: none)
   std::string error;                           // for FinishReason::Error: what failed
@@ -82,6 +83,13 @@ struct SchedulerOptions {
   int64_t parallel = 4;       // requests that run at once (slots)
   int64_t queue_size = 16;    // requests that may wait for a slot beyond those; more → QueueFull
   int64_t context = 0;        // the most tokens (prompt + reply) a request may hold; 0: the model's context length
+  // Prompt cache: finished requests' sequences are kept (least recently used evicted first) while they hold at most
+  // this many tokens together, so a later prompt that begins with one of them (a chat's next turn) computes only the
+  // rest. −1: one context's worth, at most 8192; 0: off (running sequences are still shared).
+  int64_t prompt_cache_tokens = -1;
+  int64_t max_batch_tokens = 512;  // a step feeds at most this many tokens (decoding requests come first)
+  // Prompts are fed in pieces cut at multiples of this (the same cuts as nn::generate, so a prompt computes the same)
+  int64_t prefill_chunk = 256;
 };
 
 // Thrown by Scheduler::submit when parallel + queue_size requests are already admitted (HTTP 429)
@@ -94,9 +102,15 @@ class QueueFull : public Error {
 struct SchedulerStats {
   int64_t queued = 0, active = 0;            // requests waiting, requests running
   int64_t completed = 0, cancelled = 0, failed = 0, rejected = 0;  // requests ended so (rejected: QueueFull)
-  int64_t prompt_tokens = 0, generated_tokens = 0;  // tokens fed and produced, all requests
-  int64_t kv_cache_bytes = 0;                // what the active requests' caches hold now
-  int64_t kv_cache_tokens = 0;               // tokens those caches hold now
+  int64_t prompt_tokens = 0, generated_tokens = 0;  // prompt tokens of requests that ran, tokens produced
+  int64_t prompt_cache_hit_tokens = 0;       // prompt tokens taken from cached sequences instead of computed
+  int64_t prefilled_tokens = 0;              // prompt tokens computed (prompt_tokens − hits, of started requests)
+  int64_t kv_cache_bytes = 0;                // bytes of the session's KV blocks in use (running and kept sequences)
+  int64_t kv_cache_tokens = 0;               // positions the session's sequences hold (shared prefixes once per holder)
+  int64_t kv_cache_blocks_used = 0;          // the session's blocks in use
+  int64_t kv_cache_blocks_total = 0;         // the blocks it may hold
+  int64_t prompt_cache_sequences = 0;        // finished sequences kept for the prompt cache
+  int64_t batch_tokens_max = 0;              // the most tokens one step fed (continuous batching at work)
   double first_token_seconds_sum = 0;        // Σ time to first token over requests that produced one
   int64_t first_token_count = 0;             // how many did
   int64_t steps = 0;                         // steps the loop ran
@@ -106,8 +120,9 @@ struct SchedulerStats {
 // shutdown may be called from any thread; callbacks run on the loop's thread.
 class Scheduler {
  public:
-  // Starts the loop's thread. The model must outlive the scheduler. ValueError for options out of range.
-  Scheduler(const nn::LanguageModel& model, const SchedulerOptions& options);
+  // Starts the loop's thread. The model must outlive the scheduler. ValueError for options out of range (or for a
+  // classifier, which does not generate).
+  Scheduler(const nn::Decoder& model, const SchedulerOptions& options);
   ~Scheduler();  // shutdown(), then joins the loop
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -131,12 +146,14 @@ class Scheduler {
 
  private:
   struct Slot;
+  struct State;
   void loop();
   void admit();
   void step();
+  bool start(Slot& slot);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
 
-  const nn::LanguageModel& model_;
+  const nn::Decoder& model_;
   SchedulerOptions options_;
   int64_t context_ = 0;
   mutable std::mutex mutex_;
@@ -147,6 +164,7 @@ class Scheduler {
   int64_t next_id_ = 1, admitted_ = 0;        // admitted_: queued + active
   bool accepting_ = true, stopping_ = false, cancel_running_ = false;
   SchedulerStats stats_;
+  std::unique_ptr<State> state_;              // the session and the prompt cache (the loop's alone)
   std::thread thread_;
 };
 

@@ -30,6 +30,9 @@ struct ServerOptions {
   int64_t parallel = 4;             // requests generated at once
   int64_t queue_size = 16;          // requests that may wait beyond those (then 429 with Retry-After)
   int64_t context = 0;              // tokens a request may hold, prompt + reply (0: the model's context length)
+  // Tokens of finished conversations kept for the prompt cache (−1: one context, at most 8192; 0: off; see
+  // SchedulerOptions)
+  int64_t prompt_cache_tokens = -1;
   std::string api_key;              // non-empty: every /v1 request needs "Authorization: Bearer <key>" (else 401)
   std::string model_name;           // the id /v1/models reports (empty: the checkpoint's folder name)
   size_t max_body_bytes = 4 << 20;  // larger request bodies get 413
