@@ -169,6 +169,7 @@ class ModelBuilder {
     flush_tokens();
     vocab_done_ = true;
     for (const auto& [a, b] : early_merges_) add_merge(a, b);  // merges listed before the vocabulary
+    flush_merges();  // the batch views those copies: looked up before they go
     early_merges_ = {};
   }
   void merges_size_hint(size_t merges) { merges_.reserve(merges); }
