@@ -11,10 +11,11 @@ namespace qkv {
 
 namespace {
 
-constexpr int64_t kFirstInterval = 16;   // steps before the first try, and after a switch
+constexpr int64_t kFirstInterval = 8;    // steps before the first try, and after a switch
 constexpr int64_t kLongestInterval = 256;
 constexpr int64_t kSettle = 3;           // steps timed on a count before it is compared
 constexpr double kMargin = 0.93;         // a try must take at most this share of the typical time…
+constexpr double kClearLoss = 1.3;       // a try this much slower backs off four times as far, not twice
 constexpr int kWinsToSwitch = 2;         // …this many times in a row
 constexpr double kAverageWeight = 0.2;   // of a new step in the running average
 constexpr size_t kMostKinds = 1024;      // kinds remembered (a session's are row counts up to max_batch_tokens)
@@ -70,7 +71,7 @@ void ThreadGovernor::end_step(double seconds) {
   kind.since_trial = 0;
   if (seconds >= kMargin * kind.typical) {  // the current count stays; try less often
     kind.wins = 0;
-    kind.interval = std::min(kind.interval * 2, kLongestInterval);
+    kind.interval = std::min(kind.interval * (seconds > kClearLoss * kind.typical ? 4 : 2), kLongestInterval);
     return;
   }
   if (++kind.wins < kWinsToSwitch) return;

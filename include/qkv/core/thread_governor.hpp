@@ -11,9 +11,9 @@ namespace qkv {
 
 // Which thread count each step of a loop runs with, learnt from the steps' times. Each kind of step (a key: for a
 // session, the rows a batch feeds) is timed apart, so a long prompt piece is never compared with one token.
-// On a quiet machine it stays on the full count and tries 1 thread once in a while (one step in 16, then ever rarer
-// while 1 thread keeps losing, down to one in 256); it switches when two tries in a row beat the current count by
-// 7%. Results do not depend on the choice: qkv's kernels give the same bits on 1 thread as on many, each output
+// On a quiet machine it stays on the full count and tries 1 thread once in a while (after 8 steps, then ever rarer
+// while 1 thread keeps losing: 2× further each time, 4× when it lost by 30%, down to one in 256); it switches when
+// two tries in a row beat the current count by 7%. Results do not depend on the choice: qkv's kernels give the same bits on 1 thread as on many, each output
 // row owned by one thread.
 class ThreadGovernor {
  public:
@@ -42,7 +42,7 @@ class ThreadGovernor {
     double typical = 0;         // a running average of this count's step times (seconds)
     int64_t timed = 0;          // steps timed on the current count since it was chosen
     int64_t since_trial = 0;    // steps since the last try of the other count
-    int64_t interval = 16;      // steps between tries
+    int64_t interval = 8;       // steps between tries
     int wins = 0;               // tries in a row that beat the current count
   };
   int full_ = 0;
