@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 // An address-space limit that shows a huge allocation would fail, except under AddressSanitizer, whose shadow
 // memory needs terabytes of address space (there the run still shows no crash and the right message).
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(QKV_ASAN)  // GCC, or any compiler under scripts/run test
 const std::string kMemoryLimit = "";
 #else
 const std::string kMemoryLimit = "ulimit -v 2000000; ";

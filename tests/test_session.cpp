@@ -134,7 +134,9 @@ void expect_batched_equals_alone(const nn::Decoder& model, const std::string& na
     }
     EXPECT_EQ(session.cache().blocks_in_use(), 0) << "every sequence's blocks went back";
   }
-  if (!requests[1].stop_ids.empty()) EXPECT_EQ(alone[1].finish, nn::FinishReason::Stop) << name;
+  if (!requests[1].stop_ids.empty()) {
+    EXPECT_EQ(alone[1].finish, nn::FinishReason::Stop) << name;
+  }
   EXPECT_EQ(alone[0].finish, nn::FinishReason::Length) << name;
 }
 
@@ -200,7 +202,9 @@ TEST(SessionThreads, OneThreadAndManyGiveTheSameBits) {
   c.vocab_size = 3000, c.hidden_size = 256, c.intermediate_size = 704, c.num_layers = 2, c.num_heads = 8;
   c.num_kv_heads = 2, c.head_dim = 32, c.max_positions = 256, c.norm_eps = 1e-6;
   c.qk_norm = nn::QkNorm::PerHead;
-  c.ropes = {kernels::RopeFrequencies{.theta = 1e6}};
+  kernels::RopeFrequencies rope;
+  rope.theta = 1e6;
+  c.ropes = {rope};
   c.layers = {{0, 0}, {0, 0}};
   Generator gen(31);
   nn::Decoder model(c, gen);

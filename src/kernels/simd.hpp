@@ -10,11 +10,15 @@
 // GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which -Wmaybe-uninitialized (and,
 // for _mm512_inserti64x4 and friends, -Wuninitialized) reports at every inlined use (GCC bug 105593); the warning's
 // location is inside the header, so this silences only that.
+#if defined(__clang__)
+#include <immintrin.h>
+#else
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#endif
 #define QKV_AVX2 1
 #if defined(__AVX512F__)
 #define QKV_AVX512 1  // the attention products use 512-bit micro-kernels; everything else stays AVX2

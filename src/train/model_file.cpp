@@ -308,6 +308,9 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
       if (!moments) c.note = "no optimizer state in the input: the checkpoint starts AdamW afresh at step 0";
       break;
     }
+    case ModelFormat::HuggingFaceFolder:
+    case ModelFormat::Gguf:
+      QKV_CHECK(false, std::string("convert: ") + model_format_name(to) + " is written by its own path, not this one");
   }
   // Read it back: every parameter must come out bit for bit (a tied head comes back as its own copy of tok_emb).
   ModelFile back = load_model_file(output, {"", config.n_heads, source.tokenizer});

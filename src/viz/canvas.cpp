@@ -19,7 +19,7 @@
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(QKV_ASAN)  // GCC, or any compiler under scripts/run test
 // Sanitizer builds: fontconfig keeps its font caches until exit without a root LeakSanitizer can see (Pango's font
 // maps hold them), so every process that draws text "leaks" them — Chromium's LeakSanitizer runs suppress
 // libfontconfig for the same reason — and LeakSanitizer reports the Cairo fonts and glyph surfaces hung off them
