@@ -8,9 +8,7 @@
 //                     [--precision fp32|bf16] (bf16: matrices read and kept as bfloat16, half the bytes per token)
 // The folder (DIR, default /tmp/qkv_bench_<shape>) is made once, in a child process, so this process's peak RSS is
 // the loaded model's alone.
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -24,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "hf_shapes.hpp"
 #include "peak.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/kernels/threads.hpp"
@@ -33,8 +32,6 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -43,39 +40,13 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The published config.json of each model (sizes and settings; tokenizer ids kept), max_position_embeddings as shipped.
 std::string config_json(const std::string& shape, bool smoke) {
-  if (smoke)  // a tiny stand-in with every feature, for CI
-    return R"({"model_type": "qwen3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-      "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": true})";
-  if (shape == "qwen3-0.6b")
-    return R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024,
-      "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-      "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-      "tie_word_embeddings": true, "hidden_act": "silu", "attention_bias": false, "bos_token_id": 151643,
-      "eos_token_id": 151645})";
-  if (shape == "llama-3.2-1b")
-    return R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 2048,
-      "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-      "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-      "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                       "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-      "tie_word_embeddings": true, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";
-  if (shape == "gemma-3-270m")
-    return R"({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vocab_size": 262144,
-      "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
-      "num_key_value_heads": 1, "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-      "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256, "sliding_window": 512,
-      "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
-                      "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
-                      "sliding_attention", "sliding_attention", "sliding_attention", "full_attention",
-                      "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
-                      "sliding_attention", "full_attention"],
-      "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true, "final_logit_softcapping": null,
-      "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": [1, 106]})";
-  std::fprintf(stderr, "unknown --shape %s: qwen3-0.6b, llama-3.2-1b or gemma-3-270m\n", shape.c_str());
-  std::exit(2);
+  const std::string json = qkv::bench::config_json(shape, smoke);
+  if (json.empty()) {
+    std::fprintf(stderr, "unknown --shape %s: %s\n", shape.c_str(), qkv::bench::kShapeNames);
+    std::exit(2);
+  }
+  return json;
 }
 
 // Reads every file of the folder once (to warm the page cache) and again, timed.
@@ -133,14 +104,7 @@ int main(int argc, char** argv) {
   if (!fs::exists(dir / "config.json")) {
     std::vector<std::string> args = {argv[0], "--make", "--shape", shape, "--dir", dir.string()};
     if (smoke) args.push_back("--smoke");
-    std::vector<char*> cargs;
-    for (auto& s : args) cargs.push_back(s.data());
-    cargs.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, argv[0], nullptr, nullptr, cargs.data(), environ) != 0) return 1;
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
+    if (qkv::bench::run_child(args) != 0) return 1;
   }
   qkv::set_num_threads(threads);
   // Bandwidth first, on a buffer well beyond the caches but smaller than any of these models, so this process's

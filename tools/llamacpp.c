@@ -7,12 +7,19 @@
 // @node-llama-cpp/linux-x64/bins/linux-x64.
 // Usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS]       TYPE: f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k …
 //        llamacpp [--cpu VARIANT] generate MODEL PROMPT N [THREADS]    prints "ids: …" and "text: …"
+//        llamacpp [--cpu VARIANT] bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]
+//            load seconds, then GEN_TOKENS greedy tokens after a SHORT_PROMPT-token prompt (default 16) and a fresh
+//            PROMPT_TOKENS-token prompt in one llama_decode, timed around llama_decode here; prints "ids: …" and
+//            "result load_s=… pp_tok_s=… gen_tok_s=…" (qkv_gguf_bench reads it). Prompt token i is (i·7919 + 11) mod
+//            the vocabulary, as qkv_gguf_bench feeds qkv.
 //        llamacpp tokenize MODEL [--no-special] FILE…                 prints "ids: [a, b, …]" per file (vocab only)
 // VARIANT is a libggml-cpu-VARIANT.so in BINS (haswell = AVX2, zen4 / icelake / sapphirerapids = AVX-512, …); without
-// it, ggml loads the one that scores best on this CPU. The back-end loaded is printed first.
+// it, ggml loads the one that scores best on this CPU. The back-end loaded is printed first, and the CPU library
+// mapped ("cpu library: libggml-cpu-zen4.so").
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -52,6 +59,19 @@ static void load_backends(const char* variant) {
     printf("device: %s (%s)\n", ggml_backend_dev_name(dev), ggml_backend_dev_description(dev));
   }
   printf("system: %s\n", llama_print_system_info());
+  // Which libggml-cpu-*.so ggml chose: the one this process has mapped
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[4096], seen[4096] = "";
+  while (maps && fgets(line, sizeof line, maps)) {
+    const char* at = strstr(line, "libggml-cpu-");
+    if (!at) continue;
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(at, "\n"), at);
+    if (strstr(seen, name)) continue;
+    printf("cpu library: %s\n", name);
+    strncat(seen, name, sizeof seen - strlen(seen) - 1);
+  }
+  if (maps) fclose(maps);
 }
 
 static int quantize(const char* in, const char* out, const char* type, int threads) {
@@ -127,6 +147,84 @@ static int generate(const char* model_path, const char* prompt, int n, int threa
   return 0;
 }
 
+static double now_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Prompt token i of qkv_gguf_bench's prompts
+static llama_token prompt_token(int i, int vocab_size) { return (llama_token)(((long long)i * 7919 + 11) % vocab_size); }
+
+// What llama-bench measures, on prompts of token ids (no tokenizer): load, generation after a short prompt (from the
+// first new token to the last: decode steps only), and a long prompt decoded as one batch. Generation does not stop
+// at an end-of-text token (random weights may pick one).
+static int bench(const char* model_path, int n_prompt, int n_gen, int threads, int n_short) {
+  if (n_prompt < 1 || n_gen < 2 || threads < 1 || n_short < 1 || n_prompt > 65536 || n_gen > 65536 || n_short > 65536) {
+    fprintf(stderr, "bench: PROMPT_TOKENS, SHORT_PROMPT ≥ 1, GEN_TOKENS ≥ 2, THREADS ≥ 1 (all ≤ 65536)\n");
+    return 2;
+  }
+  const double load_began = now_seconds();
+  struct llama_model_params model_params = llama_model_default_params();
+  struct llama_model* model = llama_model_load_from_file(model_path, model_params);
+  if (!model) {
+    fprintf(stderr, "llama.cpp could not load %s\n", model_path);
+    return 1;
+  }
+  const int vocab_size = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const int longest = n_prompt > n_short ? n_prompt : n_short;
+  struct llama_context_params ctx_params = llama_context_default_params();
+  ctx_params.n_ctx = (uint32_t)((n_prompt > n_short + n_gen ? n_prompt : n_short + n_gen) + 16);
+  ctx_params.n_batch = (uint32_t)longest;
+  ctx_params.n_ubatch = (uint32_t)longest;
+  ctx_params.n_threads = threads;
+  ctx_params.n_threads_batch = threads;
+  struct llama_context* ctx = llama_init_from_model(model, ctx_params);
+  if (!ctx) {
+    fprintf(stderr, "llama.cpp could not make a context\n");
+    return 1;
+  }
+  const double load_seconds = now_seconds() - load_began;
+  char desc[256];
+  llama_model_desc(model, desc, sizeof desc);
+  printf("model: %s\n", desc);
+  struct llama_sampler* sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
+  llama_sampler_chain_add(sampler, llama_sampler_init_greedy());
+  llama_token* tokens = malloc(sizeof(llama_token) * (size_t)(longest + n_gen));
+  for (int i = 0; i < longest; ++i) tokens[i] = prompt_token(i, vocab_size);
+
+  // Generation: the short prompt, then one token per llama_decode
+  llama_token* generated = tokens + longest;
+  if (llama_decode(ctx, llama_batch_get_one(tokens, n_short)) != 0) goto failed;
+  generated[0] = llama_sampler_sample(sampler, ctx, -1);
+  const double first = now_seconds();
+  for (int i = 1; i < n_gen; ++i) {
+    if (llama_decode(ctx, llama_batch_get_one(&generated[i - 1], 1)) != 0) goto failed;
+    generated[i] = llama_sampler_sample(sampler, ctx, -1);
+  }
+  const double gen_seconds = now_seconds() - first;
+
+  // Prompt processing: a fresh cache, the long prompt in one batch
+  llama_memory_clear(llama_get_memory(ctx), true);
+  const double pp_began = now_seconds();
+  if (llama_decode(ctx, llama_batch_get_one(tokens, n_prompt)) != 0) goto failed;
+  llama_synchronize(ctx);
+  const double pp_seconds = now_seconds() - pp_began;
+
+  printf("ids:");
+  for (int i = 0; i < n_gen; ++i) printf(" %d", generated[i]);
+  printf("\nresult load_s=%.4f pp_tok_s=%.3f gen_tok_s=%.3f\n", load_seconds, n_prompt / pp_seconds,
+         (n_gen - 1) / gen_seconds);
+  free(tokens);
+  llama_sampler_free(sampler);
+  llama_free(ctx);
+  llama_model_free(model);
+  return 0;
+failed:
+  fprintf(stderr, "llama_decode failed\n");
+  return 1;
+}
+
 // Each FILE's bytes through llama_tokenize (add_special and parse_special both true, or both false with
 // --no-special), the model loaded vocab-only: one "ids: [a, b, …]" line per file, in order.
 static int tokenize(const char* model_path, int special, char** files, int n_files) {
@@ -176,7 +274,7 @@ int main(int argc, char** argv) {
   }
   if (a >= argc) {
     fprintf(stderr, "usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS] | "
-                    "tokenize MODEL [--no-special] FILE...\n");
+                    "tokenize MODEL [--no-special] FILE... | bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]\n");
     return 2;
   }
   load_backends(variant);  // before llama_backend_init, which would search only the program's folder and the cwd
@@ -190,6 +288,8 @@ int main(int argc, char** argv) {
     status = tokenize(argv[a + 1], special, argv + first, argc - first);
   } else if (strcmp(argv[a], "generate") == 0 && argc - a >= 4) {
     status = generate(argv[a + 1], argv[a + 2], atoi(argv[a + 3]), argc - a > 4 ? atoi(argv[a + 4]) : 1);
+  } else if (strcmp(argv[a], "bench") == 0 && argc - a >= 5) {
+    status = bench(argv[a + 1], atoi(argv[a + 2]), atoi(argv[a + 3]), atoi(argv[a + 4]), argc - a > 5 ? atoi(argv[a + 5]) : 16);
   } else {
     fprintf(stderr, "unknown command or missing arguments\n");
   }

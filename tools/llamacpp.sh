@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs tools/llamacpp.c (llama.cpp's quantizer and greedy generation through node-llama-cpp's prebuilt libllama),
 # building it first: llama.cpp's headers come from the source bundle inside the npm package, at the commit its
-# binaries were built from. Usage: tools/llamacpp.sh [--cpu VARIANT] quantize|generate|tokenize ARGS…
+# binaries were built from. Usage: tools/llamacpp.sh [--cpu VARIANT] quantize|generate|tokenize|bench ARGS…
 # NODE_MODULES (default .cache/node/node_modules) must hold node-llama-cpp 3.22.1 (npm install node-llama-cpp@3.22.1).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
