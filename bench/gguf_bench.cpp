@@ -75,8 +75,8 @@ std::string byte_char(int b) {
 }
 
 // A byte-level BPE tokenizer.json as Qwen's is built (its Split regex, ByteLevel) whose ids reach the model's vocabulary:
-// the 256 bytes, one merge, and special tokens at config.json's bos and eos ids and at the last id, so a GGUF of it
-// holds vocab_size tokens (the gaps are [PADi] tokens, as in Qwen's own files). Enough for llama.cpp to load the file;
+// the 256 bytes, one merge, special tokens at config.json's bos and eos ids and at the last id, and words "w<id>" that
+// no merge makes at every other id, so a GGUF of it holds vocab_size tokens. Enough for llama.cpp to load the file;
 // the benchmark feeds token ids, so how it tokenizes text does not matter.
 void write_tokenizer(const fs::path& dir, const json& config) {
   const int64_t vocab_size = config["vocab_size"];
@@ -94,6 +94,9 @@ void write_tokenizer(const fs::path& dir, const json& config) {
   for (int64_t id : ids(config.value("bos_token_id", json()))) specials[id] = "<|begin_of_text|>";
   for (int64_t id : ids(config.value("eos_token_id", json()))) specials[id] = "<|end_" + std::to_string(id) + "|>";
   specials.try_emplace(vocab_size - 1, "<|reserved_last|>");
+  // Every other id a word no merge makes (qkv's reader refuses large gaps in the ids)
+  for (int64_t id = 257; id < vocab_size; ++id)
+    if (!specials.count(id)) vocab["w" + std::to_string(id)] = id;
   json added = json::array();
   for (const auto& [id, content] : specials)
     added.push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
@@ -125,12 +128,14 @@ void write_tokenizer(const fs::path& dir, const json& config) {
 int make_folder(const std::string& shape, const fs::path& dir, bool smoke) {
   const auto t = Clock::now();
   const std::string text = qkv::bench::config_json(shape, smoke);
-  qkv::Generator gen(7);
-  qkv::nn::Decoder model(qkv::nn::decoder_config_from_hf(text, shape + " config"), gen);
-  qkv::nn::save_hf_folder(dir.string(), model);
+  if (!fs::exists(dir / "model.safetensors")) {  // (a folder whose tokenizer is being rewritten keeps its weights)
+    qkv::Generator gen(7);
+    qkv::nn::Decoder model(qkv::nn::decoder_config_from_hf(text, shape + " config"), gen);
+    qkv::nn::save_hf_folder(dir.string(), model);
+    std::printf("made %s: %lld parameters, random weights, in %.1f s\n", dir.c_str(),
+                static_cast<long long>(model.parameter_count()), since(t));
+  }
   write_tokenizer(dir, json::parse(text));
-  std::printf("made %s: %lld parameters, random weights, in %.1f s\n", dir.c_str(),
-              static_cast<long long>(model.parameter_count()), since(t));
   return 0;
 }
 

@@ -147,6 +147,12 @@ static int generate(const char* model_path, const char* prompt, int n, int threa
   return 0;
 }
 
+// Warnings and errors only: bench's load time is not llama.cpp writing a thousand debug lines to stderr
+static void quiet_log(enum ggml_log_level level, const char* text, void* user_data) {
+  (void)user_data;
+  if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
 static double now_seconds(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -164,6 +170,7 @@ static int bench(const char* model_path, int n_prompt, int n_gen, int threads, i
     fprintf(stderr, "bench: PROMPT_TOKENS, SHORT_PROMPT ≥ 1, GEN_TOKENS ≥ 2, THREADS ≥ 1 (all ≤ 65536)\n");
     return 2;
   }
+  llama_log_set(quiet_log, NULL);
   const double load_began = now_seconds();
   struct llama_model_params model_params = llama_model_default_params();
   struct llama_model* model = llama_model_load_from_file(model_path, model_params);
