@@ -6,7 +6,7 @@
 //     the memory-bound limit (bytes read per token ÷ the read bandwidth measured here, on the same threads);
 //   - prompt processing: 512 tokens in one call, tokens/s;
 //   - load (qkv: load_pretrained of the .gguf, tokenizer included) against reading the file from a warm page cache;
-//   - peak RSS of the child after loading and generating, against the file + the KV cache;
+//   - peak RSS of the child after loading and generating (its VmHWM), against the file + the KV cache (qkv's);
 //   - how many of the greedy tokens the two agree on.
 //   qkv_gguf_bench [--shape qwen3-0.6b|llama-3.2-1b] [--types q8_0,q4_0,q4_k_m] [--threads 1,2] [--repeats 3]
 //                  [--dir DIR] [--llamacpp PATH] [--cpu VARIANT] [--prompt 512] [--tokens 128] [--smoke]
@@ -152,6 +152,15 @@ int quantize(const fs::path& dir, const std::string& type, const fs::path& out) 
   return 0;
 }
 
+// This process's peak resident memory so far (VmHWM, bytes). Not getrusage's ru_maxrss: a process started by
+// posix_spawn shares its parent's memory until it execs, and ru_maxrss keeps the parent's resident size from then.
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
 // Child: qkv on the file, as `qkv generate` runs it (load_pretrained, a Session, greedy): load, generate `gen` tokens
 // after a `short_prompt`-token prompt, peak RSS so far, then a fresh `prompt`-token prompt. Prints "ids: …" and a
 // "result …" line the parent reads.
@@ -173,9 +182,7 @@ int run_qkv(const std::string& file, int threads, int64_t prompt, int64_t gen, i
   });
   const double gen_seconds = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
   const int64_t kv_bytes = session.cache().bytes_allocated();
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const int64_t rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  const int64_t rss = peak_rss_bytes();
 
   request.prompt.clear();
   for (int64_t i = 0; i < prompt; ++i) request.prompt.push_back(prompt_token(i, vocab));
@@ -192,11 +199,10 @@ int run_qkv(const std::string& file, int threads, int64_t prompt, int64_t gen, i
   return 0;
 }
 
-// A child's output and resources
+// A child's exit status and output
 struct ChildRun {
   int status = -1;
   std::string out, err;
-  rusage usage{};
 };
 
 std::string slurp(const std::string& path) {
@@ -219,7 +225,7 @@ ChildRun run_captured(std::vector<std::string> args, const fs::path& scratch) {
   // posix_spawnp: the llama.cpp command may be a script found through its #! line
   if (posix_spawnp(&pid, cargs[0], &actions, nullptr, cargs.data(), environ) == 0) {
     int status = 0;
-    if (wait4(pid, &status, 0, &run.usage) >= 0 && WIFEXITED(status)) run.status = WEXITSTATUS(status);
+    if (waitpid(pid, &status, 0) >= 0 && WIFEXITED(status)) run.status = WEXITSTATUS(status);
   }
   posix_spawn_file_actions_destroy(&actions);
   run.out = slurp(out);
@@ -411,7 +417,7 @@ int main(int argc, char** argv) {
             if (cpu_library.empty()) cpu_library = line_with(r.out, "cpu library: ");
             lg.push_back(result_value(r.out, "gen_tok_s")), lp.push_back(result_value(r.out, "pp_tok_s"));
             ll.push_back(result_value(r.out, "load_s"));
-            lr.push_back(static_cast<double>(r.usage.ru_maxrss) * 1024.0);
+            lr.push_back(result_value(r.out, "rss"));
             if (llama_ids.empty()) llama_ids = result_ids(r.out);
           }
         }

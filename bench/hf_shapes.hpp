@@ -4,7 +4,6 @@
 #pragma once
 
 #include <spawn.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <string>
@@ -53,16 +52,15 @@ inline std::string config_json(const std::string& shape, bool smoke) {
 }
 
 // Runs `args` (args[0] the program) as a child process with this environment and waits for it; its exit status, or
-// -1 when it could not be started or did not exit normally. usage: the child's resource use (its peak RSS), if given.
-inline int run_child(std::vector<std::string> args, struct rusage* usage = nullptr) {
+// -1 when it could not be started or did not exit normally.
+inline int run_child(std::vector<std::string> args) {
   std::vector<char*> cargs;
   for (auto& s : args) cargs.push_back(s.data());
   cargs.push_back(nullptr);
   pid_t pid;
   if (posix_spawn(&pid, cargs[0], nullptr, nullptr, cargs.data(), environ) != 0) return -1;
   int status = 0;
-  struct rusage own {};
-  if (wait4(pid, &status, 0, usage ? usage : &own) < 0) return -1;
+  if (waitpid(pid, &status, 0) < 0) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

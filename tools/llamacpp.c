@@ -10,7 +10,7 @@
 //        llamacpp [--cpu VARIANT] bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]
 //            load seconds, then GEN_TOKENS greedy tokens after a SHORT_PROMPT-token prompt (default 16) and a fresh
 //            PROMPT_TOKENS-token prompt in one llama_decode, timed around llama_decode here; prints "ids: …" and
-//            "result load_s=… pp_tok_s=… gen_tok_s=…" (qkv_gguf_bench reads it). Prompt token i is (i·7919 + 11) mod
+//            "result load_s=… pp_tok_s=… gen_tok_s=… rss=…" (peak RSS after generating; qkv_gguf_bench reads it). Prompt token i is (i·7919 + 11) mod
 //            the vocabulary, as qkv_gguf_bench feeds qkv.
 //        llamacpp tokenize MODEL [--no-special] FILE…                 prints "ids: [a, b, …]" per file (vocab only)
 // VARIANT is a libggml-cpu-VARIANT.so in BINS (haswell = AVX2, zen4 / icelake / sapphirerapids = AVX-512, …); without
@@ -159,6 +159,18 @@ static double now_seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// This process's peak resident memory so far (VmHWM, bytes): of its own image, unlike getrusage's ru_maxrss, which
+// after a posix_spawn also holds the parent's resident memory at the time
+static long long peak_rss_bytes(void) {
+  FILE* status = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kib = -1;
+  while (status && fgets(line, sizeof line, status))
+    if (strncmp(line, "VmHWM:", 6) == 0) kib = atoll(line + 6);
+  if (status) fclose(status);
+  return kib < 0 ? -1 : kib * 1024;
+}
+
 // Prompt token i of qkv_gguf_bench's prompts
 static llama_token prompt_token(int i, int vocab_size) { return (llama_token)(((long long)i * 7919 + 11) % vocab_size); }
 
@@ -210,6 +222,7 @@ static int bench(const char* model_path, int n_prompt, int n_gen, int threads, i
     generated[i] = llama_sampler_sample(sampler, ctx, -1);
   }
   const double gen_seconds = now_seconds() - first;
+  const long long rss = peak_rss_bytes();  // after loading and generating, as qkv_gguf_bench reads qkv's
 
   // Prompt processing: a fresh cache, the long prompt in one batch
   llama_memory_clear(llama_get_memory(ctx), true);
@@ -220,8 +233,8 @@ static int bench(const char* model_path, int n_prompt, int n_gen, int threads, i
 
   printf("ids:");
   for (int i = 0; i < n_gen; ++i) printf(" %d", generated[i]);
-  printf("\nresult load_s=%.4f pp_tok_s=%.3f gen_tok_s=%.3f\n", load_seconds, n_prompt / pp_seconds,
-         (n_gen - 1) / gen_seconds);
+  printf("\nresult load_s=%.4f pp_tok_s=%.3f gen_tok_s=%.3f rss=%lld\n", load_seconds, n_prompt / pp_seconds,
+         (n_gen - 1) / gen_seconds, rss);
   free(tokens);
   llama_sampler_free(sampler);
   llama_free(ctx);
