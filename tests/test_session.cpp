@@ -275,6 +275,17 @@ TEST(ThreadGovernor, FollowsTheStepTimesItIsGiven) {
   one_thread = 0.97;  // 3% better is noise, not a reason to switch
   steps(500);
   EXPECT_EQ(governor.switches(), 2);
+  {
+    ThreadGovernor busy;  // busy from the start: settled after 2 steps, it switches after the 3rd and 4th (tries)
+    int64_t slow_steps = 0;
+    for (int i = 0; i < 40; ++i) {
+      const int threads = busy.begin_step(3);
+      slow_steps += threads == 4;
+      busy.end_step(threads == 1 ? 0.5 : 1.0);
+    }
+    EXPECT_EQ(busy.current(3), 1);
+    EXPECT_LE(slow_steps, 4) << "two steps to settle, and one try of the full count after the switch";
+  }
   set_num_threads(1);  // the caller's own count changes: with 1 thread there is nothing to choose
   EXPECT_EQ(governor.begin_step(7), 1);
   governor.end_step(1.0);
