@@ -32,7 +32,7 @@ namespace {
 // ---- kernels ----
 
 TEST(RowIndependentProducts, EveryRowHasTheSameBitsInAnyBatch) {
-  for (int64_t K : {5, 16, 37, 100}) {
+  for (int64_t K : {5, 16, 37, 100, 1024}) {
     const int64_t M = 13, N = 11;
     const Tensor A = random_tensor({M, K}, 1), B = random_tensor({N, K}, 2);
     std::vector<float> all(static_cast<size_t>(M * N)), reference(static_cast<size_t>(M * N));
@@ -43,7 +43,8 @@ TEST(RowIndependentProducts, EveryRowHasTheSameBitsInAnyBatch) {
       kernels::gemm_rows_nt(1, N, K, 1.0f, A.data() + m * K, K, B.data(), K, 0.0f, alone.data(), N);
       for (int64_t n = 0; n < N; ++n) {
         EXPECT_EQ(alone[static_cast<size_t>(n)], all[static_cast<size_t>(m * N + n)]) << "K " << K << " row " << m;
-        EXPECT_NEAR(all[static_cast<size_t>(m * N + n)], reference[static_cast<size_t>(m * N + n)], 1e-5 * (1 + std::abs(reference[static_cast<size_t>(m * N + n)])));
+        EXPECT_EQ(all[static_cast<size_t>(m * N + n)], reference[static_cast<size_t>(m * N + n)])
+            << "every element is simd::dot's sum, whatever tile computed it: K " << K << " row " << m << " column " << n;
       }
     }
     // Through gemm() while a RowIndependentProducts is alive, and with β (a bias already in C)
@@ -274,6 +275,17 @@ TEST(ThreadGovernor, FollowsTheStepTimesItIsGiven) {
   one_thread = 0.97;  // 3% better is noise, not a reason to switch
   steps(500);
   EXPECT_EQ(governor.switches(), 2);
+  {
+    ThreadGovernor busy;  // busy from the start: settled after 2 steps, it switches after the 3rd and 4th (tries)
+    int64_t slow_steps = 0;
+    for (int i = 0; i < 40; ++i) {
+      const int threads = busy.begin_step(3);
+      slow_steps += threads == 4;
+      busy.end_step(threads == 1 ? 0.5 : 1.0);
+    }
+    EXPECT_EQ(busy.current(3), 1);
+    EXPECT_LE(slow_steps, 4) << "two steps to settle, and one try of the full count after the switch";
+  }
   set_num_threads(1);  // the caller's own count changes: with 1 thread there is nothing to choose
   EXPECT_EQ(governor.begin_step(7), 1);
   governor.end_step(1.0);

@@ -11,9 +11,11 @@ namespace qkv {
 
 namespace {
 
-constexpr int64_t kFirstInterval = 8;    // steps before the first try, and after a switch
+// The first try comes early: on a busy machine every step before the switch runs at half speed or worse, and on a
+// quiet one a lost try backs off fast (below). After a switch the count just left is tried again later.
+constexpr int64_t kAfterSwitch = 16;     // steps between a switch and the next try
 constexpr int64_t kLongestInterval = 256;
-constexpr int64_t kSettle = 3;           // steps timed on a count before it is compared
+constexpr int64_t kSettle = 2;           // steps timed on a count before it is compared
 constexpr double kMargin = 0.93;         // a try must take at most this share of the typical time…
 constexpr double kClearLoss = 1.3;       // a try this much slower backs off four times as far, not twice
 constexpr int kWinsToSwitch = 2;         // …this many times in a row
@@ -79,7 +81,7 @@ void ThreadGovernor::end_step(double seconds) {
   kind.typical = seconds;
   kind.timed = 1;
   kind.wins = 0;
-  kind.interval = kFirstInterval;
+  kind.interval = kAfterSwitch;
   ++switches_;
 }
 

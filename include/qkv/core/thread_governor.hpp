@@ -42,7 +42,7 @@ class ThreadGovernor {
     double typical = 0;         // a running average of this count's step times (seconds)
     int64_t timed = 0;          // steps timed on the current count since it was chosen
     int64_t since_trial = 0;    // steps since the last try of the other count
-    int64_t interval = 8;       // steps between tries
+    int64_t interval = 1;       // steps between tries (the first comes once the count is settled)
     int wins = 0;               // tries in a row that beat the current count
   };
   int full_ = 0;
