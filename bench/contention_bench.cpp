@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
     if (busy) {
       spinner = fork();
       if (spinner == 0) {
-        for (volatile uint64_t i = 0;; i = i + 1) {
-        }
+        volatile uint64_t counter = 0;  // a busy core: the loop's stores cannot be optimised away
+        for (;;) counter = counter + 1;
       }
     }
     for (int r = 0; r < repeats; ++r)

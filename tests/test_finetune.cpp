@@ -82,7 +82,9 @@ TEST_F(Finetune, ClassifierHeadGradientsAndAdamWStepsMatchPyTorch) {
   cross_entropy(classifier.logits(ids, 4, data.length, positions), labels).backward();
   for (const auto& [name, p] : trainable) expect_close(p.grad(), "classify.grad." + name);
   for (const auto& [name, p] : model->named_parameters())
-    if (!p.requires_grad()) EXPECT_FALSE(p.grad().defined()) << name << " is frozen but got a gradient";
+    if (!p.requires_grad()) {
+      EXPECT_FALSE(p.grad().defined()) << name << " is frozen but got a gradient";
+    }
   for (auto& [name, p] : trainable) p.set_grad(Tensor());
 
   train::ClassifierOptions options;

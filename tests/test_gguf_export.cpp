@@ -244,7 +244,9 @@ TEST(GgufExport, Float32FileGivesTheFoldersLogitsAndTokens) {
     EXPECT_EQ(file.real(a + ".rope.freq_base"), qwen ? 1e6 : 1e4);
     EXPECT_NEAR(file.real(a + ".attention.layer_norm_rms_epsilon"), 1e-6, 1e-12);
     EXPECT_EQ(file.contains(a + ".attention.key_length"), qwen);  // 4 heads of 128 ≠ 256
-    if (qwen) EXPECT_EQ(file.integer("qwen3.attention.key_length"), 128);
+    if (qwen) {
+      EXPECT_EQ(file.integer("qwen3.attention.key_length"), 128);
+    }
     EXPECT_EQ(file.integer("general.file_type"), 0);
     EXPECT_EQ(file.find("output.weight") != nullptr, !qwen);  // qwen3's head is tied
     EXPECT_NE(file.find("blk.1.ffn_down.weight"), nullptr);

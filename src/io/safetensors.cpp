@@ -360,10 +360,19 @@ void release_pages(const std::byte* begin, size_t length) {
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
+// Whether no value has an all-ones exponent (Inf or NaN). In 16-bit lanes: an exponent field of 0x7f80 plus 0x0080
+// carries into bit 15, any smaller one does not, so the loop is ORs and adds the compiler vectorises (a bool per value
+// was not: 0.7 s for Qwen3-0.6B's 596 M values, now about a read of them); large tensors split between the threads.
 bool bf16_finite(const uint16_t* v, int64_t n) {
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= (v[i] & 0x7f80u) != 0x7f80u;
-  return ok;
+  unsigned carry = 0;
+#pragma omp parallel for reduction(| : carry) schedule(static) if (n > (int64_t{1} << 22))
+  for (int64_t chunk = 0; chunk < n; chunk += int64_t{1} << 16) {
+    const int64_t end = std::min(n, chunk + (int64_t{1} << 16));
+    uint16_t lanes = 0;
+    for (int64_t i = chunk; i < end; ++i) lanes |= static_cast<uint16_t>((v[i] & 0x7f80u) + 0x0080u);
+    carry |= lanes;
+  }
+  return (carry & 0x8000u) == 0;
 }
 }  // namespace
 
@@ -393,6 +402,27 @@ void SafetensorsFile::read_weights_bf16(const std::string& name, Tensor& dst) co
   }
   if (!finite) fail(label_, "tensor '" + name + "' holds a non-finite value (NaN or Inf); the weights are corrupt");
   if (mapping_ && mapping_->address) release_pages(src, static_cast<size_t>(info->end - info->begin));
+}
+
+SafetensorsFile::InPlace SafetensorsFile::bf16_in_place(const std::string& name, const Shape& shape) const {
+  const TensorInfo* info = find(name);
+  if (!info || info->dtype != DType::BF16 || !(Shape(std::span<const int64_t>(info->shape)) == shape) || !mapping_) return {};
+  const std::byte* src = data_ + info->begin;
+  if (reinterpret_cast<uintptr_t>(src) % alignof(uint16_t) != 0) return {};
+  // The range's page tables filled in one call (Linux 5.14's MADV_POPULATE_READ) rather than a fault per 64 KiB as the
+  // check below reads it; an older kernel refuses the advice and the faults do it.
+  if (mapping_->address) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t first = reinterpret_cast<uintptr_t>(src) / page * page;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(src) + static_cast<uintptr_t>(info->end - info->begin);
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+    madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_READ);
+  }
+  if (!bf16_finite(reinterpret_cast<const uint16_t*>(src), info->numel()))
+    fail(label_, "tensor '" + name + "' holds a non-finite value (NaN or Inf); the weights are corrupt");
+  return {src, mapping_};
 }
 
 void SafetensorsFile::read_weights(const std::string& name, Tensor& dst) const {

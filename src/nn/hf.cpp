@@ -835,10 +835,22 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matr
   check_layout(config, Names::Own, find, present, dir.string(),
                [&](const std::string& name) { return ignorable(name, config); });
   auto model = Decoder::for_loading(config);  // every parameter is written below: no zero fill first
+  bool in_place = false;
   read_layout(*model, Names::Own, [&](const DecoderConfig::Parameter& p, Tensor& dst) {
-    if (matrices == DType::BF16 && dst.rank() == 2) dst.to_bf16_(/*keep_values=*/false);  // read below
-    shards.files[shards.where.at(p.name)].read_weights(p.name, dst);
+    const io::SafetensorsFile& file = shards.files[shards.where.at(p.name)];
+    if (matrices == DType::BF16 && dst.rank() == 2) {
+      // A bfloat16 matrix is used where the file is mapped: nothing is copied (loading is reading the file once, to
+      // check its values), and its pages are the page cache's, shared with any other process using the folder.
+      if (io::SafetensorsFile::InPlace mapped = file.bf16_in_place(p.name, dst.shape()); mapped.bytes) {
+        dst.set_stored_(kernels::WeightType::BF16, mapped.bytes, std::move(mapped.owner));
+        in_place = true;
+        return;
+      }
+      dst.to_bf16_(/*keep_values=*/false);  // read below
+    }
+    file.read_weights(p.name, dst);
   });
+  if (in_place) model->refresh_fused_views();  // a fused group's role views, over its new storage
   return model;
 }
 

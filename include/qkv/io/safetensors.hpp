@@ -64,6 +64,15 @@ class SafetensorsFile {
   // F16, BF16 or F64 in one pass with no temporary, then checked finite. IoError naming the tensor otherwise. Into a
   // BF16 tensor (Tensor::to_bf16_): BF16 bytes as they are, other dtypes rounded a chunk at a time.
   void read_weights(const std::string& name, Tensor& dst) const;
+  // A BF16 entry's values where they lie in the file's mapping, and what keeps that mapping alive
+  struct InPlace {
+    const void* bytes = nullptr;        // the entry's first value; nullptr: not usable in place
+    std::shared_ptr<const void> owner;  // the mapping (Tensor::stored keeps it as long as the tensor)
+  };
+  // The named entry for a matrix used without a copy (Tensor::stored): when it is BF16 of `shape` and 2-byte aligned,
+  // its values checked finite as read_weights checks them (IoError naming it otherwise). Empty (bytes nullptr) when the
+  // entry is another dtype, shape or alignment: read_weights copies it then.
+  InPlace bf16_in_place(const std::string& name, const Shape& shape) const;
 
  private:
   void read_weights_bf16(const std::string& name, Tensor& dst) const;

@@ -36,7 +36,9 @@ std::string hf_model_type(const std::string& dir);
 // Loads a folder's decoder (not gpt2: load_language_model takes both). IoError naming the file for a missing shard,
 // a missing, truncated or misshapen tensor, an unexpected one, or a bad config. With `matrices` BF16 every matrix
 // parameter is read as bfloat16 (Module::weights_to_bf16: BF16 tensors read as they are, others rounded a chunk at a
-// time), so no float32 copy of the weights is ever made: for inference at half the memory.
+// time), so no float32 copy of the weights is ever made: for inference at half the memory. A BF16 matrix of the file
+// is then used where the file is mapped, not copied (its values still checked finite): the model's memory is the
+// page cache's, and loading costs one read of the file.
 std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir, DType matrices = DType::F32);
 
 // Writes config.json and model.safetensors (tensors under the family's names; bf16 rounds to nearest even) into
