@@ -3,8 +3,9 @@
 # (tools/decoder_cli_reference.py), served on a free loopback port with an API key, driven by the official openai
 # npm client (tests/serve_openai.js: whole and streamed chats equal `qkv generate --chat --greedy`), then by curl
 # and raw sockets with hostile requests; a client that leaves mid-stream must have its request cancelled; a prompt
-# continuing an earlier one must compute only its new tokens (the prompt cache); 1,000 requests must leave RSS flat; and
-# SIGTERM must end the server with exit code 0.
+# continuing an earlier one must compute only its new tokens (the prompt cache); 1,000 requests must leave RSS flat; the
+# chat page is clicked through in Debian's chromium (tests/serve_page.js: a word's attention); and SIGTERM must end the
+# server with exit code 0.
 #   serve_check.sh QKV_BINARY NODE_MODULES SOURCE_DIR
 set -euo pipefail
 qkv=$(realpath "$1") modules=$(realpath "$2") src=$(realpath "$3")
@@ -81,6 +82,35 @@ expect 200 "/detokenize" "${auth[@]}" "$base/detokenize" -d "$ids"
 /usr/bin/python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['content'] == 'Hello world'" "$work/body.json" \
   || fail "/detokenize did not give back 'Hello world': $(cat "$work/body.json")"
 expect 400 "/detokenize of an id outside the vocabulary" "${auth[@]}" "$base/detokenize" -d '{"tokens":[-1]}'
+expect 200 "/attention of a token" "${auth[@]}" "$base/attention" -d '{"tokens":[100, 101, 102, 103, 104],"position":3,"layer":1}'
+/usr/bin/python3 - "$work/body.json" <<'PY' || fail "/attention's answer: $(head -c 400 "$work/body.json")"
+import json, sys
+a = json.load(open(sys.argv[1]))
+assert a["position"] == 3 and len(a["tokens"]) == 4 and len(a["mean"]) == a["layers"] and len(a["per_head"]) == a["heads"]
+for row in a["mean"] + a["per_head"]:
+    assert len(row) == 4 and abs(sum(row) - 1) < 1e-3, row
+print(f"ok: /attention → {a['layers']} layers × {a['heads']} heads over 4 tokens, each row summing to 1")
+PY
+expect 400 "/attention at a position past the tokens" "${auth[@]}" "$base/attention" -d '{"tokens":[100, 101],"position":2}'
+expect 400 "/attention of layer 0" "${auth[@]}" "$base/attention" -d '{"tokens":[100, 101],"layer":0}'
+expect 400 "/attention of no tokens" "${auth[@]}" "$base/attention" -d '{"tokens":[]}'
+expect 400 "/attention of tokens as a string" "${auth[@]}" "$base/attention" -d '{"tokens":"hello"}'
+expect 400 "/attention past the context" "${auth[@]}" "$base/attention" -d "{\"tokens\":[$(seq -s, 1 600)]}"
+expect 401 "/attention without the key" "$base/attention" -d '{"tokens":[1]}'
+# return_token_ids (vLLM's extension): the prompt's ids and the reply's, which spell the reply
+expect 200 "a chat with return_token_ids" "${auth[@]}" "$chat" \
+  -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":6,"temperature":0,"return_token_ids":true}'
+/usr/bin/python3 - "$work/body.json" > "$work/ids.json" <<'PY' || fail "return_token_ids: $(head -c 400 "$work/body.json")"
+import json, sys
+a = json.load(open(sys.argv[1]))
+ids = a["choices"][0]["token_ids"]
+assert len(a["prompt_token_ids"]) == a["usage"]["prompt_tokens"] and len(ids) == a["usage"]["completion_tokens"], a
+print(json.dumps({"tokens": ids, "content": a["choices"][0]["message"]["content"]}))
+PY
+curl -s "${auth[@]}" "$base/detokenize" -d "$(cat "$work/ids.json")" > "$work/body.json"
+/usr/bin/python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['content'] == json.load(open(sys.argv[2]))['content']" \
+  "$work/body.json" "$work/ids.json" || fail "return_token_ids: the ids do not spell the reply"
+echo "ok: return_token_ids gives the prompt's and the reply's ids, which spell the reply"
 
 # The queue: 2 running + 1 waiting fill it; a fourth gets 429 with Retry-After. Then the three clients leave
 # mid-stream and their requests must be cancelled (the server keeps nothing running).
@@ -196,13 +226,9 @@ PY
 
 expect 200 "the chat page at /, without a key" "$base/"
 grep -q '<title>qkv chat</title>' "$work/body.json" || fail "/ is not the chat page"
-if command -v chromium > /dev/null; then  # the page in a browser: it sends a message and shows the server's answer
-  timeout 60 chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 --dump-dom "$base/#say=Hello" \
-    2> /dev/null > "$work/page.html" || true
-  grep -q '<div class="msg user">Hello</div>' "$work/page.html" && grep -q '<div class="msg error">No API key given' "$work/page.html" \
-    || fail "the chat page in chromium: $(grep -o '<div class="msg[^<]*' "$work/page.html" | head -3)"
-  echo "ok: the chat page in headless chromium sends the message and shows the server's answer (401 without the key)"
-fi
+# The page in Debian's chromium, clicked through by Playwright: the 401 without the key, an answer, and the attention
+# of a clicked word (tests/serve_page.js)
+node "$src/tests/serve_page.js" "$modules" "$base" "$key" "$work/page.png" || fail "the chat page in chromium"
 expect 200 "/health after all that" "$base/health"
 expect 200 "a chat after all that" "${auth[@]}" "$chat" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":2}'
 grep -q '^qkv_generated_tokens_total [1-9]' <(curl -s "${auth[@]}" "$base/metrics") || fail "/metrics counts no tokens"

@@ -229,6 +229,32 @@ TEST(DecoderAttention, MapsShowTheWindowAndSumToOne) {
       }
 }
 
+// One query's row, as the chat page asks for it: the same numbers as that row of the full maps, for every layer and
+// head (windows, GQA, Gemma 2's soft-capped scores, Gemma 3's local and global layers), from a pass that never forms T × T.
+TEST(DecoderAttention, OneRowIsThatRowOfTheMaps) {
+  for (const char* name : {"qwen2", "gemma2", "gemma3"}) {
+    const auto model = nn::load_hf_decoder(folder(name));
+    std::vector<int64_t> ids = {1, 5, 9, 3, 7, 2, 8, 4};
+    const Tensor maps = model->attention_maps(ids, {}, {});
+    const int64_t L = maps.size(0), H = maps.size(1);
+    for (int64_t p : {0, 3, 7}) {
+      const Tensor row = model->attention_row(ids, p);
+      ASSERT_EQ(row.shape(), (Shape{L, H, p + 1})) << name;
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t h = 0; h < H; ++h) {
+          double total = 0;
+          for (int64_t j = 0; j <= p; ++j) {
+            EXPECT_NEAR(row.at({l, h, j}), maps.at({l, h, p, j}), 1e-6) << name << " layer " << l << " head " << h << " " << p << "→" << j;
+            total += row.at({l, h, j});
+          }
+          EXPECT_NEAR(total, 1.0, 1e-5);
+        }
+    }
+    EXPECT_THROW(model->attention_row(ids, 8), ValueError);
+    EXPECT_THROW(model->attention_row(ids, -1), ValueError);
+  }
+}
+
 // GPT-2 is one configuration of the decoder: the book's configuration names map onto it and back, and a tied model
 // draws every other weight as the untied one does (the book's GPTModel draws its out_head before tying it), so
 // training with dropout takes the same random numbers. test_gpt.cpp checks the weights and gradients against PyTorch.

@@ -308,6 +308,41 @@ TEST(ServeScheduler, QueueFullCancelAndStop) {
   EXPECT_THROW(scheduler.submit(big.request({}, 3)), ValueError);
 }
 
+// Work on the model between steps (the chat page's attention rows): it runs on the loop's thread while requests
+// decode, and their tokens are the same as without it; a job's exception reaches its caller; after shutdown, refused.
+TEST(ServeScheduler, JobsRunBetweenStepsAndChangeNoToken) {
+  auto model = tiny_model();
+  serve::Scheduler scheduler(*model, {.parallel = 2, .queue_size = 2});
+  const std::vector<int64_t> prompt = pseudo_prompt(9, 61, 4);
+  Waiter running;
+  std::thread::id loop_thread;
+  serve::GenerationRequest r = running.request(prompt, 24, {.greedy = true});
+  r.on_token = [&loop_thread](int64_t) {
+    loop_thread = std::this_thread::get_id();
+    return serve::TokenVerdict::Continue;
+  };
+  scheduler.submit(std::move(r));
+  int jobs = 0;
+  std::thread::id job_thread;
+  Tensor row;
+  for (int i = 0; i < 5; ++i) {
+    scheduler.run_between_steps([&] {
+      job_thread = std::this_thread::get_id();
+      row = model->attention_row(prompt, 8);
+      ++jobs;
+    });
+  }
+  const serve::Outcome o = running.done.get_future().get();
+  EXPECT_EQ(jobs, 5);
+  EXPECT_EQ(job_thread, loop_thread);
+  EXPECT_NE(job_thread, std::this_thread::get_id());
+  EXPECT_EQ(row.shape(), (Shape{2, 4, 9}));
+  EXPECT_EQ(o.tokens, alone(*model, prompt, 24, 0.0, 1.0, 0));
+  EXPECT_THROW(scheduler.run_between_steps([] { throw ValueError("from the job"); }), ValueError);
+  scheduler.shutdown(false);
+  EXPECT_THROW(scheduler.run_between_steps([] {}), ShapeError);
+}
+
 // ReplyText over bytes: a split character is held back until whole; a stop string ends the reply before it, even
 // when it arrives a byte at a time and half of it looked like text.
 TEST(ServeReplyText, WholeCharactersAndStopStrings) {

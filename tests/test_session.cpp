@@ -16,6 +16,7 @@
 #include "qkv/core/thread_governor.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/rope.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/nn/decoder.hpp"
@@ -341,6 +342,118 @@ TEST(Session, AChatContinuesFromItsCacheAndAForkSharesThePrefix) {
   session.close(forked);
   session.close(chat);
   EXPECT_EQ(session.cache().blocks_in_use(), 0);
+}
+
+// The KV cache's storage types (--kv-cache): a block cache of f16, bf16 or q8_0 gives back exactly the values those
+// types round to (the kernels' conversions, checked against ggml elsewhere), within each type's error of what was
+// written, in 1/2 or 34/128 of float32's bytes; q8_0 refuses a width that is not whole blocks of 32.
+TEST(SessionKVCache, NarrowTypesStoreTheRoundedValuesInLessMemory) {
+  using kernels::WeightType;
+  const int64_t width = 64, layers = 2, positions = 7;
+  std::vector<float> keys(static_cast<size_t>(layers * positions * width)), values(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 5));
+    values[i] = std::cos(0.11f * static_cast<float>(i)) * 0.25f;
+  }
+  const int64_t f32_bytes = nn::KVBlockCache(layers, width, 4, 8).bytes_per_block();
+  EXPECT_EQ(f32_bytes, layers * 2 * 4 * width * 4);
+  for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0}) {
+    nn::KVBlockCache cache(layers, width, 4, 8, type);
+    EXPECT_EQ(cache.bytes_per_block(), type == WeightType::F32    ? f32_bytes
+                                       : type == WeightType::Q8_0 ? f32_bytes * 34 / 128
+                                                                  : f32_bytes / 2);
+    cache.open(1);
+    cache.grow(1, positions);
+    for (int64_t l = 0; l < layers; ++l)
+      for (int64_t p = 0; p < positions; ++p)
+        cache.write(l, 1, p, keys.data() + (l * positions + p) * width, values.data() + (l * positions + p) * width);
+    for (int64_t l = 0; l < layers; ++l) {
+      std::vector<float> got_k(static_cast<size_t>(positions * width)), got_v(got_k.size());
+      cache.gather(l, 1, 0, positions, got_k.data(), got_v.data());
+      for (int which = 0; which < 2; ++which) {
+        const float* written = (which == 0 ? keys : values).data() + l * positions * width;
+        const std::vector<float>& got = which == 0 ? got_k : got_v;
+        std::vector<std::byte> stored(static_cast<size_t>(kernels::row_bytes(type, positions * width)));
+        kernels::quantize_rows(type, written, stored.data(), 1, positions * width);
+        std::vector<float> want(got.size());
+        kernels::dequantize_rows(type, stored.data(), want.data(), 1, positions * width);
+        for (int64_t i = 0; i < positions * width; ++i) {
+          ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << kernels::weight_type_name(type) << " " << i;
+          // each type's rounding: 2^-9 (bf16) or 2^-12 (f16) relative, half a step of absmax/127 per block (q8_0)
+          float bound = 0.0f;
+          if (type == WeightType::BF16) bound = std::abs(written[i]) * 0x1p-8f;
+          if (type == WeightType::F16) bound = std::abs(written[i]) * 0x1p-11f + 1e-7f;
+          if (type == WeightType::Q8_0) {
+            float most = 0.0f;
+            for (int64_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j) most = std::max(most, std::abs(written[j]));
+            bound = most / 127.0f * 0.51f + most * 1e-3f;
+          }
+          EXPECT_LE(std::abs(got[static_cast<size_t>(i)] - written[i]), bound) << kernels::weight_type_name(type) << " " << i;
+        }
+      }
+    }
+  }
+  EXPECT_THROW(nn::KVBlockCache(layers, 24, 4, 8, WeightType::Q8_0), ValueError);
+  EXPECT_THROW(nn::KVBlockCache(layers, 64, 4, 8, WeightType::Q4_0), ValueError);
+}
+
+// A session with a narrow cache: the first logits of a prompt (which attend only to themselves) are close to float32's
+// but not equal, the cache holds the same blocks in fewer bytes, batched generation still equals each prompt alone,
+// and a model whose keys are not whole q8_0 blocks is refused with the fix named.
+TEST(SessionKVCache, ASessionOnANarrowCacheStaysCloseAndBatchesAsAlone) {
+  using kernels::WeightType;
+  const auto model = nn::load_hf_decoder(fixture("hf/qwen3"));  // 2 kv heads of 16: whole q8_0 blocks
+  model->eval();
+  const int64_t V = model->vocab_size();
+  const std::vector<int64_t> prompt = prompt_of(12, V, 3);
+  auto last_logits = [&](WeightType type, int64_t* bytes) {
+    nn::SessionOptions o;
+    o.kv_type = type;
+    nn::Session session(*model, o);
+    const int64_t seq = session.open();
+    nn::Batch batch;
+    for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], static_cast<int64_t>(i), seq, i + 1 == prompt.size());
+    Tensor logits = session.decode(batch);
+    *bytes = session.cache().bytes_allocated();
+    return logits;
+  };
+  int64_t f32_bytes = 0;
+  const Tensor exact = last_logits(WeightType::F32, &f32_bytes);
+  float range = 0.0f;
+  for (int64_t v = 0; v < V; ++v) range = std::max(range, std::abs(exact.data()[v]));
+  for (WeightType type : {WeightType::F16, WeightType::BF16, WeightType::Q8_0}) {
+    int64_t bytes = 0;
+    const Tensor narrow = last_logits(type, &bytes);
+    float most = 0.0f;
+    for (int64_t v = 0; v < V; ++v) most = std::max(most, std::abs(narrow.data()[v] - exact.data()[v]));
+    EXPECT_LT(most, 0.03f * range) << kernels::weight_type_name(type);
+    if (type != WeightType::F16) EXPECT_GT(most, 0.0f) << kernels::weight_type_name(type) << ": nothing was rounded";
+    EXPECT_EQ(bytes, type == WeightType::Q8_0 ? f32_bytes * 34 / 128 : f32_bytes / 2) << kernels::weight_type_name(type);
+  }
+  // Batched equals alone on a q8_0 cache too: rounding is per position, so a row's keys do not depend on the batch
+  nn::SessionOptions o;
+  o.kv_type = WeightType::Q8_0;
+  std::vector<nn::GenerationRequest> requests;
+  for (int64_t i = 0; i < 3; ++i) {
+    nn::GenerationRequest r;
+    r.prompt = prompt_of(5 + 4 * i, V, 10 + i);
+    r.max_new_tokens = 6;
+    r.sampling.greedy = true;
+    requests.push_back(r);
+  }
+  nn::Session together(*model, o);
+  const auto batched = nn::generate(together, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    nn::Session alone(*model, o);
+    EXPECT_EQ(batched[i].tokens, nn::generate(alone, {requests[i]})[0].tokens) << "prompt " << i;
+  }
+  const auto llama = nn::load_hf_decoder(fixture("hf/llama"));  // 2 kv heads of 8: 16 values per position
+  try {
+    nn::Session refused(*llama, o);
+    ADD_FAILURE() << "a q8_0 cache of 16-value keys was made";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("use f16 or bf16"), std::string::npos) << e.what();
+  }
 }
 
 // A chat that continues its sequence in a full-sized cache: the blocks it already holds are not asked for again (qkv

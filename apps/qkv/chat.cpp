@@ -138,13 +138,13 @@ int run_chat(const ChatCommand& options) {
   const GenerateCommand& g = options.generation;
   const nn::SamplerOptions sampling = sampler_options(g, loaded);
   const int64_t capacity = std::min<int64_t>(model.context_length(), options.max_context);
-  nn::SessionOptions session_options;
-  session_options.max_tokens = capacity;
-  nn::Session session(model, session_options);  // blocks are taken as the conversation grows
+  nn::Session session(model, session_options(g, capacity));  // blocks are taken as the conversation grows
   const int64_t conversation = session.open();
   const bool interactive = isatty(STDIN_FILENO);
-  std::fprintf(stderr, "qkv chat: %s; KV cache for up to %lld tokens, taken as the conversation grows. %s\n",
-               loaded.description.c_str(), static_cast<long long>(capacity),
+  std::fprintf(stderr, "qkv chat: %s; KV cache of %s for up to %lld tokens (%s at most), taken as the conversation "
+                       "grows. %s\n",
+               loaded.description.c_str(), g.kv_cache.c_str(), static_cast<long long>(capacity),
+               mib(session.cache().max_blocks() * session.cache().bytes_per_block()).c_str(),
                interactive ? "Type a message; an empty line or Ctrl-D ends the chat." : "Reading messages from stdin, one per line.");
   int64_t turns = 0;
   // One turn: render the conversation, keep the cached tokens it begins with, feed the rest, stream the reply.

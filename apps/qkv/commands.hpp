@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <iosfwd>
 #include <map>
@@ -26,6 +27,11 @@
 namespace CLI {
 class App;
 }
+
+namespace qkv::nn {
+struct SessionOptions;
+class Session;
+}  // namespace qkv::nn
 
 namespace qkv::cli {
 
@@ -65,6 +71,14 @@ class UsageError : public Error {
 // "1 layer", "2 layers": a count with its noun, for messages.
 inline std::string count_of(int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+// "12.34 MiB" (or "48.0 KiB" below one MiB): a size, for messages.
+inline std::string mib(int64_t bytes) {
+  char text[32];
+  if (bytes < (1 << 20)) std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / (1 << 10));
+  else std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
 }
 
 // The most a command reads of a text (--text, --messages, standard input): 1 GiB, stated in the error past it.
@@ -180,12 +194,17 @@ struct GenerateCommand {
   double min_p = 0.0, repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
   uint64_t seed = 0;
   bool greedy = false, no_cache = false, replace_invalid = false;
+  std::string kv_cache = "f32";  // --kv-cache: how the session's KV cache stores keys and values
   std::vector<std::string> sampling_given;  // "--temperature 1.5", … as given (with --greedy they are not used: say so)
   bool chat = false;  // the prompt as one user message in the model's chat template
 };
 int run_generate(const GenerateCommand& options);
 // The sampler chain the generation options describe (greedy, temperature, top-k, top-p, min-p, penalties, seed)
 nn::SamplerOptions sampler_options(const GenerateCommand& options, const LoadedModel& loaded);
+// The session the generation options describe (--kv-cache), holding at most max_tokens positions (0: the context)
+nn::SessionOptions session_options(const GenerateCommand& options, int64_t max_tokens = 0);
+// "KV cache 12.5 MiB of bf16 …": how much memory the cache of a session holds now, and its type
+std::string kv_cache_summary(const nn::Session& session);
 
 // `qkv chat`: the generation options, plus the conversation's source and the template's switches.
 struct ChatCommand {

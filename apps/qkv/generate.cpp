@@ -48,6 +48,20 @@ LoadedModel load_model(const ModelOptions& options) {
   return std::move(*loaded);
 }
 
+nn::SessionOptions session_options(const GenerateCommand& g, int64_t max_tokens) {
+  nn::SessionOptions o;
+  o.max_tokens = max_tokens;
+  o.kv_type = *kernels::weight_type_from_name(g.kv_cache);  // checked by the option
+  return o;
+}
+
+std::string kv_cache_summary(const nn::Session& session) {
+  const nn::KVBlockCache& cache = session.cache();
+  return "KV cache " + mib(cache.bytes_allocated()) + " of " + kernels::weight_type_name(cache.type()) + " (" +
+         count_of(cache.blocks_allocated() * cache.block_size(), "position") + " in blocks of " +
+         std::to_string(cache.block_size()) + ")";
+}
+
 nn::SamplerOptions sampler_options(const GenerateCommand& g, const LoadedModel& loaded) {
   nn::SamplerOptions o;
   o.greedy = g.greedy;
@@ -121,12 +135,6 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
-std::string mib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
-
 // A file of prompts as one batch: one JSON object per line, in the file's order, printed once all have finished.
 int generate_batch(const GenerateCommand& options) {
   const std::vector<std::string> texts = read_prompts(options.prompts_path);
@@ -160,9 +168,8 @@ int generate_batch(const GenerateCommand& options) {
     positions += std::min<int64_t>(context, static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens);
     requests.push_back(std::move(r));
   }
-  nn::SessionOptions session_options;
-  session_options.max_tokens = positions + static_cast<int64_t>(requests.size()) * session_options.block_size;
-  nn::Session session(model, session_options);
+  nn::Session session(model, session_options(options, positions + static_cast<int64_t>(requests.size()) *
+                                                                    nn::SessionOptions{}.block_size));
   const auto began = std::chrono::steady_clock::now();
   const std::vector<nn::GenerationResult> results = nn::generate(session, requests);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
@@ -182,10 +189,9 @@ int generate_batch(const GenerateCommand& options) {
   }
   std::cout << out << std::flush;
   std::fprintf(stderr, "qkv generate: %zu prompts as one batch, %lld new tokens in %.2f s (%.1f tok/s, prompts "
-                       "included); KV cache %s at most (blocks of %lld positions)\n",
+                       "included); %s\n",
                results.size(), static_cast<long long>(produced), seconds,
-               static_cast<double>(produced) / std::max(seconds, 1e-9), mib(session.cache().bytes_allocated()).c_str(),
-               static_cast<long long>(session.cache().block_size()));
+               static_cast<double>(produced) / std::max(seconds, 1e-9), kv_cache_summary(session).c_str());
   return 0;
 }
 
@@ -225,7 +231,7 @@ int run_generate(const GenerateCommand& options) {
   if (!options.chat) std::cout << options.prompt << std::flush;
   text::StreamDecoder stream(*tokenizer);
   int64_t produced = 0;
-  int64_t cache_bytes = 0, block = 0;
+  std::string cache_summary = "no KV cache (--no-cache)";
   if (options.no_cache) {  // the book's loop: the whole context again for every token, for comparison
     nn::SamplingOptions legacy;
     legacy.max_new_tokens = options.max_new_tokens;
@@ -244,7 +250,7 @@ int run_generate(const GenerateCommand& options) {
   } else {
     // One sequence in a session; at the model's context the last half of it starts a new sequence (as the book's
     // loop crops), so a reply may run past context_length.
-    nn::Session session(model);
+    nn::Session session(model, session_options(options));
     std::vector<int64_t> sequence = prompt;
     for (int64_t left = options.max_new_tokens, round = 0; left > 0; ++round) {
       nn::GenerationRequest r;
@@ -263,18 +269,14 @@ int run_generate(const GenerateCommand& options) {
       sequence.insert(sequence.end(), result.tokens.begin(), result.tokens.end());
       sequence.erase(sequence.begin(), sequence.end() - std::max<int64_t>(1, context / 2));
     }
-    cache_bytes = session.cache().bytes_allocated();
-    block = session.cache().block_size();
+    cache_summary = kv_cache_summary(session) + ", " + count_of(model.num_layers(), "layer") + " × " +
+                    count_of(model.num_kv_heads(), "K/V head");
   }
   std::cout << stream.finish() << "\n" << std::flush;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   std::fprintf(stderr, "qkv generate: %lld new tokens in %.2f s (%.1f tok/s, prompt included); ",
                static_cast<long long>(produced), seconds, static_cast<double>(produced) / std::max(seconds, 1e-9));
-  if (options.no_cache) std::fprintf(stderr, "no KV cache (--no-cache)\n");
-  else
-    std::fprintf(stderr, "KV cache %s of f32 at most, in blocks of %s (%s × %s)\n", mib(cache_bytes).c_str(),
-                 count_of(block, "position").c_str(), count_of(model.num_layers(), "layer").c_str(),
-                 count_of(model.num_kv_heads(), "K/V head").c_str());
+  std::fprintf(stderr, "%s\n", cache_summary.c_str());
   return 0;
 }
 

@@ -199,7 +199,20 @@ void add_sampling_options(CLI::App& cmd, GenerateCommand& g) {
       ->capture_default_str()->check(real_in(-100.0, 100.0));
   cmd.add_flag("--replace-invalid", g.replace_invalid, "Replace invalid UTF-8 in the prompt with U+FFFD");
   cmd.add_flag("--greedy", g.greedy, "Always take the likeliest token (--temperature is then not used)");
-  cmd.add_flag("--no-cache", g.no_cache, "Recompute the whole context for every token (slow; for comparison)");
+  auto* no_cache = cmd.add_flag("--no-cache", g.no_cache, "Recompute the whole context for every token (slow; for comparison)");
+  add_kv_cache_option(cmd, g.kv_cache)->excludes(no_cache);
+}
+
+CLI::Option* add_kv_cache_option(CLI::App& command, std::string& type) {
+  return command.add_option("--kv-cache", type,
+                            "How the KV cache stores keys and values: f32, f16, bf16 (half the memory) or q8_0 (ggml's "
+                            "8-bit blocks, 0.27×; needs kv heads × head size a multiple of 32)")
+      ->capture_default_str()->type_name("TYPE")
+      ->check(checked([](const std::string& text) {
+        return text == "f32" || text == "f16" || text == "bf16" || text == "q8_0"
+                   ? std::string()
+                   : "must be f32, f16, bf16 or q8_0, not \"" + printable(text) + "\"";
+      }));
 }
 
 void note_unused_sampling(const GenerateCommand& g, const char* command) {

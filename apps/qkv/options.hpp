@@ -34,6 +34,8 @@ void add_config_options(CLI::App& command, nn::ConfigHint& hint);
 void add_model_options(CLI::App& command, ModelOptions& model);
 // --weights of the inference commands: how the model's matrices are kept in memory (stored, or a type to convert to).
 void add_weights_option(CLI::App& command, ModelOptions& model);
+// --kv-cache f32|f16|bf16|q8_0 into `type` (checked; kernels::weight_type_from_name reads it)
+CLI::Option* add_kv_cache_option(CLI::App& command, std::string& type);
 // --format png|svg|pdf and --scale of every command that draws (`names`: the format option's names; instruct's
 // --format is its prompt format, so it takes --picture-format alone).
 void add_picture_options(CLI::App& command, viz::PictureOptions& pictures,

@@ -19,12 +19,6 @@ struct QuantizeCommand {
   bool overwrite = false;
 };
 
-std::string mib(uint64_t bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return s;
-}
-
 int run_quantize(const QuantizeCommand& o) {
   const auto type = nn::gguf_file_type_from_name(o.type);
   if (!type) throw UsageError("--type " + o.type + " is not one of " + nn::gguf_file_type_names());

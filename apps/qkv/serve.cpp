@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "qkv/nn/pretrained.hpp"
 #include "qkv/serve/server.hpp"
 
@@ -21,6 +22,7 @@ volatile std::sig_atomic_t g_signal = 0;  // the last SIGTERM or SIGINT received
 
 struct ServeCommand {
   std::string checkpoint, adapter;
+  std::string kv_cache = "f32";  // --kv-cache, into server.kv_cache
   serve::ServerOptions server;
 };
 ServeCommand& serve_command() {
@@ -47,6 +49,7 @@ Runner setup_serve(CLI::App& command, CommandContext&) {
                   "Tokens of finished conversations kept so a next turn computes only its new tokens (-1: one context, "
                   "at most 8192; 0: no prompt cache)")
       ->capture_default_str()->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+  add_kv_cache_option(*cmd, c.kv_cache);
   cmd->add_option("--api-key", c.server.api_key, "Require 'Authorization: Bearer KEY' (default: $QKV_API_KEY; none: open)");
   cmd->add_option("--model-name", c.server.model_name, "The model id /v1/models reports (default: the folder's name)");
   cmd->add_option("--max-body", c.server.max_body_bytes, "Largest request body in bytes (more get 413)")
@@ -64,6 +67,7 @@ int run_serve() {
   if (c.server.api_key.empty())
     if (const char* key = std::getenv("QKV_API_KEY")) c.server.api_key = key;
   c.server.write_timeout_seconds = c.server.read_timeout_seconds;
+  c.server.kv_cache = *kernels::weight_type_from_name(c.kv_cache);  // checked by the option
   // A signal only sets a flag (all a handler may safely do); a watcher thread polls it and calls stop(), which locks
   // and joins. (Blocking the signals and sigwait-ing would not do: OpenBLAS starts threads before main, and the
   // kernel may hand the signal to one of them.) A client gone mid-write must not kill the process: SIGPIPE off.

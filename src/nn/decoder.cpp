@@ -1202,8 +1202,9 @@ Tensor Decoder::loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens
   return linear_cross_entropy(h, head, Tensor(), targets, ignore_index);
 }
 
-Tensor Decoder::weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const {
-  if (!record.lse.defined()) throw ValueError("Decoder::weights: the record is empty; run forward with it first");
+namespace {
+// The attention settings a recorded layer ran with, for recomputing its weights
+AttentionConfig recorded_attention(const DecoderConfig& config, int64_t layer, int64_t kv_tokens) {
   AttentionConfig attention;
   attention.num_heads = config.num_heads;
   attention.num_kv_heads = config.num_kv_heads;
@@ -1211,8 +1212,43 @@ Tensor Decoder::weights(int64_t layer, const AttentionStep::Record& record, int6
   attention.window = config.layers[static_cast<size_t>(layer)].window;
   attention.scale = static_cast<float>(config.attention_scale);
   attention.softcap = static_cast<float>(config.attn_softcap);
-  attention.kv_tokens = record.kv_tokens;
-  return attention_weights(record.queries, record.keys, record.lse, attention, b, h);
+  attention.kv_tokens = kv_tokens;
+  return attention;
+}
+}  // namespace
+
+Tensor Decoder::weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const {
+  if (!record.lse.defined()) throw ValueError("Decoder::weights: the record is empty; run forward with it first");
+  return attention_weights(record.queries, record.keys, record.lse, recorded_attention(config, layer, record.kv_tokens),
+                           b, h);
+}
+
+Tensor Decoder::attention_row(std::span<const int64_t> ids, int64_t position) const {
+  if (position < 0 || position >= static_cast<int64_t>(ids.size())) {
+    throw ValueError("Decoder::attention_row: position " + std::to_string(position) + " is outside the " +
+                     std::to_string(ids.size()) + " tokens given");
+  }
+  NoGradGuard no_grad;
+  const int64_t T = position + 1, H = config.num_heads;
+  Tensor x = embed(ids.first(static_cast<size_t>(T)), 1, T, 0);
+  Tensor out = Tensor::empty({config.num_layers, H, T});
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    AttentionStep::Record record;
+    x = block_forward(i, x, 0, nullptr, &record);
+    if (!record.lse.defined()) throw ValueError("Decoder::attention_row: layer " + std::to_string(i + 1) + " recorded no attention");
+    // The last query alone, over all T keys: a decode step's shape, so the causal mask and the window line up.
+    const int64_t width = record.queries.size(2);
+    const Tensor q = Tensor::from(std::span<const float>(record.queries.data() + (T - 1) * width, static_cast<size_t>(width)),
+                                  {1, 1, width});
+    Tensor lse = Tensor::empty({1, H, 1});
+    for (int64_t h = 0; h < H; ++h) lse.data()[h] = record.lse.data()[h * T + T - 1];
+    const AttentionConfig attention = recorded_attention(config, static_cast<int64_t>(i), record.kv_tokens);
+    for (int64_t h = 0; h < H; ++h) {
+      const Tensor w = attention_weights(q, record.keys, lse, attention, 0, h);  // (1, T)
+      std::copy_n(w.data(), T, out.data() + (static_cast<int64_t>(i) * H + h) * T);
+    }
+  }
+  return out;
 }
 
 Tensor Decoder::attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers, std::vector<int64_t> heads) const {
@@ -1319,10 +1355,8 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
     }
     const float* ks = k.data();
     const float* vs = v.data();
-    for (int64_t r = 0; r < run.rows; ++r) {
-      std::copy_n(ks + (run.row0 + r) * KV, KV, step.cache.key(layer_index, run.sequence, run.start + r));
-      std::copy_n(vs + (run.row0 + r) * KV, KV, step.cache.value(layer_index, run.sequence, run.start + r));
-    }
+    for (int64_t r = 0; r < run.rows; ++r)
+      step.cache.write(layer_index, run.sequence, run.start + r, ks + (run.row0 + r) * KV, vs + (run.row0 + r) * KV);
     // A sliding-window layer reads only the keys its rows can see; the causal offset (Tk − Tq) stays right.
     const int64_t begin = layer.window > 0 ? std::max<int64_t>(0, run.start - (layer.window - 1)) : 0;
     const int64_t Tk = end - begin;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 
 #include "qkv/core/autograd.hpp"
@@ -15,11 +16,19 @@ namespace qkv::nn {
 
 // ---- the block cache ----
 
-KVBlockCache::KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks)
-    : layers_(layers), width_(width), block_size_(block_size), max_blocks_(max_blocks) {
+KVBlockCache::KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks, kernels::WeightType type)
+    : layers_(layers), width_(width), block_size_(block_size), max_blocks_(max_blocks), type_(type) {
+  using kernels::WeightType;
   if (layers <= 0 || width <= 0 || block_size <= 0 || max_blocks <= 0)
     throw ValueError("KV cache: layers, width, block size and block count must be positive");
   if (max_blocks > (int64_t{1} << 30)) throw ValueError("KV cache: more than 2^30 blocks; use larger blocks");
+  if (type != WeightType::F32 && type != WeightType::F16 && type != WeightType::BF16 && type != WeightType::Q8_0)
+    throw ValueError(std::string("KV cache: keys and values cannot be stored as ") + kernels::weight_type_name(type) +
+                     "; use f32, f16, bf16 or q8_0");
+  if (type == WeightType::Q8_0 && width % 32 != 0)
+    throw ValueError("KV cache: q8_0 stores blocks of 32 values, but this model's keys have " + std::to_string(width) +
+                     " per position (kv heads × head size); use f16 or bf16");
+  row_bytes_ = kernels::row_bytes(type, width);
 }
 
 int64_t KVBlockCache::blocks_allocated() const {
@@ -52,7 +61,6 @@ int32_t KVBlockCache::take_block() {
     id = spare_.back();
     spare_.pop_back();
   } else {
-    const size_t floats = static_cast<size_t>(layers_ * 2 * block_size_ * width_);
     if (!unallocated_.empty()) {
       id = unallocated_.back();
       unallocated_.pop_back();
@@ -61,7 +69,7 @@ int32_t KVBlockCache::take_block() {
       storage_.emplace_back();
       refs_.push_back(0);
     }
-    storage_[static_cast<size_t>(id)].reset(new float[floats]);  // written before it is read
+    storage_[static_cast<size_t>(id)].reset(new std::byte[static_cast<size_t>(bytes_per_block())]);  // written before read
   }
   refs_[static_cast<size_t>(id)] = 1;
   ++in_use_;
@@ -143,16 +151,25 @@ void KVBlockCache::fork(int64_t src, int64_t dst, int64_t length) {
   sequences_.emplace(dst, std::move(copy));
 }
 
-float* KVBlockCache::slot(int32_t block, int64_t layer, int kv, int64_t pos) const {
-  return storage_[static_cast<size_t>(block)].get() + ((layer * 2 + kv) * block_size_ + pos % block_size_) * width_;
+std::byte* KVBlockCache::slot(int32_t block, int64_t layer, int kv, int64_t pos) const {
+  return storage_[static_cast<size_t>(block)].get() + ((layer * 2 + kv) * block_size_ + pos % block_size_) * row_bytes_;
 }
 
-float* KVBlockCache::key(int64_t layer, int64_t seq, int64_t pos) {
-  return slot(sequences_.at(seq).blocks[static_cast<size_t>(pos / block_size_)], layer, 0, pos);
-}
-
-float* KVBlockCache::value(int64_t layer, int64_t seq, int64_t pos) {
-  return slot(sequences_.at(seq).blocks[static_cast<size_t>(pos / block_size_)], layer, 1, pos);
+void KVBlockCache::write(int64_t layer, int64_t seq, int64_t pos, const float* key, const float* value) {
+  const int32_t block = sequences_.at(seq).blocks[static_cast<size_t>(pos / block_size_)];
+  std::byte* k = slot(block, layer, 0, pos);
+  std::byte* v = slot(block, layer, 1, pos);
+  if (type_ == kernels::WeightType::F32) {
+    std::memcpy(k, key, static_cast<size_t>(row_bytes_));
+    std::memcpy(v, value, static_cast<size_t>(row_bytes_));
+    return;
+  }
+  try {
+    kernels::quantize_rows(type_, key, k, 1, width_);
+    kernels::quantize_rows(type_, value, v, 1, width_);
+  } catch (const std::invalid_argument& e) {
+    throw ValueError(std::string("KV cache: ") + e.what());
+  }
 }
 
 void KVBlockCache::gather(int64_t layer, int64_t seq, int64_t begin, int64_t end, float* keys, float* values) const {
@@ -160,9 +177,14 @@ void KVBlockCache::gather(int64_t layer, int64_t seq, int64_t begin, int64_t end
   for (int64_t p = begin; p < end;) {  // one block's run of positions at a time
     const int32_t block = s.blocks[static_cast<size_t>(p / block_size_)];
     const int64_t n = std::min(end, (p / block_size_ + 1) * block_size_) - p;
-    const size_t bytes = static_cast<size_t>(n * width_) * sizeof(float);
-    std::memcpy(keys + (p - begin) * width_, slot(block, layer, 0, p), bytes);
-    std::memcpy(values + (p - begin) * width_, slot(block, layer, 1, p), bytes);
+    if (type_ == kernels::WeightType::F32) {
+      const size_t bytes = static_cast<size_t>(n * row_bytes_);
+      std::memcpy(keys + (p - begin) * width_, slot(block, layer, 0, p), bytes);
+      std::memcpy(values + (p - begin) * width_, slot(block, layer, 1, p), bytes);
+    } else {
+      kernels::dequantize_rows(type_, slot(block, layer, 0, p), keys + (p - begin) * width_, n, width_);
+      kernels::dequantize_rows(type_, slot(block, layer, 1, p), values + (p - begin) * width_, n, width_);
+    }
     p += n;
   }
 }
@@ -182,7 +204,8 @@ int64_t cache_blocks(const Decoder& model, const SessionOptions& o) {
 
 Session::Session(const Decoder& model, const SessionOptions& options)
     : model_(model), options_(options),
-      cache_(model.num_layers(), model.block_cache_width(), options.block_size, cache_blocks(model, options)) {
+      cache_(model.num_layers(), model.block_cache_width(), options.block_size, cache_blocks(model, options),
+             options.kv_type) {
   if (model.is_classifier())
     throw ValueError("session: the model is a classifier (" + std::to_string(model.config.num_labels) +
                      " classes), not a language model");

@@ -116,6 +116,7 @@ Scheduler::Scheduler(const nn::Decoder& model, const SchedulerOptions& options) 
   nn::SessionOptions so;
   so.max_batch_tokens = options.max_batch_tokens;
   so.prefill_chunk = options.prefill_chunk;
+  so.kv_type = options.kv_type;
   const int64_t bs = so.block_size;
   // The default keeps one context of conversations, at most 8192 positions (a 40 Ki context of a 0.6B model would
   // otherwise keep gigabytes; --cache-tokens asks for more)
@@ -194,14 +195,27 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
+void Scheduler::run_between_steps(std::function<void()> job) {
+  std::packaged_task<void()> task(std::move(job));
+  std::future<void> done = task.get_future();
+  {
+    std::lock_guard lock(mutex_);
+    if (!accepting_) throw ShapeError("the server is shutting down; no new requests are taken");
+    jobs_.push_back(std::move(task));
+    wake_.notify_all();
+  }
+  done.get();
+}
+
 void Scheduler::loop() {
   NoGradGuard no_grad;
   for (;;) {
     std::vector<std::unique_ptr<Slot>> dropped;  // queued requests cancelled before they ran
+    std::deque<std::packaged_task<void()>> jobs;
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] {
-        return stopping_ || !active_.empty() || !cancelled_ids_.empty() ||
+        return stopping_ || !jobs_.empty() || !active_.empty() || !cancelled_ids_.empty() ||
                (!queue_.empty() && static_cast<int64_t>(active_.size()) < options_.parallel);
       });
       // Apply cancellations: a queued request leaves the queue, a running one ends at this step.
@@ -222,7 +236,9 @@ void Scheduler::loop() {
           slot->cancel = true;
       cancelled_ids_.clear();
       admit();
+      jobs.swap(jobs_);
     }
+    for (auto& job : jobs) job();
     for (auto& slot : dropped) finish(*slot, FinishReason::Cancelled);
     if (!dropped.empty()) {
       std::lock_guard lock(mutex_);
@@ -233,7 +249,7 @@ void Scheduler::loop() {
     std::lock_guard lock(mutex_);
     if (stopping_ && admitted_ == 0) {
       idle_.notify_all();
-      if (queue_.empty()) return;
+      if (queue_.empty() && jobs_.empty()) return;
     }
   }
 }

@@ -102,11 +102,32 @@ std::string random_id(const char* prefix) {
   return id;
 }
 
+// A list of token ids in field `name` of a request, each inside the vocabulary [0, V)
+std::vector<int64_t> token_ids_field(const json& body, const char* name, int64_t V) {
+  if (!body.contains(name) || !body[name].is_array()) throw bad_field(name, std::string(name) + " must be a list of token ids");
+  std::vector<int64_t> ids;
+  for (const json& x : body[name]) {
+    if (!x.is_number_integer()) throw bad_field(name, std::string(name) + " must be a list of integers");
+    const int64_t id = x.get<int64_t>();
+    if (id < 0 || id >= V)
+      throw bad_field(name, "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// A piece of a reply's text and the tokens that gave it (a character split over tokens comes with the last of them;
+// tokens whose text a stop string swallowed come with no text)
+struct Piece {
+  std::string text;
+  std::vector<int64_t> ids;
+};
+
 // The text pieces of one request on their way from the scheduler's thread to the HTTP thread that answers it
 struct Channel {
   std::mutex mutex;
   std::condition_variable ready;
-  std::deque<std::string> pieces;
+  std::deque<Piece> pieces;
   bool finished = false;
   Outcome outcome;
   std::string text;           // the whole reply (non-streamed answers)
@@ -154,6 +175,7 @@ struct Server::State {
     GenerationRequest request;
     std::vector<std::string> stops;
     bool stream = false, include_usage = false;
+    bool token_ids = false;  // return_token_ids (vLLM's extension): the prompt's ids, and each piece's
   };
 
   void check_key(const httplib::Request& req) const {
@@ -235,6 +257,7 @@ struct Server::State {
     for (const std::string& x : g.stops)
       if (x.size() > 256) throw bad_field("stop", "a stop string may have at most 256 bytes");
     g.stream = bool_field(body, "stream", false);
+    g.token_ids = bool_field(body, "return_token_ids", false);
     if (body.contains("stream_options") && !body["stream_options"].is_null()) {
       if (!body["stream_options"].is_object()) throw bad_field("stream_options", "stream_options must be an object");
       g.include_usage = bool_field(body["stream_options"], "include_usage", false);
@@ -249,20 +272,24 @@ struct Server::State {
   std::shared_ptr<Channel> start(Generation& g) {
     auto channel = std::make_shared<Channel>();
     auto reply = std::make_shared<ReplyText>(*model->tokenizer, g.stops);
-    g.request.on_token = [channel, reply](int64_t token) {
+    auto held = std::make_shared<std::vector<int64_t>>();  // tokens whose text is not out yet
+    g.request.on_token = [channel, reply, held](int64_t token) {
       if (channel->gone) return TokenVerdict::Cancel;
-      std::string piece = reply->push(token);
-      if (!piece.empty()) {
+      held->push_back(token);
+      std::string text = reply->push(token);
+      if (!text.empty()) {
         std::lock_guard lock(channel->mutex);
-        channel->pieces.push_back(std::move(piece));
+        channel->pieces.push_back({std::move(text), std::move(*held)});
+        held->clear();
         channel->ready.notify_all();
       }
       return reply->stopped() ? TokenVerdict::Stop : TokenVerdict::Continue;
     };
-    g.request.on_finish = [channel, reply](const Outcome& outcome) {
+    g.request.on_finish = [channel, reply, held](const Outcome& outcome) {
       std::string rest = outcome.finish == FinishReason::Cancelled ? std::string() : reply->finish();
       std::lock_guard lock(channel->mutex);
-      if (!rest.empty()) channel->pieces.push_back(std::move(rest));
+      if (outcome.finish != FinishReason::Cancelled && (!rest.empty() || !held->empty()))
+        channel->pieces.push_back({std::move(rest), std::move(*held)});
       channel->outcome = outcome;
       channel->text = reply->text();
       channel->finished = true;
@@ -294,10 +321,10 @@ struct Server::State {
     c.ready.wait(lock, [&] { return c.finished; });
   }
 
-  // Streams a request's pieces as server-sent events: `chunk(piece)` makes the JSON of one piece, `last(outcome)`
-  // the closing chunk, `usage` the usage chunk when asked for.
-  void stream(httplib::Response& res, std::shared_ptr<Channel> channel, bool include_usage,
-              std::function<json(const std::string&)> chunk, std::function<json(const Outcome&)> last,
+  // Streams a request's pieces as server-sent events: `chunk(piece)` makes the JSON of one piece (pieces without
+  // text only when their ids are asked for), `last(outcome)` the closing chunk, `usage` the usage chunk when asked for.
+  void stream(httplib::Response& res, std::shared_ptr<Channel> channel, bool include_usage, bool token_ids,
+              std::function<json(const Piece&)> chunk, std::function<json(const Outcome&)> last,
               std::function<json(const Outcome&)> usage_chunk, std::optional<json> first = std::nullopt) {
     Scheduler* sched = scheduler.get();
     auto sent_first = std::make_shared<bool>(!first.has_value());
@@ -305,7 +332,8 @@ struct Server::State {
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [channel, sched, include_usage, chunk, last, usage_chunk, first, sent_first](size_t, httplib::DataSink& sink) {
+        [channel, sched, include_usage, token_ids, chunk, last, usage_chunk, first, sent_first](size_t,
+                                                                                               httplib::DataSink& sink) {
           auto event = [&](const json& j) {
             const std::string line = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
             return sink.write(line.data(), line.size());
@@ -319,7 +347,7 @@ struct Server::State {
             *sent_first = true;
             if (!event(*first)) return gone();
           }
-          std::deque<std::string> pieces;
+          std::deque<Piece> pieces;
           bool finished;
           {
             std::unique_lock lock(channel->mutex);
@@ -328,8 +356,8 @@ struct Server::State {
             pieces.swap(channel->pieces);
             finished = channel->finished;
           }
-          for (const std::string& piece : pieces)
-            if (!event(chunk(piece))) return gone();
+          for (const Piece& piece : pieces)
+            if ((!piece.text.empty() || token_ids) && !event(chunk(piece))) return gone();
           if (pieces.empty() && !finished && !sink.is_writable()) return gone();
           if (!finished) return true;
           const Outcome& o = channel->outcome;
@@ -413,11 +441,14 @@ struct Server::State {
       };
       json first = with_usage(head(json::array({{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
                                                  {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+      if (g.token_ids) first["prompt_token_ids"] = g.prompt;
+      const bool ids = g.token_ids;
       stream(
-          res, channel, usage,
-          [=](const std::string& piece) {
-            return with_usage(head(json::array(
-                {{{"index", 0}, {"delta", {{"content", piece}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+          res, channel, usage, ids,
+          [=](const Piece& piece) {
+            json choice = {{"index", 0}, {"delta", {{"content", piece.text}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+            if (ids) choice["token_ids"] = piece.ids;
+            return with_usage(head(json::array({std::move(choice)})));
           },
           [=](const Outcome& o) {
             return with_usage(head(json::array({{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr},
@@ -441,7 +472,15 @@ struct Server::State {
                                              {"logprobs", nullptr},
                                              {"finish_reason", finish_reason_name(o.finish)}}})},
                    {"usage", usage_of(o)}};
+    with_token_ids(answer, g, o);
     res.set_content(answer.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  // return_token_ids in a whole answer: the prompt's ids beside the choices, the reply's in its choice (as vLLM)
+  static void with_token_ids(json& answer, const Generation& g, const Outcome& o) {
+    if (!g.token_ids) return;
+    answer["prompt_token_ids"] = g.prompt;
+    answer["choices"][0]["token_ids"] = o.tokens;
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
@@ -478,10 +517,16 @@ struct Server::State {
                   {"system_fingerprint", nullptr}, {"choices", std::move(choices)}};
     };
     if (g.stream) {
+      const bool ids = g.token_ids;
+      std::optional<json> first;
+      if (ids) first = json{{"id", id}, {"object", "text_completion"}, {"created", now}, {"model", name},
+                            {"system_fingerprint", nullptr}, {"choices", json::array()}, {"prompt_token_ids", g.prompt}};
       stream(
-          res, channel, g.include_usage,
-          [=](const std::string& piece) {
-            return head(json::array({{{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}));
+          res, channel, g.include_usage, ids,
+          [=](const Piece& piece) {
+            json choice = {{"index", 0}, {"text", piece.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+            if (ids) choice["token_ids"] = piece.ids;
+            return head(json::array({std::move(choice)}));
           },
           [=](const Outcome& o) {
             return head(json::array(
@@ -491,7 +536,8 @@ struct Server::State {
             json j = head(json::array());
             j["usage"] = usage_of(o);
             return j;
-          });
+          },
+          first);
       return;
     }
     wait(*channel);
@@ -500,6 +546,7 @@ struct Server::State {
     json answer = head(json::array(
         {{{"index", 0}, {"text", channel->text}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(o.finish)}}}));
     answer["usage"] = usage_of(o);
+    with_token_ids(answer, g, o);
     res.set_content(answer.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   }
 
@@ -528,17 +575,62 @@ struct Server::State {
     check_key(req);
     scheduler_or_throw();
     const json body = parse_body(req);
-    if (!body.contains("tokens") || !body["tokens"].is_array()) throw bad_field("tokens", "tokens must be a list of ids");
-    std::vector<int64_t> ids;
-    const int64_t V = model->tokenizer->vocab_size();
-    for (const json& x : body["tokens"]) {
-      if (!x.is_number_integer()) throw bad_field("tokens", "tokens must be a list of integers");
-      const int64_t id = x.get<int64_t>();
-      if (id < 0 || id >= V) throw bad_field("tokens", "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
-      ids.push_back(id);
-    }
+    const std::vector<int64_t> ids = token_ids_field(body, "tokens", model->tokenizer->vocab_size());
     res.set_content(json{{"content", model->tokenizer->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
+  }
+
+  // POST /attention (qkv's own, for the chat page): what the token at `position` of `tokens` attended to when the
+  // model read it, which is what it attended to when it wrote the next token. Runs between the scheduler's steps.
+  void attention(const httplib::Request& req, httplib::Response& res) {
+    check_key(req);
+    Scheduler& s = scheduler_or_throw();
+    const json body = parse_body(req);
+    const nn::Decoder& decoder = *model->model;
+    const std::vector<int64_t> ids = token_ids_field(body, "tokens", decoder.vocab_size());
+    const int64_t T = static_cast<int64_t>(ids.size());
+    if (T == 0) throw bad_field("tokens", "tokens must hold at least one id");
+    if (T > s.context())
+      throw HttpError(400, "tokens has " + std::to_string(T) + " ids; the server's context is " + std::to_string(s.context()),
+                      "invalid_request_error", "tokens", "context_length_exceeded");
+    const int64_t position = integer_field(body, "position", 0, T - 1).value_or(T - 1);
+    const int64_t L = decoder.num_layers(), H = decoder.num_heads();
+    const std::optional<int64_t> layer = integer_field(body, "layer", 1, L);
+    Tensor row;
+    try {
+      s.run_between_steps([&] { row = decoder.attention_row(ids, position); });
+    } catch (const ShapeError& e) {
+      throw HttpError(503, e.what(), "server_error", {}, "unavailable");
+    } catch (const ValueError& e) {  // latent attention is not drawn yet
+      throw HttpError(400, std::string("No attention weights for this model: ") + e.what());
+    }
+    const int64_t n = position + 1;
+    auto rounded = [](double w) { return std::round(w * 1e5) / 1e5; };  // five decimals: a picture, not a check
+    json mean = json::array(), per_head = json::array();
+    for (int64_t l = 0; l < L; ++l) {
+      json line = json::array();
+      for (int64_t j = 0; j < n; ++j) {
+        double total = 0;
+        for (int64_t h = 0; h < H; ++h) total += row.data()[(l * H + h) * n + j];
+        line.push_back(rounded(total / static_cast<double>(H)));
+      }
+      mean.push_back(std::move(line));
+    }
+    if (layer)
+      for (int64_t h = 0; h < H; ++h) {
+        json line = json::array();
+        for (int64_t j = 0; j < n; ++j) line.push_back(rounded(row.data()[((*layer - 1) * H + h) * n + j]));
+        per_head.push_back(std::move(line));
+      }
+    json tokens = json::array();
+    for (int64_t j = 0; j < n; ++j) tokens.push_back(text::replace_invalid_utf8(model->tokenizer->token_bytes(ids[static_cast<size_t>(j)])));
+    json answer = {{"object", "attention"}, {"position", position}, {"layers", L}, {"heads", H},
+                   {"tokens", std::move(tokens)}, {"mean", std::move(mean)}};
+    if (layer) {
+      answer["layer"] = *layer;
+      answer["per_head"] = std::move(per_head);
+    }
+    res.set_content(answer.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   }
 
   void health(httplib::Response& res) {
@@ -687,6 +779,7 @@ struct Server::State {
     http.Get("/v1/models", route([this](auto& q, auto& r) { models(q, r); }));
     http.Post("/tokenize", route([this](auto& q, auto& r) { tokenize(q, r); }));
     http.Post("/detokenize", route([this](auto& q, auto& r) { detokenize(q, r); }));
+    http.Post("/attention", route([this](auto& q, auto& r) { attention(q, r); }));
     http.Get("/health", route([this](auto&, auto& r) { health(r); }));
     http.Get("/metrics", route([this](auto& q, auto& r) { metrics(q, r); }));
     // The chat page: no key needed to load it (it holds nothing); it sends the key the user types with each call.
@@ -763,6 +856,7 @@ void Server::set_model(std::unique_ptr<nn::Pretrained> model, const std::string&
   o.queue_size = s.options.queue_size;
   o.context = s.options.context;
   o.prompt_cache_tokens = s.options.prompt_cache_tokens;
+  o.kv_type = s.options.kv_cache;
   auto scheduler = std::make_unique<Scheduler>(*model->model, o);
   std::lock_guard lock(s.mutex);
   s.model = std::move(model);

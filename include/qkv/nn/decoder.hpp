@@ -200,6 +200,11 @@ class Decoder : public LanguageModel {
               int64_t ignore_index = -100) const override;
   Tensor attention_maps(std::span<const int64_t> ids, std::vector<int64_t> layers,
                         std::vector<int64_t> heads) const override;
+  // What the token at `position` attended to: (L, H, position + 1), layer l's head h giving the softmax weights of
+  // that query over positions 0…position (0 outside a sliding window), as the model computed them when it read that
+  // token (a decode step sees the same keys). One pass over ids[0…position] and one row of QKᵀ per head: the last
+  // row of attention_maps without its T × T. ValueError for a position outside ids or for latent attention.
+  Tensor attention_row(std::span<const int64_t> ids, int64_t position) const;
   KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
   Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
   // One step of a session (session.hpp): the plan's rows, each at its own position, run through the blocks; each

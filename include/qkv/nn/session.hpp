@@ -19,6 +19,7 @@
 
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/thread_governor.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/nn/sampler.hpp"
 
 namespace qkv::nn {
@@ -50,16 +51,20 @@ struct Batch {
 // fork from a common prefix. Memory is the most blocks ever held at once, never a whole context per sequence.
 class KVBlockCache {
  public:
-  // For `layers` layers of `width` (H_kv·D) floats per position, at most max_blocks blocks of block_size positions
-  KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks);
+  // For `layers` layers of `width` (H_kv·D) values per position, at most max_blocks blocks of block_size positions,
+  // stored as `type`: F32, F16, BF16 (rounded to nearest even) or Q8_0 (ggml's blocks of 32 with a half scale; width
+  // must be a multiple of 32). ValueError for another type or a width Q8_0 cannot hold.
+  KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks,
+               kernels::WeightType type = kernels::WeightType::F32);
 
   int64_t block_size() const { return block_size_; }  // positions per block
   int64_t max_blocks() const { return max_blocks_; }   // the most blocks it may hold
   int64_t blocks_in_use() const { return in_use_; }    // blocks some sequence holds
   int64_t blocks_free() const { return max_blocks_ - in_use_; }  // blocks that can still be taken
   int64_t blocks_allocated() const;                    // blocks whose memory is allocated (in use or kept for reuse)
-  // Bytes of one block: every layer's keys and values for block_size positions, float32
-  int64_t bytes_per_block() const { return layers_ * 2 * block_size_ * width_ * static_cast<int64_t>(sizeof(float)); }
+  kernels::WeightType type() const { return type_; }  // how keys and values are stored
+  // Bytes of one block: every layer's keys and values for block_size positions, in the cache's type
+  int64_t bytes_per_block() const { return layers_ * 2 * block_size_ * row_bytes_; }
   int64_t bytes_allocated() const { return blocks_allocated() * bytes_per_block(); }  // memory held now
   int64_t tokens_held() const;  // Σ over sequences of their lengths (shared prefixes counted once per sequence)
   // Blocks that taking `length` positions of sequence `seq` (which holds length(seq)) would add, counting the copy
@@ -80,10 +85,10 @@ class KVBlockCache {
   // Makes room for positions [length(seq), length) (taking blocks; copying a shared last block before it is written)
   // and sets the length. ShapeError when the cache has too few free blocks (nothing is taken then).
   void grow(int64_t seq, int64_t length);
-  // Where layer `layer`'s key (value) for position `pos` of seq lives: `width` floats
-  float* key(int64_t layer, int64_t seq, int64_t pos);
-  float* value(int64_t layer, int64_t seq, int64_t pos);  // as key()
-  // Copies positions [begin, end) of layer `layer` of seq into keys and values ((end − begin) × width each)
+  // Stores layer `layer`'s key and value (`width` floats each) for position `pos` of seq (taken by grow), converted to
+  // the cache's type. ValueError for a value Q8_0 cannot hold (NaN, ±Inf).
+  void write(int64_t layer, int64_t seq, int64_t pos, const float* key, const float* value);
+  // Positions [begin, end) of layer `layer` of seq as floats ((end − begin) × width each), widened from the cache's type
   void gather(int64_t layer, int64_t seq, int64_t begin, int64_t end, float* keys, float* values) const;
 
  private:
@@ -94,10 +99,12 @@ class KVBlockCache {
   int32_t take_block();
   void release(int32_t block);
   const Sequence& at(int64_t seq) const;
-  float* slot(int32_t block, int64_t layer, int kv, int64_t pos) const;
+  std::byte* slot(int32_t block, int64_t layer, int kv, int64_t pos) const;
   int64_t layers_, width_, block_size_, max_blocks_, in_use_ = 0;
+  kernels::WeightType type_;
+  int64_t row_bytes_;  // one position's key (or value) of one layer
   std::unordered_map<int64_t, Sequence> sequences_;
-  std::vector<std::unique_ptr<float[]>> storage_;  // by block id; null once trimmed
+  std::vector<std::unique_ptr<std::byte[]>> storage_;  // by block id; null once trimmed
   std::vector<int32_t> refs_;                      // holders of each block
   std::vector<int32_t> spare_;                     // allocated blocks nobody holds
   std::vector<int32_t> unallocated_;               // ids whose memory was trimmed
@@ -126,6 +133,9 @@ struct SessionOptions {
   // decode() runs each kind of batch on 1 thread while that is faster than the full count (another program holds a
   // core); see ThreadGovernor. The results are the same either way.
   bool adapt_threads = true;
+  // How the KV cache stores keys and values: F32, F16, BF16 or Q8_0 (llama.cpp's --cache-type-k/v). Attention reads
+  // them widened to float32; the narrower types hold 2× and 3.8× the tokens in the same memory and round each value.
+  kernels::WeightType kv_type = kernels::WeightType::F32;
 };
 
 // A model with a KV cache for many sequences (llama_context): open sequences, decode batches, fork, cut and close

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "qkv/core/error.hpp"
+#include "qkv/kernels/quant.hpp"
 
 namespace qkv::nn {
 class Decoder;
@@ -90,6 +92,8 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // a step feeds at most this many tokens (decoding requests come first)
   // Prompts are fed in pieces cut at multiples of this (the same cuts as nn::generate, so a prompt computes the same)
   int64_t prefill_chunk = 256;
+  // How the session's KV cache stores keys and values (nn::SessionOptions::kv_type): f32, f16, bf16 or q8_0
+  kernels::WeightType kv_type = kernels::WeightType::F32;
 };
 
 // Thrown by Scheduler::submit when parallel + queue_size requests are already admitted (HTTP 429)
@@ -138,6 +142,10 @@ class Scheduler {
   // requests are cancelled. Returns when nothing runs any more.
   void shutdown(bool cancel_running);
   SchedulerStats stats() const;  // a snapshot of the counters
+  // Runs `job` on the loop's thread between two steps, so that other work on the model (the chat page's attention
+  // rows) never competes with generation for the threads, and waits for it; the job's exception reaches the caller.
+  // ShapeError after shutdown().
+  void run_between_steps(std::function<void()> job);
 
   int64_t context() const { return context_; }  // the most tokens a request may hold
   const SchedulerOptions& options() const { return options_; }  // what it was made with
@@ -161,6 +169,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Slot>> queue_;   // waiting, oldest first
   std::vector<std::unique_ptr<Slot>> active_; // running (touched by the loop only, counted under the lock)
   std::vector<int64_t> cancelled_ids_;        // cancel() requests the loop has not applied yet
+  std::deque<std::packaged_task<void()>> jobs_;  // run_between_steps' jobs, not yet run
   int64_t next_id_ = 1, admitted_ = 0;        // admitted_: queued + active
   bool accepting_ = true, stopping_ = false, cancel_running_ = false;
   SchedulerStats stats_;

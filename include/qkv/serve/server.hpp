@@ -1,5 +1,6 @@
 // `qkv serve`'s HTTP side: OpenAI's chat and text completions (streamed as server-sent events or whole), models,
-// tokenize/detokenize, health and Prometheus metrics, over cpp-httplib, with the limits a server left running needs
+// tokenize/detokenize, the attention of a token (the chat page's pictures), health and Prometheus metrics, the chat
+// page, over cpp-httplib, with the limits a server left running needs
 // (API key, body size, read timeouts, max_tokens and context, a bounded queue, cancellation when a client goes away).
 // Generation itself is the Scheduler's (scheduler.hpp); loading is nn::load_pretrained's. Not here: the command line
 // and signals (apps/qkv/serve.cpp).
@@ -43,6 +44,7 @@ struct ServerOptions {
   int request_deadline_seconds = 15;
   int drain_seconds = 10;           // on stop(): how long requests in flight may run before they are cancelled
   int threads = 0;                  // HTTP worker threads (0: parallel + queue_size + 8: one per streaming client)
+  kernels::WeightType kv_cache = kernels::WeightType::F32;  // how the KV cache stores keys and values (SchedulerOptions)
 };
 
 // The HTTP server. Lifecycle: bind() → serve() on one thread (blocks) while another loads the model and calls
