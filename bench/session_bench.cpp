@@ -7,9 +7,13 @@
 //     reads (every weight matrix once per step, whatever the batch, plus each sequence's keys and values);
 //   - the block cache's peak memory against the positions it held (memory follows the tokens, not a context).
 //   qkv_session_bench [--shape qwen3-0.6b|small] [--prompts N] [--tokens N] [--threads N] [--repeats N] [--smoke]
+// With --kv-types CONTEXT: instead, one sequence of a CONTEXT-token prompt then --tokens new ones on each KV cache type
+// (f32, f16, bf16, q8_0; --kv-cache), in one run: the cache's bytes, decoding tok/s against float32's, and how far
+// the narrow caches move the logits and the greedy tokens.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -47,11 +51,67 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// --kv-types: each cache type on one long sequence, alternating types within each repeat
+int kv_types(const qkv::nn::Decoder& model, int64_t context, int64_t tokens, int repeats) {
+  using qkv::kernels::WeightType;
+  const std::vector<WeightType> types = {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0};
+  std::vector<int64_t> prompt;
+  for (int64_t k = 0; k < context; ++k) prompt.push_back((k * 7919 + 11) % model.vocab_size());
+  std::vector<std::vector<double>> decode(types.size());
+  std::vector<std::vector<int64_t>> out(types.size());
+  std::vector<qkv::Tensor> first(types.size());
+  std::vector<int64_t> bytes(types.size());
+  for (int rep = 0; rep < repeats; ++rep)
+    for (size_t i = 0; i < types.size(); ++i) {
+      qkv::nn::SessionOptions o;
+      o.kv_type = types[i];
+      o.max_tokens = context + tokens + 16;
+      qkv::nn::Session session(model, o);
+      const int64_t seq = session.open();
+      qkv::nn::Batch batch;
+      for (int64_t k = 0; k < context; ++k) batch.add(prompt[static_cast<size_t>(k)], k, seq, k + 1 == context);
+      first[i] = session.decode(batch);  // the prompt, then greedy steps timed
+      int64_t next = 0;
+      auto argmax = [&](const qkv::Tensor& logits) {
+        const float* l = logits.data();
+        return static_cast<int64_t>(std::max_element(l, l + logits.size(1)) - l);
+      };
+      next = argmax(first[i]);
+      out[i].assign(1, next);
+      const auto t = Clock::now();
+      for (int64_t n = 1; n < tokens; ++n) {
+        batch.clear();
+        batch.add(next, context + n - 1, seq, true);
+        next = argmax(session.decode(batch));
+        out[i].push_back(next);
+      }
+      decode[i].push_back(static_cast<double>(tokens - 1) / since(t));
+      bytes[i] = session.cache().bytes_allocated();
+    }
+  std::printf("one sequence: a %lld-token prompt, then %lld greedy tokens; medians of %d runs, types alternating\n",
+              static_cast<long long>(context), static_cast<long long>(tokens), repeats);
+  const double base = median(decode[0]);
+  float range = 0.0f;
+  for (int64_t v = 0; v < first[0].size(1); ++v) range = std::max(range, std::abs(first[0].data()[v]));
+  for (size_t i = 0; i < types.size(); ++i) {
+    float most = 0.0f;
+    for (int64_t v = 0; v < first[0].size(1); ++v) most = std::max(most, std::abs(first[i].data()[v] - first[0].data()[v]));
+    size_t same = 0;
+    while (same < out[i].size() && out[i][same] == out[0][same]) ++same;
+    std::printf("  %-4s KV cache %8.2f MiB (%.3fx f32)  decoding %6.2f tok/s (%.2fx f32)  first logits: max |diff| "
+                "%.2e (%.2e of their range); greedy tokens equal to f32's for the first %zu of %zu\n",
+                qkv::kernels::weight_type_name(types[i]), bytes[i] / 1048576.0,
+                static_cast<double>(bytes[i]) / static_cast<double>(bytes[0]), median(decode[i]), median(decode[i]) / base,
+                most, most / range, same, out[i].size());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string shape = "qwen3-0.6b";
-  int64_t prompts = 8, tokens = 32;
+  int64_t prompts = 8, tokens = 32, kv_context = 0;
   int threads = 2, repeats = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -62,6 +122,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(next());
     else if (a == "--repeats") repeats = std::stoi(next());
     else if (a == "--smoke") shape = "smoke", tokens = 4, repeats = 1;
+    else if (a == "--kv-types") kv_context = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -76,6 +137,7 @@ int main(int argc, char** argv) {
   model.eval();
   std::printf("%s: %lld parameters (random, float32) made in %.1f s; %d threads\n", shape.c_str(),
               static_cast<long long>(model.parameter_count()), since(t), threads);
+  if (kv_context > 0) return kv_types(model, kv_context, tokens, repeats);
   int64_t matrix_bytes = 0;
   for (const auto& p : config.layout())
     if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * 4;

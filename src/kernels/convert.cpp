@@ -69,21 +69,33 @@ uint16_t f32_to_f16_reference(float f) {
   return sign | static_cast<uint16_t>(r);
 }
 
-void bf16_to_f32(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);  // float and uint32 share a size; bits are copied, not punned
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
+namespace {
+void bf16_to_f32_rows(const uint16_t* __restrict src, uint32_t* __restrict out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(src[i]) << 16;
 }
 
-void f32_to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
-  const uint32_t* in = reinterpret_cast<const uint32_t*>(src);
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
+void f32_to_bf16_rows(const uint32_t* __restrict in, uint16_t* __restrict dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t u = in[i];
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     dst[i] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x0040u) : rounded);
   }
+}
+}  // namespace
+
+// Below the grain the loop runs here, not in a parallel region with `if` false: libgomp still starts a team of one for
+// that (about a microsecond), which the KV cache's many short runs of bf16 paid thousands of times a token.
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);  // float and uint32 share a size; bits are copied, not punned
+  if (!worth_parallel(n)) return bf16_to_f32_rows(src, out, n);
+  for_blocks(n, [&](int64_t begin, int64_t end) { bf16_to_f32_rows(src + begin, out + begin, end - begin); });
+}
+
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(src);
+  if (!worth_parallel(n)) return f32_to_bf16_rows(in, dst, n);
+  for_blocks(n, [&](int64_t begin, int64_t end) { f32_to_bf16_rows(in + begin, dst + begin, end - begin); });
 }
 
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {

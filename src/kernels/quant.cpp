@@ -380,8 +380,9 @@ void dequantize_blocks(WeightType type, const void* x, float* y, int64_t blocks)
 // split between threads in chunks; `work` is the cost of a block relative to a float copy.
 template <class Body>
 void for_block_chunks(int64_t blocks, int64_t values_per_block, int64_t work, Body&& body) {
+  if (!worth_parallel(blocks * values_per_block * work)) return body(int64_t{0}, blocks);  // no team of one (convert.cpp)
   const int64_t chunk = std::max<int64_t>(1, 4096 / values_per_block), chunks = (blocks + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (worth_parallel(blocks * values_per_block * work))
+#pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(blocks, c * chunk + chunk) - c * chunk);
 }
 
