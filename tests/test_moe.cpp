@@ -68,7 +68,42 @@ TEST(MoeFamily, ReadsTheExpertsAndWhichLayersHaveThem) {
   Generator gen(7);
   nn::Decoder made(fresh, gen);
   const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6}, targets = {2, 3, 4, 5, 6, 7};
-  EXPECT_NEAR(made.loss(ids, 1, 6, targets).item(), std::log(72.0), 0.05);
+  // its loss: ln V, plus the load-balancing loss (≈ k for a router still near uniform) × router_aux_loss_coef
+  EXPECT_EQ(c.router_aux_loss_coef, 0.05);
+  EXPECT_NEAR(made.loss(ids, 1, 6, targets).item(), std::log(72.0) + 0.05 * 2.0, 0.05);
+}
+
+// The load-balancing loss by hand: two tokens, three experts, top 1. Token 0's probabilities (0.5, 0.3, 0.2) choose
+// expert 0, token 1's (0.1, 0.2, 0.7) expert 2: f = (1/2, 0, 1/2), P = (0.3, 0.25, 0.45), so the loss is
+// 3 · (0.15 + 0 + 0.225) = 1.125, and d/dP_e = 3 · f_e reaches the logits through each row's softmax. Without
+// output_router_logits in config.json the training loss is the cross-entropy alone (transformers' default).
+TEST(MoeFamily, TheLoadBalancingLossIsSwitchTransformersAndOnlyWhenAsked) {
+  const Tensor probs = Tensor::from({0.5f, 0.3f, 0.2f, 0.1f, 0.2f, 0.7f}, {2, 3});
+  Tensor logits = Tensor::empty({2, 3});
+  for (int64_t i = 0; i < 6; ++i) logits.data()[i] = std::log(probs.data()[i]);
+  logits.requires_grad_();
+  const Tensor aux = nn::load_balancing_loss({logits}, 1);
+  EXPECT_NEAR(aux.item(), 1.125, 1e-6);
+  aux.backward();
+  // d aux / d logit_nj = Σ_e (3 f_e / N) · p_ne (δ_ej − p_nj) = (3 / N) · p_nj · (f_j − Σ_e f_e p_ne)
+  const float f[3] = {0.5f, 0.0f, 0.5f};
+  for (int64_t n = 0; n < 2; ++n) {
+    float fp = 0.0f;
+    for (int64_t e = 0; e < 3; ++e) fp += f[e] * probs.data()[n * 3 + e];
+    for (int64_t j = 0; j < 3; ++j)
+      EXPECT_NEAR(logits.grad().data()[n * 3 + j], 1.5f * probs.data()[n * 3 + j] * (f[j] - fp), 1e-6) << n << " " << j;
+  }
+  EXPECT_THROW(nn::load_balancing_loss({logits}, 4), ShapeError);
+  // Without output_router_logits: no load-balancing loss in the config, and so none in the loss
+  const nn::DecoderConfig plain = nn::decoder_config_from_hf(edited("\"output_router_logits\": true", "\"output_router_logits\": false"));
+  EXPECT_EQ(plain.router_aux_loss_coef, 0.0);
+  const nn::DecoderConfig asked = nn::decoder_config_from_hf(read(fs::path(fixture("hf/qwen3_moe")) / "config.json"));
+  auto model = nn::load_hf_decoder(fixture("hf/qwen3_moe"));
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6}, targets = {2, 3, 4, 5, 6, 7};
+  const float with = model->loss(ids, 1, 6, targets).item();
+  const float without = nn::language_model_loss(model->forward(ids, 1, 6), targets).item();
+  EXPECT_GT(with - without, 0.05f * 0.99f) << "the fixture's coefficient 0.05 × a loss of at least 1 (k = 2 here)";
+  EXPECT_EQ(asked.router_aux_loss_coef, 0.05);
 }
 
 TEST(MoeFamily, BadConfigsAreRefusedNamingTheKey) {

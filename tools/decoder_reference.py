@@ -88,12 +88,13 @@ FAMILIES = {
                    hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                    tie_word_embeddings=True, eos_token_id=1, bos_token_id=2, pad_token_id=0),
     # Qwen3-MoE: Qwen3's attention; layers 0 and 2 a mixture of 4 SwiGLU experts (top-2, renormalised), layer 1 dense
-    # (mlp_only_layers); an untied head.
+    # (mlp_only_layers); an untied head; the routers' load-balancing loss in the loss (output_router_logits).
     "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
                       attention_bias=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
-                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], eos_token_id=5),
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], eos_token_id=5,
+                      output_router_logits=True, router_aux_loss_coef=0.05),
     # DeepSeek-V3: multi-head latent attention (q through a rank-12 path, a rank-16 KV latent, 8 + 4 query/key values
     # per head, 6 values, the 4 rotated ones interleaved), YaRN with mscale_all_dim (the softmax scale × mscale²);
     # layer 0 dense (first_k_dense_replace), layers 1-2 a sigmoid router over 8 experts in 4 groups (the best 2
@@ -199,6 +200,21 @@ def is_sparse(c, i):
             and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
 
 
+ROUTER_LOGITS = []  # each routed layer's router logits (B·T, E) of the last forward, for the load-balancing loss
+
+
+def load_balancing_loss(router_logits, num_experts, top_k):
+    """transformers' load_balancing_loss_func without an attention mask (Qwen3-MoE's, Mixtral's): the layers' router
+    logits joined, E · Σ over the k choices and the experts of (share of tokens choosing e) · (mean probability of e)."""
+    logits = torch.cat(router_logits, dim=0)
+    routing_weights = torch.softmax(logits, dim=-1)
+    _, selected = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected, num_experts)
+    tokens_per_expert = torch.mean(expert_mask.float(), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
+
+
 def moe(c, w, p, h):
     """Qwen3MoeSparseMoeBlock: softmax over the router's logits (float32), the top k, renormalised with
     norm_topk_prob, each chosen expert's SwiGLU weighted by its share. Every expert runs on every token here (tiny
@@ -206,7 +222,9 @@ def moe(c, w, p, h):
     gradients (an expert reaches the loss only through the tokens that chose it)."""
     B, T, C = h.shape
     x = h.reshape(B * T, C)
-    probs = torch.softmax(F.linear(x, w[p + "mlp.gate.weight"]), dim=-1, dtype=torch.float)
+    router_logits = F.linear(x, w[p + "mlp.gate.weight"])
+    ROUTER_LOGITS.append(router_logits)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
     weights, chosen = torch.topk(probs, c["num_experts_per_tok"], dim=-1)
     if c.get("norm_topk_prob"):
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -539,8 +557,11 @@ def main():
         ids = torch.randint(0, c["vocab_size"], (B, T), generator=g)
         targets = torch.randint(0, c["vocab_size"], (B, T), generator=g)
         targets[0, 3] = targets[1, 7] = -100
+        ROUTER_LOGITS.clear()
         logits = forward(c, w, ids)
         loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-100)
+        if c.get("output_router_logits"):  # Qwen3MoeForCausalLM: loss + router_aux_loss_coef · aux_loss
+            loss = loss + c["router_aux_loss_coef"] * load_balancing_loss(ROUTER_LOGITS, c["num_experts"], c["num_experts_per_tok"])
         loss.backward()
         # Greedy decoding: the whole sequence again for every new token, as the book's generate_text_simple.
         with torch.no_grad():

@@ -1107,8 +1107,10 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
   return linear_with_lora(context, b[Role::Output], b[Role::OutputBias], b.adapter(Role::Output));
 }
 
-Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
+Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers) const {
   if (!b.expert_gate.empty()) {  // a mixture of experts: each token through the k its router picks
+    // The router's logits again, for the load-balancing loss (E × C per token: small beside the experts)
+    if (routers) routers->push_back(reshape(linear(x, b[Role::Router], Tensor()), {-1, config.num_experts}));
     MoeConfig moe;
     moe.experts_per_token = config.experts_per_token;
     moe.norm_topk_prob = config.norm_topk_prob;
@@ -1142,23 +1144,24 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x) const {
 //   Sandwich  h = x + norm(attn(norm(x)));      out = h + norm(mlp(norm(h)))
 //   Post      h = x + norm(attn(x));            out = h + norm(mlp(h))
 Tensor Decoder::block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
-                              int64_t extent, const BatchStep* step) const {
+                              int64_t extent, const BatchStep* step, std::vector<Tensor>* routers) const {
   const DecoderBlock& b = blocks[i];
   const bool before = config.placement != NormPlacement::Post, after = config.placement != NormPlacement::Pre;
   if (extent <= 0) extent = position + x.size(1);
   Tensor a = attend(i, before ? norm(x, b[Role::AttnNorm], b[Role::AttnNormBias]) : x, position, extent, cache, record, step);
   if (after) a = norm(a, b[Role::PostAttnNorm], Tensor());
   const Tensor h = add(x, hashed_dropout(a, config.drop_rate, is_training(), *gen_));
-  Tensor m = mlp(b, before ? norm(h, b[Role::MlpNorm], b[Role::MlpNormBias]) : h);
+  Tensor m = mlp(b, before ? norm(h, b[Role::MlpNorm], b[Role::MlpNormBias]) : h, routers);
   if (after) m = norm(m, b[Role::PostMlpNorm], Tensor());
   return add(h, hashed_dropout(m, config.drop_rate, is_training(), *gen_));
 }
 
 Tensor Decoder::hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
-                       std::vector<AttentionStep::Record>* records) const {
+                       std::vector<AttentionStep::Record>* records, std::vector<Tensor>* routers) const {
   Tensor x = embed(ids, batch, tokens, 0);
   if (records) records->assign(blocks.size(), {});
-  for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x, 0, nullptr, records ? &(*records)[i] : nullptr);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    x = block_forward(i, x, 0, nullptr, records ? &(*records)[i] : nullptr, 0, nullptr, routers);
   return norm(x, final_norm, final_norm_bias);
 }
 
@@ -1196,10 +1199,38 @@ Tensor Decoder::loss(std::span<const int64_t> ids, int64_t batch, int64_t tokens
   if (is_classifier())
     throw ValueError("Decoder::loss: this model is a classifier (" + std::to_string(config.num_labels) +
                      " classes), not a language model: it has no next-token loss");
-  const Tensor h = hidden(ids, batch, tokens, nullptr);
+  std::vector<Tensor> routers;
+  const bool balance = config.router_aux_loss_coef != 0.0 && config.num_experts > 0;
+  const Tensor h = hidden(ids, batch, tokens, nullptr, balance ? &routers : nullptr);
   // Soft-capped logits (Gemma 2) are formed whole; otherwise the head and the loss go together, block by block.
-  if (config.final_softcap > 0.0) return cross_entropy(reshape(logits(h), {batch * tokens, config.vocab_size}), targets, ignore_index);
-  return linear_cross_entropy(h, head, Tensor(), targets, ignore_index);
+  const Tensor loss = config.final_softcap > 0.0
+                          ? cross_entropy(reshape(logits(h), {batch * tokens, config.vocab_size}), targets, ignore_index)
+                          : linear_cross_entropy(h, head, Tensor(), targets, ignore_index);
+  if (!balance || routers.empty()) return loss;
+  return add(loss, mul(load_balancing_loss(routers, config.experts_per_token), static_cast<float>(config.router_aux_loss_coef)));
+}
+
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t experts_per_token) {
+  if (router_logits.empty()) throw ValueError("load_balancing_loss: no router logits");
+  const Tensor logits = router_logits.size() == 1 ? router_logits[0] : concat(router_logits, 0);
+  if (logits.rank() != 2 || experts_per_token < 1 || experts_per_token > logits.size(1))
+    throw ShapeError("load_balancing_loss: router logits must be (N, E) with 1 ≤ k ≤ E, got " + logits.shape().str() +
+                     " and k = " + std::to_string(experts_per_token));
+  const int64_t N = logits.size(0), E = logits.size(1), k = experts_per_token;
+  const Tensor probs = softmax(logits);
+  // f_e: the share of the N·k choices that went to e (a count: no gradient), as transformers' one-hot mean
+  Tensor share = Tensor::zeros({E});
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs.data() + n * E;
+    for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+    // torch.topk's choice: the k largest, the lower index first among equals
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [p](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    for (int64_t j = 0; j < k; ++j) share.data()[order[static_cast<size_t>(j)]] += 1.0f;
+  }
+  for (int64_t e = 0; e < E; ++e) share.data()[e] /= static_cast<float>(N);
+  return mul(sum(mul(mean(probs, 0), share)), static_cast<float>(E));
 }
 
 namespace {

@@ -218,6 +218,8 @@ void read_experts(const Keys& keys, DecoderConfig& c) {
   c.experts_per_token = keys.integer("num_experts_per_tok", 8);
   c.expert_intermediate_size = keys.integer("moe_intermediate_size", 768);
   c.norm_topk_prob = keys.boolean("norm_topk_prob", false);
+  // The load-balancing loss joins the training loss only when the config asks for the router logits (as transformers)
+  if (keys.boolean("output_router_logits", false)) c.router_aux_loss_coef = keys.number("router_aux_loss_coef", 0.001);
   if (c.num_experts < 0 || c.num_experts > 65536) keys.fail("num_experts", "must lie in 0…65536");
   if (c.num_experts > 0 && (c.experts_per_token < 1 || c.experts_per_token > c.num_experts))
     keys.fail("num_experts_per_tok", "is " + std::to_string(c.experts_per_token) + "; it must lie in 1…num_experts (" +
@@ -531,6 +533,10 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
     j["num_experts_per_tok"] = c.experts_per_token;
     j["moe_intermediate_size"] = c.expert_intermediate_size;
     j["norm_topk_prob"] = c.norm_topk_prob;
+    if (c.router_aux_loss_coef != 0.0) {
+      j["output_router_logits"] = true;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    }
     j["decoder_sparse_step"] = 1;
     std::vector<int64_t> dense;
     for (size_t i = 0; i < c.layers.size(); ++i)

@@ -95,6 +95,10 @@ struct DecoderConfig {
   // with norm_topk_prob (Qwen3-MoE's num_experts, moe_intermediate_size, num_experts_per_tok, norm_topk_prob).
   int64_t num_experts = 0, expert_intermediate_size = 0, experts_per_token = 0;
   bool norm_topk_prob = false;
+  // The routers' load-balancing loss added to loss() with this weight (Qwen3-MoE's router_aux_loss_coef, used when
+  // output_router_logits is true; 0: none): Switch Transformer's E · Σ_e f_e · P_e over every routed layer's tokens,
+  // f_e the share of (token, choice) pairs that chose expert e, P_e the mean router probability of e.
+  double router_aux_loss_coef = 0.0;
   // DeepSeek-V3's router (n_group, topk_group, routed_scaling_factor, e_score_correction_bias): sigmoid scores, the
   // choice limited to the best expert_groups_kept of expert_groups groups, weights × routed_scaling_factor; and
   // shared experts, one SwiGLU of shared_expert_intermediate_size (moe_intermediate_size · n_shared_experts; 0: none)
@@ -179,6 +183,12 @@ struct DecoderBlock {
   LoraWeights& adapter(Role role) { return lora[static_cast<size_t>(role)]; }
   const LoraWeights& adapter(Role role) const { return lora[static_cast<size_t>(role)]; }
 };
+
+// Switch Transformer's load-balancing loss as transformers' load_balancing_loss_func computes it (Qwen3-MoE, Mixtral):
+// the router logits of every routed layer, (N_l, E) each, joined into (N, E); E · Σ_e f_e · P_e, with P_e the mean
+// softmax probability of expert e and f_e the share of tokens whose top `experts_per_token` include e (a count: the
+// gradient goes through P only). ShapeError for logits that are not (N, E) or k outside 1…E.
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t experts_per_token);
 
 // The decoder of today's models, composed from a DecoderConfig: every family of family.hpp is a configuration of it
 class Decoder : public LanguageModel {
@@ -305,14 +315,15 @@ class Decoder : public LanguageModel {
   // One block on x (B, T, C) at positions [position, position + T); `extent` is the end of the call's positions (0:
   // position + T), which picks the rotation where it depends on the length (LongRoPE).
   struct BatchStep;  // a session step: the plan and the block cache (decoder.cpp)
+  // `routers`, if given, receives each mixture-of-experts layer's router logits (B·T, E), with their gradient.
   Tensor block_forward(size_t i, const Tensor& x, int64_t position, KVCache* cache, AttentionStep::Record* record,
-                       int64_t extent = 0, const BatchStep* step = nullptr) const;
+                       int64_t extent = 0, const BatchStep* step = nullptr, std::vector<Tensor>* routers = nullptr) const;
   Tensor attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                 AttentionStep::Record* record, const BatchStep* step = nullptr) const;
   // A session step's attention for layer i: q (1, N, H·D) and k (1, N, H_kv·D) rotated at each row's position, k and v
   // written to the blocks, each sequence's rows attending over its positions → context (1, N, H·D)
   Tensor attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const;
-  Tensor mlp(const DecoderBlock& b, const Tensor& x) const;
+  Tensor mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers = nullptr) const;
   // Multi-head latent attention for layer i (x normed), as attend() is for the others
   Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const;
   // The same for a session's step: the expanded form, every head padded to block_cache_width() / H, over the blocks
@@ -326,7 +337,7 @@ class Decoder : public LanguageModel {
   float latent_scale() const;  // the softmax scale of latent attention
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
-                std::vector<AttentionStep::Record>* records) const;
+                std::vector<AttentionStep::Record>* records, std::vector<Tensor>* routers = nullptr) const;
   // The rotation table of config.ropes[which] for at least `positions` positions.
   std::shared_ptr<const RopeTable> rope_table(int64_t which, int64_t positions) const;
   std::shared_ptr<struct RopeTables> rope_tables_;

@@ -19,7 +19,6 @@
 
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/thread_governor.hpp"
-#include "qkv/kernels/quant.hpp"
 #include "qkv/nn/sampler.hpp"
 
 namespace qkv::nn {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "qkv/core/error.hpp"
-#include "qkv/kernels/quant.hpp"
+#include "qkv/core/tensor.hpp"  // kernels::WeightType
 
 namespace qkv::nn {
 class Decoder;
