@@ -144,6 +144,7 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
     Lanes b[NR];
     for (int n = 0; n < NR; ++n) {
       _mm_prefetch(reinterpret_cast<const char*>(B + n * ldb + k + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(B + (n + NR) * ldb + k), _MM_HINT_T1);  // the next tile's, into L2
       b[n] = Lanes::load(B + n * ldb + k);
       b[n].keep();
     }
