@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
@@ -488,6 +489,39 @@ TEST_F(FinetuneCli, LoraAdapterIsPeftsLayoutAndEqualsTheMergedModel) {
     EXPECT_EQ(a[i]["label"], b[i]["label"]);
     EXPECT_NEAR(a[i]["probability"].get<double>(), b[i]["probability"].get<double>(), 1e-5);
   }
+}
+
+// QLoRA on a CPU: the base's matrices stored as q8_0 (--weights, as a GGUF file holds them), LoRA adapters trained in
+// float32 through them. The loss falls, the adapter is the result (the base stays as stored, no merged model.pth),
+// and it applies to the same base; training the stored weights themselves is refused before anything runs.
+TEST_F(FinetuneCli, QloraTrainsAdaptersOnAQuantizedBase) {
+  const std::string base = "finetune instruct --checkpoint " + path("base/checkpoint.safetensors") + " --weights q8_0 --data " +
+                           path("data.json") + " --epochs 2 --batch-size 4 --max-new-tokens 2 --eval-freq 1 --overwrite";
+  const CliResult refused = run_cli(base + " --out " + path("qlora_full"));
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("stored as q8_0"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("--lora-rank"), std::string::npos) << refused.out;
+  EXPECT_FALSE(fs::exists(dir_ / "qlora_full" / "losses.csv"));
+  const CliResult r = run_cli(base + " --out " + path("qlora") + " --lora-rank 4 --lr 1e-2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the base stays q8_0"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "qlora" / "adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "qlora" / "model.pth"));
+  std::istringstream losses(read("qlora/losses.csv"));
+  std::string line;
+  std::vector<double> train_losses;
+  std::getline(losses, line);  // step,tokens_seen,train_loss,val_loss
+  while (std::getline(losses, line)) {
+    std::istringstream fields(line);
+    std::string field;
+    for (int column = 0; column < 3 && std::getline(fields, field, ','); ++column)
+      if (column == 2) train_losses.push_back(std::stod(field));
+  }
+  ASSERT_GE(train_losses.size(), 3u) << read("qlora/losses.csv");
+  EXPECT_LT(train_losses.back(), train_losses.front() - 0.1) << read("qlora/losses.csv");
+  const CliResult applied = run_cli("generate --checkpoint " + path("base/checkpoint.safetensors") + " --weights q8_0 --adapter " +
+                                    path("qlora") + " --prompt abc --greedy --max-new-tokens 3");
+  EXPECT_EQ(applied.code, 0) << applied.out;
 }
 
 TEST_F(FinetuneCli, InstructWritesResponsesForTheTestSplit) {

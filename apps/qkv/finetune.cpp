@@ -56,6 +56,26 @@ void print_trainable(int64_t before, int64_t after) {
               train::with_commas(before).c_str(), train::with_commas(after).c_str());
 }
 
+// The format a model's matrices are stored in when it is not float (a GGUF file's q8_0 or q4_K, --weights …): such a
+// base trains through LoRA adapters only (QLoRA: the base stays as stored, the adapters in float32). Empty for float.
+std::string quantized_base(nn::LanguageModel& model) {
+  std::string type;
+  model.for_each_parameter([&](const std::string&, Tensor& t) {
+    const kernels::WeightType w = t.weight_type();
+    if (type.empty() && w != kernels::WeightType::F32 && w != kernels::WeightType::BF16) type = kernels::weight_type_name(w);
+  });
+  return type;
+}
+
+// Refuses to fine-tune a stored base's weights themselves, before anything runs
+void check_trainable_base(nn::LanguageModel& model, const nn::LoraOptions& lora) {
+  const std::string type = quantized_base(model);
+  if (!type.empty() && lora.rank <= 0)
+    throw UsageError("the base model's matrices are stored as " + type + " (a GGUF file, or --weights): they are "
+                     "fine-tuned through LoRA adapters only; give --lora-rank 8 (QLoRA), or a float32 checkpoint to train "
+                     "the weights themselves");
+}
+
 // LoRA on the base model (the vocabulary head excluded), the base frozen; returns the adapted modules.
 std::vector<std::string> apply_lora(nn::LanguageModel& model, const nn::LoraOptions& lora, const std::string& targets,
                                     Generator& gen) {
@@ -202,6 +222,8 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   Generator gen(o.seed);
   train::SequenceClassifier classifier(model, classes, gen, /*bias=*/!hf_folder);  // score has no bias
   std::vector<std::string> adapted;
+  check_trainable_base(model, o.lora);
+  const std::string stored_as = quantized_base(model);
   if (o.lora.rank > 0) {
     adapted = apply_lora(model, o.lora, cmd.lora_targets, gen);
   } else {
@@ -255,9 +277,11 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
     std::vector<std::pair<std::string, Tensor>> head;
     for (auto& [name, p] : classifier.head.named_parameters()) head.emplace_back(classifier.head_name() + "." + name, p);
     nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {classifier.head_name()}, "SEQ_CLS"), head);
-    nn::merge_lora(model);
+    if (stored_as.empty()) nn::merge_lora(model);
   }
-  if (hf_folder) {  // a folder transformers' <Family>ForSequenceClassification and qkv classify load as it is
+  if (!stored_as.empty()) {
+    // QLoRA: the base stays as stored; the adapter (with the new head) is the result
+  } else if (hf_folder) {  // a folder transformers' <Family>ForSequenceClassification and qkv classify load as it is
     nn::save_hf_classifier(dir, *loaded.model, classifier.head.weight, labels, o.pad_id, cmd.model.path());
   } else {
     train::save_state_dict_pth(dir + "/model.pth", classifier.state_dict());
@@ -292,9 +316,14 @@ int run_finetune_classify(const FinetuneClassifyCommand& cmd) {
   style.show_values = 1;
   viz::save_heatmap(viz::picture_path(dir + "/confusion", cmd.pictures), counts, style, cmd.pictures);
   const char* ext = viz::picture_extension(cmd.pictures.format);
-  std::printf("Wrote %s/%s%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
-              hf_folder ? "config.json, model.safetensors, tokenizer files" : "model.pth",
-              o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "", ext, ext, ext);
+  if (!stored_as.empty())
+    std::printf("Wrote %s/adapter_model.safetensors, adapter_config.json (the base stays %s: give it with --adapter %s), "
+                "metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(), stored_as.c_str(), dir.c_str(),
+                ext, ext, ext);
+  else
+    std::printf("Wrote %s/%s%s, metrics.json, losses.csv, loss%s, accuracy%s, confusion%s\n", dir.c_str(),
+                hf_folder ? "config.json, model.safetensors, tokenizer files" : "model.pth",
+                o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "", ext, ext, ext);
   return 0;
 }
 
@@ -382,6 +411,8 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   const int64_t before = model.trainable_parameter_count();
   Generator gen(o.seed);
   std::vector<std::string> adapted;
+  check_trainable_base(model, o.lora);
+  const std::string stored_as = quantized_base(model);
   if (o.lora.rank > 0) adapted = apply_lora(model, o.lora, cmd.lora_targets, gen);
   print_trainable(before, model.trainable_parameter_count());
   std::printf("Initial losses: training %.3f, validation %.3f\n", train::instruction_loss(model, train_set, o, o.eval_iter),
@@ -422,13 +453,15 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
   write_text(dir + "/instruction-data-with-response.json", with_responses.dump(4) + "\n");
   if (o.lora.rank > 0) {
     nn::save_peft_adapter(dir, model, adapter_description(cmd.model, o.lora, adapted, {}, "CAUSAL_LM"), {});
-    nn::merge_lora(model);
+    if (stored_as.empty()) nn::merge_lora(model);
   }
-  std::vector<std::pair<std::string, Tensor>> state;
-  const nn::StateDict sd = model.state_dict();
-  for (const auto& [name, t] : sd.entries()) state.emplace_back(name, t);
-  train::save_state_dict_pth(dir + "/model.pth", state);
-  write_book_config(dir, model);
+  if (stored_as.empty()) {  // QLoRA keeps the base as stored: the adapter is the result
+    std::vector<std::pair<std::string, Tensor>> state;
+    const nn::StateDict sd = model.state_dict();
+    for (const auto& [name, t] : sd.entries()) state.emplace_back(name, t);
+    train::save_state_dict_pth(dir + "/model.pth", state);
+    write_book_config(dir, model);
+  }
   nlohmann::ordered_json metrics = {{"train_loss", finite_or_null(train::instruction_loss(model, train_set, o, 0))},
                                     {"val_loss", finite_or_null(train::instruction_loss(model, val_set, o, 0))},
                                     {"steps", steps}, {"seconds", seconds}, {"train_entries", splits.train.size()},
@@ -437,9 +470,14 @@ int run_finetune_instruct(const FinetuneInstructCommand& cmd) {
                                     {"lora_rank", o.lora.rank}};
   write_text(dir + "/metrics.json", metrics.dump(2) + "\n");
   report.write(dir, "qkv finetune instruct: loss", "tokens seen", cmd.pictures);
-  std::printf("Wrote %s/model.pth%s, instruction-data-with-response.json, metrics.json, losses.csv, loss%s\n", dir.c_str(),
-              o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "",
-              viz::picture_extension(cmd.pictures.format));
+  if (!stored_as.empty())
+    std::printf("Wrote %s/adapter_model.safetensors, adapter_config.json (the base stays %s: give it with --adapter %s), "
+                "instruction-data-with-response.json, metrics.json, losses.csv, loss%s\n", dir.c_str(), stored_as.c_str(),
+                dir.c_str(), viz::picture_extension(cmd.pictures.format));
+  else
+    std::printf("Wrote %s/model.pth%s, instruction-data-with-response.json, metrics.json, losses.csv, loss%s\n", dir.c_str(),
+                o.lora.rank > 0 ? " (merged), adapter_model.safetensors, adapter_config.json" : "",
+                viz::picture_extension(cmd.pictures.format));
   return 0;
 }
 
@@ -450,6 +488,7 @@ Runner setup_finetune(CLI::App& cmd, CommandContext& context) {
                                            "classifier): CSV/TSV/JSONL in, model.pth, metrics.json, losses.csv and "
                                            "plots out");
   add_model_options(*c, classify->model);
+  add_weights_option(*c, classify->model);  // q8_0, q4_k…: the base as stored, trained through LoRA (QLoRA)
   c->add_option("--train", classify->train_path, "Training texts: .csv (header with Label,Text), .tsv or .jsonl")->required();
   c->add_option("--val", classify->val_path, "Validation texts, same layout")->required();
   c->add_option("--test", classify->test_path, "Test texts, same layout (reported at the end)");
@@ -476,6 +515,7 @@ Runner setup_finetune(CLI::App& cmd, CommandContext& context) {
   auto* i = cmd.add_subcommand("instruct", "Instruction fine-tuning on Alpaca entries (the book's chapter 7): responses "
                                            "to the test entries, model.pth, metrics and a loss plot");
   add_model_options(*i, instruct->model);
+  add_weights_option(*i, instruct->model);
   i->add_option("--data", instruct->data_path, "A JSON list of {instruction, input, output}")->required();
   i->add_option("--out", instruct->out_dir, "Folder for the fine-tuned model and its responses")->required()
       ->transform(folder_path());
