@@ -95,19 +95,23 @@ fs::path make_folder(const std::string& type) {
   const fs::path dir = fs::temp_directory_path() / ("qkv-quantize-" + type + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const bool qwen = type == "qwen3", llama3 = type == "llama3";
-  json config = {{"model_type", qwen ? "qwen3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+  const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3";
+  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
   // Llama 3.1's scaling, its bands moved into the short context this model sees (wavelengths above 64 positions
   // scaled by 8), so a file without the factors would give other tokens
+  if (moe) {  // every layer 4 experts of 256, top 2 renormalised: what llama.cpp's qwen3moe computes
+    config["num_experts"] = 4, config["num_experts_per_tok"] = 2, config["moe_intermediate_size"] = 256;
+    config["norm_topk_prob"] = true, config["mlp_only_layers"] = json::array(), config["tie_word_embeddings"] = false;
+  }
   if (llama3)
     config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -119,16 +123,14 @@ fs::path make_folder(const std::string& type) {
 }
 
 struct Folders {
-  fs::path llama, qwen3, llama3;  // llama3: llama with Llama 3.1's RoPE scaling
+  fs::path llama, qwen3, llama3, qwen3moe;  // llama3: llama with Llama 3.1's RoPE scaling; qwen3moe: experts everywhere
   ~Folders() {
     std::error_code ec;
-    fs::remove_all(llama, ec);
-    fs::remove_all(qwen3, ec);
-    fs::remove_all(llama3, ec);
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe}) fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
-  static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3")};
+  static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe")};
   return f;
 }
 
@@ -425,16 +427,56 @@ TEST(GgufExport, MistakesAreRefusedWithTheReason) {
 // logits' range of qkv's first (llama.cpp rounds its KV cache to f16; a random model amplifies every rounding).
 // Needs node-llama-cpp (QKV_NODE_LLAMA_CPP or .cache/node/node_modules): skipped without it, failed under scripts/run
 // test (QKV_REQUIRE_LLAMACPP=1).
-TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
+// llama.cpp's greedy text for a GGUF file (tools/llamacpp.sh generate): the prompt's ids and the new ones, and all it
+// printed. modules: where node-llama-cpp is.
+struct LlamaCppRun {
+  std::vector<int64_t> prompt, ids;
+  std::string out;
+  int status = 0;
+};
+LlamaCppRun llamacpp_generate(const std::string& modules, const std::string& path, int tokens) {
+  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
+  const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("generate") + " " + script +
+                              " generate " + path + " '" + kPrompt + "' " + std::to_string(tokens) + " 1 2>&1";
+  LlamaCppRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {.status = -1};
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) run.out.append(buffer, n);
+  run.status = pclose(pipe);
+  auto ids_after = [&](const std::string& marker) {
+    std::vector<int64_t> ids;
+    const size_t at = run.out.find("\n" + marker);
+    if (at == std::string::npos) return ids;
+    std::istringstream line(run.out.substr(at + marker.size() + 1, run.out.find('\n', at + 1) - at - marker.size() - 1));
+    for (int64_t id; line >> id;) ids.push_back(id);
+    return ids;
+  };
+  run.prompt = ids_after("prompt ids:");
+  run.ids = ids_after("ids:");
+  return run;
+}
+
+// Where node-llama-cpp is, or "" (the test is then skipped, or failed under QKV_REQUIRE_LLAMACPP=1 as in the suite)
+std::string llamacpp_modules(std::string* missing) {
   const char* env = std::getenv("QKV_NODE_LLAMA_CPP");
   const std::string modules = env ? env : QKV_NODE_MODULES;
-  if (!fs::exists(modules + "/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so")) {
-    const std::string missing = "node-llama-cpp is not in " + modules + " (scripts/run test installs it)";
-    const char* required = std::getenv("QKV_REQUIRE_LLAMACPP");
-    if (required && std::string(required) == "1") FAIL() << missing;
+  if (fs::exists(modules + "/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so")) return modules;
+  *missing = "node-llama-cpp is not in " + modules + " (scripts/run test installs it)";
+  return "";
+}
+bool llamacpp_required() {
+  const char* required = std::getenv("QKV_REQUIRE_LLAMACPP");
+  return required && std::string(required) == "1";
+}
+
+TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
     GTEST_SKIP() << missing;
   }
-  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
   constexpr int kTokens = 12;
   for (const fs::path& folder : {folders().llama, folders().qwen3, folders().llama3}) {
     for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0, GgufFileType::Q4_K_M}) {
@@ -444,24 +486,11 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
       nn::GgufExportOptions o;
       o.type = type;
       nn::quantize_to_gguf(folder.string(), path, o);
-      const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("generate") + " " + script +
-                                  " generate " + path + " '" + kPrompt + "' " +
-                                  std::to_string(kTokens) + " 1 2>&1";
-      FILE* pipe = popen(command.c_str(), "r");
-      ASSERT_NE(pipe, nullptr);
-      std::string out;
-      char buffer[4096];
-      while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-      ASSERT_EQ(pclose(pipe), 0) << out;
-      auto ids_after = [&](const std::string& marker) {
-        std::vector<int64_t> ids;
-        const size_t at = out.find("\n" + marker);
-        if (at == std::string::npos) return ids;
-        std::istringstream line(out.substr(at + marker.size() + 1, out.find('\n', at + 1) - at - marker.size() - 1));
-        for (int64_t id; line >> id;) ids.push_back(id);
-        return ids;
-      };
-      const std::vector<int64_t> prompt = ids_after("prompt ids:"), theirs = ids_after("ids:");
+      const LlamaCppRun run = llamacpp_generate(modules, path, kTokens);
+      const std::string& out = run.out;
+      ASSERT_EQ(run.status, 0) << out;
+      const std::vector<int64_t>& prompt = run.prompt;
+      const std::vector<int64_t>& theirs = run.ids;
       const auto gguf = nn::load_pretrained(path);
       ASSERT_EQ(prompt, gguf->tokenizer->encode(kPrompt)) << out;
       ASSERT_FALSE(theirs.empty()) << out;
@@ -488,20 +517,94 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
   }
 }
 
+// Qwen3-MoE as llama.cpp's qwen3moe: each layer's experts stacked in one 3-D tensor per projection (ffn_gate_exps,
+// ffn_up_exps, ffn_down_exps: experts × rows × cols), the router as ffn_gate_inp, the expert keys in the metadata. The
+// float32 file gives the folder's logits bit for bit, q8_0 the --weights q8_0 path's, and llama.cpp loads both and
+// gives qkv's greedy tokens (f32) or tokens within 2% of the logits' range (q8_0). A model with a dense layer is refused.
+TEST(GgufExport, MixtureOfExpertsStacksItsExpertsAsLlamaCppDoes) {
+  const fs::path& folder = folders().qwen3moe;
+  const auto source = nn::load_pretrained(folder.string());
+  const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
+    const std::string name = nn::gguf_file_type_name(type);
+    SCOPED_TRACE(name);
+    const std::string path = out_path("moe-" + name + ".gguf");
+    nn::GgufExportOptions o;
+    o.type = type;
+    const nn::GgufExportReport report = nn::quantize_to_gguf(folder.string(), path, o);
+    EXPECT_EQ(report.architecture, "qwen3moe");
+    EXPECT_EQ(report.parameters, static_cast<uint64_t>(source->model->config.parameter_count()));
+    const io::GgufFile file = io::GgufFile::open(path);
+    EXPECT_EQ(file.integer("qwen3moe.expert_count"), 4);
+    EXPECT_EQ(file.integer("qwen3moe.expert_used_count"), 2);
+    EXPECT_EQ(file.integer("qwen3moe.expert_feed_forward_length"), 256);
+    EXPECT_EQ(file.tensor("blk.1.ffn_down_exps.weight").shape(), (std::vector<int64_t>{4, 256, 256}));
+    EXPECT_EQ(file.tensor("blk.0.ffn_gate_inp.weight").shape(), (std::vector<int64_t>{4, 256}));
+    EXPECT_EQ(file.find("blk.0.ffn_gate.weight"), nullptr);
+    const auto gguf = nn::load_pretrained(path);
+    const nn::DecoderConfig& c = gguf->model->config;
+    EXPECT_EQ(c.num_experts, 4);
+    EXPECT_EQ(c.experts_per_token, 2);
+    EXPECT_TRUE(c.norm_topk_prob);
+    // The reference: the folder's float32 matrices stored as the file's rule says (the router kept in float32)
+    const auto reference = nn::load_pretrained(folder.string());
+    nn::Decoder& ref = *reference->model;
+    for (const nn::DecoderConfig::Parameter& p : ref.config.layout()) {
+      if (p.shape.rank() != 2) continue;
+      const WeightType want = nn::gguf_tensor_type(type, ref.config, p);
+      EXPECT_EQ(want == WeightType::F32, type == GgufFileType::F32 || p.role() == nn::Role::Router) << p.name;
+      ref.parameter(p).to_weight_type_(want);
+      EXPECT_EQ(gguf->model->parameter(p).weight_type(), want) << p.name;
+    }
+    ref.refresh_fused_views();
+    EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
+    if (modules.empty()) continue;
+    const LlamaCppRun run = llamacpp_generate(modules, path, 12);
+    ASSERT_EQ(run.status, 0) << run.out;
+    ASSERT_EQ(run.prompt, ids) << run.out;
+    ASSERT_FALSE(run.ids.empty()) << run.out;
+    if (type == GgufFileType::F32) {
+      EXPECT_EQ(greedy(*gguf->model, ids, static_cast<int>(run.ids.size())), run.ids) << run.out;
+    } else {
+      std::vector<int64_t> seen = ids;
+      for (int64_t want : run.ids) {
+        const Tensor l = logits(*gguf->model, seen);
+        const int64_t V = l.size(-1);
+        const float* last = l.data() + (static_cast<int64_t>(seen.size()) - 1) * V;
+        const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
+        EXPECT_GE(last[want], top - 0.02f * (top - bottom)) << "step " << seen.size() - ids.size();
+        seen.push_back(want);
+      }
+    }
+    fs::remove(path);
+  }
+  // qwen3_moe's own fixture has a dense layer (mlp_only_layers [1]): llama.cpp's graph has none, so it is refused
+  try {
+    nn::quantize_to_gguf(std::string(QKV_FIXTURES) + "/hf/qwen3_moe", out_path("dense.gguf"), {});
+    ADD_FAILURE() << "a model with a dense layer was written as qwen3moe";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("mlp_only_layers"), std::string::npos) << e.what();
+  }
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
+    GTEST_SKIP() << missing;
+  }
+}
+
 // llama.cpp's own quantizer (llama_model_quantize, llama-quantize's code) on qkv's float32 file chooses the same type
 // for every tensor as qkv quantize does for Q8_0, Q6_K and the Q4_K_M / Q5_K_M mixes, and writes the same bytes: both
 // run ggml's reference quantizers (no importance matrix). Skipped, or failed, as the test above.
 TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
-  const char* env = std::getenv("QKV_NODE_LLAMA_CPP");
-  const std::string modules = env ? env : QKV_NODE_MODULES;
-  if (!fs::exists(modules + "/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so")) {
-    const std::string missing = "node-llama-cpp is not in " + modules + " (scripts/run test installs it)";
-    const char* required = std::getenv("QKV_REQUIRE_LLAMACPP");
-    if (required && std::string(required) == "1") FAIL() << missing;
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
     GTEST_SKIP() << missing;
   }
   const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
-  for (const fs::path& folder : {folders().llama, folders().qwen3}) {
+  for (const fs::path& folder : {folders().llama, folders().qwen3, folders().qwen3moe}) {
     const std::string f32 = out_path("same-f32.gguf");
     nn::quantize_to_gguf(folder.string(), f32, {});
     for (GgufFileType type : {GgufFileType::Q8_0, GgufFileType::Q6_K, GgufFileType::Q4_K_M, GgufFileType::Q5_K_M}) {

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/kernels/moe.hpp"
@@ -50,6 +52,48 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
     }
     NoGradGuard no_grad;
     return mixture_of_experts(x, wide(router), g, u, d, config);
+  }
+  // Stored experts (q8_0, q4_K… from a GGUF file or --weights): for inference. The experts this call's tokens choose
+  // are widened to float32 for it; the others stand in as one zero matrix that no token reaches. (Routers with a
+  // selection bias or groups choose in the kernel only: then every expert is widened.)
+  bool stored = router.dtype() == DType::Stored;
+  for (const auto* list : {&gate, &up, &down})
+    for (const Tensor& t : *list) stored = stored || t.dtype() == DType::Stored;
+  if (stored) {
+    if (grad_enabled() && x.requires_grad())
+      throw ValueError("mixture_of_experts: experts stored as a block format are for inference; run it under "
+                       "NoGradGuard (fine-tune such a model through LoRA on its attention)");
+    NoGradGuard no_grad;
+    auto wide = [](const Tensor& t) {
+      if (t.dtype() != DType::Stored && t.dtype() != DType::BF16) return t;
+      Tensor w = Tensor::empty(t.shape());
+      w.copy_(t);
+      return w;
+    };
+    const Tensor r = wide(router);
+    std::vector<char> used(static_cast<size_t>(E), 0);
+    const bool plain = !config.sigmoid && config.groups == 1 && !config.selection_bias.defined();
+    if (plain) {  // softmax is monotonic: the k largest logits are the k chosen
+      const Tensor logits = linear(reshape(x, {N, C}), r, Tensor());
+      std::vector<int64_t> order(static_cast<size_t>(E));
+      for (int64_t n = 0; n < N; ++n) {
+        const float* l = logits.data() + n * E;
+        for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+        std::partial_sort(order.begin(), order.begin() + config.experts_per_token, order.end(),
+                          [l](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        for (int64_t j = 0; j < config.experts_per_token; ++j) used[static_cast<size_t>(order[static_cast<size_t>(j)])] = 1;
+      }
+    }
+    const Tensor unused_in = Tensor::zeros({F, C}), unused_out = Tensor::zeros({C, F});
+    std::vector<Tensor> g, u, d;
+    for (int64_t e = 0; e < E; ++e) {
+      const size_t i = static_cast<size_t>(e);
+      const bool take = !plain || used[i];
+      g.push_back(take ? wide(gate[i]) : unused_in);
+      u.push_back(take ? wide(up[i]) : unused_in);
+      d.push_back(take ? wide(down[i]) : unused_out);
+    }
+    return mixture_of_experts(x, r, g, u, d, config);
   }
   if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
   const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};

@@ -408,16 +408,17 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::UpBias: base = "ffn_up.bias"; break;
     case Role::Down: base = "ffn_down.weight"; break;
     case Role::DownBias: base = "ffn_down.bias"; break;
-    case Role::Router:
-    case Role::ExpertGate:
-    case Role::ExpertUp:
-    case Role::ExpertDown:  // llama.cpp stacks a layer's experts in one 3-D tensor (ffn_gate_exps, …)
+    // A layer's experts are one 3-D tensor (experts × rows × cols): every expert's parameter names it
+    case Role::Router: base = "ffn_gate_inp.weight"; break;
+    case Role::ExpertGate: base = "ffn_gate_exps.weight"; break;
+    case Role::ExpertUp: base = "ffn_up_exps.weight"; break;
+    case Role::ExpertDown: base = "ffn_down_exps.weight"; break;
     case Role::RouterBias:
     case Role::SharedGate:
     case Role::SharedUp:
     case Role::SharedDown:
-      throw ValueError("a mixture-of-experts model's GGUF tensors (ffn_gate_inp, ffn_*_exps) are not read by qkv yet; "
-                       "use its Hugging Face folder");
+      throw ValueError("DeepSeek-V3's router bias and shared experts (exp_probs_b, ffn_*_shexp) are not read from GGUF "
+                       "by qkv yet; use its Hugging Face folder");
     case Role::QueryA:
     case Role::QueryANorm:
     case Role::QueryB:
@@ -745,6 +746,7 @@ void Decoder::store_matrices(kernels::WeightType type) {
     if (kind_of(p.role()) != Kind::Matrix || p.transposed) continue;
     if (p.role() == Role::Head && (config.tie_word_embeddings || is_classifier())) continue;  // the table, or a small score
     if (p.role() == Role::LatentB) continue;  // absorbed decoding reads it per head as float32 (attend_latent)
+    if (p.role() == Role::Router) continue;   // the experts' choice stays exact, as llama.cpp keeps ffn_gate_inp
     Tensor& t = parameter(p);
     const int64_t cols = t.size(1);
     // K-quants need rows of 256 values (Qwen2-0.5B's 896 are not): such a matrix takes Q8_0, as llama.cpp falls back

@@ -7,7 +7,9 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include "qkv/io/ggml_types.hpp"
 #include "qkv/nn/gguf_model.hpp"
@@ -65,11 +67,16 @@ void check_exportable(const DecoderConfig& c) {
     throw ValueError("qkv quantize writes GGUF files of " + gguf_export_families() + " models; this " + c.family->name +
                      " model " + what);
   };
-  if (c.family->naming == Naming::Book || (arch != "llama" && arch != "qwen2" && arch != "qwen3"))
+  if (c.family->naming == Naming::Book || (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
-  if (c.num_experts > 0) refuse("has a mixture of experts");
+  if (c.num_experts > 0) {  // llama.cpp's qwen3moe: experts in every layer, the top k weights renormalised
+    if (arch != "qwen3moe") refuse("has a mixture of experts");
+    for (const DecoderLayerSettings& l : c.layers)
+      if (!l.experts) refuse("has layers without experts (mlp_only_layers), which llama.cpp's qwen3moe does not compute");
+    if (!c.norm_topk_prob) refuse("does not renormalise its top-k weights (norm_topk_prob false); llama.cpp's qwen3moe does");
+  }
   if (c.ropes.size() != 1) refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
   const kernels::RopeFrequencies& rope = c.ropes.front();
   const bool llama3 = rope.scaling == kernels::RopeFrequencies::Scaling::Llama3;
@@ -106,6 +113,11 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
   if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
+  if (c.num_experts > 0) {
+    m.emplace_back(a + ".expert_count", u32(c.num_experts));
+    m.emplace_back(a + ".expert_used_count", u32(c.experts_per_token));
+    m.emplace_back(a + ".expert_feed_forward_length", u32(c.expert_intermediate_size));
+  }
   m.emplace_back("general.file_type", GgufValue::u32(row_of(o.type).ftype));
   if (quantized) m.emplace_back("general.quantization_version", GgufValue::u32(2));  // ggml's GGML_QNT_VERSION
   const kernels::RopeFrequencies& rope = c.ropes.front();
@@ -157,9 +169,10 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2 and qwen3"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3 and qwen3moe"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
+  if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
   const WeightType base = row_of(type).base;
   const int64_t cols = p.shape[1];
   WeightType chosen = base;
@@ -169,7 +182,8 @@ WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, cons
       // llama.cpp: Q8_0 when the rows do not hold whole 256-value blocks, else Q6_K
       return cols % 256 != 0 ? WeightType::Q8_0 : WeightType::Q6_K;
     }
-    if ((role == Role::Value || role == Role::Down) && use_more_bits(p.layer, config.num_layers)) chosen = WeightType::Q6_K;
+    if ((role == Role::Value || role == Role::Down || role == Role::ExpertDown) && use_more_bits(p.layer, config.num_layers))
+      chosen = WeightType::Q6_K;  // llama.cpp matches "ffn_down" in ffn_down_exps too
   }
   return fallback(chosen, cols);
 }
@@ -181,22 +195,31 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
   const std::string arch = c.family->gguf_architecture;
   const std::vector<DecoderConfig::Parameter> own = c.layout(Names::Own), names = c.layout(Names::Gguf);
   // Each tensor's type and dims, before anything is written.
+  // A layer's experts go into one 3-D tensor (experts, rows, cols), as llama.cpp stacks them: planned at expert 0.
   struct Planned {
     const DecoderConfig::Parameter* p;
     std::string name;
     WeightType type;
     bool permute;
+    std::vector<const DecoderConfig::Parameter*> experts;  // the stacked matrices, by expert (empty: p alone)
   };
+  std::map<std::tuple<int64_t, int, int64_t>, const DecoderConfig::Parameter*> by_expert;  // (layer, role, expert)
+  for (const DecoderConfig::Parameter& p : own)
+    if (p.expert >= 0) by_expert[{p.layer, static_cast<int>(p.role()), p.expert}] = &p;
   std::vector<Planned> plan;
   bool quantized = false;
   for (size_t i = 0; i < own.size(); ++i) {
     const DecoderConfig::Parameter& p = own[i];
+    if (p.expert > 0) continue;
     const bool matrix = p.shape.rank() == 2;
     const WeightType type = matrix ? gguf_tensor_type(options.type, c, p) : WeightType::F32;
     quantized = quantized || io::weight_type_info(type).block_elements > 1;
     const bool permute = matrix && permutes_qk(arch) && c.rope_layout == RopeLayout::RotateHalf &&
                          (p.role() == Role::Query || p.role() == Role::Key);
-    plan.push_back({&p, names[i].name, type, permute});
+    Planned planned{&p, names[i].name, type, permute, {}};
+    if (p.expert == 0)
+      for (int64_t e = 0; e < c.num_experts; ++e) planned.experts.push_back(by_expert.at({p.layer, static_cast<int>(p.role()), e}));
+    plan.push_back(std::move(planned));
   }
 
   GgufExportReport report;
@@ -213,9 +236,10 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
     ++report.tensors_by_type["F32"];
   }
   for (const Planned& t : plan) {
-    const std::vector<int64_t> dims(t.p->shape.dims().rbegin(), t.p->shape.dims().rend());  // ggml order: ne0 first
+    std::vector<int64_t> dims(t.p->shape.dims().rbegin(), t.p->shape.dims().rend());  // ggml order: ne0 first
+    if (!t.experts.empty()) dims.push_back(static_cast<int64_t>(t.experts.size()));
     total += writer.add_tensor(t.name, dims, static_cast<io::GgmlType>(io::weight_type_info(t.type).ggml_type));
-    report.parameters += static_cast<uint64_t>(t.p->shape.numel());
+    report.parameters += static_cast<uint64_t>(t.p->shape.numel()) * std::max<uint64_t>(1, t.experts.size());
     ++report.tensors_by_type[io::ggml_type_name(io::weight_type_info(t.type).ggml_type)];
   }
   report.tensor_bytes = total;
@@ -227,7 +251,10 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
   }
   std::vector<float> values;
   std::vector<unsigned char> bytes;
-  for (const Planned& t : plan) {
+  for (const Planned& planned : plan) {
+   for (size_t part = 0; part < std::max<size_t>(1, planned.experts.size()); ++part) {
+    Planned t = planned;
+    if (!planned.experts.empty()) t.p = planned.experts[part];
     Tensor& tensor = model.parameter(*t.p);
     if (t.p->shape.rank() == 1) {  // norms and biases: float32
       const Tensor v = tensor.dtype() == DType::F32 ? tensor : Tensor();
@@ -262,6 +289,7 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
       done += bytes.size();
       if (options.progress) options.progress(done, total);
     }
+   }
   }
   writer.finish();
   std::error_code ec;

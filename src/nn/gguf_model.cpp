@@ -218,6 +218,16 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (file.contains(k + cap)) j[cap] = file.real(k + cap);
   if (family->query_pre_attn_scalar) j["query_pre_attn_scalar"] = head_dim;
+  if (family->experts && !family->latent_attention) {  // qwen3moe: llama.cpp's graph renormalises the top k weights
+    j["num_experts"] = required_integer(file, k + "expert_count");
+    j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
+    j["moe_intermediate_size"] = required_integer(file, k + "expert_feed_forward_length");
+    j["norm_topk_prob"] = true;
+    json dense = json::array();  // layers with a plain MLP (no router)
+    for (int64_t i = 0; i < j["num_hidden_layers"].get<int64_t>(); ++i)
+      if (!file.find("blk." + std::to_string(i) + ".ffn_gate_inp.weight")) dense.push_back(i);
+    j["mlp_only_layers"] = dense;
+  }
   j["tie_word_embeddings"] = file.find("output.weight") == nullptr;
   if (family->bias == BiasRule::AttentionBias) j["attention_bias"] = file.find("blk.0.attn_q.bias") != nullptr;
   const GgufExtras extras = gguf_extras(file);
@@ -249,9 +259,12 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
   for (size_t i = 0; i < own.size(); ++i) {
     const io::GgufTensor* t = file->find(names[i].name);
     if (!t) fail(*file, "has no tensor '" + names[i].name + "', which its " + config.family->name + " configuration needs");
-    if (!(Shape(std::span<const int64_t>(t->shape())) == own[i].shape))
+    // An expert's matrix is one slice of its layer's stacked tensor (experts, rows, cols)
+    Shape want = own[i].shape;
+    if (own[i].expert >= 0) want = Shape{config.num_experts, own[i].shape[0], own[i].shape[1]};
+    if (!(Shape(std::span<const int64_t>(t->shape())) == want))
       fail(*file, "tensor '" + t->name + "' has shape " + Shape(std::span<const int64_t>(t->shape())).str() + "; its configuration gives " +
-                      own[i].shape.str());
+                      want.str());
     const Storage s = storage_of(*file, *t);
     if (own[i].shape.rank() == 1 && s.type != WeightType::F32 && s.type != WeightType::F16 && s.type != WeightType::BF16)
       fail(*file, "tensor '" + t->name + "' (a vector) is " + io::ggml_type_name(t->type) + "; vectors must be F32, F16 or BF16");
@@ -273,6 +286,8 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     Tensor& dst = model->parameter(p);
     const Storage s = storage_of(*file, t);
     const auto* bytes = reinterpret_cast<const unsigned char*>(t.data);
+    if (p.expert >= 0)  // this expert's rows of the stacked tensor
+      bytes += static_cast<int64_t>(t.bytes) / config.num_experts * p.expert;
     if (p.shape.rank() == 1) {  // norms and biases: float32 copies
       float* out = dst.data();
       const int64_t n = p.shape[0];
