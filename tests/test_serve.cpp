@@ -308,6 +308,34 @@ TEST(ServeScheduler, QueueFullCancelAndStop) {
   EXPECT_THROW(scheduler.submit(big.request({}, 3)), ValueError);
 }
 
+// --kv-cache bf16 on the server: its requests run on a bf16 block cache (half the bytes per block), each giving the
+// tokens the same request gives alone in a session with that cache.
+TEST(ServeScheduler, ANarrowKvCacheServesAsASessionWithIt) {
+  auto model = tiny_model();
+  serve::SchedulerOptions o{.parallel = 2, .queue_size = 2};
+  o.kv_type = kernels::WeightType::BF16;
+  serve::Scheduler scheduler(*model, o);
+  std::vector<std::unique_ptr<Waiter>> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.push_back(std::make_unique<Waiter>());
+    scheduler.submit(waiters.back()->request(pseudo_prompt(5 + 3 * static_cast<size_t>(i), 61, i), 10, {.greedy = true}));
+  }
+  for (int i = 0; i < 3; ++i) {
+    const serve::Outcome out = waiters[static_cast<size_t>(i)]->done.get_future().get();
+    nn::SessionOptions so;
+    so.kv_type = kernels::WeightType::BF16;
+    nn::Session session(*model, so);
+    nn::GenerationRequest r;
+    r.prompt = pseudo_prompt(5 + 3 * static_cast<size_t>(i), 61, i);
+    r.max_new_tokens = 10;
+    r.sampling.greedy = true;
+    EXPECT_EQ(out.tokens, nn::generate(session, {r})[0].tokens) << "request " << i;
+  }
+  const serve::SchedulerStats stats = settled(scheduler);
+  EXPECT_GT(stats.kv_cache_blocks_used, 0);
+  EXPECT_EQ(stats.kv_cache_bytes, stats.kv_cache_blocks_used * nn::KVBlockCache(2, 24, 16, 1, kernels::WeightType::BF16).bytes_per_block());
+}
+
 // Work on the model between steps (the chat page's attention rows): it runs on the loop's thread while requests
 // decode, and their tokens are the same as without it; a job's exception reaches its caller; after shutdown, refused.
 TEST(ServeScheduler, JobsRunBetweenStepsAndChangeNoToken) {
