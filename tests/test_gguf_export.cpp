@@ -428,15 +428,16 @@ TEST(GgufExport, MistakesAreRefusedWithTheReason) {
 // Needs node-llama-cpp (QKV_NODE_LLAMA_CPP or .cache/node/node_modules): skipped without it, failed under scripts/run
 // test (QKV_REQUIRE_LLAMACPP=1).
 // llama.cpp's greedy text for a GGUF file (tools/llamacpp.sh generate): the prompt's ids and the new ones, and all it
-// printed. modules: where node-llama-cpp is.
+// printed. modules: where node-llama-cpp is; work: the calling test's own build folder (tests run at once must not
+// build into one).
 struct LlamaCppRun {
   std::vector<int64_t> prompt, ids;
   std::string out;
   int status = 0;
 };
-LlamaCppRun llamacpp_generate(const std::string& modules, const std::string& path, int tokens) {
+LlamaCppRun llamacpp_generate(const std::string& modules, const std::string& work, const std::string& path, int tokens) {
   const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
-  const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("generate") + " " + script +
+  const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work(work) + " " + script +
                               " generate " + path + " '" + kPrompt + "' " + std::to_string(tokens) + " 1 2>&1";
   LlamaCppRun run;
   FILE* pipe = popen(command.c_str(), "r");
@@ -486,7 +487,7 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
       nn::GgufExportOptions o;
       o.type = type;
       nn::quantize_to_gguf(folder.string(), path, o);
-      const LlamaCppRun run = llamacpp_generate(modules, path, kTokens);
+      const LlamaCppRun run = llamacpp_generate(modules, "generate", path, kTokens);
       const std::string& out = run.out;
       ASSERT_EQ(run.status, 0) << out;
       const std::vector<int64_t>& prompt = run.prompt;
@@ -561,7 +562,7 @@ TEST(GgufExport, MixtureOfExpertsStacksItsExpertsAsLlamaCppDoes) {
     ref.refresh_fused_views();
     EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
     if (modules.empty()) continue;
-    const LlamaCppRun run = llamacpp_generate(modules, path, 12);
+    const LlamaCppRun run = llamacpp_generate(modules, "moe", path, 12);
     ASSERT_EQ(run.status, 0) << run.out;
     ASSERT_EQ(run.prompt, ids) << run.out;
     ASSERT_FALSE(run.ids.empty()) << run.out;
