@@ -1,16 +1,27 @@
 // The mixture-of-experts layer as a differentiable op (kernels::moe_forward / moe_backward): the forward keeps the
 // routing and the experts' activations, the backward runs the kernel's and hands each input its gradient.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <algorithm>
 
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/kernels/moe.hpp"
 
 namespace qkv {
+
+void for_each_top_k(const float* values, int64_t rows, int64_t cols, int64_t k,
+                    const std::function<void(int64_t, int64_t)>& chosen) {
+  std::vector<int64_t> order(static_cast<size_t>(cols));
+  for (int64_t n = 0; n < rows; ++n) {
+    const float* v = values + n * cols;
+    for (int64_t c = 0; c < cols; ++c) order[static_cast<size_t>(c)] = c;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [v](int64_t a, int64_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+    for (int64_t j = 0; j < k; ++j) chosen(n, order[static_cast<size_t>(j)]);
+  }
+}
 
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
                           std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config) {
@@ -31,41 +42,20 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
       fail("expert " + std::to_string(e) + "'s projections are " + gate[i].shape().str() + ", " + up[i].shape().str() +
            ", " + down[i].shape().str() + "; expected (F, C), (F, C), (C, F) with F = " + std::to_string(F));
   }
-  // bf16 weights (a model loaded for bf16 inference): widened for this call — expert by expert would be better
-  bool bf16 = router.dtype() == DType::BF16;
+  // Experts kept narrow for inference (bf16, or a block format — q8_0, q4_K… — from a GGUF file or --weights): the
+  // experts this call's tokens choose are widened to float32 for it; the others stand in as one zero matrix that no
+  // token reaches. (Routers with a selection bias or groups choose in the kernel only: then every expert is widened.)
+  auto narrow = [](const Tensor& t) { return t.dtype() == DType::BF16 || t.dtype() == DType::Stored; };
+  bool narrowed = narrow(router);
   for (const auto* list : {&gate, &up, &down})
-    for (const Tensor& t : *list) bf16 = bf16 || t.dtype() == DType::BF16;
-  if (bf16) {
+    for (const Tensor& t : *list) narrowed = narrowed || narrow(t);
+  if (narrowed) {
     if (grad_enabled() && x.requires_grad())
-      throw ValueError("mixture_of_experts: bfloat16 expert weights are for inference; run it under NoGradGuard");
-    auto wide = [](const Tensor& t) {
-      if (t.dtype() != DType::BF16) return t;
-      Tensor w = Tensor::empty(t.shape());
-      w.copy_(t);
-      return w;
-    };
-    std::vector<Tensor> g, u, d;
-    for (int64_t e = 0; e < E; ++e) {
-      g.push_back(wide(gate[static_cast<size_t>(e)]));
-      u.push_back(wide(up[static_cast<size_t>(e)]));
-      d.push_back(wide(down[static_cast<size_t>(e)]));
-    }
+      throw ValueError("mixture_of_experts: experts stored as bfloat16 or a block format are for inference; run it "
+                       "under NoGradGuard (fine-tune such a model through LoRA on its attention)");
     NoGradGuard no_grad;
-    return mixture_of_experts(x, wide(router), g, u, d, config);
-  }
-  // Stored experts (q8_0, q4_K… from a GGUF file or --weights): for inference. The experts this call's tokens choose
-  // are widened to float32 for it; the others stand in as one zero matrix that no token reaches. (Routers with a
-  // selection bias or groups choose in the kernel only: then every expert is widened.)
-  bool stored = router.dtype() == DType::Stored;
-  for (const auto* list : {&gate, &up, &down})
-    for (const Tensor& t : *list) stored = stored || t.dtype() == DType::Stored;
-  if (stored) {
-    if (grad_enabled() && x.requires_grad())
-      throw ValueError("mixture_of_experts: experts stored as a block format are for inference; run it under "
-                       "NoGradGuard (fine-tune such a model through LoRA on its attention)");
-    NoGradGuard no_grad;
-    auto wide = [](const Tensor& t) {
-      if (t.dtype() != DType::Stored && t.dtype() != DType::BF16) return t;
+    auto wide = [&](const Tensor& t) {
+      if (!narrow(t)) return t;
       Tensor w = Tensor::empty(t.shape());
       w.copy_(t);
       return w;
@@ -75,14 +65,8 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
     const bool plain = !config.sigmoid && config.groups == 1 && !config.selection_bias.defined();
     if (plain) {  // softmax is monotonic: the k largest logits are the k chosen
       const Tensor logits = linear(reshape(x, {N, C}), r, Tensor());
-      std::vector<int64_t> order(static_cast<size_t>(E));
-      for (int64_t n = 0; n < N; ++n) {
-        const float* l = logits.data() + n * E;
-        for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
-        std::partial_sort(order.begin(), order.begin() + config.experts_per_token, order.end(),
-                          [l](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-        for (int64_t j = 0; j < config.experts_per_token; ++j) used[static_cast<size_t>(order[static_cast<size_t>(j)])] = 1;
-      }
+      for_each_top_k(logits.data(), N, E, config.experts_per_token,
+                     [&](int64_t, int64_t e) { used[static_cast<size_t>(e)] = 1; });
     }
     const Tensor unused_in = Tensor::zeros({F, C}), unused_out = Tensor::zeros({C, F});
     std::vector<Tensor> g, u, d;

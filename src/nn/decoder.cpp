@@ -1222,15 +1222,7 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t exp
   const Tensor probs = softmax(logits);
   // f_e: the share of the N·k choices that went to e (a count: no gradient), as transformers' one-hot mean
   Tensor share = Tensor::zeros({E});
-  std::vector<int64_t> order(static_cast<size_t>(E));
-  for (int64_t n = 0; n < N; ++n) {
-    const float* p = probs.data() + n * E;
-    for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
-    // torch.topk's choice: the k largest, the lower index first among equals
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [p](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    for (int64_t j = 0; j < k; ++j) share.data()[order[static_cast<size_t>(j)]] += 1.0f;
-  }
+  for_each_top_k(probs.data(), N, E, k, [&](int64_t, int64_t e) { share.data()[e] += 1.0f; });
   for (int64_t e = 0; e < E; ++e) share.data()[e] /= static_cast<float>(N);
   return mul(sum(mul(mean(probs, 0), share)), static_cast<float>(E));
 }

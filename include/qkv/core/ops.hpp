@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -242,6 +243,10 @@ struct MoeConfig {
   std::vector<int32_t>* chosen = nullptr;
   std::vector<float>* weights = nullptr;  // with chosen: the k weights of each token
 };
+// The k largest of each of `rows` rows of `cols` values, as torch.topk picks them (the lower index first among
+// equals): chosen(row, column) for each, largest first. A router's choice; 1 ≤ k ≤ cols.
+void for_each_top_k(const float* values, int64_t rows, int64_t cols, int64_t k,
+                    const std::function<void(int64_t, int64_t)>& chosen);
 // Σ over the k experts a router picks per token of w · down_e(silu(gate_e x) ∘ up_e x) (kernels::moe_forward): x
 // (..., C), router (E, C), gate[e] and up[e] (F, C), down[e] (C, F), one tensor per expert as checkpoints store
 // them. Result x's shape. Gradients reach x, the router and every expert (zero for an expert no token chose).
