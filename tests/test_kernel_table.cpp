@@ -672,6 +672,45 @@ std::vector<KernelCase> kernel_cases() {
                        return ::testing::AssertionSuccess();
                      }});
   }
+  // gpt-oss: top-2 of 4 by the logits + a bias, the softmax of those two; stacked experts with biases, gate/up columns
+  // interleaved; the clamped SwiGLU with a limit low enough that both clamps cut.
+  cases.push_back({"moe, gpt-oss (router bias, top-k then softmax, stacked experts with biases, clamped SwiGLU)",
+                   [](int64_t n, int m) {
+                     const MoeDims d{n, 5, 3, 4, 2};
+                     MoeOptions options;
+                     options.top_k_then_softmax = true;
+                     options.swiglu_limit = 0.6f;
+                     Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), bias(d.E, m, 3), g_out(n * d.C, m, 4);
+                     Buffer gate_up(d.E * d.C * 2 * d.F, m, 5), gate_up_bias(d.E * 2 * d.F, m, 6),
+                         down(d.E * d.F * d.C, m, 7), down_bias(d.E * d.C, m, 8);
+                     const MoeStacked w{gate_up.data(), gate_up_bias.data(), down.data(), down_bias.data()};
+                     Buffer out(n * d.C, m, 9), ref(n * d.C, m, 10);
+                     MoeSaved saved;
+                     moe_forward(d, options, x.data(), router.data(), bias.data(), w, out.data(), saved);
+                     moe_forward_reference(d, options, x.data(), router.data(), bias.data(), w, ref.data());
+                     if (auto ok = close(out.data(), ref.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+                     const float nan = std::numeric_limits<float>::quiet_NaN();
+                     const std::vector<int64_t> sizes = {n * d.C, d.E * d.C, d.E, d.E * d.C * 2 * d.F, d.E * 2 * d.F,
+                                                         d.E * d.F * d.C, d.E * d.C};
+                     std::vector<std::vector<float>> fast, want;
+                     for (int64_t size : sizes) {
+                       fast.emplace_back(static_cast<size_t>(size), nan);  // every element must be written
+                       want.emplace_back(static_cast<size_t>(size), 0.0f);
+                     }
+                     auto grads = [](std::vector<std::vector<float>>& g) {
+                       return MoeStackedGrads{g[3].data(), g[4].data(), g[5].data(), g[6].data()};
+                     };
+                     moe_backward(d, options, x.data(), router.data(), bias.data(), w, saved, g_out.data(),
+                                  fast[0].data(), fast[1].data(), fast[2].data(), grads(fast));
+                     moe_backward_reference(d, options, x.data(), router.data(), bias.data(), w, g_out.data(),
+                                            want[0].data(), want[1].data(), want[2].data(), grads(want));
+                     const char* names[] = {"dx", "d_router", "d_router_bias", "d_gate_up", "d_gate_up_bias", "d_down",
+                                            "d_down_bias"};
+                     for (size_t i = 0; i < fast.size(); ++i)
+                       if (auto ok = close(fast[i].data(), want[i].data(), static_cast<int64_t>(fast[i].size()), 1e-4, 1e-5); !ok)
+                         return ok << " (" << names[i] << ")";
+                     return ::testing::AssertionSuccess();
+                   }});
   // A query that sees one key (T = 1, or a window of 1: every row here) has a softmax of exactly 1 whatever its score,
   // so its dS is exactly 0 and dQ and dK are exactly 0, as PyTorch gives them: G − Di (dO·V from a tile product,
   // dO·O from a dot) agrees only to rounding, which became a W_query gradient of 1e-6…1e-4 (issue 44 item 18).
@@ -875,6 +914,15 @@ std::vector<OpCase> op_cases() {
         random_tensor({2, 4}, 45), random_tensor({2, 4}, 46), random_tensor({2, 4}, 47), random_tensor({2, 4}, 48),
         random_tensor({2, 4}, 49), random_tensor({2, 4}, 50), random_tensor({4, 2}, 51), random_tensor({4, 2}, 52),
         random_tensor({4, 2}, 53), random_tensor({4, 2}, 54)}},
+      {"mixture_of_experts (gpt-oss: router bias, top-2 then softmax, stacked experts with biases, clamped SwiGLU)",
+       [](const Inputs& x) {
+         MoeConfig c;
+         c.experts_per_token = 2;
+         c.top_k_then_softmax = true;
+         c.swiglu_limit = 0.8f;
+         return mixture_of_experts(x[0], x[1], x[2], x[3], x[4], x[5], x[6], c); },
+       {random_tensor({2, 3, 4}, 61), random_tensor({3, 4}, 62, 3.0f), random_tensor({3}, 63), random_tensor({3, 4, 4}, 64),
+        random_tensor({3, 4}, 65), random_tensor({3, 2, 4}, 66), random_tensor({3, 4}, 67)}},
       {"gated_delta_rule (2 heads, Dk 3, Dv 2)", [](const Inputs& x) {
          return gated_delta_rule(x[0], x[1], x[2], x[3], x[4]); },
        {random_tensor({1, 5, 2, 3}, 31), random_tensor({1, 5, 2, 3}, 32, 0.6f), random_tensor({1, 5, 2, 2}, 33),

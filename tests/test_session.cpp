@@ -182,7 +182,7 @@ TEST_P(SessionFamily, PrefillLogitsAreTheForwardPasses) {
 
 INSTANTIATE_TEST_SUITE_P(HuggingFace, SessionFamily,
                          ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "mistral", "phi3", "olmo2", "olmo3",
-                                           "smollm3", "gemma2", "qwen3_moe", "deepseek_v3"),
+                                           "smollm3", "gemma2", "qwen3_moe", "deepseek_v3", "gpt_oss"),
                          [](const auto& info) { return info.param; });
 
 TEST(Session, TheBooksGptBatchedEqualsAlone) {

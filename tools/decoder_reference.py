@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Llama 3, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
+"""Llama 3, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss, Gemma 3, Mistral, Phi-3, OLMo 2 and 3, SmolLM3 and Gemma 2 in plain PyTorch, written from
 the published formulas (Hugging Face transformers' modeling_<family>.py and modeling_rope_utils.py are the
 specification; the transformers package is not in Debian), and the tiny random Hugging Face folders the C++ tests
 load and compare against.
@@ -109,6 +109,18 @@ FAMILIES = {
                         n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
                         moe_intermediate_size=10, n_shared_experts=1, first_k_dense_replace=1,
                         routed_scaling_factor=2.5, norm_topk_prob=True, bos_token_id=1, eos_token_id=5),
+    # gpt-oss: attention with biases and a sink logit per head, a sliding layer (window 4) then a full one, YaRN
+    # without truncation; every layer 4 experts stacked with biases (gate/up columns interleaved), a biased router
+    # taking the top 2 logits and softmaxing them, SwiGLU clamped at 1.0 (low enough to cut these random weights); the
+    # load-balancing loss on the raw router logits.
+    "gpt_oss": dict(model_type="gpt_oss", vocab_size=80, hidden_size=32, intermediate_size=12, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                    rms_norm_eps=1e-5, rope_theta=150000.0, tie_word_embeddings=False, hidden_act="silu",
+                    attention_bias=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                    rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                      original_max_position_embeddings=16, truncate=False),
+                    num_local_experts=4, num_experts_per_tok=2, swiglu_limit=1.0, output_router_logits=True,
+                    router_aux_loss_coef=0.05, eos_token_id=79, pad_token_id=0),
 }
 
 GEMMA = ("gemma3_text", "gemma2")
@@ -160,7 +172,9 @@ def inverse_frequencies(c, local=False, seq_len=0):
 
         def correction_dim(rotations):
             return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-        low, high = math.floor(correction_dim(beta_fast)), math.ceil(correction_dim(beta_slow))
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, dim - 1)
         if low == high:
             high += 0.001
@@ -235,6 +249,29 @@ def moe(c, w, p, h):
         outs.append(F.linear(F.silu(gate) * up, w[ex + "down_proj.weight"]))
     outs = torch.stack(outs, dim=1)  # (N, E, C)
     picked = outs.gather(1, chosen[:, :, None].expand(-1, -1, C))  # (N, k, C)
+    return (picked * weights[:, :, None]).sum(dim=1).reshape(B, T, C)
+
+
+def gpt_oss_moe(c, w, p, h):
+    """GptOssMLP: the router's logits (with its bias), the top k of them softmaxed; each expert's gate_up (C, 2F) used
+    as x·W, gate the even columns and up the odd ones, gate clamped above and up both ways at swiglu_limit,
+    (up + 1)·gate·σ(1.702·gate), then down (F, C) and its bias, weighted. Every expert runs on every token here."""
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)
+    logits = F.linear(x, w[p + "mlp.router.weight"], w[p + "mlp.router.bias"])
+    ROUTER_LOGITS.append(logits)
+    top, chosen = torch.topk(logits, c["num_experts_per_tok"], dim=-1)
+    weights = torch.softmax(top, dim=1)
+    limit = c["swiglu_limit"]
+    outs = []
+    for e in range(c["num_local_experts"]):
+        ex = p + "mlp.experts."
+        gu = x @ w[ex + "gate_up_proj"][e] + w[ex + "gate_up_proj_bias"][e]
+        gate, up = gu[..., ::2].clamp(max=limit), gu[..., 1::2].clamp(min=-limit, max=limit)
+        glu = gate * torch.sigmoid(gate * 1.702)
+        outs.append(((up + 1) * glu) @ w[ex + "down_proj"][e] + w[ex + "down_proj_bias"][e])
+    outs = torch.stack(outs, dim=1)
+    picked = outs.gather(1, chosen[:, :, None].expand(-1, -1, C))
     return (picked * weights[:, :, None]).sum(dim=1).reshape(B, T, C)
 
 
@@ -354,6 +391,16 @@ def parameter_names(c):
                     (b + "mlp.gate_up_proj.weight", (2 * F_, C)), (b + "mlp.down_proj.weight", (C, F_)),
                     (b + "input_layernorm.weight", (C,)), (b + "post_attention_layernorm.weight", (C,))]
             continue
+        if t == "gpt_oss":  # GptOssAttention: its sinks, the four projections with biases; GptOssMLP: router, experts
+            E, Fe = c["num_local_experts"], F_
+            out.append((b + "self_attn.sinks", (H,)))
+            for name, rows, cols in (("q_proj", H * D, C), ("k_proj", Hkv * D, C), ("v_proj", Hkv * D, C), ("o_proj", C, H * D)):
+                out += [(b + f"self_attn.{name}.weight", (rows, cols)), (b + f"self_attn.{name}.bias", (rows,))]
+            out += [(b + "mlp.router.weight", (E, C)), (b + "mlp.router.bias", (E,)),
+                    (b + "mlp.experts.gate_up_proj", (E, C, 2 * Fe)), (b + "mlp.experts.gate_up_proj_bias", (E, 2 * Fe)),
+                    (b + "mlp.experts.down_proj", (E, Fe, C)), (b + "mlp.experts.down_proj_bias", (E, C)),
+                    (b + "input_layernorm.weight", (C,)), (b + "post_attention_layernorm.weight", (C,))]
+            continue
         for name, rows in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
             out.append((b + f"self_attn.{name}.weight", (rows, C)))
             if qwen2:
@@ -395,6 +442,8 @@ def random_weights(c, seed):
         elif name.endswith("e_score_correction_bias"):  # a buffer: no gradient (it only chooses)
             w[name] = 0.1 * torch.randn(shape, generator=g)
             continue
+        elif name.endswith("self_attn.sinks"):  # logits of the scores' size, so that a sink takes a real share
+            w[name] = torch.randn(shape, generator=g)
         elif name.endswith(".bias"):
             w[name] = 0.1 * torch.randn(shape, generator=g)
         else:
@@ -412,6 +461,8 @@ def layer_is_sliding(c, i):
         return (i + 1) % 4 != 0
     if t in ("mistral", "phi3"):
         return c.get("sliding_window") is not None
+    if t == "gpt_oss":
+        return c["layer_types"][i] == "sliding_attention"
     if t in ("qwen2", "qwen3", "qwen3_moe") and c.get("use_sliding_window"):
         return i >= c["max_window_layers"]
     return False
@@ -478,7 +529,11 @@ def forward(c, w, ids, hidden=False):
         if sliding:
             visible = visible & (qi - kj < c["sliding_window"])
         scores = scores.masked_fill(~visible, float("-inf"))
-        attn = torch.softmax(scores, dim=-1)
+        if t == "gpt_oss":  # the sink: one more logit per head in each row's softmax, its column dropped after
+            sinks = w[p + "self_attn.sinks"].reshape(1, H, 1, 1).expand(B, H, T, 1)
+            attn = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+        else:
+            attn = torch.softmax(scores, dim=-1)
         ctx = (attn @ v).transpose(1, 2).reshape(B, T, H * D)
         a = lin(ctx, "self_attn.o_proj")
         if gemma:
@@ -493,6 +548,9 @@ def forward(c, w, ids, hidden=False):
             h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, gemma)
         if is_sparse(c, i):
             x = x + moe(c, w, p, h)
+            continue
+        if t == "gpt_oss":
+            x = x + gpt_oss_moe(c, w, p, h)
             continue
         if t == "phi3":  # the first half of gate_up_proj is the gate
             gate, up = lin(h, "mlp.gate_up_proj").chunk(2, dim=-1)
@@ -522,7 +580,8 @@ def write_folder(c, w, folder, shards):
                                 "gemma3_text": "Gemma3ForCausalLM", "mistral": "MistralForCausalLM",
                                 "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
                                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                                "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}[c["model_type"]]]
+                                "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                                "gpt_oss": "GptOssForCausalLM"}[c["model_type"]]]
     config["torch_dtype"] = "float32"
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
@@ -561,7 +620,8 @@ def main():
         logits = forward(c, w, ids)
         loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-100)
         if c.get("output_router_logits"):  # Qwen3MoeForCausalLM: loss + router_aux_loss_coef · aux_loss
-            loss = loss + c["router_aux_loss_coef"] * load_balancing_loss(ROUTER_LOGITS, c["num_experts"], c["num_experts_per_tok"])
+            experts = c.get("num_experts", c.get("num_local_experts"))
+            loss = loss + c["router_aux_loss_coef"] * load_balancing_loss(ROUTER_LOGITS, experts, c["num_experts_per_tok"])
         loss.backward()
         # Greedy decoding: the whole sequence again for every new token, as the book's generate_text_simple.
         with torch.no_grad():

@@ -37,6 +37,11 @@ void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys,
   options.window = config.window;
   options.scale = config.scale;
   options.softcap = config.softcap;
+  if (config.sinks.defined()) {  // gpt-oss: one logit per head in each row's denominator
+    if (!(config.sinks.shape() == Shape{H}) || config.sinks.dtype() != DType::F32)
+      throw ShapeError("attend_rows: sinks must be float32 of shape (" + std::to_string(H) + "), got " + config.sinks.shape().str());
+    options.sinks = config.sinks.data();
+  }
   std::vector<float> lse(static_cast<size_t>(H * rows));
   kernels::attention_forward(dims, layout, options, q.data() + row0 * Q, keys, values, context.data() + row0 * Q,
                              lse.data());

@@ -1,6 +1,7 @@
 // The mixture-of-experts layer as a differentiable op (kernels::moe_forward / moe_backward): the forward keeps the
 // routing and the experts' activations, the backward runs the kernel's and hands each input its gradient.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,37 @@ void for_each_top_k(const float* values, int64_t rows, int64_t cols, int64_t k,
     for (int64_t j = 0; j < k; ++j) chosen(n, order[static_cast<size_t>(j)]);
   }
 }
+
+namespace {
+// The kernel's router and activation settings, checked against E experts
+kernels::MoeOptions kernel_options(const MoeConfig& config, int64_t E) {
+  kernels::MoeOptions options;
+  options.norm_topk_prob = config.norm_topk_prob;
+  options.sigmoid = config.sigmoid;
+  options.groups = config.groups;
+  options.groups_kept = config.groups_kept;
+  options.scaling = config.scaling;
+  options.top_k_then_softmax = config.top_k_then_softmax;
+  options.swiglu_limit = config.swiglu_limit;
+  options.swiglu_alpha = config.swiglu_alpha;
+  if (config.experts_per_token < 1 || config.experts_per_token > E)
+    throw ValueError("mixture_of_experts: experts_per_token = " + std::to_string(config.experts_per_token) +
+                     " must lie in 1…" + std::to_string(E) + " (the experts)");
+  if (config.groups < 1 || E % config.groups != 0 || config.groups_kept < 1 || config.groups_kept > config.groups ||
+      (config.groups > 1 && E / config.groups < 2))
+    throw ValueError("mixture_of_experts: " + std::to_string(E) + " experts in " + std::to_string(config.groups) +
+                     " groups keeping " + std::to_string(config.groups_kept) +
+                     ": the groups must divide the experts (two or more each) and 1 ≤ kept ≤ groups");
+  if (config.experts_per_token > config.groups_kept * (E / config.groups))
+    throw ValueError("mixture_of_experts: experts_per_token = " + std::to_string(config.experts_per_token) +
+                     " is more than the kept groups hold (" + std::to_string(config.groups_kept * (E / config.groups)) + ")");
+  if (!(config.swiglu_limit >= 0.0f) || !std::isfinite(config.swiglu_limit))
+    throw ValueError("mixture_of_experts: swiglu_limit must be a finite value ≥ 0 (0: no clamp)");
+  if (config.top_k_then_softmax && config.sigmoid)
+    throw ValueError("mixture_of_experts: a router is either sigmoid (DeepSeek-V3) or top-k then softmax (gpt-oss)");
+  return options;
+}
+}  // namespace
 
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
                           std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config) {
@@ -81,20 +113,7 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   }
   if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
   const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
-  kernels::MoeOptions options;
-  options.norm_topk_prob = config.norm_topk_prob;
-  options.sigmoid = config.sigmoid;
-  options.groups = config.groups;
-  options.groups_kept = config.groups_kept;
-  options.scaling = config.scaling;
-  if (config.groups < 1 || E % config.groups != 0 || config.groups_kept < 1 || config.groups_kept > config.groups ||
-      (config.groups > 1 && E / config.groups < 2))
-    throw ValueError("mixture_of_experts: " + std::to_string(E) + " experts in " + std::to_string(config.groups) +
-                     " groups keeping " + std::to_string(config.groups_kept) +
-                     ": the groups must divide the experts (two or more each) and 1 ≤ kept ≤ groups");
-  if (config.experts_per_token > config.groups_kept * (E / config.groups))
-    throw ValueError("mixture_of_experts: experts_per_token = " + std::to_string(config.experts_per_token) +
-                     " is more than the kept groups hold (" + std::to_string(config.groups_kept * (E / config.groups)) + ")");
+  kernels::MoeOptions options = kernel_options(config, E);
   // the bias only chooses: read as float32 values (a bf16 copy widened), never given a gradient
   Tensor bias;
   if (config.selection_bias.defined()) {
@@ -142,6 +161,76 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
     float* dr = slot(1);
     kernels::moe_backward(dims, options, inputs[0].data(), inputs[1].data(), g.data(), u.data(), d.data(), *saved,
                           dout.data(), dx, dr, dg.data(), du.data(), dd.data());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
+  });
+  return out;
+}
+
+Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
+                          const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
+                          const MoeConfig& config) {
+  auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts (stacked experts): " + why); };
+  if (x.rank() < 1 || router.rank() != 2 || gate_up.rank() != 3 || down.rank() != 3)
+    fail("x must be (..., C), the router (E, C), gate_up (E, C, 2F) and down (E, F, C)");
+  const int64_t C = x.size(-1), E = router.size(0), N = x.numel() / std::max<int64_t>(C, 1);
+  const int64_t F = gate_up.size(2) / 2;
+  if (router.size(1) != C || !(gate_up.shape() == Shape{E, C, 2 * F}) || !(down.shape() == Shape{E, F, C}))
+    fail("the router is " + router.shape().str() + ", gate_up " + gate_up.shape().str() + " and down " +
+         down.shape().str() + " for " + std::to_string(C) + " channels; expected (E, C), (E, C, 2F), (E, F, C)");
+  if (router_bias.defined() && !(router_bias.shape() == Shape{E})) fail("the router bias is " + router_bias.shape().str() + "; expected (E)");
+  if (gate_up_bias.defined() && !(gate_up_bias.shape() == Shape{E, 2 * F})) fail("gate_up_bias is " + gate_up_bias.shape().str() + "; expected (E, 2F)");
+  if (down_bias.defined() && !(down_bias.shape() == Shape{E, C})) fail("down_bias is " + down_bias.shape().str() + "; expected (E, C)");
+  const std::vector<Tensor> inputs = {x, router, router_bias, gate_up, gate_up_bias, down, down_bias};
+  if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
+  // A router or experts kept narrow (bf16, a block format) for inference: widened to float32 for this call
+  bool narrowed = false;
+  for (const Tensor& t : inputs) narrowed = narrowed || (t.defined() && t.dtype() != DType::F32);
+  if (narrowed) {
+    if (grad_enabled() && x.requires_grad())
+      throw ValueError("mixture_of_experts: experts or a router stored as bfloat16 or a block format are for "
+                       "inference; run it under NoGradGuard, or load the model in float32 to train it");
+    NoGradGuard no_grad;
+    auto wide = [](const Tensor& t) {
+      if (!t.defined() || t.dtype() == DType::F32) return t;
+      Tensor w = Tensor::empty(t.shape());
+      w.copy_(t);
+      return w;
+    };
+    return mixture_of_experts(x, wide(router), wide(router_bias), wide(gate_up), wide(gate_up_bias), wide(down),
+                              wide(down_bias), config);
+  }
+  const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
+  const kernels::MoeOptions options = kernel_options(config, E);
+  auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
+  const kernels::MoeStacked w{pointer(gate_up), pointer(gate_up_bias), pointer(down), pointer(down_bias)};
+  auto saved = std::make_shared<kernels::MoeSaved>();
+  Tensor out = Tensor::empty(x.shape());
+  kernels::moe_forward(dims, options, x.data(), router.data(), pointer(router_bias), w, out.data(), *saved);
+  if (config.chosen) config.chosen->assign(saved->experts.begin(), saved->experts.end());
+  if (config.weights) config.weights->assign(saved->weights.begin(), saved->weights.end());
+  std::vector<Tensor> recorded;
+  bool any = false;
+  for (const Tensor& t : inputs)
+    if (t.defined()) {
+      recorded.push_back(t);
+      any = any || t.requires_grad();
+    }
+  if (!any || !grad_enabled()) return out;
+  detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs, dims, options, saved](const Tensor& dout) {
+    std::vector<Tensor> grads(inputs.size());
+    auto slot = [&](size_t i) -> float* {
+      if (!inputs[i].defined() || !inputs[i].requires_grad()) return nullptr;
+      grads[i] = Tensor::empty(inputs[i].shape());
+      return grads[i].data();
+    };
+    auto pointer = [&](size_t i) { return inputs[i].defined() ? inputs[i].data() : static_cast<const float*>(nullptr); };
+    float* dx = slot(0);
+    float* dr = slot(1);
+    float* drb = slot(2);
+    const kernels::MoeStackedGrads dw{slot(3), slot(4), slot(5), slot(6)};
+    const kernels::MoeStacked w{pointer(3), pointer(4), pointer(5), pointer(6)};
+    kernels::moe_backward(dims, options, pointer(0), pointer(1), pointer(2), w, *saved, dout.data(), dx, dr, drb, dw);
     for (size_t i = 0; i < inputs.size(); ++i)
       if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
   });

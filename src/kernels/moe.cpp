@@ -69,27 +69,43 @@ double chosen_total(const MoeOptions& options, const float* p, const int32_t* ch
   return options.sigmoid ? total + 1e-20 : total;
 }
 
-// Routing from the probabilities: each token's experts and weights.
+// Routing from the router's scores: each token's experts and weights.
 void route(const MoeDims& d, const MoeOptions& options, const float* probs, int32_t* experts, float* weights) {
   for (int64_t t = 0; t < d.N; ++t) {
     const float* p = probs + t * d.E;
-    choose(d, options, p, experts + t * d.k);
-    const double total = chosen_total(options, p, experts + t * d.k, d.k);
+    int32_t* chosen = experts + t * d.k;
+    choose(d, options, p, chosen);
+    if (options.top_k_then_softmax) {  // gpt-oss: the softmax of the k chosen logits (the largest is the first)
+      double total = 0.0;
+      for (int64_t s = 0; s < d.k; ++s) total += std::exp(static_cast<double>(p[chosen[s]]) - p[chosen[0]]);
+      for (int64_t s = 0; s < d.k; ++s)
+        weights[t * d.k + s] = static_cast<float>(std::exp(static_cast<double>(p[chosen[s]]) - p[chosen[0]]) / total * options.scaling);
+      continue;
+    }
+    const double total = chosen_total(options, p, chosen, d.k);
     for (int64_t s = 0; s < d.k; ++s) {
-      const double chosen = p[experts[t * d.k + s]];
-      weights[t * d.k + s] = static_cast<float>((options.norm_topk_prob ? chosen / total : chosen) * options.scaling);
+      const double value = p[chosen[s]];
+      weights[t * d.k + s] = static_cast<float>((options.norm_topk_prob ? value / total : value) * options.scaling);
     }
   }
 }
 
 // The routing's gradient: dz (N, E) from dw (N, k) through the scaling, the renormalisation and the softmax (or
-// sigmoid).
+// sigmoid; gpt-oss's softmax of the chosen: dz_s = a·w_s (dw_s − Σ_r w_r dw_r) with w the softmax, 0 elsewhere).
 void route_backward(const MoeDims& d, const MoeOptions& options, const float* probs, const int32_t* experts,
                     const float* weights, const float* dw, float* dz) {
   std::vector<double> dp(static_cast<size_t>(d.E));
   const double a = options.scaling;
   for (int64_t t = 0; t < d.N; ++t) {
     const float* p = probs + t * d.E;
+    if (options.top_k_then_softmax) {
+      std::fill_n(dz + t * d.E, d.E, 0.0f);
+      double weighted = 0.0;  // Σ_r softmax_r dw_r
+      for (int64_t s = 0; s < d.k; ++s) weighted += static_cast<double>(weights[t * d.k + s]) / a * dw[t * d.k + s];
+      for (int64_t s = 0; s < d.k; ++s)
+        dz[t * d.E + experts[t * d.k + s]] = static_cast<float>(weights[t * d.k + s] * (dw[t * d.k + s] - weighted));
+      continue;
+    }
     std::fill(dp.begin(), dp.end(), 0.0);
     const double total = chosen_total(options, p, experts + t * d.k, d.k);  // S
     double weighted = 0.0;  // Σ_r w_r dw_r
@@ -108,21 +124,73 @@ void route_backward(const MoeDims& d, const MoeOptions& options, const float* pr
   }
 }
 
-}  // namespace
+// Where the experts' weights live: one tensor per expert and projection, or a layer's stacked tensors (gpt-oss)
+struct Experts {
+  const float* const* gate = nullptr;
+  const float* const* up = nullptr;
+  const float* const* down = nullptr;
+  const MoeStacked* stacked = nullptr;
+};
+struct ExpertGrads {
+  float* const* gate = nullptr;
+  float* const* up = nullptr;
+  float* const* down = nullptr;
+  const MoeStackedGrads* stacked = nullptr;
+};
 
-void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
-                 const float* const* gate, const float* const* up, const float* const* down, float* out,
-                 MoeSaved& saved) {
+// H = act(G, U) over n values: silu(G) ∘ U, or gpt-oss's clamped form (MoeOptions::swiglu_limit).
+void activate(const MoeOptions& o, const float* g, const float* u, float* h, int64_t n) {
+  if (o.swiglu_limit <= 0.0f) {
+    silu_forward(g, h, n);  // the vector SiLU: a scalar exp per value was a fifth of the forward
+    for (int64_t i = 0; i < n; ++i) h[i] *= u[i];
+    return;
+  }
+  const float limit = o.swiglu_limit, alpha = o.swiglu_alpha;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
+    h[i] = gc / (1.0f + std::exp(-alpha * gc)) * (uc + 1.0f);
+  }
+}
+
+// From dH: dG and dU, and H itself (for the down projection's gradient). dh is overwritten.
+void activate_backward(const MoeOptions& o, const float* g, const float* u, float* dh, float* h, float* dg, float* du,
+                       int64_t n) {
+  if (o.swiglu_limit <= 0.0f) {  // silu(G) into h, then H = silu(G) ∘ U and dU = dH ∘ silu(G); dG by SiLU's backward
+    silu_forward(g, h, n);
+    for (int64_t i = 0; i < n; ++i) {
+      du[i] = dh[i] * h[i];
+      h[i] *= u[i];
+      dh[i] *= u[i];
+    }
+    silu_backward(g, dh, dg, n, /*accumulate=*/false);
+    return;
+  }
+  // The clamps pass the gradient where the value lies within them (bounds included, as torch.clamp's backward).
+  const float limit = o.swiglu_limit, alpha = o.swiglu_alpha;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
+    const float sg = 1.0f / (1.0f + std::exp(-alpha * gc)), glu = gc * sg;
+    h[i] = glu * (uc + 1.0f);
+    du[i] = u[i] >= -limit && u[i] <= limit ? dh[i] * glu : 0.0f;
+    dg[i] = g[i] <= limit ? dh[i] * (uc + 1.0f) * (sg + alpha * gc * sg * (1.0f - sg)) : 0.0f;
+  }
+}
+
+void forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+             const float* router_bias, const Experts& w, float* out, MoeSaved& saved) {
   const int64_t slots = d.N * d.k;
   saved.probs.assign(static_cast<size_t>(d.N * d.E), 0.0f);
   saved.experts.assign(static_cast<size_t>(slots), 0);
   saved.weights.assign(static_cast<size_t>(slots), 0.0f);
   if (d.N <= 0) return;
-  // z = x Wrᵀ (N × E), then the softmax in place
+  // z = x Wrᵀ (+ b) (N × E), then the softmax or sigmoid in place (gpt-oss's router keeps the logits)
   gemm(false, true, d.N, d.E, d.C, 1.0f, x, d.C, router, d.C, 0.0f, saved.probs.data(), d.E);
+  if (router_bias)
+    for (int64_t t = 0; t < d.N; ++t)
+      for (int64_t e = 0; e < d.E; ++e) saved.probs[static_cast<size_t>(t * d.E + e)] += router_bias[e];
   if (options.sigmoid) {
     for (float& v : saved.probs) v = 1.0f / (1.0f + std::exp(-v));  // N·E values: a scalar loop is enough
-  } else {
+  } else if (!options.top_k_then_softmax) {
     softmax_rows(saved.probs.data(), saved.probs.data(), d.N, d.E);
   }
   route(d, options, saved.probs.data(), saved.experts.data(), saved.weights.data());
@@ -143,6 +211,7 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
   saved.up.resize(static_cast<size_t>(slots * d.F));
   saved.y.resize(static_cast<size_t>(slots * d.C));
   std::vector<float> xs(static_cast<size_t>(slots * d.C)), h(static_cast<size_t>(slots * d.F));
+  std::vector<float> gate_up(w.stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
   for (int64_t row = 0; row < slots; ++row)
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
   for (int64_t e = 0; e < d.E; ++e) {
@@ -151,36 +220,65 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
     float* g = saved.gate.data() + r0 * d.F;
     float* u = saved.up.data() + r0 * d.F;
     float* he = h.data() + r0 * d.F;
-    gemm(false, true, n, d.F, d.C, 1.0f, xs.data() + r0 * d.C, d.C, gate[e], d.C, 0.0f, g, d.F);
-    gemm(false, true, n, d.F, d.C, 1.0f, xs.data() + r0 * d.C, d.C, up[e], d.C, 0.0f, u, d.F);
-    silu_forward(g, he, n * d.F);  // H = silu(G) ∘ U (the vector SiLU: a scalar exp per value was a fifth of it)
-    for (int64_t i = 0; i < n * d.F; ++i) he[i] *= u[i];
-    gemm(false, true, n, d.C, d.F, 1.0f, he, d.F, down[e], d.F, 0.0f, saved.y.data() + r0 * d.C, d.C);
+    float* y = saved.y.data() + r0 * d.C;
+    const float* xe = xs.data() + r0 * d.C;
+    if (w.stacked) {  // one product for gate and up (columns alternating), then the biases, split
+      const MoeStacked& s = *w.stacked;
+      float* gu = gate_up.data() + r0 * 2 * d.F;
+      gemm(false, false, n, 2 * d.F, d.C, 1.0f, xe, d.C, s.gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, gu, 2 * d.F);
+      const float* b = s.gate_up_bias ? s.gate_up_bias + e * 2 * d.F : nullptr;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t f = 0; f < d.F; ++f) {
+          g[i * d.F + f] = gu[i * 2 * d.F + 2 * f] + (b ? b[2 * f] : 0.0f);
+          u[i * d.F + f] = gu[i * 2 * d.F + 2 * f + 1] + (b ? b[2 * f + 1] : 0.0f);
+        }
+    } else {
+      gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.gate[e], d.C, 0.0f, g, d.F);
+      gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.up[e], d.C, 0.0f, u, d.F);
+    }
+    activate(options, g, u, he, n * d.F);
+    if (w.stacked) {
+      const MoeStacked& s = *w.stacked;
+      gemm(false, false, n, d.C, d.F, 1.0f, he, d.F, s.down + e * d.F * d.C, d.C, 0.0f, y, d.C);
+      if (s.down_bias)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t c = 0; c < d.C; ++c) y[i * d.C + c] += s.down_bias[e * d.C + c];
+    } else {
+      gemm(false, true, n, d.C, d.F, 1.0f, he, d.F, w.down[e], d.F, 0.0f, y, d.C);
+    }
   }
   for (int64_t t = 0; t < d.N; ++t) {
     float* o = out + t * d.C;
     std::fill_n(o, d.C, 0.0f);
     for (int64_t s = 0; s < d.k; ++s) {
-      const float w = saved.weights[static_cast<size_t>(t * d.k + s)];
+      const float wt = saved.weights[static_cast<size_t>(t * d.k + s)];
       const float* y = saved.y.data() + saved.position[static_cast<size_t>(t * d.k + s)] * d.C;
-      for (int64_t c = 0; c < d.C; ++c) o[c] += w * y[c];
+      for (int64_t c = 0; c < d.C; ++c) o[c] += wt * y[c];
     }
   }
 }
 
-void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
-                  const float* const* gate, const float* const* up, const float* const* down, const MoeSaved& saved,
-                  const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
-                  float* const* d_down) {
+void backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router, const Experts& w,
+              const MoeSaved& saved, const float* d_out, float* dx, float* d_router, float* d_router_bias,
+              const ExpertGrads& dw_experts) {
   const int64_t slots = d.N * d.k;
+  const MoeStackedGrads* ds = dw_experts.stacked;
   auto zero_expert = [&](int64_t e) {
-    if (d_gate && d_gate[e]) std::fill_n(d_gate[e], d.F * d.C, 0.0f);
-    if (d_up && d_up[e]) std::fill_n(d_up[e], d.F * d.C, 0.0f);
-    if (d_down && d_down[e]) std::fill_n(d_down[e], d.C * d.F, 0.0f);
+    if (ds) {
+      if (ds->gate_up) std::fill_n(ds->gate_up + e * d.C * 2 * d.F, d.C * 2 * d.F, 0.0f);
+      if (ds->gate_up_bias) std::fill_n(ds->gate_up_bias + e * 2 * d.F, 2 * d.F, 0.0f);
+      if (ds->down) std::fill_n(ds->down + e * d.F * d.C, d.F * d.C, 0.0f);
+      if (ds->down_bias) std::fill_n(ds->down_bias + e * d.C, d.C, 0.0f);
+      return;
+    }
+    if (dw_experts.gate && dw_experts.gate[e]) std::fill_n(dw_experts.gate[e], d.F * d.C, 0.0f);
+    if (dw_experts.up && dw_experts.up[e]) std::fill_n(dw_experts.up[e], d.F * d.C, 0.0f);
+    if (dw_experts.down && dw_experts.down[e]) std::fill_n(dw_experts.down[e], d.C * d.F, 0.0f);
   };
   if (d.N <= 0) {
     for (int64_t e = 0; e < d.E; ++e) zero_expert(e);
     if (d_router) std::fill_n(d_router, d.E * d.C, 0.0f);
+    if (d_router_bias) std::fill_n(d_router_bias, d.E, 0.0f);
     return;
   }
   // dw_ts = dout_t · y_row and dY_row = w_ts · dout_t
@@ -189,17 +287,18 @@ void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, c
     const int64_t t = slot / d.k, row = saved.position[static_cast<size_t>(slot)];
     const float* y = saved.y.data() + row * d.C;
     const float* g = d_out + t * d.C;
-    const float w = saved.weights[static_cast<size_t>(slot)];
+    const float wt = saved.weights[static_cast<size_t>(slot)];
     double dot = 0.0;
     for (int64_t c = 0; c < d.C; ++c) {
       dot += static_cast<double>(g[c]) * y[c];
-      dy[static_cast<size_t>(row * d.C + c)] = w * g[c];
+      dy[static_cast<size_t>(row * d.C + c)] = wt * g[c];
     }
     dw[static_cast<size_t>(slot)] = static_cast<float>(dot);
   }
   std::vector<float> xs(static_cast<size_t>(slots * d.C)), dxs(static_cast<size_t>(slots * d.C));
   std::vector<float> h(static_cast<size_t>(slots * d.F)), dh(static_cast<size_t>(slots * d.F));
   std::vector<float> dg(static_cast<size_t>(slots * d.F)), du(static_cast<size_t>(slots * d.F));
+  std::vector<float> dgu(w.stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
   for (int64_t row = 0; row < slots; ++row)
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
   for (int64_t e = 0; e < d.E; ++e) {
@@ -213,28 +312,57 @@ void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, c
     float *he = h.data() + r0 * d.F, *dhe = dh.data() + r0 * d.F, *dge = dg.data() + r0 * d.F, *due = du.data() + r0 * d.F;
     const float* xe = xs.data() + r0 * d.C;
     const float* dye = dy.data() + r0 * d.C;
-    // dH = dY Down (n × F); H recomputed from the saved G and U
-    gemm(false, false, n, d.F, d.C, 1.0f, dye, d.C, down[e], d.F, 0.0f, dhe, d.F);
-    // silu(G) into he, then H = silu(G) ∘ U and dU = dH ∘ silu(G); dG = (dH ∘ U) ∘ silu'(G) by the SiLU's backward
-    silu_forward(g, he, n * d.F);
-    for (int64_t i = 0; i < n * d.F; ++i) {
-      due[i] = dhe[i] * he[i];
-      he[i] *= u[i];
-      dhe[i] *= u[i];
+    float* dxe = dxs.data() + r0 * d.C;
+    if (w.stacked) {  // dH = dY Downᵀ, Down (F, C) used as h·Down
+      gemm(false, true, n, d.F, d.C, 1.0f, dye, d.C, w.stacked->down + e * d.F * d.C, d.C, 0.0f, dhe, d.F);
+    } else {  // dH = dY Down (n × F)
+      gemm(false, false, n, d.F, d.C, 1.0f, dye, d.C, w.down[e], d.F, 0.0f, dhe, d.F);
     }
-    silu_backward(g, dhe, dge, n * d.F, /*accumulate=*/false);
-    if (d_down && d_down[e]) gemm(true, false, d.C, d.F, n, 1.0f, dye, d.C, he, d.F, 0.0f, d_down[e], d.F);  // dYᵀ H
-    if (d_gate && d_gate[e]) gemm(true, false, d.F, d.C, n, 1.0f, dge, d.F, xe, d.C, 0.0f, d_gate[e], d.C);  // dGᵀ X
-    if (d_up && d_up[e]) gemm(true, false, d.F, d.C, n, 1.0f, due, d.F, xe, d.C, 0.0f, d_up[e], d.C);        // dUᵀ X
+    activate_backward(options, g, u, dhe, he, dge, due, n * d.F);
+    if (w.stacked) {
+      const MoeStacked& s = *w.stacked;
+      if (ds && ds->down) gemm(true, false, d.F, d.C, n, 1.0f, he, d.F, dye, d.C, 0.0f, ds->down + e * d.F * d.C, d.C);  // Hᵀ dY
+      if (ds && ds->down_bias)
+        for (int64_t c = 0; c < d.C; ++c) {
+          double total = 0.0;
+          for (int64_t i = 0; i < n; ++i) total += dye[i * d.C + c];
+          ds->down_bias[e * d.C + c] = static_cast<float>(total);
+        }
+      float* gu = dgu.data() + r0 * 2 * d.F;  // dG and dU interleaved as the stacked columns are
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t f = 0; f < d.F; ++f) {
+          gu[i * 2 * d.F + 2 * f] = dge[i * d.F + f];
+          gu[i * 2 * d.F + 2 * f + 1] = due[i * d.F + f];
+        }
+      if (ds && ds->gate_up)  // Xᵀ dGU
+        gemm(true, false, d.C, 2 * d.F, n, 1.0f, xe, d.C, gu, 2 * d.F, 0.0f, ds->gate_up + e * d.C * 2 * d.F, 2 * d.F);
+      if (ds && ds->gate_up_bias)
+        for (int64_t j = 0; j < 2 * d.F; ++j) {
+          double total = 0.0;
+          for (int64_t i = 0; i < n; ++i) total += gu[i * 2 * d.F + j];
+          ds->gate_up_bias[e * 2 * d.F + j] = static_cast<float>(total);
+        }
+      if (dx) gemm(false, true, n, d.C, 2 * d.F, 1.0f, gu, 2 * d.F, s.gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, dxe, d.C);
+      continue;
+    }
+    if (dw_experts.down && dw_experts.down[e]) gemm(true, false, d.C, d.F, n, 1.0f, dye, d.C, he, d.F, 0.0f, dw_experts.down[e], d.F);  // dYᵀ H
+    if (dw_experts.gate && dw_experts.gate[e]) gemm(true, false, d.F, d.C, n, 1.0f, dge, d.F, xe, d.C, 0.0f, dw_experts.gate[e], d.C);  // dGᵀ X
+    if (dw_experts.up && dw_experts.up[e]) gemm(true, false, d.F, d.C, n, 1.0f, due, d.F, xe, d.C, 0.0f, dw_experts.up[e], d.C);  // dUᵀ X
     if (dx) {  // dX_e = dG Gate + dU Up
-      gemm(false, false, n, d.C, d.F, 1.0f, dge, d.F, gate[e], d.C, 0.0f, dxs.data() + r0 * d.C, d.C);
-      gemm(false, false, n, d.C, d.F, 1.0f, due, d.F, up[e], d.C, 1.0f, dxs.data() + r0 * d.C, d.C);
+      gemm(false, false, n, d.C, d.F, 1.0f, dge, d.F, w.gate[e], d.C, 0.0f, dxe, d.C);
+      gemm(false, false, n, d.C, d.F, 1.0f, due, d.F, w.up[e], d.C, 1.0f, dxe, d.C);
     }
   }
-  // Through the router: dz (N × E), then d_router = dzᵀ X and dx = Σ_s dX[position] + dz Wr
+  // Through the router: dz (N × E), then d_router = dzᵀ X, d_bias = Σ_t dz and dx = Σ_s dX[position] + dz Wr
   std::vector<float> dz(static_cast<size_t>(d.N * d.E));
   route_backward(d, options, saved.probs.data(), saved.experts.data(), saved.weights.data(), dw.data(), dz.data());
   if (d_router) gemm(true, false, d.E, d.C, d.N, 1.0f, dz.data(), d.E, x, d.C, 0.0f, d_router, d.C);
+  if (d_router_bias)
+    for (int64_t e = 0; e < d.E; ++e) {
+      double total = 0.0;
+      for (int64_t t = 0; t < d.N; ++t) total += dz[static_cast<size_t>(t * d.E + e)];
+      d_router_bias[e] = static_cast<float>(total);
+    }
   if (dx) {
     gemm(false, false, d.N, d.C, d.E, 1.0f, dz.data(), d.E, router, d.C, 0.0f, dx, d.C);
     for (int64_t t = 0; t < d.N; ++t)
@@ -245,36 +373,100 @@ void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, c
   }
 }
 
+}  // namespace
+
+void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                 const float* const* gate, const float* const* up, const float* const* down, float* out,
+                 MoeSaved& saved) {
+  forward(d, options, x, router, nullptr, Experts{gate, up, down, nullptr}, out, saved);
+}
+
+void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                 const float* router_bias, const MoeStacked& experts, float* out, MoeSaved& saved) {
+  forward(d, options, x, router, router_bias, Experts{nullptr, nullptr, nullptr, &experts}, out, saved);
+}
+
+void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                  const float* const* gate, const float* const* up, const float* const* down, const MoeSaved& saved,
+                  const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
+                  float* const* d_down) {
+  backward(d, options, x, router, Experts{gate, up, down, nullptr}, saved, d_out, dx, d_router, nullptr,
+           ExpertGrads{d_gate, d_up, d_down, nullptr});
+}
+
+void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                  const float* /*router_bias: only in the saved logits*/, const MoeStacked& experts,
+                  const MoeSaved& saved, const float* d_out, float* dx, float* d_router, float* d_router_bias,
+                  const MoeStackedGrads& d_experts) {
+  backward(d, options, x, router, Experts{nullptr, nullptr, nullptr, &experts}, saved, d_out, dx, d_router,
+           d_router_bias, ExpertGrads{nullptr, nullptr, nullptr, &d_experts});
+}
+
 // ---- the reference: one token at a time, in double ----
 
 namespace {
 
+// The experts' weights by their logical index, whatever the layout: gate(e, f, c), up(e, f, c), down(e, c, f) and the
+// biases (0 without)
+struct ReferenceWeights {
+  const MoeDims& d;
+  const float* const* gate_list = nullptr;
+  const float* const* up_list = nullptr;
+  const float* const* down_list = nullptr;
+  const MoeStacked* stacked = nullptr;
+  double gate(int64_t e, int64_t f, int64_t c) const {
+    return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f] : gate_list[e][f * d.C + c];
+  }
+  double up(int64_t e, int64_t f, int64_t c) const {
+    return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f + 1] : up_list[e][f * d.C + c];
+  }
+  double down(int64_t e, int64_t c, int64_t f) const {
+    return stacked ? stacked->down[(e * d.F + f) * d.C + c] : down_list[e][c * d.F + f];
+  }
+  double gate_bias(int64_t e, int64_t f) const {
+    return stacked && stacked->gate_up_bias ? stacked->gate_up_bias[e * 2 * d.F + 2 * f] : 0.0;
+  }
+  double up_bias(int64_t e, int64_t f) const {
+    return stacked && stacked->gate_up_bias ? stacked->gate_up_bias[e * 2 * d.F + 2 * f + 1] : 0.0;
+  }
+  double down_bias(int64_t e, int64_t c) const {
+    return stacked && stacked->down_bias ? stacked->down_bias[e * d.C + c] : 0.0;
+  }
+};
+
 struct ReferenceRoute {
-  std::vector<double> p;        // (E) softmax
+  std::vector<double> p;        // (E) softmax (sigmoid; gpt-oss: the logits)
   std::vector<int32_t> chosen;  // (k)
   std::vector<double> w;        // (k)
 };
 
-ReferenceRoute reference_route(const MoeDims& d, const MoeOptions& options, const float* x, const float* router) {
+ReferenceRoute reference_route(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                               const float* router_bias) {
   ReferenceRoute r;
   r.p.assign(static_cast<size_t>(d.E), 0.0);
   double mx = -INFINITY;
   for (int64_t e = 0; e < d.E; ++e) {
-    double z = 0.0;
+    double z = router_bias ? router_bias[e] : 0.0;
     for (int64_t c = 0; c < d.C; ++c) z += static_cast<double>(x[c]) * router[e * d.C + c];
     r.p[static_cast<size_t>(e)] = z;
     mx = std::max(mx, z);
   }
   if (options.sigmoid) {
     for (double& v : r.p) v = sigmoid(v);
-  } else {
+  } else if (!options.top_k_then_softmax) {
     double sum = 0.0;
     for (double& v : r.p) sum += (v = std::exp(v - mx));
     for (double& v : r.p) v /= sum;
   }
-  std::vector<float> pf(r.p.begin(), r.p.end());  // chosen on the float probabilities, as the kernel chooses
+  std::vector<float> pf(r.p.begin(), r.p.end());  // chosen on the float values, as the kernel chooses
   r.chosen.assign(static_cast<size_t>(d.k), 0);
   choose(d, options, pf.data(), r.chosen.data());
+  if (options.top_k_then_softmax) {  // the softmax of the chosen logits
+    double total = 0.0;
+    for (int32_t e : r.chosen) total += std::exp(r.p[static_cast<size_t>(e)]);
+    for (int32_t e : r.chosen) r.w.push_back(std::exp(r.p[static_cast<size_t>(e)]) / total * options.scaling);
+    return r;
+  }
   double total = options.sigmoid ? 1e-20 : 0.0;
   for (int32_t e : r.chosen) total += r.p[static_cast<size_t>(e)];
   for (int32_t e : r.chosen)
@@ -282,121 +474,214 @@ ReferenceRoute reference_route(const MoeDims& d, const MoeOptions& options, cons
   return r;
 }
 
-// One expert on one token: g, u (F), h (F) and y (C)
+// The activation and its two partial derivatives at one (g, u): SwiGLU or gpt-oss's clamped form
+struct ReferenceActivation {
+  double h, dh_dg, dh_du;
+};
+ReferenceActivation reference_activation(const MoeOptions& o, double g, double u) {
+  if (o.swiglu_limit <= 0.0f) {
+    const double sg = sigmoid(g);
+    return {g * sg * u, u * sg * (1.0 + g * (1.0 - sg)), g * sg};
+  }
+  const double limit = o.swiglu_limit, alpha = o.swiglu_alpha;
+  const double gc = std::min(g, limit), uc = std::clamp(u, -limit, limit), sg = sigmoid(alpha * gc);
+  return {gc * sg * (uc + 1.0), g <= limit ? (uc + 1.0) * (sg + alpha * gc * sg * (1.0 - sg)) : 0.0,
+          u >= -limit && u <= limit ? gc * sg : 0.0};
+}
+
+// One expert on one token: g, u (F) before the activation, h (F) and y (C)
 struct ReferenceExpert {
   std::vector<double> g, u, h, y;
 };
-ReferenceExpert reference_expert(const MoeDims& d, const float* x, const float* gate, const float* up, const float* down) {
+ReferenceExpert reference_expert(const MoeDims& d, const MoeOptions& o, const ReferenceWeights& w, int64_t e,
+                                 const float* x) {
   ReferenceExpert r;
   r.g.assign(static_cast<size_t>(d.F), 0.0);
   r.u.assign(static_cast<size_t>(d.F), 0.0);
   r.h.assign(static_cast<size_t>(d.F), 0.0);
   r.y.assign(static_cast<size_t>(d.C), 0.0);
   for (int64_t f = 0; f < d.F; ++f) {
+    double g = w.gate_bias(e, f), u = w.up_bias(e, f);
     for (int64_t c = 0; c < d.C; ++c) {
-      r.g[static_cast<size_t>(f)] += static_cast<double>(gate[f * d.C + c]) * x[c];
-      r.u[static_cast<size_t>(f)] += static_cast<double>(up[f * d.C + c]) * x[c];
+      g += w.gate(e, f, c) * x[c];
+      u += w.up(e, f, c) * x[c];
     }
-    const double g = r.g[static_cast<size_t>(f)];
-    r.h[static_cast<size_t>(f)] = g * sigmoid(g) * r.u[static_cast<size_t>(f)];
+    r.g[static_cast<size_t>(f)] = g;
+    r.u[static_cast<size_t>(f)] = u;
+    r.h[static_cast<size_t>(f)] = reference_activation(o, g, u).h;
   }
-  for (int64_t c = 0; c < d.C; ++c)
-    for (int64_t f = 0; f < d.F; ++f) r.y[static_cast<size_t>(c)] += static_cast<double>(down[c * d.F + f]) * r.h[static_cast<size_t>(f)];
+  for (int64_t c = 0; c < d.C; ++c) {
+    double y = w.down_bias(e, c);
+    for (int64_t f = 0; f < d.F; ++f) y += w.down(e, c, f) * r.h[static_cast<size_t>(f)];
+    r.y[static_cast<size_t>(c)] = y;
+  }
   return r;
 }
 
-}  // namespace
-
-void moe_forward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
-                           const float* const* gate, const float* const* up, const float* const* down, float* out) {
+void forward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                       const float* router_bias, const ReferenceWeights& w, float* out) {
   for (int64_t t = 0; t < d.N; ++t) {
     const float* xt = x + t * d.C;
-    const ReferenceRoute r = reference_route(d, options, xt, router);
+    const ReferenceRoute r = reference_route(d, options, xt, router, router_bias);
     std::vector<double> o(static_cast<size_t>(d.C), 0.0);
     for (int64_t s = 0; s < d.k; ++s) {
-      const int32_t e = r.chosen[static_cast<size_t>(s)];
-      const ReferenceExpert ex = reference_expert(d, xt, gate[e], up[e], down[e]);
+      const ReferenceExpert ex = reference_expert(d, options, w, r.chosen[static_cast<size_t>(s)], xt);
       for (int64_t c = 0; c < d.C; ++c) o[static_cast<size_t>(c)] += r.w[static_cast<size_t>(s)] * ex.y[static_cast<size_t>(c)];
     }
     for (int64_t c = 0; c < d.C; ++c) out[t * d.C + c] = static_cast<float>(o[static_cast<size_t>(c)]);
   }
 }
 
-void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
-                            const float* const* gate, const float* const* up, const float* const* down,
-                            const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
-                            float* const* d_down) {
-  std::vector<double> dr(static_cast<size_t>(d.E * d.C), 0.0);
-  std::vector<std::vector<double>> dgate(static_cast<size_t>(d.E), std::vector<double>(static_cast<size_t>(d.F * d.C), 0.0));
-  std::vector<std::vector<double>> dup = dgate, ddown = dgate;
+// The gradients by logical index (gate, up (E, F, C), down (E, C, F), biases (E, F), (E, F), (E, C)), in double
+struct ReferenceGrads {
+  std::vector<double> gate, up, down, gate_bias, up_bias, down_bias, router, router_bias;
+};
+
+ReferenceGrads backward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                                  const float* router_bias, const ReferenceWeights& w, const float* d_out, float* dx) {
+  ReferenceGrads G;
+  G.gate.assign(static_cast<size_t>(d.E * d.F * d.C), 0.0);
+  G.up = G.gate;
+  G.down = G.gate;
+  G.gate_bias.assign(static_cast<size_t>(d.E * d.F), 0.0);
+  G.up_bias = G.gate_bias;
+  G.down_bias.assign(static_cast<size_t>(d.E * d.C), 0.0);
+  G.router.assign(static_cast<size_t>(d.E * d.C), 0.0);
+  G.router_bias.assign(static_cast<size_t>(d.E), 0.0);
   for (int64_t t = 0; t < d.N; ++t) {
     const float* xt = x + t * d.C;
     const float* g_out = d_out + t * d.C;
-    const ReferenceRoute r = reference_route(d, options, xt, router);
+    const ReferenceRoute r = reference_route(d, options, xt, router, router_bias);
     std::vector<double> dxt(static_cast<size_t>(d.C), 0.0), dp(static_cast<size_t>(d.E), 0.0), dw(static_cast<size_t>(d.k));
     for (int64_t s = 0; s < d.k; ++s) {
       const int32_t e = r.chosen[static_cast<size_t>(s)];
-      const ReferenceExpert ex = reference_expert(d, xt, gate[e], up[e], down[e]);
-      const double w = r.w[static_cast<size_t>(s)];
+      const ReferenceExpert ex = reference_expert(d, options, w, e, xt);
+      const double wt = r.w[static_cast<size_t>(s)];
       double dot = 0.0;
-      for (int64_t c = 0; c < d.C; ++c) dot += g_out[c] * ex.y[static_cast<size_t>(c)];
+      for (int64_t c = 0; c < d.C; ++c) {
+        dot += g_out[c] * ex.y[static_cast<size_t>(c)];
+        G.down_bias[static_cast<size_t>(e * d.C + c)] += wt * g_out[c];
+      }
       dw[static_cast<size_t>(s)] = dot;
-      // the expert: dy = w · dout; dh = Downᵀ dy; dg = dh · u · silu'(g); du = dh · silu(g)
+      // the expert: dy = w · dout; dh = Downᵀ dy; dg = dh · ∂h/∂g; du = dh · ∂h/∂u
       for (int64_t f = 0; f < d.F; ++f) {
         double dh = 0.0;
         for (int64_t c = 0; c < d.C; ++c) {
-          dh += w * g_out[c] * down[e][c * d.F + f];
-          ddown[static_cast<size_t>(e)][static_cast<size_t>(c * d.F + f)] += w * g_out[c] * ex.h[static_cast<size_t>(f)];
+          dh += wt * g_out[c] * w.down(e, c, f);
+          G.down[static_cast<size_t>((e * d.C + c) * d.F + f)] += wt * g_out[c] * ex.h[static_cast<size_t>(f)];
         }
-        const double g = ex.g[static_cast<size_t>(f)], sg = sigmoid(g);
-        const double dgf = dh * ex.u[static_cast<size_t>(f)] * sg * (1.0 + g * (1.0 - sg)), duf = dh * g * sg;
+        const ReferenceActivation a = reference_activation(options, ex.g[static_cast<size_t>(f)], ex.u[static_cast<size_t>(f)]);
+        const double dgf = dh * a.dh_dg, duf = dh * a.dh_du;
+        G.gate_bias[static_cast<size_t>(e * d.F + f)] += dgf;
+        G.up_bias[static_cast<size_t>(e * d.F + f)] += duf;
         for (int64_t c = 0; c < d.C; ++c) {
-          dgate[static_cast<size_t>(e)][static_cast<size_t>(f * d.C + c)] += dgf * xt[c];
-          dup[static_cast<size_t>(e)][static_cast<size_t>(f * d.C + c)] += duf * xt[c];
-          dxt[static_cast<size_t>(c)] += dgf * gate[e][f * d.C + c] + duf * up[e][f * d.C + c];
+          G.gate[static_cast<size_t>((e * d.F + f) * d.C + c)] += dgf * xt[c];
+          G.up[static_cast<size_t>((e * d.F + f) * d.C + c)] += duf * xt[c];
+          dxt[static_cast<size_t>(c)] += dgf * w.gate(e, f, c) + duf * w.up(e, f, c);
         }
       }
     }
-    // the router, straight from w_s = p_s / Σ_r p_r (or p_s) and p = softmax(z)
-    double total = options.sigmoid ? 1e-20 : 0.0;
-    for (int32_t e : r.chosen) total += r.p[static_cast<size_t>(e)];
+    std::vector<double> dz(static_cast<size_t>(d.E), 0.0);
     const double a = options.scaling;
-    for (int64_t s = 0; s < d.k; ++s) {
-      const int32_t e = r.chosen[static_cast<size_t>(s)];
-      if (!options.norm_topk_prob) {
-        dp[static_cast<size_t>(e)] += a * dw[static_cast<size_t>(s)];
-        continue;
+    if (options.top_k_then_softmax) {  // w_q = a·exp(z_q) / Σ_r exp(z_r) over the chosen: ∂w_q/∂z_s = w_q([q = s] − w_s/a)
+      for (int64_t s = 0; s < d.k; ++s)
+        for (int64_t q = 0; q < d.k; ++q)
+          dz[static_cast<size_t>(r.chosen[static_cast<size_t>(s)])] +=
+              dw[static_cast<size_t>(q)] * r.w[static_cast<size_t>(q)] * ((q == s ? 1.0 : 0.0) - r.w[static_cast<size_t>(s)] / a);
+    } else {
+      // the router, straight from w_s = p_s / Σ_r p_r (or p_s) and p = softmax(z)
+      double total = options.sigmoid ? 1e-20 : 0.0;
+      for (int32_t e : r.chosen) total += r.p[static_cast<size_t>(e)];
+      for (int64_t s = 0; s < d.k; ++s) {
+        const int32_t e = r.chosen[static_cast<size_t>(s)];
+        if (!options.norm_topk_prob) {
+          dp[static_cast<size_t>(e)] += a * dw[static_cast<size_t>(s)];
+          continue;
+        }
+        for (int64_t q = 0; q < d.k; ++q) {  // ∂w_q/∂p_e = a·([q = s]/S − p_q/S²)
+          const double pq = r.p[static_cast<size_t>(r.chosen[static_cast<size_t>(q)])];
+          dp[static_cast<size_t>(e)] += a * dw[static_cast<size_t>(q)] * ((q == s ? 1.0 : 0.0) / total - pq / (total * total));
+        }
       }
-      for (int64_t q = 0; q < d.k; ++q) {  // ∂w_q/∂p_e = a·([q = s]/S − p_q/S²)
-        const double pq = r.p[static_cast<size_t>(r.chosen[static_cast<size_t>(q)])];
-        dp[static_cast<size_t>(e)] += a * dw[static_cast<size_t>(q)] * ((q == s ? 1.0 : 0.0) / total - pq / (total * total));
+      for (int64_t e = 0; e < d.E; ++e) {  // softmax: ∂p_j/∂z_e = p_j([j = e] − p_e); sigmoid: [j = e] p_e (1 − p_e)
+        double& v = dz[static_cast<size_t>(e)];
+        if (options.sigmoid) {
+          v = dp[static_cast<size_t>(e)] * r.p[static_cast<size_t>(e)] * (1.0 - r.p[static_cast<size_t>(e)]);
+        } else {
+          for (int64_t j = 0; j < d.E; ++j)
+            v += dp[static_cast<size_t>(j)] * r.p[static_cast<size_t>(j)] * ((j == e ? 1.0 : 0.0) - r.p[static_cast<size_t>(e)]);
+        }
       }
     }
     for (int64_t e = 0; e < d.E; ++e) {
-      double dz = 0.0;  // softmax: ∂p_j/∂z_e = p_j([j = e] − p_e); sigmoid: ∂p_j/∂z_e = [j = e] p_e (1 − p_e)
-      if (options.sigmoid) {
-        dz = dp[static_cast<size_t>(e)] * r.p[static_cast<size_t>(e)] * (1.0 - r.p[static_cast<size_t>(e)]);
-      } else {
-        for (int64_t j = 0; j < d.E; ++j)
-          dz += dp[static_cast<size_t>(j)] * r.p[static_cast<size_t>(j)] * ((j == e ? 1.0 : 0.0) - r.p[static_cast<size_t>(e)]);
-      }
+      G.router_bias[static_cast<size_t>(e)] += dz[static_cast<size_t>(e)];
       for (int64_t c = 0; c < d.C; ++c) {
-        dr[static_cast<size_t>(e * d.C + c)] += dz * xt[c];
-        dxt[static_cast<size_t>(c)] += dz * router[e * d.C + c];
+        G.router[static_cast<size_t>(e * d.C + c)] += dz[static_cast<size_t>(e)] * xt[c];
+        dxt[static_cast<size_t>(c)] += dz[static_cast<size_t>(e)] * router[e * d.C + c];
       }
     }
     if (dx)
       for (int64_t c = 0; c < d.C; ++c) dx[t * d.C + c] = static_cast<float>(dxt[static_cast<size_t>(c)]);
   }
-  auto store = [](const std::vector<double>& from, float* to) {
-    if (to) std::transform(from.begin(), from.end(), to, [](double v) { return static_cast<float>(v); });
-  };
-  store(dr, d_router);
+  return G;
+}
+
+void store(const std::vector<double>& from, float* to) {
+  if (to) std::transform(from.begin(), from.end(), to, [](double v) { return static_cast<float>(v); });
+}
+
+}  // namespace
+
+void moe_forward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                           const float* const* gate, const float* const* up, const float* const* down, float* out) {
+  forward_reference(d, options, x, router, nullptr, ReferenceWeights{d, gate, up, down, nullptr}, out);
+}
+
+void moe_forward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                           const float* router_bias, const MoeStacked& experts, float* out) {
+  forward_reference(d, options, x, router, router_bias, ReferenceWeights{d, nullptr, nullptr, nullptr, &experts}, out);
+}
+
+void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                            const float* const* gate, const float* const* up, const float* const* down,
+                            const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
+                            float* const* d_down) {
+  const ReferenceGrads G =
+      backward_reference(d, options, x, router, nullptr, ReferenceWeights{d, gate, up, down, nullptr}, d_out, dx);
+  store(G.router, d_router);
   for (int64_t e = 0; e < d.E; ++e) {
-    if (d_gate) store(dgate[static_cast<size_t>(e)], d_gate[e]);
-    if (d_up) store(dup[static_cast<size_t>(e)], d_up[e]);
-    if (d_down) store(ddown[static_cast<size_t>(e)], d_down[e]);
+    auto slice = [&](const std::vector<double>& v, int64_t size) {
+      return std::vector<double>(v.begin() + e * size, v.begin() + (e + 1) * size);
+    };
+    if (d_gate) store(slice(G.gate, d.F * d.C), d_gate[e]);
+    if (d_up) store(slice(G.up, d.F * d.C), d_up[e]);
+    if (d_down) store(slice(G.down, d.C * d.F), d_down[e]);
   }
+}
+
+void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                            const float* router_bias, const MoeStacked& experts, const float* d_out, float* dx,
+                            float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts) {
+  const ReferenceGrads G = backward_reference(d, options, x, router, router_bias,
+                                              ReferenceWeights{d, nullptr, nullptr, nullptr, &experts}, d_out, dx);
+  store(G.router, d_router);
+  if (router_bias) store(G.router_bias, d_router_bias);
+  for (int64_t e = 0; e < d.E; ++e)  // back to the stacked layout: gate_up (E, C, 2F) interleaved, down (E, F, C)
+    for (int64_t f = 0; f < d.F; ++f) {
+      for (int64_t c = 0; c < d.C; ++c) {
+        const size_t logical = static_cast<size_t>((e * d.F + f) * d.C + c);
+        if (d_experts.gate_up) {
+          d_experts.gate_up[(e * d.C + c) * 2 * d.F + 2 * f] = static_cast<float>(G.gate[logical]);
+          d_experts.gate_up[(e * d.C + c) * 2 * d.F + 2 * f + 1] = static_cast<float>(G.up[logical]);
+        }
+        if (d_experts.down) d_experts.down[(e * d.F + f) * d.C + c] = static_cast<float>(G.down[static_cast<size_t>((e * d.C + c) * d.F + f)]);
+      }
+      if (d_experts.gate_up_bias) {
+        d_experts.gate_up_bias[e * 2 * d.F + 2 * f] = static_cast<float>(G.gate_bias[static_cast<size_t>(e * d.F + f)]);
+        d_experts.gate_up_bias[e * 2 * d.F + 2 * f + 1] = static_cast<float>(G.up_bias[static_cast<size_t>(e * d.F + f)]);
+      }
+    }
+  if (d_experts.down_bias) store(G.down_bias, d_experts.down_bias);
 }
 
 }  // namespace qkv::kernels

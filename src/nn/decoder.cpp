@@ -35,7 +35,8 @@ int64_t product(std::initializer_list<int64_t> factors) {
 }
 
 // What each role is, for initialisation, freezing and messages.
-enum class Kind { Embedding, Matrix, Norm, Bias };
+// Other: drawn like a matrix (normal(0, 0.02)) but never quantized nor adapted: gpt-oss's sinks and stacked experts
+enum class Kind { Embedding, Matrix, Norm, Bias, Other };
 struct RoleInfo {
   Role role;
   const char* name;
@@ -84,6 +85,12 @@ constexpr RoleInfo kRoles[kRoleCount] = {
     {Role::SharedGate, "shared expert gate", Kind::Matrix},
     {Role::SharedUp, "shared expert up", Kind::Matrix},
     {Role::SharedDown, "shared expert down", Kind::Matrix},
+    {Role::Sinks, "attention sinks", Kind::Other},
+    {Role::RouterLogitBias, "expert router bias", Kind::Bias},
+    {Role::StackedGateUp, "experts' gate and up", Kind::Other},
+    {Role::StackedGateUpBias, "experts' gate and up bias", Kind::Bias},
+    {Role::StackedDown, "experts' down", Kind::Other},
+    {Role::StackedDownBias, "experts' down bias", Kind::Bias},
 };
 Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
 
@@ -192,6 +199,8 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
       add(b + "self_attn.qkv_proj.bias", {Q + 2 * KV},
           {{Role::QueryBias, 0, Q}, {Role::KeyBias, Q, KV}, {Role::ValueBias, Q + KV, KV}});
   } else {
+    // gpt-oss's sinks: GptOssAttention's own parameter, listed before its projections in the state dict
+    if (f.sinks) add(b + "self_attn.sinks", {c.num_heads}, {{Role::Sinks, 0, c.num_heads}});
     projection("self_attn.q_proj", Q, C, Role::Query, c.qkv_bias);
     projection("self_attn.k_proj", KV, C, Role::Key, c.qkv_bias);
     projection("self_attn.v_proj", KV, C, Role::Value, c.qkv_bias);
@@ -203,7 +212,15 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
     add(b + "self_attn.k_norm.weight", {whole ? KV : D}, {{Role::KeyNorm, 0, whole ? KV : D}});
   }
   const bool experts = i < static_cast<int64_t>(c.layers.size()) && c.layers[static_cast<size_t>(i)].experts;
-  if (experts) {  // Qwen3MoeSparseMoeBlock: gate (the router), then experts.N; DeepseekV3MoE: experts.N, gate
+  if (experts && f.stacked_experts) {  // GptOssMLP: router (weight, bias), then experts, each stacked
+    const int64_t E = c.num_experts, Fe = c.expert_intermediate_size;
+    add(b + "mlp.router.weight", {E, C}, {{Role::Router, 0, E}});
+    add(b + "mlp.router.bias", {E}, {{Role::RouterLogitBias, 0, E}});
+    add(b + "mlp.experts.gate_up_proj", {E, C, 2 * Fe}, {{Role::StackedGateUp, 0, E}});
+    add(b + "mlp.experts.gate_up_proj_bias", {E, 2 * Fe}, {{Role::StackedGateUpBias, 0, E}});
+    add(b + "mlp.experts.down_proj", {E, Fe, C}, {{Role::StackedDown, 0, E}});
+    add(b + "mlp.experts.down_proj_bias", {E, C}, {{Role::StackedDownBias, 0, E}});
+  } else if (experts) {  // Qwen3MoeSparseMoeBlock: gate (the router), then experts.N; DeepseekV3MoE: experts.N, gate
                    // (its weight, then the e_score_correction_bias buffer), then shared_experts
     const int64_t E = c.num_experts, Fe = c.expert_intermediate_size;
     if (!c.sigmoid_router) add(b + "mlp.gate.weight", {E, C}, {{Role::Router, 0, E}});
@@ -344,6 +361,10 @@ void DecoderConfig::validate() const {
       invalid("routed_scaling_factor must be a positive number");
   }
   if (shared_expert_intermediate_size < 0) invalid("n_shared_experts must not be negative");
+  if (!(swiglu_limit >= 0.0) || !std::isfinite(swiglu_limit))
+    invalid("swiglu_limit must be a finite number ≥ 0 (0: no clamp), got " + std::to_string(swiglu_limit));
+  if (swiglu_limit > 0.0 && !family->stacked_experts) invalid("swiglu_limit is gpt-oss's; the " + family->name + " family has none");
+  if (family->sinks && (latent() || learned_positions)) invalid("attention sinks need the plain attention");
   const bool any_experts = std::any_of(layers.begin(), layers.end(), [](const auto& l) { return l.experts; });
   if (any_experts || num_experts > 0) {
     if (!family->experts) invalid("the " + family->name + " family has no mixture-of-experts layers");
@@ -352,7 +373,9 @@ void DecoderConfig::validate() const {
     if (experts_per_token < 1 || experts_per_token > num_experts)
       invalid("num_experts_per_tok = " + std::to_string(experts_per_token) + " must lie in 1…num_experts (" +
               std::to_string(num_experts) + ")");
-    if (mlp != MlpKind::SwiGLU || mlp_bias) invalid("mixture-of-experts layers are SwiGLU experts without biases");
+    if (mlp != MlpKind::SwiGLU || mlp_bias) invalid("mixture-of-experts layers are SwiGLU experts (their biases, gpt-oss's, are the family's)");
+    if (family->stacked_experts && (sigmoid_router || shared_expert_intermediate_size > 0))
+      invalid("gpt-oss's experts have a softmax router and no shared experts");
     product({num_experts, 3, expert_intermediate_size, hidden_size});
   }
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -427,6 +450,14 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::LatentB:
       throw ValueError("a latent-attention model's GGUF tensors (attn_kv_a_mqa, attn_kv_b, …) are not read by qkv yet; "
                        "use its Hugging Face folder");
+    case Role::Sinks:
+    case Role::RouterLogitBias:
+    case Role::StackedGateUp:
+    case Role::StackedGateUpBias:
+    case Role::StackedDown:
+    case Role::StackedDownBias:
+      throw ValueError("gpt-oss's GGUF tensors (attn_sinks, MXFP4 ffn_*_exps with biases) are not read by qkv yet; use "
+                       "its Hugging Face folder");
   }
   return "blk." + std::to_string(p.layer) + "." + base;
 }
@@ -549,7 +580,8 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       b[Role::KeyBias] = h.qkv_bias.view_at(Q, {KV});
       b[Role::ValueBias] = h.qkv_bias.view_at(Q + KV, {KV});
     }
-    if (c.layers[i].experts) {  // the experts, each its own registered tensors (below)
+    if (c.layers[i].experts && c.family->stacked_experts) {  // four stacked tensors, registered below
+    } else if (c.layers[i].experts) {  // the experts, each its own registered tensors (below)
       const size_t E = static_cast<size_t>(c.num_experts);
       b.expert_gate.resize(E);
       b.expert_up.resize(E);
@@ -959,6 +991,7 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
   attention.dropout_p = config.attention_dropout;
   attention.training = is_training();
   attention.generator = gen_;
+  attention.sinks = b[Role::Sinks];  // gpt-oss; undefined elsewhere
   Tensor context;  // (B, T, H·dv)
   if (cache && latent_decode == LatentDecode::Absorbed) {
     NoGradGuard no_grad;
@@ -1062,6 +1095,7 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
   attention.dropout_p = config.attention_dropout;
   attention.training = is_training();
   attention.generator = gen_;
+  attention.sinks = b[Role::Sinks];  // gpt-oss; undefined elsewhere
   // q, k and v from one product (three registered projections read in place, or one fused qkv_proj), with LoRA
   // updates in their columns; its gradient comes back as one tensor for one backward product.
   Tensor packed = group_product(x, b, b.qkv);
@@ -1110,6 +1144,16 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
 }
 
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers) const {
+  if (b[Role::StackedGateUp].defined()) {  // gpt-oss: stacked experts with biases, a biased router, clamped SwiGLU
+    if (routers)
+      routers->push_back(reshape(linear(x, b[Role::Router], b[Role::RouterLogitBias]), {-1, config.num_experts}));
+    MoeConfig moe;
+    moe.experts_per_token = config.experts_per_token;
+    moe.top_k_then_softmax = true;
+    moe.swiglu_limit = static_cast<float>(config.swiglu_limit);
+    return mixture_of_experts(x, b[Role::Router], b[Role::RouterLogitBias], b[Role::StackedGateUp],
+                              b[Role::StackedGateUpBias], b[Role::StackedDown], b[Role::StackedDownBias], moe);
+  }
   if (!b.expert_gate.empty()) {  // a mixture of experts: each token through the k its router picks
     // The router's logits again, for the load-balancing loss (E × C per token: small beside the experts)
     if (routers) routers->push_back(reshape(linear(x, b[Role::Router], Tensor()), {-1, config.num_experts}));
@@ -1366,6 +1410,7 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
   attention.window = layer.window;
   attention.scale = latent ? latent_scale() : static_cast<float>(config.attention_scale);
   attention.softcap = static_cast<float>(config.attn_softcap);
+  attention.sinks = blocks[i][Role::Sinks];
   Tensor context = Tensor::empty({1, N, Q});
   std::vector<float> keys, values;
   for (const BatchPlan::Run& run : step.plan.runs) {

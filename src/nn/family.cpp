@@ -106,6 +106,25 @@ std::vector<Family> make_table() {
     f.latent_attention = true;
     t.push_back(f);
   }
+  {  // gpt-oss (20b, 120b): attention with biases and a sink per head, sliding and full layers alternating, YaRN;
+     // every layer a mixture of experts stacked with biases, a biased router softmaxing its top-k, a clamped SwiGLU.
+    Family f = llama;
+    f.name = "gpt_oss";
+    f.description = "gpt-oss";
+    f.model_types = {"gpt_oss"};
+    f.causal_lm = "GptOssForCausalLM";
+    f.sequence_classifier = "GptOssForSequenceClassification";
+    f.gguf_architecture = "gpt-oss";
+    f.norm_eps_default = 1e-5;
+    f.rope_theta_default = 150000.0;
+    f.sliding = SlidingRule::Pattern;  // GptOssConfig's default layer_types: layers 0, 2, 4 … slide
+    f.sliding_pattern = 2;
+    f.default_window = 128;
+    f.experts = true;
+    f.stacked_experts = true;
+    f.sinks = true;
+    t.push_back(f);
+  }
   Family gemma = llama;  // Gemma 2 and 3: (1 + w) norms, four a block, GeGLU, √C embedding scale
   gemma.norm = NormKind::GemmaRMSNorm;
   gemma.placement = NormPlacement::Sandwich;

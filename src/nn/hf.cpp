@@ -242,6 +242,23 @@ void read_experts(const Keys& keys, DecoderConfig& c) {
   if (c.num_experts == 0) c.experts_per_token = c.expert_intermediate_size = 0;  // a dense model
 }
 
+// gpt-oss's keys (GptOssConfig's, with its defaults): every layer a mixture of num_local_experts experts of
+// intermediate_size, num_experts_per_tok a token, SwiGLU clamped at swiglu_limit.
+void read_stacked_experts(const Keys& keys, DecoderConfig& c) {
+  c.num_experts = keys.integer("num_local_experts", 128);
+  c.experts_per_token = keys.integer("num_experts_per_tok", 4);
+  c.expert_intermediate_size = c.intermediate_size;
+  c.swiglu_limit = keys.number("swiglu_limit", 7.0);
+  if (keys.boolean("output_router_logits", false)) c.router_aux_loss_coef = keys.number("router_aux_loss_coef", 0.9);
+  if (c.num_experts <= 0 || c.num_experts > 65536) keys.fail("num_local_experts", "must lie in 1…65536");
+  if (c.experts_per_token < 1 || c.experts_per_token > c.num_experts)
+    keys.fail("num_experts_per_tok", "is " + std::to_string(c.experts_per_token) + "; it must lie in 1…num_local_experts (" +
+                                         std::to_string(c.num_experts) + ")");
+  if (c.expert_intermediate_size <= 0) keys.fail("intermediate_size", "must be positive");
+  if (!(c.swiglu_limit >= 0.0) || !std::isfinite(c.swiglu_limit)) keys.fail("swiglu_limit", "must be a number ≥ 0");
+  for (auto& layer : c.layers) layer.experts = true;
+}
+
 // DeepSeek-V3's keys (DeepseekV3Config's, with its defaults): multi-head latent attention and its mixture of experts
 // (a sigmoid router over groups, shared experts, the first first_k_dense_replace layers dense).
 void read_latent(const Keys& keys, DecoderConfig& c) {
@@ -456,6 +473,7 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
     c.layers[i].rope = !rotates[i] ? -1 : split && sliding[i] ? 1 : 0;
   }
   if (f.latent_attention) read_latent(keys, c);
+  else if (f.stacked_experts) read_stacked_experts(keys, c);
   else if (f.experts) read_experts(keys, c);
   for (const auto& r : c.ropes) {
     const int64_t rotated = r.rotary_dim > 0 ? r.rotary_dim : c.head_dim;
@@ -528,6 +546,15 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
     int64_t dense = 0;
     while (dense < c.num_layers && !c.layers[static_cast<size_t>(dense)].experts) ++dense;
     j["first_k_dense_replace"] = dense;
+  } else if (f.stacked_experts) {  // GptOssConfig's names: intermediate_size is the experts' width
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["intermediate_size"] = c.expert_intermediate_size;
+    j["swiglu_limit"] = c.swiglu_limit;
+    if (c.router_aux_loss_coef != 0.0) {
+      j["output_router_logits"] = true;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    }
   } else if (f.experts) {  // the experts, and the layers without them spelled out
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.experts_per_token;

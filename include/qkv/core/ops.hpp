@@ -238,6 +238,10 @@ struct MoeConfig {
   Tensor selection_bias;                 // e_score_correction_bias (E), or undefined
   int64_t groups = 1, groups_kept = 1;   // n_group, topk_group
   float scaling = 1.0f;                  // routed_scaling_factor
+  // gpt-oss's router (kernels::MoeOptions::top_k_then_softmax): the k largest logits, weighted by their softmax
+  bool top_k_then_softmax = false;
+  // gpt-oss's clamped SwiGLU (kernels::MoeOptions::swiglu_limit): limit > 0 clamps gate and up; 0: SwiGLU
+  float swiglu_limit = 0.0f, swiglu_alpha = 1.702f;
   // If set, receives each token's chosen experts (N·k, by falling weight) and their weights: for pictures of the
   // routing.
   std::vector<int32_t>* chosen = nullptr;
@@ -252,5 +256,11 @@ void for_each_top_k(const float* values, int64_t rows, int64_t cols, int64_t k,
 // them. Result x's shape. Gradients reach x, the router and every expert (zero for an expert no token chose).
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
                           std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config);
+// The same with gpt-oss's experts (kernels::MoeStacked): a layer's experts in the stacked tensors its checkpoints
+// hold, each used as x·W — gate_up (E, C, 2F), gate and up columns alternating; gate_up_bias (E, 2F); down (E, F, C);
+// down_bias (E, C) — and a router bias (E). Any bias may be undefined (none). Float32 only; gradients reach all.
+Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
+                          const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
+                          const MoeConfig& config);
 
 }  // namespace qkv

@@ -1,8 +1,10 @@
 // The mixture-of-experts feed-forward layer (Qwen3-MoE, Mixtral, the book's ch04/07_moe) as one kernel, forward and
 // backward, beside its double-precision reference: a router picks k of E SwiGLU experts per token and the layer
 // returns their outputs weighted by the router. Tokens are grouped by expert, so each expert runs one product over
-// its tokens. Pure compute on raw pointers; the autograd op is core/ops_moe.cpp. Not here: gpt-oss's clamped SwiGLU
-// and router bias, DeepSeek-V3's sigmoid router and shared experts.
+// its tokens. Pure compute on raw pointers; the autograd op is core/ops_moe.cpp. Routers: Qwen3-MoE's softmax then
+// top-k, DeepSeek-V3's grouped sigmoid, gpt-oss's top-k then softmax with a bias. Experts: one tensor per expert and
+// projection (Qwen3-MoE, DeepSeek-V3), or a layer's experts stacked with biases (gpt-oss, MoeStacked); SwiGLU, or
+// gpt-oss's clamped SwiGLU. Not here: DeepSeek-V3's shared experts (a dense SwiGLU beside this, nn/decoder.cpp).
 #pragma once
 
 #include <cstdint>
@@ -30,12 +32,29 @@ struct MoeOptions {
   const float* selection_bias = nullptr;
   int64_t groups = 1, groups_kept = 1;  // n_group, topk_group
   float scaling = 1.0f;                 // routed_scaling_factor (the softmax router: 1)
+  // gpt-oss's router (GptOssTopKRouter) instead: the k largest logits z (+ the router's bias, an input with a
+  // gradient), their weights the softmax of those k alone (norm_topk_prob has nothing left to do).
+  bool top_k_then_softmax = false;
+  // gpt-oss's clamped SwiGLU (swiglu_limit > 0): g ← min(g, limit), u ← clamp(u, −limit, limit),
+  // h = g·σ(alpha·g)·(u + 1); 0: SwiGLU, h = silu(g)·u.
+  float swiglu_limit = 0.0f, swiglu_alpha = 1.702f;
+};
+
+// A layer's experts stacked as gpt-oss's checkpoints store them (GptOssExperts), each used as x·W: gate_up
+// (E, C, 2F) whose columns alternate gate and up (gate = [..., 0::2], up = [..., 1::2]), gate_up_bias (E, 2F) in the
+// same order, down (E, F, C), down_bias (E, C) added to each expert's output before its weight.
+struct MoeStacked {
+  const float *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr, *down_bias = nullptr;
+};
+// Their gradients, same shapes; a null pointer: not needed.
+struct MoeStackedGrads {
+  float *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr, *down_bias = nullptr;
 };
 
 // What the forward keeps for the backward (sized by moe_forward): the routing and each expert's activations, in
 // grouped order — slot (token t, choice s) sits at row position[t·k + s] of its expert's contiguous group.
 struct MoeSaved {
-  std::vector<float> probs;          // (N, E) the router's softmax (or sigmoid)
+  std::vector<float> probs;          // (N, E) the router's softmax (sigmoid; top_k_then_softmax: its logits)
   std::vector<int32_t> experts;      // (N, k) chosen experts, by falling probability
   std::vector<float> weights;        // (N, k) their weights (renormalised with norm_topk_prob)
   std::vector<int64_t> offsets;      // (E + 1) expert e's rows are [offsets[e], offsets[e + 1]) of the grouped order
@@ -62,6 +81,13 @@ void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x
                   const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
                   float* const* d_down);
 
+// The same with a router bias (E; null: none, then d_router_bias is ignored) and a layer's experts stacked (gpt-oss).
+void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                 const float* router_bias, const MoeStacked& experts, float* out, MoeSaved& saved);
+void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                  const float* router_bias, const MoeStacked& experts, const MoeSaved& saved, const float* d_out,
+                  float* dx, float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts);
+
 // The plain composition per token in double, from the definition: route, then each chosen expert on the token
 // alone. Same arguments (no saved state).
 void moe_forward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
@@ -70,5 +96,10 @@ void moe_backward_reference(const MoeDims& dims, const MoeOptions& options, cons
                             const float* const* gate, const float* const* up, const float* const* down,
                             const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
                             float* const* d_down);
+void moe_forward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                           const float* router_bias, const MoeStacked& experts, float* out);
+void moe_backward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                            const float* router_bias, const MoeStacked& experts, const float* d_out, float* dx,
+                            float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts);
 
 }  // namespace qkv::kernels

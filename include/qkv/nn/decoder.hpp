@@ -52,8 +52,12 @@ enum class Role {
   // DeepSeek-V3's router's e_score_correction_bias (E) and its shared experts' SwiGLU (moe_intermediate_size ·
   // n_shared_experts wide)
   RouterBias, SharedGate, SharedUp, SharedDown,
+  // gpt-oss: each attention head's sink logit (H); the router's bias (E), added to its logits; a layer's experts
+  // stacked as its checkpoints store them: gate_up (E, C, 2F), gate and up columns alternating, its bias (E, 2F),
+  // down (E, F, C) and its bias (E, C)
+  Sinks, RouterLogitBias, StackedGateUp, StackedGateUpBias, StackedDown, StackedDownBias,
 };
-inline constexpr int kRoleCount = static_cast<int>(Role::SharedDown) + 1;  // how many roles there are
+inline constexpr int kRoleCount = static_cast<int>(Role::StackedDownBias) + 1;  // how many roles there are
 const char* role_name(Role role);  // "query", "gate bias", … for messages
 
 // How a checkpoint's names and layout for a model are chosen:
@@ -106,6 +110,9 @@ struct DecoderConfig {
   bool sigmoid_router = false;
   int64_t expert_groups = 1, expert_groups_kept = 1, shared_expert_intermediate_size = 0;
   double routed_scaling_factor = 1.0;
+  // gpt-oss (Family::stacked_experts): the router's top-k logits softmaxed, experts stacked with biases, and SwiGLU's
+  // gate and up clamped at swiglu_limit (kernels::MoeOptions); attention sinks (Family::sinks) in every layer.
+  double swiglu_limit = 0.0;
   // Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0): each token's keys and values come from a latent
   // of kv_lora_rank values (after its RMSNorm) expanded per head by kv_b_proj into qk_nope_head_dim key values and
   // v_head_dim values, plus one rotated key of head_dim (= qk_rope_head_dim) values shared by all heads; queries are

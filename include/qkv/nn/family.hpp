@@ -95,6 +95,11 @@ struct Family {
   // Multi-head latent attention and DeepSeek-V3's mixture of experts (kv_lora_rank, q_lora_rank, qk_nope_head_dim,
   // qk_rope_head_dim, v_head_dim; a sigmoid router over groups, shared experts, the first layers dense)
   bool latent_attention = false;
+  // gpt-oss's mixture of experts: every layer's experts stacked in four tensors with biases (mlp.experts.gate_up_proj,
+  // …), a router with a bias whose top-k logits are softmaxed, a clamped SwiGLU (num_local_experts,
+  // num_experts_per_tok, intermediate_size, swiglu_limit)
+  bool stacked_experts = false;
+  bool sinks = false;  // each attention head has a learned sink logit (self_attn.sinks; gpt-oss)
 };
 
 // Every family, in the order messages list them.
