@@ -1,11 +1,16 @@
 // The memory estimates (nn/footprint.hpp) against the figures the book's chapter-4 bonus folders print from the same
 // settings, and `qkv memory` printing them.
+#include <filesystem>
+#include <fstream>
+
 #include "helpers.hpp"
 #include "qkv/nn/footprint.hpp"
 #include "qkv/nn/hf.hpp"
 
 namespace qkv::test {
 namespace {
+
+namespace fs = std::filesystem;
 
 // Runs f, expecting a ValueError whose message holds `fragment`.
 template <typename F>
@@ -93,6 +98,31 @@ TEST(Footprint, CliPrintsTheBooksFiguresAndAFoldersCache) {
   EXPECT_NE(moe.out.find("27,408 parameters (22,800 active per token)"), std::string::npos) << moe.out;
   EXPECT_NE(moe.out.find("3 full layers"), std::string::npos) << moe.out;
   EXPECT_NE(moe.out.find("38,400 bytes"), std::string::npos) << moe.out;  // 100 · 8 · 2 K/V heads · 2 · 4 · 3
+}
+
+// gpt-oss-20b's released config.json: OpenAI's model card gives 20.91 B parameters, 3.61 B active without the
+// embedding table (579,133,440); qkv counts the table as used, so 4,187,440,704. The KV cache at 4,096 tokens: 12
+// full layers of 4,096 and 12 sliding layers of 128, 8 K/V heads of 64, bf16.
+TEST(Memory, GptOss20bFromItsConfigJson) {
+  const fs::path dir = fs::temp_directory_path() / "qkv_memory_gpt_oss_20b";
+  fs::create_directories(dir);
+  std::string layer_types;
+  for (int i = 0; i < 24; ++i) layer_types += std::string(i ? ", " : "") + (i % 2 == 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  std::ofstream(dir / "config.json") << R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true,
+    "eos_token_id": 200002, "pad_token_id": 199999, "experts_per_token": 4, "num_experts_per_tok": 4,
+    "num_local_experts": 32, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+    "layer_types": [)" + layer_types + R"(], "max_position_embeddings": 131072, "model_type": "gpt_oss",
+    "num_attention_heads": 64, "num_hidden_layers": 24, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": false},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": false, "vocab_size": 201088})";
+  const CliResult r = run_cli("memory " + dir.string() + " --context 4096 --dtype bf16");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("20,914,757,184 parameters (4,187,440,704 active per token)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("12 full layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("12 sliding (128) layers"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -136,6 +136,60 @@ TEST(MoeFamily, AMissingExpertTensorIsListed) {
   fs::remove_all(dir);
 }
 
+// config.json of the gpt_oss fixture with one key's text replaced
+std::string edited_gpt_oss(const std::string& from, const std::string& to) {
+  std::string c = read(fs::path(fixture("hf/gpt_oss")) / "config.json");
+  const size_t at = c.find(from);
+  if (at == std::string::npos) ADD_FAILURE() << from << " not in the fixture's config.json";
+  return at == std::string::npos ? c : c.replace(at, from.size(), to);
+}
+
+TEST(GptOssFamily, ReadsItsKeysAndLayout) {
+  const auto model = nn::load_hf_decoder(fixture("hf/gpt_oss"));
+  const nn::DecoderConfig& c = model->config;
+  EXPECT_EQ(c.family->name, "gpt_oss");
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.experts_per_token, 2);
+  EXPECT_EQ(c.expert_intermediate_size, 12);  // gpt-oss's intermediate_size is the experts' width
+  EXPECT_EQ(c.swiglu_limit, 1.0);
+  EXPECT_TRUE(c.qkv_bias && c.o_bias);
+  EXPECT_EQ(c.layers[0].window, 4);  // layer_types: sliding, then full
+  EXPECT_EQ(c.layers[1].window, 0);
+  EXPECT_TRUE(c.layers[0].experts && c.layers[1].experts);
+  EXPECT_FALSE(c.ropes[0].truncate);
+  EXPECT_EQ(c.router_aux_loss_coef, 0.05);
+  EXPECT_EQ(model->parameter(nn::Role::Sinks, 0).shape(), (Shape{4}));
+  EXPECT_EQ(model->parameter(nn::Role::StackedGateUp, 1).shape(), (Shape{4, 32, 24}));
+  EXPECT_EQ(model->parameter(nn::Role::StackedDown, 1).shape(), (Shape{4, 12, 32}));
+}
+
+TEST(GptOssFamily, BadConfigsAreRefusedNamingTheKey) {
+  EXPECT_NE(refusal(edited_gpt_oss("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5")).find("num_experts_per_tok"),
+            std::string::npos);
+  EXPECT_NE(refusal(edited_gpt_oss("\"num_local_experts\": 4", "\"num_local_experts\": 0")).find("num_local_experts"),
+            std::string::npos);
+  EXPECT_NE(refusal(edited_gpt_oss("\"swiglu_limit\": 1.0", "\"swiglu_limit\": -1")).find("swiglu_limit"), std::string::npos);
+  EXPECT_NE(refusal(edited_gpt_oss("\"rope_type\": \"yarn\"", "\"rope_type\": \"ntk\"")).find("rope_type"), std::string::npos);
+}
+
+TEST(GptOssFamily, AMissingExpertTensorIsListed) {
+  const fs::path dir = fs::temp_directory_path() / ("qkv_gpt_oss_missing_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // five experts in the config, four in the weights: every stacked tensor has the wrong shape
+  std::ofstream(dir / "config.json") << edited_gpt_oss("\"num_local_experts\": 4", "\"num_local_experts\": 5");
+  fs::copy(fs::path(fixture("hf/gpt_oss")) / "model.safetensors", dir / "model.safetensors");
+  std::string message = "(loaded)";
+  try {
+    nn::load_hf_decoder(dir.string());
+  } catch (const IoError& e) {
+    message = e.what();
+  }
+  fs::remove_all(dir);
+  EXPECT_NE(message.find("model.layers.0.mlp.experts.gate_up_proj is (4, 32, 24), the configuration says (5, 32, 24)"),
+            std::string::npos) << message;
+}
+
 // config.json of the deepseek_v3 fixture with one key's text replaced
 std::string edited_latent(const std::string& from, const std::string& to) {
   std::string c = read(fs::path(fixture("hf/deepseek_v3")) / "config.json");

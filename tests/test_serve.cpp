@@ -294,8 +294,7 @@ TEST(ServeScheduler, QueueFullCancelAndStop) {
   const serve::Outcome o = first.done.get_future().get();
   EXPECT_EQ(o.finish, serve::FinishReason::Cancelled);
   EXPECT_LE(o.tokens.size(), 2u);
-  settled(scheduler);  // on_finish runs just before the step frees the slot: wait for that, or the next one is a 429
-  Waiter third;
+  Waiter third;  // the slot is free once on_finish has run: the next request is taken at once
   serve::GenerationRequest s = third.request({5, 6}, 20, {.greedy = true});
   int seen = 0;
   s.on_token = [&seen](int64_t) { return ++seen == 3 ? serve::TokenVerdict::Stop : serve::TokenVerdict::Continue; };
@@ -307,6 +306,22 @@ TEST(ServeScheduler, QueueFullCancelAndStop) {
   EXPECT_THROW(scheduler.submit(big.request(std::vector<int64_t>(30, 1), 3)), ValueError);  // 33 > 32
   EXPECT_THROW(scheduler.submit(big.request({99}, 3)), ValueError);                          // outside the vocabulary
   EXPECT_THROW(scheduler.submit(big.request({}, 3)), ValueError);
+}
+
+// A client that sends its next request the moment the last one ends is never turned away: the request is counted and
+// its slot freed before on_finish tells the client (one slot, no queue, 40 requests back to back).
+TEST(ServeScheduler, ARequestSentAsTheLastEndsFindsItsSlot) {
+  auto model = tiny_model();
+  serve::Scheduler scheduler(*model, {.parallel = 1, .queue_size = 0, .context = 32});
+  for (int i = 0; i < 40; ++i) {
+    Waiter w;
+    ASSERT_NO_THROW(scheduler.submit(w.request({1 + i % 5, 2}, 2, {.greedy = true}))) << "request " << i;
+    EXPECT_EQ(w.done.get_future().get().finish, serve::FinishReason::Length);
+    const serve::SchedulerStats s = scheduler.stats();
+    EXPECT_EQ(s.completed, i + 1);  // counted before its on_finish
+    EXPECT_EQ(s.generated_tokens, 2 * (i + 1));
+  }
+  EXPECT_EQ(scheduler.stats().rejected, 0);
 }
 
 // --kv-cache bf16 on the server: its requests run on a bf16 block cache (half the bytes per block), each giving the

@@ -230,7 +230,9 @@ std::string memory_report(const DecoderConfig& config, int64_t batch, int64_t co
   int64_t idle = 0;
   for (const DecoderLayerSettings& layer : config.layers)
     if (layer.experts)
-      idle += (config.num_experts - config.experts_per_token) * 3 * config.expert_intermediate_size * config.hidden_size;
+      idle += (config.num_experts - config.experts_per_token) *
+              (3 * config.expert_intermediate_size * config.hidden_size +
+               (config.family->stacked_experts ? 2 * config.expert_intermediate_size + config.hidden_size : 0));  // gpt-oss's biases
   const std::string active = idle > 0 ? " (" + thousands(total_params - idle) + " active per token)" : "";
   std::string out = config.family->description + ": " + thousands(total_params) + " parameters" + active + "; " +
                     std::to_string(config.num_layers) + " layers, " + std::to_string(config.num_heads) + " heads of " +

@@ -240,11 +240,6 @@ void Scheduler::loop() {
     }
     for (auto& job : jobs) job();
     for (auto& slot : dropped) finish(*slot, FinishReason::Cancelled);
-    if (!dropped.empty()) {
-      std::lock_guard lock(mutex_);
-      admitted_ -= static_cast<int64_t>(dropped.size());
-      stats_.cancelled += static_cast<int64_t>(dropped.size());
-    }
     step();
     std::lock_guard lock(mutex_);
     if (stopping_ && admitted_ == 0) {
@@ -348,6 +343,20 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
     slot.seq = -1;
   }
   slot.pending = {};
+  {  // counted and its admission freed before the client hears of it: its next request finds the room this one left
+    std::lock_guard lock(mutex_);
+    stats_.prompt_tokens += slot.started ? slot.outcome.prompt_tokens : 0;
+    stats_.generated_tokens += static_cast<int64_t>(slot.outcome.tokens.size());
+    if (!slot.outcome.tokens.empty()) {
+      stats_.first_token_seconds_sum += slot.outcome.first_token_seconds;
+      ++stats_.first_token_count;
+    }
+    if (reason == FinishReason::Cancelled) ++stats_.cancelled;
+    else if (reason == FinishReason::Error) ++stats_.failed;
+    else ++stats_.completed;
+    --admitted_;
+    cache_stats();
+  }
   if (slot.request.on_finish) {
     try {
       slot.request.on_finish(slot.outcome);
@@ -379,6 +388,12 @@ void Scheduler::step() {
     }
     hits += slot.outcome.cached_tokens;
     computed += slot.outcome.prompt_tokens - slot.outcome.cached_tokens;
+  }
+  {  // counted now: a request this step ends is counted whole before its on_finish
+    std::lock_guard lock(mutex_);
+    ++stats_.steps;
+    stats_.prompt_cache_hit_tokens += hits;
+    stats_.prefilled_tokens += computed;
   }
   // The batch: decoding requests first (one token each: inter-token latency), then prompt pieces up to the cap, each
   // cut at the next multiple of prefill_chunk as nn::generate cuts it.
@@ -436,35 +451,20 @@ void Scheduler::step() {
       }
     }
   }
-  // Count, then drop the requests that ended.
+  // Drop the requests that ended (finish counted them).
   std::lock_guard lock(mutex_);
-  ++stats_.steps;
-  stats_.prompt_cache_hit_tokens += hits;
-  stats_.prefilled_tokens += computed;
   stats_.batch_tokens_max = std::max(stats_.batch_tokens_max, batch.size());
-  for (auto it = active_.begin(); it != active_.end();) {
-    Slot& slot = **it;
-    if (!slot.done) {
-      ++it;
-      continue;
-    }
-    stats_.prompt_tokens += slot.started ? slot.outcome.prompt_tokens : 0;
-    stats_.generated_tokens += static_cast<int64_t>(slot.outcome.tokens.size());
-    if (!slot.outcome.tokens.empty()) {
-      stats_.first_token_seconds_sum += slot.outcome.first_token_seconds;
-      ++stats_.first_token_count;
-    }
-    if (slot.outcome.finish == FinishReason::Cancelled) ++stats_.cancelled;
-    else if (slot.outcome.finish == FinishReason::Error) ++stats_.failed;
-    else ++stats_.completed;
-    --admitted_;
-    it = active_.erase(it);
-  }
-  const nn::KVBlockCache& cache = session.cache();
+  std::erase_if(active_, [](const std::unique_ptr<Slot>& slot) { return slot->done; });
+  cache_stats();
+}
+
+// The KV cache's figures in the stats (under the lock)
+void Scheduler::cache_stats() {
+  const nn::KVBlockCache& cache = state_->session.cache();
   stats_.kv_cache_blocks_used = cache.blocks_in_use();
   stats_.kv_cache_bytes = cache.blocks_in_use() * cache.bytes_per_block();
   stats_.kv_cache_tokens = cache.tokens_held();
-  stats_.prompt_cache_sequences = static_cast<int64_t>(st.kept.size());
+  stats_.prompt_cache_sequences = static_cast<int64_t>(state_->kept.size());
 }
 
 }  // namespace qkv::serve

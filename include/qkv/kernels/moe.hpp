@@ -44,11 +44,17 @@ struct MoeOptions {
 // (E, C, 2F) whose columns alternate gate and up (gate = [..., 0::2], up = [..., 1::2]), gate_up_bias (E, 2F) in the
 // same order, down (E, F, C), down_bias (E, C) added to each expert's output before its weight.
 struct MoeStacked {
-  const float *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr, *down_bias = nullptr;
+  const float* gate_up = nullptr;       // (E, C, 2F)
+  const float* gate_up_bias = nullptr;  // (E, 2F); null: none
+  const float* down = nullptr;          // (E, F, C)
+  const float* down_bias = nullptr;     // (E, C); null: none
 };
 // Their gradients, same shapes; a null pointer: not needed.
 struct MoeStackedGrads {
-  float *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr, *down_bias = nullptr;
+  float* gate_up = nullptr;       // (E, C, 2F)
+  float* gate_up_bias = nullptr;  // (E, 2F)
+  float* down = nullptr;          // (E, F, C)
+  float* down_bias = nullptr;     // (E, C)
 };
 
 // What the forward keeps for the backward (sized by moe_forward): the routing and each expert's activations, in

@@ -160,6 +160,7 @@ class Scheduler {
   void step();
   bool start(Slot& slot);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
+  void cache_stats();  // the KV cache's figures into stats_ (under the lock)
 
   const nn::Decoder& model_;
   SchedulerOptions options_;
