@@ -95,8 +95,8 @@ fs::path make_folder(const std::string& type) {
   const fs::path dir = fs::temp_directory_path() / ("qkv-quantize-" + type + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3";
-  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+  const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3", oss = type == "gpt-oss";
+  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
@@ -106,16 +106,23 @@ fs::path make_folder(const std::string& type) {
     config["num_experts"] = 4, config["num_experts_per_tok"] = 2, config["moe_intermediate_size"] = 256;
     config["norm_topk_prob"] = true, config["mlp_only_layers"] = json::array(), config["tie_word_embeddings"] = false;
   }
+  if (oss) {  // gpt-oss: every layer 4 experts of 256 with biases, top 2; sinks; layer 0 slides (4 keys), layer 1 not
+    config["num_local_experts"] = 4, config["num_experts_per_tok"] = 2, config["intermediate_size"] = 256;
+    config["swiglu_limit"] = 7.0, config["attention_bias"] = true, config["tie_word_embeddings"] = false;
+    config["sliding_window"] = 4, config["layer_types"] = {"sliding_attention", "full_attention"};
+    config["rope_theta"] = 150000.0;
+  }
   if (llama3)
     config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
-    for (float& v : t.values()) v = p.shape.rank() == 1 ? 1.0f + 0.1f * normal(rng) : normal(rng);
+    const bool norm = p.shape.rank() == 1 && p.role() != nn::Role::Sinks && p.name.find("bias") == std::string::npos;
+    for (float& v : t.values()) v = norm ? 1.0f + 0.1f * normal(rng) : normal(rng);
   }
   nn::save_hf_folder(dir.string(), model);
   write_tokenizer(dir);
@@ -124,13 +131,15 @@ fs::path make_folder(const std::string& type) {
 
 struct Folders {
   fs::path llama, qwen3, llama3, qwen3moe;  // llama3: llama with Llama 3.1's RoPE scaling; qwen3moe: experts everywhere
+  fs::path gpt_oss;                         // sinks, a sliding layer, stacked experts with biases
   ~Folders() {
     std::error_code ec;
-    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe}) fs::remove_all(p, ec);
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss}) fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
-  static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe")};
+  static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe"),
+                            make_folder("gpt-oss")};
   return f;
 }
 
@@ -587,6 +596,88 @@ TEST(GgufExport, MixtureOfExpertsStacksItsExpertsAsLlamaCppDoes) {
     ADD_FAILURE() << "a model with a dense layer was written as qwen3moe";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("mlp_only_layers"), std::string::npos) << e.what();
+  }
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
+    GTEST_SKIP() << missing;
+  }
+}
+
+// gpt-oss as llama.cpp's gpt-oss reads it: the stacked gate_up split into ffn_gate_exps and ffn_up_exps rows (the
+// even and odd columns), down transposed to rows, the biases split alike, attn_sinks, ffn_gate_inp's bias, the norm
+// before the experts as post_attention_norm, the sliding window in the metadata. The file reads back to the folder's
+// logits (F32: exactly), and llama.cpp's greedy tokens from it are qkv's.
+TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
+  const fs::path& folder = folders().gpt_oss;
+  const auto source = nn::load_pretrained(folder.string());
+  const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
+    const std::string name = nn::gguf_file_type_name(type);
+    SCOPED_TRACE(name);
+    const std::string path = out_path("oss-" + name + ".gguf");
+    nn::GgufExportOptions o;
+    o.type = type;
+    const nn::GgufExportReport report = nn::quantize_to_gguf(folder.string(), path, o);
+    EXPECT_EQ(report.architecture, "gpt-oss");
+    EXPECT_EQ(report.parameters, static_cast<uint64_t>(source->model->config.parameter_count()));
+    const io::GgufFile file = io::GgufFile::open(path);
+    EXPECT_EQ(file.integer("gpt-oss.expert_count"), 4);
+    EXPECT_EQ(file.integer("gpt-oss.expert_feed_forward_length"), 256);
+    EXPECT_EQ(file.integer("gpt-oss.attention.sliding_window"), 4);
+    EXPECT_EQ(file.tensor("blk.1.ffn_gate_exps.weight").shape(), (std::vector<int64_t>{4, 256, 256}));
+    EXPECT_EQ(file.tensor("blk.1.ffn_up_exps.bias").shape(), (std::vector<int64_t>{4, 256}));
+    EXPECT_EQ(file.tensor("blk.0.attn_sinks.weight").shape(), (std::vector<int64_t>{4}));
+    EXPECT_EQ(file.tensor("blk.0.ffn_gate_inp.bias").shape(), (std::vector<int64_t>{4}));
+    EXPECT_NE(file.find("blk.0.post_attention_norm.weight"), nullptr);
+    // the first expert's up row 3, column 5 is gate_up's (5, 2·3 + 1)
+    const float want = source->model->parameter(nn::Role::StackedGateUp, 1).data()[5 * 512 + 7];
+    if (type == GgufFileType::F32)
+      EXPECT_EQ(reinterpret_cast<const float*>(file.tensor("blk.1.ffn_up_exps.weight").data)[3 * 256 + 5], want);
+    const auto gguf = nn::load_pretrained(path);
+    const nn::DecoderConfig& c = gguf->model->config;
+    EXPECT_EQ(c.family->name, "gpt_oss");
+    EXPECT_EQ(c.layers[0].window, 4);
+    EXPECT_EQ(c.layers[1].window, 0);
+    // The reference: the folder's model with every matrix stored as the file's rule says — the stacked experts' file
+    // rows quantized and widened back (qkv reads them widened), the others kept in the block format
+    const auto reference = nn::load_pretrained(folder.string());
+    nn::Decoder& ref = *reference->model;
+    for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {
+      const WeightType want = nn::gguf_tensor_type(type, ref.config, p);
+      if (!nn::is_stacked(p.role())) {
+        if (p.shape.rank() == 2 && want != WeightType::F32) ref.parameter(p).to_weight_type_(want);
+        continue;
+      }
+      std::vector<float> rows(static_cast<size_t>(p.shape.numel()));
+      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), true);
+      if (want != WeightType::F32) {
+        const int64_t cols = p.shape[p.shape.rank() - 1], n = p.shape.numel() / cols;
+        std::vector<unsigned char> bytes(static_cast<size_t>(n * kernels::row_bytes(want, cols)));
+        kernels::quantize_rows(want, rows.data(), bytes.data(), n, cols);
+        kernels::dequantize_rows(want, bytes.data(), rows.data(), n, cols);
+      }
+      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), false);
+    }
+    ref.refresh_fused_views();
+    EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
+    if (modules.empty()) continue;
+    const LlamaCppRun run = llamacpp_generate(modules, "oss", path, 12);
+    ASSERT_EQ(run.status, 0) << run.out;
+    ASSERT_EQ(run.prompt, ids) << run.out;
+    ASSERT_FALSE(run.ids.empty()) << run.out;
+    std::vector<int64_t> seen = ids;  // each of llama.cpp's tokens is qkv's choice, or within 2% of it (Q8_0's rounding)
+    for (int64_t token : run.ids) {
+      const Tensor l = logits(*gguf->model, seen);
+      const int64_t V = l.size(-1);
+      const float* last = l.data() + (static_cast<int64_t>(seen.size()) - 1) * V;
+      const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
+      if (type == GgufFileType::F32) EXPECT_EQ(std::max_element(last, last + V) - last, token) << "step " << seen.size() - ids.size();
+      else EXPECT_GE(last[token], top - 0.02f * (top - bottom)) << "step " << seen.size() - ids.size();
+      seen.push_back(token);
+    }
+    fs::remove(path);
   }
   if (modules.empty()) {
     if (llamacpp_required()) FAIL() << missing;

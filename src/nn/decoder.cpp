@@ -93,6 +93,13 @@ constexpr RoleInfo kRoles[kRoleCount] = {
     {Role::StackedDownBias, "experts' down bias", Kind::Bias},
 };
 Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
+}  // namespace
+
+bool role_is_matrix(Role r) {
+  return kind_of(r) == Kind::Matrix || kind_of(r) == Kind::Embedding || r == Role::StackedGateUp || r == Role::StackedDown;
+}
+
+namespace {
 
 // The roles LoRA's presets choose by (module.hpp's LoraRoles bits).
 unsigned lora_role_bit(Role r) {
@@ -450,14 +457,13 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::LatentB:
       throw ValueError("a latent-attention model's GGUF tensors (attn_kv_a_mqa, attn_kv_b, …) are not read by qkv yet; "
                        "use its Hugging Face folder");
-    case Role::Sinks:
-    case Role::RouterLogitBias:
-    case Role::StackedGateUp:
-    case Role::StackedGateUpBias:
-    case Role::StackedDown:
-    case Role::StackedDownBias:
-      throw ValueError("gpt-oss's GGUF tensors (attn_sinks, MXFP4 ffn_*_exps with biases) are not read by qkv yet; use "
-                       "its Hugging Face folder");
+    // gpt-oss (llama.cpp's gpt-oss): the stacked experts are split by DecoderConfig::layout into gate, up and down
+    case Role::Sinks: base = "attn_sinks.weight"; break;
+    case Role::RouterLogitBias: base = "ffn_gate_inp.bias"; break;
+    case Role::StackedGateUp: base = p.parts.front().row0 == 0 ? "ffn_gate_exps.weight" : "ffn_up_exps.weight"; break;
+    case Role::StackedGateUpBias: base = p.parts.front().row0 == 0 ? "ffn_gate_exps.bias" : "ffn_up_exps.bias"; break;
+    case Role::StackedDown: base = "ffn_down_exps.weight"; break;
+    case Role::StackedDownBias: base = "ffn_down_exps.bias"; break;
   }
   return "blk." + std::to_string(p.layer) + "." + base;
 }
@@ -467,8 +473,38 @@ std::vector<DecoderConfig::Parameter> DecoderConfig::layout(Names names) const {
   if (names == Names::Gguf) {
     if (family->naming == Naming::Book)
       invalid("the " + family->name + " family's GGUF names (llama.cpp's gpt2: fused attn_qkv) are not read by qkv yet");
-    std::vector<Parameter> out = layout(Names::Own);
-    for (Parameter& p : out) p.name = gguf_name(p);
+    std::vector<Parameter> out;
+    for (Parameter p : layout(Names::Own)) {
+      if (family->stacked_experts) {
+        // llama.cpp's gpt-oss: the norm before the experts is post_attention_norm, and each layer's stacked experts
+        // are rows as ggml stores matrices — gate and up apart (the even and the odd columns of gate_up), each
+        // expert's (F, C); down (C, F) — their biases split alike
+        if (p.role() == Role::MlpNorm) {
+          p.name = "blk." + std::to_string(p.layer) + ".post_attention_norm.weight";
+          out.push_back(p);
+          continue;
+        }
+        const int64_t E = num_experts, F = expert_intermediate_size, C = hidden_size;
+        if (p.role() == Role::StackedGateUp || p.role() == Role::StackedGateUpBias) {
+          const bool matrix = p.role() == Role::StackedGateUp;
+          for (int64_t half = 0; half < 2; ++half) {
+            Parameter q = p;
+            q.shape = matrix ? Shape{E, F, C} : Shape{E, F};
+            q.parts = {{p.role(), half * F, F}};  // rows [row0, row0 + F) of [gate rows; up rows]
+            q.transposed = matrix;
+            q.name = gguf_name(q);
+            out.push_back(q);
+          }
+          continue;
+        }
+        if (p.role() == Role::StackedDown) {
+          p.shape = Shape{E, C, F};
+          p.transposed = true;
+        }
+      }
+      p.name = gguf_name(p);
+      out.push_back(p);
+    }
     return out;
   }
   const int64_t C = hidden_size, V = vocab_size;

@@ -67,11 +67,18 @@ void check_exportable(const DecoderConfig& c) {
     throw ValueError("qkv quantize writes GGUF files of " + gguf_export_families() + " models; this " + c.family->name +
                      " model " + what);
   };
-  if (c.family->naming == Naming::Book || (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe"))
+  const bool gpt_oss = c.family->stacked_experts;
+  if (c.family->naming == Naming::Book ||
+      (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
-  if (c.num_experts > 0) {  // llama.cpp's qwen3moe: experts in every layer, the top k weights renormalised
+  if (gpt_oss) {  // llama.cpp's gpt-oss: its clamp is fixed at 7, its sliding layers are the even ones, all one window
+    if (c.swiglu_limit != 7.0) refuse("clamps its SwiGLU at " + std::to_string(c.swiglu_limit) + "; llama.cpp's gpt-oss clamps at 7");
+    for (size_t i = 0; i < c.layers.size(); ++i)
+      if ((c.layers[i].window > 0) != (i % 2 == 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
+        refuse("slides on other layers than the even ones (llama.cpp's gpt-oss slides on layers 0, 2, 4 …, one window)");
+  } else if (c.num_experts > 0) {  // llama.cpp's qwen3moe: experts in every layer, the top k weights renormalised
     if (arch != "qwen3moe") refuse("has a mixture of experts");
     for (const DecoderLayerSettings& l : c.layers)
       if (!l.experts) refuse("has layers without experts (mlp_only_layers), which llama.cpp's qwen3moe does not compute");
@@ -80,11 +87,15 @@ void check_exportable(const DecoderConfig& c) {
   if (c.ropes.size() != 1) refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
   const kernels::RopeFrequencies& rope = c.ropes.front();
   const bool llama3 = rope.scaling == kernels::RopeFrequencies::Scaling::Llama3;
-  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama"))
-    refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's it does)");
+  const bool yarn = rope.scaling == kernels::RopeFrequencies::Scaling::Yarn;
+  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && gpt_oss))
+    refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's and "
+           "gpt-oss's YaRN it does)");
+  if (yarn && (rope.beta_fast != 32.0 || rope.beta_slow != 1.0))
+    refuse("sets YaRN's beta_fast and beta_slow to other values than 32 and 1, which llama.cpp's GGUF keys cannot hold");
   if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
   for (const DecoderLayerSettings& l : c.layers) {
-    if (l.window > 0) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
+    if (l.window > 0 && !gpt_oss) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
     if (l.rope != 0) refuse("has layers without RoPE");
   }
   if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama") refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
@@ -113,6 +124,17 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
   if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
+  if (c.family->stacked_experts) {  // gpt-oss: the window of its sliding layers, YaRN as convert_hf_to_gguf writes it
+    int64_t window = 0;
+    for (const DecoderLayerSettings& l : c.layers) window = std::max(window, l.window);
+    if (window > 0) m.emplace_back(a + ".attention.sliding_window", u32(window));
+    const kernels::RopeFrequencies& r = c.ropes.front();
+    if (r.scaling == kernels::RopeFrequencies::Scaling::Yarn) {
+      m.emplace_back(a + ".rope.scaling.type", GgufValue::string("yarn"));
+      m.emplace_back(a + ".rope.scaling.factor", GgufValue::f32(static_cast<float>(r.factor)));
+      m.emplace_back(a + ".rope.scaling.original_context_length", u32(static_cast<int64_t>(r.original_max_position_embeddings)));
+    }
+  }
   if (c.num_experts > 0) {
     m.emplace_back(a + ".expert_count", u32(c.num_experts));
     m.emplace_back(a + ".expert_used_count", u32(c.experts_per_token));
@@ -169,12 +191,13 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3 and qwen3moe"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe and gpt-oss"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
+  if (!role_is_matrix(p.role())) return WeightType::F32;  // norms, biases, sinks
   const WeightType base = row_of(type).base;
-  const int64_t cols = p.shape[1];
+  const int64_t cols = p.shape[p.shape.rank() - 1];
   WeightType chosen = base;
   if (type == GgufFileType::Q4_K_M || type == GgufFileType::Q5_K_M) {
     const Role role = p.role();
@@ -182,7 +205,8 @@ WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, cons
       // llama.cpp: Q8_0 when the rows do not hold whole 256-value blocks, else Q6_K
       return cols % 256 != 0 ? WeightType::Q8_0 : WeightType::Q6_K;
     }
-    if ((role == Role::Value || role == Role::Down || role == Role::ExpertDown) && use_more_bits(p.layer, config.num_layers))
+    if ((role == Role::Value || role == Role::Down || role == Role::ExpertDown || role == Role::StackedDown) &&
+        use_more_bits(p.layer, config.num_layers))
       chosen = WeightType::Q6_K;  // llama.cpp matches "ffn_down" in ffn_down_exps too
   }
   return fallback(chosen, cols);
@@ -193,7 +217,8 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
   const DecoderConfig& c = model.config;
   check_exportable(c);
   const std::string arch = c.family->gguf_architecture;
-  const std::vector<DecoderConfig::Parameter> own = c.layout(Names::Own), names = c.layout(Names::Gguf);
+  // The file's entries (gpt-oss's stacked experts are split into several), each naming the model's tensor it holds
+  const std::vector<DecoderConfig::Parameter> own = c.layout(Names::Gguf), &names = own;
   // Each tensor's type and dims, before anything is written.
   // A layer's experts go into one 3-D tensor (experts, rows, cols), as llama.cpp stacks them: planned at expert 0.
   struct Planned {
@@ -211,8 +236,8 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
   for (size_t i = 0; i < own.size(); ++i) {
     const DecoderConfig::Parameter& p = own[i];
     if (p.expert > 0) continue;
-    const bool matrix = p.shape.rank() == 2;
-    const WeightType type = matrix ? gguf_tensor_type(options.type, c, p) : WeightType::F32;
+    const bool matrix = role_is_matrix(p.role());
+    const WeightType type = gguf_tensor_type(options.type, c, p);
     quantized = quantized || io::weight_type_info(type).block_elements > 1;
     const bool permute = matrix && permutes_qk(arch) && c.rope_layout == RopeLayout::RotateHalf &&
                          (p.role() == Role::Query || p.role() == Role::Key);
@@ -256,6 +281,22 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
     Planned t = planned;
     if (!planned.experts.empty()) t.p = planned.experts[part];
     Tensor& tensor = model.parameter(*t.p);
+    if (is_stacked(t.p->role())) {  // gpt-oss's experts: gathered into the file's rows, then stored as planned
+      values.assign(static_cast<size_t>(t.p->shape.numel()), 0.0f);
+      gguf_stacked_values(tensor, *t.p, values.data(), /*to_file=*/true);
+      const int64_t cols = t.p->shape[t.p->shape.rank() - 1], rows = t.p->shape.numel() / cols;
+      if (t.type == WeightType::F32) {
+        writer.write_tensor_data(std::as_bytes(std::span(values)));
+        done += values.size() * 4;
+        continue;
+      }
+      bytes.resize(static_cast<size_t>(rows * io::row_bytes(t.type, cols)));
+      io::quantize_rows(t.type, values.data(), bytes.data(), rows, cols);
+      writer.write_tensor_data(std::as_bytes(std::span(bytes)));
+      done += bytes.size();
+      if (options.progress) options.progress(done, total);
+      continue;
+    }
     if (t.p->shape.rank() == 1) {  // norms and biases: float32
       const Tensor v = tensor.dtype() == DType::F32 ? tensor : Tensor();
       values.resize(static_cast<size_t>(tensor.numel()));

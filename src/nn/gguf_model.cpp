@@ -218,7 +218,15 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (file.contains(k + cap)) j[cap] = file.real(k + cap);
   if (family->query_pre_attn_scalar) j["query_pre_attn_scalar"] = head_dim;
-  if (family->experts && !family->latent_attention) {  // qwen3moe: llama.cpp's graph renormalises the top k weights
+  if (family->stacked_experts) {  // gpt-oss: every layer's experts; the clamp llama.cpp's graph fixes at 7
+    j["num_local_experts"] = required_integer(file, k + "expert_count");
+    j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
+    j["intermediate_size"] = required_integer(file, k + "expert_feed_forward_length");
+    j["swiglu_limit"] = 7.0;
+    // YaRN as the model was trained (OpenAI's reference and transformers: the ramp's ends not rounded; llama.cpp
+    // rounds them, 8 and 18 for gpt-oss-20b's 8.09 and 17.40)
+    if (j.contains("rope_scaling") && j["rope_scaling"]["rope_type"] == "yarn") j["rope_scaling"]["truncate"] = false;
+  } else if (family->experts && !family->latent_attention) {  // qwen3moe: llama.cpp's graph renormalises the top k weights
     j["num_experts"] = required_integer(file, k + "expert_count");
     j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
     j["moe_intermediate_size"] = required_integer(file, k + "expert_feed_forward_length");
@@ -250,10 +258,50 @@ GgufExtras gguf_extras(const io::GgufFile& file) {
   return out;
 }
 
+bool is_stacked(Role r) {
+  return r == Role::StackedGateUp || r == Role::StackedGateUpBias || r == Role::StackedDown || r == Role::StackedDownBias;
+}
+
+void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file) {
+  if (t.dtype() != DType::F32) throw ValueError("gguf_stacked_values: the stacked experts must be float32");
+  float* model = const_cast<float*>(t.data());  // written only when reading the file (to_file false)
+  auto move = [&](int64_t at_file, int64_t at_model) {
+    if (to_file) file[at_file] = model[at_model];
+    else model[at_model] = file[at_file];
+  };
+  const Shape& s = entry.shape;
+  const int64_t E = s[0];
+  switch (entry.role()) {
+    case Role::StackedGateUp: {  // file (E, F, C) rows ← the model's (E, C, 2F) column 2r + half
+      const int64_t F = s[1], C = s[2], half = entry.parts.front().row0 == 0 ? 0 : 1;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = 0; r < F; ++r)
+          for (int64_t c = 0; c < C; ++c) move((e * F + r) * C + c, (e * C + c) * 2 * F + 2 * r + half);
+      break;
+    }
+    case Role::StackedGateUpBias: {  // file (E, F) ← the model's (E, 2F) entry 2r + half
+      const int64_t F = s[1], half = entry.parts.front().row0 == 0 ? 0 : 1;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = 0; r < F; ++r) move(e * F + r, e * 2 * F + 2 * r + half);
+      break;
+    }
+    case Role::StackedDown: {  // file (E, C, F) rows ← the model's (E, F, C) transposed per expert
+      const int64_t C = s[1], F = s[2];
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t f = 0; f < F; ++f) move((e * C + c) * F + f, (e * F + f) * C + c);
+      break;
+    }
+    default:  // the down bias (E, C): as it is
+      for (int64_t i = 0; i < s.numel(); ++i) move(i, i);
+  }
+}
+
 std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
   auto file = std::make_shared<io::GgufFile>(io::GgufFile::open(path, io::MapAccess::Random));
   const DecoderConfig config = decoder_config_from_gguf(*file);
-  const std::vector<DecoderConfig::Parameter> own = config.layout(Names::Own), names = config.layout(Names::Gguf);
+  // The file's entries, each naming the model's tensor it fills (gpt-oss's stacked experts come from several)
+  const std::vector<DecoderConfig::Parameter> names = config.layout(Names::Gguf), &own = names;
   // Every tensor the layout names, with its shape and a type qkv computes with, and nothing else — before any is used.
   std::vector<const io::GgufTensor*> found(own.size());
   for (size_t i = 0; i < own.size(); ++i) {
@@ -266,7 +314,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       fail(*file, "tensor '" + t->name + "' has shape " + Shape(std::span<const int64_t>(t->shape())).str() + "; its configuration gives " +
                       want.str());
     const Storage s = storage_of(*file, *t);
-    if (own[i].shape.rank() == 1 && s.type != WeightType::F32 && s.type != WeightType::F16 && s.type != WeightType::BF16)
+    if (!role_is_matrix(own[i].role()) && s.type != WeightType::F32 && s.type != WeightType::F16 && s.type != WeightType::BF16)
       fail(*file, "tensor '" + t->name + "' (a vector) is " + io::ggml_type_name(t->type) + "; vectors must be F32, F16 or BF16");
     found[i] = t;
   }
@@ -286,6 +334,16 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     Tensor& dst = model->parameter(p);
     const Storage s = storage_of(*file, t);
     const auto* bytes = reinterpret_cast<const unsigned char*>(t.data);
+    if (is_stacked(p.role())) {  // gpt-oss's experts: widened to float32 and laid out as the model holds them
+      const int64_t cols = p.shape[p.shape.rank() - 1], rows = p.shape.numel() / std::max<int64_t>(cols, 1);
+      std::vector<float> values(static_cast<size_t>(p.shape.numel()));
+      if (!values.empty()) {
+        if (s.widen) widen_offset_blocks(t.type, bytes, values.data(), rows * cols);
+        else io::dequantize_rows(s.type, bytes, values.data(), rows, cols);
+      }
+      gguf_stacked_values(dst, p, values.data(), /*to_file=*/false);
+      continue;
+    }
     if (p.expert >= 0)  // this expert's rows of the stacked tensor
       bytes += static_cast<int64_t>(t.bytes) / config.num_experts * p.expert;
     if (p.shape.rank() == 1) {  // norms and biases: float32 copies

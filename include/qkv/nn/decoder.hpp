@@ -59,6 +59,9 @@ enum class Role {
 };
 inline constexpr int kRoleCount = static_cast<int>(Role::StackedDownBias) + 1;  // how many roles there are
 const char* role_name(Role role);  // "query", "gate bias", … for messages
+// A matrix, an embedding table or a stack of matrices (gpt-oss's experts): what file formats may quantize; not a
+// vector, a bias or a norm
+bool role_is_matrix(Role role);
 
 // How a checkpoint's names and layout for a model are chosen:
 //   Own          the family's own state dict (the module's registry, qkv checkpoints, .pth, the family's folders)

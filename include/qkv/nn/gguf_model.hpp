@@ -48,4 +48,10 @@ GgufExtras gguf_extras(const io::GgufFile& file);  // the chat template and spec
 // that differs from the configuration's, or a type qkv cannot compute with.
 std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
 
+// gpt-oss's stacked experts (Role::Stacked*) between the model's float32 tensor `t` and one GGUF entry's values
+// (`entry` from DecoderConfig::layout(Names::Gguf): gate or up rows (E, F, C), down rows (E, C, F), their biases),
+// gathered into `file` (to_file) or scattered back into t.
+bool is_stacked(Role role);  // one of the Stacked* roles
+void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file);
+
 }  // namespace qkv::nn
