@@ -346,5 +346,41 @@ TEST(MoeDemo, SinksAndExpertSectionsPrintTheirWeights) {
   EXPECT_EQ(run_cli("demo --section moo").code, 2);
 }
 
+// The number after `marker` in `text` (the first), or NaN
+double number_after(const std::string& text, const std::string& marker) {
+  const size_t at = text.find(marker);
+  return at == std::string::npos ? std::nan("") : std::strtod(text.c_str() + at + marker.size(), nullptr);
+}
+
+// GQA, sliding windows, latent attention and Gated DeltaNet on the book's sentence: each prints its matrices and what
+// it saves, the latent's absorbed scores equal the expanded ones, the recurrence equals the kernel, and the pictures
+// (a GIF of the DeltaNet state) are written; on a learner's own sentence too.
+TEST(MoeDemo, AttentionVariantSectionsShowWhatTheySave) {
+  const fs::path dir = fs::temp_directory_path() / ("qkv_demo_variants_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const CliResult r = run_cli("demo --no-color --section gqa --section swa --section mla --section deltanet --pictures " +
+                              dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* part : {"9. Grouped-query attention", "head 4 (K/V head 2)", "would keep 2 · 4 · 2 = 16 values, grouped-query keeps 2 · 2 · 2 = 8",
+                           "10. Sliding-window attention", "A, causal with a window of 3", "11. Multi-head latent attention",
+                           "2 latent values against 2 · 2 · 2 = 8", "12. Gated DeltaNet", "S after 'step'"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << " missing from\n" << r.out;
+  EXPECT_LT(number_after(r.out, "The two agree to "), 1e-5) << r.out;
+  EXPECT_LT(number_after(r.out, "gated_delta_rule kernel gives the same outputs to "), 1e-5) << r.out;
+  // the window: 'step' (row 6) sees only 'with', 'one' and 'step'
+  const size_t window = r.out.find("A, causal with a window of 3");
+  const size_t step = r.out.find("\nstep ", window);
+  ASSERT_NE(step, std::string::npos);
+  const std::string row = r.out.substr(step, r.out.find('\n', step + 1) - step);
+  EXPECT_NE(row.find("0.0000   0.0000   0.0000   0.3255"), std::string::npos) << row;
+  for (const char* file : {"09-gqa-heads.png", "10-swa-window3.png", "11-mla-heads.png", "12-deltanet-state.gif"})
+    EXPECT_TRUE(fs::exists(dir / file)) << file;
+  fs::remove_all(dir);
+  const CliResult own = run_cli("demo --no-color --sentence \"the cat sat on the mat\" --d-in 4 --section mla --section deltanet");
+  ASSERT_EQ(own.code, 0) << own.out;
+  EXPECT_LT(number_after(own.out, "The two agree to "), 1e-5) << own.out;
+  EXPECT_LT(number_after(own.out, "gated_delta_rule kernel gives the same outputs to "), 1e-5) << own.out;
+}
+
 }  // namespace
 }  // namespace qkv::test

@@ -656,10 +656,235 @@ void section_moe(std::ostream& out, const Input& in, const DemoOptions& options,
   }
 }
 
+// Grouped-query attention (Llama 3, Qwen, Gemma): 4 query heads share 2 key/value heads, so the cache holds half the
+// keys and values of multi-head attention. Run through the fused kernel (num_kv_heads) and each head's weights
+// recomputed from its log-sum-exp.
+void section_gqa(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "9. Grouped-query attention — 4 query heads share 2 key/value heads");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size()), H = 4, H_kv = 2, D = 2;
+  manual_seed(in.book ? 123 : in.seed);
+  Generator& gen = default_generator();
+  const Tensor wq = gen.randn({in.d_in, H * D}), wk = gen.randn({in.d_in, H_kv * D}), wv = gen.randn({in.d_in, H_kv * D});
+  const Tensor q = matmul(in.x, wq), k = matmul(in.x, wk), v = matmul(in.x, wv);
+  out << "W_q (" << in.d_in << " × " << H * D << "), W_k and W_v (" << in.d_in << " × " << H_kv * D << "), drawn with randn after "
+      << "torch.manual_seed(" << (in.book ? 123 : in.seed) << "): head_dim " << D << ",\n"
+      << H << " query heads but only " << H_kv << " key/value heads. Query heads 1 and 2 read K/V head 1, heads 3 and 4 "
+      << "read K/V head 2\n(head h reads K/V head ⌊h·" << H_kv << "/" << H << "⌋: repeat_kv, without copying).\n\n";
+  std::vector<std::string> kv_cols;
+  for (int64_t g = 0; g < H_kv; ++g)
+    for (int64_t d = 0; d < D; ++d) kv_cols.push_back("g" + std::to_string(g + 1) + "." + std::to_string(d + 1));
+  out << viz::matrix("K = X·W_k   (the cached keys: 2 heads of 2)", k, in.tokens, kv_cols, style);
+  out << "\n" << viz::matrix("V = X·W_v   (the cached values)", v, in.tokens, kv_cols, style);
+  AttentionConfig config;
+  config.num_heads = H;
+  config.num_kv_heads = H_kv;
+  config.causal = true;
+  Tensor lse;
+  config.lse = &lse;
+  const Tensor q3 = reshape(q, {1, T, H * D}), k3 = reshape(k, {1, T, H_kv * D});
+  const Tensor context = scaled_dot_product_attention(q3, k3, reshape(v, {1, T, H_kv * D}), config);
+  std::vector<viz::HeatmapPanel> panels;
+  for (int64_t h = 0; h < H; ++h) {
+    const Tensor w = attention_weights(q3, k3, lse, config, 0, h);
+    out << "\n" << viz::heatmap("head " + std::to_string(h + 1) + " (K/V head " + std::to_string(h * H_kv / H + 1) + ")", w,
+                                in.tokens, style);
+    panels.push_back({"head " + std::to_string(h + 1) + " · K/V " + std::to_string(h * H_kv / H + 1), w, viz::causal_cells()});
+  }
+  out << "\n" << viz::matrix("context (4 heads of 2, concatenated)", reshape(context, {T, H * D}), in.tokens,
+                             dims("c", H * D), style);
+  out << "\nThe cache per token and layer: multi-head attention would keep 2 · " << H << " · " << D << " = " << 2 * H * D
+      << " values, grouped-query keeps 2 · " << H_kv << " · " << D << " = " << 2 * H_kv * D << ".\n"
+      << "At Llama-3-8B's scale (32 heads on 8 K/V heads of 128, 32 layers, 32,768 tokens, bf16) `qkv memory` prints "
+         "the book's\n17.18 GB for MHA against 4.29 GB for GQA.\n";
+  if (pictures.on()) {
+    viz::save_heatmap_grid(pictures.picture("09-gqa-heads"), "Grouped-query attention: 4 heads on 2 K/V heads", panels, 2,
+                           in.tokens, pictures.vmax(false), pictures.options());
+    out << "  [picture: " << pictures.picture("09-gqa-heads") << "]\n";
+  }
+}
+
+// Sliding-window attention (Mistral, Gemma, gpt-oss): each query sees only its last W keys, so a layer's cache holds W
+// tokens whatever the context. The causal attention of section 4 with a window of 3.
+void section_swa(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "10. Sliding-window attention — each token sees only its last 3");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size()), W = 3;
+  manual_seed(in.book ? 789 : in.seed);
+  nn::SelfAttentionV2 attention(in.d_in, in.d_out);
+  const nn::AttentionTrace t = attention.trace(in.x);
+  const Tensor q = reshape(t.queries, {1, T, in.d_out}), k = reshape(t.keys, {1, T, in.d_out});
+  const Tensor v = reshape(t.values, {1, T, in.d_out});
+  auto weights_of = [&](int64_t window) {
+    AttentionConfig config;
+    config.num_heads = 1;
+    config.causal = true;
+    config.window = window;
+    Tensor lse;
+    config.lse = &lse;
+    const Tensor context = scaled_dot_product_attention(q, k, v, config);
+    return std::pair{attention_weights(q, k, lse, config, 0, 0), reshape(context, {T, in.d_out})};
+  };
+  const auto [causal, causal_context] = weights_of(0);
+  const auto [windowed, windowed_context] = weights_of(W);
+  out << "SelfAttention_v2 (seed " << (in.book ? 789 : in.seed) << ") as in section 4. Causal: query i sees keys 1 … i. "
+      << "With a window of " << W << ": keys i − " << W - 1 << " … i,\nand the weight the older keys had goes to the "
+      << W << " that remain (each row still sums to 1):\n\n";
+  out << viz::matrix("A, causal", causal, in.tokens, in.tokens, style, true);
+  out << "\n" << viz::matrix("A, causal with a window of 3", windowed, in.tokens, in.tokens, style, true);
+  out << "\n" << viz::matrix("context, window of 3", windowed_context, in.tokens, dims("c", in.d_out), style);
+  out << "\nA layer's cache holds at most " << W << " tokens' keys and values instead of all " << T << ": the saving "
+      << "grows with the context.\nGemma 3 slides on 5 layers of 6 (window 1,024); at the book's SWA settings `qkv "
+         "memory` prints 3.14 GB for\nMHA+SWA and 0.78 GB for GQA+SWA against 17.18 GB for plain MHA.\n";
+  pictures.heatmap(out, "10-swa-causal", "Causal attention", causal, in.tokens, false, viz::causal_cells());
+  pictures.heatmap(out, "10-swa-window3", "Sliding window of 3", windowed, in.tokens, false, viz::causal_cells(W));
+}
+
+// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): keys and values are rebuilt per head from a small latent
+// the cache keeps; the query can be multiplied into the latent space instead (absorption), so decoding never rebuilds
+// K. Without the decoupled RoPE key here (it adds dr shared values a token), to keep the numbers few.
+void section_mla(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "11. Multi-head latent attention — cache a 2-value latent, not 2 heads' keys and values");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size()), H = 2, D = 2, R = 2;
+  manual_seed(in.book ? 123 : in.seed);
+  Generator& gen = default_generator();
+  const Tensor wq = gen.randn({in.d_in, H * D}), w_down = gen.randn({in.d_in, R});
+  const Tensor w_uk = gen.randn({R, H * D}), w_uv = gen.randn({R, H * D});
+  const Tensor q = matmul(in.x, wq), latent = matmul(in.x, w_down);
+  const Tensor keys = matmul(latent, w_uk), values = matmul(latent, w_uv);
+  out << "W_q (" << in.d_in << " × " << H * D << "), the down-projection W_dkv (" << in.d_in << " × " << R
+      << ") and the up-projections W_uk, W_uv (" << R << " × " << H * D << "),\ndrawn with randn after torch.manual_seed("
+      << (in.book ? 123 : in.seed) << "). Each token's cache entry is its latent c = x·W_dkv:\n\n";
+  out << viz::matrix("c = X·W_dkv   (the cache: " + std::to_string(R) + " values a token)", latent, in.tokens, dims("r", R), style);
+  out << "\n" << viz::matrix("K = c·W_uk   (rebuilt: 2 heads of 2)", keys, in.tokens, dims("k", H * D), style);
+  out << "\n" << viz::matrix("V = c·W_uv   (rebuilt)", values, in.tokens, dims("v", H * D), style);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<viz::HeatmapPanel> panels;
+  Tensor context = Tensor::empty({T, H * D});
+  float largest = 0.0f;
+  for (int64_t h = 0; h < H; ++h) {
+    const Tensor qh = narrow(q, h * D, D), kh = narrow(keys, h * D, D), vh = narrow(values, h * D, D);
+    const Tensor uk_h = narrow(w_uk, h * D, D);  // (R, D): head h's columns of W_uk
+    const Tensor expanded = matmul(qh, transpose(kh, -2, -1));
+    const Tensor absorbed_q = matmul(qh, transpose(uk_h, -2, -1));  // q_h·W_uk,hᵀ: the query in latent space (T × R)
+    const Tensor absorbed = matmul(absorbed_q, transpose(latent, -2, -1));
+    for (int64_t i = 0; i < T * T; ++i) largest = std::max(largest, std::fabs(expanded.data()[i] - absorbed.data()[i]));
+    Tensor scores = mul(expanded, scale);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = i + 1; j < T; ++j) scores.data()[i * T + j] = -INFINITY;
+    const Tensor a = softmax(scores);
+    const Tensor ch = matmul(a, vh);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t d = 0; d < D; ++d) context.data()[i * H * D + h * D + d] = ch.data()[i * D + d];
+    if (h == 0) {
+      out << "\nHead 1's scores two ways: q·kᵀ with K rebuilt, and (q·W_ukᵀ)·cᵀ — the query carried into the latent "
+             "space,\nso decoding reads the cache as it is:\n\n";
+      out << viz::matrix("q₁·k₁ᵀ (expanded)", expanded, in.tokens, in.tokens, style);
+      out << "\n" << viz::matrix("(q₁·W_uk,₁ᵀ)·cᵀ (absorbed)", absorbed, in.tokens, in.tokens, style);
+    }
+    panels.push_back({"head " + std::to_string(h + 1), a, viz::causal_cells()});
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "\nThe two agree to %.1e (float32 rounding): the same attention, from the latent alone.\n",
+                static_cast<double>(largest));
+  out << line;
+  out << "\n" << viz::matrix("context (2 heads of 2)", context, in.tokens, dims("c", H * D), style);
+  out << "\nThe cache per token and layer: " << R << " latent values against 2 · " << H << " · " << D << " = " << 2 * H * D
+      << " for multi-head attention.\nAt the book's MLA settings (latent 1,024, 24 heads, 48 layers, 8,192 tokens) `qkv "
+         "memory` prints 0.81 GB against 3.25 GB.\n";
+  if (pictures.on()) {
+    viz::save_heatmap_grid(pictures.picture("11-mla-heads"), "Latent attention: both heads, from the latent cache", panels,
+                           2, in.tokens, pictures.vmax(false), pictures.options());
+    out << "  [picture: " << pictures.picture("11-mla-heads") << "]\n";
+  }
+}
+
+// Gated DeltaNet (Qwen3-Next, Qwen3.5, Kimi Linear): no attention matrix at all — a (Dk × Dv) state, decayed by
+// e^g and corrected by the delta rule at each token, is read by the query. Its size is fixed, whatever the context.
+void section_deltanet(std::ostream& out, const Input& in, const DemoOptions& options, Pictures& pictures) {
+  heading(out, "12. Gated DeltaNet — a fixed-size state instead of a growing cache");
+  const viz::Style style{4, options.color};
+  const int64_t T = static_cast<int64_t>(in.tokens.size()), Dk = 2, Dv = 2;
+  manual_seed(in.book ? 123 : in.seed);
+  Generator& gen = default_generator();
+  const Tensor wq = gen.randn({in.d_in, Dk}), wk = gen.randn({in.d_in, Dk}), wv = gen.randn({in.d_in, Dv});
+  const Tensor wa = gen.randn({in.d_in, 1}), wb = gen.randn({in.d_in, 1});
+  auto l2 = [&](const Tensor& m) {  // each row divided by its length (Qwen3-Next's l2norm of q and k)
+    Tensor r = Tensor::empty(m.shape());
+    for (int64_t i = 0; i < m.size(0); ++i) {
+      double n = 1e-12;
+      for (int64_t d = 0; d < m.size(1); ++d) n += static_cast<double>(m.data()[i * m.size(1) + d]) * m.data()[i * m.size(1) + d];
+      for (int64_t d = 0; d < m.size(1); ++d) r.data()[i * m.size(1) + d] = static_cast<float>(m.data()[i * m.size(1) + d] / std::sqrt(n));
+    }
+    return r;
+  };
+  const Tensor q = mul(l2(matmul(in.x, wq)), 1.0f / std::sqrt(static_cast<float>(Dk))), k = l2(matmul(in.x, wk));
+  const Tensor v = matmul(in.x, wv);
+  Tensor g = matmul(in.x, wa), beta = matmul(in.x, wb);
+  for (float& a : g.values()) a = -std::log1p(std::exp(a));  // g = −softplus(a): a decay e^g in (0, 1)
+  for (float& b : beta.values()) b = 1.0f / (1.0f + std::exp(-b));  // β = σ(b): how much of the error to write
+  out << "q and k are X·W_q and X·W_k divided by their length (q also by √Dk), v = X·W_v; per token a decay e^g\n"
+         "(g = −softplus(x·w_a), the simplest of Qwen3-Next's −exp(A_log)·softplus(a + dt_bias))"
+         " and a write strength β = σ(x·w_b),\nall drawn with randn after torch.manual_seed(" << (in.book ? 123 : in.seed)
+      << "). Token by token:\n    S ← e^g·S;   S ← S + k·(β·(v − Sᵀk))ᵀ;   o = Sᵀq\n"
+         "The write replaces what S recalls for k by v (the delta rule), as much as β says.\n";
+  std::vector<float> S(static_cast<size_t>(Dk * Dv), 0.0f);
+  Tensor o = Tensor::empty({T, Dv});
+  viz::HeatmapStyle frame_style;
+  frame_style.title = "Gated DeltaNet's state |S| (Dk × Dv)";
+  frame_style.row_labels = dims("k", Dk);
+  frame_style.col_labels = dims("v", Dv);
+  frame_style.row_axis = "key dimension";
+  frame_style.col_axis = "value dimension";
+  viz::HeatmapAnimation animation(frame_style);
+  for (int64_t t = 0; t < T; ++t) {
+    const float decay = std::exp(g.data()[t]), b = beta.data()[t];
+    for (float& s : S) s *= decay;
+    for (int64_t j = 0; j < Dv; ++j) {
+      float recalled = 0.0f;  // (Sᵀk)_j
+      for (int64_t i = 0; i < Dk; ++i) recalled += S[static_cast<size_t>(i * Dv + j)] * k.data()[t * Dk + i];
+      const float error = b * (v.data()[t * Dv + j] - recalled);
+      for (int64_t i = 0; i < Dk; ++i) S[static_cast<size_t>(i * Dv + j)] += k.data()[t * Dk + i] * error;
+    }
+    for (int64_t j = 0; j < Dv; ++j) {
+      float read = 0.0f;
+      for (int64_t i = 0; i < Dk; ++i) read += S[static_cast<size_t>(i * Dv + j)] * q.data()[t * Dk + i];
+      o.data()[t * Dv + j] = read;
+    }
+    const Tensor state = Tensor::from(std::span<const float>(S), {Dk, Dv});
+    char title[120];
+    std::snprintf(title, sizeof title, "S after '%s' (e^g = %.3f, β = %.3f)", in.tokens[static_cast<size_t>(t)].c_str(),
+                  static_cast<double>(decay), static_cast<double>(b));
+    out << "\n" << viz::matrix(title, state, dims("k", Dk), dims("v", Dv), style);
+    Tensor magnitude = Tensor::empty({Dk, Dv});
+    for (int64_t i = 0; i < Dk * Dv; ++i) magnitude.data()[i] = std::fabs(S[static_cast<size_t>(i)]);
+    animation.add_frame(magnitude, "after '" + in.tokens[static_cast<size_t>(t)] + "'");
+  }
+  // the same through the kernel (qkv's gated_delta_rule, the recurrent form)
+  const Tensor kernel = gated_delta_rule(reshape(q, {1, T, 1, Dk}), reshape(k, {1, T, 1, Dk}), reshape(v, {1, T, 1, Dv}),
+                                         reshape(g, {1, T, 1}), reshape(beta, {1, T, 1}));
+  float largest = 0.0f;
+  for (int64_t i = 0; i < T * Dv; ++i) largest = std::max(largest, std::fabs(kernel.data()[i] - o.data()[i]));
+  out << "\n" << viz::matrix("o = Sᵀq per token", o, in.tokens, dims("o", Dv), style);
+  char line[200];
+  std::snprintf(line, sizeof line, "qkv's gated_delta_rule kernel gives the same outputs to %.1e.\n", static_cast<double>(largest));
+  out << line
+      << "The state is " << Dk << " × " << Dv << " = " << Dk * Dv << " values after any number of tokens; attention's cache "
+      << "would hold 2 · " << Dk << " = " << 2 * Dk << " values per token,\n" << 2 * Dk * T << " here and growing. "
+         "Qwen3-Next puts three such layers before each attention layer.\n";
+  if (pictures.on()) {
+    const std::string gif = pictures.path("12-deltanet-state.gif");
+    animation.save_gif(gif, 80);
+    out << "  [animation: " << gif << "]\n";
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& demo_sections() {
-  static const std::vector<std::string> sections = {"v1", "v2", "train", "causal", "dropout", "mha", "sinks", "moe"};
+  static const std::vector<std::string> sections = {"v1",  "v2",   "train", "causal", "dropout", "mha",
+                                                      "sinks", "moe", "gqa", "swa", "mla", "deltanet"};
   return sections;
 }
 
@@ -677,12 +902,16 @@ int run_demo(const DemoOptions& options, std::ostream& out) {
   if (chosen.count("mha")) section_mha(out, input, options, pictures);
   if (chosen.count("sinks")) section_sinks(out, input, options, pictures);
   if (chosen.count("moe")) section_moe(out, input, options, pictures);
+  if (chosen.count("gqa")) section_gqa(out, input, options, pictures);
+  if (chosen.count("swa")) section_swa(out, input, options, pictures);
+  if (chosen.count("mla")) section_mla(out, input, options, pictures);
+  if (chosen.count("deltanet")) section_deltanet(out, input, options, pictures);
   return 0;
 }
 
 Runner setup_demo(CLI::App& cmd, CommandContext&) {
   auto o = std::make_shared<DemoOptions>();
-  cmd.add_option("--section", o->sections, "Show only these sections (repeatable): v1, v2, train, causal, dropout, mha")
+  cmd.add_option("--section", o->sections, "Show only these sections (repeatable): v1, v2, train, causal, dropout, mha, sinks, moe, gqa, swa, mla, deltanet")
       ->check(one_of(demo_sections()));
   auto force_color = std::make_shared<bool>(false), no_color = std::make_shared<bool>(false);
   auto* color_flag = cmd.add_flag("--color", *force_color, "Colour the attention grids (default: on a terminal, unless "
