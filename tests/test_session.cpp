@@ -185,6 +185,31 @@ INSTANTIATE_TEST_SUITE_P(HuggingFace, SessionFamily,
                                            "smollm3", "gemma2", "qwen3_moe", "deepseek_v3", "gpt_oss"),
                          [](const auto& info) { return info.param; });
 
+// Latent attention in a session caches each token's latent and rotated key only (kv_lora_rank + qk_rope_head_dim
+// values a layer, no values kind): deepseek_v3's fixture, 16 + 4 per layer, against 4 heads × (8 + 4) keys and 6
+// values expanded; its tokens stay PyTorch's (SessionFamily above).
+TEST(Session, LatentAttentionCachesTheLatentAlone) {
+  const auto model = nn::load_hf_decoder(fixture("hf/deepseek_v3"));
+  model->eval();
+  nn::SessionOptions o;
+  o.block_size = 4;
+  nn::Session session(*model, o);
+  EXPECT_TRUE(session.cache().keys_only());
+  EXPECT_EQ(session.cache().width(), 16 + 4);
+  EXPECT_EQ(session.cache().bytes_per_block(), 3 * 4 * 20 * 4);  // layers × positions × width × float32
+  const int64_t seq = session.open();
+  nn::Batch batch;
+  for (int64_t t = 0; t < 6; ++t) batch.add(1 + t, t, seq, t == 5);
+  const Tensor logits = session.decode(batch);
+  Tensor full;
+  {
+    NoGradGuard no_grad;
+    full = model->forward(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, 1, 6);
+  }
+  const int64_t V = model->vocab_size();
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(logits.data()[v], full.data()[5 * V + v], 1e-4) << v;
+}
+
 TEST(Session, TheBooksGptBatchedEqualsAlone) {
   Generator gen(123);
   nn::Decoder model(nn::GPTConfig{.vocab_size = 61, .context_length = 48, .emb_dim = 24, .n_heads = 3, .n_layers = 2,

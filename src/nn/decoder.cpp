@@ -999,8 +999,21 @@ float Decoder::latent_scale() const {
 }
 
 int64_t Decoder::block_cache_width() const {
-  if (!config.latent()) return config.kv_width();
-  return config.num_heads * std::max(config.qk_nope_head_dim + config.head_dim, config.v_head_dim);
+  return config.latent() ? config.kv_lora_rank + config.head_dim : config.kv_width();
+}
+
+Tensor Decoder::latent_up(size_t i) const {
+  const DecoderBlock& b = blocks[i];
+  const int64_t H = config.num_heads, R = config.kv_lora_rank, rows = H * (config.qk_nope_head_dim + config.v_head_dim);
+  Tensor w = b[Role::LatentB];
+  if (w.dtype() != DType::F32) {  // bf16 or a block format: float32 for the per-head products
+    Tensor wide = Tensor::empty(w.shape());
+    wide.copy_(w);
+    w = wide;
+  }
+  const LoraWeights& lora = b.adapter(Role::LatentB);
+  if (lora.defined()) w = add(w, mul(matmul(lora.b, lora.a), lora.scale));  // W + scale·B·A, merged for this call
+  return reshape(w, {H, rows / H, R});
 }
 
 Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const {
@@ -1480,9 +1493,9 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
 Tensor Decoder::attend_latent_blocks(size_t i, const Tensor& x, const BatchStep& step) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
-  const int64_t N = x.size(1), H = config.num_heads;
-  const int64_t dn = config.qk_nope_head_dim, dr = config.head_dim, dv = config.v_head_dim, dq = dn + dr;
-  const int64_t D = block_cache_width() / H;
+  const int64_t N = x.size(1), H = config.num_heads, R = config.kv_lora_rank;
+  const int64_t dn = config.qk_nope_head_dim, dr = config.head_dim, dv = config.v_head_dim, dq = dn + dr, W = R + dr;
+  const auto layer_index = static_cast<int64_t>(i);
   const Tensor none;
   const LatentProjections p = latent_projections(i, x);
   Tensor q_pe = Tensor::empty({1, N, H * dr}), k_pe = p.k_pe;
@@ -1496,23 +1509,48 @@ Tensor Decoder::attend_latent_blocks(size_t i, const Tensor& x, const BatchStep&
       rope_rows_(q_pe, *table, config.rope_layout, H, dr, run.row0, run.rows, positions);
       rope_rows_(k_pe, *table, config.rope_layout, 1, dr, run.row0, run.rows, positions);
     }
-  const Tensor kv = linear_with_lora(p.latent, b[Role::LatentB], none, b.adapter(Role::LatentB));  // (1, N, H·(dn + dv))
-  Tensor queries = Tensor::zeros({1, N, H * D}), keys = Tensor::zeros({1, N, H * D}), values = Tensor::zeros({1, N, H * D});
+  // The absorbed queries: each head's q_nope through its W_UK (q̃ = W_UK_hᵀ q_nope_h, R values), then its q_pe: one
+  // "head" of W = R + dr over the cached [latent | k_pe] rows, which serve as keys and values alike
+  const Tensor w = latent_up(i);  // (H, dn + dv, R)
+  Tensor q_nope = Tensor::zeros({H, N, dn + dv});  // q_nope by head, padded with dv zeros (the value rows meet zeros)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h) std::copy_n(p.q.data() + (n * H + h) * dq, dn, q_nope.data() + (h * N + n) * (dn + dv));
+  const Tensor q_latent = matmul(q_nope, w);  // (H, N, R)
+  Tensor queries = Tensor::empty({1, N, H * W});
   for (int64_t n = 0; n < N; ++n)
     for (int64_t h = 0; h < H; ++h) {
-      const float* kv_h = kv.data() + (n * H + h) * (dn + dv);
-      float* qo = queries.data() + (n * H + h) * D;
-      float* ko = keys.data() + (n * H + h) * D;
-      std::copy_n(p.q.data() + (n * H + h) * dq, dn, qo);
-      std::copy_n(q_pe.data() + (n * H + h) * dr, dr, qo + dn);
-      std::copy_n(kv_h, dn, ko);
-      std::copy_n(k_pe.data() + n * dr, dr, ko + dn);
-      std::copy_n(kv_h + dn, dv, values.data() + (n * H + h) * D);
+      std::copy_n(q_latent.data() + (h * N + n) * R, R, queries.data() + (n * H + h) * W);
+      std::copy_n(q_pe.data() + (n * H + h) * dr, dr, queries.data() + (n * H + h) * W + R);
     }
-  const Tensor context = attend_blocks(i, queries, keys, values, step);  // (1, N, H·D)
+  AttentionConfig attention;
+  attention.num_heads = H;
+  attention.num_kv_heads = 1;
+  attention.causal = true;
+  attention.scale = latent_scale();
+  Tensor context = Tensor::empty({1, N, H * W});
+  std::vector<float> row(static_cast<size_t>(W)), rows;
+  for (const BatchPlan::Run& run : step.plan.runs) {
+    for (int64_t r = 0; r < run.rows; ++r) {
+      const int64_t n = run.row0 + r;
+      std::copy_n(p.latent.data() + n * R, R, row.data());
+      std::copy_n(k_pe.data() + n * dr, dr, row.data() + R);
+      step.cache.write(layer_index, run.sequence, run.start + r, row.data(), nullptr);
+    }
+    const int64_t end = run.start + run.rows;
+    rows.resize(static_cast<size_t>(end * W));
+    step.cache.gather(layer_index, run.sequence, 0, end, rows.data(), nullptr);
+    attend_rows(queries, run.row0, run.rows, rows.data(), rows.data(), end, attention, context);
+  }
+  // o_h = W_UV_h õ_h, õ_h the first R values of head h's output: (H, dn + dv, R) · õ (H, R, N), the value rows kept
+  Tensor o_latent = Tensor::empty({H, R, N});
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < R; ++r) o_latent.data()[(h * R + r) * N + n] = context.data()[(n * H + h) * W + r];
+  const Tensor expanded = matmul(w, o_latent);  // (H, dn + dv, N)
   Tensor out = Tensor::empty({1, N, H * dv});
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t h = 0; h < H; ++h) std::copy_n(context.data() + (n * H + h) * D, dv, out.data() + (n * H + h) * dv);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < dv; ++d) out.data()[(n * H + h) * dv + d] = expanded.data()[(h * (dn + dv) + dn + d) * N + n];
   return linear_with_lora(out, b[Role::Output], none, b.adapter(Role::Output));
 }
 

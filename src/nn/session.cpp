@@ -16,8 +16,10 @@ namespace qkv::nn {
 
 // ---- the block cache ----
 
-KVBlockCache::KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks, kernels::WeightType type)
-    : layers_(layers), width_(width), block_size_(block_size), max_blocks_(max_blocks), type_(type) {
+KVBlockCache::KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks, kernels::WeightType type,
+                           bool keys_only)
+    : layers_(layers), width_(width), block_size_(block_size), max_blocks_(max_blocks), type_(type),
+      kinds_(keys_only ? 1 : 2) {
   using kernels::WeightType;
   if (layers <= 0 || width <= 0 || block_size <= 0 || max_blocks <= 0)
     throw ValueError("KV cache: layers, width, block size and block count must be positive");
@@ -152,21 +154,21 @@ void KVBlockCache::fork(int64_t src, int64_t dst, int64_t length) {
 }
 
 std::byte* KVBlockCache::slot(int32_t block, int64_t layer, int kv, int64_t pos) const {
-  return storage_[static_cast<size_t>(block)].get() + ((layer * 2 + kv) * block_size_ + pos % block_size_) * row_bytes_;
+  return storage_[static_cast<size_t>(block)].get() + ((layer * kinds_ + kv) * block_size_ + pos % block_size_) * row_bytes_;
 }
 
 void KVBlockCache::write(int64_t layer, int64_t seq, int64_t pos, const float* key, const float* value) {
   const int32_t block = sequences_.at(seq).blocks[static_cast<size_t>(pos / block_size_)];
   std::byte* k = slot(block, layer, 0, pos);
-  std::byte* v = slot(block, layer, 1, pos);
+  std::byte* v = kinds_ == 2 ? slot(block, layer, 1, pos) : nullptr;
   if (type_ == kernels::WeightType::F32) {
     std::memcpy(k, key, static_cast<size_t>(row_bytes_));
-    std::memcpy(v, value, static_cast<size_t>(row_bytes_));
+    if (v) std::memcpy(v, value, static_cast<size_t>(row_bytes_));
     return;
   }
   try {
     kernels::quantize_rows(type_, key, k, 1, width_);
-    kernels::quantize_rows(type_, value, v, 1, width_);
+    if (v) kernels::quantize_rows(type_, value, v, 1, width_);
   } catch (const std::invalid_argument& e) {
     throw ValueError(std::string("KV cache: ") + e.what());
   }
@@ -180,10 +182,10 @@ void KVBlockCache::gather(int64_t layer, int64_t seq, int64_t begin, int64_t end
     if (type_ == kernels::WeightType::F32) {
       const size_t bytes = static_cast<size_t>(n * row_bytes_);
       std::memcpy(keys + (p - begin) * width_, slot(block, layer, 0, p), bytes);
-      std::memcpy(values + (p - begin) * width_, slot(block, layer, 1, p), bytes);
+      if (values && kinds_ == 2) std::memcpy(values + (p - begin) * width_, slot(block, layer, 1, p), bytes);
     } else {
       kernels::dequantize_rows(type_, slot(block, layer, 0, p), keys + (p - begin) * width_, n, width_);
-      kernels::dequantize_rows(type_, slot(block, layer, 1, p), values + (p - begin) * width_, n, width_);
+      if (values && kinds_ == 2) kernels::dequantize_rows(type_, slot(block, layer, 1, p), values + (p - begin) * width_, n, width_);
     }
     p += n;
   }
@@ -205,7 +207,7 @@ int64_t cache_blocks(const Decoder& model, const SessionOptions& o) {
 Session::Session(const Decoder& model, const SessionOptions& options)
     : model_(model), options_(options),
       cache_(model.num_layers(), model.block_cache_width(), options.block_size, cache_blocks(model, options),
-             options.kv_type) {
+             options.kv_type, /*keys_only=*/model.config.latent()) {
   if (model.is_classifier())
     throw ValueError("session: the model is a classifier (" + std::to_string(model.config.num_labels) +
                      " classes), not a language model");

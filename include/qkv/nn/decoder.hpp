@@ -251,7 +251,7 @@ class Decoder : public LanguageModel {
   // blocks
   int64_t num_layers() const override { return config.num_layers; }
   // Values a session's block cache keeps per token, layer and kind (keys, values): kv_width(), or with latent
-  // attention every head's key and value padded to one width (sessions run its expanded form)
+  // attention the latent and the rotated key, kv_lora_rank + qk_rope_head_dim, as keys alone (sessions decode absorbed)
   int64_t block_cache_width() const;
   int64_t num_heads() const override { return config.num_heads; }
   // K/V heads (grouped-query attention: fewer than the query heads)
@@ -336,7 +336,7 @@ class Decoder : public LanguageModel {
   Tensor mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers = nullptr) const;
   // Multi-head latent attention for layer i (x normed), as attend() is for the others
   Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const;
-  // The same for a session's step: the expanded form, every head padded to block_cache_width() / H, over the blocks
+  // The same for a session's step, absorbed: each token caches its latent and rotated key (block_cache_width())
   Tensor attend_latent_blocks(size_t i, const Tensor& x, const BatchStep& step) const;
   struct LatentProjections {
     Tensor q;       // (B, T, H·(dn + dr)): each head's q_nope | q_pe, not rotated
@@ -345,6 +345,7 @@ class Decoder : public LanguageModel {
   };
   LatentProjections latent_projections(size_t i, const Tensor& x) const;
   float latent_scale() const;  // the softmax scale of latent attention
+  Tensor latent_up(size_t i) const;  // layer i's kv_b_proj as (H, dn + dv, R) float32, a LoRA update merged in
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records, std::vector<Tensor>* routers = nullptr) const;

@@ -52,9 +52,10 @@ class KVBlockCache {
  public:
   // For `layers` layers of `width` (H_kv·D) values per position, at most max_blocks blocks of block_size positions,
   // stored as `type`: F32, F16, BF16 (rounded to nearest even) or Q8_0 (ggml's blocks of 32 with a half scale; width
-  // must be a multiple of 32). ValueError for another type or a width Q8_0 cannot hold.
+  // must be a multiple of 32). ValueError for another type or a width Q8_0 cannot hold. keys_only: one row per
+  // position and layer, no values (latent attention caches its latent and rotated key as the "key", read as both).
   KVBlockCache(int64_t layers, int64_t width, int64_t block_size, int64_t max_blocks,
-               kernels::WeightType type = kernels::WeightType::F32);
+               kernels::WeightType type = kernels::WeightType::F32, bool keys_only = false);
 
   int64_t block_size() const { return block_size_; }  // positions per block
   int64_t max_blocks() const { return max_blocks_; }   // the most blocks it may hold
@@ -63,7 +64,9 @@ class KVBlockCache {
   int64_t blocks_allocated() const;                    // blocks whose memory is allocated (in use or kept for reuse)
   kernels::WeightType type() const { return type_; }  // how keys and values are stored
   // Bytes of one block: every layer's keys and values for block_size positions, in the cache's type
-  int64_t bytes_per_block() const { return layers_ * 2 * block_size_ * row_bytes_; }
+  int64_t bytes_per_block() const { return layers_ * kinds_ * block_size_ * row_bytes_; }
+  int64_t width() const { return width_; }              // values per position, layer and kind
+  bool keys_only() const { return kinds_ == 1; }       // no values kept (see the constructor)
   int64_t bytes_allocated() const { return blocks_allocated() * bytes_per_block(); }  // memory held now
   int64_t tokens_held() const;  // Σ over sequences of their lengths (shared prefixes counted once per sequence)
   // Blocks that taking `length` positions of sequence `seq` (which holds length(seq)) would add, counting the copy
@@ -85,9 +88,10 @@ class KVBlockCache {
   // and sets the length. ShapeError when the cache has too few free blocks (nothing is taken then).
   void grow(int64_t seq, int64_t length);
   // Stores layer `layer`'s key and value (`width` floats each) for position `pos` of seq (taken by grow), converted to
-  // the cache's type. ValueError for a value Q8_0 cannot hold (NaN, ±Inf).
+  // the cache's type. ValueError for a value Q8_0 cannot hold (NaN, ±Inf). value is ignored (may be null) when keys_only.
   void write(int64_t layer, int64_t seq, int64_t pos, const float* key, const float* value);
-  // Positions [begin, end) of layer `layer` of seq as floats ((end − begin) × width each), widened from the cache's type
+  // Positions [begin, end) of layer `layer` of seq as floats ((end − begin) × width each), widened from the cache's
+  // type; values may be null (not wanted, or keys_only)
   void gather(int64_t layer, int64_t seq, int64_t begin, int64_t end, float* keys, float* values) const;
 
  private:
@@ -102,6 +106,7 @@ class KVBlockCache {
   int64_t layers_, width_, block_size_, max_blocks_, in_use_ = 0;
   kernels::WeightType type_;
   int64_t row_bytes_;  // one position's key (or value) of one layer
+  int64_t kinds_ = 2;  // keys and values, or keys alone
   std::unordered_map<int64_t, Sequence> sequences_;
   std::vector<std::unique_ptr<std::byte[]>> storage_;  // by block id; null once trimmed
   std::vector<int32_t> refs_;                      // holders of each block
