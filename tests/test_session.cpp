@@ -23,6 +23,7 @@
 #include "qkv/nn/gpt.hpp"
 #include "qkv/nn/hf.hpp"
 #include "qkv/nn/sampler.hpp"
+#include "qkv/nn/lora.hpp"
 #include "qkv/nn/session.hpp"
 #include "qkv/text/stream.hpp"
 #include "qkv/text/tokenizer.hpp"
@@ -208,6 +209,31 @@ TEST(Session, LatentAttentionCachesTheLatentAlone) {
   }
   const int64_t V = model->vocab_size();
   for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(logits.data()[v], full.data()[5 * V + v], 1e-4) << v;
+  // A LoRA adapter on kv_b_proj (its B drawn non-zero) reaches the absorbed decode as it reaches the forward pass
+  Generator gen(7);
+  nn::LoraOptions lora;
+  lora.rank = 2;
+  lora.targets = {"model.layers.*.self_attn.kv_b_proj"};
+  ASSERT_FALSE(nn::add_lora(*model, lora, gen).empty());
+  for (auto& [name, t] : model->named_parameters())
+    if (name.find("kv_b_proj.lora_B") != std::string::npos) gen.normal_(t, 0.0, 0.5);
+  model->eval();
+  Tensor adapted;
+  {
+    NoGradGuard no_grad;
+    adapted = model->forward(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, 1, 6);
+  }
+  nn::Session again(*model, o);
+  const int64_t seq2 = again.open();
+  nn::Batch batch2;
+  for (int64_t t = 0; t < 6; ++t) batch2.add(1 + t, t, seq2, t == 5);
+  const Tensor adapted_logits = again.decode(batch2);
+  float moved = 0.0f;
+  for (int64_t v = 0; v < V; ++v) {
+    EXPECT_NEAR(adapted_logits.data()[v], adapted.data()[5 * V + v], 1e-4) << v;
+    moved = std::max(moved, std::fabs(adapted.data()[5 * V + v] - full.data()[5 * V + v]));
+  }
+  EXPECT_GT(moved, 1e-3f) << "the adapter changed nothing";
 }
 
 TEST(Session, TheBooksGptBatchedEqualsAlone) {
