@@ -354,6 +354,54 @@ TEST(DecoderCli, AttentionPicturesOfAFolder) {
   fs::remove_all(dir);
 }
 
+// qkv attention on gpt-oss's folder: each query's weight on its head's sink (1 − its row's sum, saved and drawn), and
+// a mixture of experts' routing per layer — each token's 2 weights summing to 1, as the model routed it.
+TEST(DecoderCli, AttentionShowsSinksAndExpertRouting) {
+  const fs::path dir = fs::temp_directory_path() / ("qkv_attention_gpt_oss_" + std::to_string(::getpid())), out = dir / "att";
+  fs::remove_all(dir);
+  fs::copy(folder("gpt_oss"), dir);
+  std::string vocab;
+  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
+  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i + 6);
+  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  const CliResult r = run_cli("attention --checkpoint " + dir.string() + " --prompt 'the cat' --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto saved = io::SafetensorsFile::open((out / "attention.safetensors").string());
+  const Tensor maps = saved.tensor("attention"), sinks = saved.tensor("sink_share"), routing = saved.tensor("routing");
+  const int64_t T = 7;
+  ASSERT_EQ(sinks.shape(), (Shape{2, 4, T}));
+  ASSERT_EQ(routing.shape(), (Shape{2, T, 4}));
+  EXPECT_EQ(saved.metadata().at("expert_layers"), "1,2");
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        double row = 0.0;
+        for (int64_t j = 0; j < T; ++j) row += maps.at({l, h, i, j});
+        EXPECT_NEAR(row + sinks.at({l, h, i}), 1.0, 1e-5);
+        EXPECT_GT(sinks.at({l, h, i}), 0.0f);  // the fixture's sinks are drawn from randn: every row gives some
+      }
+  // the routing the model computes: 2 experts a token, their softmax weights summing to 1
+  const auto model = nn::load_hf_decoder(dir.string());
+  const std::vector<int64_t> ids = saved.int64s("token_ids");  // "the cat" in the character vocabulary
+  EXPECT_EQ(ids, (std::vector<int64_t>{26, 14, 11, 6, 9, 7, 26}));
+  const nn::Decoder::Routing direct = model->expert_routing(ids);
+  ASSERT_EQ(direct.layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(direct.weights.to_vector(), routing.to_vector());
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t t = 0; t < T; ++t) {
+      int chosen = 0;
+      double total = 0.0;
+      for (int64_t e = 0; e < 4; ++e) {
+        chosen += routing.at({l, t, e}) > 0.0f;
+        total += routing.at({l, t, e});
+      }
+      EXPECT_EQ(chosen, 2);
+      EXPECT_NEAR(total, 1.0, 1e-6);
+    }
+  for (const char* file : {"sinks.png", "routing-layer01.png", "routing-layer02.png"}) EXPECT_TRUE(fs::exists(out / file)) << file;
+  fs::remove_all(dir);
+}
+
 // qkv train --resume DIR continues pretraining a folder: the loss falls, the trained folder loads and scores the text
 // better than the one it started from.
 TEST(DecoderCli, ContinuedPretrainingOfAFolder) {

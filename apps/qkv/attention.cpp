@@ -1,10 +1,12 @@
 // `qkv attention`: what a trained GPT attends to for a prompt — a layers × heads grid, a heatmap per head, the
 // weights as safetensors and an interactive HTML page, all from the fused path (weights recomputed per head).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "commands.hpp"
 #include "options.hpp"
+#include "qkv/nn/decoder.hpp"
 #include "qkv/text/tokenizer.hpp"
 #include "qkv/viz/report.hpp"
 
@@ -53,6 +55,22 @@ int run_attention(const AttentionCommand& options) {
   for (int64_t l : report.layers) report.windows.push_back(model.layer_window(l - 1));
   report.kv_group = model.num_heads() / std::max<int64_t>(model.num_kv_heads(), 1);
   for (int64_t h = 0; h < report.maps.size(1); ++h) report.heads.push_back(heads.empty() ? h + 1 : heads[static_cast<size_t>(h)] + 1);
+  if (const auto* decoder = dynamic_cast<const nn::Decoder*>(&model)) {
+    if (decoder->config.family->sinks) {  // what each row gave its head's sink: 1 − the row's weights
+      const int64_t L = report.maps.size(0), H = report.maps.size(1), T = report.maps.size(2);
+      report.sink_share = Tensor::empty({L, H, T});
+      for (int64_t row = 0; row < L * H * T; ++row) {
+        double total = 0.0;
+        for (int64_t j = 0; j < T; ++j) total += report.maps.data()[row * T + j];
+        report.sink_share.data()[row] = static_cast<float>(std::max(0.0, 1.0 - total));
+      }
+    }
+    const nn::Decoder::Routing routing = decoder->expert_routing(ids);
+    if (routing.weights.defined()) {
+      for (int64_t l : routing.layers) report.expert_layers.push_back(l + 1);
+      report.routing = routing.weights;
+    }
+  }
   const auto written = viz::write_attention_report(options.out_dir, report, options.per_head, options.pictures);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "qkv attention: %s, %s × %s → %s in %s (%.2f s)\n",

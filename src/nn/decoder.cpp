@@ -1200,6 +1200,11 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
     moe.experts_per_token = config.experts_per_token;
     moe.top_k_then_softmax = true;
     moe.swiglu_limit = static_cast<float>(config.swiglu_limit);
+    if (routing_) {
+      auto& [chosen, weights] = routing_->emplace_back();
+      moe.chosen = &chosen;
+      moe.weights = &weights;
+    }
     return mixture_of_experts(x, b[Role::Router], b[Role::RouterLogitBias], b[Role::StackedGateUp],
                               b[Role::StackedGateUpBias], b[Role::StackedDown], b[Role::StackedDownBias], moe);
   }
@@ -1214,6 +1219,11 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
     moe.groups = config.expert_groups;
     moe.groups_kept = config.expert_groups_kept;
     moe.scaling = static_cast<float>(config.routed_scaling_factor);
+    if (routing_) {
+      auto& [chosen, weights] = routing_->emplace_back();
+      moe.chosen = &chosen;
+      moe.weights = &weights;
+    }
     Tensor routed = mixture_of_experts(x, b[Role::Router], b.expert_gate, b.expert_up, b.expert_down, moe);
     if (!b[Role::SharedGate].defined()) return routed;
     // DeepSeek-V3's shared experts: one SwiGLU every token goes through, added to the routed experts' sum
@@ -1365,6 +1375,33 @@ Tensor Decoder::attention_row(std::span<const int64_t> ids, int64_t position) co
       const Tensor w = attention_weights(q, record.keys, lse, attention, 0, h);  // (1, T)
       std::copy_n(w.data(), T, out.data() + (static_cast<int64_t>(i) * H + h) * T);
     }
+  }
+  return out;
+}
+
+Decoder::Routing Decoder::expert_routing(std::span<const int64_t> ids) const {
+  Routing out;
+  for (int64_t i = 0; i < config.num_layers; ++i)
+    if (config.layers[static_cast<size_t>(i)].experts) out.layers.push_back(i);
+  const auto T = static_cast<int64_t>(ids.size()), E = config.num_experts, k = config.experts_per_token;
+  if (out.layers.empty() || T == 0) return out;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> collected;
+  routing_ = &collected;
+  try {
+    NoGradGuard no_grad;
+    forward(ids, 1, T);
+  } catch (...) {
+    routing_ = nullptr;
+    throw;
+  }
+  routing_ = nullptr;
+  const auto L = static_cast<int64_t>(out.layers.size());
+  if (static_cast<int64_t>(collected.size()) != L) throw ValueError("Decoder::expert_routing: a routed layer reported nothing");
+  out.weights = Tensor::zeros({L, T, E});
+  for (int64_t l = 0; l < L; ++l) {
+    const auto& [chosen, weights] = collected[static_cast<size_t>(l)];
+    for (int64_t slot = 0; slot < T * k && slot < static_cast<int64_t>(chosen.size()); ++slot)
+      out.weights.data()[(l * T + slot / k) * E + chosen[static_cast<size_t>(slot)]] = weights[static_cast<size_t>(slot)];
   }
   return out;
 }

@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <map>
 
 #include "qkv/core/error.hpp"
+#include "qkv/core/ops.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
 #include "qkv/viz/heatmap.hpp"
@@ -269,6 +271,48 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
     if (failure) std::rethrow_exception(failure);
     written.insert(written.end(), paths.begin(), paths.end());
   }
+  if (r.sink_share.defined()) {  // rows: layer and head; columns: the tokens; cells: the weight each row gave the sink
+    std::vector<std::string> rows;
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < H; ++h)
+        rows.push_back("L" + std::to_string(r.layers[static_cast<size_t>(l)]) + " H" + std::to_string(r.heads[static_cast<size_t>(h)]));
+    HeatmapStyle style;
+    style.title = "Each query's weight on its head's attention sink";
+    style.row_labels = rows;
+    style.col_labels = labels;
+    style.row_axis = "layer, head";
+    style.col_axis = "query token";
+    style.vmax = 1.0;
+    written.push_back(picture_path(dir + "/sinks", pictures));
+    save_heatmap(written.back(), reshape(r.sink_share, {L * H, static_cast<int64_t>(labels.size())}), style, pictures);
+  }
+  if (r.routing.defined()) {  // one picture per routed layer: tokens × experts (past 32 experts, the ones chosen)
+    const int64_t E = r.routing.size(2), T = r.routing.size(1);
+    for (int64_t l = 0; l < r.routing.size(0); ++l) {
+      const float* w = r.routing.data() + l * T * E;
+      std::vector<int64_t> shown;
+      for (int64_t e = 0; e < E; ++e) {
+        bool chosen = false;
+        for (int64_t t = 0; t < T && !chosen; ++t) chosen = w[t * E + e] > 0.0f;
+        if (E <= 32 || chosen) shown.push_back(e);
+      }
+      Tensor cells = Tensor::empty({T, static_cast<int64_t>(shown.size())});
+      HeatmapStyle style;
+      for (size_t c = 0; c < shown.size(); ++c) {
+        style.col_labels.push_back(std::to_string(shown[c]));
+        for (int64_t t = 0; t < T; ++t) cells.data()[t * static_cast<int64_t>(shown.size()) + static_cast<int64_t>(c)] = w[t * E + shown[c]];
+      }
+      style.title = "Layer " + std::to_string(r.expert_layers[static_cast<size_t>(l)]) + ": each token's routing weights";
+      if (static_cast<int64_t>(shown.size()) < E)
+        style.caption = "the " + std::to_string(shown.size()) + " of " + std::to_string(E) + " experts some token chose";
+      style.row_labels = labels;
+      style.row_axis = "token";
+      style.col_axis = "expert";
+      style.vmax = 1.0;
+      written.push_back(picture_path(dir + "/routing-layer" + two_digits(r.expert_layers[static_cast<size_t>(l)]), pictures));
+      save_heatmap(written.back(), cells, style, pictures);
+    }
+  }
   std::string tokens_json = "[";
   for (size_t i = 0; i < r.tokens.size(); ++i) tokens_json += (i ? "," : "") + json_string(r.tokens[i]);
   tokens_json += "]";
@@ -278,11 +322,20 @@ std::vector<std::string> write_attention_report(const std::string& dir, const At
   for (size_t i = 0; i < r.heads.size(); ++i) kv_text += (i ? "," : "") + std::to_string(kv_head(r, i));
   for (size_t i = 0; i < r.layers.size(); ++i) windows_text += (i ? "," : "") + std::to_string(window_of(r, i));
   written.push_back(dir + "/attention.safetensors");
-  io::save_safetensors(written.back(),
-                       {io::TensorData::from_tensor("attention", r.maps), io::TensorData::from_int64s("token_ids", r.token_ids)},
-                       {{"layers", layers_text}, {"heads", heads_text}, {"kv_heads", kv_text}, {"windows", windows_text},
-                        {"tokens", tokens_json}, {"title", r.title},
-                        {"layout", "attention[layer][head][query][key]; layers and heads are 1-based numbers"}});
+  std::vector<io::TensorData> tensors = {io::TensorData::from_tensor("attention", r.maps),
+                                         io::TensorData::from_int64s("token_ids", r.token_ids)};
+  std::map<std::string, std::string> metadata = {
+      {"layers", layers_text}, {"heads", heads_text}, {"kv_heads", kv_text}, {"windows", windows_text},
+      {"tokens", tokens_json}, {"title", r.title},
+      {"layout", "attention[layer][head][query][key]; layers and heads are 1-based numbers"}};
+  if (r.sink_share.defined()) tensors.push_back(io::TensorData::from_tensor("sink_share", r.sink_share));
+  if (r.routing.defined()) {
+    tensors.push_back(io::TensorData::from_tensor("routing", r.routing));
+    std::string routed;
+    for (int64_t l : r.expert_layers) routed += (routed.empty() ? "" : ",") + std::to_string(l);
+    metadata["expert_layers"] = routed;
+  }
+  io::save_safetensors(written.back(), tensors, metadata);
   written.push_back(dir + "/attention.html");
   const std::string page = html_page(r);
   io::write_file_atomically(written.back(), std::span<const std::byte>(reinterpret_cast<const std::byte*>(page.data()), page.size()));

@@ -225,6 +225,14 @@ class Decoder : public LanguageModel {
   // token (a decode step sees the same keys). One pass over ids[0…position] and one row of QKᵀ per head: the last
   // row of attention_maps without its T × T. ValueError for a position outside ids or for latent attention.
   Tensor attention_row(std::span<const int64_t> ids, int64_t position) const;
+  // Where a mixture-of-experts model sends each of ids' tokens: for every layer with experts (their 0-based numbers in
+  // `layers`), a (T, num_experts) matrix of each token's routing weights, 0 for the experts it did not choose. One
+  // forward pass; not for two threads on one model at once. Empty for a dense model.
+  struct Routing {
+    std::vector<int64_t> layers;  // the layers with experts, 0-based
+    Tensor weights;               // (layers, T, num_experts)
+  };
+  Routing expert_routing(std::span<const int64_t> ids) const;
   KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
   Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
   // One step of a session (session.hpp): the plan's rows, each at its own position, run through the blocks; each
@@ -346,6 +354,8 @@ class Decoder : public LanguageModel {
   LatentProjections latent_projections(size_t i, const Tensor& x) const;
   float latent_scale() const;  // the softmax scale of latent attention
   Tensor latent_up(size_t i) const;  // layer i's kv_b_proj as (H, dn + dv, R) float32, a LoRA update merged in
+  // While expert_routing runs: each routed layer's chosen experts and weights (N·k each), in layer order
+  mutable std::vector<std::pair<std::vector<int32_t>, std::vector<float>>>* routing_ = nullptr;
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records, std::vector<Tensor>* routers = nullptr) const;
