@@ -232,7 +232,7 @@ TEST(DecoderAttention, MapsShowTheWindowAndSumToOne) {
 // One query's row, as the chat page asks for it: the same numbers as that row of the full maps, for every layer and
 // head (windows, GQA, Gemma 2's soft-capped scores, Gemma 3's local and global layers), from a pass that never forms T × T.
 TEST(DecoderAttention, OneRowIsThatRowOfTheMaps) {
-  for (const char* name : {"qwen2", "gemma2", "gemma3"}) {
+  for (const char* name : {"qwen2", "gemma2", "gemma3", "deepseek_v3"}) {  // deepseek_v3: latent attention, expanded
     const auto model = nn::load_hf_decoder(folder(name));
     std::vector<int64_t> ids = {1, 5, 9, 3, 7, 2, 8, 4};
     const Tensor maps = model->attention_maps(ids, {}, {});

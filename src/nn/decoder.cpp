@@ -1016,7 +1016,8 @@ Tensor Decoder::latent_up(size_t i) const {
   return reshape(w, {H, rows / H, R});
 }
 
-Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const {
+Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
+                              AttentionStep::Record* record) const {
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, R = config.kv_lora_rank;
@@ -1113,8 +1114,16 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
       values = layer_cache.values;
       attention.kv_tokens = filled;
     }
+    Tensor lse;
+    if (record) attention.lse = &lse;
     const Tensor out = scaled_dot_product_attention(queries, keys, values, attention);  // (B, T, H·D)
     context = D == dv ? out : reshape(narrow(reshape(out, {B, T, H, D}), 0, dv), {B, T, H * dv});
+    if (record) {  // the expanded, padded heads: what recorded_attention recomputes the weights from
+      record->queries = queries.detach();
+      record->keys = keys.detach();
+      record->kv_tokens = keys.size(1);
+      record->lse = lse;
+    }
   }
   return linear_with_lora(context, b[Role::Output], none, b.adapter(Role::Output));
 }
@@ -1123,9 +1132,10 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
                        AttentionStep::Record* record, const BatchStep* step) const {
   if (config.latent()) {
     if (step) return attend_latent_blocks(i, x, *step);
-    if (record)
-      throw ValueError("Decoder: attention pictures of latent attention (" + config.family->name + ") are not drawn yet");
-    return attend_latent(i, x, position, extent, cache);
+    if (record && cache)
+      throw ValueError("Decoder: attention pictures of latent attention (" + config.family->name + ") come from a pass "
+                       "without a cache");
+    return attend_latent(i, x, position, extent, cache, record);
   }
   const DecoderBlock& b = blocks[i];
   const DecoderLayerSettings& layer = config.layers[i];
@@ -1339,6 +1349,8 @@ AttentionConfig recorded_attention(const DecoderConfig& config, int64_t layer, i
   attention.causal = true;
   attention.window = config.layers[static_cast<size_t>(layer)].window;
   attention.scale = static_cast<float>(config.attention_scale);
+  if (config.latent() && config.attention_scale <= 0.0)  // latent attention's heads are padded: Decoder::latent_scale
+    attention.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.qk_nope_head_dim + config.head_dim)));
   attention.softcap = static_cast<float>(config.attn_softcap);
   attention.kv_tokens = kv_tokens;
   return attention;

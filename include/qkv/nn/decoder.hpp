@@ -223,7 +223,7 @@ class Decoder : public LanguageModel {
   // What the token at `position` attended to: (L, H, position + 1), layer l's head h giving the softmax weights of
   // that query over positions 0…position (0 outside a sliding window), as the model computed them when it read that
   // token (a decode step sees the same keys). One pass over ids[0…position] and one row of QKᵀ per head: the last
-  // row of attention_maps without its T × T. ValueError for a position outside ids or for latent attention.
+  // row of attention_maps without its T × T. ValueError for a position outside ids.
   Tensor attention_row(std::span<const int64_t> ids, int64_t position) const;
   // Where a mixture-of-experts model sends each of ids' tokens: for every layer with experts (their 0-based numbers in
   // `layers`), a (T, num_experts) matrix of each token's routing weights, 0 for the experts it did not choose. One
@@ -343,7 +343,8 @@ class Decoder : public LanguageModel {
   Tensor attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const;
   Tensor mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers = nullptr) const;
   // Multi-head latent attention for layer i (x normed), as attend() is for the others
-  Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache) const;
+  Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
+                       AttentionStep::Record* record = nullptr) const;
   // The same for a session's step, absorbed: each token caches its latent and rotated key (block_cache_width())
   Tensor attend_latent_blocks(size_t i, const Tensor& x, const BatchStep& step) const;
   struct LatentProjections {
