@@ -527,6 +527,37 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
   }
 }
 
+// The folder quantized to a GGUF of `type` (its path, named after `stem`): llama.cpp's `architecture`, every parameter
+// of `model` (the folder's) counted.
+std::string exported(const fs::path& folder, GgufFileType type, const std::string& stem, const std::string& architecture,
+                     const nn::Decoder& model) {
+  const std::string path = out_path(stem + "-" + nn::gguf_file_type_name(type) + ".gguf");
+  nn::GgufExportOptions o;
+  o.type = type;
+  const nn::GgufExportReport report = nn::quantize_to_gguf(folder.string(), path, o);
+  EXPECT_EQ(report.architecture, architecture);
+  EXPECT_EQ(report.parameters, static_cast<uint64_t>(model.config.parameter_count()));
+  return path;
+}
+
+// llama.cpp's greedy run from a file qkv wrote, against qkv's model of it: each token qkv's own choice (exact) or, for
+// a quantized file (llama.cpp's activations are quantized too), within 2% of the logits' range of qkv's best.
+void expect_llamacpp_tokens(const nn::Decoder& model, const std::vector<int64_t>& ids, const LlamaCppRun& run, bool exact) {
+  ASSERT_EQ(run.status, 0) << run.out;
+  ASSERT_EQ(run.prompt, ids) << run.out;
+  ASSERT_FALSE(run.ids.empty()) << run.out;
+  std::vector<int64_t> seen = ids;
+  for (int64_t token : run.ids) {
+    const Tensor l = logits(model, seen);
+    const int64_t V = l.size(-1);
+    const float* last = l.data() + (static_cast<int64_t>(seen.size()) - 1) * V;
+    const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
+    if (exact) EXPECT_EQ(std::max_element(last, last + V) - last, token) << "step " << seen.size() - ids.size() << "\n" << run.out;
+    else EXPECT_GE(last[token], top - 0.02f * (top - bottom)) << "step " << seen.size() - ids.size();
+    seen.push_back(token);
+  }
+}
+
 // Qwen3-MoE as llama.cpp's qwen3moe: each layer's experts stacked in one 3-D tensor per projection (ffn_gate_exps,
 // ffn_up_exps, ffn_down_exps: experts × rows × cols), the router as ffn_gate_inp, the expert keys in the metadata. The
 // float32 file gives the folder's logits bit for bit, q8_0 the --weights q8_0 path's, and llama.cpp loads both and
@@ -538,14 +569,8 @@ TEST(GgufExport, MixtureOfExpertsStacksItsExpertsAsLlamaCppDoes) {
   std::string missing;
   const std::string modules = llamacpp_modules(&missing);
   for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
-    const std::string name = nn::gguf_file_type_name(type);
-    SCOPED_TRACE(name);
-    const std::string path = out_path("moe-" + name + ".gguf");
-    nn::GgufExportOptions o;
-    o.type = type;
-    const nn::GgufExportReport report = nn::quantize_to_gguf(folder.string(), path, o);
-    EXPECT_EQ(report.architecture, "qwen3moe");
-    EXPECT_EQ(report.parameters, static_cast<uint64_t>(source->model->config.parameter_count()));
+    SCOPED_TRACE(nn::gguf_file_type_name(type));
+    const std::string path = exported(folder, type, "moe", "qwen3moe", *source->model);
     const io::GgufFile file = io::GgufFile::open(path);
     EXPECT_EQ(file.integer("qwen3moe.expert_count"), 4);
     EXPECT_EQ(file.integer("qwen3moe.expert_used_count"), 2);
@@ -571,23 +596,7 @@ TEST(GgufExport, MixtureOfExpertsStacksItsExpertsAsLlamaCppDoes) {
     ref.refresh_fused_views();
     EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
     if (modules.empty()) continue;
-    const LlamaCppRun run = llamacpp_generate(modules, "moe", path, 12);
-    ASSERT_EQ(run.status, 0) << run.out;
-    ASSERT_EQ(run.prompt, ids) << run.out;
-    ASSERT_FALSE(run.ids.empty()) << run.out;
-    if (type == GgufFileType::F32) {
-      EXPECT_EQ(greedy(*gguf->model, ids, static_cast<int>(run.ids.size())), run.ids) << run.out;
-    } else {
-      std::vector<int64_t> seen = ids;
-      for (int64_t want : run.ids) {
-        const Tensor l = logits(*gguf->model, seen);
-        const int64_t V = l.size(-1);
-        const float* last = l.data() + (static_cast<int64_t>(seen.size()) - 1) * V;
-        const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
-        EXPECT_GE(last[want], top - 0.02f * (top - bottom)) << "step " << seen.size() - ids.size();
-        seen.push_back(want);
-      }
-    }
+    expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "moe", path, 12), type == GgufFileType::F32);
     fs::remove(path);
   }
   // qwen3_moe's own fixture has a dense layer (mlp_only_layers [1]): llama.cpp's graph has none, so it is refused
@@ -614,14 +623,8 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
   std::string missing;
   const std::string modules = llamacpp_modules(&missing);
   for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
-    const std::string name = nn::gguf_file_type_name(type);
-    SCOPED_TRACE(name);
-    const std::string path = out_path("oss-" + name + ".gguf");
-    nn::GgufExportOptions o;
-    o.type = type;
-    const nn::GgufExportReport report = nn::quantize_to_gguf(folder.string(), path, o);
-    EXPECT_EQ(report.architecture, "gpt-oss");
-    EXPECT_EQ(report.parameters, static_cast<uint64_t>(source->model->config.parameter_count()));
+    SCOPED_TRACE(nn::gguf_file_type_name(type));
+    const std::string path = exported(folder, type, "oss", "gpt-oss", *source->model);
     const io::GgufFile file = io::GgufFile::open(path);
     EXPECT_EQ(file.integer("gpt-oss.expert_count"), 4);
     EXPECT_EQ(file.integer("gpt-oss.expert_feed_forward_length"), 256);
@@ -663,20 +666,7 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
     ref.refresh_fused_views();
     EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
     if (modules.empty()) continue;
-    const LlamaCppRun run = llamacpp_generate(modules, "oss", path, 12);
-    ASSERT_EQ(run.status, 0) << run.out;
-    ASSERT_EQ(run.prompt, ids) << run.out;
-    ASSERT_FALSE(run.ids.empty()) << run.out;
-    std::vector<int64_t> seen = ids;  // each of llama.cpp's tokens is qkv's choice, or within 2% of it (Q8_0's rounding)
-    for (int64_t token : run.ids) {
-      const Tensor l = logits(*gguf->model, seen);
-      const int64_t V = l.size(-1);
-      const float* last = l.data() + (static_cast<int64_t>(seen.size()) - 1) * V;
-      const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
-      if (type == GgufFileType::F32) EXPECT_EQ(std::max_element(last, last + V) - last, token) << "step " << seen.size() - ids.size();
-      else EXPECT_GE(last[token], top - 0.02f * (top - bottom)) << "step " << seen.size() - ids.size();
-      seen.push_back(token);
-    }
+    expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "oss", path, 12), type == GgufFileType::F32);
     fs::remove(path);
   }
   if (modules.empty()) {

@@ -21,13 +21,14 @@ std::string read(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// config.json of the qwen3_moe fixture with one key's text replaced
-std::string edited(const std::string& from, const std::string& to) {
-  std::string c = read(fs::path(fixture("hf/qwen3_moe")) / "config.json");
+// config.json of a family's fixture with one key's text replaced
+std::string edited_in(const std::string& family, const std::string& from, const std::string& to) {
+  std::string c = read(fs::path(fixture("hf/" + family)) / "config.json");
   const size_t at = c.find(from);
-  if (at == std::string::npos) ADD_FAILURE() << from << " not in the fixture's config.json";
+  if (at == std::string::npos) ADD_FAILURE() << from << " not in " << family << "'s config.json";
   return at == std::string::npos ? c : c.replace(at, from.size(), to);
 }
+std::string edited(const std::string& from, const std::string& to) { return edited_in("qwen3_moe", from, to); }
 
 std::string refusal(const std::string& json) {
   try {
@@ -136,13 +137,7 @@ TEST(MoeFamily, AMissingExpertTensorIsListed) {
   fs::remove_all(dir);
 }
 
-// config.json of the gpt_oss fixture with one key's text replaced
-std::string edited_gpt_oss(const std::string& from, const std::string& to) {
-  std::string c = read(fs::path(fixture("hf/gpt_oss")) / "config.json");
-  const size_t at = c.find(from);
-  if (at == std::string::npos) ADD_FAILURE() << from << " not in the fixture's config.json";
-  return at == std::string::npos ? c : c.replace(at, from.size(), to);
-}
+std::string edited_gpt_oss(const std::string& from, const std::string& to) { return edited_in("gpt_oss", from, to); }
 
 TEST(GptOssFamily, ReadsItsKeysAndLayout) {
   const auto model = nn::load_hf_decoder(fixture("hf/gpt_oss"));
@@ -190,13 +185,7 @@ TEST(GptOssFamily, AMissingExpertTensorIsListed) {
             std::string::npos) << message;
 }
 
-// config.json of the deepseek_v3 fixture with one key's text replaced
-std::string edited_latent(const std::string& from, const std::string& to) {
-  std::string c = read(fs::path(fixture("hf/deepseek_v3")) / "config.json");
-  const size_t at = c.find(from);
-  if (at == std::string::npos) ADD_FAILURE() << from << " not in the fixture's config.json";
-  return at == std::string::npos ? c : c.replace(at, from.size(), to);
-}
+std::string edited_latent(const std::string& from, const std::string& to) { return edited_in("deepseek_v3", from, to); }
 
 TEST(LatentFamily, ReadsTheLatentAttentionAndTheRouter) {
   const auto model = nn::load_hf_decoder(fixture("hf/deepseek_v3"));

@@ -551,24 +551,20 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
     j["num_experts_per_tok"] = c.experts_per_token;
     j["intermediate_size"] = c.expert_intermediate_size;
     j["swiglu_limit"] = c.swiglu_limit;
-    if (c.router_aux_loss_coef != 0.0) {
-      j["output_router_logits"] = true;
-      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    }
   } else if (f.experts) {  // the experts, and the layers without them spelled out
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.experts_per_token;
     j["moe_intermediate_size"] = c.expert_intermediate_size;
     j["norm_topk_prob"] = c.norm_topk_prob;
-    if (c.router_aux_loss_coef != 0.0) {
-      j["output_router_logits"] = true;
-      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    }
     j["decoder_sparse_step"] = 1;
     std::vector<int64_t> dense;
     for (size_t i = 0; i < c.layers.size(); ++i)
       if (!c.layers[i].experts) dense.push_back(static_cast<int64_t>(i));
     j["mlp_only_layers"] = dense;
+  }
+  if (f.experts && !f.latent_attention && c.router_aux_loss_coef != 0.0) {  // the load-balancing loss, as read
+    j["output_router_logits"] = true;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
   }
   if (!fresh) return j.dump(2) + "\n";
   // A model made here: every setting its family reads, so that reading the file back gives this configuration.
