@@ -675,6 +675,45 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
   }
 }
 
+// The gpt-oss GGUFs people download keep their experts as MXFP4 (E8M0 scale, FP4 codes): llama.cpp's quantizer turns
+// qkv's float32 gpt-oss file into one (its MXFP4_MOE type), qkv reads it — the experts widened to float32 — and
+// llama.cpp's greedy tokens from that file are qkv's, within MXFP4's rounding (Q8_0 activations on llama.cpp's side).
+TEST(GgufExport, GptOssWithMxfp4ExpertsFromLlamaCppsQuantizer) {
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
+    GTEST_SKIP() << missing;
+  }
+  const fs::path& folder = folders().gpt_oss;
+  const auto source = nn::load_pretrained(folder.string());
+  const std::string f32 = exported(folder, GgufFileType::F32, "mxfp4-source", "gpt-oss", *source->model);
+  const std::string mxfp4 = out_path("mxfp4.gguf");
+  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
+  const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("quantize") + " " + script +
+                              " quantize " + f32 + " " + mxfp4 + " mxfp4_moe 1 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  const io::GgufFile file = io::GgufFile::open(mxfp4);
+  EXPECT_EQ(io::ggml_type_name(file.tensor("blk.0.ffn_gate_exps.weight").type), std::string("MXFP4"));
+  EXPECT_EQ(io::ggml_type_name(file.tensor("blk.1.ffn_down_exps.weight").type), std::string("MXFP4"));
+  // qkv's reading of every MXFP4 value: each expert row within one FP4 step (¼ of its block's largest power of 2)
+  const auto gguf = nn::load_pretrained(mxfp4);
+  const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
+  const float* exact = source->model->parameter(nn::Role::StackedDown, 1).data();
+  const float* read = gguf->model->parameter(nn::Role::StackedDown, 1).data();
+  float worst = 0.0f;
+  for (int64_t i = 0; i < 4 * 256 * 256; ++i) worst = std::max(worst, std::fabs(exact[i] - read[i]) / (std::fabs(exact[i]) + 0.25f));
+  EXPECT_LT(worst, 0.5f);
+  expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "mxfp4", mxfp4, 12), false);
+  fs::remove(f32);
+  fs::remove(mxfp4);
+}
+
 // llama.cpp's own quantizer (llama_model_quantize, llama-quantize's code) on qkv's float32 file chooses the same type
 // for every tensor as qkv quantize does for Q8_0, Q6_K and the Q4_K_M / Q5_K_M mixes, and writes the same bytes: both
 // run ggml's reference quantizers (no importance matrix). Skipped, or failed, as the test above.

@@ -31,6 +31,7 @@ static int ftype_of(const char* name) {
       {"q5_0", LLAMA_FTYPE_MOSTLY_Q5_0},   {"q5_1", LLAMA_FTYPE_MOSTLY_Q5_1},     {"q2_k", LLAMA_FTYPE_MOSTLY_Q2_K},
       {"q3_k_m", LLAMA_FTYPE_MOSTLY_Q3_K_M}, {"q4_k_s", LLAMA_FTYPE_MOSTLY_Q4_K_S}, {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
       {"q5_k_s", LLAMA_FTYPE_MOSTLY_Q5_K_S}, {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
+      {"mxfp4_moe", LLAMA_FTYPE_MOSTLY_MXFP4_MOE},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i)
     if (strcmp(table[i].name, name) == 0) return table[i].ftype;

@@ -58,10 +58,11 @@ struct Storage {
 Storage storage_of(const io::GgufFile& file, const io::GgufTensor& t) {
   const auto id = static_cast<uint32_t>(t.type);
   if (t.type == io::GgmlType::Q5_0) return {WeightType::Q8_0, true, false};
-  if (t.type == io::GgmlType::Q4_1 || t.type == io::GgmlType::Q5_1) return {WeightType::F32, false, true};
+  if (t.type == io::GgmlType::Q4_1 || t.type == io::GgmlType::Q5_1 || t.type == io::GgmlType::MXFP4)
+    return {WeightType::F32, false, true};
   if (const auto type = io::weight_type_from_ggml(id)) return {*type, false, false};
   fail(file, "tensor '" + t.name + "' is " + io::ggml_type_name(id) + "; qkv computes with F32, F16, BF16, Q8_0, Q4_0, "
-             "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (requantize the model with llama-quantize or qkv quantize)");
+             "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 (requantize the model with llama-quantize or qkv quantize)");
 }
 
 float half(const unsigned char* p) {
@@ -90,8 +91,30 @@ std::vector<unsigned char> q5_0_as_q8_0(const unsigned char* src, int64_t rows, 
   return out;
 }
 
-// ggml's Q4_1 (d, m, nibbles) and Q5_1 (d, m, fifth bits, nibbles): x = d·q + m, widened to float32.
+// ggml's MXFP4 (gpt-oss's experts): per 32 values one E8M0 scale byte e and 16 bytes of FP4 (E2M1) codes, value j
+// in byte j's low nibble and value j + 16 in its high one; x = kvalues[code]·2^(e − 128), kvalues the E2M1 values
+// doubled (ggml-common.h's kvalues_mxfp4, ggml_e8m0_to_fp32_half).
+void widen_mxfp4(const unsigned char* src, float* dst, int64_t count) {
+  static constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const unsigned char* in = src + b * 17;
+    const uint32_t e = in[0];
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    float d;
+    std::memcpy(&d, &bits, 4);
+    for (int j = 0; j < 16; ++j) {
+      dst[b * 32 + j] = static_cast<float>(kValues[in[1 + j] & 0x0f]) * d;
+      dst[b * 32 + j + 16] = static_cast<float>(kValues[in[1 + j] >> 4]) * d;
+    }
+  }
+}
+
+// ggml's Q4_1 (d, m, nibbles) and Q5_1 (d, m, fifth bits, nibbles): x = d·q + m, widened to float32; MXFP4 likewise.
 void widen_offset_blocks(io::GgmlType type, const unsigned char* src, float* dst, int64_t count) {
+  if (type == io::GgmlType::MXFP4) {
+    widen_mxfp4(src, dst, count);
+    return;
+  }
   const bool five = type == io::GgmlType::Q5_1;
   const int64_t bytes = five ? 24 : 20;
   for (int64_t b = 0; b < count / 32; ++b) {
