@@ -269,8 +269,10 @@ int run_generate(const GenerateCommand& options) {
       sequence.insert(sequence.end(), result.tokens.begin(), result.tokens.end());
       sequence.erase(sequence.begin(), sequence.end() - std::max<int64_t>(1, context / 2));
     }
+    const bool latent = session.cache().keys_only();  // latent attention: one row of latent and rotated key a token
     cache_summary = kv_cache_summary(session) + ", " + count_of(model.num_layers(), "layer") + " × " +
-                    count_of(model.num_kv_heads(), "K/V head");
+                    (latent ? "a latent of " + std::to_string(session.cache().width()) + " values"
+                            : count_of(model.num_kv_heads(), "K/V head"));
   }
   std::cout << stream.finish() << "\n" << std::flush;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();

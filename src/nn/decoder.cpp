@@ -616,8 +616,8 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       b[Role::KeyBias] = h.qkv_bias.view_at(Q, {KV});
       b[Role::ValueBias] = h.qkv_bias.view_at(Q + KV, {KV});
     }
-    if (c.layers[i].experts && c.family->stacked_experts) {  // four stacked tensors, registered below
-    } else if (c.layers[i].experts) {  // the experts, each its own registered tensors (below)
+    if (c.layers[i].experts) {  // the experts, each its own registered tensors (below; gpt-oss's: four stacked ones)
+      if (c.family->stacked_experts) continue;
       const size_t E = static_cast<size_t>(c.num_experts);
       b.expert_gate.resize(E);
       b.expert_up.resize(E);
@@ -1041,7 +1041,6 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
   attention.dropout_p = config.attention_dropout;
   attention.training = is_training();
   attention.generator = gen_;
-  attention.sinks = b[Role::Sinks];  // gpt-oss; undefined elsewhere
   Tensor context;  // (B, T, H·dv)
   if (cache && latent_decode == LatentDecode::Absorbed) {
     NoGradGuard no_grad;

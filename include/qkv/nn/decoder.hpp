@@ -232,6 +232,7 @@ class Decoder : public LanguageModel {
     std::vector<int64_t> layers;  // the layers with experts, 0-based
     Tensor weights;               // (layers, T, num_experts)
   };
+  // The routing of ids' tokens in every layer with experts (see Routing); empty for a dense model
   Routing expert_routing(std::span<const int64_t> ids) const;
   KVCache make_cache(int64_t batch, int64_t max_tokens = 0) const override;
   Tensor forward_cached(std::span<const int64_t> ids, int64_t batch, int64_t tokens, KVCache& cache) const override;
