@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   c.v_head_dim = 128;
   c.kv_lora_rank = 512;
   c.q_lora_rank = 0;
-  c.max_positions = T + steps + 1;
+  c.max_positions = T + steps * (reps + 1) + 2;  // the session below decodes every repeat's tokens on
   c.rope_layout = qkv::RopeLayout::Interleaved;
   c.ropes = {qkv::RopeFrequencies{}};
   c.layers.assign(static_cast<size_t>(c.num_layers), qkv::nn::DecoderLayerSettings{});
