@@ -69,7 +69,7 @@ void check_exportable(const DecoderConfig& c) {
   };
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
-      (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss"))
+      (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -191,7 +191,7 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe and gpt-oss"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss and olmo2"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
