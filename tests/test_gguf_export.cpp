@@ -96,8 +96,8 @@ fs::path make_folder(const std::string& type) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3", oss = type == "gpt-oss";
-  const bool olmo = type == "olmo2";
-  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo ? "olmo2" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+  const bool olmo = type == "olmo2", gemma = type == "gemma3";
+  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo ? "olmo2" : gemma ? "gemma3_text" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
@@ -106,6 +106,11 @@ fs::path make_folder(const std::string& type) {
   if (moe) {  // every layer 4 experts of 256, top 2 renormalised: what llama.cpp's qwen3moe computes
     config["num_experts"] = 4, config["num_experts_per_tok"] = 2, config["moe_intermediate_size"] = 256;
     config["norm_topk_prob"] = true, config["mlp_only_layers"] = json::array(), config["tie_word_embeddings"] = false;
+  }
+  if (gemma) {  // Gemma 3: 6 layers, the first 5 sliding (window 4, RoPE base 10000), the 6th global (base 10^6)
+    config["num_hidden_layers"] = 6, config["sliding_window"] = 4, config["query_pre_attn_scalar"] = 64;
+    config["rope_theta"] = 1e6, config["rope_local_base_freq"] = 10000.0, config["tie_word_embeddings"] = true;
+    config["hidden_activation"] = "gelu_pytorch_tanh";
   }
   if (oss) {  // gpt-oss: every layer 4 experts of 256 with biases, top 2; sinks; layer 0 slides (4 keys), layer 1 not
     config["num_local_experts"] = 4, config["num_experts_per_tok"] = 2, config["intermediate_size"] = 256;
@@ -118,7 +123,7 @@ fs::path make_folder(const std::string& type) {
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -134,14 +139,15 @@ struct Folders {
   fs::path llama, qwen3, llama3, qwen3moe;  // llama3: llama with Llama 3.1's RoPE scaling; qwen3moe: experts everywhere
   fs::path gpt_oss;                         // sinks, a sliding layer, stacked experts with biases
   fs::path olmo2;                           // norms after attention and the MLP, q/k norms over the projection
+  fs::path gemma3;                          // (1 + w) norms, 5 sliding layers and a global one, two RoPE bases
   ~Folders() {
     std::error_code ec;
-    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2}) fs::remove_all(p, ec);
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3}) fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
   static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe"),
-                            make_folder("gpt-oss"), make_folder("olmo2")};
+                            make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3")};
   return f;
 }
 
@@ -677,32 +683,41 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
   }
 }
 
-// OLMo 2 as llama.cpp's olmo2: its post-attention and post-feed-forward norms and its q/k norms over the whole
-// projection under llama.cpp's names; the F32 file gives the folder's logits exactly and llama.cpp's greedy tokens are
-// qkv's, Q8_0's within 2%.
-TEST(GgufExport, Olmo2AsLlamaCppReadsIt) {
-  const fs::path& folder = folders().olmo2;
-  const auto source = nn::load_pretrained(folder.string());
-  const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
-  std::string missing;
-  const std::string modules = llamacpp_modules(&missing);
-  for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
-    SCOPED_TRACE(nn::gguf_file_type_name(type));
-    const std::string path = exported(folder, type, "olmo2", "olmo2", *source->model);
-    const io::GgufFile file = io::GgufFile::open(path);
-    EXPECT_EQ(file.tensor("blk.0.attn_q_norm.weight").shape(), (std::vector<int64_t>{256}));
-    EXPECT_NE(file.find("blk.1.post_ffw_norm.weight"), nullptr);
-    EXPECT_EQ(file.find("blk.0.attn_norm.weight"), nullptr);
-    const auto gguf = nn::load_pretrained(path);
-    EXPECT_EQ(gguf->model->config.family->name, "olmo2");
-    if (type == GgufFileType::F32) EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(*source->model, ids)), 0.0f);
-    if (!modules.empty())
-      expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "olmo2", path, 12), type == GgufFileType::F32);
-    fs::remove(path);
-  }
-  if (modules.empty()) {
-    if (llamacpp_required()) FAIL() << missing;
-    GTEST_SKIP() << missing;
+// OLMo 2 as llama.cpp's olmo2 (its post-attention and post-feed-forward norms and its q/k norms over the whole
+// projection under llama.cpp's names) and Gemma 3 as its gemma3 ((1 + w) norms stored with the 1 added, as
+// convert_hf_to_gguf does; 5 sliding layers of 6 with the window in the metadata; the local RoPE base llama.cpp fixes):
+// each F32 file gives the folder's logits exactly and llama.cpp's greedy tokens are qkv's, Q8_0's within 2%.
+TEST(GgufExport, Olmo2AndGemma3AsLlamaCppReadsThem) {
+  for (const auto& [folder, arch] : {std::pair{folders().olmo2, std::string("olmo2")}, {folders().gemma3, std::string("gemma3")}}) {
+    SCOPED_TRACE(arch);
+    const auto source = nn::load_pretrained(folder.string());
+    const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
+    std::string missing;
+    const std::string modules = llamacpp_modules(&missing);
+    for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
+      SCOPED_TRACE(nn::gguf_file_type_name(type));
+      const std::string path = exported(folder, type, arch, arch, *source->model);
+      const io::GgufFile file = io::GgufFile::open(path);
+      if (arch == "olmo2") {
+        EXPECT_EQ(file.tensor("blk.0.attn_q_norm.weight").shape(), (std::vector<int64_t>{256}));
+        EXPECT_NE(file.find("blk.1.post_ffw_norm.weight"), nullptr);
+        EXPECT_EQ(file.find("blk.0.attn_norm.weight"), nullptr);
+      } else {
+        EXPECT_EQ(file.integer("gemma3.attention.sliding_window"), 4);
+        const float stored = reinterpret_cast<const float*>(file.tensor("output_norm.weight").data)[0];
+        EXPECT_EQ(stored, source->model->parameter(nn::Role::FinalNorm, -1).data()[0] + 1.0f);
+      }
+      const auto gguf = nn::load_pretrained(path);
+      EXPECT_EQ(gguf->model->config.family->name, arch);
+      if (type == GgufFileType::F32) EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(*source->model, ids)), 0.0f);
+      if (!modules.empty())
+        expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, arch, path, 12), type == GgufFileType::F32);
+      fs::remove(path);
+    }
+    if (modules.empty()) {
+      if (llamacpp_required()) FAIL() << missing;
+      GTEST_SKIP() << missing;
+    }
   }
 }
 

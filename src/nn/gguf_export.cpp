@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -69,7 +70,8 @@ void check_exportable(const DecoderConfig& c) {
   };
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
-      (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2"))
+      (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2" &&
+       arch != "gemma3"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -84,19 +86,33 @@ void check_exportable(const DecoderConfig& c) {
       if (!l.experts) refuse("has layers without experts (mlp_only_layers), which llama.cpp's qwen3moe does not compute");
     if (!c.norm_topk_prob) refuse("does not renormalise its top-k weights (norm_topk_prob false); llama.cpp's qwen3moe does");
   }
-  if (c.ropes.size() != 1) refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
+  const bool gemma3 = arch == "gemma3";
+  if (gemma3) {  // llama.cpp's gemma3: 5 sliding layers of 6 with one window, their RoPE base 10000 unscaled
+    for (size_t i = 0; i < c.layers.size(); ++i)
+      if ((c.layers[i].window > 0) != ((i + 1) % 6 != 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
+        refuse("slides on other layers than 5 of every 6 (llama.cpp's gemma3 pattern), or with several windows");
+    if (c.ropes.size() != 2 || c.ropes[1].theta != 10000.0 || c.ropes[1].scaling != kernels::RopeFrequencies::Scaling::None)
+      refuse("rotates its sliding layers with another RoPE than base 10000 unscaled, which llama.cpp's gemma3 fixes");
+    if (c.attention_scale > 0.0 && std::fabs(c.attention_scale * std::sqrt(static_cast<double>(c.head_dim)) - 1.0) > 1e-9)
+      refuse("scales its scores by query_pre_attn_scalar other than head_dim, which llama.cpp's gemma3 does not read");
+    if (c.attn_softcap > 0.0 || c.final_softcap > 0.0) refuse("soft-caps its logits, which llama.cpp's gemma3 does not");
+  } else if (c.ropes.size() != 1) {
+    refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
+  }
   const kernels::RopeFrequencies& rope = c.ropes.front();
   const bool llama3 = rope.scaling == kernels::RopeFrequencies::Scaling::Llama3;
   const bool yarn = rope.scaling == kernels::RopeFrequencies::Scaling::Yarn;
-  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && gpt_oss))
-    refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's and "
-           "gpt-oss's YaRN it does)");
+  const bool linear = rope.scaling == kernels::RopeFrequencies::Scaling::Linear;
+  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && gpt_oss) &&
+      !(linear && gemma3))
+    refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's, gpt-oss's "
+           "YaRN and Gemma 3's linear scaling it does)");
   if (yarn && (rope.beta_fast != 32.0 || rope.beta_slow != 1.0))
     refuse("sets YaRN's beta_fast and beta_slow to other values than 32 and 1, which llama.cpp's GGUF keys cannot hold");
   if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
   for (const DecoderLayerSettings& l : c.layers) {
-    if (l.window > 0 && !gpt_oss) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
-    if (l.rope != 0) refuse("has layers without RoPE");
+    if (l.window > 0 && !gpt_oss && !gemma3) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
+    if (l.rope != (gemma3 && l.window > 0 ? 1 : 0)) refuse("has layers without RoPE");
   }
   if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama") refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
   for (const DecoderConfig::Parameter& p : c.layout())
@@ -124,10 +140,14 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
   if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
-  if (c.family->stacked_experts) {  // gpt-oss: the window of its sliding layers, YaRN as convert_hf_to_gguf writes it
-    int64_t window = 0;
-    for (const DecoderLayerSettings& l : c.layers) window = std::max(window, l.window);
-    if (window > 0) m.emplace_back(a + ".attention.sliding_window", u32(window));
+  int64_t window = 0;  // the sliding layers' window (gpt-oss, Gemma 3)
+  for (const DecoderLayerSettings& l : c.layers) window = std::max(window, l.window);
+  if (window > 0) m.emplace_back(a + ".attention.sliding_window", u32(window));
+  if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::Linear) {  // Gemma 3 4B and larger: its global layers
+    m.emplace_back(a + ".rope.scaling.type", GgufValue::string("linear"));
+    m.emplace_back(a + ".rope.scaling.factor", GgufValue::f32(static_cast<float>(c.ropes.front().factor)));
+  }
+  if (c.family->stacked_experts) {  // gpt-oss: YaRN as convert_hf_to_gguf writes it
     const kernels::RopeFrequencies& r = c.ropes.front();
     if (r.scaling == kernels::RopeFrequencies::Scaling::Yarn) {
       m.emplace_back(a + ".rope.scaling.type", GgufValue::string("yarn"));
@@ -191,7 +211,7 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss and olmo2"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2 and gemma3"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
@@ -302,6 +322,8 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
       values.resize(static_cast<size_t>(tensor.numel()));
       if (v.defined()) std::memcpy(values.data(), v.data(), values.size() * 4);
       else io::dequantize_rows(tensor.weight_type(), tensor.bf16(), values.data(), 1, tensor.numel());
+      if (c.norm == NormKind::GemmaRMSNorm && is_norm(t.p->role()))  // convert_hf_to_gguf stores Gemma's norms as 1 + w
+        for (float& w : values) w += 1.0f;
       writer.write_tensor_data(std::as_bytes(std::span(values)));
       done += values.size() * 4;
       continue;

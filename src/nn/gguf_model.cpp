@@ -132,10 +132,6 @@ void widen_offset_blocks(io::GgmlType type, const unsigned char* src, float* dst
   }
 }
 
-bool is_norm(Role r) {
-  return r == Role::AttnNorm || r == Role::QueryNorm || r == Role::KeyNorm || r == Role::PostAttnNorm ||
-         r == Role::MlpNorm || r == Role::PostMlpNorm || r == Role::FinalNorm;
-}
 
 // rope_freqs.weight as Llama 3.1's scaling (see the header), or a refusal naming what differs.
 json llama3_scaling(const io::GgufFile& file, const io::GgufTensor& freqs, const json& config, int64_t rotary) {
@@ -279,6 +275,11 @@ GgufExtras gguf_extras(const io::GgufFile& file) {
   out.bos_id = id("tokenizer.ggml.bos_token_id");
   out.eos_id = id("tokenizer.ggml.eos_token_id");
   return out;
+}
+
+bool is_norm(Role r) {
+  return r == Role::AttnNorm || r == Role::QueryNorm || r == Role::KeyNorm || r == Role::PostAttnNorm ||
+         r == Role::MlpNorm || r == Role::PostMlpNorm || r == Role::FinalNorm;
 }
 
 bool is_stacked(Role r) {

@@ -52,6 +52,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
 // (`entry` from DecoderConfig::layout(Names::Gguf): gate or up rows (E, F, C), down rows (E, C, F), their biases),
 // gathered into `file` (to_file) or scattered back into t.
 bool is_stacked(Role role);  // one of the Stacked* roles
+bool is_norm(Role role);     // a norm's weight (Gemma's are stored in GGUF as 1 + w)
 void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file);
 
 }  // namespace qkv::nn
