@@ -96,8 +96,9 @@ fs::path make_folder(const std::string& type) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3", oss = type == "gpt-oss";
-  const bool olmo = type == "olmo2", gemma = type == "gemma3";
-  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo ? "olmo2" : gemma ? "gemma3_text" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+  const bool olmo = type == "olmo2", gemma = type == "gemma3", smol = type == "smollm3";
+  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo ? "olmo2" : gemma ? "gemma3_text"
+                                : smol ? "smollm3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
@@ -106,6 +107,10 @@ fs::path make_folder(const std::string& type) {
   if (moe) {  // every layer 4 experts of 256, top 2 renormalised: what llama.cpp's qwen3moe computes
     config["num_experts"] = 4, config["num_experts_per_tok"] = 2, config["moe_intermediate_size"] = 256;
     config["norm_topk_prob"] = true, config["mlp_only_layers"] = json::array(), config["tie_word_embeddings"] = false;
+  }
+  if (smol) {  // SmolLM3: 4 layers, the 4th without RoPE (no_rope_layer_interval 4), tied
+    config["num_hidden_layers"] = 4, config["no_rope_layer_interval"] = 4, config["tie_word_embeddings"] = true;
+    config["rope_theta"] = 2e6;
   }
   if (gemma) {  // Gemma 3: 6 layers, the first 5 sliding (window 4, RoPE base 10000), the 6th global (base 10^6)
     config["num_hidden_layers"] = 6, config["sliding_window"] = 4, config["query_pre_attn_scalar"] = 64;
@@ -123,7 +128,7 @@ fs::path make_folder(const std::string& type) {
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -140,14 +145,15 @@ struct Folders {
   fs::path gpt_oss;                         // sinks, a sliding layer, stacked experts with biases
   fs::path olmo2;                           // norms after attention and the MLP, q/k norms over the projection
   fs::path gemma3;                          // (1 + w) norms, 5 sliding layers and a global one, two RoPE bases
+  fs::path smollm3;                         // every 4th layer without RoPE
   ~Folders() {
     std::error_code ec;
-    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3}) fs::remove_all(p, ec);
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3}) fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
   static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe"),
-                            make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3")};
+                            make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3"), make_folder("smollm3")};
   return f;
 }
 
@@ -685,10 +691,12 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
 
 // OLMo 2 as llama.cpp's olmo2 (its post-attention and post-feed-forward norms and its q/k norms over the whole
 // projection under llama.cpp's names) and Gemma 3 as its gemma3 ((1 + w) norms stored with the 1 added, as
-// convert_hf_to_gguf does; 5 sliding layers of 6 with the window in the metadata; the local RoPE base llama.cpp fixes):
+// convert_hf_to_gguf does; 5 sliding layers of 6 with the window in the metadata; the local RoPE base llama.cpp fixes)
+// and SmolLM3 as its smollm3 (q/k rows permuted as for llama; every 4th layer without RoPE):
 // each F32 file gives the folder's logits exactly and llama.cpp's greedy tokens are qkv's, Q8_0's within 2%.
-TEST(GgufExport, Olmo2AndGemma3AsLlamaCppReadsThem) {
-  for (const auto& [folder, arch] : {std::pair{folders().olmo2, std::string("olmo2")}, {folders().gemma3, std::string("gemma3")}}) {
+TEST(GgufExport, Olmo2Gemma3AndSmolLM3AsLlamaCppReadsThem) {
+  for (const auto& [folder, arch] : {std::pair{folders().olmo2, std::string("olmo2")}, {folders().gemma3, std::string("gemma3")},
+                                     {folders().smollm3, std::string("smollm3")}}) {
     SCOPED_TRACE(arch);
     const auto source = nn::load_pretrained(folder.string());
     const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
@@ -702,7 +710,7 @@ TEST(GgufExport, Olmo2AndGemma3AsLlamaCppReadsThem) {
         EXPECT_EQ(file.tensor("blk.0.attn_q_norm.weight").shape(), (std::vector<int64_t>{256}));
         EXPECT_NE(file.find("blk.1.post_ffw_norm.weight"), nullptr);
         EXPECT_EQ(file.find("blk.0.attn_norm.weight"), nullptr);
-      } else {
+      } else if (arch == "gemma3") {
         EXPECT_EQ(file.integer("gemma3.attention.sliding_window"), 4);
         const float stored = reinterpret_cast<const float*>(file.tensor("output_norm.weight").data)[0];
         EXPECT_EQ(stored, source->model->parameter(nn::Role::FinalNorm, -1).data()[0] + 1.0f);

@@ -58,8 +58,6 @@ WeightType fallback(WeightType type, int64_t cols) {
   return WeightType::F16;
 }
 
-// Architectures whose converter interleaves q and k rows for llama.cpp's RoPE (gguf_model.cpp undoes it).
-bool permutes_qk(const std::string& architecture) { return architecture == "llama"; }
 
 // Refuses what llama.cpp's llama, qwen2 and qwen3 graphs would compute differently from qkv's model.
 void check_exportable(const DecoderConfig& c) {
@@ -71,7 +69,7 @@ void check_exportable(const DecoderConfig& c) {
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
       (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2" &&
-       arch != "gemma3"))
+       arch != "gemma3" && arch != "smollm3"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -112,7 +110,12 @@ void check_exportable(const DecoderConfig& c) {
   if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
   for (const DecoderLayerSettings& l : c.layers) {
     if (l.window > 0 && !gpt_oss && !gemma3) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
-    if (l.rope != (gemma3 && l.window > 0 ? 1 : 0)) refuse("has layers without RoPE");
+  }
+  for (size_t i = 0; i < c.layers.size(); ++i) {  // SmolLM3: llama.cpp's smollm3 leaves every 4th layer unrotated
+    const int64_t want = arch == "smollm3" && (i + 1) % 4 == 0 ? -1 : gemma3 && c.layers[i].window > 0 ? 1 : 0;
+    if (c.layers[i].rope != want)
+      refuse(arch == "smollm3" ? "leaves other layers than every 4th without RoPE, as llama.cpp's smollm3 does"
+                               : "has layers without RoPE");
   }
   if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama") refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
   for (const DecoderConfig::Parameter& p : c.layout())
@@ -211,7 +214,7 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2 and gemma3"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2, gemma3 and smollm3"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
@@ -259,7 +262,7 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
     const bool matrix = role_is_matrix(p.role());
     const WeightType type = gguf_tensor_type(options.type, c, p);
     quantized = quantized || io::weight_type_info(type).block_elements > 1;
-    const bool permute = matrix && permutes_qk(arch) && c.rope_layout == RopeLayout::RotateHalf &&
+    const bool permute = matrix && gguf_permutes_qk(arch) && c.rope_layout == RopeLayout::RotateHalf &&
                          (p.role() == Role::Query || p.role() == Role::Key);
     Planned planned{&p, names[i].name, type, permute, {}};
     if (p.expert == 0)

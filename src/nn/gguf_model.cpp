@@ -23,11 +23,6 @@ using io::WeightType;
   throw IoError(file.path() + ": a GGUF file (llama.cpp's format) that qkv cannot run: " + what);
 }
 
-// Architectures whose converter interleaved q and k's rows for llama.cpp's RoPE (rope type NORM): Llama (and
-// Mistral, written as llama) and SmolLM3. convert_hf_to_gguf's permute: GGUF row h·D + 2i + s holds Hugging Face row
-// h·D + s·D/2 + i.
-bool permutes_qk(std::string_view architecture) { return architecture == "llama" || architecture == "smollm3"; }
-
 // A scalar integer key, or `fallback` when absent; a per-layer array whose entries are all equal is that value.
 int64_t integer_key(const io::GgufFile& file, const std::string& key, int64_t fallback) {
   const io::GgufValue* v = file.find_value(key);
@@ -277,6 +272,10 @@ GgufExtras gguf_extras(const io::GgufFile& file) {
   return out;
 }
 
+// Llama (and Mistral, written as llama) and SmolLM3 (rope type NORM). convert_hf_to_gguf's permute: GGUF row
+// h·D + 2i + s holds Hugging Face row h·D + s·D/2 + i.
+bool gguf_permutes_qk(std::string_view architecture) { return architecture == "llama" || architecture == "smollm3"; }
+
 bool is_norm(Role r) {
   return r == Role::AttnNorm || r == Role::QueryNorm || r == Role::KeyNorm || r == Role::PostAttnNorm ||
          r == Role::MlpNorm || r == Role::PostMlpNorm || r == Role::FinalNorm;
@@ -393,7 +392,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       else std::memcpy(f, bytes, static_cast<size_t>(rows * cols * 4));
     }
     const unsigned char* rows_at = copy ? copy->data() : bytes;
-    const bool permute = permutes_qk(file->string("general.architecture")) && p.parts.size() == 1 &&
+    const bool permute = gguf_permutes_qk(file->string("general.architecture")) && p.parts.size() == 1 &&
                          (p.role() == Role::Query || p.role() == Role::Key);
     if (permute) {  // Hugging Face's row h·D + s·D/2 + i is the file's h·D + 2i + s
       const int64_t D = config.head_dim, heads = rows / D, row = io::row_bytes(type, cols);

@@ -53,6 +53,9 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
 // gathered into `file` (to_file) or scattered back into t.
 bool is_stacked(Role role);  // one of the Stacked* roles
 bool is_norm(Role role);     // a norm's weight (Gemma's are stored in GGUF as 1 + w)
+// Whether convert_hf_to_gguf interleaves an architecture's q and k rows for llama.cpp's RoPE (LlamaModel's permute:
+// llama and smollm3); qkv undoes it on reading and does it on writing
+bool gguf_permutes_qk(std::string_view architecture);
 void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file);
 
 }  // namespace qkv::nn
