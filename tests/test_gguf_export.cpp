@@ -96,9 +96,9 @@ fs::path make_folder(const std::string& type) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3", oss = type == "gpt-oss";
-  const bool olmo = type == "olmo2", gemma = type == "gemma3", smol = type == "smollm3";
+  const bool olmo = type == "olmo2", gemma = type == "gemma3", smol = type == "smollm3", gemma2 = type == "gemma2";
   json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo ? "olmo2" : gemma ? "gemma3_text"
-                                : smol ? "smollm3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+                                : smol ? "smollm3" : gemma2 ? "gemma2" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
@@ -107,6 +107,11 @@ fs::path make_folder(const std::string& type) {
   if (moe) {  // every layer 4 experts of 256, top 2 renormalised: what llama.cpp's qwen3moe computes
     config["num_experts"] = 4, config["num_experts_per_tok"] = 2, config["moe_intermediate_size"] = 256;
     config["norm_topk_prob"] = true, config["mlp_only_layers"] = json::array(), config["tie_word_embeddings"] = false;
+  }
+  if (gemma2) {  // Gemma 2: layers 0 and 2 sliding (window 4), attention and final logits soft-capped
+    config["num_hidden_layers"] = 3, config["sliding_window"] = 4, config["query_pre_attn_scalar"] = 64;
+    config["attn_logit_softcapping"] = 20.0, config["final_logit_softcapping"] = 10.0, config["tie_word_embeddings"] = true;
+    config["hidden_activation"] = "gelu_pytorch_tanh";
   }
   if (smol) {  // SmolLM3: 4 layers, the 4th without RoPE (no_rope_layer_interval 4), tied
     config["num_hidden_layers"] = 4, config["no_rope_layer_interval"] = 4, config["tie_word_embeddings"] = true;
@@ -128,7 +133,7 @@ fs::path make_folder(const std::string& type) {
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(gemma2 ? 11 : smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -146,14 +151,16 @@ struct Folders {
   fs::path olmo2;                           // norms after attention and the MLP, q/k norms over the projection
   fs::path gemma3;                          // (1 + w) norms, 5 sliding layers and a global one, two RoPE bases
   fs::path smollm3;                         // every 4th layer without RoPE
+  fs::path gemma2;                          // soft-capping, every other layer sliding
   ~Folders() {
     std::error_code ec;
-    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3}) fs::remove_all(p, ec);
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3, gemma2}) fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
   static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe"),
-                            make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3"), make_folder("smollm3")};
+                            make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3"), make_folder("smollm3"),
+                            make_folder("gemma2")};
   return f;
 }
 
@@ -421,10 +428,10 @@ TEST(GgufExport, MistakesAreRefusedWithTheReason) {
   r = run_cli("quantize --checkpoint " + folder + " --out /nonexistent-qkv-dir/x.gguf --type q8_0");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("/nonexistent-qkv-dir/x.gguf"), std::string::npos) << r.out;
-  r = run_cli("quantize --checkpoint " + fixture("hf/gemma2") + " --out " + out + " --type q8_0");
+  r = run_cli("quantize --checkpoint " + fixture("hf/phi3") + " --out " + out + " --type q8_0");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("qkv quantize writes GGUF files of llama"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("gemma2 model is not one of them"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("phi3 model is not one of them"), std::string::npos) << r.out;
   r = run_cli("quantize --checkpoint " + fixture("gpt2_tiny_hf.safetensors") + " --out " + out + " --type q8_0");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("gpt2 model is not one of them"), std::string::npos) << r.out;
@@ -692,11 +699,12 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
 // OLMo 2 as llama.cpp's olmo2 (its post-attention and post-feed-forward norms and its q/k norms over the whole
 // projection under llama.cpp's names) and Gemma 3 as its gemma3 ((1 + w) norms stored with the 1 added, as
 // convert_hf_to_gguf does; 5 sliding layers of 6 with the window in the metadata; the local RoPE base llama.cpp fixes)
-// and SmolLM3 as its smollm3 (q/k rows permuted as for llama; every 4th layer without RoPE):
+// SmolLM3 as its smollm3 (q/k rows permuted as for llama; every 4th layer without RoPE) and Gemma 2 as its gemma2
+// (soft-capped attention and final logits, every other layer sliding):
 // each F32 file gives the folder's logits exactly and llama.cpp's greedy tokens are qkv's, Q8_0's within 2%.
-TEST(GgufExport, Olmo2Gemma3AndSmolLM3AsLlamaCppReadsThem) {
+TEST(GgufExport, Olmo2GemmaAndSmolLM3AsLlamaCppReadsThem) {
   for (const auto& [folder, arch] : {std::pair{folders().olmo2, std::string("olmo2")}, {folders().gemma3, std::string("gemma3")},
-                                     {folders().smollm3, std::string("smollm3")}}) {
+                                     {folders().smollm3, std::string("smollm3")}, {folders().gemma2, std::string("gemma2")}}) {
     SCOPED_TRACE(arch);
     const auto source = nn::load_pretrained(folder.string());
     const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
@@ -710,6 +718,9 @@ TEST(GgufExport, Olmo2Gemma3AndSmolLM3AsLlamaCppReadsThem) {
         EXPECT_EQ(file.tensor("blk.0.attn_q_norm.weight").shape(), (std::vector<int64_t>{256}));
         EXPECT_NE(file.find("blk.1.post_ffw_norm.weight"), nullptr);
         EXPECT_EQ(file.find("blk.0.attn_norm.weight"), nullptr);
+      } else if (arch == "gemma2") {
+        EXPECT_EQ(file.real("gemma2.attn_logit_softcapping"), 20.0);
+        EXPECT_EQ(file.real("gemma2.final_logit_softcapping"), 10.0);
       } else if (arch == "gemma3") {
         EXPECT_EQ(file.integer("gemma3.attention.sliding_window"), 4);
         const float stored = reinterpret_cast<const float*>(file.tensor("output_norm.weight").data)[0];

@@ -69,7 +69,7 @@ void check_exportable(const DecoderConfig& c) {
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
       (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2" &&
-       arch != "gemma3" && arch != "smollm3"))
+       arch != "gemma3" && arch != "gemma2" && arch != "smollm3"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -84,16 +84,19 @@ void check_exportable(const DecoderConfig& c) {
       if (!l.experts) refuse("has layers without experts (mlp_only_layers), which llama.cpp's qwen3moe does not compute");
     if (!c.norm_topk_prob) refuse("does not renormalise its top-k weights (norm_topk_prob false); llama.cpp's qwen3moe does");
   }
-  const bool gemma3 = arch == "gemma3";
-  if (gemma3) {  // llama.cpp's gemma3: 5 sliding layers of 6 with one window, their RoPE base 10000 unscaled
+  const bool gemma3 = arch == "gemma3", gemma2 = arch == "gemma2";
+  if (gemma3 || gemma2) {  // llama.cpp's gemma3: 5 sliding layers of 6, their RoPE base 10000; gemma2: every other one
+    const size_t period = gemma3 ? 6 : 2;
     for (size_t i = 0; i < c.layers.size(); ++i)
-      if ((c.layers[i].window > 0) != ((i + 1) % 6 != 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
-        refuse("slides on other layers than 5 of every 6 (llama.cpp's gemma3 pattern), or with several windows");
-    if (c.ropes.size() != 2 || c.ropes[1].theta != 10000.0 || c.ropes[1].scaling != kernels::RopeFrequencies::Scaling::None)
+      if ((c.layers[i].window > 0) != ((i + 1) % period != 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
+        refuse("slides on other layers than llama.cpp's " + arch + " does (" + (gemma3 ? "5 of every 6" : "layers 0, 2, 4 …") +
+               "), or with several windows");
+    if (gemma3 && (c.ropes.size() != 2 || c.ropes[1].theta != 10000.0 || c.ropes[1].scaling != kernels::RopeFrequencies::Scaling::None))
       refuse("rotates its sliding layers with another RoPE than base 10000 unscaled, which llama.cpp's gemma3 fixes");
+    if (gemma2 && c.ropes.size() != 1) refuse("rotates with several RoPE settings; llama.cpp's gemma2 has one");
     if (c.attention_scale > 0.0 && std::fabs(c.attention_scale * std::sqrt(static_cast<double>(c.head_dim)) - 1.0) > 1e-9)
-      refuse("scales its scores by query_pre_attn_scalar other than head_dim, which llama.cpp's gemma3 does not read");
-    if (c.attn_softcap > 0.0 || c.final_softcap > 0.0) refuse("soft-caps its logits, which llama.cpp's gemma3 does not");
+      refuse("scales its scores by query_pre_attn_scalar other than head_dim, which llama.cpp's " + arch + " does not read");
+    if (gemma3 && (c.attn_softcap > 0.0 || c.final_softcap > 0.0)) refuse("soft-caps its logits, which llama.cpp's gemma3 does not");
   } else if (c.ropes.size() != 1) {
     refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
   }
@@ -109,7 +112,7 @@ void check_exportable(const DecoderConfig& c) {
     refuse("sets YaRN's beta_fast and beta_slow to other values than 32 and 1, which llama.cpp's GGUF keys cannot hold");
   if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
   for (const DecoderLayerSettings& l : c.layers) {
-    if (l.window > 0 && !gpt_oss && !gemma3) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
+    if (l.window > 0 && !gpt_oss && !gemma3 && !gemma2) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {  // SmolLM3: llama.cpp's smollm3 leaves every 4th layer unrotated
     const int64_t want = arch == "smollm3" && (i + 1) % 4 == 0 ? -1 : gemma3 && c.layers[i].window > 0 ? 1 : 0;
@@ -143,7 +146,9 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
   if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
-  int64_t window = 0;  // the sliding layers' window (gpt-oss, Gemma 3)
+  if (c.attn_softcap > 0.0) m.emplace_back(a + ".attn_logit_softcapping", GgufValue::f32(static_cast<float>(c.attn_softcap)));
+  if (c.final_softcap > 0.0) m.emplace_back(a + ".final_logit_softcapping", GgufValue::f32(static_cast<float>(c.final_softcap)));
+  int64_t window = 0;  // the sliding layers' window (gpt-oss, Gemma 2 and 3)
   for (const DecoderLayerSettings& l : c.layers) window = std::max(window, l.window);
   if (window > 0) m.emplace_back(a + ".attention.sliding_window", u32(window));
   if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::Linear) {  // Gemma 3 4B and larger: its global layers
@@ -214,7 +219,7 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2, gemma3 and smollm3"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2, gemma2, gemma3 and smollm3"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
