@@ -25,14 +25,18 @@ struct CliResult {
   int code;
   std::string out;
 };
-inline CliResult run_cli(const std::string& arguments, const std::string& prefix = "") {
-  const std::string command = prefix + std::string(QKV_CLI) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
+// Runs a shell command line, stdout and stderr together; code -1 when it did not exit normally (or did not start)
+inline CliResult run_command(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "could not start: " + command};
   std::string out;
   std::array<char, 4096> buffer;
   while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) out.append(buffer.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+inline CliResult run_cli(const std::string& arguments, const std::string& prefix = "") {
+  return run_command(prefix + std::string(QKV_CLI) + " " + arguments);
 }
 
 inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol = 1e-5,

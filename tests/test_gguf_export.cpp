@@ -465,16 +465,21 @@ struct LlamaCppRun {
   std::string out;
   int status = 0;
 };
+// llama.cpp's quantizer (llama_model_quantize) from the file `in` to `out` as `type` ("q8_0", "mxfp4_moe", …), 1 thread
+CliResult llamacpp_quantize(const std::string& modules, const std::string& in, const std::string& out, const std::string& type) {
+  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
+  return run_command("NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("quantize") + " " + script + " quantize " +
+                     in + " " + out + " " + type + " 1");
+}
+
 LlamaCppRun llamacpp_generate(const std::string& modules, const std::string& work, const std::string& path, int tokens) {
   const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
   const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work(work) + " " + script +
-                              " generate " + path + " '" + kPrompt + "' " + std::to_string(tokens) + " 1 2>&1";
+                              " generate " + path + " '" + kPrompt + "' " + std::to_string(tokens) + " 1";
   LlamaCppRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {.status = -1};
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) run.out.append(buffer, n);
-  run.status = pclose(pipe);
+  const CliResult result = run_command(command);
+  run.out = result.out;
+  run.status = result.code;
   auto ids_after = [&](const std::string& marker) {
     std::vector<int64_t> ids;
     const size_t at = run.out.find("\n" + marker);
@@ -754,15 +759,8 @@ TEST(GgufExport, GptOssWithMxfp4ExpertsFromLlamaCppsQuantizer) {
   const auto source = nn::load_pretrained(folder.string());
   const std::string f32 = exported(folder, GgufFileType::F32, "mxfp4-source", "gpt-oss", *source->model);
   const std::string mxfp4 = out_path("mxfp4.gguf");
-  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
-  const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("quantize") + " " + script +
-                              " quantize " + f32 + " " + mxfp4 + " mxfp4_moe 1 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-  ASSERT_EQ(pclose(pipe), 0) << out;
+  const CliResult quantized = llamacpp_quantize(modules, f32, mxfp4, "mxfp4_moe");
+  ASSERT_EQ(quantized.code, 0) << quantized.out;
   const io::GgufFile file = io::GgufFile::open(mxfp4);
   EXPECT_EQ(io::ggml_type_name(file.tensor("blk.0.ffn_gate_exps.weight").type), std::string("MXFP4"));
   EXPECT_EQ(io::ggml_type_name(file.tensor("blk.1.ffn_down_exps.weight").type), std::string("MXFP4"));
@@ -789,7 +787,6 @@ TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
     if (llamacpp_required()) FAIL() << missing;
     GTEST_SKIP() << missing;
   }
-  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
   for (const fs::path& folder : {folders().llama, folders().qwen3, folders().qwen3moe}) {
     const std::string f32 = out_path("same-f32.gguf");
     nn::quantize_to_gguf(folder.string(), f32, {});
@@ -800,14 +797,8 @@ TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
       nn::GgufExportOptions o;
       o.type = type;
       nn::quantize_to_gguf(folder.string(), ours, o);
-      const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("quantize") + " " + script +
-                                  " quantize " + f32 + " " + theirs + " " + name + " 1 2>&1";
-      FILE* pipe = popen(command.c_str(), "r");
-      ASSERT_NE(pipe, nullptr);
-      std::string out;
-      char buffer[4096];
-      while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-      ASSERT_EQ(pclose(pipe), 0) << out;
+      const CliResult quantized = llamacpp_quantize(modules, f32, theirs, name);
+      ASSERT_EQ(quantized.code, 0) << quantized.out;
       const io::GgufFile a = io::GgufFile::open(ours), b = io::GgufFile::open(theirs);
       ASSERT_EQ(a.tensors().size(), b.tensors().size());
       for (const io::GgufTensor& t : a.tensors()) {
