@@ -167,6 +167,29 @@ TEST(GptOssFamily, BadConfigsAreRefusedNamingTheKey) {
   EXPECT_NE(refusal(edited_gpt_oss("\"rope_type\": \"yarn\"", "\"rope_type\": \"ntk\"")).find("rope_type"), std::string::npos);
 }
 
+// gpt-oss-120b's experts in float32 (458 GB) are refused before anything is allocated, saying why; the tiny folder's
+// fit.
+TEST(GptOssFamily, ExpertsTooLargeToWidenAreRefusedFirst) {
+  std::string big = edited_gpt_oss("\"num_local_experts\": 4", "\"num_local_experts\": 128");
+  for (auto [from, to] : {std::pair{"\"hidden_size\": 32", "\"hidden_size\": 2880"},
+                          {"\"intermediate_size\": 12", "\"intermediate_size\": 2880"},
+                          {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 36"}}) {
+    const size_t at = big.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    big.replace(at, std::string(from).size(), to);
+  }
+  const size_t types = big.find("\"layer_types\"");
+  big.replace(types, big.find(']', types) + 1 - types, "\"sliding_window\": 4");  // the default pattern for 36 layers
+  const nn::DecoderConfig config = nn::decoder_config_from_hf(big);
+  try {
+    nn::check_stacked_experts_fit(config);
+    ADD_FAILURE() << "458 GB of experts were accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("experts widened to float32 need 458 GB"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(nn::check_stacked_experts_fit(nn::load_hf_decoder(fixture("hf/gpt_oss"))->config));
+}
+
 TEST(GptOssFamily, AMissingExpertTensorIsListed) {
   const fs::path dir = fs::temp_directory_path() / ("qkv_gpt_oss_missing_" + std::to_string(::getpid()));
   fs::remove_all(dir);

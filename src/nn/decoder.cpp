@@ -2,6 +2,8 @@
 // the forward pass, loss, attention pictures and KV-cache inference.
 #include "qkv/nn/decoder.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -1000,6 +1002,18 @@ float Decoder::latent_scale() const {
 
 int64_t Decoder::block_cache_width() const {
   return config.latent() ? config.kv_lora_rank + config.head_dim : config.kv_width();
+}
+
+void check_stacked_experts_fit(const DecoderConfig& config) {
+  if (!config.family->stacked_experts) return;
+  const double widened = 4.0 * static_cast<double>(config.num_layers) * static_cast<double>(config.num_experts) *
+                         static_cast<double>(config.hidden_size) * 3.0 * static_cast<double>(config.expert_intermediate_size);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  if (memory > 0.0 && widened > memory)
+    throw ValueError("its experts widened to float32 need " + std::to_string(static_cast<int64_t>(widened / 1e9)) +
+                     " GB and this machine has " + std::to_string(static_cast<int64_t>(memory / 1e9)) +
+                     " GB; qkv does not keep gpt-oss's experts in their file's blocks yet");
 }
 
 Tensor Decoder::latent_up(size_t i) const {

@@ -348,6 +348,11 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       if (!known) fail(*file, "holds tensor '" + t.name + "', which qkv's " + config.family->name + " model does not use");
     }
   }
+  try {
+    check_stacked_experts_fit(config);
+  } catch (const ValueError& e) {
+    fail(*file, e.what());
+  }
   auto model = Decoder::for_loading(config);
   const std::shared_ptr<const void> owner = file;  // the mapping lives as long as any tensor over it
   const bool gemma_norms = config.norm == NormKind::GemmaRMSNorm;

@@ -863,6 +863,11 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matr
   };
   check_layout(config, Names::Own, find, present, dir.string(),
                [&](const std::string& name) { return ignorable(name, config); });
+  try {
+    check_stacked_experts_fit(config);
+  } catch (const ValueError& e) {
+    throw IoError(dir.string() + ": " + e.what());
+  }
   auto model = Decoder::for_loading(config);  // every parameter is written below: no zero fill first
   bool in_place = false;
   read_layout(*model, Names::Own, [&](const DecoderConfig::Parameter& p, Tensor& dst) {

@@ -194,6 +194,10 @@ struct DecoderBlock {
   const LoraWeights& adapter(Role role) const { return lora[static_cast<size_t>(role)]; }
 };
 
+// gpt-oss's stacked experts are held in float32 (E·C·3F values a layer): ValueError before anything is allocated when
+// that is more than the machine's memory (the published gpt-oss-20b's: 76 GB). Nothing for other families.
+void check_stacked_experts_fit(const DecoderConfig& config);
+
 // Switch Transformer's load-balancing loss as transformers' load_balancing_loss_func computes it (Qwen3-MoE, Mixtral):
 // the router logits of every routed layer, (N_l, E) each, joined into (N, E); E · Σ_e f_e · P_e, with P_e the mean
 // softmax probability of expert e and f_e the share of tokens whose top `experts_per_token` include e (a count: the
