@@ -71,7 +71,7 @@ int products(int threads, int repeats) {
       std::copy_n(r.data(), n * K, b.data());
     }
     std::printf("  B from %s:\n", cold ? "memory (24 matrices of 12 MiB)" : "L2 (one 512 KiB matrix, 200 times)");
-    for (int64_t M : {1, 4, 8, 16, 64}) {
+    for (int64_t M : {1, 4, 8, 12, 16, 64}) {
       std::vector<float> a(static_cast<size_t>(M * K), 0.5f), c(static_cast<size_t>(M * n));
       double best = 1e30;
       for (int rep = 0; rep < repeats; ++rep) {
