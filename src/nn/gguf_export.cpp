@@ -1,5 +1,5 @@
-// A decoder as a GGUF file llama.cpp loads (see qkv/nn/gguf_export.hpp): the metadata llama.cpp's llama, qwen2 and
-// qwen3 architectures read, each matrix widened a few rows at a time from however the model holds it and quantized
+// A decoder as a GGUF file llama.cpp loads (see qkv/nn/gguf_export.hpp): the metadata llama.cpp reads for the
+// architectures qkv writes, each matrix widened a few rows at a time from however the model holds it and quantized
 // into the file's bytes as it is written.
 #include "qkv/nn/gguf_export.hpp"
 
@@ -59,7 +59,7 @@ WeightType fallback(WeightType type, int64_t cols) {
 }
 
 
-// Refuses what llama.cpp's llama, qwen2 and qwen3 graphs would compute differently from qkv's model.
+// Refuses what llama.cpp's graphs of the architectures qkv writes would compute differently from qkv's model.
 void check_exportable(const DecoderConfig& c) {
   const std::string arch = c.family->gguf_architecture;
   auto refuse = [&](const std::string& what) {
@@ -69,7 +69,7 @@ void check_exportable(const DecoderConfig& c) {
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
       (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2" &&
-       arch != "gemma3" && arch != "gemma2" && arch != "smollm3"))
+       arch != "gemma3" && arch != "gemma2" && arch != "smollm3" && arch != "phi3"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -104,15 +104,18 @@ void check_exportable(const DecoderConfig& c) {
   const bool llama3 = rope.scaling == kernels::RopeFrequencies::Scaling::Llama3;
   const bool yarn = rope.scaling == kernels::RopeFrequencies::Scaling::Yarn;
   const bool linear = rope.scaling == kernels::RopeFrequencies::Scaling::Linear;
+  const bool longrope = rope.scaling == kernels::RopeFrequencies::Scaling::LongRope, phi3 = arch == "phi3";
   if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && gpt_oss) &&
-      !(linear && gemma3))
+      !(linear && gemma3) && !(longrope && phi3))
     refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's, gpt-oss's "
-           "YaRN and Gemma 3's linear scaling it does)");
+           "YaRN, Gemma 3's linear scaling and Phi-3's LongRoPE it does)");
   if (yarn && (rope.beta_fast != 32.0 || rope.beta_slow != 1.0))
     refuse("sets YaRN's beta_fast and beta_slow to other values than 32 and 1, which llama.cpp's GGUF keys cannot hold");
-  if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim) refuse("rotates only part of each head");
+  if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim && !phi3) refuse("rotates only part of each head");
+  // Phi-3's window is written as convert_hf_to_gguf writes it, though llama.cpp's phi3 disables it (qkv reads it back)
   for (const DecoderLayerSettings& l : c.layers) {
-    if (l.window > 0 && !gpt_oss && !gemma3 && !gemma2) refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
+    if (l.window > 0 && !gpt_oss && !gemma3 && !gemma2 && !phi3)
+      refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {  // SmolLM3: llama.cpp's smollm3 leaves every 4th layer unrotated
     const int64_t want = arch == "smollm3" && (i + 1) % 4 == 0 ? -1 : gemma3 && c.layers[i].window > 0 ? 1 : 0;
@@ -121,8 +124,8 @@ void check_exportable(const DecoderConfig& c) {
                                : "has layers without RoPE");
   }
   if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama") refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
-  for (const DecoderConfig::Parameter& p : c.layout())
-    if (p.transposed || p.parts.size() != 1) refuse("stores " + p.name + " fused or transposed");
+  for (const DecoderConfig::Parameter& p : c.layout())  // Phi-3's fused qkv_proj and gate_up_proj: its attn_qkv and ffn_up
+    if (p.transposed || (p.parts.size() != 1 && !phi3)) refuse("stores " + p.name + " fused or transposed");
 }
 
 // The model's keys, as convert_hf_to_gguf.py writes them for these architectures.
@@ -145,12 +148,19 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.key_length", u32(c.head_dim));
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
-  if (a == "llama") m.emplace_back(a + ".rope.dimension_count", u32(c.head_dim));
+  const kernels::RopeFrequencies& first_rope = c.ropes.front();
+  if (a == "llama" || a == "phi3")  // Phi-3 rotates the first rotary_dim values of each head
+    m.emplace_back(a + ".rope.dimension_count", u32(first_rope.rotary_dim > 0 ? first_rope.rotary_dim : c.head_dim));
+  if (first_rope.scaling == kernels::RopeFrequencies::Scaling::LongRope) {  // the factors are tensors (write_gguf)
+    m.emplace_back(a + ".rope.scaling.attn_factor", GgufValue::f32(static_cast<float>(first_rope.attention_factor)));
+    m.emplace_back(a + ".rope.scaling.original_context_length",
+                   u32(static_cast<int64_t>(first_rope.original_max_position_embeddings)));
+  }
   if (c.attn_softcap > 0.0) m.emplace_back(a + ".attn_logit_softcapping", GgufValue::f32(static_cast<float>(c.attn_softcap)));
   if (c.final_softcap > 0.0) m.emplace_back(a + ".final_logit_softcapping", GgufValue::f32(static_cast<float>(c.final_softcap)));
   int64_t window = 0;  // the sliding layers' window (gpt-oss, Gemma 2 and 3)
   for (const DecoderLayerSettings& l : c.layers) window = std::max(window, l.window);
-  if (window > 0) m.emplace_back(a + ".attention.sliding_window", u32(window));
+  if (window > 0 || a == "phi3") m.emplace_back(a + ".attention.sliding_window", u32(window));  // phi3: 0 for none
   if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::Linear) {  // Gemma 3 4B and larger: its global layers
     m.emplace_back(a + ".rope.scaling.type", GgufValue::string("linear"));
     m.emplace_back(a + ".rope.scaling.factor", GgufValue::f32(static_cast<float>(c.ropes.front().factor)));
@@ -219,7 +229,7 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2, gemma2, gemma3 and smollm3"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2, gemma2, gemma3, smollm3 and phi3"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
@@ -236,6 +246,8 @@ WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, cons
     if ((role == Role::Value || role == Role::Down || role == Role::ExpertDown || role == Role::StackedDown) &&
         use_more_bits(p.layer, config.num_layers))
       chosen = WeightType::Q6_K;  // llama.cpp matches "ffn_down" in ffn_down_exps too
+    if (role == Role::Query && p.parts.size() > 1)  // a fused attn_qkv (Phi-3): one K type up, in every layer
+      chosen = type == GgufFileType::Q4_K_M ? WeightType::Q5_K : WeightType::Q6_K;
   }
   return fallback(chosen, cols);
 }
@@ -287,6 +299,16 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
     rope_factors = llama3_rope_factors(c.ropes.front(), c.head_dim);
     total += writer.add_tensor("rope_freqs.weight", {static_cast<int64_t>(rope_factors.size())}, io::GgmlType::F32);
     ++report.tensors_by_type["F32"];
+  }
+  // Phi-3's LongRoPE: its long then short factors, one per rotated frequency (llama.cpp takes the long ones when its
+  // context is longer than the original one, as transformers does when the sequence is)
+  if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::LongRope) {
+    const kernels::RopeFrequencies& r = c.ropes.front();
+    for (const auto& [name, list] : {std::pair{"rope_factors_long.weight", &r.long_factor}, {"rope_factors_short.weight", &r.short_factor}}) {
+      for (double v : *list) rope_factors.push_back(static_cast<float>(v));
+      total += writer.add_tensor(name, {static_cast<int64_t>(list->size())}, io::GgmlType::F32);
+      ++report.tensors_by_type["F32"];
+    }
   }
   for (const Planned& t : plan) {
     std::vector<int64_t> dims(t.p->shape.dims().rbegin(), t.p->shape.dims().rend());  // ggml order: ne0 first

@@ -128,6 +128,24 @@ void widen_offset_blocks(io::GgmlType type, const unsigned char* src, float* dst
 }
 
 
+// Phi-3's LongRoPE from rope_factors_long/short.weight (one F32 factor per rotated frequency each) and the keys
+// convert_hf_to_gguf writes beside them, as transformers' rope_scaling object; or a refusal naming what is missing.
+json longrope_scaling(const io::GgufFile& file, const io::GgufTensor& long_factors, const std::string& k, int64_t rotary) {
+  const io::GgufTensor* short_factors = file.find("rope_factors_short.weight");
+  json scaling{{"rope_type", "longrope"}};
+  for (const auto& [name, t] : {std::pair{"long", &long_factors}, {"short", short_factors}}) {
+    if (!t || t->type != io::GgmlType::F32 || t->dims.size() != 1 || t->dims[0] != rotary / 2)
+      fail(file, std::string("rope_factors_") + name + ".weight is not " + std::to_string(rotary / 2) +
+                     " F32 factors, one per rotated frequency (LongRoPE needs both the long and the short ones)");
+    std::vector<float> factors(static_cast<size_t>(t->dims[0]));
+    if (!factors.empty()) std::memcpy(factors.data(), t->data, factors.size() * 4);
+    scaling[std::string(name) + "_factor"] = factors;
+  }
+  scaling["original_max_position_embeddings"] = required_integer(file, k + "rope.scaling.original_context_length");
+  if (file.contains(k + "rope.scaling.attn_factor")) scaling["attention_factor"] = file.real(k + "rope.scaling.attn_factor");
+  return scaling;
+}
+
 // rope_freqs.weight as Llama 3.1's scaling (see the header), or a refusal naming what differs.
 json llama3_scaling(const io::GgufFile& file, const io::GgufTensor& freqs, const json& config, int64_t rotary) {
   const int64_t head_dim = config["head_dim"].get<int64_t>();
@@ -228,6 +246,10 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
     }
   }
   if (const io::GgufTensor* freqs = file.find("rope_freqs.weight")) j["rope_scaling"] = llama3_scaling(file, *freqs, j, rotary);
+  if (const io::GgufTensor* factors = file.find("rope_factors_long.weight")) {
+    if (!family->partial_rotary) fail(file, "holds LongRoPE factors (rope_factors_long.weight), which qkv reads for phi3 only");
+    j["rope_scaling"] = longrope_scaling(file, *factors, k, rotary);
+  }
   if (file.contains(k + "attention.sliding_window")) j["sliding_window"] = integer_key(file, k + "attention.sliding_window", 0);
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (file.contains(k + cap)) j[cap] = file.real(k + cap);
@@ -343,7 +365,8 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
   }
   if (file->tensors().size() != own.size()) {
     for (const io::GgufTensor& t : file->tensors()) {
-      bool known = t.name == "rope_freqs.weight";  // read into the configuration
+      // read into the configuration
+      bool known = t.name == "rope_freqs.weight" || t.name == "rope_factors_long.weight" || t.name == "rope_factors_short.weight";
       for (const auto& p : names) known = known || p.name == t.name;
       if (!known) fail(*file, "holds tensor '" + t.name + "', which qkv's " + config.family->name + " model does not use");
     }
