@@ -96,11 +96,11 @@ fs::path make_folder(const std::string& type) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3", oss = type == "gpt-oss";
-  const bool olmo = type == "olmo2", gemma = type == "gemma3", smol = type == "smollm3", gemma2 = type == "gemma2";
+  const bool olmo3 = type == "olmo3", olmo = type == "olmo2" || olmo3, gemma = type == "gemma3", smol = type == "smollm3", gemma2 = type == "gemma2";
   // (named "phi", not "phi3": llama.cpp gives tokens of a model whose general.name holds "phi3" or "phi-3" attributes
   // by text, and fails without Phi-3's </s>, <unk> and <s>, which this tokenizer does not have)
   const bool phi3 = type == "phi";
-  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo ? "olmo2" : gemma ? "gemma3_text"
+  json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo3 ? "olmo3" : olmo ? "olmo2" : gemma ? "gemma3_text"
                                 : smol ? "smollm3" : gemma2 ? "gemma2" : phi3 ? "phi3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
@@ -115,6 +115,9 @@ fs::path make_folder(const std::string& type) {
     config["num_hidden_layers"] = 3, config["sliding_window"] = 4, config["query_pre_attn_scalar"] = 64;
     config["attn_logit_softcapping"] = 20.0, config["final_logit_softcapping"] = 10.0, config["tie_word_embeddings"] = true;
     config["hidden_activation"] = "gelu_pytorch_tanh";
+  }
+  if (olmo3) {  // OLMo 3: 4 layers, the first 3 sliding (window 4), the 4th full
+    config["num_hidden_layers"] = 4, config["sliding_window"] = 4, config["rope_theta"] = 500000.0;
   }
   if (smol) {  // SmolLM3: 4 layers, the 4th without RoPE (no_rope_layer_interval 4), tied
     config["num_hidden_layers"] = 4, config["no_rope_layer_interval"] = 4, config["tie_word_embeddings"] = true;
@@ -142,7 +145,7 @@ fs::path make_folder(const std::string& type) {
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(phi3 ? 12 : gemma2 ? 11 : smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(olmo3 ? 13 : phi3 ? 12 : gemma2 ? 11 : smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -162,15 +165,17 @@ struct Folders {
   fs::path smollm3;                         // every 4th layer without RoPE
   fs::path gemma2;                          // soft-capping, every other layer sliding
   fs::path phi3;                            // fused qkv and gate_up, half of each head rotated, LongRoPE
+  fs::path olmo3;                           // OLMo 2 with 3 sliding layers of 4
   ~Folders() {
     std::error_code ec;
-    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3, gemma2, phi3}) fs::remove_all(p, ec);
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3, gemma2, phi3, olmo3})
+      fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
   static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe"),
                             make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3"), make_folder("smollm3"),
-                            make_folder("gemma2"), make_folder("phi")};
+                            make_folder("gemma2"), make_folder("phi"), make_folder("olmo3")};
   return f;
 }
 
@@ -719,21 +724,26 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
 // Phi-3 as its phi3 (qkv_proj and gate_up_proj as attn_qkv and ffn_up; rope.dimension_count the rotated half; LongRoPE
 // as rope_factors_long/short with the attention factor and original context in the metadata):
 // each F32 file gives the folder's logits exactly (Phi-3's to float32's rounding of its attention factor) and
-// llama.cpp's greedy tokens are qkv's, Q8_0's within 2%.
-TEST(GgufExport, Olmo2GemmaSmolLM3AndPhi3AsLlamaCppReadsThem) {
-  for (const auto& [folder, arch] : {std::pair{folders().olmo2, std::string("olmo2")}, {folders().gemma3, std::string("gemma3")},
-                                     {folders().smollm3, std::string("smollm3")}, {folders().gemma2, std::string("gemma2")},
-                                     {folders().phi3, std::string("phi3")}}) {
-    SCOPED_TRACE(arch);
+// llama.cpp's greedy tokens are qkv's, Q8_0's within 2%. OLMo 3 as olmo2 with its window, which llama.cpp slides
+// on 3 layers of 4 and qkv reads back as OLMo 3.
+TEST(GgufExport, OlmoGemmaSmolLM3AndPhi3AsLlamaCppReadsThem) {
+  for (const auto& [folder, family] : {std::pair{folders().olmo2, std::string("olmo2")}, {folders().gemma3, std::string("gemma3")},
+                                       {folders().smollm3, std::string("smollm3")}, {folders().gemma2, std::string("gemma2")},
+                                       {folders().phi3, std::string("phi3")}, {folders().olmo3, std::string("olmo3")}}) {
+    SCOPED_TRACE(family);
     const auto source = nn::load_pretrained(folder.string());
+    const std::string arch = source->model->config.family->gguf_architecture;
     const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
     std::string missing;
     const std::string modules = llamacpp_modules(&missing);
     for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
       SCOPED_TRACE(nn::gguf_file_type_name(type));
-      const std::string path = exported(folder, type, arch, arch, *source->model);
+      const std::string path = exported(folder, type, family, arch, *source->model);
       const io::GgufFile file = io::GgufFile::open(path);
-      if (arch == "olmo2") {
+      if (family == "olmo3") {
+        EXPECT_EQ(file.integer("olmo2.attention.sliding_window"), 4);
+      } else if (arch == "olmo2") {
+        EXPECT_FALSE(file.contains("olmo2.attention.sliding_window"));
         EXPECT_EQ(file.tensor("blk.0.attn_q_norm.weight").shape(), (std::vector<int64_t>{256}));
         EXPECT_NE(file.find("blk.1.post_ffw_norm.weight"), nullptr);
         EXPECT_EQ(file.find("blk.0.attn_norm.weight"), nullptr);
@@ -756,7 +766,9 @@ TEST(GgufExport, Olmo2GemmaSmolLM3AndPhi3AsLlamaCppReadsThem) {
         EXPECT_EQ(stored, source->model->parameter(nn::Role::FinalNorm, -1).data()[0] + 1.0f);
       }
       const auto gguf = nn::load_pretrained(path);
-      EXPECT_EQ(gguf->model->config.family->name, arch);
+      EXPECT_EQ(gguf->model->config.family->name, family);
+      if (family == "olmo3")
+        for (size_t i = 0; i < 4; ++i) EXPECT_EQ(gguf->model->config.layers[i].window, i == 3 ? 0 : 4) << "layer " << i;
       if (type == GgufFileType::F32) EXPECT_LE(max_diff(logits(*gguf->model, ids), logits(*source->model, ids)), arch == "phi3" ? 1e-4f : 0.0f);
       if (!modules.empty())
         expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, arch, path, 12), type == GgufFileType::F32);

@@ -85,6 +85,11 @@ void check_exportable(const DecoderConfig& c) {
     if (!c.norm_topk_prob) refuse("does not renormalise its top-k weights (norm_topk_prob false); llama.cpp's qwen3moe does");
   }
   const bool gemma3 = arch == "gemma3", gemma2 = arch == "gemma2";
+  const bool olmo3 = arch == "olmo2" && c.family->sliding == SlidingRule::Pattern;
+  if (olmo3)  // llama.cpp's olmo2 with a window: 3 sliding layers of 4, one window
+    for (size_t i = 0; i < c.layers.size(); ++i)
+      if ((c.layers[i].window > 0) != ((i + 1) % 4 != 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
+        refuse("slides on other layers than llama.cpp's olmo2 does (3 of every 4), or with several windows");
   if (gemma3 || gemma2) {  // llama.cpp's gemma3: 5 sliding layers of 6, their RoPE base 10000; gemma2: every other one
     const size_t period = gemma3 ? 6 : 2;
     for (size_t i = 0; i < c.layers.size(); ++i)
@@ -97,6 +102,10 @@ void check_exportable(const DecoderConfig& c) {
     if (c.attention_scale > 0.0 && std::fabs(c.attention_scale * std::sqrt(static_cast<double>(c.head_dim)) - 1.0) > 1e-9)
       refuse("scales its scores by query_pre_attn_scalar other than head_dim, which llama.cpp's " + arch + " does not read");
     if (gemma3 && (c.attn_softcap > 0.0 || c.final_softcap > 0.0)) refuse("soft-caps its logits, which llama.cpp's gemma3 does not");
+  } else if (olmo3) {  // its sliding and full layers' RoPE: one setting unless the full layers' is scaled
+    for (const kernels::RopeFrequencies& r : c.ropes)
+      if (r.scaling != kernels::RopeFrequencies::Scaling::None || r.theta != c.ropes.front().theta)
+        refuse("scales the RoPE of its full-attention layers (YaRN), which qkv does not write for llama.cpp's olmo2 yet");
   } else if (c.ropes.size() != 1) {
     refuse("rotates with " + std::to_string(c.ropes.size()) + " RoPE settings; one is written");
   }
@@ -114,12 +123,12 @@ void check_exportable(const DecoderConfig& c) {
   if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim && !phi3) refuse("rotates only part of each head");
   // Phi-3's window is written as convert_hf_to_gguf writes it, though llama.cpp's phi3 disables it (qkv reads it back)
   for (const DecoderLayerSettings& l : c.layers) {
-    if (l.window > 0 && !gpt_oss && !gemma3 && !gemma2 && !phi3)
+    if (l.window > 0 && !gpt_oss && !gemma3 && !gemma2 && !phi3 && !olmo3)
       refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {  // SmolLM3: llama.cpp's smollm3 leaves every 4th layer unrotated
     const int64_t want = arch == "smollm3" && (i + 1) % 4 == 0 ? -1 : gemma3 && c.layers[i].window > 0 ? 1 : 0;
-    if (c.layers[i].rope != want)
+    if (c.layers[i].rope != want && !(olmo3 && c.layers[i].rope >= 0))  // OLMo 3's two settings are equal (above)
       refuse(arch == "smollm3" ? "leaves other layers than every 4th without RoPE, as llama.cpp's smollm3 does"
                                : "has layers without RoPE");
   }
@@ -158,7 +167,7 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
   }
   if (c.attn_softcap > 0.0) m.emplace_back(a + ".attn_logit_softcapping", GgufValue::f32(static_cast<float>(c.attn_softcap)));
   if (c.final_softcap > 0.0) m.emplace_back(a + ".final_logit_softcapping", GgufValue::f32(static_cast<float>(c.final_softcap)));
-  int64_t window = 0;  // the sliding layers' window (gpt-oss, Gemma 2 and 3)
+  int64_t window = 0;  // the sliding layers' window (gpt-oss, Gemma 2 and 3, OLMo 3)
   for (const DecoderLayerSettings& l : c.layers) window = std::max(window, l.window);
   if (window > 0 || a == "phi3") m.emplace_back(a + ".attention.sliding_window", u32(window));  // phi3: 0 for none
   if (c.ropes.front().scaling == kernels::RopeFrequencies::Scaling::Linear) {  // Gemma 3 4B and larger: its global layers
@@ -229,7 +238,7 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2, gemma2, gemma3, smollm3 and phi3"; }
+std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2 (OLMo 2 and 3), gemma2, gemma3, smollm3 and phi3"; }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32

@@ -251,6 +251,8 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
     j["rope_scaling"] = longrope_scaling(file, *factors, k, rotary);
   }
   if (file.contains(k + "attention.sliding_window")) j["sliding_window"] = integer_key(file, k + "attention.sliding_window", 0);
+  // llama.cpp's olmo2 with a window is OLMo 3 (3 sliding layers of 4)
+  if (arch == "olmo2" && j.contains("sliding_window") && j["sliding_window"].get<int64_t>() > 0) j["model_type"] = "olmo3";
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (file.contains(k + cap)) j[cap] = file.real(k + cap);
   if (family->query_pre_attn_scalar) j["query_pre_attn_scalar"] = head_dim;
