@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qkv/core/random.hpp"
+#include "peak.hpp"
 #include "qkv/kernels.hpp"
 
 namespace {
@@ -114,5 +115,54 @@ int main(int argc, char** argv) {
               static_cast<long long>(topk), t_moe * 1e3, moe_flops / t_moe / 1e9);
   std::printf("  dense SwiGLU of the active width %lld: %.3f ms  MoE / dense %.3f\n", static_cast<long long>(Fd),
               t_dense * 1e3, t_moe / t_dense);
+
+  // ---- decoding one token through experts kept as a GGUF keeps them: in place against widened ----
+  // A Qwen3-30B-A3B-shaped layer (width 2048, experts of 768, top 8; 32 of its 128 experts, enough to choose from).
+  // In place: kernels::moe_forward on the experts' stored rows (what the op runs). Widened: what it ran before, the
+  // chosen experts dequantized to float32 for the call (into buffers made once), then the float32 kernel.
+  const int64_t Cs = smoke ? 256 : 2048, Fs = smoke ? 256 : 768, Es = smoke ? 4 : 32, ks = smoke ? 2 : 8;
+  const MoeDims sd{1, Cs, Fs, Es, ks};
+  const std::vector<float> xs = random_floats(Cs, 50), rs = random_floats(Es * Cs, 51, 0.1f);
+  const double bandwidth = qkv::bench::read_bandwidth(int64_t{256} << 20);
+  std::printf("decoding 1 token through a MoE layer (C %lld, %lld experts of %lld, top-%lld); read bandwidth %.1f GB/s\n",
+              static_cast<long long>(Cs), static_cast<long long>(Es), static_cast<long long>(Fs),
+              static_cast<long long>(ks), bandwidth / 1e9);
+  for (const WeightType type : {WeightType::Q8_0, WeightType::Q4_K}) {
+    std::vector<std::vector<unsigned char>> stored;  // gate, up of each expert (F × C), then down (C × F)
+    std::vector<WeightView> vg, vu, vd;
+    for (int64_t i = 0; i < 3 * Es; ++i) {
+      const bool is_down = i >= 2 * Es;
+      const int64_t rows = is_down ? Cs : Fs, cols = is_down ? Fs : Cs;
+      const std::vector<float> w = random_floats(rows * cols, 60 + static_cast<uint64_t>(i), 0.05f);
+      stored.emplace_back(static_cast<size_t>(rows * row_bytes(type, cols)));
+      quantize_rows(type, w.data(), stored.back().data(), rows, cols);
+      (i < Es ? vg : i < 2 * Es ? vu : vd).push_back(WeightView{type, stored.back().data(), rows, cols});
+    }
+    std::vector<float> o(static_cast<size_t>(Cs));
+    MoeSaved in_place_saved, wide_saved;
+    moe_forward(sd, MoeOptions{}, xs.data(), rs.data(), vg.data(), vu.data(), vd.data(), o.data(), in_place_saved);
+    std::vector<std::vector<float>> wide(static_cast<size_t>(3 * Es));
+    // (experts no token chose are never read: their pointers stay null)
+    std::vector<const float*> wg(static_cast<size_t>(Es), nullptr), wu = wg, wd = wg;
+    const std::vector<double> t = median_seconds(smoke ? 1 : 31, {
+        [&] { moe_forward(sd, MoeOptions{}, xs.data(), rs.data(), vg.data(), vu.data(), vd.data(), o.data(), in_place_saved); },
+        [&] {
+          for (int32_t e : in_place_saved.experts) {  // the token's chosen experts, widened for the call
+            for (int p = 0; p < 3; ++p) {
+              const WeightView& v = (p == 0 ? vg : p == 1 ? vu : vd)[static_cast<size_t>(e)];
+              std::vector<float>& buffer = wide[static_cast<size_t>(p * Es + e)];
+              buffer.resize(static_cast<size_t>(v.rows * v.cols));
+              dequantize_rows(type, v.data, buffer.data(), v.rows, v.cols);
+              (p == 0 ? wg : p == 1 ? wu : wd)[static_cast<size_t>(e)] = buffer.data();
+            }
+          }
+          moe_forward(sd, MoeOptions{}, xs.data(), rs.data(), wg.data(), wu.data(), wd.data(), o.data(), wide_saved);
+        }});
+    const double bytes = static_cast<double>(ks) * 3.0 * static_cast<double>(Fs * row_bytes(type, Cs));
+    std::printf("  %-5s in place %.3f ms (%.1f GB/s of the chosen experts' bytes, %.0f%% of the read bandwidth)  "
+                "widened %.3f ms  in place / widened %.2fx faster\n",
+                weight_type_name(type), t[0] * 1e3, bytes / t[0] / 1e9, 100.0 * bytes / t[0] / bandwidth, t[1] * 1e3,
+                t[1] / t[0]);
+  }
   return 0;
 }

@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "helpers.hpp"
+#include "qkv/kernels/activations.hpp"
+#include "qkv/kernels/weights.hpp"
 #include "qkv/nn/decoder.hpp"
 #include "qkv/nn/hf.hpp"
 
@@ -340,6 +342,72 @@ TEST(MoeLayer, RoutesEachTokenToItsTopKAndReportsThem) {
         EXPECT_NEAR(out.data()[t * 4 + c], weights[static_cast<size_t>(t)] * expert0.data()[t * 4 + c], 1e-5);
   config.experts_per_token = 3;
   EXPECT_THROW(mixture_of_experts(x, router, gate, up, down, config), ValueError);
+}
+
+// Experts kept as a GGUF keeps them (q8_0) or as bf16: each chosen expert's rows are multiplied in place by
+// gemm_weight, none widened — the output is, bit for bit, each token's chosen experts run one token at a time through
+// gemm_weight (whose rows do not depend on the rows beside them), weighted in the kernel's order; the routing is the
+// float32 router's; and the values stay near the float32 experts'.
+TEST(MoeLayer, StoredExpertsAreMultipliedInPlace) {
+  const int64_t N = 5, C = 64, F = 32, E = 4;
+  const Tensor x = random_tensor({N, C}, 11), router = random_tensor({E, C}, 12, 2.0f);
+  for (const kernels::WeightType type : {kernels::WeightType::Q8_0, kernels::WeightType::BF16}) {
+    SCOPED_TRACE(kernels::weight_type_name(type));
+    std::vector<Tensor> gate, up, down, gate32, up32, down32;
+    for (int64_t e = 0; e < E; ++e) {
+      gate32.push_back(random_tensor({F, C}, 20 + e)), up32.push_back(random_tensor({F, C}, 30 + e));
+      down32.push_back(random_tensor({C, F}, 40 + e));
+      for (auto [from, to] : {std::pair{&gate32, &gate}, {&up32, &up}, {&down32, &down}}) {
+        Tensor t = Tensor::empty(from->back().shape());
+        t.copy_(from->back());
+        t.to_weight_type_(type);
+        to->push_back(t);
+      }
+    }
+    std::vector<int32_t> chosen, chosen32;
+    std::vector<float> weights, weights32;
+    MoeConfig config;
+    config.experts_per_token = 2;
+    config.chosen = &chosen, config.weights = &weights;
+    NoGradGuard no_grad;
+    const Tensor out = mixture_of_experts(x, router, gate, up, down, config);
+    config.chosen = &chosen32, config.weights = &weights32;
+    const Tensor out32 = mixture_of_experts(x, router, gate32, up32, down32, config);
+    EXPECT_EQ(chosen, chosen32);
+    EXPECT_EQ(weights, weights32);
+    auto view = [](const Tensor& t) {
+      const void* bytes = t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes();
+      return kernels::WeightView{t.weight_type(), bytes, t.size(0), t.size(1)};
+    };
+    float range = 0.0f;
+    for (int64_t i = 0; i < out32.numel(); ++i) range = std::max(range, std::fabs(out32.data()[i]));
+    for (int64_t t = 0; t < N; ++t) {
+      std::vector<float> expected(static_cast<size_t>(C), 0.0f), g(F), u(F), h(F), y(C);
+      for (int64_t s = 0; s < 2; ++s) {
+        const size_t e = static_cast<size_t>(chosen[static_cast<size_t>(t * 2 + s)]);
+        kernels::gemm_weight(view(gate[e]), 1, x.data() + t * C, C, 0.0f, g.data(), F);
+        kernels::gemm_weight(view(up[e]), 1, x.data() + t * C, C, 0.0f, u.data(), F);
+        kernels::silu_forward(g.data(), h.data(), F);
+        for (int64_t f = 0; f < F; ++f) h[static_cast<size_t>(f)] *= u[static_cast<size_t>(f)];
+        kernels::gemm_weight(view(down[e]), 1, h.data(), F, 0.0f, y.data(), C);
+        for (int64_t c = 0; c < C; ++c)
+          expected[static_cast<size_t>(c)] += weights[static_cast<size_t>(t * 2 + s)] * y[static_cast<size_t>(c)];
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        EXPECT_EQ(out.data()[t * C + c], expected[static_cast<size_t>(c)]) << "token " << t << " channel " << c;
+        EXPECT_NEAR(out.data()[t * C + c], out32.data()[t * C + c], 0.03f * range);
+      }
+    }
+  }
+  // A float32 expert beside stored ones is read as a view of its values
+  std::vector<Tensor> gate = {random_tensor({F, C}, 1), random_tensor({F, C}, 2)}, up = gate;
+  std::vector<Tensor> down = {random_tensor({C, F}, 3), random_tensor({C, F}, 4)};
+  gate[1].to_weight_type_(kernels::WeightType::Q8_0);
+  MoeConfig config;
+  config.experts_per_token = 1;
+  NoGradGuard no_grad;
+  const Tensor ok = mixture_of_experts(x, random_tensor({2, C}, 5), gate, up, down, config);
+  EXPECT_EQ(ok.shape(), x.shape());
 }
 
 TEST(MoeDemo, SinksAndExpertSectionsPrintTheirWeights) {

@@ -9,6 +9,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/kernels/moe.hpp"
+#include "product.hpp"
 
 namespace qkv {
 
@@ -75,8 +76,9 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
            ", " + down[i].shape().str() + "; expected (F, C), (F, C), (C, F) with F = " + std::to_string(F));
   }
   // Experts kept narrow for inference (bf16, or a block format — q8_0, q4_K… — from a GGUF file or --weights): the
-  // experts this call's tokens choose are widened to float32 for it; the others stand in as one zero matrix that no
-  // token reaches. (Routers with a selection bias or groups choose in the kernel only: then every expert is widened.)
+  // rows of the experts this call's tokens choose are multiplied in place (kernels::moe_forward on weight views, as a
+  // stored Linear layer's are), none widened. Routers with a selection bias or groups (DeepSeek-V3) take the float32
+  // kernel: every expert is widened for the call.
   auto narrow = [](const Tensor& t) { return t.dtype() == DType::BF16 || t.dtype() == DType::Stored; };
   bool narrowed = narrow(router);
   for (const auto* list : {&gate, &up, &down})
@@ -93,23 +95,40 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
       return w;
     };
     const Tensor r = wide(router);
-    std::vector<char> used(static_cast<size_t>(E), 0);
     const bool plain = !config.sigmoid && config.groups == 1 && !config.selection_bias.defined();
-    if (plain) {  // softmax is monotonic: the k largest logits are the k chosen
-      const Tensor logits = linear(reshape(x, {N, C}), r, Tensor());
-      for_each_top_k(logits.data(), N, E, config.experts_per_token,
-                     [&](int64_t, int64_t e) { used[static_cast<size_t>(e)] = 1; });
+    if (!plain) {
+      std::vector<Tensor> g, u, d;
+      for (int64_t e = 0; e < E; ++e) {
+        const size_t i = static_cast<size_t>(e);
+        g.push_back(wide(gate[i]));
+        u.push_back(wide(up[i]));
+        d.push_back(wide(down[i]));
+      }
+      return mixture_of_experts(x, r, g, u, d, config);
     }
-    const Tensor unused_in = Tensor::zeros({F, C}), unused_out = Tensor::zeros({C, F});
-    std::vector<Tensor> g, u, d;
+    if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
+    auto view = [](const Tensor& t) {  // a float32 expert beside stored ones is a view of its values
+      if (t.dtype() == DType::F32) return kernels::WeightView{kernels::WeightType::F32, t.data(), t.size(0), t.size(1)};
+      return detail::weight_rows(t, 0, t.size(0));
+    };
+    std::vector<kernels::WeightView> g, u, d;
     for (int64_t e = 0; e < E; ++e) {
       const size_t i = static_cast<size_t>(e);
-      const bool take = !plain || used[i];
-      g.push_back(take ? wide(gate[i]) : unused_in);
-      u.push_back(take ? wide(up[i]) : unused_in);
-      d.push_back(take ? wide(down[i]) : unused_out);
+      g.push_back(view(gate[i]));
+      u.push_back(view(up[i]));
+      d.push_back(view(down[i]));
     }
-    return mixture_of_experts(x, r, g, u, d, config);
+    kernels::MoeSaved saved;
+    Tensor out = Tensor::empty(x.shape());
+    try {
+      kernels::moe_forward(kernels::MoeDims{N, C, F, E, config.experts_per_token}, kernel_options(config, E), x.data(),
+                           r.data(), g.data(), u.data(), d.data(), out.data(), saved);
+    } catch (const std::invalid_argument& e) {
+      throw ValueError(std::string("mixture_of_experts: ") + e.what());
+    }
+    if (config.chosen) config.chosen->assign(saved.experts.begin(), saved.experts.end());
+    if (config.weights) config.weights->assign(saved.weights.begin(), saved.weights.end());
+    return out;
   }
   if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
   const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};

@@ -13,10 +13,14 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
+#include <string>
+#include <tuple>
 
 #include "qkv/kernels/activations.hpp"
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/softmax.hpp"
+#include "qkv/kernels/weights.hpp"
 
 namespace qkv::kernels {
 
@@ -130,6 +134,10 @@ struct Experts {
   const float* const* up = nullptr;
   const float* const* down = nullptr;
   const MoeStacked* stacked = nullptr;
+  // or each expert's matrices as stored (inference): multiplied by gemm_weight
+  const WeightView* gate_stored = nullptr;
+  const WeightView* up_stored = nullptr;
+  const WeightView* down_stored = nullptr;
 };
 struct ExpertGrads {
   float* const* gate = nullptr;
@@ -232,6 +240,9 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
           g[i * d.F + f] = gu[i * 2 * d.F + 2 * f] + (b ? b[2 * f] : 0.0f);
           u[i * d.F + f] = gu[i * 2 * d.F + 2 * f + 1] + (b ? b[2 * f + 1] : 0.0f);
         }
+    } else if (w.gate_stored) {  // the chosen experts' rows read in place, in their own format
+      gemm_weight(w.gate_stored[e], n, xe, d.C, 0.0f, g, d.F);
+      gemm_weight(w.up_stored[e], n, xe, d.C, 0.0f, u, d.F);
     } else {
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.gate[e], d.C, 0.0f, g, d.F);
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.up[e], d.C, 0.0f, u, d.F);
@@ -243,6 +254,8 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
       if (s.down_bias)
         for (int64_t i = 0; i < n; ++i)
           for (int64_t c = 0; c < d.C; ++c) y[i * d.C + c] += s.down_bias[e * d.C + c];
+    } else if (w.down_stored) {
+      gemm_weight(w.down_stored[e], n, he, d.F, 0.0f, y, d.C);
     } else {
       gemm(false, true, n, d.C, d.F, 1.0f, he, d.F, w.down[e], d.F, 0.0f, y, d.C);
     }
@@ -379,6 +392,19 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
                  const float* const* gate, const float* const* up, const float* const* down, float* out,
                  MoeSaved& saved) {
   forward(d, options, x, router, nullptr, Experts{gate, up, down, nullptr}, out, saved);
+}
+
+void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                 const WeightView* gate, const WeightView* up, const WeightView* down, float* out, MoeSaved& saved) {
+  for (int64_t e = 0; e < d.E; ++e)
+    for (const auto& [view, rows, cols] : {std::tuple{gate[e], d.F, d.C}, {up[e], d.F, d.C}, {down[e], d.C, d.F}})
+      if (view.rows != rows || view.cols != cols || !view.data)
+        throw std::invalid_argument("moe_forward: expert " + std::to_string(e) + " has a " + std::to_string(view.rows) +
+                                    " × " + std::to_string(view.cols) + " stored matrix where " + std::to_string(rows) +
+                                    " × " + std::to_string(cols) + " was expected");
+  Experts w;
+  w.gate_stored = gate, w.up_stored = up, w.down_stored = down;
+  forward(d, options, x, router, nullptr, w, out, saved);
 }
 
 void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "qkv/kernels/weights.hpp"
+
 namespace qkv::kernels {
 
 // N tokens of C channels; E experts, each a SwiGLU of inner width F (moe_intermediate_size); k experts per token
@@ -86,6 +88,13 @@ void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x
                   const float* const* gate, const float* const* up, const float* const* down, const MoeSaved& saved,
                   const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
                   float* const* d_down);
+
+// The forward for inference with each expert's matrices kept as stored — bf16, f16 or a block format (a GGUF's q8_0,
+// q4_K …), one WeightView per expert: gate[e] and up[e] F × C, down[e] C × F. Each chosen expert's rows are multiplied
+// in place by gemm_weight (activations quantized to 8-bit blocks for the block types, as in a Linear layer's), none
+// widened to float32. Routing and the fixed order of the sums are the float32 forward's. No backward: frozen weights.
+void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                 const WeightView* gate, const WeightView* up, const WeightView* down, float* out, MoeSaved& saved);
 
 // The same with a router bias (E; null: none, then d_router_bias is ignored) and a layer's experts stacked (gpt-oss).
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
