@@ -351,8 +351,9 @@ TEST(MoeLayer, RoutesEachTokenToItsTopKAndReportsThem) {
 TEST(MoeLayer, StoredExpertsAreMultipliedInPlace) {
   const int64_t N = 5, C = 64, F = 32, E = 4;
   const Tensor x = random_tensor({N, C}, 11), router = random_tensor({E, C}, 12, 2.0f);
+  for (const bool deepseek : {false, true})  // softmax top-k (Qwen3-MoE); sigmoid, selection bias, groups (DeepSeek-V3)
   for (const kernels::WeightType type : {kernels::WeightType::Q8_0, kernels::WeightType::BF16}) {
-    SCOPED_TRACE(kernels::weight_type_name(type));
+    SCOPED_TRACE(std::string(kernels::weight_type_name(type)) + (deepseek ? ", DeepSeek-V3's router" : ""));
     std::vector<Tensor> gate, up, down, gate32, up32, down32;
     for (int64_t e = 0; e < E; ++e) {
       gate32.push_back(random_tensor({F, C}, 20 + e)), up32.push_back(random_tensor({F, C}, 30 + e));
@@ -369,6 +370,10 @@ TEST(MoeLayer, StoredExpertsAreMultipliedInPlace) {
     MoeConfig config;
     config.experts_per_token = 2;
     config.chosen = &chosen, config.weights = &weights;
+    if (deepseek) {
+      config.sigmoid = true, config.groups = 2, config.groups_kept = 1, config.scaling = 2.5f;
+      config.selection_bias = random_tensor({E}, 13, 0.5f);
+    }
     NoGradGuard no_grad;
     const Tensor out = mixture_of_experts(x, router, gate, up, down, config);
     config.chosen = &chosen32, config.weights = &weights32;

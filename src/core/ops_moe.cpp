@@ -75,10 +75,20 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
       fail("expert " + std::to_string(e) + "'s projections are " + gate[i].shape().str() + ", " + up[i].shape().str() +
            ", " + down[i].shape().str() + "; expected (F, C), (F, C), (C, F) with F = " + std::to_string(F));
   }
+  if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
+  const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
+  kernels::MoeOptions options = kernel_options(config, E);
+  // the bias only chooses: read as float32 values (a bf16 copy widened), never given a gradient
+  Tensor bias;
+  if (config.selection_bias.defined()) {
+    if (config.selection_bias.numel() != E) fail("the selection bias has " + std::to_string(config.selection_bias.numel()) + " values for " + std::to_string(E) + " experts");
+    bias = Tensor::empty({E});
+    bias.copy_(config.selection_bias);
+    options.selection_bias = bias.data();
+  }
   // Experts kept narrow for inference (bf16, or a block format — q8_0, q4_K… — from a GGUF file or --weights): the
   // rows of the experts this call's tokens choose are multiplied in place (kernels::moe_forward on weight views, as a
-  // stored Linear layer's are), none widened. Routers with a selection bias or groups (DeepSeek-V3) take the float32
-  // kernel: every expert is widened for the call.
+  // stored Linear layer's are), none widened; the router, E × C, is widened if it is narrow.
   auto narrow = [](const Tensor& t) { return t.dtype() == DType::BF16 || t.dtype() == DType::Stored; };
   bool narrowed = narrow(router);
   for (const auto* list : {&gate, &up, &down})
@@ -88,25 +98,11 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
       throw ValueError("mixture_of_experts: experts stored as bfloat16 or a block format are for inference; run it "
                        "under NoGradGuard (fine-tune such a model through LoRA on its attention)");
     NoGradGuard no_grad;
-    auto wide = [&](const Tensor& t) {
-      if (!narrow(t)) return t;
-      Tensor w = Tensor::empty(t.shape());
-      w.copy_(t);
-      return w;
-    };
-    const Tensor r = wide(router);
-    const bool plain = !config.sigmoid && config.groups == 1 && !config.selection_bias.defined();
-    if (!plain) {
-      std::vector<Tensor> g, u, d;
-      for (int64_t e = 0; e < E; ++e) {
-        const size_t i = static_cast<size_t>(e);
-        g.push_back(wide(gate[i]));
-        u.push_back(wide(up[i]));
-        d.push_back(wide(down[i]));
-      }
-      return mixture_of_experts(x, r, g, u, d, config);
+    Tensor r = router;
+    if (narrow(router)) {
+      r = Tensor::empty(router.shape());
+      r.copy_(router);
     }
-    if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
     auto view = [](const Tensor& t) {  // a float32 expert beside stored ones is a view of its values
       if (t.dtype() == DType::F32) return kernels::WeightView{kernels::WeightType::F32, t.data(), t.size(0), t.size(1)};
       return detail::weight_rows(t, 0, t.size(0));
@@ -121,25 +117,13 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
     kernels::MoeSaved saved;
     Tensor out = Tensor::empty(x.shape());
     try {
-      kernels::moe_forward(kernels::MoeDims{N, C, F, E, config.experts_per_token}, kernel_options(config, E), x.data(),
-                           r.data(), g.data(), u.data(), d.data(), out.data(), saved);
+      kernels::moe_forward(dims, options, x.data(), r.data(), g.data(), u.data(), d.data(), out.data(), saved);
     } catch (const std::invalid_argument& e) {
       throw ValueError(std::string("mixture_of_experts: ") + e.what());
     }
     if (config.chosen) config.chosen->assign(saved.experts.begin(), saved.experts.end());
     if (config.weights) config.weights->assign(saved.weights.begin(), saved.weights.end());
     return out;
-  }
-  if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
-  const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
-  kernels::MoeOptions options = kernel_options(config, E);
-  // the bias only chooses: read as float32 values (a bf16 copy widened), never given a gradient
-  Tensor bias;
-  if (config.selection_bias.defined()) {
-    if (config.selection_bias.numel() != E) fail("the selection bias has " + std::to_string(config.selection_bias.numel()) + " values for " + std::to_string(E) + " experts");
-    bias = Tensor::empty({E});
-    bias.copy_(config.selection_bias);
-    options.selection_bias = bias.data();
   }
   std::vector<const float*> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
   for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
