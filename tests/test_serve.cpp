@@ -211,6 +211,34 @@ TEST(ServeScheduler, AChatsSecondTurnPrefillsOnlyTheNewTokens) {
   EXPECT_EQ(settled(plain).kv_cache_blocks_used, 0);
 }
 
+// Two requests that begin with one long prefix (a system prompt) arriving in one step: the second waits a step for
+// the first to compute the prefix, then forks it — the prefix is computed once — and each gives its tokens alone.
+TEST(ServeScheduler, RequestsSharingAPrefixInOneStepComputeItOnce) {
+  auto model = tiny_model(256);
+  serve::SamplingParams greedy{.greedy = true};
+  const std::vector<int64_t> system = pseudo_prompt(64, 61, 21);
+  std::vector<int64_t> a = system, b = system;
+  for (int64_t t : pseudo_prompt(16, 61, 22)) a.push_back(t);
+  for (int64_t t : pseudo_prompt(20, 61, 23)) b.push_back(t);
+  serve::Scheduler scheduler(*model, {.parallel = 2, .queue_size = 2, .context = 256, .prompt_cache_tokens = 0});
+  // Both submitted while the loop is held between two steps, so that one step admits both
+  std::promise<void> entered, go;
+  std::shared_future<void> released = go.get_future().share();
+  std::thread hold([&] { scheduler.run_between_steps([&] { entered.set_value(); released.wait(); }); });
+  entered.get_future().wait();
+  Waiter wa, wb;
+  scheduler.submit(wa.request(a, 6, greedy));
+  scheduler.submit(wb.request(b, 6, greedy));
+  go.set_value();
+  hold.join();
+  const serve::Outcome oa = wa.done.get_future().get(), ob = wb.done.get_future().get();
+  EXPECT_EQ(oa.cached_tokens, 0);
+  EXPECT_EQ(ob.cached_tokens, 64) << "the second forked the first's prefix";
+  EXPECT_EQ(settled(scheduler).prefilled_tokens, 80 + 20);
+  EXPECT_EQ(oa.tokens, session_alone(*model, a, 6, greedy));
+  EXPECT_EQ(ob.tokens, session_alone(*model, b, 6, greedy));
+}
+
 // LongRoPE (the tiny Phi-3 folder, rotation switch at 8 positions): a sequence growing past the switch is encoded again
 // from its start, so only requests that stay short of it share blocks; each gives what it gives alone, also with
 // others crossing the switch beside it.

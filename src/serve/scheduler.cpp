@@ -324,6 +324,26 @@ bool Scheduler::start(Slot& slot) {
   return true;
 }
 
+// Whether a request whose prompt begins with what a started request is still prefilling (a block or more beyond
+// what that one holds now) should wait for it: it then forks those positions at a later step instead of computing
+// them a second time beside it (two clients sending one system prompt at once). Not where LongRoPE's switch would
+// forbid the sharing (see start).
+bool Scheduler::waits_for_prefix(const Slot& slot) const {
+  const nn::Session& session = state_->session;
+  const int64_t bs = session.cache().block_size(), rotation_switch = model_.rotation_switch();
+  const std::vector<int64_t>& prompt = slot.request.prompt;
+  for (const auto& other : active_) {
+    if (other.get() == &slot || other->done || !other->started || !other->outcome.tokens.empty()) continue;
+    if (rotation_switch > 0 && (slot.most > rotation_switch || other->most > rotation_switch)) continue;
+    const std::vector<int64_t>& theirs = other->request.prompt;
+    const size_t limit = std::min(theirs.size(), prompt.size() - 1);  // one token of ours is always fed
+    size_t shared = 0;
+    while (shared < limit && theirs[shared] == prompt[shared]) ++shared;
+    if (static_cast<int64_t>(shared) >= session.length(other->seq) + bs) return true;
+  }
+  return false;
+}
+
 void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error) {
   slot.done = true;
   slot.outcome.finish = reason;
@@ -381,6 +401,7 @@ void Scheduler::step() {
     Slot& slot = *holder;
     if (slot.done || slot.started) continue;
     try {
+      if (waits_for_prefix(slot)) continue;  // its prefix is being computed: shared at a later step
       if (!start(slot)) break;  // first come, first served: later requests wait behind it
     } catch (const std::exception& e) {
       finish(slot, FinishReason::Error, e.what());

@@ -159,6 +159,7 @@ class Scheduler {
   void admit();
   void step();
   bool start(Slot& slot);
+  bool waits_for_prefix(const Slot& slot) const;
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
   void cache_stats();  // the KV cache's figures into stats_ (under the lock)
 
