@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -119,6 +120,14 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   // quantized after reading (half the peak).
   if (options.adapter.empty() && (options.keep_stored || options.weights) && stored_as_bf16(path)) matrices = DType::BF16;
   if (options.adapter.empty() && options.weights == kernels::WeightType::BF16) matrices = DType::BF16;
+  // A folder's tokenizer is read on a thread of its own while the weights load: the two are independent, and the
+  // tokenizer's tables (tens of ms for a 150k vocabulary) would otherwise add to the weights' time.
+  std::future<std::unique_ptr<text::HfTokenizer>> folder_tokenizer;
+  {
+    std::error_code ec;
+    if (options.tokenizer && std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "tokenizer.json", ec))
+      folder_tokenizer = std::async(std::launch::async, [path] { return text::HfTokenizer::from_folder(path); });
+  }
   CheckpointModel opened = open_checkpoint(path, options.hint, matrices);
   m->format = opened.format;
   m->description = opened.description;
@@ -138,7 +147,7 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   // The tokenizer: a folder's own files, else what the book's file says (GPT-2's BPE or bytes).
   if (!options.tokenizer) {
   } else if (folder) {
-    if (auto hf = text::HfTokenizer::from_folder(path)) {
+    if (auto hf = folder_tokenizer.valid() ? folder_tokenizer.get() : text::HfTokenizer::from_folder(path)) {
       m->chat_template = hf->chat_template();
       if (hf->bos_id() >= 0) m->chat.bos_token = hf->token_content(hf->bos_id());
       if (hf->end_of_text() >= 0) m->chat.eos_token = hf->token_content(hf->end_of_text());
