@@ -3,7 +3,10 @@
 // decode what they encode, put the post_processor's BOS where the file says, keep special tokens as text when asked,
 // and malformed files are errors that name the file and the entry. (Ids against Hugging Face's own implementation
 // over 1.7 MB of text: tests/tokenizer_vs_hf.sh; the hard cases of every file: tests/tokenizer_cases_vs_hf.sh.)
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 
 #include "helpers.hpp"
 #include "qkv/text/hf_tokenizer.hpp"
@@ -80,6 +83,34 @@ std::string tiny(const std::string& merges) {
              "merges": )" + merges + R"(}, "added_tokens": [{"id": 6, "content": "<s>", "special": true}],
              "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
              {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [6]}}}})";
+}
+
+// A folder's chat template where transformers finds it: chat_template.jinja first (save_pretrained's file now, as in
+// gpt-oss's and Qwen3-Next's folders), then tokenizer_config.json's, then chat_template.json's; a broken
+// chat_template.json is named.
+TEST(HfTokenizer, AFoldersChatTemplateFileWinsAsInTransformers) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("qkv-chat-template-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; };
+  write("tokenizer.json", tiny("[]"));
+  EXPECT_EQ(text::HfTokenizer::from_folder(dir.string())->chat_template(), "");
+  write("chat_template.json", R"({"chat_template": "{{ 'from json' }}"})");
+  EXPECT_EQ(text::HfTokenizer::from_folder(dir.string())->chat_template(), "{{ 'from json' }}");
+  write("tokenizer_config.json", R"({"chat_template": "{{ 'from config' }}"})");
+  EXPECT_EQ(text::HfTokenizer::from_folder(dir.string())->chat_template(), "{{ 'from config' }}");
+  write("chat_template.jinja", "{{ 'from jinja' }}\n");
+  EXPECT_EQ(text::HfTokenizer::from_folder(dir.string())->chat_template(), "{{ 'from jinja' }}\n");
+  std::filesystem::remove(dir / "chat_template.jinja");
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  write("chat_template.json", R"({"template": 1})");
+  try {
+    text::HfTokenizer::from_folder(dir.string());
+    ADD_FAILURE() << "a chat_template.json without its string was read";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("chat_template.json: holds no \"chat_template\" string"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HfTokenizer, MergesByRankLeftmostFirst) {

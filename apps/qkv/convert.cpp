@@ -93,7 +93,8 @@ int convert_to_hf_folder(const ConvertCommand& options) {
     nn::save_hf_folder(options.output, *model, dtype);
   }
   int copied = 0;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
+                        "chat_template.jinja", "chat_template.json"}) {
     const fs::path from = fs::path(options.input) / f;
     std::error_code ec;
     if (!fs::exists(from, ec)) continue;

@@ -81,7 +81,8 @@ int run_train_folder(const TrainCommand& options, train::Communicator& comm) {
   auto save = [&](int64_t) {
     if (!lead) return;
     nn::save_hf_folder(model_dir.string(), model);
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"})
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
+                          "chat_template.jinja", "chat_template.json"})
       if (fs::exists(fs::path(options.resume) / f, ec)) fs::copy_file(fs::path(options.resume) / f, model_dir / f, fs::copy_options::overwrite_existing, ec);
   };
   std::string csv = "step,loss,learning_rate,grad_norm,eval_train_loss,eval_validation_loss\n";

@@ -840,7 +840,8 @@ void save_hf_classifier(const std::string& dir_name, Decoder& base, const Tensor
   io::write_file_atomically((dir / "config.json").string(),
                             std::span(reinterpret_cast<const std::byte*>(config.data()), config.size()));
   if (tokenizer_from.empty()) return;
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                           "chat_template.json"}) {
     const fs::path from = fs::path(tokenizer_from) / name;
     if (fs::exists(from, ec)) {
       const std::vector<std::byte> bytes = io::read_file(from.string());

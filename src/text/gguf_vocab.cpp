@@ -325,8 +325,8 @@ std::vector<std::pair<std::string, GgufValue>> tokenizer_metadata(const std::str
   }
   for (const auto& [type, value] : add)
     if (type == "bos" || type == "eos") meta.emplace_back("tokenizer.ggml.add_" + type + "_token", GgufValue::boolean(value));
-  if (config.contains("chat_template") && config["chat_template"].is_string())
-    meta.emplace_back("tokenizer.chat_template", GgufValue::string(config["chat_template"]));
+  // the template as transformers finds it (chat_template.jinja first)
+  if (!tokenizer->chat_template().empty()) meta.emplace_back("tokenizer.chat_template", GgufValue::string(tokenizer->chat_template()));
 
   return meta;
 }

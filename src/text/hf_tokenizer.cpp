@@ -527,7 +527,26 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_folder(const std::string& dir) {
   const std::filesystem::path p(dir);
   std::error_code ec;
   if (!std::filesystem::exists(p / "tokenizer.json", ec)) return nullptr;
-  return load((p / "tokenizer.json").string(), (p / "tokenizer_config.json").string());
+  auto tokenizer = load((p / "tokenizer.json").string(), (p / "tokenizer_config.json").string());
+  tokenizer->state_->chat_template = folder_chat_template(dir, tokenizer->state_->chat_template);
+  return tokenizer;
+}
+
+std::string folder_chat_template(const std::string& dir, const std::string& config_template) {
+  const std::filesystem::path p(dir);
+  std::error_code ec;
+  if (std::filesystem::exists(p / "chat_template.jinja", ec)) return read_text((p / "chat_template.jinja").string());
+  if (!config_template.empty() || !std::filesystem::exists(p / "chat_template.json", ec)) return config_template;
+  const std::string where = (p / "chat_template.json").string();
+  json j;
+  try {
+    j = json::parse(read_text(where));
+  } catch (const json::exception& e) {
+    throw IoError(where + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string())
+    throw IoError(where + ": holds no \"chat_template\" string");
+  return j["chat_template"].get<std::string>();
 }
 
 std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view text, std::string_view config_text, const std::string& label) {

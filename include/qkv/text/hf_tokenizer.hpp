@@ -31,7 +31,8 @@ class HfTokenizer : public Tokenizer {
   // The same from the files' text; `label` names them in messages.
   static std::unique_ptr<HfTokenizer> parse(std::string_view tokenizer_json, std::string_view config_json = "",
                                             const std::string& label = "tokenizer.json");
-  // Both files of a Hugging Face model folder; nullptr when it has no tokenizer.json.
+  // Both files of a Hugging Face model folder, and its chat template as transformers finds it (folder_chat_template);
+  // nullptr when it has no tokenizer.json.
   static std::unique_ptr<HfTokenizer> from_folder(const std::string& dir);
   // The tokenizer of a GGUF file's tokenizer.ggml.* metadata (llama.cpp's vocabulary), run as the tokenizer.json it
   // was converted from: model "gpt2" (byte-level BPE: tokens, merges, the pre-tokenizer regexes named by
@@ -60,7 +61,8 @@ class HfTokenizer : public Tokenizer {
   int64_t bos_id() const;                          // tokenizer_config.json's bos_token (or its class's), else −1
   int64_t pad_id() const;  // tokenizer_config.json's pad_token (a GGUF's padding_token_id), else −1
   bool is_special(int64_t id) const;  // Whether `id` is a special (added, special) token
-  const std::string& chat_template() const;        // tokenizer_config.json's (empty when none)
+  // tokenizer_config.json's, or the folder's own file (from_folder); empty when none
+  const std::string& chat_template() const;
   std::string token_content(int64_t id) const;     // the token's text as the vocabulary spells it
 
   struct State;
@@ -70,5 +72,11 @@ class HfTokenizer : public Tokenizer {
   std::vector<int64_t> encode_impl(std::string_view text, bool allow_special, bool post_process) const;
   std::unique_ptr<State> state_;
 };
+
+// A model folder's chat template as transformers (4.43 and later) finds it: its chat_template.jinja when there is one
+// (it wins over tokenizer_config.json's: how save_pretrained writes templates now, gpt-oss's and Qwen3-Next's among
+// them), else `config_template` (tokenizer_config.json's chat_template), else chat_template.json's "chat_template".
+// IoError naming a chat_template.json that is not a JSON object with a string there.
+std::string folder_chat_template(const std::string& dir, const std::string& config_template);
 
 }  // namespace qkv::text
