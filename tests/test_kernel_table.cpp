@@ -785,6 +785,9 @@ std::vector<OpCase> op_cases() {
   const std::vector<int64_t> tied_ids = {3, 0, 3, 1};
   const auto rope_table = std::make_shared<const kernels::RopeTable>(
       kernels::RopeTable::make(kernels::RopeFrequencies{.theta = 100.0}.inverse_frequencies(4), 10));
+  kernels::RopeFrequencies half{.theta = 100.0};
+  half.rotary_dim = 2;  // of heads of 4
+  const auto partial_table = std::make_shared<const kernels::RopeTable>(kernels::RopeTable::make(half.inverse_frequencies(4), 10));
   AttentionConfig causal_heads;
   causal_heads.num_heads = 2;
   causal_heads.causal = true;
@@ -840,6 +843,12 @@ std::vector<OpCase> op_cases() {
        {random_tensor({2, 3, 16}, 1)}},
       {"rope interleaved", [rope_table](const Inputs& x) { return rope(x[0], rope_table, kernels::RopeLayout::Interleaved, 2); },
        {random_tensor({1, 5, 8}, 1)}},
+      // partial RoPE in its two published forms: the first half of each head rotated by halves (Phi-3, NeoX) or by
+      // interleaved pairs (GLM-4, GPT-J), the other half passed through
+      {"rope partial rotate-half", [partial_table](const Inputs& x) { return rope(x[0], partial_table, kernels::RopeLayout::RotateHalf, 2, 2); },
+       {random_tensor({2, 5, 8}, 1)}},
+      {"rope partial interleaved", [partial_table](const Inputs& x) { return rope(x[0], partial_table, kernels::RopeLayout::Interleaved, 2, 2); },
+       {random_tensor({2, 5, 8}, 1)}},
       {"scaled_dot_product_attention (B,T,H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal_heads); },
        {random_tensor({2, 5, 6}, 1), random_tensor({2, 5, 6}, 2), random_tensor({2, 5, 6}, 3)}},
       {"scaled_dot_product_attention packed (B,T,3·H·D) causal", [causal_heads](const Inputs& x) { return scaled_dot_product_attention(x[0], causal_heads); },
