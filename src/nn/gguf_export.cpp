@@ -86,16 +86,14 @@ void check_exportable(const DecoderConfig& c) {
   }
   const bool gemma3 = arch == "gemma3", gemma2 = arch == "gemma2";
   const bool olmo3 = arch == "olmo2" && c.family->sliding == SlidingRule::Pattern;
-  if (olmo3)  // llama.cpp's olmo2 with a window: 3 sliding layers of 4, one window
-    for (size_t i = 0; i < c.layers.size(); ++i)
-      if ((c.layers[i].window > 0) != ((i + 1) % 4 != 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
-        refuse("slides on other layers than llama.cpp's olmo2 does (3 of every 4), or with several windows");
-  if (gemma3 || gemma2) {  // llama.cpp's gemma3: 5 sliding layers of 6, their RoPE base 10000; gemma2: every other one
-    const size_t period = gemma3 ? 6 : 2;
+  // The sliding layers llama.cpp fixes, one window: all but every period-th layer (gemma3 6, olmo2 with a window 4,
+  // gemma2 2)
+  if (const size_t period = gemma3 ? 6 : olmo3 ? 4 : gemma2 ? 2 : 0; period > 0)
     for (size_t i = 0; i < c.layers.size(); ++i)
       if ((c.layers[i].window > 0) != ((i + 1) % period != 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
-        refuse("slides on other layers than llama.cpp's " + arch + " does (" + (gemma3 ? "5 of every 6" : "layers 0, 2, 4 …") +
-               "), or with several windows");
+        refuse("slides on other layers than llama.cpp's " + arch + " does (" +
+               (gemma3 ? "5 of every 6" : olmo3 ? "3 of every 4" : "layers 0, 2, 4 …") + "), or with several windows");
+  if (gemma3 || gemma2) {  // llama.cpp's gemma3: its sliding layers' RoPE base 10000; gemma2: one RoPE
     if (gemma3 && (c.ropes.size() != 2 || c.ropes[1].theta != 10000.0 || c.ropes[1].scaling != kernels::RopeFrequencies::Scaling::None))
       refuse("rotates its sliding layers with another RoPE than base 10000 unscaled, which llama.cpp's gemma3 fixes");
     if (gemma2 && c.ropes.size() != 1) refuse("rotates with several RoPE settings; llama.cpp's gemma2 has one");
@@ -157,13 +155,12 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.key_length", u32(c.head_dim));
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
-  const kernels::RopeFrequencies& first_rope = c.ropes.front();
+  const kernels::RopeFrequencies& rope = c.ropes.front();
   if (a == "llama" || a == "phi3")  // Phi-3 rotates the first rotary_dim values of each head
-    m.emplace_back(a + ".rope.dimension_count", u32(first_rope.rotary_dim > 0 ? first_rope.rotary_dim : c.head_dim));
-  if (first_rope.scaling == kernels::RopeFrequencies::Scaling::LongRope) {  // the factors are tensors (write_gguf)
-    m.emplace_back(a + ".rope.scaling.attn_factor", GgufValue::f32(static_cast<float>(first_rope.attention_factor)));
-    m.emplace_back(a + ".rope.scaling.original_context_length",
-                   u32(static_cast<int64_t>(first_rope.original_max_position_embeddings)));
+    m.emplace_back(a + ".rope.dimension_count", u32(rope.rotary_dim > 0 ? rope.rotary_dim : c.head_dim));
+  if (rope.scaling == kernels::RopeFrequencies::Scaling::LongRope) {  // the factors are tensors (write_gguf)
+    m.emplace_back(a + ".rope.scaling.attn_factor", GgufValue::f32(static_cast<float>(rope.attention_factor)));
+    m.emplace_back(a + ".rope.scaling.original_context_length", u32(static_cast<int64_t>(rope.original_max_position_embeddings)));
   }
   if (c.attn_softcap > 0.0) m.emplace_back(a + ".attn_logit_softcapping", GgufValue::f32(static_cast<float>(c.attn_softcap)));
   if (c.final_softcap > 0.0) m.emplace_back(a + ".final_logit_softcapping", GgufValue::f32(static_cast<float>(c.final_softcap)));
@@ -189,7 +186,6 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
   }
   m.emplace_back("general.file_type", GgufValue::u32(row_of(o.type).ftype));
   if (quantized) m.emplace_back("general.quantization_version", GgufValue::u32(2));  // ggml's GGML_QNT_VERSION
-  const kernels::RopeFrequencies& rope = c.ropes.front();
   if (rope.scaling == kernels::RopeFrequencies::Scaling::Llama3) {
     // llama.cpp reads only rope_freqs.weight; qkv's reader takes the settings back from here (not rope.scaling.factor:
     // llama.cpp would scale every frequency by it)
