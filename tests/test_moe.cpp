@@ -396,7 +396,8 @@ TEST(MoeLayer, StoredExpertsAreMultipliedInPlace) {
         for (int64_t f = 0; f < F; ++f) h[static_cast<size_t>(f)] *= u[static_cast<size_t>(f)];
         kernels::gemm_weight(view(down[e]), 1, h.data(), F, 0.0f, y.data(), C);
         for (int64_t c = 0; c < C; ++c)
-          expected[static_cast<size_t>(c)] += weights[static_cast<size_t>(t * 2 + s)] * y[static_cast<size_t>(c)];
+          expected[static_cast<size_t>(c)] = std::fma(weights[static_cast<size_t>(t * 2 + s)], y[static_cast<size_t>(c)],
+                                                      expected[static_cast<size_t>(c)]);  // as the kernel adds
       }
       for (int64_t c = 0; c < C; ++c) {
         EXPECT_EQ(out.data()[t * C + c], expected[static_cast<size_t>(c)]) << "token " << t << " channel " << c;

@@ -266,7 +266,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
     for (int64_t s = 0; s < d.k; ++s) {
       const float wt = saved.weights[static_cast<size_t>(t * d.k + s)];
       const float* y = saved.y.data() + saved.position[static_cast<size_t>(t * d.k + s)] * d.C;
-      for (int64_t c = 0; c < d.C; ++c) o[c] += wt * y[c];
+      for (int64_t c = 0; c < d.C; ++c) o[c] = std::fma(wt, y[c], o[c]);  // one rounding, whatever the compiler contracts
     }
   }
 }
