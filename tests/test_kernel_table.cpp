@@ -161,7 +161,8 @@ std::vector<KernelCase> kernel_cases() {
   }
   cases.push_back({"unary", [](int64_t n, int m) {
                      for (UnaryOp op : {UnaryOp::AddScalar, UnaryOp::MulScalar, UnaryOp::DivScalar, UnaryOp::Neg,
-                                        UnaryOp::Exp, UnaryOp::Log, UnaryOp::SoftCap}) {
+                                        UnaryOp::Exp, UnaryOp::Log, UnaryOp::SoftCap, UnaryOp::Sigmoid,
+                                        UnaryOp::Softplus}) {
                        Buffer x(n, m, 1, 1.0f, 2.0f), y(n, m, 2), r(n, m, 3);
                        unary_forward(op, 1.5f, x.data(), y.data(), n);
                        unary_forward_reference(op, 1.5f, x.data(), r.data(), n);
@@ -612,6 +613,26 @@ std::vector<KernelCase> kernel_cases() {
                        if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
                      return ::testing::AssertionSuccess();
                    }});
+  cases.push_back({"causal depthwise conv1d forward and backward (K 4, with and without a state before)",
+                   [](int64_t n, int m) {
+                     // n tokens of 2 sequences, C = 5 channels (a vector row and a tail on AVX-512 as n grows)
+                     for (const bool with_state : {false, true}) {
+                       const CausalConvDims d{2, n, 5 + n % 19, 4};
+                       const int64_t size = d.B * d.T * d.C;
+                       Buffer x(size, m, 1), w(d.C * d.K, m, 2), state(d.B * (d.K - 1) * d.C, m, 3), dy(size, m, 4);
+                       Buffer y(size, m, 5), ry(size, m, 6), dx(size, m, 7), rdx(size, m, 8), dw(d.C * d.K, m, 9),
+                           rdw(d.C * d.K, m, 10);
+                       const float* before = with_state ? state.data() : nullptr;
+                       causal_conv1d_forward(d, x.data(), w.data(), before, y.data());
+                       causal_conv1d_forward_reference(d, x.data(), w.data(), before, ry.data());
+                       if (auto ok = close(y.data(), ry.data(), size, 1e-5, 1e-6); !ok) return ok << " (y)";
+                       causal_conv1d_backward(d, x.data(), w.data(), before, dy.data(), dx.data(), dw.data());
+                       causal_conv1d_backward_reference(d, x.data(), w.data(), before, dy.data(), rdx.data(), rdw.data());
+                       if (auto ok = close(dx.data(), rdx.data(), size, 1e-5, 1e-6); !ok) return ok << " (dx)";
+                       if (auto ok = close(dw.data(), rdw.data(), d.C * d.K, 1e-4, 1e-5); !ok) return ok << " (dw)";
+                     }
+                     return ::testing::AssertionSuccess();
+                   }});
   for (int mode : {0, 1, 2}) {
     const bool norm = mode != 1;
     cases.push_back({mode == 0   ? "moe forward and backward (4 experts, top-2, renormalised)"
@@ -814,6 +835,10 @@ std::vector<OpCase> op_cases() {
       {"neg and exp", [](const Inputs& x) { return exp(neg(x[0])); }, {random_tensor({5}, 1)}},
       {"log", [](const Inputs& x) { return log(x[0]); }, {positive({5}, 2)}},
       {"soft_cap", [](const Inputs& x) { return soft_cap(mul(x[0], 4.0f), 3.0f); }, {random_tensor({2, 5}, 1)}},
+      {"sigmoid", [](const Inputs& x) { return sigmoid(mul(x[0], 3.0f)); }, {random_tensor({2, 5}, 1)}},
+      // softplus on both sides of 20, where torch's returns x itself
+      {"softplus", [](const Inputs& x) { return softplus(add(mul(x[0], 3.0f), x[1])); },
+       {random_tensor({2, 5}, 1), Tensor::from({-4.0f, 0.5f, 3.0f, 19.0f, 24.0f}, Shape{5})}},
       {"narrow", [](const Inputs& x) { return narrow(x[0], 1, 3); }, {random_tensor({2, 3, 5}, 1)}},
       {"sum all", [](const Inputs& x) { return sum(x[0]); }, {random_tensor({2, 3}, 1)}},
       {"sum dim", [](const Inputs& x) { return sum(x[0], 1, true); }, {random_tensor({2, 3, 4}, 1)}},
@@ -936,6 +961,15 @@ std::vector<OpCase> op_cases() {
          return gated_delta_rule(x[0], x[1], x[2], x[3], x[4]); },
        {random_tensor({1, 5, 2, 3}, 31), random_tensor({1, 5, 2, 3}, 32, 0.6f), random_tensor({1, 5, 2, 2}, 33),
         neg(positive({1, 5, 2}, 34)) * 0.2f, positive({1, 5, 2}, 35) * 0.3f}},
+      // a cache's state before the first token (not an input: it gets no gradient)
+      {"gated_delta_rule from a state", [](const Inputs& x) {
+         return gated_delta_rule(x[0], x[1], x[2], x[3], x[4], random_tensor({1, 2, 3, 2}, 46)); },
+       {random_tensor({1, 4, 2, 3}, 41), random_tensor({1, 4, 2, 3}, 42, 0.6f), random_tensor({1, 4, 2, 2}, 43),
+        neg(positive({1, 4, 2}, 44)) * 0.2f, positive({1, 4, 2}, 45) * 0.3f}},
+      {"causal_conv1d (K 4)", [](const Inputs& x) { return causal_conv1d(x[0], x[1]); },
+       {random_tensor({2, 6, 3}, 51), random_tensor({3, 4}, 52)}},
+      {"causal_conv1d after a state", [](const Inputs& x) { return causal_conv1d(x[0], x[1], random_tensor({1, 3, 3}, 55)); },
+       {random_tensor({1, 3, 3}, 53), random_tensor({3, 4}, 54)}},
       {"scaled_dot_product_attention (B,H,T,D)", [bhtd](const Inputs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bhtd); },
        {random_tensor({1, 2, 4, 3}, 1), random_tensor({1, 2, 6, 3}, 2), random_tensor({1, 2, 6, 3}, 3)}},
   };

@@ -8,6 +8,7 @@
 #include "qkv/kernels/activations.hpp"
 #include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/convert.hpp"
+#include "qkv/kernels/conv1d.hpp"
 #include "qkv/kernels/delta_rule.hpp"
 #include "qkv/kernels/elementwise.hpp"
 #include "qkv/kernels/embedding.hpp"

@@ -102,6 +102,8 @@ Tensor div(const Tensor& a, float b) { return unary(a, "DivScalarBackward", Unar
 Tensor neg(const Tensor& a) { return unary(a, "NegBackward", UnaryOp::Neg); }
 Tensor exp(const Tensor& a) { return unary(a, "ExpBackward", UnaryOp::Exp); }
 Tensor log(const Tensor& a) { return unary(a, "LogBackward", UnaryOp::Log); }
+Tensor sigmoid(const Tensor& a) { return unary(a, "SigmoidBackward", UnaryOp::Sigmoid); }
+Tensor softplus(const Tensor& a) { return unary(a, "SoftplusBackward", UnaryOp::Softplus); }
 Tensor soft_cap(const Tensor& a, float cap) {
   if (!(cap > 0.0f)) throw ValueError("soft_cap: the cap must be positive, got " + std::to_string(cap));
   return unary(a, "SoftCapBackward", UnaryOp::SoftCap, cap);

@@ -202,6 +202,8 @@ inline float unary(UnaryOp op, float s, float x) {
     case UnaryOp::Exp: return std::exp(x);
     case UnaryOp::Log: return std::log(x);
     case UnaryOp::SoftCap: return s * std::tanh(x / s);
+    case UnaryOp::Sigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case UnaryOp::Softplus: return x > 20.0f ? x : std::log1p(std::exp(x));
   }
   return 0.0f;
 }
@@ -217,6 +219,8 @@ inline float derivative(UnaryOp op, float s, float x, float y) {
       const float t = y / s;
       return 1.0f - t * t;
     }
+    case UnaryOp::Sigmoid: return y * (1.0f - y);
+    case UnaryOp::Softplus: return x > 20.0f ? 1.0f : 1.0f / (1.0f + std::exp(-x));  // σ(x), 1 where softplus is x
   }
   return 0.0f;
 }
@@ -243,6 +247,8 @@ void dispatch(UnaryOp op, F&& f) {
     case UnaryOp::Exp: return f(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
     case UnaryOp::Log: return f(std::integral_constant<UnaryOp, UnaryOp::Log>{});
     case UnaryOp::SoftCap: return f(std::integral_constant<UnaryOp, UnaryOp::SoftCap>{});
+    case UnaryOp::Sigmoid: return f(std::integral_constant<UnaryOp, UnaryOp::Sigmoid>{});
+    case UnaryOp::Softplus: return f(std::integral_constant<UnaryOp, UnaryOp::Softplus>{});
   }
 }
 }  // namespace
@@ -267,6 +273,8 @@ void unary_forward_reference(UnaryOp op, float s, const float* x, float* y, int6
       case UnaryOp::Exp: r = std::exp(v); break;
       case UnaryOp::Log: r = std::log(v); break;
       case UnaryOp::SoftCap: r = s * std::tanh(v / s); break;
+      case UnaryOp::Sigmoid: r = 1.0 / (1.0 + std::exp(-v)); break;
+      case UnaryOp::Softplus: r = v > 20.0 ? v : std::log1p(std::exp(v)); break;
     }
     y[i] = static_cast<float>(r);
   }

@@ -70,6 +70,10 @@ Tensor div(const Tensor& a, float b);
 Tensor neg(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
+// σ(a) = 1 / (1 + e^−a) (Gated DeltaNet's β, the shared expert's gate); backward σ(1 − σ) · g.
+Tensor sigmoid(const Tensor& a);
+// log(1 + e^a), a itself above 20 as torch's softplus (Gated DeltaNet's decay); backward σ(a) · g.
+Tensor softplus(const Tensor& a);
 // cap · tanh(a / cap) (cap > 0): Gemma 2's soft-capping of the final logits; backward (1 − tanh²(a / cap)) · g.
 Tensor soft_cap(const Tensor& a, float cap);
 
@@ -222,8 +226,14 @@ Tensor attention_output_gate(const Tensor& context, const Tensor& q_and_gate, in
 // The gated delta rule (Gated DeltaNet's core, the recurrent form; kernels::delta_rule_forward): per head a (Dk × Dv)
 // state decayed by e^g, corrected by β (v − Sᵀk) kᵀ and read by q, token by token. q, k (B, T, H, Dk); v (B, T, H,
 // Dv); g, beta (B, T, H). Result (B, T, H, Dv). q and k as given (Qwen3-Next L2-normalises them and scales q by
-// Dk^−½ first). Gradients reach all five.
-Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta);
+// Dk^−½ first). Gradients reach all five. `initial` (B, H, Dk, Dv), if defined, is the state before the first token
+// (a decoding cache; it gets no gradient); `final_state`, if given, receives the state after the last.
+Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const Tensor& initial = Tensor(), Tensor* final_state = nullptr);
+// Gated DeltaNet's causal depthwise convolution (kernels::causal_conv1d_forward): x (B, T, C), weight (C, K) → (B, T,
+// C), each channel the weighted sum of its last K inputs. `state` (B, K − 1, C), if defined, holds the inputs before
+// x (a decoding cache; zeros otherwise; no gradient). Gradients reach x and the weight.
+Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& state = Tensor());
 
 // ---- mixture of experts ----
 

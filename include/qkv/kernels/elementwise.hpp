@@ -35,8 +35,9 @@ void binary_backward_reference(BinaryOp op, const Broadcast& shape, const float*
 
 // ---- unary maps y = f(x) with a scalar s ----
 
-// SoftCap: s·tanh(x / s), Gemma 2's soft-capping of its final logits.
-enum class UnaryOp { AddScalar, MulScalar, DivScalar, Neg, Exp, Log, SoftCap };
+// SoftCap: s·tanh(x / s), Gemma 2's soft-capping of its final logits. Sigmoid: 1 / (1 + e^−x). Softplus: log(1 + e^x),
+// x itself above 20 (torch.nn.functional.softplus's threshold; Gated DeltaNet's decay).
+enum class UnaryOp { AddScalar, MulScalar, DivScalar, Neg, Exp, Log, SoftCap, Sigmoid, Softplus };
 
 void unary_forward(UnaryOp op, float s, const float* x, float* y, int64_t n);
 // dx += g · f'(x) (y = f(x) is given for ops whose derivative is cheapest from it: exp).
