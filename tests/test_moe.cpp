@@ -468,5 +468,43 @@ TEST(MoeDemo, AttentionVariantSectionsShowWhatTheySave) {
   EXPECT_LT(number_after(own.out, "gated_delta_rule kernel gives the same outputs to "), 1e-5) << own.out;
 }
 
+// Qwen3-Next's keys: its hybrid stack read as config.json says, and a bad value refused by its name
+TEST(Qwen3NextFamily, ReadsTheHybridStackAndRefusesBadKeysByName) {
+  const nn::DecoderConfig c = nn::decoder_config_from_hf(read(fs::path(fixture("hf/qwen3_next")) / "config.json"));
+  std::vector<bool> linear;
+  for (const auto& l : c.layers) linear.push_back(l.linear);
+  EXPECT_EQ(linear, (std::vector<bool>{true, true, true, false}));  // full_attention_interval 4
+  EXPECT_TRUE(c.gated_attention);
+  EXPECT_TRUE(c.shared_expert_gate);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 12);
+  EXPECT_EQ(c.ropes.at(0).rotary_dim, 4);  // partial_rotary_factor 0.5 of head_dim 8
+  EXPECT_EQ(c.norm, nn::NormKind::GemmaRMSNorm);
+  EXPECT_EQ(c.linear_conv_width(), 2 * 2 * 6 + 4 * 5);
+  EXPECT_FALSE(c.layers[1].experts);  // mlp_only_layers
+  // layer_types, when given, wins over the interval; without partial_rotary_factor a quarter of each head rotates
+  const nn::DecoderConfig listed = nn::decoder_config_from_hf(edited_in(
+      "qwen3_next", "\"partial_rotary_factor\": 0.5,",
+      "\"layer_types\": [\"full_attention\", \"linear_attention\", \"full_attention\", \"linear_attention\"],"));
+  linear.clear();
+  for (const auto& l : listed.layers) linear.push_back(l.linear);
+  EXPECT_EQ(linear, (std::vector<bool>{false, true, false, true}));
+  EXPECT_EQ(listed.ropes.at(0).rotary_dim, 2);
+  auto refused = [](const std::string& from, const std::string& to, const char* key) {
+    const std::string message = refusal(edited_in("qwen3_next", from, to));
+    return message.find(key) != std::string::npos ? ::testing::AssertionSuccess()
+                                                  : ::testing::AssertionFailure() << key << " not named in: " << message;
+  };
+  EXPECT_TRUE(refused("\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3", "linear_num_value_heads"));
+  EXPECT_TRUE(refused("\"linear_key_head_dim\": 6", "\"linear_key_head_dim\": 0", "linear_key_head_dim"));
+  EXPECT_TRUE(refused("\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": -1", "linear_conv_kernel_dim"));
+  EXPECT_TRUE(refused("\"full_attention_interval\": 4", "\"full_attention_interval\": 0", "full_attention_interval"));
+  EXPECT_TRUE(refused("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "num_experts_per_tok"));
+  EXPECT_TRUE(refused("\"full_attention_interval\": 4,", "\"layer_types\": [\"linear_attention\", \"mamba\", "
+                      "\"full_attention\", \"full_attention\"],", "layer_types"));
+  // a family without Gated DeltaNet does not take linear_attention layers
+  EXPECT_NE(refusal(edited_in("qwen3", "\"eos_token_id\": 5", "\"eos_token_id\": 5, \"layer_types\": [\"linear_attention\", "
+                              "\"full_attention\"]")).find("layer_types"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace qkv::test

@@ -48,7 +48,15 @@ int run_attention(const AttentionCommand& options) {
   report.title = loaded.description + ", prompt \"" + options.prompt + "\"";
   report.token_ids = ids;
   for (int64_t id : ids) report.tokens.push_back(tokenizer->token_bytes(id));  // split characters keep their bytes
-  const std::vector<int64_t> layers = indices(options.layers, model.num_layers(), "layer");
+  std::vector<int64_t> layers = indices(options.layers, model.num_layers(), "layer");
+  if (layers.empty() && loaded.model->config.has_linear_layers()) {  // Qwen3-Next: its attention layers only
+    for (int64_t l = 0; l < model.num_layers(); ++l)
+      if (!loaded.model->config.layers[static_cast<size_t>(l)].linear) layers.push_back(l);
+    std::fprintf(stderr, "qkv attention: %lld of the %lld layers are Gated DeltaNet, which weigh no positions; showing "
+                         "the attention layers\n",
+                 static_cast<long long>(model.num_layers() - static_cast<int64_t>(layers.size())),
+                 static_cast<long long>(model.num_layers()));
+  }
   const std::vector<int64_t> heads = indices(options.heads, model.num_heads(), "head");
   report.maps = model.attention_maps(ids, layers, heads);
   for (int64_t l = 0; l < report.maps.size(0); ++l) report.layers.push_back(layers.empty() ? l + 1 : layers[static_cast<size_t>(l)] + 1);

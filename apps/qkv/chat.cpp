@@ -135,6 +135,10 @@ int run_chat(const ChatCommand& options) {
     return 0;
   }
   const nn::Decoder& model = *loaded.model;
+  if (model.config.has_linear_layers())
+    throw UsageError("qkv chat keeps the conversation in a session, whose cache does not hold " +
+                     model.config.family->description + "'s Gated DeltaNet states yet; for one turn use qkv generate "
+                     "--chat --prompt TEXT");
   const GenerateCommand& g = options.generation;
   const nn::SamplerOptions sampling = sampler_options(g, loaded);
   const int64_t capacity = std::min<int64_t>(model.context_length(), options.max_context);

@@ -141,6 +141,10 @@ int generate_batch(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.model);
   check_language_model(loaded);
   const nn::Decoder& model = *loaded.model;
+  if (model.config.has_linear_layers())
+    throw UsageError("--prompts generates the prompts as one batch of a session, whose cache does not hold " +
+                     model.config.family->description + "'s Gated DeltaNet states yet; run each with qkv generate "
+                     "--prompt TEXT");
   const int64_t context = model.context_length();
   std::vector<nn::GenerationRequest> requests;
   int64_t positions = 0;
@@ -232,14 +236,18 @@ int run_generate(const GenerateCommand& options) {
   text::StreamDecoder stream(*tokenizer);
   int64_t produced = 0;
   std::string cache_summary = "no KV cache (--no-cache)";
-  if (options.no_cache) {  // the book's loop: the whole context again for every token, for comparison
+  // A model with Gated DeltaNet layers (Qwen3-Next) keeps a state per sequence that sessions do not hold yet: it runs
+  // one sequence through nn::generate, with its cache (the layers' states and the attention layers' keys and values).
+  const bool recurrent = model.config.has_linear_layers();
+  if (options.no_cache || recurrent) {  // the book's loop: the whole context again for every token, for comparison
     nn::SamplingOptions legacy;
     legacy.max_new_tokens = options.max_new_tokens;
     legacy.temperature = sampling.is_greedy() ? 0.0 : sampling.temperature;
     legacy.top_k = sampling.top_k;
     legacy.top_p = sampling.top_p;
     legacy.seed = sampling.seed;
-    legacy.use_cache = false;
+    legacy.use_cache = !options.no_cache;
+    if (!options.no_cache) cache_summary = "one sequence: Gated DeltaNet states and a KV cache for the attention layers";
     legacy.stop_tokens = loaded.stop_ids;
     legacy.vocab_limit = sampling.vocab_limit;
     nn::generate(model, prompt, legacy, [&](int64_t token) {

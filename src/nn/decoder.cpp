@@ -93,6 +93,14 @@ constexpr RoleInfo kRoles[kRoleCount] = {
     {Role::StackedGateUpBias, "experts' gate and up bias", Kind::Bias},
     {Role::StackedDown, "experts' down", Kind::Other},
     {Role::StackedDownBias, "experts' down bias", Kind::Bias},
+    {Role::DeltaQkvz, "Gated DeltaNet qkvz projection", Kind::Matrix},
+    {Role::DeltaBa, "Gated DeltaNet beta and decay projection", Kind::Matrix},
+    {Role::DeltaConv, "Gated DeltaNet convolution", Kind::Other},
+    {Role::DeltaDtBias, "Gated DeltaNet dt bias", Kind::Other},
+    {Role::DeltaALog, "Gated DeltaNet A_log", Kind::Other},
+    {Role::DeltaNorm, "Gated DeltaNet gated norm", Kind::Norm},
+    {Role::DeltaOut, "Gated DeltaNet output", Kind::Matrix},
+    {Role::SharedExpertGate, "shared expert gate", Kind::Matrix},
 };
 Kind kind_of(Role r) { return kRoles[static_cast<size_t>(r)].kind; }
 }  // namespace
@@ -188,7 +196,18 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
     add(b + name + ".weight", {rows, in}, {{role, 0, rows}});
     if (bias) add(b + name + ".bias", {rows}, {{bias_of(role), 0, rows}});
   };
-  if (c.latent()) {  // DeepseekV3Attention, in its registration order
+  const bool linear = i < static_cast<int64_t>(c.layers.size()) && c.layers[static_cast<size_t>(i)].linear;
+  if (linear) {  // Qwen3NextGatedDeltaNet, in its registration order
+    const int64_t Kd = c.linear_key_heads * c.linear_key_dim, Vd = c.linear_value_heads * c.linear_value_dim;
+    const int64_t conv = c.linear_conv_width(), nv = c.linear_value_heads;
+    add(b + "linear_attn.conv1d.weight", {conv, 1, c.linear_conv_kernel}, {{Role::DeltaConv, 0, conv}});
+    projection("linear_attn.in_proj_qkvz", 2 * Kd + 2 * Vd, C, Role::DeltaQkvz, false);
+    projection("linear_attn.in_proj_ba", 2 * nv, C, Role::DeltaBa, false);
+    add(b + "linear_attn.dt_bias", {nv}, {{Role::DeltaDtBias, 0, nv}});
+    add(b + "linear_attn.A_log", {nv}, {{Role::DeltaALog, 0, nv}});
+    add(b + "linear_attn.norm.weight", {c.linear_value_dim}, {{Role::DeltaNorm, 0, c.linear_value_dim}});
+    projection("linear_attn.out_proj", C, Vd, Role::DeltaOut, false);
+  } else if (c.latent()) {  // DeepseekV3Attention, in its registration order
     const int64_t H = c.num_heads, R = c.kv_lora_rank, Rq = c.q_lora_rank, dr = c.head_dim;
     if (Rq > 0) {
       projection("self_attn.q_a_proj", Rq, C, Role::QueryA, false);
@@ -210,12 +229,13 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
   } else {
     // gpt-oss's sinks: GptOssAttention's own parameter, listed before its projections in the state dict
     if (f.sinks) add(b + "self_attn.sinks", {c.num_heads}, {{Role::Sinks, 0, c.num_heads}});
-    projection("self_attn.q_proj", Q, C, Role::Query, c.qkv_bias);
+    // gated attention: each head's query values then its gate values
+    projection("self_attn.q_proj", c.gated_attention ? 2 * Q : Q, C, Role::Query, c.qkv_bias);
     projection("self_attn.k_proj", KV, C, Role::Key, c.qkv_bias);
     projection("self_attn.v_proj", KV, C, Role::Value, c.qkv_bias);
     projection("self_attn.o_proj", C, Q, Role::Output, c.o_bias);
   }
-  if (c.qk_norm != QkNorm::None) {  // per head: (D); over the projection (OLMo 2): (H·D) and (H_kv·D)
+  if (c.qk_norm != QkNorm::None && !linear) {  // per head: (D); over the projection (OLMo 2): (H·D) and (H_kv·D)
     const bool whole = c.qk_norm == QkNorm::Projection;
     add(b + "self_attn.q_norm.weight", {whole ? Q : D}, {{Role::QueryNorm, 0, whole ? Q : D}});
     add(b + "self_attn.k_norm.weight", {whole ? KV : D}, {{Role::KeyNorm, 0, whole ? KV : D}});
@@ -246,9 +266,12 @@ void hf_block(const DecoderConfig& c, int64_t i, std::vector<DecoderConfig::Para
       add(b + "mlp.gate.e_score_correction_bias", {E}, {{Role::RouterBias, 0, E}});
     }
     if (const int64_t Fs = c.shared_expert_intermediate_size; Fs > 0) {
-      add(b + "mlp.shared_experts.gate_proj.weight", {Fs, C}, {{Role::SharedGate, 0, Fs}});
-      add(b + "mlp.shared_experts.up_proj.weight", {Fs, C}, {{Role::SharedUp, 0, Fs}});
-      add(b + "mlp.shared_experts.down_proj.weight", {C, Fs}, {{Role::SharedDown, 0, C}});
+      // DeepseekV3MoE's shared_experts; Qwen3NextSparseMoeBlock's shared_expert, then its shared_expert_gate
+      const std::string shared = b + (c.shared_expert_gate ? "mlp.shared_expert." : "mlp.shared_experts.");
+      add(shared + "gate_proj.weight", {Fs, C}, {{Role::SharedGate, 0, Fs}});
+      add(shared + "up_proj.weight", {Fs, C}, {{Role::SharedUp, 0, Fs}});
+      add(shared + "down_proj.weight", {C, Fs}, {{Role::SharedDown, 0, C}});
+      if (c.shared_expert_gate) add(b + "mlp.shared_expert_gate.weight", {1, C}, {{Role::SharedExpertGate, 0, 1}});
     }
   } else if (c.mlp == MlpKind::GELU) {
     projection("mlp.up_proj", F, C, Role::Up, c.mlp_bias);
@@ -305,6 +328,10 @@ void validate_rope(const RopeFrequencies& r) {
 }  // namespace
 
 const char* role_name(Role role) { return kRoles[static_cast<size_t>(role)].name; }
+
+bool DecoderConfig::has_linear_layers() const {
+  return std::any_of(layers.begin(), layers.end(), [](const DecoderLayerSettings& l) { return l.linear; });
+}
 
 void DecoderConfig::validate() const {
   if (!family) invalid("no family");
@@ -387,6 +414,26 @@ void DecoderConfig::validate() const {
       invalid("gpt-oss's experts have a softmax router and no shared experts");
     product({num_experts, 3, expert_intermediate_size, hidden_size});
   }
+  if ((gated_attention || shared_expert_gate || has_linear_layers()) && !family->linear_attention)
+    invalid("gated attention, a gated shared expert and Gated DeltaNet layers are Qwen3-Next's; the " + family->name +
+            " family has none");
+  if (has_linear_layers()) {
+    positive(linear_key_heads, "linear_num_key_heads");
+    positive(linear_key_dim, "linear_key_head_dim");
+    positive(linear_value_heads, "linear_num_value_heads");
+    positive(linear_value_dim, "linear_value_head_dim");
+    positive(linear_conv_kernel, "linear_conv_kernel_dim");
+    if (linear_value_heads % linear_key_heads != 0)
+      invalid("linear_num_value_heads = " + std::to_string(linear_value_heads) + " must be a multiple of linear_num_key_heads = " +
+              std::to_string(linear_key_heads) + " (each key head serves a group of value heads)");
+    if (linear_conv_kernel > 64) invalid("linear_conv_kernel_dim = " + std::to_string(linear_conv_kernel) + " is more than qkv takes (64)");
+    product({linear_value_heads, linear_key_dim, linear_value_dim});
+    product({2 * linear_key_heads * linear_key_dim + 2 * linear_value_heads * linear_value_dim, hidden_size});
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i].linear && layers[i].window > 0) invalid("layer " + std::to_string(i) + " is Gated DeltaNet: it has no sliding window");
+  }
+  if (shared_expert_gate && shared_expert_intermediate_size <= 0)
+    invalid("a gated shared expert needs shared_expert_intermediate_size > 0");
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].window < 0) invalid("layer " + std::to_string(i) + " has a negative sliding window");
     if (!learned_positions && (layers[i].rope < -1 || layers[i].rope >= static_cast<int64_t>(ropes.size())))
@@ -466,6 +513,16 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::StackedGateUpBias: base = p.parts.front().row0 == 0 ? "ffn_gate_exps.bias" : "ffn_up_exps.bias"; break;
     case Role::StackedDown: base = "ffn_down_exps.weight"; break;
     case Role::StackedDownBias: base = "ffn_down_exps.bias"; break;
+    case Role::DeltaQkvz:
+    case Role::DeltaBa:
+    case Role::DeltaConv:
+    case Role::DeltaDtBias:
+    case Role::DeltaALog:
+    case Role::DeltaNorm:
+    case Role::DeltaOut:
+    case Role::SharedExpertGate:
+      throw ValueError("Qwen3-Next's GGUF tensors (llama.cpp's qwen3next: ssm_conv1d, ssm_in, …) are not read or written "
+                       "by qkv yet; use its Hugging Face folder");
   }
   return "blk." + std::to_string(p.layer) + "." + base;
 }
@@ -606,17 +663,20 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
   for (size_t i = 0; i < blocks.size(); ++i) {
     DecoderBlock& b = blocks[i];
     Homes& h = homes[i];
-    if (!c.latent()) {  // latent attention's projections are each their own tensor
-      h.qkv = make({Q + 2 * KV, C});
-      b[Role::Query] = h.qkv.view_at(0, {Q, C});
-      b[Role::Key] = h.qkv.view_at(Q * C, {KV, C});
-      b[Role::Value] = h.qkv.view_at((Q + KV) * C, {KV, C});
+    // latent attention's projections are each their own tensor; a Gated DeltaNet layer has none of these
+    const bool attention = !c.latent() && !c.layers[i].linear;
+    const int64_t Qr = c.gated_attention ? 2 * Q : Q;  // gated attention: each head's query and gate rows
+    if (attention) {
+      h.qkv = make({Qr + 2 * KV, C});
+      b[Role::Query] = h.qkv.view_at(0, {Qr, C});
+      b[Role::Key] = h.qkv.view_at(Qr * C, {KV, C});
+      b[Role::Value] = h.qkv.view_at((Qr + KV) * C, {KV, C});
     }
-    if (c.qkv_bias) {
-      h.qkv_bias = make({Q + 2 * KV});
-      b[Role::QueryBias] = h.qkv_bias.view_at(0, {Q});
-      b[Role::KeyBias] = h.qkv_bias.view_at(Q, {KV});
-      b[Role::ValueBias] = h.qkv_bias.view_at(Q + KV, {KV});
+    if (c.qkv_bias && attention) {
+      h.qkv_bias = make({Qr + 2 * KV});
+      b[Role::QueryBias] = h.qkv_bias.view_at(0, {Qr});
+      b[Role::KeyBias] = h.qkv_bias.view_at(Qr, {KV});
+      b[Role::ValueBias] = h.qkv_bias.view_at(Qr + KV, {KV});
     }
     if (c.layers[i].experts) {  // the experts, each its own registered tensors (below; gpt-oss's: four stacked ones)
       if (c.family->stacked_experts) continue;
@@ -668,6 +728,11 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
     }
     const Kind kind = kind_of(role);
     if (!fill) {
+    } else if (role == Role::DeltaNorm || role == Role::DeltaDtBias) {  // Qwen3-Next: a plain-w norm, dt_bias 1
+      t.fill_(1.0f);
+    } else if (role == Role::DeltaALog) {  // A_log = log(U(0, 16)): decay rates e^A_log between 0 and 16
+      gen->uniform_(t, 0.0, 16.0);
+      for (int64_t k = 0; k < t.numel(); ++k) t.data()[k] = std::log(std::max(t.data()[k], 1e-30f));
     } else if (kind == Kind::Norm) {
       t.fill_(norm_identity);
     } else if (book) {
@@ -816,7 +881,8 @@ void Decoder::store_matrices(kernels::WeightType type) {
     if (kind_of(p.role()) != Kind::Matrix || p.transposed) continue;
     if (p.role() == Role::Head && (config.tie_word_embeddings || is_classifier())) continue;  // the table, or a small score
     if (p.role() == Role::LatentB) continue;  // absorbed decoding reads it per head as float32 (attend_latent)
-    if (p.role() == Role::Router) continue;   // the experts' choice stays exact, as llama.cpp keeps ffn_gate_inp
+    // the experts' choice and Qwen3-Next's shared expert gate stay exact, as llama.cpp keeps ffn_gate_inp(_shexp)
+    if (p.role() == Role::Router || p.role() == Role::SharedExpertGate) continue;
     Tensor& t = parameter(p);
     const int64_t cols = t.size(1);
     // K-quants need rows of 256 values (Qwen2-0.5B's 896 are not): such a matrix takes Q8_0, as llama.cpp falls back
@@ -1143,6 +1209,12 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
 
 Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                        AttentionStep::Record* record, const BatchStep* step) const {
+  if (config.layers[i].linear) {
+    if (step)
+      throw ValueError("Decoder: layer " + std::to_string(i) + " is Gated DeltaNet, whose state a session's block cache "
+                       "does not hold; run " + config.family->name + " one sequence at a time (nn::generate)");
+    return attend_linear(i, x, cache);  // no attention weights: a record stays empty
+  }
   if (config.latent()) {
     if (step) return attend_latent_blocks(i, x, *step);
     if (record && cache)
@@ -1172,6 +1244,19 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
   // updates in their columns; its gradient comes back as one tensor for one backward product.
   Tensor packed = group_product(x, b, b.qkv);
   Tensor context;
+  // Gated attention (Qwen3-Next): q_proj's rows are each head's D query values then its D gate values; the gate
+  // multiplies the context before o_proj (attention_output_gate reads it in place).
+  Tensor q_and_gate;
+  if (config.gated_attention) {
+    const int64_t D = config.head_dim;
+    q_and_gate = narrow(packed, 0, 2 * Q);
+    const Tensor by_head = reshape(q_and_gate, {x.size(0), x.size(1), H, 2 * D});
+    packed = concat({reshape(narrow(by_head, 0, D), {x.size(0), x.size(1), Q}), narrow(packed, 2 * Q, 2 * KV)}, -1);
+  }
+  auto output = [&](const Tensor& ctx) {
+    const Tensor gated = q_and_gate.defined() ? attention_output_gate(ctx, q_and_gate, H) : ctx;
+    return linear_with_lora(gated, b[Role::Output], b[Role::OutputBias], b.adapter(Role::Output));
+  };
   if (!cache && !record && !step && config.qk_norm == QkNorm::None) {
     // Training and plain inference: rotated in place of a copy and read by the kernel with strides.
     if (rotate) packed = rope(packed, rope_table(layer.rope, extent), config.rope_layout, H + 2 * H_kv, position, H + H_kv);
@@ -1185,8 +1270,7 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
       q = rms_norm(q, b[Role::QueryNorm], eps, norm_offset);
       k = rms_norm(k, b[Role::KeyNorm], eps, norm_offset);
     }
-    if (step)  // a session's step: rotated at each row's position, attended over each sequence's blocks
-      return linear_with_lora(attend_blocks(i, q, k, v, *step), b[Role::Output], b[Role::OutputBias], b.adapter(Role::Output));
+    if (step) return output(attend_blocks(i, q, k, v, *step));  // rotated at each row's position, over its blocks
     if (rotate) {
       const auto table = rope_table(layer.rope, extent);
       q = rope(q, table, config.rope_layout, H, position);
@@ -1212,7 +1296,64 @@ Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t exte
       record->lse = lse;
     }
   }
-  return linear_with_lora(context, b[Role::Output], b[Role::OutputBias], b.adapter(Role::Output));
+  return output(context);
+}
+
+// Qwen3NextGatedDeltaNet: in_proj_qkvz's columns are grouped by key head g as q_g (Dk) | k_g (Dk) | v (r heads of Dv)
+// | z (r heads of Dv), in_proj_ba's as b (r) | a (r), r = value heads per key head. The conv reads q, k and v of all
+// heads in that order; q and k are then L2-normalised (q also × Dk^−½) and repeated for the r value heads each serves.
+Tensor Decoder::attend_linear(size_t i, const Tensor& x, KVCache* cache) const {
+  const DecoderBlock& b = blocks[i];
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t nk = config.linear_key_heads, nv = config.linear_value_heads, dk = config.linear_key_dim,
+                dv = config.linear_value_dim, r = nv / nk, Kd = nk * dk, Vd = nv * dv, K = config.linear_conv_kernel;
+  const Tensor none;
+  const Tensor qkvz = reshape(linear_with_lora(x, b[Role::DeltaQkvz], none, b.adapter(Role::DeltaQkvz)),
+                              {B, T, nk, 2 * dk + 2 * r * dv});
+  const Tensor ba = reshape(linear_with_lora(x, b[Role::DeltaBa], none, b.adapter(Role::DeltaBa)), {B, T, nk, 2 * r});
+  const Tensor q = reshape(narrow(qkvz, 0, dk), {B, T, Kd}), k = reshape(narrow(qkvz, dk, dk), {B, T, Kd});
+  const Tensor v = reshape(narrow(qkvz, 2 * dk, r * dv), {B, T, Vd});
+  const Tensor z = reshape(narrow(qkvz, 2 * dk + r * dv, r * dv), {B, T, nv, dv});
+  const Tensor beta = sigmoid(reshape(narrow(ba, 0, r), {B, T, nv}));
+  const Tensor a = reshape(narrow(ba, r, r), {B, T, nv});
+  const Tensor g = neg(mul(softplus(add(a, b[Role::DeltaDtBias])), exp(b[Role::DeltaALog])));
+
+  const Tensor mixed = concat({q, k, v}, -1);  // (B, T, 2·Kd + Vd)
+  KVCacheLayer* layer_cache = cache ? &cache->layers[i] : nullptr;
+  const Tensor conv_state = layer_cache ? layer_cache->keys : Tensor();  // zeros before the first token
+  const Tensor convolved = silu(causal_conv1d(mixed, reshape(b[Role::DeltaConv], {config.linear_conv_width(), K}), conv_state));
+  // L2 norm over each head's Dk values, as RMSNorm with eps / Dk: x / √(Σx² + eps) = rms_norm(x, eps / Dk) / √Dk
+  const float eps = 1e-6f / static_cast<float>(dk), root = std::sqrt(static_cast<float>(dk));
+  const Tensor unit = Tensor::ones({dk});
+  auto heads = [&](const Tensor& t, float scale) {  // (B, T, Kd) → (B, T, nv, dk): normed, scaled, repeated r times
+    Tensor h = mul(rms_norm(reshape(t, {B, T, nk, dk}), unit, eps), scale);
+    if (r == 1) return h;
+    return reshape(mul(reshape(h, {B * T, nk, 1, dk}), Tensor::ones({1, 1, r, 1})), {B, T, nv, dk});
+  };
+  const Tensor qh = heads(narrow(convolved, 0, Kd), 1.0f / (root * root));  // l2norm, then × Dk^−½
+  const Tensor kh = heads(narrow(convolved, Kd, Kd), 1.0f / root);
+  const Tensor vh = reshape(narrow(convolved, 2 * Kd, Vd), {B, T, nv, dv});
+  Tensor final_state;
+  const Tensor initial = layer_cache ? layer_cache->values : Tensor();
+  const Tensor o = gated_delta_rule(qh, kh, vh, g, beta, initial, layer_cache ? &final_state : nullptr);
+  if (layer_cache) {  // the conv's last K − 1 inputs and the state after the last token
+    NoGradGuard no_grad;
+    Tensor before = Tensor::zeros({B, K - 1, config.linear_conv_width()});
+    const int64_t width = config.linear_conv_width();
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t j = 0; j < K - 1; ++j) {
+        const int64_t t = T - (K - 1) + j;  // the input position this row of the new state holds
+        const float* src = t >= 0 ? mixed.data() + (s * T + t) * width
+                           : conv_state.defined() ? conv_state.data() + (s * (K - 1) + (K - 1) + t) * width
+                                                  : nullptr;
+        if (src) std::copy_n(src, width, before.data() + (s * (K - 1) + j) * width);
+      }
+    layer_cache->keys = before;
+    layer_cache->values = final_state;
+  }
+  // Qwen3NextRMSNormGated: RMSNorm over each head's Dv values with a plain weight, × silu(z)
+  const Tensor normed = mul(rms_norm(o, b[Role::DeltaNorm], static_cast<float>(config.norm_eps)), silu(z));
+  return linear_with_lora(reshape(normed, {B, T, Vd}), b[Role::DeltaOut], none, b.adapter(Role::DeltaOut));
 }
 
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers) const {
@@ -1253,7 +1394,10 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
     const Tensor none;
     const Tensor shared = mul(silu(linear_with_lora(x, b[Role::SharedGate], none, b.adapter(Role::SharedGate))),
                               linear_with_lora(x, b[Role::SharedUp], none, b.adapter(Role::SharedUp)));
-    return add(routed, linear_with_lora(shared, b[Role::SharedDown], none, b.adapter(Role::SharedDown)));
+    Tensor out = linear_with_lora(shared, b[Role::SharedDown], none, b.adapter(Role::SharedDown));
+    // Qwen3-Next's: scaled per token by sigmoid(shared_expert_gate x), (…, 1) broadcast over C
+    if (b[Role::SharedExpertGate].defined()) out = mul(out, sigmoid(linear(x, b[Role::SharedExpertGate], none)));
+    return add(routed, out);
   }
   const Tensor& down = b[Role::Down];
   const Tensor& down_bias = b[Role::DownBias];
@@ -1370,7 +1514,24 @@ AttentionConfig recorded_attention(const DecoderConfig& config, int64_t layer, i
 }
 }  // namespace
 
+namespace {
+// "4, 8 and 12": the 1-based numbers of a hybrid model's attention layers, for messages about the others
+std::string attention_layer_list(const DecoderConfig& config) {
+  std::vector<std::string> numbers;
+  for (size_t i = 0; i < config.layers.size(); ++i)
+    if (!config.layers[i].linear) numbers.push_back(std::to_string(i + 1));
+  std::string list;
+  for (size_t i = 0; i < numbers.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == numbers.size() ? " and " : ", ") + numbers[i];
+  return list.empty() ? "none" : list;
+}
+}  // namespace
+
 Tensor Decoder::weights(int64_t layer, const AttentionStep::Record& record, int64_t b, int64_t h) const {
+  if (layer >= 0 && layer < config.num_layers && config.layers[static_cast<size_t>(layer)].linear)
+    throw ValueError("layer " + std::to_string(layer + 1) + " of this " + config.family->description + " model is Gated "
+                     "DeltaNet: it keeps a state instead of weighing positions, so it has no attention map; its attention "
+                     "layers are " + attention_layer_list(config));
   if (!record.lse.defined()) throw ValueError("Decoder::weights: the record is empty; run forward with it first");
   return attention_weights(record.queries, record.keys, record.lse, recorded_attention(config, layer, record.kv_tokens),
                            b, h);
@@ -1388,6 +1549,10 @@ Tensor Decoder::attention_row(std::span<const int64_t> ids, int64_t position) co
   for (size_t i = 0; i < blocks.size(); ++i) {
     AttentionStep::Record record;
     x = block_forward(i, x, 0, nullptr, &record);
+    if (config.layers[i].linear) {  // Gated DeltaNet weighs no positions: its rows stay 0
+      std::fill_n(out.data() + static_cast<int64_t>(i) * H * T, H * T, 0.0f);
+      continue;
+    }
     if (!record.lse.defined()) throw ValueError("Decoder::attention_row: layer " + std::to_string(i + 1) + " recorded no attention");
     // The last query alone, over all T keys: a decode step's shape, so the causal mask and the window line up.
     const int64_t width = record.queries.size(2);
@@ -1451,6 +1616,16 @@ KVCache Decoder::make_cache(int64_t batch, int64_t max_tokens) const {
   cache.batch = batch;
   cache.capacity = max_tokens > 0 ? max_tokens : config.max_positions;
   for (const DecoderLayerSettings& layer : config.layers) {
+    if (layer.linear) {  // Gated DeltaNet: the conv's last K − 1 inputs and the (Dk × Dv) state per value head,
+                         // float32 and constant in the length
+      KVCacheLayer state;
+      product({batch, config.linear_value_heads, config.linear_key_dim, config.linear_value_dim});
+      state.keys = Tensor::zeros({batch, config.linear_conv_kernel - 1, config.linear_conv_width()});
+      state.values = Tensor::zeros({batch, config.linear_value_heads, config.linear_key_dim, config.linear_value_dim});
+      cache.layers.push_back(std::move(state));
+      cache.filled.push_back(0);
+      continue;
+    }
     const int64_t rows =
         layer.window > 0 ? std::min(cache.capacity, layer.window - 1 + kCacheChunk) : cache.capacity;
     if (config.latent()) {  // latents and rotated keys (absorbed), or every head's padded key and value (expanded)

@@ -93,6 +93,23 @@ std::vector<Family> make_table() {
     f.experts = true;
     t.push_back(f);
   }
+  {  // Qwen3-Next (80B-A3B): three Gated DeltaNet layers to one of gated attention with half-width partial RoPE,
+     // (1 + w) RMSNorms, a softmax top-k router over SwiGLU experts plus a gated shared expert.
+    Family f = llama;
+    f.name = "qwen3_next";
+    f.description = "Qwen3-Next";
+    f.model_types = {"qwen3_next"};
+    f.causal_lm = "Qwen3NextForCausalLM";
+    f.sequence_classifier = "Qwen3NextForSequenceClassification";
+    f.gguf_architecture = "qwen3next";
+    f.norm = NormKind::GemmaRMSNorm;
+    f.qk_norm = QkNorm::PerHead;
+    f.partial_rotary = true;
+    f.partial_rotary_default = 0.25;
+    f.experts = true;
+    f.linear_attention = true;
+    t.push_back(f);
+  }
   {  // DeepSeek-V3 (and Kimi K2, the same architecture): multi-head latent attention; a sigmoid router over expert
      // groups with shared experts, after first_k_dense_replace dense layers.
     Family f = llama;

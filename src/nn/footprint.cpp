@@ -244,7 +244,12 @@ std::string memory_report(const DecoderConfig& config, int64_t batch, int64_t co
          std::to_string(bytes_per_value) + " bytes a value:\n";
   // layers grouped by the tokens they cache: full layers, then each window
   std::vector<std::pair<int64_t, int64_t>> kinds;  // (window, layers)
+  int64_t linear_layers = 0;
   for (const DecoderLayerSettings& layer : config.layers) {
+    if (layer.linear) {
+      ++linear_layers;
+      continue;
+    }
     auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == layer.window; });
     if (it == kinds.end()) kinds.push_back({layer.window, 1});
     else ++it->second;
@@ -259,6 +264,16 @@ std::string memory_report(const DecoderConfig& config, int64_t batch, int64_t co
     total = sum(total, bytes, "the KV cache's bytes");
     line(out, std::to_string(layers) + (window > 0 ? " sliding (" + thousands(window) + ")" : " full") + " layers",
          gigabytes(bytes) + " (" + thousands(bytes) + " bytes)");
+  }
+  if (linear_layers > 0) {  // Gated DeltaNet: a float32 (Dk × Dv) state per value head and the conv's last K − 1
+                           // inputs, whatever the context
+    const int64_t per_sequence =
+        sum(product({config.linear_value_heads, config.linear_key_dim, config.linear_value_dim, 4}, "the state's bytes"),
+            product({config.linear_conv_kernel - 1, config.linear_conv_width(), 4}, "the conv state's bytes"), "the state's bytes");
+    const int64_t bytes = product({batch, linear_layers, per_sequence}, "the Gated DeltaNet states' bytes");
+    total = sum(total, bytes, "the KV cache's bytes");
+    line(out, std::to_string(linear_layers) + " Gated DeltaNet layers",
+         gigabytes(bytes) + " (" + thousands(bytes) + " bytes: states, the same for any context)");
   }
   line(out, "total", gigabytes(total) + " (" + thousands(total) + " bytes)");
   return out;

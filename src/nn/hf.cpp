@@ -84,8 +84,9 @@ RopeFrequencies rope_of(const Keys& keys, const Family& f, double theta, bool sc
   if (scaling.has("rope_theta")) r.theta = scaling.number("rope_theta", r.theta);
   // partial rotation (Phi-3, Phi-4-mini): the first int(head_dim · factor) values of each head rotate
   if (f.partial_rotary) {
-    const double partial = scaling.has("partial_rotary_factor") ? scaling.number("partial_rotary_factor", 1.0)
-                                                                 : keys.number("partial_rotary_factor", 1.0);
+    const double partial = scaling.has("partial_rotary_factor")
+                               ? scaling.number("partial_rotary_factor", f.partial_rotary_default)
+                               : keys.number("partial_rotary_factor", f.partial_rotary_default);
     if (!(partial > 0.0 && partial <= 1.0)) keys.fail("partial_rotary_factor", "must lie in (0, 1]");
     const int64_t head_dim = keys.integer("head_dim", keys.integer("hidden_size") / std::max<int64_t>(keys.integer("num_attention_heads"), 1));
     if (partial < 1.0) r.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
@@ -167,7 +168,9 @@ void require_activation(const Keys& keys, const Family& f) {
 }
 
 // Which layers slide: transformers' layer_types list when given, else the family's own rule.
-std::vector<bool> sliding_layers(const Keys& keys, int64_t layers, const std::function<bool(int64_t)>& rule) {
+// linear_attention entries (Qwen3-Next's Gated DeltaNet layers) do not slide; they are read by read_linear.
+std::vector<bool> sliding_layers(const Keys& keys, int64_t layers, const std::function<bool(int64_t)>& rule,
+                                 bool linear_ok = false) {
   std::vector<bool> sliding(static_cast<size_t>(layers));
   if (keys.has("layer_types")) {
     const json& types = keys.raw("layer_types");
@@ -176,9 +179,9 @@ std::vector<bool> sliding_layers(const Keys& keys, int64_t layers, const std::fu
     for (int64_t i = 0; i < layers; ++i) {
       const json& t = types[static_cast<size_t>(i)];
       if (t == "sliding_attention") sliding[static_cast<size_t>(i)] = true;
-      else if (t != "full_attention")
-        keys.fail("layer_types", "entry " + std::to_string(i) + " is " + printable(t.dump(), 40) +
-                                     "; qkv knows full_attention and sliding_attention");
+      else if (t != "full_attention" && !(linear_ok && t == "linear_attention"))
+        keys.fail("layer_types", "entry " + std::to_string(i) + " is " + printable(t.dump(), 40) + "; qkv knows " +
+                                     (linear_ok ? "full_attention and linear_attention" : "full_attention and sliding_attention"));
     }
     return sliding;
   }
@@ -213,11 +216,18 @@ namespace {
 // A mixture-of-experts family's keys (Qwen3MoeConfig's, with its defaults): which layers have experts
 // (decoder_sparse_step, mlp_only_layers), how many, how wide, how many a token takes and whether their weights are
 // renormalised.
+// Qwen3-Next's have other defaults (Qwen3NextConfig's) and a shared expert gated by sigmoid(shared_expert_gate x).
 void read_experts(const Keys& keys, DecoderConfig& c) {
-  c.num_experts = keys.integer("num_experts", 128);
-  c.experts_per_token = keys.integer("num_experts_per_tok", 8);
-  c.expert_intermediate_size = keys.integer("moe_intermediate_size", 768);
-  c.norm_topk_prob = keys.boolean("norm_topk_prob", false);
+  const bool next = c.family->linear_attention;
+  c.num_experts = keys.integer("num_experts", next ? 512 : 128);
+  c.experts_per_token = keys.integer("num_experts_per_tok", next ? 10 : 8);
+  c.expert_intermediate_size = keys.integer("moe_intermediate_size", next ? 512 : 768);
+  c.norm_topk_prob = keys.boolean("norm_topk_prob", next);
+  if (next && c.num_experts > 0) {
+    c.shared_expert_intermediate_size = keys.integer("shared_expert_intermediate_size", 512);
+    if (c.shared_expert_intermediate_size < 0) keys.fail("shared_expert_intermediate_size", "must not be negative");
+    c.shared_expert_gate = c.shared_expert_intermediate_size > 0;
+  }
   // The load-balancing loss joins the training loss only when the config asks for the router logits (as transformers)
   if (keys.boolean("output_router_logits", false)) c.router_aux_loss_coef = keys.number("router_aux_loss_coef", 0.001);
   if (c.num_experts < 0 || c.num_experts > 65536) keys.fail("num_experts", "must lie in 0…65536");
@@ -240,6 +250,32 @@ void read_experts(const Keys& keys, DecoderConfig& c) {
   for (int64_t i = 0; i < c.num_layers; ++i)
     c.layers[static_cast<size_t>(i)].experts = c.num_experts > 0 && !dense.count(i) && (i + 1) % step == 0;
   if (c.num_experts == 0) c.experts_per_token = c.expert_intermediate_size = 0;  // a dense model
+}
+
+// Qwen3-Next's hybrid stack (Qwen3NextConfig's keys and defaults): which layers are Gated DeltaNet (layer_types, or
+// all but every full_attention_interval-th), their heads and conv, and the full layers' gated attention.
+void read_linear(const Keys& keys, DecoderConfig& c) {
+  c.gated_attention = true;
+  c.linear_conv_kernel = keys.integer("linear_conv_kernel_dim", 4);
+  c.linear_key_dim = keys.integer("linear_key_head_dim", 128);
+  c.linear_value_dim = keys.integer("linear_value_head_dim", 128);
+  c.linear_key_heads = keys.integer("linear_num_key_heads", 16);
+  c.linear_value_heads = keys.integer("linear_num_value_heads", 32);
+  for (const char* key : {"linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                          "linear_num_value_heads"})
+    if (keys.integer(key, 1) <= 0) keys.fail(key, "must be positive");
+  if (c.linear_value_heads % c.linear_key_heads != 0)
+    keys.fail("linear_num_value_heads", "is " + std::to_string(c.linear_value_heads) + "; it must be a multiple of "
+              "linear_num_key_heads (" + std::to_string(c.linear_key_heads) + ")");
+  if (c.linear_conv_kernel > 64) keys.fail("linear_conv_kernel_dim", "is more than qkv takes (64)");
+  if (keys.has("layer_types")) {  // checked by sliding_layers: linear_attention or full_attention
+    const json& types = keys.raw("layer_types");
+    for (int64_t i = 0; i < c.num_layers; ++i) c.layers[static_cast<size_t>(i)].linear = types[static_cast<size_t>(i)] == "linear_attention";
+  } else {
+    const int64_t interval = keys.integer("full_attention_interval", 4);
+    if (interval <= 0) keys.fail("full_attention_interval", "must be positive");
+    for (int64_t i = 0; i < c.num_layers; ++i) c.layers[static_cast<size_t>(i)].linear = (i + 1) % interval != 0;
+  }
 }
 
 // gpt-oss's keys (GptOssConfig's, with its defaults): every layer a mixture of num_local_experts experts of
@@ -432,7 +468,8 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   int64_t window = keys.present("sliding_window") ? keys.integer("sliding_window", 0) : f.default_window;
   switch (f.sliding) {
     case SlidingRule::None:
-      if (keys.has("layer_types")) sliding = sliding_layers(keys, c.num_layers, [](int64_t) { return false; });
+      if (keys.has("layer_types"))
+        sliding = sliding_layers(keys, c.num_layers, [](int64_t) { return false; }, f.linear_attention);
       break;
     case SlidingRule::EveryLayer:  // sliding_window null: none
       sliding = sliding_layers(keys, c.num_layers, [&](int64_t) { return window > 0; });
@@ -475,6 +512,7 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
   if (f.latent_attention) read_latent(keys, c);
   else if (f.stacked_experts) read_stacked_experts(keys, c);
   else if (f.experts) read_experts(keys, c);
+  if (f.linear_attention) read_linear(keys, c);
   for (const auto& r : c.ropes) {
     const int64_t rotated = r.rotary_dim > 0 ? r.rotary_dim : c.head_dim;
     if (r.scaling == RopeFrequencies::Scaling::LongRope && static_cast<int64_t>(r.short_factor.size()) * 2 != rotated)
@@ -561,6 +599,17 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
     for (size_t i = 0; i < c.layers.size(); ++i)
       if (!c.layers[i].experts) dense.push_back(static_cast<int64_t>(i));
     j["mlp_only_layers"] = dense;
+    if (f.linear_attention) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+  }
+  if (f.linear_attention) {  // Qwen3NextConfig's names; which layers are Gated DeltaNet, spelled out
+    j["linear_conv_kernel_dim"] = c.linear_conv_kernel;
+    j["linear_key_head_dim"] = c.linear_key_dim;
+    j["linear_value_head_dim"] = c.linear_value_dim;
+    j["linear_num_key_heads"] = c.linear_key_heads;
+    j["linear_num_value_heads"] = c.linear_value_heads;
+    json types = json::array();
+    for (const auto& l : c.layers) types.push_back(l.linear ? "linear_attention" : "full_attention");
+    j["layer_types"] = types;
   }
   if (f.experts && !f.latent_attention && c.router_aux_loss_coef != 0.0) {  // the load-balancing loss, as read
     j["output_router_logits"] = true;
@@ -602,6 +651,8 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
     j["rope_scaling"] = scaling(c.ropes[0]);
     if (c.ropes[0].rotary_dim > 0)
       j["partial_rotary_factor"] = static_cast<double>(c.ropes[0].rotary_dim) / static_cast<double>(c.head_dim);
+    else if (f.partial_rotary && f.partial_rotary_default != 1.0)  // all of each head, unlike the family's default
+      j["partial_rotary_factor"] = 1.0;
     if (f.rope == RopeRule::LocalBase && c.ropes.size() > 1) j["rope_local_base_freq"] = c.ropes[1].theta;
   }
   if (f.rope == RopeRule::NoRopeLayers) {

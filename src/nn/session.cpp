@@ -211,6 +211,10 @@ Session::Session(const Decoder& model, const SessionOptions& options)
   if (model.is_classifier())
     throw ValueError("session: the model is a classifier (" + std::to_string(model.config.num_labels) +
                      " classes), not a language model");
+  if (model.config.has_linear_layers())
+    throw ValueError("session: " + model.config.family->description + "'s Gated DeltaNet layers keep a state per sequence "
+                     "that a session's block cache does not hold yet, so no session (or server) can run it; generate "
+                     "one sequence at a time with nn::generate, as qkv generate does");
   if (options.adapt_threads) governor_ = std::make_unique<ThreadGovernor>();
 }
 

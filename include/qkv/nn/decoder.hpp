@@ -34,6 +34,7 @@ struct DecoderLayerSettings {
   int64_t window = 0;  // sliding window (Gemma's local layers, Mistral, Qwen2's use_sliding_window); 0: global
   int64_t rope = 0;    // which of DecoderConfig::ropes rotates its q and k; −1: none (SmolLM3's NoPE layers)
   bool experts = false;  // its MLP is a mixture of experts (Qwen3-MoE's sparse layers), not the dense one
+  bool linear = false;   // its token mixer is Gated DeltaNet (Qwen3-Next's linear_attention layers), not attention
   bool operator==(const DecoderLayerSettings&) const = default;  // Field by field
 };
 
@@ -56,8 +57,14 @@ enum class Role {
   // stacked as its checkpoints store them: gate_up (E, C, 2F), gate and up columns alternating, its bias (E, 2F),
   // down (E, F, C) and its bias (E, C)
   Sinks, RouterLogitBias, StackedGateUp, StackedGateUpBias, StackedDown, StackedDownBias,
+  // Qwen3-Next's Gated DeltaNet (linear_attn): in_proj_qkvz (2·Kd + 2·Vd, C), grouped per key head as q | k | v | z;
+  // in_proj_ba (2·nv, C), per key head b | a; the causal conv1d (2·Kd + Vd, 1, K); dt_bias (nv); A_log (nv); the
+  // gated RMSNorm's weight (Dv, plain w); out_proj (C, Vd). Kd = nk·Dk, Vd = nv·Dv.
+  DeltaQkvz, DeltaBa, DeltaConv, DeltaDtBias, DeltaALog, DeltaNorm, DeltaOut,
+  // Qwen3-Next's shared expert gate (1, C): the shared expert's output × sigmoid(x · wᵀ)
+  SharedExpertGate,
 };
-inline constexpr int kRoleCount = static_cast<int>(Role::StackedDownBias) + 1;  // how many roles there are
+inline constexpr int kRoleCount = static_cast<int>(Role::SharedExpertGate) + 1;  // how many roles there are
 const char* role_name(Role role);  // "query", "gate bias", … for messages
 // A matrix, an embedding table or a stack of matrices (gpt-oss's experts): what file formats may quantize; not a
 // vector, a bias or a norm
@@ -116,6 +123,20 @@ struct DecoderConfig {
   // gpt-oss (Family::stacked_experts): the router's top-k logits softmaxed, experts stacked with biases, and SwiGLU's
   // gate and up clamped at swiglu_limit (kernels::MoeOptions); attention sinks (Family::sinks) in every layer.
   double swiglu_limit = 0.0;
+  // Qwen3-Next: the shared expert's output scaled by sigmoid(shared_expert_gate x), named mlp.shared_expert.*
+  bool shared_expert_gate = false;
+  // Gated attention (Qwen3-Next): q_proj is 2·q_width() rows, head h's D query values then its D gate values; the
+  // attention output is multiplied by sigmoid(gate) before o_proj.
+  bool gated_attention = false;
+  // Gated DeltaNet (the layers whose settings say linear): linear_key_heads heads of linear_key_dim values for q and
+  // k, linear_value_heads of linear_value_dim for v (a multiple of the key heads, each key head serving
+  // linear_value_heads / linear_key_heads of them), a causal depthwise conv of linear_conv_kernel taps in front
+  // (Qwen3-Next's linear_num_key_heads, linear_key_head_dim, linear_num_value_heads, linear_value_head_dim,
+  // linear_conv_kernel_dim).
+  int64_t linear_key_heads = 0, linear_key_dim = 0, linear_value_heads = 0, linear_value_dim = 0, linear_conv_kernel = 0;  // as above
+  // The conv's channels: q, k and v of every head, 2·Kd + Vd
+  int64_t linear_conv_width() const { return 2 * linear_key_heads * linear_key_dim + linear_value_heads * linear_value_dim; }
+  bool has_linear_layers() const;  // whether any layer is Gated DeltaNet
   // Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0): each token's keys and values come from a latent
   // of kv_lora_rank values (after its RMSNorm) expanded per head by kv_b_proj into qk_nope_head_dim key values and
   // v_head_dim values, plus one rotated key of head_dim (= qk_rope_head_dim) values shared by all heads; queries are
@@ -227,7 +248,8 @@ class Decoder : public LanguageModel {
   // What the token at `position` attended to: (L, H, position + 1), layer l's head h giving the softmax weights of
   // that query over positions 0…position (0 outside a sliding window), as the model computed them when it read that
   // token (a decode step sees the same keys). One pass over ids[0…position] and one row of QKᵀ per head: the last
-  // row of attention_maps without its T × T. ValueError for a position outside ids.
+  // row of attention_maps without its T × T. A Gated DeltaNet layer's rows are 0 (it weighs no positions). ValueError
+  // for a position outside ids.
   Tensor attention_row(std::span<const int64_t> ids, int64_t position) const;
   // Where a mixture-of-experts model sends each of ids' tokens: for every layer with experts (their 0-based numbers in
   // `layers`), a (T, num_experts) matrix of each token's routing weights, 0 for the experts it did not choose. One
@@ -347,6 +369,9 @@ class Decoder : public LanguageModel {
   // written to the blocks, each sequence's rows attending over its positions → context (1, N, H·D)
   Tensor attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, const BatchStep& step) const;
   Tensor mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers = nullptr) const;
+  // Gated DeltaNet for layer i (x normed, (B, T, C)): projections, causal conv + SiLU, the gated delta rule, the gated
+  // RMSNorm and out_proj. With a cache, its layer holds the conv's last K − 1 inputs (keys) and the state (values).
+  Tensor attend_linear(size_t i, const Tensor& x, KVCache* cache) const;
   // Multi-head latent attention for layer i (x normed), as attend() is for the others
   Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                        AttentionStep::Record* record = nullptr) const;

@@ -81,7 +81,8 @@ struct Family {
   bool embedding_scale = false;   // token embeddings × √hidden_size (Gemma)
   bool query_pre_attn_scalar = false;  // the attention scale is query_pre_attn_scalar^−½ (Gemma)
   bool soft_capping = false;      // attn_logit_softcapping and final_logit_softcapping are read (Gemma 2)
-  bool partial_rotary = false;    // partial_rotary_factor is read (Phi-3, Phi-4-mini)
+  bool partial_rotary = false;    // partial_rotary_factor is read (Phi-3, Phi-4-mini, Qwen3-Next)
+  double partial_rotary_default = 1.0;  // … and its value when config.json leaves it out (Qwen3-Next: 0.25)
   SlidingRule sliding = SlidingRule::None;
   int64_t sliding_pattern = 0;     // Pattern: n, unless config.json's pattern_key says
   std::string pattern_key;         // "sliding_window_pattern" (Gemma 3), or none
@@ -100,6 +101,11 @@ struct Family {
   // num_experts_per_tok, intermediate_size, swiglu_limit)
   bool stacked_experts = false;
   bool sinks = false;  // each attention head has a learned sink logit (self_attn.sinks; gpt-oss)
+  // Qwen3-Next: Gated DeltaNet layers (linear_attn.*) between gated full-attention layers (layer_types, or every
+  // full_attention_interval-th layer full); the full layers' q_proj doubled, each head's D query values followed by D
+  // gate values, the attention output × sigmoid(gate); the mixture of experts with one shared expert whose output is
+  // scaled by sigmoid(shared_expert_gate x)
+  bool linear_attention = false;
 };
 
 // Every family, in the order messages list them.
