@@ -135,10 +135,6 @@ int run_chat(const ChatCommand& options) {
     return 0;
   }
   const nn::Decoder& model = *loaded.model;
-  if (model.config.has_linear_layers())
-    throw UsageError("qkv chat keeps the conversation in a session, whose cache does not hold " +
-                     model.config.family->description + "'s Gated DeltaNet states yet; for one turn use qkv generate "
-                     "--chat --prompt TEXT");
   const GenerateCommand& g = options.generation;
   const nn::SamplerOptions sampling = sampler_options(g, loaded);
   const int64_t capacity = std::min<int64_t>(model.context_length(), options.max_context);
@@ -176,7 +172,9 @@ int run_chat(const ChatCommand& options) {
                        std::to_string(model.context_length()) + "), a smaller --max-new-tokens or a shorter message");
     // The template may rewrite the history (Qwen3 drops old <think> blocks): the cache is cut where it differs, and
     // at least the last token is fed again for its logits.
-    const int64_t keep = std::min<int64_t>(session.common_prefix(conversation, ids), static_cast<int64_t>(ids.size()) - 1);
+    // A model with Gated DeltaNet layers keeps a state of the whole conversation: kept whole, or fed again from 0.
+    int64_t keep = std::min<int64_t>(session.common_prefix(conversation, ids), static_cast<int64_t>(ids.size()) - 1);
+    if (session.cache().state_floats() > 0 && keep != session.length(conversation)) keep = 0;
     session.truncate(conversation, keep);
     nn::GenerationRequest r;
     r.prompt.assign(ids.begin() + keep, ids.end());

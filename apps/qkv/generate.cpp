@@ -141,10 +141,6 @@ int generate_batch(const GenerateCommand& options) {
   LoadedModel loaded = load_model(options.model);
   check_language_model(loaded);
   const nn::Decoder& model = *loaded.model;
-  if (model.config.has_linear_layers())
-    throw UsageError("--prompts generates the prompts as one batch of a session, whose cache does not hold " +
-                     model.config.family->description + "'s Gated DeltaNet states yet; run each with qkv generate "
-                     "--prompt TEXT");
   const int64_t context = model.context_length();
   std::vector<nn::GenerationRequest> requests;
   int64_t positions = 0;
@@ -236,18 +232,14 @@ int run_generate(const GenerateCommand& options) {
   text::StreamDecoder stream(*tokenizer);
   int64_t produced = 0;
   std::string cache_summary = "no KV cache (--no-cache)";
-  // A model with Gated DeltaNet layers (Qwen3-Next) keeps a state per sequence that sessions do not hold yet: it runs
-  // one sequence through nn::generate, with its cache (the layers' states and the attention layers' keys and values).
-  const bool recurrent = model.config.has_linear_layers();
-  if (options.no_cache || recurrent) {  // the book's loop: the whole context again for every token, for comparison
+  if (options.no_cache) {  // the book's loop: the whole context again for every token, for comparison
     nn::SamplingOptions legacy;
     legacy.max_new_tokens = options.max_new_tokens;
     legacy.temperature = sampling.is_greedy() ? 0.0 : sampling.temperature;
     legacy.top_k = sampling.top_k;
     legacy.top_p = sampling.top_p;
     legacy.seed = sampling.seed;
-    legacy.use_cache = !options.no_cache;
-    if (!options.no_cache) cache_summary = "one sequence: Gated DeltaNet states and a KV cache for the attention layers";
+    legacy.use_cache = false;
     legacy.stop_tokens = loaded.stop_ids;
     legacy.vocab_limit = sampling.vocab_limit;
     nn::generate(model, prompt, legacy, [&](int64_t token) {
@@ -278,9 +270,12 @@ int run_generate(const GenerateCommand& options) {
       sequence.erase(sequence.begin(), sequence.end() - std::max<int64_t>(1, context / 2));
     }
     const bool latent = session.cache().keys_only();  // latent attention: one row of latent and rotated key a token
-    cache_summary = kv_cache_summary(session) + ", " + count_of(model.num_layers(), "layer") + " × " +
+    cache_summary = kv_cache_summary(session) + ", " + count_of(model.block_cache_layers(), "layer") + " × " +
                     (latent ? "a latent of " + std::to_string(session.cache().width()) + " values"
                             : count_of(model.num_kv_heads(), "K/V head"));
+    if (const int64_t linear = model.num_layers() - model.block_cache_layers(); linear > 0)  // Gated DeltaNet
+      cache_summary += "; " + count_of(linear, "Gated DeltaNet layer") + " keeping a state of " +
+                       mib(model.block_cache_state_floats() / linear * 4) + " a sequence";
   }
   std::cout << stream.finish() << "\n" << std::flush;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();

@@ -1210,9 +1210,7 @@ Tensor Decoder::attend_latent(size_t i, const Tensor& x, int64_t position, int64
 Tensor Decoder::attend(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                        AttentionStep::Record* record, const BatchStep* step) const {
   if (config.layers[i].linear) {
-    if (step)
-      throw ValueError("Decoder: layer " + std::to_string(i) + " is Gated DeltaNet, whose state a session's block cache "
-                       "does not hold; run " + config.family->name + " one sequence at a time (nn::generate)");
+    if (step) return attend_linear_blocks(i, x, *step);
     return attend_linear(i, x, cache);  // no attention weights: a record stays empty
   }
   if (config.latent()) {
@@ -1688,7 +1686,7 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
   const bool latent = config.latent();
   const int64_t H = config.num_heads, H_kv = latent ? H : config.num_kv_heads, KV = block_cache_width();
   const int64_t D = KV / H_kv, Q = H * D, N = q.size(1);
-  const auto layer_index = static_cast<int64_t>(i);
+  const int64_t layer_index = block_cache_layer(static_cast<int64_t>(i));
   AttentionConfig attention;
   attention.num_heads = H;
   attention.num_kv_heads = H_kv;
@@ -1732,7 +1730,7 @@ Tensor Decoder::attend_latent_blocks(size_t i, const Tensor& x, const BatchStep&
   const DecoderLayerSettings& layer = config.layers[i];
   const int64_t N = x.size(1), H = config.num_heads, R = config.kv_lora_rank;
   const int64_t dn = config.qk_nope_head_dim, dr = config.head_dim, dv = config.v_head_dim, dq = dn + dr, W = R + dr;
-  const auto layer_index = static_cast<int64_t>(i);
+  const int64_t layer_index = block_cache_layer(static_cast<int64_t>(i));
   const Tensor none;
   const LatentProjections p = latent_projections(i, x);
   Tensor q_pe = Tensor::empty({1, N, H * dr}), k_pe = p.k_pe;
@@ -1798,6 +1796,51 @@ Tensor Decoder::attend_latent_blocks(size_t i, const Tensor& x, const BatchStep&
     for (int64_t h = 0; h < H; ++h)
       for (int64_t d = 0; d < dv; ++d) out.data()[(n * H + h) * dv + d] = expanded.data()[(h * (dn + dv) + dn + d) * N + n];
   return linear_with_lora(out, b[Role::Output], none, b.adapter(Role::Output));
+}
+
+int64_t Decoder::block_cache_layers() const { return block_cache_layer(config.num_layers); }
+
+int64_t Decoder::block_cache_layer(int64_t layer) const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < layer && l < config.num_layers; ++l) n += config.layers[static_cast<size_t>(l)].linear ? 0 : 1;
+  return n;
+}
+
+namespace {
+// One Gated DeltaNet layer's state in a session: the conv's last K − 1 inputs, then the (Dk × Dv) state per value head
+int64_t linear_state_floats(const DecoderConfig& c) {
+  return (c.linear_conv_kernel - 1) * c.linear_conv_width() + c.linear_value_heads * c.linear_key_dim * c.linear_value_dim;
+}
+}  // namespace
+
+int64_t Decoder::block_cache_state_floats() const {
+  return (config.num_layers - block_cache_layers()) * (config.has_linear_layers() ? linear_state_floats(config) : 0);
+}
+
+// Each sequence's rows run through attend_linear alone, from the state the block cache holds for it (zeros for a
+// sequence encoded from its start), which gets the state after them: the bits a sequence gets alone, in any batch.
+Tensor Decoder::attend_linear_blocks(size_t i, const Tensor& x, const BatchStep& step) const {
+  const int64_t C = x.size(2), N = x.size(1), K = config.linear_conv_kernel, W = config.linear_conv_width();
+  const int64_t conv = (K - 1) * W, floats = linear_state_floats(config);
+  const int64_t offset = (static_cast<int64_t>(i) - block_cache_layer(static_cast<int64_t>(i))) * floats;
+  Tensor out = Tensor::empty({1, N, C});
+  KVCache one;  // this layer's state, as attend_linear reads and writes it
+  one.layers.resize(i + 1);
+  for (const BatchPlan::Run& run : step.plan.runs) {
+    float* state = step.cache.state(run.sequence) + offset;
+    if (run.start == 0) std::fill_n(state, floats, 0.0f);  // (encoded again from its start: LongRoPE's switch)
+    KVCacheLayer& layer = one.layers[i];
+    layer.keys = Tensor::from(std::span<const float>(state, static_cast<size_t>(conv)), {1, K - 1, W});
+    layer.values = Tensor::from(std::span<const float>(state + conv, static_cast<size_t>(floats - conv)),
+                                {1, config.linear_value_heads, config.linear_key_dim, config.linear_value_dim});
+    const Tensor rows = Tensor::from(std::span<const float>(x.data() + run.row0 * C, static_cast<size_t>(run.rows * C)),
+                                     {1, run.rows, C});
+    const Tensor y = attend_linear(i, rows, &one);
+    std::copy_n(y.data(), run.rows * C, out.data() + run.row0 * C);
+    std::copy_n(layer.keys.data(), conv, state);
+    std::copy_n(layer.values.data(), floats - conv, state + conv);
+  }
+  return out;
 }
 
 Tensor Decoder::forward_batch(const BatchPlan& plan, KVBlockCache& cache) const {

@@ -52,8 +52,42 @@ const KVBlockCache::Sequence& KVBlockCache::at(int64_t seq) const {
 int64_t KVBlockCache::length(int64_t seq) const { return at(seq).length; }
 
 void KVBlockCache::open(int64_t seq) {
-  if (!sequences_.emplace(seq, Sequence{}).second)
+  Sequence s;
+  s.state.assign(static_cast<size_t>(state_floats_), 0.0f);
+  if (!sequences_.emplace(seq, std::move(s)).second)
     throw ValueError("KV cache: sequence " + std::to_string(seq) + " is already open");
+}
+
+int64_t KVBlockCache::bytes_allocated() const {
+  return blocks_allocated() * bytes_per_block() +
+         static_cast<int64_t>(sequences_.size()) * state_floats_ * static_cast<int64_t>(sizeof(float));
+}
+
+void KVBlockCache::keep_states(int64_t floats) {
+  if (!sequences_.empty()) throw ValueError("KV cache: keep_states before any sequence opens");
+  if (floats < 0) throw ValueError("KV cache: a state of " + std::to_string(floats) + " values");
+  state_floats_ = floats;
+}
+
+float* KVBlockCache::state(int64_t seq) {
+  (void)at(seq);
+  return sequences_.at(seq).state.data();
+}
+
+void KVBlockCache::restore(int64_t seq, int64_t length, const std::vector<float>& saved) {
+  Sequence& s = sequences_.at((at(seq), seq));
+  if (static_cast<int64_t>(saved.size()) != state_floats_ || length < 0 || length > s.length)
+    throw ValueError("KV cache: cannot restore sequence " + std::to_string(seq) + " to " + std::to_string(length) +
+                     " positions with a state of " + std::to_string(saved.size()) + " values");
+  truncate_blocks(s, length);
+  s.state = saved;
+}
+
+void KVBlockCache::truncate_blocks(Sequence& s, int64_t length) {
+  const size_t keep = static_cast<size_t>((length + block_size_ - 1) / block_size_);
+  for (size_t b = keep; b < s.blocks.size(); ++b) release(s.blocks[b]);
+  s.blocks.resize(keep);
+  s.length = length;
 }
 
 int32_t KVBlockCache::take_block() {
@@ -133,10 +167,14 @@ void KVBlockCache::truncate(int64_t seq, int64_t length) {
   if (length < 0 || length > s.length)
     throw ValueError("KV cache: cannot cut sequence " + std::to_string(seq) + " of " + std::to_string(s.length) +
                      " positions to " + std::to_string(length));
-  const size_t keep = static_cast<size_t>((length + block_size_ - 1) / block_size_);
-  for (size_t b = keep; b < s.blocks.size(); ++b) release(s.blocks[b]);
-  s.blocks.resize(keep);
-  s.length = length;
+  if (state_floats_ > 0 && length != s.length) {
+    if (length != 0)
+      throw ValueError("KV cache: sequence " + std::to_string(seq) + " has a recurrent state (Gated DeltaNet), which "
+                       "holds all of its " + std::to_string(s.length) + " positions: it can be cut to 0, not to " +
+                       std::to_string(length) + " (feed its first positions again instead)");
+    std::fill(s.state.begin(), s.state.end(), 0.0f);
+  }
+  truncate_blocks(s, length);
 }
 
 void KVBlockCache::fork(int64_t src, int64_t dst, int64_t length) {
@@ -144,11 +182,16 @@ void KVBlockCache::fork(int64_t src, int64_t dst, int64_t length) {
   if (length < 0 || length > s.length)
     throw ValueError("KV cache: cannot fork " + std::to_string(length) + " positions of a sequence of " +
                      std::to_string(s.length));
+  if (state_floats_ > 0 && length != s.length && length != 0)
+    throw ValueError("KV cache: sequence " + std::to_string(src) + " has a recurrent state (Gated DeltaNet), which "
+                     "holds all of its " + std::to_string(s.length) + " positions: a fork takes all of them or none, "
+                     "not " + std::to_string(length));
   if (sequences_.count(dst)) throw ValueError("KV cache: sequence " + std::to_string(dst) + " is already open");
   const size_t blocks = static_cast<size_t>((length + block_size_ - 1) / block_size_);
   Sequence copy;
   copy.blocks.assign(s.blocks.begin(), s.blocks.begin() + static_cast<std::ptrdiff_t>(blocks));
   copy.length = length;
+  copy.state = length == s.length ? s.state : std::vector<float>(static_cast<size_t>(state_floats_), 0.0f);
   for (int32_t b : copy.blocks) ++refs_[static_cast<size_t>(b)];  // shared; a partial last block is copied on write
   sequences_.emplace(dst, std::move(copy));
 }
@@ -206,15 +249,12 @@ int64_t cache_blocks(const Decoder& model, const SessionOptions& o) {
 
 Session::Session(const Decoder& model, const SessionOptions& options)
     : model_(model), options_(options),
-      cache_(model.num_layers(), model.block_cache_width(), options.block_size, cache_blocks(model, options),
-             options.kv_type, /*keys_only=*/model.config.latent()) {
+      cache_(std::max<int64_t>(1, model.block_cache_layers()), model.block_cache_width(), options.block_size,
+             cache_blocks(model, options), options.kv_type, /*keys_only=*/model.config.latent()) {
   if (model.is_classifier())
     throw ValueError("session: the model is a classifier (" + std::to_string(model.config.num_labels) +
                      " classes), not a language model");
-  if (model.config.has_linear_layers())
-    throw ValueError("session: " + model.config.family->description + "'s Gated DeltaNet layers keep a state per sequence "
-                     "that a session's block cache does not hold yet, so no session (or server) can run it; generate "
-                     "one sequence at a time with nn::generate, as qkv generate does");
+  cache_.keep_states(model.block_cache_state_floats());  // Gated DeltaNet's, per sequence
   if (options.adapt_threads) governor_ = std::make_unique<ThreadGovernor>();
 }
 
@@ -346,10 +386,14 @@ Tensor Session::decode_batch(const Batch& batch) {
   // The returned rows, in batch order
   for (size_t i = 0; i < batch.tokens.size(); ++i)
     if (batch.tokens[i].logits) plan.logit_rows.push_back(row_of[i]);
-  // Make room (keeping the old lengths, so an error in the forward leaves the sequences as they were)
+  // Make room (keeping the old lengths and recurrent states, so an error in the forward leaves the sequences as they
+  // were)
   std::vector<int64_t> before;
+  std::vector<std::vector<float>> states;
+  const auto floats = static_cast<size_t>(cache_.state_floats());
   for (const Group& g : groups) {
     before.push_back(g.start);
+    if (floats > 0) states.emplace_back(cache_.state(g.sequence), cache_.state(g.sequence) + floats);
     cache_.grow(g.sequence, g.start + static_cast<int64_t>(g.tokens.size()));
   }
   Tensor logits;
@@ -359,7 +403,10 @@ Tensor Session::decode_batch(const Batch& batch) {
     for (size_t i = 0; i < groups.size(); ++i) {
       // A sequence being encoded again may have lost its old keys: it is emptied (its tokens can be fed again).
       const int64_t keep = recomputed[i] ? 0 : before[i];
-      cache_.truncate(groups[i].sequence, keep);
+      if (floats > 0)
+        cache_.restore(groups[i].sequence, keep, recomputed[i] ? std::vector<float>(floats, 0.0f) : states[i]);
+      else
+        cache_.truncate(groups[i].sequence, keep);
       tokens_.at(groups[i].sequence).resize(static_cast<size_t>(keep));
     }
     throw;

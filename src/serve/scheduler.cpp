@@ -270,11 +270,15 @@ bool Scheduler::start(Slot& slot) {
   // A model with a rotation switch (LongRoPE, Phi-3) encodes a sequence again from its start when it grows past the
   // switch, writing over every position: shared blocks must never see that, so with such a model only sequences that
   // stay short of the switch share (`most`: the most positions the source may come to hold).
+  // A model with recurrent layers (Gated DeltaNet) keeps a state that holds all of a sequence: only a sequence the
+  // prompt begins with whole can be forked (a chat's earlier turn, prompt and reply).
   const int64_t rotation_switch = model_.rotation_switch();
+  const bool recurrent = cache.state_floats() > 0;
   int64_t source = -1, reuse = 0;
   auto consider = [&](int64_t seq, int64_t most) {
     if (rotation_switch > 0 && (slot.most > rotation_switch || most > rotation_switch)) return;
     const int64_t n = std::min(session.common_prefix(seq, prompt), static_cast<int64_t>(prompt.size()) - 1);
+    if (recurrent && n != session.length(seq)) return;
     if (n > reuse) {
       reuse = n;
       source = seq;
@@ -331,6 +335,7 @@ bool Scheduler::start(Slot& slot) {
 bool Scheduler::waits_for_prefix(const Slot& slot) const {
   const nn::Session& session = state_->session;
   const int64_t bs = session.cache().block_size(), rotation_switch = model_.rotation_switch();
+  if (session.cache().state_floats() > 0) return false;  // recurrent states fork whole only (see start)
   const std::vector<int64_t>& prompt = slot.request.prompt;
   for (const auto& other : active_) {
     if (other.get() == &slot || other->done || !other->started || !other->outcome.tokens.empty()) continue;

@@ -288,6 +288,13 @@ class Decoder : public LanguageModel {
   // Values a session's block cache keeps per token, layer and kind (keys, values): kv_width(), or with latent
   // attention the latent and the rotated key, kv_lora_rank + qk_rope_head_dim, as keys alone (sessions decode absorbed)
   int64_t block_cache_width() const;
+  // A session's block cache holds rows for the attention layers only (Gated DeltaNet layers keep a state instead):
+  // how many, and which of them layer i is
+  int64_t block_cache_layers() const;
+  int64_t block_cache_layer(int64_t layer) const;
+  // The float32 values of one sequence's Gated DeltaNet states in a session: per such layer, its conv's last K − 1
+  // inputs then its (Dk × Dv) state per value head (0 without such layers)
+  int64_t block_cache_state_floats() const;
   int64_t num_heads() const override { return config.num_heads; }
   // K/V heads (grouped-query attention: fewer than the query heads)
   int64_t num_kv_heads() const override { return config.num_kv_heads; }
@@ -372,6 +379,8 @@ class Decoder : public LanguageModel {
   // Gated DeltaNet for layer i (x normed, (B, T, C)): projections, causal conv + SiLU, the gated delta rule, the gated
   // RMSNorm and out_proj. With a cache, its layer holds the conv's last K − 1 inputs (keys) and the state (values).
   Tensor attend_linear(size_t i, const Tensor& x, KVCache* cache) const;
+  // The same for a session's step: each sequence's rows from and to its state in the block cache
+  Tensor attend_linear_blocks(size_t i, const Tensor& x, const BatchStep& step) const;
   // Multi-head latent attention for layer i (x normed), as attend() is for the others
   Tensor attend_latent(size_t i, const Tensor& x, int64_t position, int64_t extent, KVCache* cache,
                        AttentionStep::Record* record = nullptr) const;

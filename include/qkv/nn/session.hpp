@@ -67,7 +67,7 @@ class KVBlockCache {
   int64_t bytes_per_block() const { return layers_ * kinds_ * block_size_ * row_bytes_; }
   int64_t width() const { return width_; }              // values per position, layer and kind
   bool keys_only() const { return kinds_ == 1; }       // no values kept (see the constructor)
-  int64_t bytes_allocated() const { return blocks_allocated() * bytes_per_block(); }  // memory held now
+  int64_t bytes_allocated() const;  // memory held now: the blocks allocated and the open sequences' states
   int64_t tokens_held() const;  // Σ over sequences of their lengths (shared prefixes counted once per sequence)
   // Blocks that taking `length` positions of sequence `seq` (which holds length(seq)) would add, counting the copy
   // a shared, partly filled last block needs before it is written
@@ -94,13 +94,26 @@ class KVBlockCache {
   // type; values may be null (not wanted, or keys_only)
   void gather(int64_t layer, int64_t seq, int64_t begin, int64_t end, float* keys, float* values) const;
 
+  // Recurrent layers (Gated DeltaNet) keep a state per sequence instead of a row per position: `floats` float32 values,
+  // zeros when a sequence opens, copied by a fork. A state holds all of its sequence, so a sequence with one can be
+  // forked only whole and cut only to 0 (ValueError naming the reason otherwise). Call before any sequence opens.
+  void keep_states(int64_t floats);
+  int64_t state_floats() const { return state_floats_; }  // per sequence (0: no recurrent layers)
+  float* state(int64_t seq);                              // seq's state values; ValueError for an unknown sequence
+  // seq cut back to `length` positions with `saved` as its state (what state() held at that length): rolling back a
+  // step that failed. ValueError for a state of the wrong size.
+  void restore(int64_t seq, int64_t length, const std::vector<float>& saved);
+
  private:
   struct Sequence {
     std::vector<int32_t> blocks;
     int64_t length = 0;
+    std::vector<float> state;  // the recurrent layers' state (keep_states)
   };
+  int64_t state_floats_ = 0;
   int32_t take_block();
   void release(int32_t block);
+  void truncate_blocks(Sequence& s, int64_t length);  // keeps `length` positions' blocks, the state untouched
   const Sequence& at(int64_t seq) const;
   std::byte* slot(int32_t block, int64_t layer, int kv, int64_t pos) const;
   int64_t layers_, width_, block_size_, max_blocks_, in_use_ = 0;
