@@ -6,6 +6,7 @@
 #include "qkv/nn/gpt.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "qkv/nn/gpt2.hpp"
+#include "qkv/nn/hf.hpp"
 #include "qkv/train/trainer.hpp"
 
 namespace qkv::test {
@@ -135,6 +136,45 @@ TEST_F(TinyGPT, WeightTyingSharesOneTensor) {
   EXPECT_EQ(untied.parameter_count() - model.parameter_count(), config_.vocab_size * config_.emb_dim);
   // The state dict lists the table once; the book's files get out_head.weight beside it (save_book_pth).
   EXPECT_EQ(model.state_dict().find("out_head.weight"), nullptr);
+}
+
+// GPTConfig's attention: book is the book's GPTModel; the others are today's decoder of the same widths, each read
+// back from its decoder configuration (what a checkpoint stores); a checkpoint written before these settings existed
+// means the book's model; a downloaded decoder is none of them.
+TEST(GPTConfig, TodaysAttentionsAreDecodersOfTheSameWidthsAndReadBack) {
+  nn::GPTConfig g;
+  g.vocab_size = 64, g.context_length = 16, g.emb_dim = 32, g.n_heads = 4, g.n_layers = 5, g.drop_rate = 0.0;
+  EXPECT_EQ(g.decoder_config().family->name, "gpt2");
+  const std::map<std::string, std::pair<std::string, std::string>> expected = {
+      {"mha", {"qwen3", "qwen3_moe"}}, {"gqa", {"qwen3", "qwen3_moe"}}, {"mla", {"deepseek_v3", "deepseek_v3"}},
+      {"deltanet-hybrid", {"qwen3_next", "qwen3_next"}}};
+  for (const auto& [attention, families] : expected)
+    for (const int64_t experts : {0, 4}) {
+      nn::GPTConfig v = g;
+      v.attention = attention;
+      v.experts = experts;
+      const nn::DecoderConfig d = v.decoder_config();
+      EXPECT_EQ(d.family->name, experts ? families.second : families.first) << attention;
+      EXPECT_EQ(d.hidden_size, 32);
+      EXPECT_EQ(d.intermediate_size, 88) << "SwiGLU of 8·C/3: 3 × 88 ≈ GELU's 2 × 128";
+      EXPECT_EQ(d.num_experts, experts);
+      if (experts) EXPECT_EQ(d.expert_intermediate_size, 22) << "the experts together as wide as the dense MLP";
+      EXPECT_EQ(nn::GPTConfig::of(d), v) << attention << " " << experts;
+      if (attention == "gqa") EXPECT_EQ(d.num_kv_heads, 1);
+      if (attention == "mla") EXPECT_EQ(d.kv_lora_rank, 16);
+      if (attention == "deltanet-hybrid") {  // layers 4 (every fourth) and 5 (the last) attend
+        std::vector<bool> linear;
+        for (const auto& l : d.layers) linear.push_back(l.linear);
+        EXPECT_EQ(linear, (std::vector<bool>{true, true, true, false, false}));
+      }
+      nn::Decoder model(v);  // and it runs
+      const NoGradGuard no_grad;
+      EXPECT_EQ(model.forward(std::vector<int64_t>{1, 2, 3}, 1, 3).shape(), (Shape{1, 3, 64}));
+    }
+  std::map<std::string, std::string> old = g.to_strings();
+  for (const char* key : {"attention", "experts", "experts_per_token"}) old.erase(key);
+  EXPECT_EQ(nn::GPTConfig::from_strings(old), g) << "a checkpoint without the new keys is the book's model";
+  EXPECT_THROW(nn::GPTConfig::of(nn::load_hf_decoder(fixture("hf/qwen3"))->config), ValueError);
 }
 
 TEST(GPT2Weights, HuggingFaceLayoutGivesPyTorchsLogits) {

@@ -142,6 +142,51 @@ TEST_F(TrainCli, ResumeRepeatsAnUninterruptedRunExactly) {
   EXPECT_TRUE(contains(lowered.out, "changed on resume: learning_rate: checkpoint 0.003, this run 5e-05")) << lowered.out;
 }
 
+// --attention builds today's decoder of the same widths with each attention (and --experts a mixture of experts in
+// every MLP), so a learner compares them on the same text: each learns it, its checkpoint generates, and a run cut
+// and resumed repeats the one that was not (the settings carry the architecture).
+TEST_F(TrainCli, TodaysAttentionVariantsLearnTheSameTextAndResume) {
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"--attention mha", "Qwen3 blocks"}, {"--attention gqa", "1 K/V head shared by groups of 4"},
+      {"--attention mla", "multi-head latent attention (a latent of 16)"},
+      {"--attention deltanet-hybrid", "1 Gated DeltaNet layer and 1 gated attention layer"},
+      {"--attention gqa --experts 4", "4 experts of 22 in every MLP, 2 a token"}};
+  auto wider = [&](const std::string& out, int steps) {  // 4 heads (groups to share) and 2 layers (one full)
+    std::string c = tiny(out, steps);
+    return c.replace(c.find("--n-heads 2 --n-layers 1"), 24, "--n-heads 4 --n-layers 2");
+  };
+  for (const auto& [flags, architecture] : variants) {
+    const std::string out = "variant";
+    fs::remove_all(dir_ / out);
+    const CliResult r = run_cli(wider(out, 12) + " " + flags);
+    ASSERT_EQ(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, architecture)) << flags << "\n" << r.out;
+    const std::vector<std::string> rows = loss_rows(out);
+    ASSERT_GE(rows.size(), 2u) << flags;
+    EXPECT_LT(std::stod(rows.back().substr(rows.back().find(',') + 1)), std::stod(rows[1].substr(rows[1].find(',') + 1)))
+        << flags << ": the training loss falls";
+    const CliResult g = run_cli("generate --checkpoint " + (dir_ / out / "checkpoint.safetensors").string() +
+                                " --prompt 'the cat' --max-new-tokens 5 --temperature 0");
+    EXPECT_EQ(g.code, 0) << flags << "\n" << g.out;
+  }
+  const std::string hybrid = " --attention deltanet-hybrid --experts 4";
+  ASSERT_EQ(run_cli(wider("straight", 12) + hybrid).code, 0);
+  const CliResult first = run_cli(wider("split", 12) + hybrid + " --stop-at 5");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const CliResult resumed = run_cli("train --resume " + (dir_ / "split" / "checkpoint.safetensors").string() + " --text " +
+                                    (dir_ / "text.txt").string() + " --out " + (dir_ / "split").string() + " --sample-tokens 5");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "Qwen3-Next blocks")) << resumed.out;
+  EXPECT_EQ(loss_rows("split"), loss_rows("straight"));
+  // what does not go together is refused, naming the way out
+  const CliResult book = run_cli(tiny("bad", 2) + " --experts 4");
+  EXPECT_NE(book.code, 0);
+  EXPECT_TRUE(contains(book.out, "choose an attention (--attention mha, gqa, mla or deltanet-hybrid)")) << book.out;
+  const CliResult unknown = run_cli(tiny("bad", 2) + " --attention linear");
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_TRUE(contains(unknown.out, "use book, mha, gqa, mla or deltanet-hybrid")) << unknown.out;
+}
+
 TEST_F(TrainCli, CtrlCSavesACheckpointAndExits130) {
   const CliResult r = run_cli(tiny("interrupted", 1000000), "timeout --preserve-status -s INT 4 ");
   EXPECT_EQ(r.code, 130) << r.out;

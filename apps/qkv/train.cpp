@@ -343,6 +343,21 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                static_cast<long long>(settings.model.context_length), static_cast<long long>(settings.model.vocab_size),
                static_cast<long long>(trainer.global_batch()), static_cast<long long>(trainer.step()),
                static_cast<long long>(settings.max_steps), options.out_dir.c_str());
+  if (lead && settings.model.attention != "book") {  // today's decoder: which one, and what a token uses of it
+    const nn::DecoderConfig& c = trainer.model().config;
+    std::string what = c.family->description + " blocks (RMSNorm, RoPE, SwiGLU) with " +
+                       (settings.model.attention == "mla" ? "multi-head latent attention (a latent of " + std::to_string(c.kv_lora_rank) + ")"
+                        : settings.model.attention == "deltanet-hybrid"
+                            ? count_of(c.num_layers - trainer.model().block_cache_layers(), "Gated DeltaNet layer") + " and " +
+                                  count_of(trainer.model().block_cache_layers(), "gated attention layer")
+                        : settings.model.attention == "gqa" ? count_of(c.num_kv_heads, "K/V head") + " shared by groups of " +
+                                                                  std::to_string(c.num_heads / c.num_kv_heads)
+                                                            : "multi-head attention");
+    if (c.num_experts > 0)
+      what += "; " + count_of(c.num_experts, "expert") + " of " + std::to_string(c.expert_intermediate_size) + " in every MLP, " +
+              std::to_string(c.experts_per_token) + " a token";
+    std::fprintf(stderr, "architecture: %s\n", what.c_str());
+  }
   if (lead) std::fprintf(stderr, "precision: %s\n", describe_precision(trainer.precision(), settings.precision).c_str());
   if (lead) note_schedule(settings, trainer.step());
   if (lead && comm.size() > 1) {
@@ -397,13 +412,16 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
     nn::Decoder& model = trainer.model();
     const bool was_training = model.is_training();
     model.eval();
-    const Tensor maps = model.attention_maps(probe, {}, {});
+    std::vector<int64_t> layers;  // every layer's heads; Gated DeltaNet layers weigh no positions and are left out
+    for (int64_t l = 0; l < model.num_layers(); ++l)
+      if (!model.config.layers[static_cast<size_t>(l)].linear) layers.push_back(l);
+    const Tensor maps = model.attention_maps(probe, layers, {});
     model.train(was_training);
     const int64_t L = maps.size(0), H = maps.size(1), T = maps.size(2);
     std::vector<viz::HeatmapPanel> panels;
     for (int64_t l = 0; l < L; ++l)
       for (int64_t h = 0; h < H; ++h)
-        panels.push_back({"L" + std::to_string(l + 1) + " H" + std::to_string(h + 1),
+        panels.push_back({"L" + std::to_string(layers[static_cast<size_t>(l)] + 1) + " H" + std::to_string(h + 1),
                           Tensor::from(std::span<const float>(maps.data() + (l * H + h) * T * T, static_cast<size_t>(T * T)), {T, T}),
                           viz::causal_cells()});
     char name[64];
@@ -417,7 +435,7 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   auto save_animation = [&] {
     if (snapshots.size() < 2) return;
     viz::save_heatmap_grid_gif(attention_dir + "/attention.gif", "Attention while training (layers \u00d7 heads)", snapshots,
-                          static_cast<int>(snapshots.front().first.size() / settings.model.n_layers), probe_labels, 1.0, 40);
+                          static_cast<int>(settings.model.n_heads), probe_labels, 1.0, 40);
   };
   if (options.attention_every > 0 && trainer.step() == 0 && lead) snapshot(0);
 

@@ -93,7 +93,7 @@ std::vector<Family> make_table() {
     f.experts = true;
     t.push_back(f);
   }
-  {  // Qwen3-Next (80B-A3B): three Gated DeltaNet layers to one of gated attention with half-width partial RoPE,
+  {  // Qwen3-Next (80B-A3B): three Gated DeltaNet layers to one of gated attention rotating a quarter of each head,
      // (1 + w) RMSNorms, a softmax top-k router over SwiGLU experts plus a gated shared expert.
     Family f = llama;
     f.name = "qwen3_next";

@@ -221,8 +221,14 @@ TorchAdamW read_checkpoint_optimizer(const std::string& path, nn::Decoder& model
   return out;
 }
 
-TrainSettings settings_for(const ModelFile& file, TrainSettings base) {
+TrainSettings settings_for(const ModelFile& file) {
+  static const TrainSettings defaults;  // (named: GCC 12 took a temporary's std::string for uninitialized)
+  return settings_for(file, defaults);
+}
+
+TrainSettings settings_for(const ModelFile& file, const TrainSettings& defaults) {
   if (file.settings) return *file.settings;
+  TrainSettings base = defaults;
   base.model = nn::GPTConfig::of(file.model->config);
   base.tokenizer = file.tokenizer;
   if (file.optimizer) {
@@ -277,7 +283,8 @@ Conversion convert_model_file(const std::string& input, const std::string& outpu
   switch (to) {
     case ModelFormat::Pth:
       if (optimizer) {
-        save_book_pth_with_optimizer(output, model, *source.optimizer, settings_for(source), source.rng_state);
+        const TrainSettings settings = settings_for(source);
+        save_book_pth_with_optimizer(output, model, *source.optimizer, settings, source.rng_state);
         c.with_optimizer = true;
       } else {
         save_book_pth(output, model);

@@ -31,6 +31,8 @@ struct Setting {
   bool must_match = true;        // a resumed run must keep it (model shape, data, seed) or may change it
   std::function<std::string(const S&)> get;  // prints the setting's value
   std::function<void(S&, std::string_view)> set;  // parses with the checks above
+  // What a file written before this setting existed means by leaving it out (nullptr: a file must hold it)
+  const char* absent = nullptr;
 };
 
 namespace settings {
@@ -58,7 +60,7 @@ Setting<S> field(const char* key, const char* flag, const char* help, T S::*memb
 // A setting of an inner struct (TrainSettings::model) seen from the outer one.
 template <typename Outer, typename Inner>
 Setting<Outer> nested(Inner Outer::*member, const Setting<Inner>& inner) {
-  Setting<Outer> s{inner.key, inner.flag, inner.help, inner.is_flag, inner.must_match, nullptr, nullptr};
+  Setting<Outer> s{inner.key, inner.flag, inner.help, inner.is_flag, inner.must_match, nullptr, nullptr, inner.absent};
   s.get = [member, get = inner.get](const Outer& v) { return get(v.*member); };
   s.set = [member, set = inner.set](Outer& v, std::string_view text) { set(v.*member, text); };
   return s;
@@ -73,13 +75,17 @@ std::map<std::string, std::string> to_strings(const std::vector<Setting<S>>& sch
   return out;
 }
 
-// Every key of the schema must be present (ValueError "<what> lacks \"key\"" otherwise); extra keys are
-// ignored. Values are parsed, not validated: the caller validates the whole once.
+// Every key of the schema must be present (ValueError "<what> lacks \"key\"" otherwise) unless it says what its
+// absence means; extra keys are ignored. Values are parsed, not validated: the caller validates the whole once.
 template <typename S>
 S from_strings(const std::vector<Setting<S>>& schema, const std::map<std::string, std::string>& values, S result,
                const std::string& what) {
   for (const auto& s : schema) {
     auto it = values.find(s.key);
+    if (it == values.end() && s.absent) {
+      s.set(result, s.absent);
+      continue;
+    }
     if (it == values.end()) throw_missing(what, s.key);
     s.set(result, it->second);
   }

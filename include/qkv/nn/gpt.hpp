@@ -29,15 +29,28 @@ struct GPTConfig {
   double drop_rate = 0.1;
   bool qkv_bias = false;  // biases on W_query, W_key and W_value
   bool tie_weights = false;  // the output head shares tok_emb.weight (GPT-2's own checkpoints do)
+  // "book": the book's GPTModel (LayerNorm, learned positions, GELU). The others build today's decoder of the same
+  // widths (RMSNorm, RoPE, SwiGLU of 8·emb_dim/3) with that attention, so they compare on the same skeleton:
+  //   mha              every head its own K and V (the qwen3 family: q/k norms)
+  //   gqa              K/V heads shared by groups of 4 (or 2, when n_heads is not a multiple of 4)
+  //   mla              multi-head latent attention: a latent of emb_dim/2 cached, plus half a head rotated (deepseek_v3)
+  //   deltanet-hybrid  Gated DeltaNet on 3 layers of 4, gated attention on the others (qwen3_next)
+  std::string attention = "book";
+  // A mixture of `experts` SwiGLU experts in every layer, experts_per_token of them per token, each 1/experts of the
+  // dense MLP's width (the total matches the dense MLP; the book's MoE bonus), with the load-balancing loss; 0: none.
+  // Today's decoder only (an --attention other than book).
+  int64_t experts = 0, experts_per_token = 2;
 
   void validate() const;  // ValueError naming the bad field
   // Every parameter's state-dict name and shape, in registration order (tied: no out_head.weight), computed
   // without building the model, so a loader can check a file before allocating anything. Both come from the
   // decoder's one table (decoder_config().layout()).
   std::vector<std::pair<std::string, Shape>> parameter_shapes() const;
-  // This model as a configuration of the composed decoder: family gpt2, the book's names.
+  // This model as a configuration of the composed decoder: family gpt2 and the book's names, or (attention other than
+  // book) the family that attention belongs to.
   DecoderConfig decoder_config() const;
-  // The book's names for a gpt2-family decoder's configuration; ValueError for another family.
+  // The settings of a decoder configuration decoder_config() gives (the book's GPT, or a model qkv train built);
+  // ValueError for another (a downloaded model).
   static GPTConfig of(const DecoderConfig& config);
   int64_t parameter_count() const;  // ValueError if it does not fit int64
   // This configuration after validate(): for initialisers

@@ -73,7 +73,8 @@ TorchAdamW read_checkpoint_optimizer(const std::string& checkpoint_path, nn::Dec
 // with the file's model configuration and tokenizer and, when it has a torch AdamW, that optimizer's learning rate
 // (constant, no warmup, no clipping: the book's train_model_simple), weight decay, β and ε, and max_steps
 // moved on to step + base.max_steps.
-TrainSettings settings_for(const ModelFile& file, TrainSettings base = {});
+TrainSettings settings_for(const ModelFile& file, const TrainSettings& base);
+TrainSettings settings_for(const ModelFile& file);  // with TrainSettings' defaults as the base
 
 // What convert_model_file did
 struct Conversion {
