@@ -22,6 +22,15 @@ namespace fs = std::filesystem;
 
 std::string folder(const std::string& family) { return fixture("hf/" + family); }
 
+// A tokenizer.json of one token per letter and the space, from id `first` on: a tiny folder's prompts in words
+void write_letter_tokenizer(const fs::path& dir, int first) {
+  std::string vocab;
+  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
+  for (size_t i = 0; i < chars.size(); ++i)
+    vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(static_cast<int>(i) + first);
+  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+}
+
 ::testing::AssertionResult mentions(const std::string& text, std::initializer_list<const char*> parts) {
   for (const char* part : parts)
     if (text.find(part) == std::string::npos) return ::testing::AssertionFailure() << "'" << part << "' not in: " << text;
@@ -337,10 +346,7 @@ TEST(DecoderCli, AttentionPicturesOfAFolder) {
   const CliResult refused = run_cli("attention --checkpoint " + dir.string() + " --prompt hi --out " + out.string());
   EXPECT_EQ(refused.code, 1);
   EXPECT_NE(refused.out.find("tokenizer.json"), std::string::npos) << refused.out;
-  std::string vocab;
-  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
-  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i);
-  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  write_letter_tokenizer(dir, 0);
   const CliResult r = run_cli("attention --checkpoint " + dir.string() + " --prompt 'the cat sat on' --out " + out.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const auto saved = io::SafetensorsFile::open((out / "attention.safetensors").string());
@@ -365,10 +371,7 @@ TEST(DecoderCli, AttentionShowsSinksAndExpertRouting) {
   const fs::path dir = fs::temp_directory_path() / ("qkv_attention_gpt_oss_" + std::to_string(::getpid())), out = dir / "att";
   fs::remove_all(dir);
   fs::copy(folder("gpt_oss"), dir);
-  std::string vocab;
-  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
-  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i + 6);
-  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  write_letter_tokenizer(dir, 6);
   const CliResult r = run_cli("attention --checkpoint " + dir.string() + " --prompt 'the cat' --out " + out.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const auto saved = io::SafetensorsFile::open((out / "attention.safetensors").string());
@@ -414,10 +417,7 @@ TEST(DecoderCli, Qwen3NextGeneratesShowsItsAttentionAndCountsItsStates) {
   const fs::path dir = fs::temp_directory_path() / ("qkv_qwen3_next_" + std::to_string(::getpid())), out = dir / "att";
   fs::remove_all(dir);
   fs::copy(folder("qwen3_next"), dir);
-  std::string vocab;
-  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
-  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i + 6);
-  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  write_letter_tokenizer(dir, 6);
   const std::string model = "--checkpoint " + dir.string();
   const CliResult cached = run_cli("generate " + model + " --prompt 'the cat' --max-new-tokens 8 --temperature 0");
   ASSERT_EQ(cached.code, 0) << cached.out;
@@ -453,10 +453,7 @@ TEST(DecoderCli, ContinuedPretrainingOfAFolder) {
   const fs::path dir = fs::temp_directory_path() / "qkv_train_llama_folder", out = dir / "run";
   fs::remove_all(dir);
   fs::copy(folder("llama"), dir);
-  std::string vocab;
-  const std::string chars = " abcdefghijklmnopqrstuvwxyz";
-  for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", \"" : "\"") + std::string(1, chars[i]) + "\": " + std::to_string(i + 4);
-  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {" << vocab << "}, \"merges\": []}}";
+  write_letter_tokenizer(dir, 4);
   std::string text;
   for (int i = 0; i < 60; ++i) text += "the cat sat on the mat ";
   std::ofstream(dir / "text.txt") << text;
