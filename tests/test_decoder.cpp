@@ -44,14 +44,21 @@ TEST_P(Family, LogitsLossAndEveryGradientMatchPyTorch) {
   const auto expected = io::SafetensorsFile::open(fixture("hf/" + GetParam() + ".expected.safetensors"));
   const std::vector<int64_t> ids = expected.int64s("ids"), targets = expected.int64s("targets");
   const int64_t B = 2, T = static_cast<int64_t>(ids.size()) / B;
-  // Qwen3-Next's expected values are float64 (tools/decoder_reference.py): its four layers of Gated DeltaNet and
-  // attention leave float32 rounding of up to 2e-5 in the logits and the embedding's gradient, PyTorch's float32 as
-  // qkv's, so its absolute tolerance is 5e-5 (a mistake moves them by 1e-3 or more).
-  const double atol = GetParam() == "qwen3_next" ? 5e-5 : 1e-5;
+  // Qwen3-Next's expected values are float64 (tools/decoder_reference.py). Its recurrence and L2 norms amplify
+  // float32's rounding: PyTorch's own float32 is up to 8e-5 of a tensor's largest value from them (2.6e-4 in
+  // in_proj_qkvz's gradient, whose largest is 3.2), against 3e-6 in the other families. So its absolute tolerance is
+  // 1e-4 of each tensor's largest value (a mistake moves values by 1e-2 of it or more).
+  auto atol = [&](const Tensor& want) {
+    if (GetParam() != "qwen3_next") return 1e-5;
+    double largest = 0.0;
+    for (int64_t i = 0; i < want.numel(); ++i) largest = std::max(largest, std::fabs(static_cast<double>(want.data()[i])));
+    return std::max(1e-5, 1e-4 * largest);
+  };
   model->eval();
   {
     NoGradGuard no_grad;
-    EXPECT_TRUE(all_close(model->forward(ids, B, T), expected.tensor("logits"), 1e-4, atol)) << "logits";
+    const Tensor want = expected.tensor("logits");
+    EXPECT_TRUE(all_close(model->forward(ids, B, T), want, 1e-4, atol(want))) << "logits";
   }
   model->zero_grad();
   Tensor loss = model->loss(ids, B, T, targets);
@@ -62,7 +69,8 @@ TEST_P(Family, LogitsLossAndEveryGradientMatchPyTorch) {
     // a parameter that takes no gradient (DeepSeek-V3's e_score_correction_bias: only chooses; a buffer in
     // transformers) has none, and PyTorch's is zero
     const Tensor grad = p.requires_grad() ? p.grad() : Tensor::zeros(p.shape());
-    EXPECT_TRUE(all_close(grad, expected.tensor("grad." + name), 1e-4, atol)) << name;
+    const Tensor want = expected.tensor("grad." + name);
+    EXPECT_TRUE(all_close(grad, want, 1e-4, atol(want))) << name;
     ++checked;
   });
   EXPECT_EQ(checked, static_cast<int>(model->config.layout().size()));

@@ -178,8 +178,10 @@ TEST_P(SessionFamily, PrefillLogitsAreTheForwardPasses) {
   nn::Batch batch;
   for (int64_t t = 0; t < 13; ++t) batch.add(ids[static_cast<size_t>(t)], t, seq, true);
   const Tensor logits = session.decode(batch);
-  // Qwen3-Next's four layers leave float32 rounding of a few 1e-5 in its logits (see Family's tolerance, test_decoder)
-  const double atol = GetParam() == "qwen3_next" ? 5e-5 : 1e-5;
+  // Qwen3-Next's recurrence amplifies float32's rounding (see Family's tolerance, test_decoder): 2e-5 of its largest logit
+  double largest = 0.0;
+  for (int64_t i = 0; i < full.numel(); ++i) largest = std::max(largest, std::fabs(static_cast<double>(full.data()[i])));
+  const double atol = GetParam() == "qwen3_next" ? std::max(1e-5, 2e-5 * largest) : 1e-5;
   EXPECT_TRUE(all_close(logits, reshape(full, {13, model->vocab_size()}), 1e-4, atol));
   EXPECT_EQ(session.length(seq), 13);
   EXPECT_EQ(session.cache().blocks_in_use(), 4);
