@@ -1806,22 +1806,15 @@ int64_t Decoder::block_cache_layer(int64_t layer) const {
   return n;
 }
 
-namespace {
-// One Gated DeltaNet layer's state in a session: the conv's last K − 1 inputs, then the (Dk × Dv) state per value head
-int64_t linear_state_floats(const DecoderConfig& c) {
-  return (c.linear_conv_kernel - 1) * c.linear_conv_width() + c.linear_value_heads * c.linear_key_dim * c.linear_value_dim;
-}
-}  // namespace
-
 int64_t Decoder::block_cache_state_floats() const {
-  return (config.num_layers - block_cache_layers()) * (config.has_linear_layers() ? linear_state_floats(config) : 0);
+  return (config.num_layers - block_cache_layers()) * (config.has_linear_layers() ? config.linear_state_floats() : 0);
 }
 
 // Each sequence's rows run through attend_linear alone, from the state the block cache holds for it (zeros for a
 // sequence encoded from its start), which gets the state after them: the bits a sequence gets alone, in any batch.
 Tensor Decoder::attend_linear_blocks(size_t i, const Tensor& x, const BatchStep& step) const {
   const int64_t C = x.size(2), N = x.size(1), K = config.linear_conv_kernel, W = config.linear_conv_width();
-  const int64_t conv = (K - 1) * W, floats = linear_state_floats(config);
+  const int64_t conv = (K - 1) * W, floats = config.linear_state_floats();
   const int64_t offset = (static_cast<int64_t>(i) - block_cache_layer(static_cast<int64_t>(i))) * floats;
   Tensor out = Tensor::empty({1, N, C});
   KVCache one;  // this layer's state, as attend_linear reads and writes it

@@ -267,10 +267,7 @@ std::string memory_report(const DecoderConfig& config, int64_t batch, int64_t co
   }
   if (linear_layers > 0) {  // Gated DeltaNet: a float32 (Dk × Dv) state per value head and the conv's last K − 1
                            // inputs, whatever the context
-    const int64_t per_sequence =
-        sum(product({config.linear_value_heads, config.linear_key_dim, config.linear_value_dim, 4}, "the state's bytes"),
-            product({config.linear_conv_kernel - 1, config.linear_conv_width(), 4}, "the conv state's bytes"), "the state's bytes");
-    const int64_t bytes = product({batch, linear_layers, per_sequence}, "the Gated DeltaNet states' bytes");
+    const int64_t bytes = product({batch, linear_layers, config.linear_state_floats(), 4}, "the Gated DeltaNet states' bytes");
     total = sum(total, bytes, "the KV cache's bytes");
     line(out, std::to_string(linear_layers) + " Gated DeltaNet layers",
          gigabytes(bytes) + " (" + thousands(bytes) + " bytes: states, the same for any context)");

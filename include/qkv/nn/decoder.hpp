@@ -137,6 +137,11 @@ struct DecoderConfig {
   // The conv's channels: q, k and v of every head, 2·Kd + Vd
   int64_t linear_conv_width() const { return 2 * linear_key_heads * linear_key_dim + linear_value_heads * linear_value_dim; }
   bool has_linear_layers() const;  // whether any layer is Gated DeltaNet
+  // What one Gated DeltaNet layer keeps per sequence while decoding, in float32 values: the conv's last K − 1 inputs,
+  // then the (Dk × Dv) state per value head; the same for any length
+  int64_t linear_state_floats() const {
+    return (linear_conv_kernel - 1) * linear_conv_width() + linear_value_heads * linear_key_dim * linear_value_dim;
+  }
   // Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0): each token's keys and values come from a latent
   // of kv_lora_rank values (after its RMSNorm) expanded per head by kv_b_proj into qk_nope_head_dim key values and
   // v_head_dim values, plus one rotated key of head_dim (= qk_rope_head_dim) values shared by all heads; queries are
