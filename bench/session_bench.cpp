@@ -7,6 +7,7 @@
 //     reads (every weight matrix once per step, whatever the batch, plus each sequence's keys and values);
 //   - the block cache's peak memory against the positions it held (memory follows the tokens, not a context).
 //   qkv_session_bench [--shape qwen3-0.6b|small] [--prompts N] [--tokens N] [--threads N] [--repeats N] [--smoke]
+//                     [--batch-only]  (the batch alone, for a profiler)
 // With --kv-types CONTEXT: instead, one sequence of a CONTEXT-token prompt then --tokens new ones on each KV cache type
 // (f32, f16, bf16, q8_0; --kv-cache), in one run: the cache's bytes, decoding tok/s against float32's, and how far
 // the narrow caches move the logits and the greedy tokens.
@@ -71,7 +72,7 @@ int products(int threads, int repeats) {
       std::copy_n(r.data(), n * K, b.data());
     }
     std::printf("  B from %s:\n", cold ? "memory (24 matrices of 12 MiB)" : "L2 (one 512 KiB matrix, 200 times)");
-    for (int64_t M : {1, 4, 8, 12, 16, 64}) {
+    for (int64_t M : {1, 4, 8, 12, 16, 24, 64, 208, 512}) {
       std::vector<float> a(static_cast<size_t>(M * K), 0.5f), c(static_cast<size_t>(M * n));
       double best = 1e30;
       for (int rep = 0; rep < repeats; ++rep) {
@@ -151,7 +152,7 @@ int kv_types(const qkv::nn::Decoder& model, int64_t context, int64_t tokens, int
 int main(int argc, char** argv) {
   std::string shape = "qwen3-0.6b";
   int64_t prompts = 8, tokens = 32, kv_context = 0;
-  bool products_only = false;
+  bool products_only = false, batch_only = false;
   int threads = 2, repeats = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -164,6 +165,7 @@ int main(int argc, char** argv) {
     else if (a == "--smoke") shape = "smoke", tokens = 4, repeats = 1;
     else if (a == "--kv-types") kv_context = std::stoll(next());
     else if (a == "--products") products_only = true;
+    else if (a == "--batch-only") batch_only = true;  // (for profiling the batch: no runs one at a time)
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -212,30 +214,32 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeats; ++rep) {
     // one at a time, through a session each
     alone_out.clear();
-    double decode_seconds = 0.0;
-    t = Clock::now();
-    for (const auto& r : requests) {
-      qkv::nn::Session session(model);
-      Clock::time_point first;
-      bool started = false;
-      alone_out.push_back(qkv::nn::generate(session, {r}, [&](size_t, int64_t) {
-        if (!started) first = Clock::now(), started = true;
-        return true;
-      })[0].tokens);
-      decode_seconds += since(first);
+    if (!batch_only) {
+      double decode_seconds = 0.0;
+      t = Clock::now();
+      for (const auto& r : requests) {
+        qkv::nn::Session session(model);
+        Clock::time_point first;
+        bool started = false;
+        alone_out.push_back(qkv::nn::generate(session, {r}, [&](size_t, int64_t) {
+          if (!started) first = Clock::now(), started = true;
+          return true;
+        })[0].tokens);
+        decode_seconds += since(first);
+      }
+      solo_session.push_back(since(t));
+      solo_decode.push_back(decode_seconds);
+      // one at a time, through nn::generate (sgemv for one row)
+      legacy_out.clear();
+      t = Clock::now();
+      for (const auto& r : requests) {
+        qkv::nn::SamplingOptions o;
+        o.temperature = 0;
+        o.max_new_tokens = tokens;
+        legacy_out.push_back(qkv::nn::generate(model, r.prompt, o));
+      }
+      solo_legacy.push_back(since(t));
     }
-    solo_session.push_back(since(t));
-    solo_decode.push_back(decode_seconds);
-    // one at a time, through nn::generate (sgemv for one row)
-    legacy_out.clear();
-    t = Clock::now();
-    for (const auto& r : requests) {
-      qkv::nn::SamplingOptions o;
-      o.temperature = 0;
-      o.max_new_tokens = tokens;
-      legacy_out.push_back(qkv::nn::generate(model, r.prompt, o));
-    }
-    solo_legacy.push_back(since(t));
     // all as one batch
     qkv::nn::Session session(model);
     Clock::time_point first;
@@ -251,6 +255,11 @@ int main(int argc, char** argv) {
     batched_decode.push_back(since(first));
     batch_out.clear();
     for (const auto& r : results) batch_out.push_back(r.tokens);
+  }
+  if (batch_only) {
+    std::printf("as one batch: %.1f tok/s total (%.2f s), decoding %.1f tok/s; medians of %d runs\n", new_total / median(batched),
+                median(batched), (new_total - prompts) / median(batched_decode), repeats);
+    return 0;
   }
   const bool identical = batch_out == alone_out;
   int legacy_same = 0;

@@ -34,10 +34,12 @@ namespace {
 // ---- kernels ----
 
 TEST(RowIndependentProducts, EveryRowHasTheSameBitsInAnyBatch) {
-  // 13 rows: an 8-row decoding tile, a 4-row one and one row; 8 and 16: whole 8-row tiles
+  // 13 rows: an 8-row decoding tile, a 4-row one and one row; 8 and 16: whole 8-row tiles; 24 rows and more: the
+  // packed products (prompts), with panels of rows and columns cut short by M, N and K
   for (const auto& [M, K] : std::vector<std::pair<int64_t, int64_t>>{{13, 5}, {13, 16}, {13, 37}, {13, 100}, {13, 1024},
-                                                                      {8, 1024}, {16, 37}}) {
-    const int64_t N = 11;
+                                                                      {8, 1024}, {16, 37}, {24, 1024}, {29, 5},
+                                                                      {37, 100}, {64, 16}, {50, 1030}}) {
+    const int64_t N = 75;
     const Tensor A = random_tensor({M, K}, 1), B = random_tensor({N, K}, 2);
     std::vector<float> all(static_cast<size_t>(M * N)), reference(static_cast<size_t>(M * N));
     kernels::gemm_rows_nt(M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, all.data(), N);
