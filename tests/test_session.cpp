@@ -5,6 +5,7 @@
 // is refused before anything runs.
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -336,6 +337,25 @@ TEST(SessionThreads, OneThreadAndManyGiveTheSameBits) {
   ASSERT_EQ(one.size(), two.size());
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << "1 and 2 threads";
   EXPECT_EQ(std::memcmp(one.data(), five.data(), one.size() * sizeof(float)), 0) << "1 and 5 threads";
+}
+
+// parallel_for_each: every index once, on any thread count, and a body's exception reaches the caller after the rest
+TEST(ParallelForEach, RunsEveryIndexOnceAndRethrowsTheFirstError) {
+  const int before = num_threads();
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::vector<std::atomic<int>> seen(37);
+    parallel_for_each(37, [&](int64_t i) { seen[static_cast<size_t>(i)] += 1; });
+    for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].load(), 1) << "index " << i << ", " << threads << " threads";
+    std::atomic<int> ran{0};
+    EXPECT_THROW(parallel_for_each(10, [&](int64_t i) {
+                   ++ran;
+                   if (i == 4) throw ValueError("item 4");
+                 }),
+                 ValueError);
+    EXPECT_EQ(ran.load(), 10) << "the other items still ran";
+  }
+  set_num_threads(before);
 }
 
 // The governor's choices from step times it is told: it stays on the full count while 1 thread is slower and tries

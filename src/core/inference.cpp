@@ -1,11 +1,15 @@
 // Inference-only row operations for sessions (see qkv/core/inference.hpp).
 #include "qkv/core/inference.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "qkv/kernels/attention.hpp"
 #include "qkv/kernels/rope.hpp"
+#include "qkv/kernels/threads.hpp"
 
 namespace qkv {
 
@@ -33,6 +37,7 @@ void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys,
   layout.q = layout.o = kernels::AttentionStrides::btc(H, D, rows);
   layout.k = layout.v = kernels::AttentionStrides::btc(H_kv, D, Tk);
   kernels::AttentionOptions options;
+  options.threads = omp_in_parallel() ? 1 : 0;  // one of a batch's sequences, attended beside the others
   options.causal = config.causal;
   options.window = config.window;
   options.scale = config.scale;
@@ -45,6 +50,28 @@ void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys,
   std::vector<float> lse(static_cast<size_t>(H * rows));
   kernels::attention_forward(dims, layout, options, q.data() + row0 * Q, keys, values, context.data() + row0 * Q,
                              lse.data());
+}
+
+void attend_runs(const Tensor& q, std::span<const AttentionRun> runs, int64_t kv_width,
+                 const std::function<void(size_t, float*, float*)>& gather, const AttentionConfig& config,
+                 Tensor& context) {
+  // A decoding step's sequences are one row each; attended one after another, each gather ran on one thread while
+  // the others waited (a fifth of a batch-of-8 step on 2 threads). One long prompt keeps the threads for itself.
+  constexpr int64_t kParallelRunRows = 64;
+  int64_t longest = 0;
+  for (const AttentionRun& run : runs) longest = std::max(longest, run.rows);
+  auto attend = [&](size_t i) {
+    const AttentionRun& run = runs[i];
+    thread_local std::vector<float> keys, values;
+    keys.resize(static_cast<size_t>(run.Tk * kv_width));
+    values.resize(static_cast<size_t>(run.Tk * kv_width));
+    gather(i, keys.data(), values.data());
+    attend_rows(q, run.row0, run.rows, keys.data(), values.data(), run.Tk, config, context);
+  };
+  if (runs.size() > 1 && longest <= kParallelRunRows)
+    parallel_for_each(static_cast<int64_t>(runs.size()), [&](int64_t i) { attend(static_cast<size_t>(i)); });
+  else
+    for (size_t i = 0; i < runs.size(); ++i) attend(i);
 }
 
 }  // namespace qkv

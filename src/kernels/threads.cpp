@@ -3,6 +3,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -16,5 +19,22 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+void parallel_for_each(int64_t n, const std::function<void(int64_t)>& body) {
+  if (n <= 0) return;
+  std::exception_ptr first;
+  std::mutex lock;
+  const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<int64_t>(n, omp_get_max_threads()));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      body(i);
+    } catch (...) {  // an exception must not leave an OpenMP region
+      const std::lock_guard<std::mutex> hold(lock);
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
 
 }  // namespace qkv

@@ -1696,7 +1696,6 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
   attention.softcap = static_cast<float>(config.attn_softcap);
   attention.sinks = blocks[i][Role::Sinks];
   Tensor context = Tensor::empty({1, N, Q});
-  std::vector<float> keys, values;
   for (const BatchPlan::Run& run : step.plan.runs) {
     const int64_t end = run.start + run.rows;  // the sequence's length after this step
     if (!latent && !config.learned_positions && layer.rope >= 0) {
@@ -1711,14 +1710,20 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
     const float* vs = v.data();
     for (int64_t r = 0; r < run.rows; ++r)
       step.cache.write(layer_index, run.sequence, run.start + r, ks + (run.row0 + r) * KV, vs + (run.row0 + r) * KV);
-    // A sliding-window layer reads only the keys its rows can see; the causal offset (Tk − Tq) stays right.
-    const int64_t begin = layer.window > 0 ? std::max<int64_t>(0, run.start - (layer.window - 1)) : 0;
-    const int64_t Tk = end - begin;
-    keys.resize(static_cast<size_t>(Tk * KV));
-    values.resize(static_cast<size_t>(Tk * KV));
-    step.cache.gather(layer_index, run.sequence, begin, end, keys.data(), values.data());
-    attend_rows(q, run.row0, run.rows, keys.data(), values.data(), Tk, attention, context);
   }
+  // Each sequence attends over its own keys, gathered from its blocks (a sliding-window layer's only those its rows
+  // can see; the causal offset Tk − Tq stays right).
+  const auto& runs = step.plan.runs;
+  std::vector<AttentionRun> spans(runs.size());
+  std::vector<int64_t> first(runs.size());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const int64_t end = runs[r].start + runs[r].rows;
+    first[r] = layer.window > 0 ? std::max<int64_t>(0, runs[r].start - (layer.window - 1)) : 0;
+    spans[r] = {runs[r].row0, runs[r].rows, end - first[r]};
+  }
+  attend_runs(q, spans, KV, [&](size_t r, float* keys, float* values) {
+    step.cache.gather(layer_index, runs[r].sequence, first[r], first[r] + spans[r].Tk, keys, values);
+  }, attention, context);
   return context;
 }
 

@@ -4,6 +4,10 @@
 // Not here: the differentiable ops (ops.hpp), the cache itself and the batch (nn/session.hpp).
 #pragma once
 
+#include <span>
+
+#include <functional>
+
 #include <cstdint>
 
 #include "qkv/core/ops.hpp"
@@ -31,5 +35,17 @@ void rope_rows_(Tensor& x, const kernels::RopeTable& table, RopeLayout layout, i
 // results depend only on them and the keys: the same call alone or beside other sequences gives the same bits.
 void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys, const float* values, int64_t Tk,
                  const AttentionConfig& config, Tensor& context);
+
+// One sequence of a batch's step: its query rows [row0, row0 + rows) of q and the Tk positions it attends over.
+struct AttentionRun {
+  int64_t row0 = 0, rows = 0, Tk = 0;
+};
+// attend_rows for every run of a step, each run's keys and values first written by gather(i, keys, values) into
+// (Tk, kv_width) buffers. Several runs of at most 64 rows go to the threads whole (a decoding sequence is one row: too
+// little to split); otherwise each run's kernel has the threads. A run's rows get the same bits either way. The first
+// error a run raises is rethrown once all have ended.
+void attend_runs(const Tensor& q, std::span<const AttentionRun> runs, int64_t kv_width,
+                 const std::function<void(size_t, float*, float*)>& gather, const AttentionConfig& config,
+                 Tensor& context);
 
 }  // namespace qkv
