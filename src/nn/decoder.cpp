@@ -121,6 +121,9 @@ unsigned lora_role_bit(Role r) {
     case Role::Gate: return kLoraGate;
     case Role::Up: return kLoraUp;
     case Role::Down: return kLoraDown;
+    case Role::ExpertGate: return kLoraGate;  // each expert's projections are the MLP's, as PEFT's all-linear takes them
+    case Role::ExpertUp: return kLoraUp;
+    case Role::ExpertDown: return kLoraDown;
     default: return 0;
   }
 }
@@ -684,6 +687,9 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
       b.expert_gate.resize(E);
       b.expert_up.resize(E);
       b.expert_down.resize(E);
+      b.expert_gate_lora.resize(E);
+      b.expert_up_lora.resize(E);
+      b.expert_down_lora.resize(E);
     } else if (c.mlp != MlpKind::GELU) {
       h.gate_up = make({2 * F, C});
       b[Role::Gate] = h.gate_up.view_at(0, {F, C});
@@ -801,12 +807,19 @@ std::vector<LoraSite> Decoder::own_lora_sites() {
   std::vector<LoraSite> out;
   for (const DecoderConfig::Parameter& p : config.layout()) {
     if (p.layer < 0 || kind_of(p.role()) != Kind::Matrix) continue;
-    // A block holds one adapter per role: the experts (many per role) and the router are not adapted yet.
-    if (p.expert >= 0 || p.role() == Role::Router) continue;
+    // Not adapted: the router and Qwen3-Next's shared-expert gate (a gate's one output per expert or per token, whose
+    // change moves every token's mixture)
+    if (p.role() == Role::Router || p.role() == Role::SharedExpertGate) continue;
     unsigned roles = 0;
     for (const auto& part : p.parts) roles |= lora_role_bit(part.role);
     const std::string name = p.name.substr(0, p.name.size() - std::string(".weight").size());
-    out.push_back({name, parameter(p), &blocks[static_cast<size_t>(p.layer)].adapter(p.role()), this, name + ".", roles});
+    DecoderBlock& b = blocks[static_cast<size_t>(p.layer)];
+    LoraWeights* site = &b.adapter(p.role());
+    if (p.expert >= 0) {  // an expert's projection: its own adapter
+      auto& list = p.role() == Role::ExpertGate ? b.expert_gate_lora : p.role() == Role::ExpertUp ? b.expert_up_lora : b.expert_down_lora;
+      site = &list.at(static_cast<size_t>(p.expert));
+    }
+    out.push_back({name, parameter(p), site, this, name + ".", roles});
   }
   return out;
 }
@@ -1354,6 +1367,27 @@ Tensor Decoder::attend_linear(size_t i, const Tensor& x, KVCache* cache) const {
   return linear_with_lora(reshape(normed, {B, T, Vd}), b[Role::DeltaOut], none, b.adapter(Role::DeltaOut));
 }
 
+namespace {
+// A layer's experts with their adapters: expert e's weight is W_e + (α/r)·B_e·A_e where it has one (a float32 copy of a
+// narrow W_e), so the fused kernel runs on it and the gradient reaches A_e and B_e through the sum. Every adapted
+// expert's weight is formed, chosen or not: float32 memory for them while training.
+std::vector<Tensor> adapted_experts(const std::vector<Tensor>& weights, const std::vector<LoraWeights>& adapters) {
+  if (std::none_of(adapters.begin(), adapters.end(), [](const LoraWeights& l) { return l.defined(); })) return weights;
+  std::vector<Tensor> out = weights;
+  for (size_t e = 0; e < out.size(); ++e) {
+    const LoraWeights& l = adapters[e];
+    if (!l.defined()) continue;
+    Tensor base = weights[e];
+    if (base.dtype() != DType::F32) {  // bf16 or a block format: widened as ggml dequantizes
+      base = Tensor::empty(weights[e].shape());
+      base.copy_(weights[e]);
+    }
+    out[e] = add(base, mul(matmul(l.b, l.a), l.scale));
+  }
+  return out;
+}
+}  // namespace
+
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers) const {
   if (b[Role::StackedGateUp].defined()) {  // gpt-oss: stacked experts with biases, a biased router, clamped SwiGLU
     if (routers)
@@ -1386,7 +1420,9 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
       moe.chosen = &chosen;
       moe.weights = &weights;
     }
-    Tensor routed = mixture_of_experts(x, b[Role::Router], b.expert_gate, b.expert_up, b.expert_down, moe);
+    Tensor routed = mixture_of_experts(x, b[Role::Router], adapted_experts(b.expert_gate, b.expert_gate_lora),
+                                       adapted_experts(b.expert_up, b.expert_up_lora),
+                                       adapted_experts(b.expert_down, b.expert_down_lora), moe);
     if (!b[Role::SharedGate].defined()) return routed;
     // DeepSeek-V3's shared experts: one SwiGLU every token goes through, added to the routed experts' sum
     const Tensor none;

@@ -213,6 +213,8 @@ struct DecoderBlock {
   // A mixture-of-experts layer's experts (empty in a dense layer): gate, up (F, C) and down (C, F) of expert e at
   // index e; the router is weights[Role::Router].
   std::vector<Tensor> expert_gate, expert_up, expert_down;
+  // Their adapters (LoRA on experts; undefined where an expert's projection has none), expert e at index e
+  std::vector<LoraWeights> expert_gate_lora, expert_up_lora, expert_down_lora;
   // The weight, or the adapter, of a role
   Tensor& operator[](Role role) { return weights[static_cast<size_t>(role)]; }
   const Tensor& operator[](Role role) const { return weights[static_cast<size_t>(role)]; }
