@@ -96,7 +96,8 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   if (narrowed) {
     if (grad_enabled() && x.requires_grad())
       throw ValueError("mixture_of_experts: experts stored as bfloat16 or a block format are for inference; run it "
-                       "under NoGradGuard (fine-tune such a model through LoRA on its attention)");
+                       "under NoGradGuard (fine-tune such a model through LoRA: on its attention, or on all of its "
+                       "experts, whose adapted weights are formed in float32)");
     NoGradGuard no_grad;
     Tensor r = router;
     if (narrow(router)) {
