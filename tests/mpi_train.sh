@@ -3,7 +3,8 @@
 #  1. the same global batch trains the same way: 1 process × grad-accum 4, 2 × 2 and 4 × 1 (losses to 1e-5);
 #  2. a run resumes with another number of processes when the global batch is the same, and says why not when not;
 #  3. a process that cannot read its text stops every process with a message naming it;
-#  4. continued pretraining of a Hugging Face folder (qkv train --resume DIR) on 2 processes equals 1 process.
+#  4. continued pretraining of a Hugging Face folder (qkv train --resume DIR) on 2 processes equals 1 process;
+#  5. a mixture of experts sums only the experts some process's tokens chose, with the dense sum's bits.
 # Usage: mpi_train.sh QKV_BINARY SCRATCH_DIR [HF_LLAMA_FOLDER]
 set -euo pipefail
 qkv=$1
@@ -52,6 +53,19 @@ paste -d' ' <(losses after) <(losses bf16) | awk '
   END { if (NR != 20) { print "bf16 exchange: " NR " rows"; bad = 1 } exit bad }'
 echo "overlap: 1 MiB buckets during the backward (the embeddings' reached rows only) give the same bits as one"
 echo "  dense sum after it, on 2 and 3 processes; bf16 exchange within 1%"
+
+# A mixture of experts (32 experts, 2 a token, 32 tokens a step on each process): the experts no process's tokens
+# chose are not summed (their gradients are zero everywhere), and the weights are the bits of the dense sum.
+moe=(--text text.txt --tokenizer bytes --context-length 16 --emb-dim 32 --n-heads 2 --n-layers 2 --attention gqa
+     --experts 32 --experts-per-token 2 --drop-rate 0.1 --batch-size 2 --eval-every 0 --sample-tokens 4 --lr 3e-3
+     --warmup 2 --steps 6)
+"${mpi[@]}" -np 2 "$qkv" train "${moe[@]}" --allreduce-bucket-mib 0 --out moe_after >/dev/null 2>&1
+"${mpi[@]}" -np 2 "$qkv" train "${moe[@]}" --allreduce-bucket-mib 1 --out moe_skipped > moe.txt 2>&1
+cmp <(weights moe_after/checkpoint.safetensors) <(weights moe_skipped/checkpoint.safetensors) ||
+  { echo "summing only the chosen experts changed the weights"; exit 1; }
+skipped=$(sed -n "s/.*summed across processes, \([0-9]*\) not.*/\1/p" moe.txt | head -1)
+[[ -n "$skipped" && "$skipped" -gt 0 ]] || { echo "no expert's sum was skipped:"; cat moe.txt; exit 1; }
+echo "$(grep -m1 "experts' gradients" moe.txt | sed 's/.*experts/experts/'); the dense sum's bits"
 
 # Stop at step 8 on 2 processes, continue on 1 process with grad-accum 4: the same as the straight run.
 "${mpi[@]}" -np 2 "$qkv" train "${common[@]}" --grad-accum 2 --stop-at 8 --out split >/dev/null 2>&1

@@ -507,6 +507,10 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   }
   progress.message("done: " + checkpoint + ", " + options.out_dir + "/losses.csv, " +
                    viz::picture_path(options.out_dir + "/loss", options.pictures));
+  if (const auto [summed, skipped] = trainer.expert_sums(); summed + skipped > 0) {
+    progress.message("experts' gradients: " + std::to_string(summed) + " summed across processes, " +
+                     std::to_string(skipped) + " not (no process's tokens chose the expert that step)");
+  }
   if (!lead) return 0;
 
   // A sample, so you can see what it learned.

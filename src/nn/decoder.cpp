@@ -975,6 +975,40 @@ Tensor Decoder::embed(std::span<const int64_t> ids, int64_t batch, int64_t token
   return hashed_dropout(x, config.drop_rate, is_training(), *gen_);
 }
 
+void Decoder::record_expert_use(bool on) const {
+  record_use_ = on;
+  expert_use_.assign(static_cast<size_t>(config.num_layers * config.num_experts), 0);
+}
+
+std::vector<uint8_t> Decoder::take_expert_use() const {
+  std::vector<uint8_t> out(static_cast<size_t>(config.num_layers * config.num_experts), 0);
+  std::swap(out, expert_use_);
+  out.resize(static_cast<size_t>(config.num_layers * config.num_experts), 0);
+  return out;
+}
+
+int64_t Decoder::expert_use_index(const std::string& name) const {
+  // "….layers.L.mlp.experts.E.…": the numbers after "layers." and after "mlp.experts."
+  auto number_after = [&](const std::string& marker, size_t from, size_t* end) -> int64_t {
+    const size_t at = name.find(marker, from);
+    if (at == std::string::npos) return -1;
+    size_t i = at + marker.size();
+    int64_t value = 0;
+    const size_t digits = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - digits < 9) value = value * 10 + (name[i++] - '0');
+    if (i == digits || i >= name.size() || name[i] != '.') return -1;
+    *end = i;
+    return value;
+  };
+  size_t end = 0;
+  const int64_t layer = number_after("layers.", 0, &end);
+  if (layer < 0) return -1;
+  const int64_t expert = number_after(".mlp.experts.", end, &end);
+  if (expert < 0 || layer >= config.num_layers || expert >= config.num_experts) return -1;
+  if (!config.layers[static_cast<size_t>(layer)].experts) return -1;
+  return layer * config.num_experts + expert;
+}
+
 std::vector<Decoder::SparseGradient> Decoder::sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const {
   std::vector<SparseGradient> tables;
   if (!config.tie_word_embeddings || config.num_labels > 0) {
@@ -1415,14 +1449,24 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
     moe.groups = config.expert_groups;
     moe.groups_kept = config.expert_groups_kept;
     moe.scaling = static_cast<float>(config.routed_scaling_factor);
+    std::vector<int32_t> chose;
+    std::vector<float> chose_weights;
     if (routing_) {
       auto& [chosen, weights] = routing_->emplace_back();
       moe.chosen = &chosen;
       moe.weights = &weights;
+    } else if (record_use_) {
+      moe.chosen = &chose;
+      moe.weights = &chose_weights;
     }
     Tensor routed = mixture_of_experts(x, b[Role::Router], adapted_experts(b.expert_gate, b.expert_gate_lora),
                                        adapted_experts(b.expert_up, b.expert_up_lora),
                                        adapted_experts(b.expert_down, b.expert_down_lora), moe);
+    if (record_use_) {
+      const int64_t E = config.num_experts, layer = &b - blocks.data();
+      expert_use_.resize(static_cast<size_t>(config.num_layers * E), 0);
+      for (int32_t e : *moe.chosen) expert_use_[static_cast<size_t>(layer * E + e)] = 1;
+    }
     if (!b[Role::SharedGate].defined()) return routed;
     // DeepSeek-V3's shared experts: one SwiGLU every token goes through, added to the routed experts' sum
     const Tensor none;

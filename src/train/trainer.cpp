@@ -352,6 +352,16 @@ double Trainer::backward_summing(const Tensor& loss, const text::Batch& global) 
     if (auto it = sparse_of_.find(table.table.impl()); it != sparse_of_.end()) sparse_[it->second].rows = table.rows;
   }
   std::vector<bool> sparse_queued(sparse_.size(), false);
+  for (ExpertUnit& u : expert_units_) u.queued = false;
+  auto queue_expert = [&](ExpertUnit& u) {  // an expert no process's tokens chose: zero everywhere, not summed
+    u.queued = true;
+    if (experts_chosen_.at(static_cast<size_t>(u.expert))) {
+      ++expert_sums_;
+      timed([&] { comm_->enqueue_sum(gradient_arena_.data() + u.first, u.count, bf16); });
+    } else {
+      ++expert_sums_skipped_;
+    }
+  };
   auto queue_rows = [&](size_t i) {
     SparseTable& t = sparse_[i];
     sparse_queued[i] = true;
@@ -371,6 +381,8 @@ double Trainer::backward_summing(const Tensor& loss, const text::Batch& global) 
       if (++b.ready == b.parameters) queue(b);
     } else if (auto sparse = sparse_of_.find(leaf.impl()); sparse != sparse_of_.end()) {
       queue_rows(sparse->second);
+    } else if (auto unit = expert_unit_of_.find(leaf.impl()); unit != expert_unit_of_.end()) {
+      queue_expert(expert_units_[unit->second]);
     }
     timed([&] { comm_->progress(); });
   });
@@ -379,6 +391,8 @@ double Trainer::backward_summing(const Tensor& loss, const text::Batch& global) 
     if (!b.queued) queue(b);
   for (size_t i = 0; i < sparse_.size(); ++i)
     if (!sparse_queued[i]) queue_rows(i);
+  for (ExpertUnit& u : expert_units_)
+    if (!u.queued) queue_expert(u);
   return inside;
 }
 
@@ -417,6 +431,8 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     bucket_of_.clear();
     sparse_.clear();
     sparse_of_.clear();
+    expert_units_.clear();
+    expert_unit_of_.clear();
     std::unordered_map<const void*, int64_t> sparse_width;
     if (cap > 0) {
       for (const auto& table : model_->sparse_gradients({}, 0)) sparse_width[table.table.impl()] = table.table.size(1);
@@ -430,6 +446,12 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
         sparse_of_[it->first] = sparse_.size();
         sparse_.push_back({at, it->second, {}, {}});
         cut = true;  // buckets are contiguous ranges of the arena
+        continue;
+      }
+      if (const int64_t expert = cap > 0 ? model_->expert_use_index(p->first) : -1; expert >= 0) {
+        expert_unit_of_[p->second.impl()] = expert_units_.size();
+        expert_units_.push_back({at, n, expert, false});
+        cut = true;
         continue;
       }
       if (cut || (cap > 0 && buckets_.back().count + n > cap)) buckets_.push_back({at, 0, 0, 0});
@@ -450,7 +472,9 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
     // One process: gradients are written afresh by the backward pass. Several: they are views into the arena the
     // processes sum, so they stay and are cleared.
     optimizer_->zero_grad(/*set_to_none=*/world_ == 1);
-    double local[2] = {0.0, 0.0};  // Σ micro-batch losses, count of non-finite ones
+    // Σ micro-batch losses, count of non-finite ones; then, with experts summed apart, how many processes chose each
+    std::vector<double> local(2, 0.0);
+    model_->record_expert_use(!expert_units_.empty());  // (clears what evaluations chose)
     double communication = 0.0;    // seconds inside the gradients' sums: during the backward and the wait after it
     for (int64_t k = 0; k < K; ++k) {
       const int64_t slice = k * world_ + comm_->rank();
@@ -462,9 +486,17 @@ int64_t Trainer::run(const std::function<void(const StepReport&)>& on_step,
       local[0] += value;
       const bool last = k == K - 1;
       if (last) {
-        // Every process learns the step's loss before the last backward, whose gradient sums are collectives.
+        // Every process learns the step's loss before the last backward, whose gradient sums are collectives, and
+        // which experts any process's tokens chose.
         if (!std::isfinite(value)) local[1] += 1;
-        comm_->sum(local, 2);
+        if (!expert_units_.empty()) {
+          const std::vector<uint8_t> chose = model_->take_expert_use();
+          local.resize(2 + chose.size());
+          for (size_t i = 0; i < chose.size(); ++i) local[2 + i] = chose[i];
+        }
+        comm_->sum(local.data(), static_cast<int64_t>(local.size()));
+        experts_chosen_.assign(local.size() - 2, 0);
+        for (size_t i = 2; i < local.size(); ++i) experts_chosen_[i - 2] = local[i] > 0.0;
         if (local[1] > 0) {
           throw TrainingDiverged("step " + std::to_string(step_ + 1) + ": the loss is " +
                                  std::to_string(local[0] / slices) + " (the training diverged); stopped before applying the step");

@@ -347,6 +347,16 @@ class Decoder : public LanguageModel {
   // sums only those rows across processes. With no ids: the tables, with no rows.
   std::vector<SparseGradient> sparse_gradients(std::span<const int64_t> ids, int64_t tokens) const;
 
+  // Which experts the forward passes chose since the last take_expert_use(), while recording is on: a flag for each
+  // (layer, expert), at layer · num_experts + expert (0 for dense layers). Data-parallel training sums only the chosen
+  // experts' gradients; the others are zero on every process. Experts held in one tensor per layer (gpt-oss) are not
+  // told apart.
+  void record_expert_use(bool on) const;
+  std::vector<uint8_t> take_expert_use() const;
+  // A parameter of one expert ("model.layers.3.mlp.experts.7.up_proj.weight", or its adapter's lora_A and lora_B):
+  // its flag's index in take_expert_use(); −1 for any other parameter.
+  int64_t expert_use_index(const std::string& parameter_name) const;
+
   // How latent attention decodes from its cache (make_cache and forward_cached read it):
   //   Absorbed  the cache holds each token's normed latent and rotated key, kv_lora_rank + qk_rope_head_dim values
   //             per layer; q_nope is multiplied into the latent space through kv_b_proj's key rows (W_UK), attention
@@ -403,6 +413,8 @@ class Decoder : public LanguageModel {
   Tensor latent_up(size_t i) const;  // layer i's kv_b_proj as (H, dn + dv, R) float32, a LoRA update merged in
   // While expert_routing runs: each routed layer's chosen experts and weights (N·k each), in layer order
   mutable std::vector<std::pair<std::vector<int32_t>, std::vector<float>>>* routing_ = nullptr;
+  mutable bool record_use_ = false;        // record_expert_use
+  mutable std::vector<uint8_t> expert_use_;  // its flags
   Tensor logits(const Tensor& hidden_states) const;  // the head, soft-capped where the config says
   Tensor hidden(std::span<const int64_t> ids, int64_t batch, int64_t tokens,
                 std::vector<AttentionStep::Record>* records, std::vector<Tensor>* routers = nullptr) const;

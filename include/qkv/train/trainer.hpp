@@ -110,6 +110,9 @@ class Trainer {
   int64_t step() const { return step_; }
   // Windows per optimiser step over every process
   int64_t global_batch() const { return world_ * settings_.batch_size * settings_.grad_accum; }
+  // Several processes, a mixture of experts: the experts' gradient sums run so far, and those skipped because no
+  // process's tokens chose the expert that step (their gradients are zero on every process)
+  std::pair<int64_t, int64_t> expert_sums() const { return {expert_sums_, expert_sums_skipped_}; }
   // The model being trained
   nn::Decoder& model() { return *model_; }
   // Windows in the training and validation splits
@@ -141,6 +144,16 @@ class Trainer {
   };
   std::vector<SparseTable> sparse_;
   std::unordered_map<const void*, size_t> sparse_of_;
+  // One expert's parameter (nn::Decoder::expert_use_index), outside the buckets: summed only in a step where some
+  // process's tokens chose its expert (the processes agree on that with the step's loss); zero everywhere otherwise.
+  struct ExpertUnit {
+    int64_t first = 0, count = 0, expert = 0;  // its gradient in the arena, its flag
+    bool queued = false;
+  };
+  std::vector<ExpertUnit> expert_units_;
+  std::unordered_map<const void*, size_t> expert_unit_of_;
+  std::vector<uint8_t> experts_chosen_;   // this step's, by any process
+  int64_t expert_sums_ = 0, expert_sums_skipped_ = 0;
   // The last micro-batch's backward, its buckets' sums across processes started as it completes them; returns the
   // seconds spent inside the communicator meanwhile (starting sums, moving them along).
   double backward_summing(const Tensor& loss, const text::Batch& global);
