@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qkv/core/random.hpp"
+#include "qkv/kernels/gemm.hpp"
 #include "peak.hpp"
 #include "qkv/kernels.hpp"
 
@@ -210,12 +211,29 @@ int main(int argc, char** argv) {
                v = random_floats(Tt * Ht * Dd, 43), d_o = random_floats(Tt * Ht * Dd, 44);
     std::vector<float> g(static_cast<size_t>(Tt * Ht), -0.01f), beta(static_cast<size_t>(Tt * Ht), 0.5f);
     std::vector<float> o(q.size()), dq(q.size()), dk(q.size()), dv(q.size()), dg(g.size()), db(g.size());
+    std::vector<float> oc(q.size());
     const auto t = median_seconds(smoke ? 1 : 5, {
         [&] { delta_rule_forward(train, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, o.data(), nullptr); },
         [&] {
           delta_rule_backward(train, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, d_o.data(), dq.data(),
                               dk.data(), dv.data(), dg.data(), db.data());
+        },
+        [&] {
+          delta_rule_forward_chunked(train, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, oc.data(), nullptr);
         }});
+    double apart = 0.0, largest = 0.0;
+    for (size_t i = 0; i < o.size(); ++i) apart = std::max(apart, static_cast<double>(std::abs(o[i] - oc[i]))),
+                                          largest = std::max(largest, static_cast<double>(std::abs(o[i])));
+    // The chunked form's own count: per chunk of C tokens, k·k and q·k (2 · 2·C²·Dk), (I + A)⁻¹ (C³/3), the two
+    // right-hand parts through it (2·C²·(Dk + Dv)), W S₀, Q S₀ and the state's update (3 · 2·C·Dk·Dv), the masked
+    // product (2·C²·Dv)
+    const double C = kDeltaRuleChunk, chunks = static_cast<double>(Tt) / C * Ht;
+    const double chunk_flops =
+        chunks * (4.0 * C * C * Dd + C * C * C / 3.0 + 4.0 * C * C * Dd + 6.0 * C * Dd * Dd + 2.0 * C * C * Dd);
+    std::printf("  forward, T %lld, %lld heads, chunked form (prompts without a gradient; products by %s): %.1f ms, %.1f× "
+                "the recurrent forward, %.1f GFLOP/s = %.0f%% of the FMA peak by its own count; outputs within %.1e of the "
+                "largest\n", static_cast<long long>(Tt), static_cast<long long>(Ht), gemm_backend(), t[2] * 1e3, t[0] / t[2],
+                chunk_flops / t[2] / 1e9, 100.0 * chunk_flops / t[2] / peak, apart / std::max(largest, 1e-30));
     const double flops = 6.0 * static_cast<double>(Tt * Ht * Dd * Dd);
     std::printf("  forward + backward, T %lld, %lld heads (recurrent form): %.1f ms + %.1f ms = %.1f GFLOP/s, %.0f%% of the "
                 "FMA peak (target ≥ 50%%, with the chunked form)\n", static_cast<long long>(Tt), static_cast<long long>(Ht),

@@ -613,6 +613,23 @@ std::vector<KernelCase> kernel_cases() {
                        if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
                      return ::testing::AssertionSuccess();
                    }});
+  cases.push_back({"gated delta rule forward, chunked form (64 tokens a chunk, from a state)",
+                   [](int64_t n, int m) {
+                     // 2n + 5 tokens (one chunk and a part, then several), 2 sequences, 3 heads, Dk 16, Dv 24
+                     const DeltaRuleDims d{2, 2 * n + 5, 3, 16, 24};
+                     const int64_t rows = d.B * d.T * d.H, states = d.B * d.H * d.Dk * d.Dv;
+                     Buffer q(rows * d.Dk, m, 1, 0.25f), k(rows * d.Dk, m, 2, 0.25f), v(rows * d.Dv, m, 3);
+                     Buffer g(rows, m, 5, 0.3f, -0.4f), beta(rows, m, 6, 0.3f, 0.5f), init(states, m, 7);
+                     Buffer o(rows * d.Dv, m, 8), ref(rows * d.Dv, m, 9), final_state(states, m, 10);
+                     Buffer o_rec(rows * d.Dv, m, 11), final_rec(states, m, 12);
+                     delta_rule_forward_chunked(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), o.data(),
+                                                final_state.data());
+                     delta_rule_forward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), ref.data());
+                     if (auto ok = close(o.data(), ref.data(), rows * d.Dv, 1e-4, 1e-5); !ok) return ok << " (o)";
+                     delta_rule_forward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), o_rec.data(),
+                                        final_rec.data());
+                     return close(final_state.data(), final_rec.data(), states, 1e-4, 1e-5) << " (the final state)";
+                   }});
   cases.push_back({"causal depthwise conv1d forward and backward (K 4, with and without a state before)",
                    [](int64_t n, int m) {
                      // n tokens of 2 sequences, C = 5 channels (a vector row and a tail on AVX-512 as n grows)

@@ -1,5 +1,6 @@
 // The gated delta rule as a differentiable op (kernels::delta_rule_forward / delta_rule_backward): the forward keeps
-// nothing but its inputs, the backward rebuilds the state from them.
+// nothing but its inputs, the backward rebuilds the state from them. Without a gradient, prompts of a chunk or more
+// run the chunked form (kernels::delta_rule_forward_chunked).
 #include <string>
 #include <vector>
 
@@ -26,9 +27,16 @@ Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const
   Tensor out = Tensor::empty(v.shape());
   if (final_state) *final_state = Tensor::empty(state_shape);
   const float* init = initial.defined() ? initial.data() : nullptr;
-  kernels::delta_rule_forward(dims, q.data(), k.data(), v.data(), g.data(), beta.data(), init, out.data(),
-                              final_state ? final_state->data() : nullptr);
-  if (detail::needs_grad({&q, &k, &v, &g, &beta})) {
+  const bool grad = detail::needs_grad({&q, &k, &v, &g, &beta});
+  // A prompt without a gradient (inference) runs the chunked form, whose products are faster from a chunk on; training
+  // keeps the recurrent form, the one its backward recomputes.
+  if (!grad && dims.T >= kernels::kDeltaRuleChunk)
+    kernels::delta_rule_forward_chunked(dims, q.data(), k.data(), v.data(), g.data(), beta.data(), init, out.data(),
+                                        final_state ? final_state->data() : nullptr);
+  else
+    kernels::delta_rule_forward(dims, q.data(), k.data(), v.data(), g.data(), beta.data(), init, out.data(),
+                                final_state ? final_state->data() : nullptr);
+  if (grad) {
     detail::record(out, "GatedDeltaRuleBackward", {q, k, v, g, beta}, [q, k, v, g, beta, initial, dims](const Tensor& dout) {
       Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
       Tensor dg = Tensor::empty(g.shape()), dbeta = Tensor::empty(beta.shape());

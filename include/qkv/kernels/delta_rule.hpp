@@ -1,8 +1,9 @@
 // The gated delta rule (Gated DeltaNet: Qwen3-Next, Qwen3.5, Kimi Linear), the recurrent form, forward and backward,
+// and the chunked form's forward,
 // beside its double-precision reference: linear attention whose state is a (Dk × Dv) matrix per head, decayed and
 // corrected token by token, so its cost and its cache are constant in the context length. Pure compute on raw
 // pointers; the op is core/ops_delta.cpp. Not here: the L2 norm of q and k, the causal conv1d and the gated RMSNorm
-// around it, the chunked form for long prompts.
+// around it.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,12 @@ struct DeltaRuleDims {
 // order.
 void delta_rule_forward(const DeltaRuleDims& dims, const float* q, const float* k, const float* v, const float* g,
                         const float* beta, const float* initial, float* o, float* final_state);
+// The same outputs and final state, computed kDeltaRuleChunk tokens at a time with matrix products (the chunked form,
+// for prompts): equal to the recurrent form within float32's rounding, not bit for bit. Forward only (training runs
+// the recurrent form, whose backward recomputes its states).
+constexpr int64_t kDeltaRuleChunk = 64;
+void delta_rule_forward_chunked(const DeltaRuleDims& dims, const float* q, const float* k, const float* v,
+                                const float* g, const float* beta, const float* initial, float* o, float* final_state);
 // Writes dq, dk, dv (like q, k, v), dg and dbeta (like g) from do (like o); the state is recomputed, kept every 64
 // tokens and rebuilt within each stretch, so memory is O(T/64 · Dk · Dv) per head. Reverse through time:
 //   dS += q_t do_tᵀ;  dq_t = S_t do_t;  dk_t = dS u_t;  du = dSᵀ k_t;  dβ_t = du·(v_t − m_t);  dv_t = β_t du;
