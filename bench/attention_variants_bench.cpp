@@ -1,7 +1,8 @@
 // What 2025's attention variants cost beside the plain fused kernel, measured in one run: the forward with a sink
 // logit per head, and with the output gate after it (issue 43's target: each ≤ 5% over the plain forward); and a
 // mixture-of-experts layer (k of E experts per token) against a dense SwiGLU with the same active parameters; Gated
-// DeltaNet's decoding step after a short and a long context, and its forward + backward against the FMA peak.
+// DeltaNet's decoding step after a short and a long context, and its forward + backward (recurrent and chunked forms)
+// against the FMA peak (run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset: the chunked form's products are sgemm's).
 // Medians of repeats, ratios taken in the same run. A plain program: `qkv_attention_variants_bench [--smoke]`.
 #include <omp.h>
 
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
                 t[1] / t[0]);
   }
 
-  // ---- Gated DeltaNet: decoding is flat in the context; the recurrent forward + backward against the FMA peak ----
+  // ---- Gated DeltaNet: decoding is flat in the context; forward + backward, recurrent and chunked, against the peak ----
   // Qwen3-Next's layer: 32 value heads of Dk = Dv = 128 (smoke: 4 heads of 16). A decoding step reads and writes each
   // head's (Dk × Dv) state, whatever the context that built it; a full-attention layer's step reads its whole KV cache.
   {
@@ -220,24 +221,36 @@ int main(int argc, char** argv) {
         },
         [&] {
           delta_rule_forward_chunked(train, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, oc.data(), nullptr);
+        },
+        [&] {
+          delta_rule_backward_chunked(train, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, d_o.data(),
+                                      dq.data(), dk.data(), dv.data(), dg.data(), db.data());
         }});
     double apart = 0.0, largest = 0.0;
     for (size_t i = 0; i < o.size(); ++i) apart = std::max(apart, static_cast<double>(std::abs(o[i] - oc[i]))),
                                           largest = std::max(largest, static_cast<double>(std::abs(o[i])));
-    // The chunked form's own count: per chunk of C tokens, k·k and q·k (2 · 2·C²·Dk), (I + A)⁻¹ (C³/3), the two
-    // right-hand parts through it (2·C²·(Dk + Dv)), W S₀, Q S₀ and the state's update (3 · 2·C·Dk·Dv), the masked
-    // product (2·C²·Dv)
+    // The chunked form's own count, per chunk of C tokens (Dk = Dv = D). Its solve: k·k and q·k (2 · 2·C²·D), (I + A)⁻¹
+    // (C³/3), the two right-hand parts through it (2 · 2·C²·D), W S₀ (2·C·D²). The forward adds Q S₀ and the state's
+    // update (2 · 2·C·D²) and the masked product (2·C²·D). The backward: a pass over the chunks for their starting
+    // states (a solve and an update), the solve again, and its own products: seven of C × D × D (14·C·D²), eleven of
+    // C × C × D (22·C²·D) and two of C × C × C (4·C³).
     const double C = kDeltaRuleChunk, chunks = static_cast<double>(Tt) / C * Ht;
-    const double chunk_flops =
-        chunks * (4.0 * C * C * Dd + C * C * C / 3.0 + 4.0 * C * C * Dd + 6.0 * C * Dd * Dd + 2.0 * C * C * Dd);
-    std::printf("  forward, T %lld, %lld heads, chunked form (prompts without a gradient; products by %s): %.1f ms, %.1f× "
+    const double solve = 8.0 * C * C * Dd + C * C * C / 3.0 + 2.0 * C * Dd * Dd;
+    const double chunk_flops = chunks * (solve + 4.0 * C * Dd * Dd + 2.0 * C * C * Dd);
+    const double chunk_back = chunks * (2.0 * solve + 2.0 * C * Dd * Dd + 14.0 * C * Dd * Dd + 22.0 * C * C * Dd + 4.0 * C * C * C);
+    const double flops = 6.0 * static_cast<double>(Tt * Ht * Dd * Dd);
+    std::printf("  forward + backward, T %lld, %lld heads (recurrent form): %.1f ms + %.1f ms = %.1f GFLOP/s, %.0f%% of the "
+                "FMA peak\n", static_cast<long long>(Tt), static_cast<long long>(Ht),
+                t[0] * 1e3, t[1] * 1e3, 3.0 * flops / (t[0] + t[1]) / 1e9, 100.0 * 3.0 * flops / (t[0] + t[1]) / peak);
+    std::printf("  forward, T %lld, %lld heads, chunked form (products by %s): %.1f ms, %.1f× "
                 "the recurrent forward, %.1f GFLOP/s = %.0f%% of the FMA peak by its own count; outputs within %.1e of the "
                 "largest\n", static_cast<long long>(Tt), static_cast<long long>(Ht), gemm_backend(), t[2] * 1e3, t[0] / t[2],
                 chunk_flops / t[2] / 1e9, 100.0 * chunk_flops / t[2] / peak, apart / std::max(largest, 1e-30));
-    const double flops = 6.0 * static_cast<double>(Tt * Ht * Dd * Dd);
-    std::printf("  forward + backward, T %lld, %lld heads (recurrent form): %.1f ms + %.1f ms = %.1f GFLOP/s, %.0f%% of the "
-                "FMA peak (target ≥ 50%%, with the chunked form)\n", static_cast<long long>(Tt), static_cast<long long>(Ht),
-                t[0] * 1e3, t[1] * 1e3, 3.0 * flops / (t[0] + t[1]) / 1e9, 100.0 * 3.0 * flops / (t[0] + t[1]) / peak);
+    std::printf("  forward + backward, T %lld, %lld heads, chunked form (training): %.1f ms + %.1f ms, %.1f× the recurrent "
+                "form; %.1f GFLOP/s = %.0f%% of the FMA peak by its own count (target ≥ 50%%), %.0f%% by the recurrent "
+                "form's\n", static_cast<long long>(Tt), static_cast<long long>(Ht), t[2] * 1e3, t[3] * 1e3,
+                (t[0] + t[1]) / (t[2] + t[3]), (chunk_flops + chunk_back) / (t[2] + t[3]) / 1e9,
+                100.0 * (chunk_flops + chunk_back) / (t[2] + t[3]) / peak, 100.0 * 3.0 * flops / (t[2] + t[3]) / peak);
   }
   return 0;
 }

@@ -613,7 +613,7 @@ std::vector<KernelCase> kernel_cases() {
                        if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
                      return ::testing::AssertionSuccess();
                    }});
-  cases.push_back({"gated delta rule forward, chunked form (64 tokens a chunk, from a state)",
+  cases.push_back({"gated delta rule forward and backward, chunked form (64 tokens a chunk, from a state)",
                    [](int64_t n, int m) {
                      // 2n + 5 tokens (one chunk and a part, then several), 2 sequences, 3 heads, Dk 16, Dv 24
                      const DeltaRuleDims d{2, 2 * n + 5, 3, 16, 24};
@@ -628,7 +628,21 @@ std::vector<KernelCase> kernel_cases() {
                      if (auto ok = close(o.data(), ref.data(), rows * d.Dv, 1e-4, 1e-5); !ok) return ok << " (o)";
                      delta_rule_forward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), o_rec.data(),
                                         final_rec.data());
-                     return close(final_state.data(), final_rec.data(), states, 1e-4, 1e-5) << " (the final state)";
+                     if (auto ok = close(final_state.data(), final_rec.data(), states, 1e-4, 1e-5); !ok)
+                       return ok << " (the final state)";
+                     Buffer g_out(rows * d.Dv, m, 4);
+                     Buffer dq(rows * d.Dk, m, 11), dk(rows * d.Dk, m, 12), dv(rows * d.Dv, m, 13), dg(rows, m, 14), db(rows, m, 15);
+                     Buffer rq(rows * d.Dk, m, 16), rk(rows * d.Dk, m, 17), rv(rows * d.Dv, m, 18), rg(rows, m, 19), rb(rows, m, 20);
+                     delta_rule_backward_chunked(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
+                                                 g_out.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
+                     delta_rule_backward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
+                                                   g_out.data(), rq.data(), rk.data(), rv.data(), rg.data(), rb.data());
+                     for (auto [got, want, size, what] : {std::tuple{dq.data(), rq.data(), rows * d.Dk, "dq"},
+                                                          {dk.data(), rk.data(), rows * d.Dk, "dk"},
+                                                          {dv.data(), rv.data(), rows * d.Dv, "dv"},
+                                                          {dg.data(), rg.data(), rows, "dg"}, {db.data(), rb.data(), rows, "dbeta"}})
+                       if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
+                     return ::testing::AssertionSuccess();
                    }});
   cases.push_back({"causal depthwise conv1d forward and backward (K 4, with and without a state before)",
                    [](int64_t n, int m) {

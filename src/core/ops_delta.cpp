@@ -1,6 +1,6 @@
 // The gated delta rule as a differentiable op (kernels::delta_rule_forward / delta_rule_backward): the forward keeps
-// nothing but its inputs, the backward rebuilds the state from them. Without a gradient, prompts of a chunk or more
-// run the chunked form (kernels::delta_rule_forward_chunked).
+// nothing but its inputs, the backward rebuilds the state from them. A chunk of tokens or more runs the chunked form
+// (kernels::delta_rule_forward_chunked / delta_rule_backward_chunked), fewer the recurrent one.
 #include <string>
 #include <vector>
 
@@ -28,21 +28,22 @@ Tensor gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (final_state) *final_state = Tensor::empty(state_shape);
   const float* init = initial.defined() ? initial.data() : nullptr;
   const bool grad = detail::needs_grad({&q, &k, &v, &g, &beta});
-  // A prompt without a gradient (inference) runs the chunked form, whose products are faster from a chunk on; training
-  // keeps the recurrent form, the one its backward recomputes.
-  if (!grad && dims.T >= kernels::kDeltaRuleChunk)
+  // From a chunk of tokens on (prompts, training), the chunked form: its products are faster; decoding's single
+  // tokens, the recurrent form. The backward takes the same form as the forward.
+  const bool chunked = dims.T >= kernels::kDeltaRuleChunk;
+  if (chunked)
     kernels::delta_rule_forward_chunked(dims, q.data(), k.data(), v.data(), g.data(), beta.data(), init, out.data(),
                                         final_state ? final_state->data() : nullptr);
   else
     kernels::delta_rule_forward(dims, q.data(), k.data(), v.data(), g.data(), beta.data(), init, out.data(),
                                 final_state ? final_state->data() : nullptr);
   if (grad) {
-    detail::record(out, "GatedDeltaRuleBackward", {q, k, v, g, beta}, [q, k, v, g, beta, initial, dims](const Tensor& dout) {
+    detail::record(out, "GatedDeltaRuleBackward", {q, k, v, g, beta}, [q, k, v, g, beta, initial, dims, chunked](const Tensor& dout) {
       Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
       Tensor dg = Tensor::empty(g.shape()), dbeta = Tensor::empty(beta.shape());
-      kernels::delta_rule_backward(dims, q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                   initial.defined() ? initial.data() : nullptr, dout.data(),
-                                   dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data());
+      (chunked ? kernels::delta_rule_backward_chunked : kernels::delta_rule_backward)(
+          dims, q.data(), k.data(), v.data(), g.data(), beta.data(), initial.defined() ? initial.data() : nullptr,
+          dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data());
       detail::add_grad(q, std::move(dq));
       detail::add_grad(k, std::move(dk));
       detail::add_grad(v, std::move(dv));

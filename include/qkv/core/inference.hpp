@@ -38,7 +38,9 @@ void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys,
 
 // One sequence of a batch's step: its query rows [row0, row0 + rows) of q and the Tk positions it attends over.
 struct AttentionRun {
-  int64_t row0 = 0, rows = 0, Tk = 0;
+  int64_t row0 = 0;  // its first query row in q
+  int64_t rows = 0;  // its query rows: the sequence's last `rows` positions
+  int64_t Tk = 0;    // the positions it attends over (its keys and values)
 };
 // attend_rows for every run of a step, each run's keys and values first written by gather(i, keys, values) into
 // (Tk, kv_width) buffers. Several runs of at most 64 rows go to the threads whole (a decoding sequence is one row: too

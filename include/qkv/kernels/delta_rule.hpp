@@ -1,5 +1,5 @@
 // The gated delta rule (Gated DeltaNet: Qwen3-Next, Qwen3.5, Kimi Linear), the recurrent form, forward and backward,
-// and the chunked form's forward,
+// and the chunked form,
 // beside its double-precision reference: linear attention whose state is a (Dk × Dv) matrix per head, decayed and
 // corrected token by token, so its cost and its cache are constant in the context length. Pure compute on raw
 // pointers; the op is core/ops_delta.cpp. Not here: the L2 norm of q and k, the causal conv1d and the gated RMSNorm
@@ -25,12 +25,15 @@ struct DeltaRuleDims {
 // order.
 void delta_rule_forward(const DeltaRuleDims& dims, const float* q, const float* k, const float* v, const float* g,
                         const float* beta, const float* initial, float* o, float* final_state);
-// The same outputs and final state, computed kDeltaRuleChunk tokens at a time with matrix products (the chunked form,
-// for prompts): equal to the recurrent form within float32's rounding, not bit for bit. Forward only (training runs
-// the recurrent form, whose backward recomputes its states).
+// The same outputs and final state, and the same gradients, computed kDeltaRuleChunk tokens at a time with matrix
+// products (the chunked form, for prompts and training): equal to the recurrent form within float32's rounding, not bit
+// for bit. The backward keeps each chunk's starting state (T/64 states per head) and recomputes the rest.
 constexpr int64_t kDeltaRuleChunk = 64;
 void delta_rule_forward_chunked(const DeltaRuleDims& dims, const float* q, const float* k, const float* v,
                                 const float* g, const float* beta, const float* initial, float* o, float* final_state);
+void delta_rule_backward_chunked(const DeltaRuleDims& dims, const float* q, const float* k, const float* v,
+                                 const float* g, const float* beta, const float* initial, const float* d_o, float* dq,
+                                 float* dk, float* dv, float* dg, float* dbeta);
 // Writes dq, dk, dv (like q, k, v), dg and dbeta (like g) from do (like o); the state is recomputed, kept every 64
 // tokens and rebuilt within each stretch, so memory is O(T/64 · Dk · Dv) per head. Reverse through time:
 //   dS += q_t do_tᵀ;  dq_t = S_t do_t;  dk_t = dS u_t;  du = dSᵀ k_t;  dβ_t = du·(v_t − m_t);  dv_t = β_t du;
