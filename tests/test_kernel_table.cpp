@@ -57,6 +57,27 @@ kernels::Broadcast same_shape(int64_t rows, int64_t n) {
   return b;
 }
 
+// A gated delta rule's backward (the recurrent or the chunked form) against the double reference, every gradient
+using kernels::DeltaRuleDims;
+using DeltaBackward = void (*)(const DeltaRuleDims&, const float*, const float*, const float*, const float*, const float*,
+                               const float*, const float*, float*, float*, float*, float*, float*);
+::testing::AssertionResult delta_gradients_match(DeltaBackward backward, const DeltaRuleDims& d, const float* q,
+                                                 const float* k, const float* v, const float* g, const float* beta,
+                                                 const float* init, const float* g_out, int m) {
+  const int64_t rows = d.B * d.T * d.H;
+  Buffer dq(rows * d.Dk, m, 11), dk(rows * d.Dk, m, 12), dv(rows * d.Dv, m, 13), dg(rows, m, 14), db(rows, m, 15);
+  Buffer rq(rows * d.Dk, m, 16), rk(rows * d.Dk, m, 17), rv(rows * d.Dv, m, 18), rg(rows, m, 19), rb(rows, m, 20);
+  backward(d, q, k, v, g, beta, init, g_out, dq.data(), dk.data(), dv.data(), dg.data(), db.data());
+  kernels::delta_rule_backward_reference(d, q, k, v, g, beta, init, g_out, rq.data(), rk.data(), rv.data(), rg.data(),
+                                         rb.data());
+  for (auto [got, want, size, what] : {std::tuple{dq.data(), rq.data(), rows * d.Dk, "dq"},
+                                       {dk.data(), rk.data(), rows * d.Dk, "dk"},
+                                       {dv.data(), rv.data(), rows * d.Dv, "dv"},
+                                       {dg.data(), rg.data(), rows, "dg"}, {db.data(), rb.data(), rows, "dbeta"}})
+    if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
+  return ::testing::AssertionSuccess();
+}
+
 std::vector<KernelCase> kernel_cases() {
   using namespace kernels;
   std::vector<KernelCase> cases;
@@ -600,18 +621,8 @@ std::vector<KernelCase> kernel_cases() {
                      delta_rule_forward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), o.data(), final_state.data());
                      delta_rule_forward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), ref.data());
                      if (auto ok = close(o.data(), ref.data(), rows * d.Dv, 1e-4, 1e-5); !ok) return ok << " (o)";
-                     Buffer dq(rows * d.Dk, m, 11), dk(rows * d.Dk, m, 12), dv(rows * d.Dv, m, 13), dg(rows, m, 14), db(rows, m, 15);
-                     Buffer rq(rows * d.Dk, m, 16), rk(rows * d.Dk, m, 17), rv(rows * d.Dv, m, 18), rg(rows, m, 19), rb(rows, m, 20);
-                     delta_rule_backward(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), g_out.data(),
-                                         dq.data(), dk.data(), dv.data(), dg.data(), db.data());
-                     delta_rule_backward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
-                                                   g_out.data(), rq.data(), rk.data(), rv.data(), rg.data(), rb.data());
-                     for (auto [got, want, size, what] : {std::tuple{dq.data(), rq.data(), rows * d.Dk, "dq"},
-                                                          {dk.data(), rk.data(), rows * d.Dk, "dk"},
-                                                          {dv.data(), rv.data(), rows * d.Dv, "dv"},
-                                                          {dg.data(), rg.data(), rows, "dg"}, {db.data(), rb.data(), rows, "dbeta"}})
-                       if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
-                     return ::testing::AssertionSuccess();
+                     return delta_gradients_match(delta_rule_backward, d, q.data(), k.data(), v.data(), g.data(), beta.data(),
+                                                  init.data(), g_out.data(), m);
                    }});
   cases.push_back({"gated delta rule forward and backward, chunked form (64 tokens a chunk, from a state)",
                    [](int64_t n, int m) {
@@ -631,18 +642,8 @@ std::vector<KernelCase> kernel_cases() {
                      if (auto ok = close(final_state.data(), final_rec.data(), states, 1e-4, 1e-5); !ok)
                        return ok << " (the final state)";
                      Buffer g_out(rows * d.Dv, m, 4);
-                     Buffer dq(rows * d.Dk, m, 11), dk(rows * d.Dk, m, 12), dv(rows * d.Dv, m, 13), dg(rows, m, 14), db(rows, m, 15);
-                     Buffer rq(rows * d.Dk, m, 16), rk(rows * d.Dk, m, 17), rv(rows * d.Dv, m, 18), rg(rows, m, 19), rb(rows, m, 20);
-                     delta_rule_backward_chunked(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
-                                                 g_out.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
-                     delta_rule_backward_reference(d, q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
-                                                   g_out.data(), rq.data(), rk.data(), rv.data(), rg.data(), rb.data());
-                     for (auto [got, want, size, what] : {std::tuple{dq.data(), rq.data(), rows * d.Dk, "dq"},
-                                                          {dk.data(), rk.data(), rows * d.Dk, "dk"},
-                                                          {dv.data(), rv.data(), rows * d.Dv, "dv"},
-                                                          {dg.data(), rg.data(), rows, "dg"}, {db.data(), rb.data(), rows, "dbeta"}})
-                       if (auto ok = close(got, want, size, 1e-3, 1e-4); !ok) return ok << " (" << what << ")";
-                     return ::testing::AssertionSuccess();
+                     return delta_gradients_match(delta_rule_backward_chunked, d, q.data(), k.data(), v.data(), g.data(),
+                                                  beta.data(), init.data(), g_out.data(), m);
                    }});
   cases.push_back({"causal depthwise conv1d forward and backward (K 4, with and without a state before)",
                    [](int64_t n, int m) {
