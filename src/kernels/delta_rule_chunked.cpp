@@ -89,6 +89,11 @@ struct Chunk {
     }
   }
 
+  // M = D ∘ QKᵀ: q_i·k_j decayed from j to i, zero above the diagonal (D is), C × C
+  void masked_scores(float* M) const {
+    for (int64_t i = 0; i < n * C; ++i) M[i] = D[static_cast<size_t>(i)] * QK[static_cast<size_t>(i)];
+  }
+
   // S ← S_n = γ_n S + Kdᵀ U (in place)
   void advance(float* S) const {
     const float whole = gamma[static_cast<size_t>(n - 1)];
@@ -122,9 +127,8 @@ void delta_rule_forward_chunked(const DeltaRuleDims& d, const float* q, const fl
       for (int64_t i = 0; i < c.n; ++i) {
         const float gi = c.gamma[static_cast<size_t>(i)];
         for (int64_t x = 0; x < Dv; ++x) O[static_cast<size_t>(i * Dv + x)] *= gi;
-        for (int64_t j = 0; j < C; ++j)
-          M[static_cast<size_t>(i * C + j)] = c.D[static_cast<size_t>(i * C + j)] * c.QK[static_cast<size_t>(i * C + j)];
       }
+      c.masked_scores(M.data());
       gemm(false, false, c.n, Dv, c.n, 1.0f, M.data(), C, c.U.data(), Dv, 1.0f, O.data(), Dv);
       for (int64_t i = 0; i < c.n; ++i) std::copy_n(O.data() + i * Dv, Dv, o + ((b * d.T + t0 + i) * d.H + h) * Dv);
       c.advance(S.data());
@@ -182,9 +186,7 @@ void delta_rule_backward_chunked(const DeltaRuleDims& d, const float* q, const f
         dD[static_cast<size_t>((n - 1) * C + j)] += row_dot(dkd, c.K.data() + j * Dk, Dk);
       }
       // O = diag(γ) P + M U, P = Q S₀, M = D ∘ QK (j ≤ i)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < C; ++j)
-          M[static_cast<size_t>(i * C + j)] = c.D[static_cast<size_t>(i * C + j)] * c.QK[static_cast<size_t>(i * C + j)];
+      c.masked_scores(M.data());
       gemm(false, true, n, n, Dv, 1.0f, dO.data(), Dv, c.U.data(), Dv, 0.0f, dM.data(), C);
       gemm(true, false, n, Dv, n, 1.0f, M.data(), C, dO.data(), Dv, 1.0f, dU.data(), Dv);
       gemm(false, false, n, Dv, Dk, 1.0f, c.Q.data(), Dk, S0, Dv, 0.0f, P.data(), Dv);
