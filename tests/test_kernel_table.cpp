@@ -435,12 +435,12 @@ std::vector<KernelCase> kernel_cases() {
                      return ::testing::AssertionSuccess();
                    }});
   // Products with stored weights, every type: W (N × K) quantized from random values and placed 0, 2 or 6 bytes past a
-  // 64-byte boundary (any GGUF row is 2-byte aligned), X and Y strided and misaligned as the other rows; M = 1, 3, 9 and
+  // 64-byte boundary (any GGUF row is 2-byte aligned; MXFP4's, of 17-byte blocks, 0, 1 or 3 bytes: any), X and Y strided and misaligned as the other rows; M = 1, 3, 9 and
   // 70 (groups of 4 and a tail; integer dots for the block types, against X quantized as they do), at 70 rows the panels'
   // alternative (widened W and sgemm against float32 X) too; then the backward. Block types' K are 1–6 blocks (Q8_0, Q4_0: groups of 2 and 4 and their
   // tails), the float types' any length. Tolerance: 1e-5 of Σ|w·x| (float32 sums of products that may cancel).
   for (WeightType type : {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0,
-                          WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K}) {
+                          WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K, WeightType::MXFP4}) {
     static std::deque<std::string> names;  // the cases keep pointers to their names
     names.push_back(std::string("gemm_weight ") + weight_type_name(type) + " forward and backward");
     cases.push_back({names.back().c_str(), [type](int64_t n, int m) {
@@ -451,7 +451,7 @@ std::vector<KernelCase> kernel_cases() {
                        Buffer values(N * K, 0, 21);
                        std::vector<unsigned char> storage(static_cast<size_t>(N * row + 128));
                        unsigned char* at = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64 +
-                                           (type == WeightType::F32 ? 4 : 2) * m;
+                                           (type == WeightType::F32 ? 4 : type == WeightType::MXFP4 ? 1 : 2) * m;
                        quantize_rows(type, values.data(), at, N, K);
                        const WeightView w{type, at, N, K};
                        std::vector<float> dense(static_cast<size_t>(N * K));

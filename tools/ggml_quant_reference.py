@@ -13,7 +13,7 @@ Inputs come from a generator the C++ test repeats exactly (splitmix64; every val
 two, so no rounding happens in making them): TRICKY_ROWS rows of 256 values that reach the quantizers' edge cases
 (all zeros, one large outlier, tiny and denormal values, negative-only, constant, .5 ties, sub-blocks of very different
 scales), then BULK_ROWS rows of random values with a random power-of-two scale per 32 values.
-  q8_0.bin q4_0.bin q4_K.bin q5_K.bin q6_K.bin: ggml_quantize_chunk's bytes of the tricky rows (no importance matrix:
+  q8_0.bin q4_0.bin q4_K.bin q5_K.bin q6_K.bin mxfp4.bin: ggml_quantize_chunk's bytes of the tricky rows (no importance matrix:
       llama-quantize's path), then the FNV-1a 64-bit hash of its bytes of the bulk rows, then the hash of
       dequantize_row_*'s floats of all rows (tricky, then bulk). Little-endian.
   f16.bin bf16.bin: ggml_fp32_to_fp16_row's / ggml_fp32_to_bf16_row_ref's 16-bit results for HALF_SPECIALS followed
@@ -50,8 +50,9 @@ HALF_SPECIALS = [0x00000000, 0x80000000, 0x3f800000, 0xbf800000,
                  0x3f808000,  # 1 + 2^-8: a bfloat16 tie, to even 1
                  0x3f818000,  # 1 + 3·2^-8: a bfloat16 tie, to even 1 + 2^-6
                  0x3f7fffff, 0x4b800000, 0xc7c35000]
-TYPES = {"q8_0": 8, "q4_0": 2, "q4_K": 12, "q5_K": 13, "q6_K": 14}
-BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q5_K": (256, 176), "q6_K": (256, 210)}
+TYPES = {"q8_0": 8, "q4_0": 2, "q4_K": 12, "q5_K": 13, "q6_K": 14, "mxfp4": 39}
+BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q5_K": (256, 176), "q6_K": (256, 210),
+         "mxfp4": (32, 17)}
 MASK = (1 << 64) - 1
 
 

@@ -25,10 +25,11 @@ using namespace quant;
 constexpr WeightTypeInfo kInfo[] = {
     {"f32", 0, 1, 4},         {"f16", 1, 1, 2},        {"bf16", 30, 1, 2},      {"q8_0", 8, kQK, sizeof(BlockQ8_0)},
     {"q4_0", 2, kQK, sizeof(BlockQ4_0)}, {"q4_K", 12, kQK_K, sizeof(BlockQ4_K)}, {"q5_K", 13, kQK_K, sizeof(BlockQ5_K)},
-    {"q6_K", 14, kQK_K, sizeof(BlockQ6_K)},
+    {"q6_K", 14, kQK_K, sizeof(BlockQ6_K)}, {"mxfp4", 39, kQK, sizeof(BlockMXFP4)},
 };
 constexpr WeightType kTypes[] = {WeightType::F32,  WeightType::F16,  WeightType::BF16, WeightType::Q8_0,
-                                 WeightType::Q4_0, WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K};
+                                 WeightType::Q4_0, WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K,
+                                 WeightType::MXFP4};
 
 uint16_t to_half(float f) { return f32_to_f16_reference(f); }
 
@@ -69,6 +70,35 @@ void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t blocks) {
       const int high = std::min(15, static_cast<int>(x[j + kQK / 2] * id + 8.5f));
       y[b].qs[j] = static_cast<uint8_t>(low | (high << 4));
     }
+  }
+}
+
+// ---- MXFP4: a power-of-two scale per 32 values, each value the nearest of 16 E2M1 levels ----
+
+// ggml's quantize_row_mxfp4_ref: e = floor(log2 max|x|) − 2 + 127, so d = 2^(e − 128) puts max|x|/d in [8, 16): the
+// largest values take the top levels 8 and 12 (above 12·d they are clipped to it); each value takes the code of least
+// |level·d − x|, the first of equals (so +0 before −0). The float-to-uint8 conversion of a negative exponent (max|x| < 2^-125) is
+// undefined in C; x86 builds of ggml truncate to int32 and keep the low byte, as done here.
+void quantize_mxfp4(const float* x, BlockMXFP4* y, int64_t blocks) {
+  auto best = [](float v, float d) {
+    int index = 0;
+    float error = std::fabs(static_cast<float>(kMxfp4Values[0]) * d - v);
+    for (int i = 1; i < 16; ++i) {
+      const float e = std::fabs(static_cast<float>(kMxfp4Values[i]) * d - v);
+      if (e < error) {
+        index = i;
+        error = e;
+      }
+    }
+    return index;
+  };
+  for (int64_t b = 0; b < blocks; ++b, x += kQK) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const uint8_t e = amax > 0.0f ? static_cast<uint8_t>(static_cast<int32_t>(std::floor(std::log2(amax)) - 2.0f + 127.0f) & 0xff) : 0;
+    const float d = e8m0_half(e);
+    y[b].e = e;
+    for (int j = 0; j < kQK / 2; ++j) y[b].qs[j] = static_cast<uint8_t>(best(x[j], d) | (best(x[j + kQK / 2], d) << 4));
   }
 }
 
@@ -301,6 +331,16 @@ void dequantize_q4_0(const BlockQ4_0* x, float* y, int64_t blocks) {
   }
 }
 
+void dequantize_mxfp4(const BlockMXFP4* x, float* y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, y += kQK) {
+    const float d = e8m0_half(x[b].e);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = static_cast<float>(kMxfp4Values[x[b].qs[j] & 0xf]) * d;
+      y[j + kQK / 2] = static_cast<float>(kMxfp4Values[x[b].qs[j] >> 4]) * d;
+    }
+  }
+}
+
 template <class Block, bool five_bits>
 void dequantize_k(const Block* x, float* y, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b) {
@@ -360,6 +400,7 @@ void quantize_blocks(WeightType type, const float* x, void* y, int64_t blocks) {
     case WeightType::Q4_K: quantize_q4_K(x, static_cast<BlockQ4_K*>(y), blocks); break;
     case WeightType::Q5_K: quantize_q5_K(x, static_cast<BlockQ5_K*>(y), blocks); break;
     case WeightType::Q6_K: quantize_q6_K(x, static_cast<BlockQ6_K*>(y), blocks); break;
+    case WeightType::MXFP4: quantize_mxfp4(x, static_cast<BlockMXFP4*>(y), blocks); break;
   }
 }
 
@@ -373,6 +414,7 @@ void dequantize_blocks(WeightType type, const void* x, float* y, int64_t blocks)
     case WeightType::Q4_K: dequantize_k<BlockQ4_K, false>(static_cast<const BlockQ4_K*>(x), y, blocks); break;
     case WeightType::Q5_K: dequantize_k<BlockQ5_K, true>(static_cast<const BlockQ5_K*>(x), y, blocks); break;
     case WeightType::Q6_K: dequantize_q6_K(static_cast<const BlockQ6_K*>(x), y, blocks); break;
+    case WeightType::MXFP4: dequantize_mxfp4(static_cast<const BlockMXFP4*>(x), y, blocks); break;
   }
 }
 

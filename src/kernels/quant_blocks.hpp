@@ -38,6 +38,21 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];  // one per 16 values
   uint16_t d;                 // x = d·sc·(q − 32)
 };
+// OCP's MXFP4 as ggml holds it (gpt-oss's experts): an E8M0 exponent and 32 four-bit E2M1 codes, value j in byte j's low
+// nibble and value j + 16 in its high one (Q4_0's order); x = kMxfp4Values[code]·2^(e − 128), the E2M1 values doubled
+// so they are integers (ggml-common.h's kvalues_mxfp4) and the scale halved to match (ggml's e8m0_to_fp32_half).
+struct BlockMXFP4 {
+  uint8_t e;
+  uint8_t qs[kQK / 2];
+};
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e − 128) as float32 bits: (e − 1)·2²³ for e ≥ 2; the two subnormals 2^-128 and 2^-127 below
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 // The activations of a product with a K-quant weight (ggml's block_q8_K, never stored in files): a float scale, 256
 // int8 and the sums of each 16 (the K-quants' mins and Q6_K's offset of 32 multiply those sums).
 struct BlockQ8_K {
@@ -47,7 +62,7 @@ struct BlockQ8_K {
 };
 
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_K) == 144 &&
-              sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292,
+              sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292 && sizeof(BlockMXFP4) == 17,
               "block layouts must match ggml-common.h");
 
 inline float half_to_float(uint16_t h) { return f16_to_f32_reference(h); }

@@ -296,6 +296,12 @@ float dot_q4_0_block(const BlockQ4_0& w, const Q8Block& x) {
   return static_cast<float>(s) * (half_to_float(w.d) * x.dx);
 }
 
+float dot_mxfp4_block(const unsigned char* w, const Q8Block& x) {
+  int32_t s = 0;
+  for (int j = 0; j < 16; ++j) s += kMxfp4Values[w[1 + j] & 0xf] * x.q[j] + kMxfp4Values[w[1 + j] >> 4] * x.q[j + 16];
+  return static_cast<float>(s) * (e8m0_half(w[0]) * x.dx);
+}
+
 // Sub-block sums Σ q_w·q_x of a K-quant block in the natural order of the activations.
 template <class Block>
 float dot_k_block_scalar(const Block& w, const Q8KBlock& x, const int* order, WeightType type) {
@@ -501,6 +507,113 @@ template <int R>
     for (int r = 0; r < R; ++r) total[r] += dot_q4_0_block(w[b], natural[r][b]);
   for (int r = 0; r < R; ++r) out[r] = total[r];
 }
+
+// ---- MXFP4 ----
+// Q4_0's activation groups and order (value j low nibble, j + 16 high), the codes looked up (vpshufb) as their
+// levels + 12, unsigned for vpdpbusd, the offset taken back by lanes starting from −12·Σq. Blocks of 17 bytes: the
+// rows and groups sit at any address, so every load is unaligned.
+
+// The levels + 12 of the 16 codes (kMxfp4Values + 12), a vpshufb table
+#define QKV_MXFP4_LEVELS 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+
+template <int R>
+[[gnu::always_inline]] inline void dot_mxfp4(const unsigned char* w, const unsigned char* const* act, int64_t blocks,
+                                             float* out) {
+  const Q8Block* natural[R];
+  for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
+  int64_t b = 0;
+  float total[R] = {};
+  constexpr int U = Accumulators<R>::kSets;
+#if defined(QKV_DOT512)
+  const Q4_0Quad* quads[R];
+  for (int r = 0; r < R; ++r) quads[r] = reinterpret_cast<const Q4_0Quad*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_setr_epi8(QKV_MXFP4_LEVELS));
+  // the four exponents (bytes 0, 17, 34, 51 of the group: the low byte of word 0, the high of 8, the low of 17, the
+  // high of 25), each for its block's 4 lanes
+  const __m512i exponent_words = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 25, 25, 25, 25, 17,
+                                                  17, 17, 17, 8, 8, 8, 8, 0, 0, 0, 0);
+  const __m512i exponent_shift = _mm512_set_epi32(8, 8, 8, 8, 0, 0, 0, 0, 8, 8, 8, 8, 0, 0, 0, 0);
+  const __m512i byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
+  __m512 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm512_setzero_ps();
+  auto step = [&](__m512* a, int64_t g) {
+    const unsigned char* wb = w + 68 * g;
+    simd::prefetch(wb + kPrefetchBytes, 68);
+    auto qs = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 17 * k + 1)); };
+    const __m512i v = _mm512_inserti32x4(
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
+    const __m512i low = _mm512_shuffle_epi8(levels, _mm512_and_si512(v, nibble));
+    const __m512i high = _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+    // 2^(e − 128): (e − 1) << 23, or 0x00200000 << e for the subnormal e = 0 and 1
+    const __m512i words = _mm512_permutexvar_epi16(exponent_words, _mm512_loadu_si512(wb));
+    const __m512i e =
+        _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(words)), exponent_shift), byte);
+    const __m512i bits = _mm512_mask_sllv_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, one), 23),
+                                                _mm512_cmplt_epu32_mask(e, two), _mm512_set1_epi32(0x00200000), e);
+    const __m512 w_scale = _mm512_castsi512_ps(bits);
+    for (int r = 0; r < R; ++r) {
+      __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[r][g].bias), low, _mm512_load_si512(quads[r][g].low));
+      s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[r][g].high));
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(quads[r][g].xs)), a[r]);
+    }
+  };
+  const int64_t full = blocks / 4;
+  int64_t g = 0;
+  for (; g + U <= full; g += U)
+    for (int u = 0; u < U; ++u) step(acc[u], g + u);
+  for (; g < full; ++g) step(acc[0], g);
+  b = 4 * full;
+  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
+#elif defined(QKV_DOT256)
+  const Q4_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i levels = _mm256_setr_epi8(QKV_MXFP4_LEVELS, QKV_MXFP4_LEVELS);
+  const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  __m256 acc[U][R];
+  for (auto& set : acc)
+    for (auto& a : set) a = _mm256_setzero_ps();
+  auto step = [&](__m256* a, int64_t p) {
+    const unsigned char* wb = w + 34 * p;
+    simd::prefetch(wb + kPrefetchBytes, 34);
+    const __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 1))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 18)), 1);
+    const __m256i low = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, nibble));
+    const __m256i high = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+    const __m128 w_scales = _mm_setr_ps(e8m0_half(wb[0]), e8m0_half(wb[17]), 0.0f, 0.0f);
+    for (int r = 0; r < R; ++r) {
+      const Q4_0Pair& x = pairs[r][p];
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+      __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)), low,
+                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low)));
+      s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high)));
+#else  // level × int8 pairs ≤ 2·24·127, and the two halves' sum ≤ 12192: one vpmaddwd for both
+      const __m256i pairs16 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low))),
+                           _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high))));
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
+                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)));
+#endif
+      const __m128 scales = _mm_mul_ps(w_scales, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dx))));
+      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), a[r]);
+    }
+  };
+  const int64_t full = blocks / 2;
+  int64_t p = 0;
+  for (; p + U <= full; p += U)
+    for (int u = 0; u < U; ++u) step(acc[u], p + u);
+  for (; p < full; ++p) step(acc[0], p);
+  b = 2 * full;
+  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
+#endif
+  for (; b < blocks; ++b)
+    for (int r = 0; r < R; ++r) total[r] += dot_mxfp4_block(w + 17 * b, natural[r][b]);
+  for (int r = 0; r < R; ++r) out[r] = total[r];
+}
+#undef QKV_MXFP4_LEVELS
 
 // ---- Q4_K and Q5_K ----
 
@@ -768,6 +881,10 @@ void dot_rows_of(WeightType type, const unsigned char* w, int64_t bytes, int64_t
       over_rows<R>([&](const unsigned char* row, float* d) { dot_q4_0<R>(reinterpret_cast<const BlockQ4_0*>(row), act, K / kQK, d); },
                    w, bytes, rows, beta, out, ld);
       break;
+    case WeightType::MXFP4:
+      over_rows<R>([&](const unsigned char* row, float* d) { dot_mxfp4<R>(row, act, K / kQK, d); }, w, bytes, rows, beta,
+                   out, ld);
+      break;
     case WeightType::Q4_K:
       over_rows<R>([&](const unsigned char* row, float* d) { dot_q45_K<false, R>(row, act, K / kQK_K, d); }, w, bytes, rows,
                    beta, out, ld);
@@ -864,7 +981,10 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
   const int64_t blocks = K / (k_quant ? kQK_K : kQK), base = natural_bytes(type, K);
   int64_t packed = 0;
   if (type == WeightType::Q8_0 && kQ8_0Group > 1) packed = blocks / kQ8_0Group * int64_t{sizeof(Q8_0Group)};
-  if (type == WeightType::Q4_0 && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
+  // MXFP4 takes Q4_0's groups (the same order of values), with its own offset in the bias
+  [[maybe_unused]] const bool q4_groups = type == WeightType::Q4_0 || type == WeightType::MXFP4;
+  [[maybe_unused]] const int32_t offset = type == WeightType::MXFP4 ? 12 : 8;  // the kernel's unsigned weight levels are q + offset
+  if (q4_groups && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
   const size_t needed = static_cast<size_t>(base + packed + 64);
   if (storage_.size() < needed) storage_.resize(needed);
   const uintptr_t at = reinterpret_cast<uintptr_t>(storage_.data());
@@ -896,13 +1016,13 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
         const Q8Block& blk = natural[4 * g + k];
         std::memcpy(quads[g].low + 16 * k, blk.q, 16);
         std::memcpy(quads[g].high + 16 * k, blk.q + 16, 16);
-        quads[g].bias[4 * k] = -8 * blk.sum;
+        quads[g].bias[4 * k] = -offset * blk.sum;
         std::fill_n(quads[g].xs + 4 * k, 4, blk.dx);
       }
     }
   }
 #elif defined(QKV_DOT256)
-  if (type == WeightType::Q4_0) {
+  if (q4_groups) {
     Q4_0Pair* pairs = reinterpret_cast<Q4_0Pair*>(data_ + base);
     for (int64_t p = 0; p < blocks / 2; ++p) {
       std::memset(&pairs[p], 0, sizeof pairs[p]);
@@ -910,7 +1030,7 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
         const Q8Block& blk = natural[2 * p + k];
         std::memcpy(pairs[p].low + 16 * k, blk.q, 16);
         std::memcpy(pairs[p].high + 16 * k, blk.q + 16, 16);
-        pairs[p].bias[4 * k] = -8 * blk.sum;
+        pairs[p].bias[4 * k] = -offset * blk.sum;
         pairs[p].dx[k] = blk.dx;
       }
     }

@@ -19,8 +19,11 @@ namespace qkv::kernels {
 //   Q5_K 256 values in 176 bytes: Q4_K's and a fifth bit per value (32 bytes)
 //   Q6_K 256 values in 210 bytes: 4 low bits (128 bytes), 2 high bits (64), 16 int8 scales of sub-blocks of 16, d;
 //                                                                                   x = d·sc·(q − 32)
-// Halves are IEEE binary16, little-endian, as all multi-byte fields.
-enum class WeightType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
+//   MXFP4 32 values in 17 bytes: an E8M0 exponent e, 16 bytes of E2M1 codes (Q4_0's order); x = v[q]·2^(e − 128), v
+//        the E2M1 levels doubled (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) — OCP's microscaling format, gpt-oss's experts
+// Halves are IEEE binary16, little-endian, as all multi-byte fields. (MXFP4's blocks have no field wider than a byte, so
+// its rows may start at any address.)
+enum class WeightType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4 };
 
 // One row of the type table: its name, ggml id and block geometry
 struct WeightTypeInfo {
@@ -44,7 +47,8 @@ int64_t row_bytes(WeightType type, int64_t cols);
 
 // rows × cols floats (row-major, rows `cols` apart) → `rows` rows of row_bytes(type, cols) bytes, one after another.
 // The block types run ggml's reference quantizers (quantize_row_*_ref: absmax for Q8_0 and Q4_0, make_qkx2_quants'
-// search of scale and min for Q4_K and Q5_K, make_qx_quants' for Q6_K), giving the bytes llama-quantize writes without an
+// search of scale and min for Q4_K and Q5_K, make_qx_quants' for Q6_K, the nearest level under a power-of-two scale for
+// MXFP4), giving the bytes llama-quantize writes without an
 // importance matrix; F16 rounds to nearest even as ggml_fp32_to_fp16 (a NaN becomes 0x7e00 with its sign), BF16 as
 // ggml_fp32_to_bf16 (to nearest even; a NaN stays a quiet NaN). Threads split the rows.
 // Values must be finite for the block types: ggml's quantizers turn a NaN or ±Inf into meaningless blocks (the C
