@@ -190,7 +190,8 @@ int main(int argc, char** argv) {
   std::string ggml_path;
   std::vector<int> thread_counts = {1, 2};
   std::vector<WeightType> types = {WeightType::F32,  WeightType::F16,  WeightType::BF16, WeightType::Q8_0,
-                                   WeightType::Q4_0, WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K};
+                                   WeightType::Q4_0, WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K,
+                                   WeightType::MXFP4};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--smoke") smoke = true;
