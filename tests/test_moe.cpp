@@ -416,6 +416,75 @@ TEST(MoeLayer, StoredExpertsAreMultipliedInPlace) {
   EXPECT_EQ(ok.shape(), x.shape());
 }
 
+// gpt-oss's experts kept as its published files store them — MXFP4 rows of each expert's outputs, gate and up
+// alternating — give the routing of float32 experts holding the same values, and their outputs within the 8-bit
+// activations' rounding; a gradient through them is refused.
+TEST(MoeLayer, StoredStackedExpertsAreGptOssExpertsInPlace) {
+  const int64_t N = 6, C = 64, F = 32, E = 4;
+  const Tensor x = random_tensor({N, C}, 51), router = random_tensor({E, C}, 52, 2.0f), router_bias = random_tensor({E}, 53);
+  const Tensor gate_up_bias = random_tensor({E, 2 * F}, 54), down_bias = random_tensor({E, C}, 55);
+  const Tensor gate_up = random_tensor({E, C, 2 * F}, 56), down = random_tensor({E, F, C}, 57);
+  // the rows as the files hold them: row e·2F + j is column j of expert e's (C, 2F); row e·C + c column c of (F, C)
+  Tensor gate_up_rows = Tensor::empty({E * 2 * F, C}), down_rows = Tensor::empty({E * C, F});
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t j = 0; j < 2 * F; ++j)
+      for (int64_t c = 0; c < C; ++c) gate_up_rows.data()[(e * 2 * F + j) * C + c] = gate_up.data()[(e * C + c) * 2 * F + j];
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t f = 0; f < F; ++f) down_rows.data()[(e * C + c) * F + f] = down.data()[(e * F + f) * C + c];
+  }
+  gate_up_rows.to_weight_type_(kernels::WeightType::MXFP4);
+  down_rows.to_weight_type_(kernels::WeightType::MXFP4);
+  // float32 experts of the stored values, in the stacked layout
+  Tensor gate_up32 = Tensor::empty(gate_up.shape()), down32 = Tensor::empty(down.shape());
+  {
+    std::vector<float> gu(static_cast<size_t>(E * 2 * F * C)), d(static_cast<size_t>(E * C * F));
+    kernels::dequantize_rows(kernels::WeightType::MXFP4, gate_up_rows.stored_bytes(), gu.data(), E * 2 * F, C);
+    kernels::dequantize_rows(kernels::WeightType::MXFP4, down_rows.stored_bytes(), d.data(), E * C, F);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t j = 0; j < 2 * F; ++j)
+        for (int64_t c = 0; c < C; ++c) gate_up32.data()[(e * C + c) * 2 * F + j] = gu[static_cast<size_t>((e * 2 * F + j) * C + c)];
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t f = 0; f < F; ++f) down32.data()[(e * F + f) * C + c] = d[static_cast<size_t>((e * C + c) * F + f)];
+    }
+  }
+  std::vector<int32_t> chosen, chosen32;
+  std::vector<float> weights, weights32;
+  MoeConfig config;
+  config.experts_per_token = 2;
+  config.top_k_then_softmax = true;
+  config.swiglu_limit = 7.0f;
+  config.chosen = &chosen, config.weights = &weights;
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mixture_of_experts(x, router, router_bias, gate_up_rows, gate_up_bias, down_rows, down_bias, config);
+  }
+  config.chosen = &chosen32, config.weights = &weights32;
+  const Tensor out32 = mixture_of_experts(x, router, router_bias, gate_up32, gate_up_bias, down32, down_bias, config);
+  EXPECT_EQ(chosen, chosen32);
+  EXPECT_EQ(weights, weights32);
+  float range = 0.0f;
+  for (int64_t i = 0; i < out32.numel(); ++i) range = std::max(range, std::fabs(out32.data()[i]));
+  ASSERT_GT(range, 0.1f);
+  double worst = 0.0;
+  for (int64_t i = 0; i < out.numel(); ++i) worst = std::max(worst, double{std::fabs(out.data()[i] - out32.data()[i])});
+  EXPECT_LT(worst, 0.02 * range);
+  EXPECT_GT(worst, 0.0);  // the 8-bit activations round: equal bits would mean the stored path was not taken
+  // training through them is refused, naming the way out
+  Tensor xg = x.detach();
+  xg.requires_grad_(true);
+  try {
+    mixture_of_experts(xg, router, router_bias, gate_up_rows, gate_up_bias, down_rows, down_bias, config);
+    ADD_FAILURE() << "a gradient through stored experts was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("NoGradGuard"), std::string::npos) << e.what();
+  }
+  // a wrong shape names both
+  NoGradGuard no_grad;
+  EXPECT_THROW(mixture_of_experts(x, router, router_bias, gate_up_rows, gate_up_bias, gate_up_rows, down_bias, config),
+               ShapeError);
+}
+
 TEST(MoeDemo, SinksAndExpertSectionsPrintTheirWeights) {
   const CliResult r = run_cli("demo --no-color --section sinks --section moe");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -171,9 +171,65 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   return out;
 }
 
+namespace {
+// gpt-oss's experts as their files store them (see ops.hpp): each chosen expert's rows multiplied in place
+Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
+                              const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
+                              const MoeConfig& config) {
+  auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts (stored stacked experts): " + why); };
+  if (x.rank() < 1 || router.rank() != 2 || gate_up.rank() != 2 || down.rank() != 2)
+    fail("x must be (..., C), the router (E, C), gate_up (E·2F, C) and down (E·C, F)");
+  const int64_t C = x.size(-1), E = router.size(0), N = x.numel() / std::max<int64_t>(C, 1);
+  const int64_t F = E > 0 ? gate_up.size(0) / (2 * E) : 0;
+  if (router.size(1) != C || !(gate_up.shape() == Shape{E * 2 * F, C}) || !(down.shape() == Shape{E * C, F}))
+    fail("the router is " + router.shape().str() + ", gate_up " + gate_up.shape().str() + " and down " +
+         down.shape().str() + " for " + std::to_string(C) + " channels; expected (E, C), (E·2F, C), (E·C, F)");
+  if (router_bias.defined() && router_bias.numel() != E) fail("the router bias is " + router_bias.shape().str() + "; expected (E)");
+  if (gate_up_bias.defined() && gate_up_bias.numel() != E * 2 * F) fail("gate_up_bias is " + gate_up_bias.shape().str() + "; expected (E, 2F)");
+  if (down_bias.defined() && down_bias.numel() != E * C) fail("down_bias is " + down_bias.shape().str() + "; expected (E, C)");
+  if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
+  if (grad_enabled() && x.requires_grad())
+    throw ValueError("mixture_of_experts: experts kept as their file stores them (MXFP4, a block format) are for "
+                     "inference; run it under NoGradGuard (fine-tune such a model through LoRA on its attention)");
+  NoGradGuard no_grad;
+  auto wide = [](const Tensor& t) {  // the router and biases as float32 values
+    if (!t.defined() || t.dtype() == DType::F32) return t;
+    Tensor w = Tensor::empty(t.shape());
+    w.copy_(t);
+    return w;
+  };
+  const Tensor r = wide(router), rb = wide(router_bias), gb = wide(gate_up_bias), db = wide(down_bias);
+  auto rows = [](const Tensor& t, int64_t first, int64_t count) {
+    if (t.dtype() == DType::F32)
+      return kernels::WeightView{kernels::WeightType::F32, t.data() + first * t.size(1), count, t.size(1)};
+    return detail::weight_rows(t, first * t.size(1), count);
+  };
+  std::vector<kernels::WeightView> gu, d;
+  for (int64_t e = 0; e < E; ++e) {
+    gu.push_back(rows(gate_up, e * 2 * F, 2 * F));
+    d.push_back(rows(down, e * C, C));
+  }
+  auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
+  const kernels::MoeStackedStored w{gu.data(), pointer(gb), d.data(), pointer(db)};
+  kernels::MoeSaved saved;
+  Tensor out = Tensor::empty(x.shape());
+  try {
+    kernels::moe_forward({N, C, F, E, config.experts_per_token}, kernel_options(config, E), x.data(), r.data(),
+                         pointer(rb), w, out.data(), saved);
+  } catch (const std::invalid_argument& e) {
+    throw ValueError(std::string("mixture_of_experts: ") + e.what());
+  }
+  if (config.chosen) config.chosen->assign(saved.experts.begin(), saved.experts.end());
+  if (config.weights) config.weights->assign(saved.weights.begin(), saved.weights.end());
+  return out;
+}
+}  // namespace
+
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                           const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
                           const MoeConfig& config) {
+  if (gate_up.rank() == 2 && down.rank() == 2)
+    return stored_stacked_experts(x, router, router_bias, gate_up, gate_up_bias, down, down_bias, config);
   auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts (stacked experts): " + why); };
   if (x.rank() < 1 || router.rank() != 2 || gate_up.rank() != 3 || down.rank() != 3)
     fail("x must be (..., C), the router (E, C), gate_up (E, C, 2F) and down (E, F, C)");

@@ -134,6 +134,7 @@ struct Experts {
   const float* const* up = nullptr;
   const float* const* down = nullptr;
   const MoeStacked* stacked = nullptr;
+  const MoeStackedStored* stacked_stored = nullptr;  // or stacked and stored (inference)
   // or each expert's matrices as stored (inference): multiplied by gemm_weight
   const WeightView* gate_stored = nullptr;
   const WeightView* up_stored = nullptr;
@@ -219,7 +220,8 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
   saved.up.resize(static_cast<size_t>(slots * d.F));
   saved.y.resize(static_cast<size_t>(slots * d.C));
   std::vector<float> xs(static_cast<size_t>(slots * d.C)), h(static_cast<size_t>(slots * d.F));
-  std::vector<float> gate_up(w.stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
+  const bool stacked = w.stacked || w.stacked_stored;
+  std::vector<float> gate_up(stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
   for (int64_t row = 0; row < slots; ++row)
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
   for (int64_t e = 0; e < d.E; ++e) {
@@ -230,11 +232,18 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
     float* he = h.data() + r0 * d.F;
     float* y = saved.y.data() + r0 * d.C;
     const float* xe = xs.data() + r0 * d.C;
-    if (w.stacked) {  // one product for gate and up (columns alternating), then the biases, split
-      const MoeStacked& s = *w.stacked;
+    if (stacked) {  // one product for gate and up (alternating), then the biases, split
       float* gu = gate_up.data() + r0 * 2 * d.F;
-      gemm(false, false, n, 2 * d.F, d.C, 1.0f, xe, d.C, s.gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, gu, 2 * d.F);
-      const float* b = s.gate_up_bias ? s.gate_up_bias + e * 2 * d.F : nullptr;
+      const float* b;
+      if (w.stacked) {
+        gemm(false, false, n, 2 * d.F, d.C, 1.0f, xe, d.C, w.stacked->gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, gu,
+             2 * d.F);
+        b = w.stacked->gate_up_bias;
+      } else {
+        gemm_weight(w.stacked_stored->gate_up[e], n, xe, d.C, 0.0f, gu, 2 * d.F);
+        b = w.stacked_stored->gate_up_bias;
+      }
+      if (b) b += e * 2 * d.F;
       for (int64_t i = 0; i < n; ++i)
         for (int64_t f = 0; f < d.F; ++f) {
           g[i * d.F + f] = gu[i * 2 * d.F + 2 * f] + (b ? b[2 * f] : 0.0f);
@@ -248,12 +257,18 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.up[e], d.C, 0.0f, u, d.F);
     }
     activate(options, g, u, he, n * d.F);
-    if (w.stacked) {
-      const MoeStacked& s = *w.stacked;
-      gemm(false, false, n, d.C, d.F, 1.0f, he, d.F, s.down + e * d.F * d.C, d.C, 0.0f, y, d.C);
-      if (s.down_bias)
+    if (stacked) {
+      const float* down_bias;
+      if (w.stacked) {
+        gemm(false, false, n, d.C, d.F, 1.0f, he, d.F, w.stacked->down + e * d.F * d.C, d.C, 0.0f, y, d.C);
+        down_bias = w.stacked->down_bias;
+      } else {
+        gemm_weight(w.stacked_stored->down[e], n, he, d.F, 0.0f, y, d.C);
+        down_bias = w.stacked_stored->down_bias;
+      }
+      if (down_bias)
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t c = 0; c < d.C; ++c) y[i * d.C + c] += s.down_bias[e * d.C + c];
+          for (int64_t c = 0; c < d.C; ++c) y[i * d.C + c] += down_bias[e * d.C + c];
     } else if (w.down_stored) {
       gemm_weight(w.down_stored[e], n, he, d.F, 0.0f, y, d.C);
     } else {
@@ -394,14 +409,22 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
   forward(d, options, x, router, nullptr, Experts{gate, up, down, nullptr}, out, saved);
 }
 
+namespace {
+void check_view(const WeightView& view, int64_t e, int64_t rows, int64_t cols) {
+  if (view.rows != rows || view.cols != cols || !view.data)
+    throw std::invalid_argument("moe_forward: expert " + std::to_string(e) + " has a " + std::to_string(view.rows) +
+                                " × " + std::to_string(view.cols) + " stored matrix where " + std::to_string(rows) +
+                                " × " + std::to_string(cols) + " was expected");
+}
+}  // namespace
+
 void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
                  const WeightView* gate, const WeightView* up, const WeightView* down, float* out, MoeSaved& saved) {
-  for (int64_t e = 0; e < d.E; ++e)
-    for (const auto& [view, rows, cols] : {std::tuple{gate[e], d.F, d.C}, {up[e], d.F, d.C}, {down[e], d.C, d.F}})
-      if (view.rows != rows || view.cols != cols || !view.data)
-        throw std::invalid_argument("moe_forward: expert " + std::to_string(e) + " has a " + std::to_string(view.rows) +
-                                    " × " + std::to_string(view.cols) + " stored matrix where " + std::to_string(rows) +
-                                    " × " + std::to_string(cols) + " was expected");
+  for (int64_t e = 0; e < d.E; ++e) {
+    check_view(gate[e], e, d.F, d.C);
+    check_view(up[e], e, d.F, d.C);
+    check_view(down[e], e, d.C, d.F);
+  }
   Experts w;
   w.gate_stored = gate, w.up_stored = up, w.down_stored = down;
   forward(d, options, x, router, nullptr, w, out, saved);
@@ -410,6 +433,17 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
 void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
                  const float* router_bias, const MoeStacked& experts, float* out, MoeSaved& saved) {
   forward(d, options, x, router, router_bias, Experts{nullptr, nullptr, nullptr, &experts}, out, saved);
+}
+
+void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                 const float* router_bias, const MoeStackedStored& experts, float* out, MoeSaved& saved) {
+  for (int64_t e = 0; e < d.E; ++e) {
+    check_view(experts.gate_up[e], e, 2 * d.F, d.C);
+    check_view(experts.down[e], e, d.C, d.F);
+  }
+  Experts w;
+  w.stacked_stored = &experts;
+  forward(d, options, x, router, router_bias, w, out, saved);
 }
 
 void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,

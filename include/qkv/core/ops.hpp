@@ -269,6 +269,9 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
 // The same with gpt-oss's experts (kernels::MoeStacked): a layer's experts in the stacked tensors its checkpoints
 // hold, each used as x·W — gate_up (E, C, 2F), gate and up columns alternating; gate_up_bias (E, 2F); down (E, F, C);
 // down_bias (E, C) — and a router bias (E). Any bias may be undefined (none). Float32 only; gradients reach all.
+// For inference the experts may instead be matrices of their output rows as gpt-oss's files store them (MXFP4, or
+// any storage type): gate_up (E·2F, C), row e·2F + 2f expert e's gate f and the next its up f; down (E·C, F). Each
+// chosen expert's rows are then multiplied in place (kernels::moe_forward on MoeStackedStored); no gradient.
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                           const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
                           const MoeConfig& config);

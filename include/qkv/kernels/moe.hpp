@@ -51,6 +51,16 @@ struct MoeStacked {
   const float* down = nullptr;          // (E, F, C)
   const float* down_bias = nullptr;     // (E, C); null: none
 };
+// The same experts kept as their files store them, for inference (gpt-oss's published checkpoints and GGUF files hold
+// them as MXFP4; any storage type works): per expert the rows of x·W's outputs — gate_up (2F × C), row 2f gate f and
+// row 2f + 1 up f (the order of the checkpoints' gate_up_proj_blocks), down (C × F) — one WeightView each, and the
+// float32 biases as in MoeStacked.
+struct MoeStackedStored {
+  const WeightView* gate_up = nullptr;  // E views of 2F × C
+  const float* gate_up_bias = nullptr;  // (E, 2F); null: none
+  const WeightView* down = nullptr;     // E views of C × F
+  const float* down_bias = nullptr;     // (E, C); null: none
+};
 // Their gradients, same shapes; a null pointer: not needed.
 struct MoeStackedGrads {
   float* gate_up = nullptr;       // (E, C, 2F)
@@ -99,6 +109,10 @@ void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x,
 // The same with a router bias (E; null: none, then d_router_bias is ignored) and a layer's experts stacked (gpt-oss).
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                  const float* router_bias, const MoeStacked& experts, float* out, MoeSaved& saved);
+// … and with those experts stored: each chosen expert's rows multiplied in place by gemm_weight, as for
+// one-tensor-per-expert stored weights. No backward: frozen weights.
+void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                 const float* router_bias, const MoeStackedStored& experts, float* out, MoeSaved& saved);
 void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                   const float* router_bias, const MoeStacked& experts, const MoeSaved& saved, const float* d_out,
                   float* dx, float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts);
