@@ -188,10 +188,6 @@ Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tenso
   if (gate_up_bias.defined() && gate_up_bias.numel() != E * 2 * F) fail("gate_up_bias is " + gate_up_bias.shape().str() + "; expected (E, 2F)");
   if (down_bias.defined() && down_bias.numel() != E * C) fail("down_bias is " + down_bias.shape().str() + "; expected (E, C)");
   if (x.dtype() != DType::F32) throw ValueError("mixture_of_experts: x must be float32");
-  if (grad_enabled() && x.requires_grad())
-    throw ValueError("mixture_of_experts: experts kept as their file stores them (MXFP4, a block format) are for "
-                     "inference; run it under NoGradGuard (fine-tune such a model through LoRA on its attention)");
-  NoGradGuard no_grad;
   auto wide = [](const Tensor& t) {  // the router and biases as float32 values
     if (!t.defined() || t.dtype() == DType::F32) return t;
     Tensor w = Tensor::empty(t.shape());
@@ -204,23 +200,57 @@ Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tenso
       return kernels::WeightView{kernels::WeightType::F32, t.data() + first * t.size(1), count, t.size(1)};
     return detail::weight_rows(t, first * t.size(1), count);
   };
-  std::vector<kernels::WeightView> gu, d;
+  // the views and the float32 values the backward reads again, kept with it (the stored tensors keep their bytes)
+  struct Kept {
+    std::vector<kernels::WeightView> gate_up, down;
+    std::vector<Tensor> tensors;  // the stored matrices and the float32 router and biases
+    kernels::MoeSaved saved;
+  };
+  auto kept = std::make_shared<Kept>();
   for (int64_t e = 0; e < E; ++e) {
-    gu.push_back(rows(gate_up, e * 2 * F, 2 * F));
-    d.push_back(rows(down, e * C, C));
+    kept->gate_up.push_back(rows(gate_up, e * 2 * F, 2 * F));
+    kept->down.push_back(rows(down, e * C, C));
   }
+  kept->tensors = {gate_up, down, r, rb, gb, db};
   auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
-  const kernels::MoeStackedStored w{gu.data(), pointer(gb), d.data(), pointer(db)};
-  kernels::MoeSaved saved;
+  const kernels::MoeStackedStored w{kept->gate_up.data(), pointer(gb), kept->down.data(), pointer(db)};
+  const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
+  const kernels::MoeOptions options = kernel_options(config, E);
   Tensor out = Tensor::empty(x.shape());
   try {
-    kernels::moe_forward({N, C, F, E, config.experts_per_token}, kernel_options(config, E), x.data(), r.data(),
-                         pointer(rb), w, out.data(), saved);
+    kernels::moe_forward(dims, options, x.data(), r.data(), pointer(rb), w, out.data(), kept->saved);
   } catch (const std::invalid_argument& e) {
     throw ValueError(std::string("mixture_of_experts: ") + e.what());
   }
-  if (config.chosen) config.chosen->assign(saved.experts.begin(), saved.experts.end());
-  if (config.weights) config.weights->assign(saved.weights.begin(), saved.weights.end());
+  if (config.chosen) config.chosen->assign(kept->saved.experts.begin(), kept->saved.experts.end());
+  if (config.weights) config.weights->assign(kept->saved.weights.begin(), kept->saved.weights.end());
+  // Gradients reach x, and the router and biases where they are float32 parameters; the stored matrices are frozen
+  const std::vector<Tensor> inputs = {x, router, router_bias, gate_up_bias, down_bias};
+  auto learns = [](const Tensor& t) { return t.defined() && t.dtype() == DType::F32 && t.requires_grad(); };
+  std::vector<Tensor> recorded;
+  for (const Tensor& t : inputs)
+    if (learns(t)) recorded.push_back(t);
+  if (recorded.empty() || !grad_enabled()) return out;
+  detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs, dims, options, kept, learns](const Tensor& dout) {
+    std::vector<Tensor> grads(inputs.size());
+    auto slot = [&](size_t i) -> float* {
+      if (!learns(inputs[i])) return nullptr;
+      grads[i] = Tensor::empty(inputs[i].shape());
+      return grads[i].data();
+    };
+    const Kept& k = *kept;
+    auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
+    const kernels::MoeStackedStored w{k.gate_up.data(), pointer(k.tensors[4]), k.down.data(), pointer(k.tensors[5])};
+    float* dx = slot(0);
+    float* dr = slot(1);
+    float* drb = slot(2);
+    float* dgb = slot(3);
+    float* ddb = slot(4);
+    kernels::moe_backward(dims, options, inputs[0].data(), k.tensors[2].data(), pointer(k.tensors[3]), w, k.saved,
+                          dout.data(), dx, dr, drb, dgb, ddb);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
+  });
   return out;
 }
 }  // namespace

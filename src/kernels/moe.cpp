@@ -326,7 +326,8 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
   std::vector<float> xs(static_cast<size_t>(slots * d.C)), dxs(static_cast<size_t>(slots * d.C));
   std::vector<float> h(static_cast<size_t>(slots * d.F)), dh(static_cast<size_t>(slots * d.F));
   std::vector<float> dg(static_cast<size_t>(slots * d.F)), du(static_cast<size_t>(slots * d.F));
-  std::vector<float> dgu(w.stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
+  const bool stacked = w.stacked || w.stacked_stored;
+  std::vector<float> dgu(stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
   for (int64_t row = 0; row < slots; ++row)
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
   for (int64_t e = 0; e < d.E; ++e) {
@@ -343,12 +344,13 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
     float* dxe = dxs.data() + r0 * d.C;
     if (w.stacked) {  // dH = dY Downᵀ, Down (F, C) used as h·Down
       gemm(false, true, n, d.F, d.C, 1.0f, dye, d.C, w.stacked->down + e * d.F * d.C, d.C, 0.0f, dhe, d.F);
+    } else if (w.stacked_stored) {  // Down's rows (C × F) as stored: dH = dY Down
+      gemm_weight_backward(w.stacked_stored->down[e], n, dye, d.C, 0.0f, dhe, d.F);
     } else {  // dH = dY Down (n × F)
       gemm(false, false, n, d.F, d.C, 1.0f, dye, d.C, w.down[e], d.F, 0.0f, dhe, d.F);
     }
     activate_backward(options, g, u, dhe, he, dge, due, n * d.F);
-    if (w.stacked) {
-      const MoeStacked& s = *w.stacked;
+    if (stacked) {
       if (ds && ds->down) gemm(true, false, d.F, d.C, n, 1.0f, he, d.F, dye, d.C, 0.0f, ds->down + e * d.F * d.C, d.C);  // Hᵀ dY
       if (ds && ds->down_bias)
         for (int64_t c = 0; c < d.C; ++c) {
@@ -370,7 +372,10 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
           for (int64_t i = 0; i < n; ++i) total += gu[i * 2 * d.F + j];
           ds->gate_up_bias[e * 2 * d.F + j] = static_cast<float>(total);
         }
-      if (dx) gemm(false, true, n, d.C, 2 * d.F, 1.0f, gu, 2 * d.F, s.gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, dxe, d.C);
+      if (dx && w.stacked)
+        gemm(false, true, n, d.C, 2 * d.F, 1.0f, gu, 2 * d.F, w.stacked->gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, dxe, d.C);
+      else if (dx)  // the stored rows (2F × C), gate and up alternating as gu's columns
+        gemm_weight_backward(w.stacked_stored->gate_up[e], n, gu, 2 * d.F, 0.0f, dxe, d.C);
       continue;
     }
     if (dw_experts.down && dw_experts.down[e]) gemm(true, false, d.C, d.F, n, 1.0f, dye, d.C, he, d.F, 0.0f, dw_experts.down[e], d.F);  // dYᵀ H
@@ -460,6 +465,16 @@ void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, c
                   const MoeStackedGrads& d_experts) {
   backward(d, options, x, router, Experts{nullptr, nullptr, nullptr, &experts}, saved, d_out, dx, d_router,
            d_router_bias, ExpertGrads{nullptr, nullptr, nullptr, &d_experts});
+}
+
+void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                  const float* /*router_bias: only in the saved logits*/, const MoeStackedStored& experts,
+                  const MoeSaved& saved, const float* d_out, float* dx, float* d_router, float* d_router_bias,
+                  float* d_gate_up_bias, float* d_down_bias) {
+  Experts w;
+  w.stacked_stored = &experts;
+  const MoeStackedGrads biases{nullptr, d_gate_up_bias, nullptr, d_down_bias};
+  backward(d, options, x, router, w, saved, d_out, dx, d_router, d_router_bias, ExpertGrads{nullptr, nullptr, nullptr, &biases});
 }
 
 // ---- the reference: one token at a time, in double ----

@@ -271,7 +271,8 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
 // down_bias (E, C) — and a router bias (E). Any bias may be undefined (none). Float32 only; gradients reach all.
 // For inference the experts may instead be matrices of their output rows as gpt-oss's files store them (MXFP4, or
 // any storage type): gate_up (E·2F, C), row e·2F + 2f expert e's gate f and the next its up f; down (E·C, F). Each
-// chosen expert's rows are then multiplied in place (kernels::moe_forward on MoeStackedStored); no gradient.
+// chosen expert's rows are then multiplied in place (kernels::moe_forward on MoeStackedStored), and gradients reach
+// x, the router and the biases (float32 ones), never those frozen matrices: LoRA on attention over MXFP4 experts.
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                           const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
                           const MoeConfig& config);

@@ -110,9 +110,13 @@ void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x,
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                  const float* router_bias, const MoeStacked& experts, float* out, MoeSaved& saved);
 // … and with those experts stored: each chosen expert's rows multiplied in place by gemm_weight, as for
-// one-tensor-per-expert stored weights. No backward: frozen weights.
+// one-tensor-per-expert stored weights. Their backward reaches x (through the frozen rows, gemm_weight_backward), the
+// router, its bias and the experts' biases, never the stored matrices (LoRA on attention over frozen MXFP4 experts).
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                  const float* router_bias, const MoeStackedStored& experts, float* out, MoeSaved& saved);
+void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                  const float* router_bias, const MoeStackedStored& experts, const MoeSaved& saved, const float* d_out,
+                  float* dx, float* d_router, float* d_router_bias, float* d_gate_up_bias, float* d_down_bias);
 void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                   const float* router_bias, const MoeStacked& experts, const MoeSaved& saved, const float* d_out,
                   float* dx, float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts);
