@@ -4,12 +4,17 @@
 // the key.
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <fstream>
 
 #include "helpers.hpp"
 #include "qkv/kernels/activations.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/weights.hpp"
+#include "qkv/io/safetensors.hpp"
 #include "qkv/nn/decoder.hpp"
 #include "qkv/nn/hf.hpp"
 
@@ -208,6 +213,174 @@ TEST(GptOssFamily, AMissingExpertTensorIsListed) {
   fs::remove_all(dir);
   EXPECT_NE(message.find("model.layers.0.mlp.experts.gate_up_proj is (4, 32, 24), the configuration says (5, 32, 24)"),
             std::string::npos) << message;
+}
+
+// A gpt-oss folder as OpenAI publishes them: the experts' matrices as MXFP4 (gate_up_proj_blocks, _scales …, in
+// transformers' packing: byte i of a block holds values 2i and 2i + 1), config.json with its quantization_config. Made
+// from a float32 model whose experts are rounded to MXFP4, which it returns beside the folder: the reference.
+struct Mxfp4Folder {
+  fs::path dir;
+  std::unique_ptr<nn::Decoder> rounded;  // the float32 model with the experts' MXFP4 values
+  std::map<std::string, std::vector<unsigned char>> ggml_rows;  // each stacked matrix as ggml's MXFP4 rows
+};
+Mxfp4Folder mxfp4_folder(const std::string& tag) {
+  Mxfp4Folder out;
+  out.dir = fs::temp_directory_path() / ("qkv_gpt_oss_mxfp4_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(out.dir);
+  fs::create_directories(out.dir);
+  std::string config = edited_gpt_oss("\"intermediate_size\": 12", "\"intermediate_size\": 32");
+  config.insert(config.rfind('}'), R"(, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert":
+      ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})");
+  Generator gen(5);
+  out.rounded = std::make_unique<nn::Decoder>(nn::decoder_config_from_hf(config), gen);
+  nn::Decoder& m = *out.rounded;
+  std::vector<io::TensorData> tensors;
+  for (const nn::DecoderConfig::Parameter& p : m.config.layout()) {
+    Tensor& t = m.parameter(p);
+    if (p.role() != nn::Role::StackedGateUp && p.role() != nn::Role::StackedDown) {
+      tensors.push_back(io::TensorData::from_tensor(p.name, t));
+      continue;
+    }
+    const int64_t E = p.shape[0], K = p.shape[1], R = p.shape[2];  // (E, K, R) used as x·W: rows of R outputs
+    std::vector<float> rows(static_cast<size_t>(E * R * K));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t k = 0; k < K; ++k) rows[static_cast<size_t>((e * R + r) * K + k)] = t.data()[(e * K + k) * R + r];
+    std::vector<unsigned char>& q = out.ggml_rows[p.name];
+    q.resize(static_cast<size_t>(E * R * kernels::row_bytes(kernels::WeightType::MXFP4, K)));
+    kernels::quantize_rows(kernels::WeightType::MXFP4, rows.data(), q.data(), E * R, K);
+    kernels::dequantize_rows(kernels::WeightType::MXFP4, q.data(), rows.data(), E * R, K);
+    for (int64_t e = 0; e < E; ++e)  // the reference holds the rounded values
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t k = 0; k < K; ++k) t.data()[(e * K + k) * R + r] = rows[static_cast<size_t>((e * R + r) * K + k)];
+    // transformers' packing of the same codes and exponents
+    const int64_t groups = E * R * K / 32;
+    io::TensorData blocks{p.name + "_blocks", io::DType::U8, {E, R, K / 32, 16}, std::vector<std::byte>(groups * 16)};
+    io::TensorData scales{p.name + "_scales", io::DType::U8, {E, R, K / 32}, std::vector<std::byte>(groups)};
+    for (int64_t g = 0; g < groups; ++g) {
+      const unsigned char* block = q.data() + g * 17;
+      auto code = [&](int v) { return v < 16 ? block[1 + v] & 0x0f : block[1 + v - 16] >> 4; };
+      scales.bytes[static_cast<size_t>(g)] = std::byte{block[0]};
+      for (int i = 0; i < 16; ++i) blocks.bytes[static_cast<size_t>(g * 16 + i)] = std::byte(static_cast<unsigned char>(code(2 * i) | (code(2 * i + 1) << 4)));
+    }
+    tensors.push_back(std::move(blocks));
+    tensors.push_back(std::move(scales));
+  }
+  io::save_safetensors((out.dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  std::ofstream(out.dir / "config.json") << config;
+  return out;
+}
+
+// The published gpt-oss folders' MXFP4 experts are read and kept as MXFP4 (their bytes as ggml's blocks: the file's
+// size, not 4× it widened), and give the logits of float32 experts holding the same values within the 8-bit
+// activations' rounding, and the same greedy tokens.
+TEST(GptOssFamily, Mxfp4ExpertsAreReadAndKeptAsMxfp4) {
+  const Mxfp4Folder folder = mxfp4_folder("read");
+  const auto model = nn::load_hf_decoder(folder.dir.string());
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (nn::Role role : {nn::Role::StackedGateUp, nn::Role::StackedDown}) {
+      const Tensor& t = model->parameter(role, layer);
+      const bool gate_up = role == nn::Role::StackedGateUp;
+      EXPECT_EQ(t.weight_type(), kernels::WeightType::MXFP4);
+      EXPECT_EQ(t.shape(), gate_up ? (Shape{4 * 64, 32}) : (Shape{4 * 32, 32}));  // E·2F × C, E·C × F
+      const std::string name = "model.layers." + std::to_string(layer) + ".mlp.experts." + (gate_up ? "gate_up_proj" : "down_proj");
+      const std::vector<unsigned char>& want = folder.ggml_rows.at(name);
+      ASSERT_EQ(t.storage_bytes(), static_cast<int64_t>(want.size()));
+      EXPECT_EQ(0, std::memcmp(t.stored_bytes(), want.data(), want.size())) << name << ": other bytes than ggml's rows";
+    }
+  const std::vector<int64_t> ids = {1, 5, 9, 2, 33, 7, 60, 12, 4, 4, 18};
+  NoGradGuard no_grad;
+  const Tensor got = model->forward(ids, 1, static_cast<int64_t>(ids.size()));
+  const Tensor want = folder.rounded->forward(ids, 1, static_cast<int64_t>(ids.size()));
+  float range = 0.0f, diff = 0.0f;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    range = std::max(range, std::fabs(want.data()[i]));
+    diff = std::max(diff, std::fabs(got.data()[i] - want.data()[i]));
+  }
+  EXPECT_GT(diff, 0.0f);  // 8-bit activations: the stored path ran
+  EXPECT_LT(diff, 0.02f * range);
+  fs::remove_all(folder.dir);
+}
+
+// PyTorch's view of a published-style folder (tools/decoder_reference.py: random MXFP4 codes and exponents unpacked
+// as transformers' convert_moe_packed_tensors unpacks them, then GptOss's forward): the same logits within the 8-bit
+// activations' rounding (2.6% of their range measured), and the same greedy tokens.
+TEST(GptOssFamily, Mxfp4FolderGivesPyTorchsLogitsAndGreedyText) {
+  const auto model = nn::load_hf_decoder(fixture("hf/gpt_oss_mxfp4"));
+  EXPECT_EQ(model->parameter(nn::Role::StackedGateUp, 0).weight_type(), kernels::WeightType::MXFP4);
+  const io::SafetensorsFile expected = io::SafetensorsFile::open(fixture("hf/gpt_oss_mxfp4.expected.safetensors"));
+  const std::vector<int64_t> ids = expected.int64s("ids");
+  NoGradGuard no_grad;
+  const Tensor got = model->forward(ids, 2, 12), want = expected.tensor("logits");
+  ASSERT_EQ(got.numel(), want.numel());
+  float range = 0.0f, diff = 0.0f;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    range = std::max(range, std::fabs(want.data()[i]));
+    diff = std::max(diff, std::fabs(got.data()[i] - want.data()[i]));
+  }
+  EXPECT_LT(diff, 0.03f * range) << "range " << range;
+  EXPECT_GT(diff, 0.0f);
+  // The same experts widened to float32 (E, K, R) take the float32 path: PyTorch's logits to float32's rounding, so
+  // the codes' order, the exponents and the transposition are transformers'
+  auto widened = nn::load_hf_decoder(fixture("hf/gpt_oss_mxfp4"));
+  for (nn::DecoderBlock& b : widened->blocks)
+    for (nn::Role role : {nn::Role::StackedGateUp, nn::Role::StackedDown}) {
+      const Tensor rows = b[role];
+      const int64_t E = 4, R = role == nn::Role::StackedGateUp ? 64 : 32, K = rows.size(1);
+      std::vector<float> values(static_cast<size_t>(rows.numel()));
+      kernels::dequantize_rows(kernels::WeightType::MXFP4, rows.stored_bytes(), values.data(), E * R, K);
+      Tensor t = Tensor::empty({E, K, R});
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t k = 0; k < K; ++k) t.data()[(e * K + k) * R + r] = values[static_cast<size_t>((e * R + r) * K + k)];
+      b[role] = t;
+    }
+  const Tensor exact = widened->forward(ids, 2, 12);
+  float exact_diff = 0.0f;
+  for (int64_t i = 0; i < want.numel(); ++i) exact_diff = std::max(exact_diff, std::fabs(exact.data()[i] - want.data()[i]));
+  EXPECT_LT(exact_diff, 1e-4f * range);
+  std::vector<int64_t> sequence = expected.int64s("prompt");
+  for (int64_t step = 0; step < 10; ++step) {
+    const Tensor logits = model->forward(sequence, 1, static_cast<int64_t>(sequence.size()));
+    const float* last = logits.data() + (static_cast<int64_t>(sequence.size()) - 1) * 80;
+    sequence.push_back(std::max_element(last, last + 80) - last);
+  }
+  EXPECT_EQ(std::vector<int64_t>(sequence.end() - 10, sequence.end()), expected.int64s("greedy"));
+}
+
+// A folder whose MXFP4 pair is broken, or that names another quantization method, is refused naming the tensor or key
+TEST(GptOssFamily, BrokenMxfp4TensorsAreRefusedByName) {
+  const Mxfp4Folder folder = mxfp4_folder("broken");
+  const io::SafetensorsFile file = io::SafetensorsFile::open((folder.dir / "model.safetensors").string());
+  auto rewrite = [&](const std::function<bool(io::TensorData&)>& edit) {  // false: drop the tensor
+    std::vector<io::TensorData> kept;
+    for (const io::TensorInfo& info : file.tensors()) {
+      const auto bytes = file.bytes(info);
+      io::TensorData t{info.name, info.dtype, info.shape, std::vector<std::byte>(bytes.begin(), bytes.end())};
+      if (edit(t)) kept.push_back(std::move(t));
+    }
+    const fs::path dir = folder.dir / "edited";
+    fs::create_directories(dir);
+    fs::copy_file(folder.dir / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+    io::save_safetensors((dir / "model.safetensors").string(), kept);
+    try {
+      nn::load_hf_decoder(dir.string());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  const std::string missing = rewrite([](io::TensorData& t) { return t.name != "model.layers.1.mlp.experts.down_proj_scales"; });
+  EXPECT_NE(missing.find("model.layers.1.mlp.experts.down_proj_blocks has no _scales beside it"), std::string::npos) << missing;
+  const std::string misshapen = rewrite([](io::TensorData& t) {
+    if (t.name == "model.layers.0.mlp.experts.gate_up_proj_scales") t.dtype = io::DType::I8;
+    return true;
+  });
+  EXPECT_NE(misshapen.find("gate_up_proj_scales is I8 (4, 64, 1); for the configuration's (4, 32, 64) an MXFP4 tensor is U8 (4, 64, 1)"),
+            std::string::npos) << misshapen;
+  std::string gptq = refusal(edited_gpt_oss("\"num_local_experts\": 4", "\"quantization_config\": {\"quant_method\": \"gptq\"}, \"num_local_experts\": 4"));
+  EXPECT_NE(gptq.find("'quantization_config' names quant_method 'gptq'"), std::string::npos) << gptq;
+  fs::remove_all(folder.dir);
 }
 
 std::string edited_latent(const std::string& from, const std::string& to) { return edited_in("deepseek_v3", from, to); }

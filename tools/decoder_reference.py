@@ -774,10 +774,71 @@ def write_folder(c, w, folder, shards):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
+# gpt-oss as OpenAI publishes it: the experts' matrices as MXFP4 (transformers' Mxfp4 quantizer format)
+FP4_VALUES = [+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_dequantized(blocks, scales):
+    """transformers' convert_moe_packed_tensors: blocks (E, R, G, 16) uint8, scales (E, R, G) uint8 exponents with
+    bias 127; byte i of a group gives values 2i (its low nibble) and 2i + 1 (its high one); the (E, R, G·32) values
+    transposed to (E, G·32, R), the matrix GptOssExperts uses as x·W."""
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    E, R, G, B = blocks.shape
+    out = torch.empty(E, R, G, B * 2, dtype=torch.float32)
+    out[..., 0::2] = lut[(blocks & 0x0F).long()]
+    out[..., 1::2] = lut[(blocks >> 4).long()]
+    out = torch.ldexp(out, (scales.to(torch.int32) - 127)[..., None].float())
+    return out.reshape(E, R, G * B * 2).transpose(1, 2).contiguous()
+
+
+def write_gpt_oss_mxfp4(out_dir):
+    """gpt_oss_mxfp4/: gpt-oss's tiny configuration with experts 32 wide, its gate_up_proj and down_proj held as
+    random MXFP4 codes and exponents (_blocks, _scales) and config.json's quantization_config, as the published
+    folders are; gpt_oss_mxfp4.expected.safetensors: ids, the logits and greedy tokens of the dequantized model."""
+    c = dict(FAMILIES["gpt_oss"], intermediate_size=32)
+    w = random_weights(c, 4242)
+    g = torch.Generator().manual_seed(4243)
+    E, C, Fe = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
+    packed = {}
+    for i in range(c["num_hidden_layers"]):
+        for name, R, K in [("gate_up_proj", 2 * Fe, C), ("down_proj", C, Fe)]:
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            blocks = torch.randint(0, 256, (E, R, K // 32, 16), generator=g, dtype=torch.int64).to(torch.uint8)
+            scales = (127 + torch.randint(-5, -1, (E, R, K // 32), generator=g)).to(torch.uint8)
+            w[key] = mxfp4_dequantized(blocks, scales)
+            packed[key] = (blocks, scales)
+    B, T = 2, 12
+    ids = torch.randint(0, c["vocab_size"], (B, T), generator=g)
+    with torch.no_grad():
+        logits = forward(c, w, ids)
+        sequence = ids[0, :5].tolist()
+        for _ in range(10):
+            sequence.append(int(forward(c, w, torch.tensor([sequence]))[0, -1].argmax()))
+    folder = os.path.join(out_dir, "gpt_oss_mxfp4")
+    os.makedirs(folder, exist_ok=True)
+    config = dict(c, architectures=["GptOssForCausalLM"], torch_dtype="bfloat16",
+                  quantization_config=dict(quant_method="mxfp4", modules_to_not_convert=[
+                      "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    tensors = {}
+    for n, _ in parameter_names(c):
+        if n in packed:
+            tensors[n + "_blocks"], tensors[n + "_scales"] = (t.numpy() for t in packed[n])
+        else:
+            tensors[n] = w[n].detach()
+    save_safetensors(os.path.join(folder, "model.safetensors"), tensors, {"format": "pt"})
+    save_safetensors(os.path.join(out_dir, "gpt_oss_mxfp4.expected.safetensors"),
+                     {"ids": ids, "logits": logits.float(), "greedy": torch.tensor(sequence[5:]),
+                      "prompt": torch.tensor(sequence[:5])},
+                     {"tool": "tools/decoder_reference.py", "torch": torch.__version__})
+    print(f"gpt_oss_mxfp4: greedy {sequence[5:]}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
-    parser.add_argument("--families", nargs="*", help="only these (default: all); each keeps its seed")
+    parser.add_argument("--families", nargs="*", help="only these (default: all, and gpt_oss_mxfp4); each keeps its seed")
     args = parser.parse_args()
     for seed, (family, c) in enumerate(FAMILIES.items()):
         if args.families and family not in args.families:
@@ -817,6 +878,8 @@ def main():
         save_safetensors(os.path.join(args.out, family + ".expected.safetensors"), expected,
                          {"tool": "tools/decoder_reference.py", "torch": torch.__version__})
         print(f"{family}: loss {loss.item():.6f}, greedy {sequence[5:]}")
+    if not args.families or "gpt_oss_mxfp4" in args.families:
+        write_gpt_oss_mxfp4(args.out)
 
 
 if __name__ == "__main__":

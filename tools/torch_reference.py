@@ -125,7 +125,7 @@ MODULES = {
 
 # ---- safetensors, written by hand (the safetensors package is not in Debian 12) ----
 
-_DTYPES = {np.float32: "F32", np.float64: "F64", np.int64: "I64", np.int32: "I32", np.float16: "F16"}
+_DTYPES = {np.float32: "F32", np.float64: "F64", np.int64: "I64", np.int32: "I32", np.float16: "F16", np.uint8: "U8"}
 
 
 def save_safetensors(path, tensors, metadata=None):

@@ -323,6 +323,21 @@ void Tensor::set_stored_(kernels::WeightType type, const void* bytes, std::share
   impl.stored_owned = false;
 }
 
+void Tensor::set_stored_(kernels::WeightType type, const Shape& rows, const void* bytes, std::shared_ptr<const void> owner) {
+  detail::TensorImpl& impl = checked(impl_);
+  if (rows.numel() != impl.shape.numel())
+    throw ValueError("set_stored_: rows " + rows.str() + " hold " + std::to_string(rows.numel()) + " values, the tensor " +
+                     impl.shape.str() + " " + std::to_string(impl.shape.numel()));
+  const Shape before = impl.shape;
+  impl.shape = rows;
+  try {
+    set_stored_(type, bytes, std::move(owner));
+  } catch (...) {
+    impl.shape = before;
+    throw;
+  }
+}
+
 kernels::WeightType Tensor::weight_type() const {
   const detail::TensorImpl& impl = checked(impl_);
   return impl.dtype == DType::Stored ? impl.stored_type : impl.dtype == DType::BF16 ? kernels::WeightType::BF16 : kernels::WeightType::F32;

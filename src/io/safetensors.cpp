@@ -613,4 +613,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   save_safetensors(path, data, metadata);
 }
 
+void mxfp4_blocks_from_hf(const std::byte* blocks, const std::byte* scales, int64_t groups, unsigned char* out) {
+  const auto* in = reinterpret_cast<const unsigned char*>(blocks);
+  const auto* e = reinterpret_cast<const unsigned char*>(scales);
+  // value v of a group: byte v / 2 of its 16, low nibble for even v
+  auto code = [](const unsigned char* group, int v) { return (group[v / 2] >> (4 * (v % 2))) & 0x0f; };
+#pragma omp parallel for schedule(static) if (groups > 65536)
+  for (int64_t g = 0; g < groups; ++g) {
+    const unsigned char* group = in + g * 16;
+    unsigned char* block = out + g * 17;
+    block[0] = e[g];
+    for (int j = 0; j < 16; ++j) block[1 + j] = static_cast<unsigned char>(code(group, j) | (code(group, j + 16) << 4));
+  }
+}
+
 }  // namespace qkv::io

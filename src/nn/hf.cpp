@@ -509,6 +509,16 @@ DecoderConfig decoder_config_from_hf(const std::string& text, const std::string&
     c.layers[i].window = sliding[i] ? window : 0;
     c.layers[i].rope = !rotates[i] ? -1 : split && sliding[i] ? 1 : 0;
   }
+  // A quantized checkpoint: gpt-oss's published MXFP4 experts are read (load_hf_decoder keeps them as MXFP4); the
+  // tensors of other methods (GPTQ, AWQ, bitsandbytes, FP8 …) are not
+  if (keys.has("quantization_config")) {
+    const json& q = keys.raw("quantization_config");
+    const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                                   ? q["quant_method"].get<std::string>() : std::string();
+    if (!(method == "mxfp4" && f.stacked_experts))
+      keys.fail("quantization_config", "names quant_method '" + printable(method, 40) + "', whose tensors qkv does not "
+                "read (it reads gpt-oss's mxfp4 experts); use the model's unquantized folder, or a GGUF file of it");
+  }
   if (f.latent_attention) read_latent(keys, c);
   else if (f.stacked_experts) read_stacked_experts(keys, c);
   else if (f.experts) read_experts(keys, c);
@@ -901,28 +911,96 @@ void save_hf_classifier(const std::string& dir_name, Decoder& base, const Tensor
   }
 }
 
+namespace {
+// gpt-oss's published experts (transformers' Mxfp4 quantizer): a stacked matrix X (E, K, R) — gate_up_proj (E, C, 2F),
+// down_proj (E, F, C) — is held as X_blocks (U8 (E, R, K/32, 16)) and X_scales (U8 (E, R, K/32)): rows of each
+// expert's R outputs, the values transformers' convert_moe_packed_tensors transposes back into X.
+struct Mxfp4Entry {
+  const io::SafetensorsFile* blocks_file = nullptr;
+  const io::SafetensorsFile* scales_file = nullptr;
+  const io::TensorInfo* blocks = nullptr;
+  const io::TensorInfo* scales = nullptr;
+  io::TensorInfo stand_in;  // X as check_layout expects it
+  int64_t rows = 0, cols = 0;  // E·R rows of K values
+};
+
+std::map<std::string, Mxfp4Entry> mxfp4_entries(const DecoderConfig& config, const Shards& shards,
+                                                const std::string& source) {
+  std::map<std::string, Mxfp4Entry> out;
+  if (!config.family->stacked_experts) return out;
+  for (const auto& p : config.layout(Names::Own)) {
+    if ((p.role() != Role::StackedGateUp && p.role() != Role::StackedDown) || shards.where.count(p.name)) continue;
+    const auto b = shards.where.find(p.name + "_blocks"), s = shards.where.find(p.name + "_scales");
+    if (b == shards.where.end() && s == shards.where.end()) continue;  // missing altogether: check_layout lists it
+    if (b == shards.where.end() || s == shards.where.end())
+      throw IoError(source + ": " + p.name + (b == shards.where.end() ? "_scales" : "_blocks") + " has no " +
+                    (b == shards.where.end() ? "_blocks" : "_scales") + " beside it; an MXFP4 tensor needs both");
+    Mxfp4Entry m;
+    m.blocks_file = &shards.files[b->second];
+    m.scales_file = &shards.files[s->second];
+    m.blocks = m.blocks_file->find(b->first);
+    m.scales = m.scales_file->find(s->first);
+    const int64_t E = p.shape[0], K = p.shape[1], R = p.shape[2];
+    const std::vector<int64_t> blocks_shape = {E, R, K / 32, 16}, scales_shape = {E, R, K / 32};
+    if (K % 32 != 0)
+      throw IoError(source + ": " + p.name + "_blocks: MXFP4 holds rows of whole blocks of 32 values, and the "
+                    "configuration's " + p.shape.str() + " gives rows of " + std::to_string(K));
+    for (const auto& [info, want, suffix] : {std::tuple{m.blocks, blocks_shape, "_blocks"}, {m.scales, scales_shape, "_scales"}})
+      if (info->dtype != io::DType::U8 || info->shape != want)
+        throw IoError(source + ": " + p.name + suffix + " is " + io::dtype_name(info->dtype) + " " + shape_text(info->shape) +
+                      "; for the configuration's " + p.shape.str() + " an MXFP4 tensor is U8 " + shape_text(want));
+    m.stand_in.name = p.name;
+    m.stand_in.dtype = io::DType::U8;
+    m.stand_in.shape = std::vector<int64_t>(p.shape.dims().begin(), p.shape.dims().end());
+    m.rows = E * R;
+    m.cols = K;
+    out.emplace(p.name, std::move(m));
+  }
+  return out;
+}
+}  // namespace
+
 std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matrices) {
   const fs::path dir(dir_name);
   const fs::path config_path = dir / "config.json";
   const DecoderConfig config = decoder_config_from_hf(read_text(config_path), config_path.string());
   const Shards shards = open_shards(dir);
   // Every tensor the layout needs, present with its shape, and nothing unknown — before allocating.
+  const std::map<std::string, Mxfp4Entry> mxfp4 = mxfp4_entries(config, shards, dir.string());
   std::vector<std::string> present;
-  for (const auto& [name, i] : shards.where) present.push_back(name);
+  for (const auto& [name, i] : shards.where) {
+    const size_t cut = name.size() > 7 && (name.ends_with("_blocks") || name.ends_with("_scales")) ? name.size() - 7 : 0;
+    if (!cut || !mxfp4.count(name.substr(0, cut))) present.push_back(name);
+  }
+  for (const auto& [name, m] : mxfp4) present.push_back(name);
   const TensorLookup find = [&](const std::string& name) -> const io::TensorInfo* {
+    if (const auto m = mxfp4.find(name); m != mxfp4.end()) return &m->second.stand_in;
     const auto it = shards.where.find(name);
     return it == shards.where.end() ? nullptr : shards.files[it->second].find(name);
   };
   check_layout(config, Names::Own, find, present, dir.string(),
                [&](const std::string& name) { return ignorable(name, config); });
-  try {
-    check_stacked_experts_fit(config);
-  } catch (const ValueError& e) {
-    throw IoError(dir.string() + ": " + e.what());
+  // Experts kept as MXFP4 take their file's size; widened to float32 they could exceed the machine
+  if (mxfp4.size() != static_cast<size_t>(2 * config.num_layers)) {
+    try {
+      check_stacked_experts_fit(config);
+    } catch (const ValueError& e) {
+      throw IoError(dir.string() + ": " + e.what());
+    }
   }
   auto model = Decoder::for_loading(config);  // every parameter is written below: no zero fill first
   bool in_place = false;
   read_layout(*model, Names::Own, [&](const DecoderConfig::Parameter& p, Tensor& dst) {
+    if (const auto m = mxfp4.find(p.name); m != mxfp4.end()) {  // kept as MXFP4 rows, in ggml's block layout
+      const Mxfp4Entry& e = m->second;
+      const int64_t groups = e.rows * (e.cols / 32);
+      auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(groups * 17));
+      io::mxfp4_blocks_from_hf(e.blocks_file->bytes(*e.blocks).data(), e.scales_file->bytes(*e.scales).data(), groups,
+                               bytes->data());
+      dst.set_stored_(kernels::WeightType::MXFP4, Shape{e.rows, e.cols}, bytes->data(),
+                      std::shared_ptr<const void>(bytes, bytes->data()));
+      return;
+    }
     const io::SafetensorsFile& file = shards.files[shards.where.at(p.name)];
     if (matrices == DType::BF16 && dst.rank() == 2) {
       // A bfloat16 matrix is used where the file is mapped: nothing is copied (loading is reading the file once, to

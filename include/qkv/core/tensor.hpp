@@ -122,6 +122,10 @@ class Tensor {
   // or Stored), which `owner` keeps alive — a mapped file's tensor, not copied — and its own storage is let go (views
   // made before keep it). ValueError when the tensor is not a matrix the type can hold.
   void set_stored_(kernels::WeightType type, const void* bytes, std::shared_ptr<const void> owner);
+  // The same for a weight its file keeps as rows of another shape: the tensor's shape becomes `rows` (rows, cols),
+  // the same number of values — gpt-oss's stacked experts, (E, C, 2F) as used, stored as (E·2F, C) rows of MXFP4
+  // (ops.hpp's mixture_of_experts reads either). ValueError when the counts differ or the type cannot hold the rows.
+  void set_stored_(kernels::WeightType type, const Shape& rows, const void* bytes, std::shared_ptr<const void> owner);
   // How the values are stored: F32, BF16, or a Stored tensor's type
   kernels::WeightType weight_type() const;
   // A Stored tensor's bytes (rows of row_bytes(weight_type(), cols)); nullptr for F32 and BF16 tensors

@@ -107,4 +107,11 @@ void save_safetensors(const std::string& path, const std::vector<TensorData>& te
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// Hugging Face's MXFP4 tensors (gpt-oss's published experts, transformers' Mxfp4 quantizer) as ggml's blocks: X_blocks
+// (U8 (…, G, 16): byte i of a group of 32 holds its values 2i in the low nibble and 2i + 1 in the high one) and
+// X_scales (U8 (…, G): E8M0 exponents, x = FP4[code]·2^(e − 127)) → `groups` blocks of kernels::WeightType::MXFP4
+// (17 bytes: the same exponent byte, then value j in the low nibble and j + 16 in the high one of byte j). The values
+// are the same: ggml's levels are FP4's doubled and its scale 2^(e − 128).
+void mxfp4_blocks_from_hf(const std::byte* blocks, const std::byte* scales, int64_t groups, unsigned char* out);
+
 }  // namespace qkv::io
