@@ -685,8 +685,9 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
     EXPECT_EQ(c.family->name, "gpt_oss");
     EXPECT_EQ(c.layers[0].window, 4);
     EXPECT_EQ(c.layers[1].window, 0);
-    // The reference: the folder's model with every matrix stored as the file's rule says — the stacked experts' file
-    // rows quantized and widened back (qkv reads them widened), the others kept in the block format
+    // The reference: the folder's model with every matrix stored as the file's rule says — the stacked experts kept
+    // as qkv keeps a file's quantized experts (each expert's output rows, gate and up alternating, in the file's type;
+    // float32 files: the float32 stacked tensors), the others in the block format
     const auto reference = nn::load_pretrained(folder.string());
     nn::Decoder& ref = *reference->model;
     for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {
@@ -695,17 +696,21 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
         if (p.shape.rank() == 2 && want != WeightType::F32) ref.parameter(p).to_weight_type_(want);
         continue;
       }
-      std::vector<float> rows(static_cast<size_t>(p.shape.numel()));
-      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), true);
-      if (want != WeightType::F32) {
-        const int64_t cols = p.shape[p.shape.rank() - 1], n = p.shape.numel() / cols;
-        std::vector<unsigned char> bytes(static_cast<size_t>(n * kernels::row_bytes(want, cols)));
-        kernels::quantize_rows(want, rows.data(), bytes.data(), n, cols);
-        kernels::dequantize_rows(want, bytes.data(), rows.data(), n, cols);
-      }
-      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), false);
+      if (want == WeightType::F32 || p.shape.rank() != 3 || p.parts.front().row0 != 0) continue;
+      // (E, K, R) used as x·W → E·R rows of K; gate_up's rows alternate gate and up as its columns do
+      Tensor& t = ref.parameter(p.role(), p.layer);
+      const int64_t E = t.size(0), K = t.size(1), R = t.size(2);
+      std::vector<float> rows(static_cast<size_t>(E * R * K));
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t k = 0; k < K; ++k) rows[static_cast<size_t>((e * R + r) * K + k)] = t.data()[(e * K + k) * R + r];
+      auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(E * R * kernels::row_bytes(want, K)));
+      kernels::quantize_rows(want, rows.data(), bytes->data(), E * R, K);
+      t.set_stored_(want, Shape{E * R, K}, bytes->data(), std::shared_ptr<const void>(bytes, bytes->data()));
     }
     ref.refresh_fused_views();
+    if (type != GgufFileType::F32)
+      EXPECT_EQ(gguf->model->parameter(nn::Role::StackedGateUp, 1).weight_type(), WeightType::Q8_0);
     EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
     if (modules.empty()) continue;
     expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "oss", path, 12), type == GgufFileType::F32);
@@ -783,8 +788,8 @@ TEST(GgufExport, OlmoGemmaSmolLM3AndPhi3AsLlamaCppReadsThem) {
 }
 
 // The gpt-oss GGUFs people download keep their experts as MXFP4 (E8M0 scale, FP4 codes): llama.cpp's quantizer turns
-// qkv's float32 gpt-oss file into one (its MXFP4_MOE type), qkv reads it — the experts widened to float32 — and
-// llama.cpp's greedy tokens from that file are qkv's, within MXFP4's rounding (Q8_0 activations on llama.cpp's side).
+// qkv's float32 gpt-oss file into one (its MXFP4_MOE type), qkv reads it — the experts kept as MXFP4 — and
+// llama.cpp's greedy tokens from that file are qkv's (both multiply the MXFP4 rows with 8-bit activations).
 TEST(GgufExport, GptOssWithMxfp4ExpertsFromLlamaCppsQuantizer) {
   std::string missing;
   const std::string modules = llamacpp_modules(&missing);
@@ -801,13 +806,26 @@ TEST(GgufExport, GptOssWithMxfp4ExpertsFromLlamaCppsQuantizer) {
   const io::GgufFile file = io::GgufFile::open(mxfp4);
   EXPECT_EQ(io::ggml_type_name(file.tensor("blk.0.ffn_gate_exps.weight").type), std::string("MXFP4"));
   EXPECT_EQ(io::ggml_type_name(file.tensor("blk.1.ffn_down_exps.weight").type), std::string("MXFP4"));
-  // qkv's reading of every MXFP4 value: each expert row within one FP4 step (¼ of its block's largest power of 2)
+  // qkv keeps the experts as MXFP4 (the file's bytes: down's rows mapped as they are), each value within one FP4 step
+  // of the float32 one (¼ of its block's largest power of 2)
   const auto gguf = nn::load_pretrained(mxfp4);
   const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
-  const float* exact = source->model->parameter(nn::Role::StackedDown, 1).data();
-  const float* read = gguf->model->parameter(nn::Role::StackedDown, 1).data();
+  const Tensor& down = gguf->model->parameter(nn::Role::StackedDown, 1);
+  EXPECT_EQ(down.weight_type(), WeightType::MXFP4);
+  EXPECT_EQ(gguf->model->parameter(nn::Role::StackedGateUp, 0).weight_type(), WeightType::MXFP4);
+  EXPECT_EQ(down.storage_bytes(), 4 * 256 * kernels::row_bytes(WeightType::MXFP4, 256));
+  const io::GgufTensor& file_down = file.tensor("blk.1.ffn_down_exps.weight");
+  EXPECT_EQ(0, std::memcmp(down.stored_bytes(), file_down.data, file_down.bytes));
+  std::vector<float> read(4 * 256 * 256);  // rows (e, c) of F values
+  kernels::dequantize_rows(WeightType::MXFP4, down.stored_bytes(), read.data(), 4 * 256, 256);
+  const float* exact = source->model->parameter(nn::Role::StackedDown, 1).data();  // (E, F, C)
   float worst = 0.0f;
-  for (int64_t i = 0; i < 4 * 256 * 256; ++i) worst = std::max(worst, std::fabs(exact[i] - read[i]) / (std::fabs(exact[i]) + 0.25f));
+  for (int64_t e = 0; e < 4; ++e)
+    for (int64_t f = 0; f < 256; ++f)
+      for (int64_t c = 0; c < 256; ++c) {
+        const float x = exact[(e * 256 + f) * 256 + c], y = read[static_cast<size_t>((e * 256 + c) * 256 + f)];
+        worst = std::max(worst, std::fabs(x - y) / (std::fabs(x) + 0.25f));
+      }
   EXPECT_LT(worst, 0.5f);
   expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "mxfp4", mxfp4, 12), false);
   fs::remove(f32);

@@ -792,10 +792,10 @@ def mxfp4_dequantized(blocks, scales):
 
 
 def write_gpt_oss_mxfp4(out_dir):
-    """gpt_oss_mxfp4/: gpt-oss's tiny configuration with experts 32 wide, its gate_up_proj and down_proj held as
-    random MXFP4 codes and exponents (_blocks, _scales) and config.json's quantization_config, as the published
-    folders are; gpt_oss_mxfp4.expected.safetensors: ids, the logits and greedy tokens of the dequantized model."""
-    c = dict(FAMILIES["gpt_oss"], intermediate_size=32)
+    """gpt_oss_mxfp4/: gpt-oss's tiny configuration with experts 32 wide clamped at 7, its gate_up_proj and
+    down_proj held as random MXFP4 codes and exponents (_blocks, _scales) and config.json's quantization_config, as
+    the published folders are; gpt_oss_mxfp4.expected.safetensors: ids, the logits and greedy tokens of the dequantized model."""
+    c = dict(FAMILIES["gpt_oss"], intermediate_size=32, swiglu_limit=7.0)  # llama.cpp's clamp: the GGUF writer takes it
     w = random_weights(c, 4242)
     g = torch.Generator().manual_seed(4243)
     E, C, Fe = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]

@@ -53,8 +53,7 @@ struct Storage {
 Storage storage_of(const io::GgufFile& file, const io::GgufTensor& t) {
   const auto id = static_cast<uint32_t>(t.type);
   if (t.type == io::GgmlType::Q5_0) return {WeightType::Q8_0, true, false};
-  if (t.type == io::GgmlType::Q4_1 || t.type == io::GgmlType::Q5_1 || t.type == io::GgmlType::MXFP4)
-    return {WeightType::F32, false, true};
+  if (t.type == io::GgmlType::Q4_1 || t.type == io::GgmlType::Q5_1) return {WeightType::F32, false, true};
   if (const auto type = io::weight_type_from_ggml(id)) return {*type, false, false};
   fail(file, "tensor '" + t.name + "' is " + io::ggml_type_name(id) + "; qkv computes with F32, F16, BF16, Q8_0, Q4_0, "
              "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 (requantize the model with llama-quantize or qkv quantize)");
@@ -86,30 +85,8 @@ std::vector<unsigned char> q5_0_as_q8_0(const unsigned char* src, int64_t rows, 
   return out;
 }
 
-// ggml's MXFP4 (gpt-oss's experts): per 32 values one E8M0 scale byte e and 16 bytes of FP4 (E2M1) codes, value j
-// in byte j's low nibble and value j + 16 in its high one; x = kvalues[code]·2^(e − 128), kvalues the E2M1 values
-// doubled (ggml-common.h's kvalues_mxfp4, ggml_e8m0_to_fp32_half).
-void widen_mxfp4(const unsigned char* src, float* dst, int64_t count) {
-  static constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  for (int64_t b = 0; b < count / 32; ++b) {
-    const unsigned char* in = src + b * 17;
-    const uint32_t e = in[0];
-    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
-    float d;
-    std::memcpy(&d, &bits, 4);
-    for (int j = 0; j < 16; ++j) {
-      dst[b * 32 + j] = static_cast<float>(kValues[in[1 + j] & 0x0f]) * d;
-      dst[b * 32 + j + 16] = static_cast<float>(kValues[in[1 + j] >> 4]) * d;
-    }
-  }
-}
-
-// ggml's Q4_1 (d, m, nibbles) and Q5_1 (d, m, fifth bits, nibbles): x = d·q + m, widened to float32; MXFP4 likewise.
+// ggml's Q4_1 (d, m, nibbles) and Q5_1 (d, m, fifth bits, nibbles): x = d·q + m, widened to float32.
 void widen_offset_blocks(io::GgmlType type, const unsigned char* src, float* dst, int64_t count) {
-  if (type == io::GgmlType::MXFP4) {
-    widen_mxfp4(src, dst, count);
-    return;
-  }
   const bool five = type == io::GgmlType::Q5_1;
   const int64_t bytes = five ? 24 : 20;
   for (int64_t b = 0; b < count / 32; ++b) {
@@ -310,6 +287,22 @@ bool is_stacked(Role r) {
 }
 
 void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file) {
+  if (to_file && t.rank() == 2 && (entry.role() == Role::StackedGateUp || entry.role() == Role::StackedDown)) {
+    // experts kept as stored rows (a published MXFP4 folder, a quantized GGUF): widened, gate or up rows picked out
+    const int64_t rows = t.size(0), K = t.size(1);
+    std::vector<float> values(static_cast<size_t>(rows * K));
+    if (t.dtype() == DType::F32) std::copy_n(t.data(), rows * K, values.data());
+    else kernels::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
+                                  values.data(), rows, K);
+    if (entry.role() == Role::StackedDown) {  // the file's (E, C, F) rows are the stored rows
+      std::copy(values.begin(), values.end(), file);
+      return;
+    }
+    const int64_t half = entry.parts.front().row0 == 0 ? 0 : 1;
+    for (int64_t r = 0; r < rows / 2; ++r)  // file row e·F + f ← stored row e·2F + 2f + half
+      std::copy_n(values.data() + (2 * r + half) * K, K, file + r * K);
+    return;
+  }
   if (t.dtype() != DType::F32) throw ValueError("gguf_stacked_values: the stacked experts must be float32");
   float* model = const_cast<float*>(t.data());  // written only when reading the file (to_file false)
   auto move = [&](int64_t at_file, int64_t at_model) {
@@ -373,12 +366,31 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       if (!known) fail(*file, "holds tensor '" + t.name + "', which qkv's " + config.family->name + " model does not use");
     }
   }
-  try {
-    check_stacked_experts_fit(config);
-  } catch (const ValueError& e) {
-    fail(*file, e.what());
+  // gpt-oss's experts in a block format or 16-bit floats (MXFP4 in the files people download) are kept as the file
+  // stores them, one layer's gate and up rows interleaved as the model reads them (ops.hpp's stored stacked experts);
+  // a layer whose experts are float32, or of two types, or of a type qkv widens, is held in float32 as before.
+  std::vector<int> stored_layer(static_cast<size_t>(config.num_layers), config.family->stacked_experts ? 1 : 0);
+  std::vector<WeightType> gate_up_type(static_cast<size_t>(config.num_layers), WeightType::F32);
+  for (size_t i = 0; i < own.size(); ++i) {
+    const Role r = own[i].role();
+    if (r != Role::StackedGateUp && r != Role::StackedDown) continue;
+    const Storage st = storage_of(*file, *found[i]);
+    const size_t layer = static_cast<size_t>(own[i].layer);
+    if (st.widen || st.type == WeightType::F32) stored_layer[layer] = 0;
+    if (r == Role::StackedGateUp) {
+      if (own[i].parts.front().row0 == 0) gate_up_type[layer] = st.type;
+      else if (gate_up_type[layer] != st.type) stored_layer[layer] = 0;
+    }
+  }
+  if (std::find(stored_layer.begin(), stored_layer.end(), 0) != stored_layer.end()) {
+    try {
+      check_stacked_experts_fit(config);
+    } catch (const ValueError& e) {
+      fail(*file, e.what());
+    }
   }
   auto model = Decoder::for_loading(config);
+  std::vector<std::shared_ptr<std::vector<unsigned char>>> gate_up_rows(static_cast<size_t>(config.num_layers));
   const std::shared_ptr<const void> owner = file;  // the mapping lives as long as any tensor over it
   const bool gemma_norms = config.norm == NormKind::GemmaRMSNorm;
   for (size_t i = 0; i < own.size(); ++i) {
@@ -387,6 +399,29 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     Tensor& dst = model->parameter(p);
     const Storage s = storage_of(*file, t);
     const auto* bytes = reinterpret_cast<const unsigned char*>(t.data);
+    const bool stored_matrix = (p.role() == Role::StackedGateUp || p.role() == Role::StackedDown) &&
+                               stored_layer[static_cast<size_t>(p.layer)];
+    if (stored_matrix) {  // gpt-oss's experts as stored rows: down (E·C, F) is the file's; gate and up interleaved
+      const int64_t E = p.shape[0], R = p.shape[1], K = p.shape[2];  // the file's (E, R, K): rows of K values
+      std::shared_ptr<std::vector<unsigned char>> converted;
+      const WeightType type = s.type;  // Q5_0's blocks become Q8_0's
+      if (s.exact_repack) converted = std::make_shared<std::vector<unsigned char>>(q5_0_as_q8_0(bytes, E * R, K));
+      const unsigned char* file_rows = converted ? converted->data() : bytes;
+      if (p.role() == Role::StackedDown) {
+        const std::shared_ptr<const void> keep = converted ? std::shared_ptr<const void>(converted, converted->data()) : owner;
+        dst.set_stored_(type, Shape{E * R, K}, file_rows, keep);
+        continue;
+      }
+      const int64_t row = io::row_bytes(type, K), half = p.parts.front().row0 == 0 ? 0 : 1;
+      auto& rows = gate_up_rows[static_cast<size_t>(p.layer)];
+      if (!rows) {
+        rows = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(2 * E * R * row));
+        dst.set_stored_(type, Shape{2 * E * R, K}, rows->data(), std::shared_ptr<const void>(rows, rows->data()));
+      }
+      for (int64_t r = 0; r < E * R; ++r)  // expert e's row f → row e·2F + 2f (gate) or + 1 (up)
+        std::memcpy(rows->data() + (2 * r + half) * row, file_rows + r * row, static_cast<size_t>(row));
+      continue;
+    }
     if (is_stacked(p.role())) {  // gpt-oss's experts: widened to float32 and laid out as the model holds them
       const int64_t cols = p.shape[p.shape.rank() - 1], rows = p.shape.numel() / std::max<int64_t>(cols, 1);
       std::vector<float> values(static_cast<size_t>(p.shape.numel()));
