@@ -121,13 +121,13 @@ void add_model_options(CLI::App& command, ModelOptions& m) {
 void add_weights_option(CLI::App& command, ModelOptions& m) {
   command.add_option("--weights", m.weights,
                      "How matrices are kept in memory: stored (as the file stores them: a bf16 folder stays bf16), or "
-                     "converted while loading to f32, bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k (ggml's block formats)")
+                     "converted while loading to f32, bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k or mxfp4 (ggml's block formats)")
       ->capture_default_str()
       ->type_name("TYPE")
       ->check(checked([](const std::string& text) {
         return text == "stored" || kernels::weight_type_from_name(text)
                    ? std::string()
-                   : "must be stored, f32, bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k, not \"" + printable(text) + "\"";
+                   : "must be stored, f32, bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k or mxfp4, not \"" + printable(text) + "\"";
       }));
 }
 

@@ -1126,7 +1126,8 @@ void check_stacked_experts_fit(const DecoderConfig& config) {
   if (memory > 0.0 && widened > memory)
     throw ValueError("its experts widened to float32 need " + std::to_string(static_cast<int64_t>(widened / 1e9)) +
                      " GB and this machine has " + std::to_string(static_cast<int64_t>(memory / 1e9)) +
-                     " GB; qkv does not keep gpt-oss's experts in their file's blocks yet");
+                     " GB; load the published MXFP4 folder or a quantized GGUF file instead, whose experts qkv keeps "
+                     "as they are stored");
 }
 
 Tensor Decoder::latent_up(size_t i) const {

@@ -222,8 +222,9 @@ struct DecoderBlock {
   const LoraWeights& adapter(Role role) const { return lora[static_cast<size_t>(role)]; }
 };
 
-// gpt-oss's stacked experts are held in float32 (E·C·3F values a layer): ValueError before anything is allocated when
-// that is more than the machine's memory (the published gpt-oss-20b's: 76 GB). Nothing for other families.
+// gpt-oss's stacked experts read from float32 or bf16 tensors are held in float32 (E·C·3F values a layer): ValueError
+// before anything is allocated when that is more than the machine's memory (gpt-oss-20b's: 76 GB). Nothing for other
+// families; loaders skip it when the experts are kept as stored (MXFP4 folders, quantized GGUF files).
 void check_stacked_experts_fit(const DecoderConfig& config);
 
 // Switch Transformer's load-balancing loss as transformers' load_balancing_loss_func computes it (Qwen3-MoE, Mixtral):
