@@ -351,6 +351,34 @@ TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
 INSTANTIATE_TEST_SUITE_P(Families, DecoderLora,
                          ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3", "qwen3_next"));
 
+// gpt-oss as published, its experts MXFP4: LoRA on the attention trains over the frozen MXFP4 experts (the gradient
+// reaches the adapters through them), and the experts stay MXFP4
+TEST(GptOssLora, AttentionTrainsOverMxfp4Experts) {
+  auto model = nn::load_hf_decoder(fixture("hf/gpt_oss_mxfp4"));
+  nn::set_trainable(*model, {});
+  Generator gen(6);
+  const auto names = nn::add_lora(*model, {.rank = 2, .alpha = 4}, gen);
+  ASSERT_FALSE(names.empty());
+  for (const auto& name : names) EXPECT_NE(name.find(".self_attn."), std::string::npos) << name;
+  nn::set_trainable(*model, {"*.lora_A.weight", "*.lora_B.weight"});
+  for (auto& site : model->lora_sites()) site.lora->b.copy_(random_tensor(site.lora->b.shape(), 8, 0.1f));
+  const int64_t T = 6;
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = 0; i < 2 * T; ++i) ids.push_back((7 * i + 3) % 80), targets.push_back((5 * i + 1) % 80);
+  const Tensor before = model->loss(ids, 2, T, targets);
+  before.backward();
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : model->named_parameters()) {
+      if (name.find(".lora_") == std::string::npos) continue;
+      ASSERT_TRUE(p.grad().defined()) << name;
+      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
+    }
+  }
+  EXPECT_LT(model->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+  EXPECT_EQ(model->parameter(nn::Role::StackedDown, 1).weight_type(), kernels::WeightType::MXFP4);
+}
+
 TEST(LabelledTexts, CsvWithQuotesCommasAndNewlinesTsvAndJsonLines) {
   const std::string dir = ::testing::TempDir();
   auto write = [&](const std::string& name, const std::string& text) {
