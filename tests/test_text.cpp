@@ -1,4 +1,6 @@
 // Tokenizers (GPT-2 BPE and bytes), UTF-8 handling, and the sliding-window dataset.
+#include <ctime>
+
 #include "helpers.hpp"
 #include "qkv/text/chat_template.hpp"
 #include "qkv/text/dataset.hpp"
@@ -117,6 +119,44 @@ TEST(ChatTemplate, MessageFieldsReachTheTemplateInTheirOrder) {
   EXPECT_EQ(t.render(messages, {}), "[user Paris?][assistant call weather{\"z\": 1, \"a\": [true, 2.5]} none][tool id c1 21]");
   EXPECT_THROW(t.render({{"tool", "x", "[1]"}}, {}), ValueError);
   EXPECT_THROW(t.render({{"tool", "x", "{"}}, {}), ValueError);
+}
+
+// Macros as gpt-oss's template uses them: called as functions returning their text, parameters by place, by name or
+// by default, recursion, the template's globals but not the caller's variables; `is defined` for the functions;
+// strftime_now the local date as transformers gives it. Mistakes are refused naming the macro.
+TEST(ChatTemplate, MacrosAndTheDate) {
+  const auto t = text::ChatTemplate::parse(
+      "{%- macro kind(spec, nullable=false) -%}"
+      "{%- if spec.type == 'array' -%}{{ kind(spec['items']) }}[]"
+      "{%- else -%}{{ spec.type }}{%- endif -%}{%- if nullable %} | null{% endif -%}"
+      "{%- endmacro -%}"
+      "{%- macro greet(who) -%}{{ prefix }}{{ who }}{{ secret }}{%- endmacro -%}"
+      "{%- set prefix = 'hi ' -%}"
+      "{%- for m in messages %}{% set secret = '!' %}{{ greet(m.content) }};{% endfor -%}"
+      "{{ kind({'type': 'array', 'items': {'type': 'array', 'items': {'type': 'number'} } }) }};"
+      "{{ kind({'type': 'string'}, nullable=true) }};"
+      "{{ greet is defined }} {{ strftime_now is defined }} {{ nothing is defined }};{{ strftime_now('%Y') }}");
+  char year[8];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(year, sizeof year, "%Y", &local);
+  EXPECT_EQ(t.render({{"user", "a", ""}, {"user", "b", ""}}, {}),
+            "hi a;hi b;number[][];string | null;True True False;" + std::string(year));
+  auto refusal = [](const std::string& source) {
+    try {
+      text::ChatTemplate::parse(source).render({{"user", "a", ""}}, {});
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(rendered)");
+  };
+  EXPECT_NE(refusal("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, 2) }}").find("the macro 'f' takes 1 arguments, not 2"),
+            std::string::npos);
+  EXPECT_NE(refusal("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(b=1) }}").find("the macro 'f' has no parameter 'b'"),
+            std::string::npos);
+  EXPECT_NE(refusal("{% macro f(a) %}{{ f(a) }}{% endmacro %}{{ f(1) }}").find("more than 200 deep"), std::string::npos);
+  EXPECT_NE(refusal("{% macro f(a) %}{{ a }}").find("without '{% endmacro %}'"), std::string::npos);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -522,13 +523,14 @@ class Parser {
 }  // namespace
 
 struct ChatTemplate::Node {
-  enum class Kind { Block, Text, Output, If, For, Set } kind = Kind::Block;
+  enum class Kind { Block, Text, Output, If, For, Set, Macro } kind = Kind::Block;
   int line = 0;
-  std::string text;                                   // Text
+  std::string text;                                   // Text; Macro's name
   std::vector<std::pair<ExprPtr, std::vector<std::shared_ptr<Node>>>> branches;  // If: (cond or null for else, body)
   ExprPtr expr;                                       // Output, For's iterable, Set's value
-  std::vector<std::string> names;                     // For's loop variables; Set's target (name or ns, attr)
-  std::vector<std::shared_ptr<Node>> body, otherwise;  // Block/For body; For's else
+  std::vector<std::string> names;                     // For's loop variables; Set's target (name or ns, attr); Macro's parameters
+  std::vector<ExprPtr> defaults;                      // Macro: each parameter's default (null: none)
+  std::vector<std::shared_ptr<Node>> body, otherwise;  // Block/For/Macro body; For's else
 };
 
 namespace {
@@ -723,10 +725,30 @@ class TreeBuilder {
         n->expr = p.expression();
         p.expect_end();
         nodes.push_back(n);
+      } else if (keyword == "macro") {  // {% macro name(a, b=default) %}…{% endmacro %}: called as a function
+        auto n = std::make_shared<Node>();
+        n->kind = Node::Kind::Macro;
+        n->line = seg.line;
+        n->text = p.expect_name();
+        p.expect_op("(");
+        while (!p.is_op(")")) {
+          n->names.push_back(p.expect_name());
+          ExprPtr fallback;
+          if (p.is_op("=")) p.take(), fallback = p.expression();
+          n->defaults.push_back(fallback);
+          if (!p.is_op(",")) break;
+          p.take();
+        }
+        p.expect_op(")");
+        p.expect_end();
+        std::string end;
+        n->body = block({"endmacro"}, &end);
+        if (end.empty()) fail(seg.line, "'{% macro %}' without '{% endmacro %}'");
+        nodes.push_back(n);
       } else if (keyword == "generation" || keyword == "endgeneration") {
         // transformers' marker for assistant masks: no output of its own
       } else {
-        fail(seg.line, "'{% " + keyword + " %}' is not supported here (qkv renders if, for, set)");
+        fail(seg.line, "'{% " + keyword + " %}' is not supported here (qkv renders if, for, set, macro)");
       }
     }
     return nodes;
@@ -779,6 +801,7 @@ class Renderer {
             break;
           }
         break;
+      case Node::Kind::Macro: macros_[n.text] = &n; break;  // defined where it stands, as in Jinja
       case Node::Kind::Set: {
         Value v = eval(*n.expr);
         if (n.names.size() == 1) {
@@ -979,10 +1002,19 @@ class Renderer {
     fail(e.line, "integer overflow in '" + op + "'");
   }
 
+  // The functions a template may call: transformers' globals and the macros defined so far
+  bool is_function(const Expr& e) const {
+    if (e.kind != Expr::Kind::Name) return false;
+    const std::string& n = e.name;
+    return n == "raise_exception" || n == "namespace" || n == "range" || n == "strftime_now" || macros_.count(n) > 0;
+  }
+
   bool test(const Expr& e) {
-    const Value v = eval(*e.args[0]);
     using T = Value::Type;
     const std::string& t = e.name;
+    if ((t == "defined" || t == "undefined") && is_function(*e.args[0]) && lookup(e.args[0]->name).type == T::Undefined)
+      return t == "defined";
+    const Value v = eval(*e.args[0]);
     if (t == "defined") return v.type != T::Undefined;
     if (t == "undefined") return v.type == T::Undefined;
     if (t == "none") return v.type == T::None;
@@ -1043,6 +1075,44 @@ class Renderer {
     fail(e.line, "the filter '| " + f + "' is not supported");
   }
 
+  // A macro's body rendered on its own output with its parameters bound (positional, then by name, then defaults) over
+  // the template's globals — not the caller's variables, as in Jinja — returned as a string
+  Value call_macro(const Node& macro, const Expr& e, std::vector<Value> args) {
+    if (args.size() > macro.names.size())
+      fail(e.line, "the macro '" + macro.text + "' takes " + std::to_string(macro.names.size()) + " arguments, not " +
+                       std::to_string(args.size()));
+    if (++depth_ > 200) fail(e.line, "macros call each other more than 200 deep");
+    Map scope;
+    for (size_t k = 0; k < macro.names.size(); ++k) {
+      Value v;
+      bool given = k < args.size();
+      if (given) v = std::move(args[k]);
+      for (const auto& [key, x] : e.kwargs)
+        if (key == macro.names[k]) v = eval(*x), given = true;
+      if (!given && macro.defaults[k]) v = eval(*macro.defaults[k]);
+      scope.emplace_back(macro.names[k], std::move(v));
+    }
+    for (const auto& [key, x] : e.kwargs)
+      if (std::find(macro.names.begin(), macro.names.end(), key) == macro.names.end())
+        fail(e.line, "the macro '" + macro.text + "' has no parameter '" + key + "'");
+    std::vector<Map> caller = {scopes_.front(), std::move(scope)};
+    std::swap(caller, scopes_);
+    std::string rendered;
+    std::swap(rendered, out);
+    try {
+      run(macro.body);
+    } catch (...) {
+      std::swap(caller, scopes_);
+      std::swap(rendered, out);
+      --depth_;
+      throw;
+    }
+    std::swap(caller, scopes_);
+    std::swap(rendered, out);
+    --depth_;
+    return Value::string(std::move(rendered));
+  }
+
   Value call(const Expr& e) {
     const Expr& callee = *e.args[0];
     std::vector<Value> args;
@@ -1067,7 +1137,16 @@ class Renderer {
         }
         return Value::of_list(std::move(l));
       }
-      if (callee.name == "strftime_now") return Value::string("01 Jan 2026");
+      if (const auto m = macros_.find(callee.name); m != macros_.end()) return call_macro(*m->second, e, std::move(args));
+      if (callee.name == "strftime_now") {  // transformers': datetime.now().strftime(format), local time
+        if (args.empty() || args[0].type != Value::Type::String) fail(e.line, "strftime_now() takes a format string");
+        const std::time_t now = std::time(nullptr);
+        std::tm local{};
+        localtime_r(&now, &local);
+        char text[256];
+        const size_t n = std::strftime(text, sizeof text, args[0].s.c_str(), &local);
+        return Value::string(std::string(text, n));
+      }
       fail(e.line, "the function '" + callee.name + "' is not defined");
     }
     if (callee.kind != Expr::Kind::Attr) fail(e.line, "only functions and methods can be called");
@@ -1139,6 +1218,8 @@ class Renderer {
   }
 
   std::vector<Map> scopes_;
+  std::map<std::string, const Node*> macros_;  // by name, as {% macro %} defines them
+  int depth_ = 0;                               // macro calls in progress
   int64_t steps_ = 0;
 };
 
