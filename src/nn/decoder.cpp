@@ -495,20 +495,18 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::ExpertGate: base = "ffn_gate_exps.weight"; break;
     case Role::ExpertUp: base = "ffn_up_exps.weight"; break;
     case Role::ExpertDown: base = "ffn_down_exps.weight"; break;
-    case Role::RouterBias:
-    case Role::SharedGate:
-    case Role::SharedUp:
-    case Role::SharedDown:
-      throw ValueError("DeepSeek-V3's router bias and shared experts (exp_probs_b, ffn_*_shexp) are not read from GGUF "
-                       "by qkv yet; use its Hugging Face folder");
-    case Role::QueryA:
-    case Role::QueryANorm:
-    case Role::QueryB:
-    case Role::LatentA:
-    case Role::LatentNorm:
-    case Role::LatentB:
-      throw ValueError("a latent-attention model's GGUF tensors (attn_kv_a_mqa, attn_kv_b, …) are not read by qkv yet; "
-                       "use its Hugging Face folder");
+    // DeepSeek-V3 (llama.cpp's deepseek2): the router's selection bias, the shared experts, latent attention — its
+    // kv_b_proj split by DecoderConfig::layout into attn_k_b (each head's key rows, transposed) and attn_v_b
+    case Role::RouterBias: base = "exp_probs_b.bias"; break;
+    case Role::SharedGate: base = "ffn_gate_shexp.weight"; break;
+    case Role::SharedUp: base = "ffn_up_shexp.weight"; break;
+    case Role::SharedDown: base = "ffn_down_shexp.weight"; break;
+    case Role::QueryA: base = "attn_q_a.weight"; break;
+    case Role::QueryANorm: base = "attn_q_a_norm.weight"; break;
+    case Role::QueryB: base = "attn_q_b.weight"; break;
+    case Role::LatentA: base = "attn_kv_a_mqa.weight"; break;
+    case Role::LatentNorm: base = "attn_kv_a_norm.weight"; break;
+    case Role::LatentB: base = p.parts.front().row0 == 0 ? "attn_k_b.weight" : "attn_v_b.weight"; break;
     // gpt-oss (llama.cpp's gpt-oss): the stacked experts are split by DecoderConfig::layout into gate, up and down
     case Role::Sinks: base = "attn_sinks.weight"; break;
     case Role::RouterLogitBias: base = "ffn_gate_inp.bias"; break;
@@ -563,6 +561,20 @@ std::vector<DecoderConfig::Parameter> DecoderConfig::layout(Names names) const {
           p.shape = Shape{E, C, F};
           p.transposed = true;
         }
+      }
+      if (p.role() == Role::LatentB) {
+        // llama.cpp's deepseek2: per head h, kv_b_proj's dn key rows transposed — attn_k_b (H, R, dn) — and its dv
+        // value rows as they are — attn_v_b (H, dv, R)
+        const int64_t H = num_heads, R = kv_lora_rank, dn = qk_nope_head_dim, dv = v_head_dim;
+        for (const bool keys : {true, false}) {
+          Parameter q = p;
+          q.shape = keys ? Shape{H, R, dn} : Shape{H, dv, R};
+          q.parts = {{Role::LatentB, keys ? 0 : dn, keys ? dn : dv}};  // rows [row0, row0 + rows) of each head's block
+          q.transposed = keys;
+          q.name = gguf_name(q);
+          out.push_back(q);
+        }
+        continue;
       }
       p.name = gguf_name(p);
       out.push_back(p);

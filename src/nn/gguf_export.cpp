@@ -69,7 +69,7 @@ void check_exportable(const DecoderConfig& c) {
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
       (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2" &&
-       arch != "gemma3" && arch != "gemma2" && arch != "smollm3" && arch != "phi3"))
+       arch != "gemma3" && arch != "gemma2" && arch != "smollm3" && arch != "phi3" && arch != "deepseek2"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -78,6 +78,26 @@ void check_exportable(const DecoderConfig& c) {
     for (size_t i = 0; i < c.layers.size(); ++i)
       if ((c.layers[i].window > 0) != (i % 2 == 0) || (c.layers[i].window > 0 && c.layers[i].window != c.layers[0].window))
         refuse("slides on other layers than the even ones (llama.cpp's gpt-oss slides on layers 0, 2, 4 …, one window)");
+  } else if (arch == "deepseek2") {  // llama.cpp's deepseek2: MLA, the first layers dense, then experts everywhere
+    if (!c.latent()) refuse("has no latent attention (kv_lora_rank), which llama.cpp's deepseek2 computes");
+    bool moe = false;
+    for (const DecoderLayerSettings& l : c.layers) {
+      if (moe && !l.experts) refuse("has a dense layer after its first mixture-of-experts layer; llama.cpp's deepseek2 has dense layers first only");
+      moe = moe || l.experts;
+    }
+    if (c.num_experts > 0 && !c.sigmoid_router) refuse("routes by softmax; qkv writes DeepSeek-V3's sigmoid router");
+    if (c.expert_groups > 1 && c.expert_groups_kept >= c.expert_groups)
+      refuse("keeps all " + std::to_string(c.expert_groups) + " of its expert groups (topk_group); llama.cpp's deepseek2 "
+             "needs fewer kept than there are (set n_group to 1 for no grouping)");
+    if (c.q_lora_rank > 0 && (c.num_layers == 26 || c.num_layers == 27))
+      refuse("has " + std::to_string(c.num_layers) + " layers and a q_lora_rank: llama.cpp takes such a deepseek2 for "
+             "DeepSeek-V2-Lite and then expects a plain q projection");
+    if (c.num_experts > 0 && c.shared_expert_intermediate_size % std::max<int64_t>(c.expert_intermediate_size, 1) != 0)
+      refuse("has shared experts whose width is not a multiple of moe_intermediate_size");
+    if (c.rope_layout != RopeLayout::Interleaved)
+      refuse("rotates halves (rope_interleave false); llama.cpp's deepseek2 rotates interleaved pairs");
+    if (std::fabs(c.ropes.front().attention_factor - 1.0) > 1e-12)
+      refuse("scales RoPE's cos and sin (YaRN's mscale other than mscale_all_dim), which llama.cpp's deepseek2 does not");
   } else if (c.num_experts > 0) {  // llama.cpp's qwen3moe: experts in every layer, the top k weights renormalised
     if (arch != "qwen3moe") refuse("has a mixture of experts");
     for (const DecoderLayerSettings& l : c.layers)
@@ -112,7 +132,8 @@ void check_exportable(const DecoderConfig& c) {
   const bool yarn = rope.scaling == kernels::RopeFrequencies::Scaling::Yarn;
   const bool linear = rope.scaling == kernels::RopeFrequencies::Scaling::Linear;
   const bool longrope = rope.scaling == kernels::RopeFrequencies::Scaling::LongRope, phi3 = arch == "phi3";
-  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && gpt_oss) &&
+  const bool deepseek2 = arch == "deepseek2";
+  if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && (gpt_oss || deepseek2)) &&
       !(linear && gemma3) && !(longrope && phi3))
     refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's, gpt-oss's "
            "YaRN, Gemma 3's linear scaling and Phi-3's LongRoPE it does)");
@@ -130,9 +151,58 @@ void check_exportable(const DecoderConfig& c) {
       refuse(arch == "smollm3" ? "leaves other layers than every 4th without RoPE, as llama.cpp's smollm3 does"
                                : "has layers without RoPE");
   }
-  if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama") refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
+  if (c.rope_layout != RopeLayout::RotateHalf && arch != "llama" && !deepseek2)
+    refuse("rotates interleaved pairs, which llama.cpp's " + arch + " does not");
   for (const DecoderConfig::Parameter& p : c.layout())  // Phi-3's fused qkv_proj and gate_up_proj: its attn_qkv and ffn_up
     if (p.transposed || (p.parts.size() != 1 && !phi3)) refuse("stores " + p.name + " fused or transposed");
+  (void)deepseek2;
+}
+
+// llama.cpp's deepseek2 (convert_hf_to_gguf's DeepseekV2Model for DeepSeek-V3): latent attention as one shared KV head
+// of the latent and the rotated key (key_length R + dr, value_length R), the per-head sizes in the *_mla keys; the
+// first layers dense; the sigmoid router with its groups, scale and renormalisation; YaRN's mscale_all_dim as 0.1·it.
+void deepseek2_metadata(const DecoderConfig& c, std::vector<std::pair<std::string, GgufValue>>& m) {
+  const std::string a = "deepseek2.";
+  auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
+  auto set = [&](const std::string& key, GgufValue v) {  // replace a key written above, or add it
+    for (auto& [k, old] : m)
+      if (k == a + key) {
+        old = std::move(v);
+        return;
+      }
+    m.emplace_back(a + key, std::move(v));
+  };
+  set("attention.head_count_kv", u32(1));
+  set("attention.key_length", u32(c.kv_lora_rank + c.head_dim));
+  set("attention.value_length", u32(c.kv_lora_rank));
+  set("attention.key_length_mla", u32(c.qk_nope_head_dim + c.head_dim));
+  set("attention.value_length_mla", u32(c.v_head_dim));
+  if (c.q_lora_rank > 0) set("attention.q_lora_rank", u32(c.q_lora_rank));
+  set("attention.kv_lora_rank", u32(c.kv_lora_rank));
+  set("rope.dimension_count", u32(c.head_dim));
+  int64_t dense = 0;
+  while (dense < c.num_layers && !c.layers[static_cast<size_t>(dense)].experts) ++dense;
+  set("leading_dense_block_count", u32(dense));
+  if (c.num_experts > 0) {
+    set("expert_shared_count", u32(c.shared_expert_intermediate_size / std::max<int64_t>(c.expert_intermediate_size, 1)));
+    set("expert_weights_scale", GgufValue::f32(static_cast<float>(c.routed_scaling_factor)));
+    if (c.norm_topk_prob) set("expert_weights_norm", GgufValue::boolean(true));
+    set("expert_gating_func", u32(2));  // sigmoid (llama.cpp's default, when absent, is softmax)
+    if (c.expert_groups > 1) {
+      set("expert_group_count", u32(c.expert_groups));
+      set("expert_group_used_count", u32(c.expert_groups_kept));
+    }
+  }
+  const kernels::RopeFrequencies& r = c.ropes.front();
+  if (r.scaling == kernels::RopeFrequencies::Scaling::Yarn) {
+    set("rope.scaling.type", GgufValue::string("yarn"));
+    set("rope.scaling.factor", GgufValue::f32(static_cast<float>(r.factor)));
+    set("rope.scaling.original_context_length", u32(static_cast<int64_t>(r.original_max_position_embeddings)));
+    // the softmax scale carries mscale(factor, mscale_all_dim)²: mscale_all_dim taken back from it
+    const double mscale = std::sqrt(c.attention_scale * std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.head_dim)));
+    if (r.factor > 1.0 && std::fabs(mscale - 1.0) > 1e-9)
+      set("rope.scaling.yarn_log_multiplier", GgufValue::f32(static_cast<float>((mscale - 1.0) / std::log(r.factor))));
+  }
 }
 
 // The model's keys, as convert_hf_to_gguf.py writes them for these architectures.
@@ -184,6 +254,7 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".expert_used_count", u32(c.experts_per_token));
     m.emplace_back(a + ".expert_feed_forward_length", u32(c.expert_intermediate_size));
   }
+  if (a == "deepseek2") deepseek2_metadata(c, m);
   m.emplace_back("general.file_type", GgufValue::u32(row_of(o.type).ftype));
   if (quantized) m.emplace_back("general.quantization_version", GgufValue::u32(2));  // ggml's GGML_QNT_VERSION
   if (rope.scaling == kernels::RopeFrequencies::Scaling::Llama3) {
@@ -234,7 +305,10 @@ std::string gguf_file_type_names() {
   return out;
 }
 
-std::string gguf_export_families() { return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2 (OLMo 2 and 3), gemma2, gemma3, smollm3 and phi3"; }
+std::string gguf_export_families() {
+  return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2 (OLMo 2 and 3), gemma2, gemma3, smollm3, "
+         "phi3 and deepseek2 (DeepSeek-V3)";
+}
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
   if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
@@ -336,7 +410,7 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
     Planned t = planned;
     if (!planned.experts.empty()) t.p = planned.experts[part];
     Tensor& tensor = model.parameter(*t.p);
-    if (is_stacked(t.p->role())) {  // gpt-oss's experts: gathered into the file's rows, then stored as planned
+    if (gguf_rearranged(t.p->role())) {  // gpt-oss's experts, DeepSeek's kv_b_proj: gathered into the file's rows
       values.assign(static_cast<size_t>(t.p->shape.numel()), 0.0f);
       gguf_stacked_values(tensor, *t.p, values.data(), /*to_file=*/true);
       const int64_t cols = t.p->shape[t.p->shape.rank() - 1], rows = t.p->shape.numel() / cols;

@@ -241,6 +241,43 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
     // YaRN as the model was trained (OpenAI's reference and transformers: the ramp's ends not rounded; llama.cpp
     // rounds them, 8 and 18 for gpt-oss-20b's 8.09 and 17.40)
     if (j.contains("rope_scaling") && j["rope_scaling"]["rope_type"] == "yarn") j["rope_scaling"]["truncate"] = false;
+  } else if (family->latent_attention) {  // deepseek2: DeepSeek-V3's keys, written back as its config.json's
+    if (!file.contains(k + "attention.key_length_mla") || !file.contains(k + "attention.value_length_mla"))
+      fail(file, "has no " + k + "attention.key_length_mla and value_length_mla: an older deepseek2 file whose attention "
+                 "is stored as attn_kv_b, which qkv does not read; convert the model again with a current llama.cpp");
+    const int64_t rope_dims = required_integer(file, k + "rope.dimension_count");
+    j["num_key_value_heads"] = heads;
+    j.erase("head_dim");
+    j.erase("partial_rotary_factor");
+    j["kv_lora_rank"] = required_integer(file, k + "attention.kv_lora_rank");
+    j["q_lora_rank"] = file.contains(k + "attention.q_lora_rank") ? json(required_integer(file, k + "attention.q_lora_rank")) : json();
+    j["qk_rope_head_dim"] = rope_dims;
+    j["qk_nope_head_dim"] = required_integer(file, k + "attention.key_length_mla") - rope_dims;
+    j["v_head_dim"] = required_integer(file, k + "attention.value_length_mla");
+    j["rope_interleave"] = true;  // llama.cpp's deepseek2 rotates pairs (rope type NORM)
+    j["first_k_dense_replace"] = integer_key(file, k + "leading_dense_block_count", 0);
+    const bool moe = file.contains(k + "expert_count") && file.integer(k + "expert_count") > 0;
+    if (moe) {
+      if (integer_key(file, k + "expert_gating_func", 1) != 2)
+        fail(file, k + "expert_gating_func is not 2 (sigmoid); qkv runs DeepSeek-V3's sigmoid router only");
+      j["n_routed_experts"] = required_integer(file, k + "expert_count");
+      j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
+      j["moe_intermediate_size"] = required_integer(file, k + "expert_feed_forward_length");
+      j["n_shared_experts"] = integer_key(file, k + "expert_shared_count", 0);
+      j["routed_scaling_factor"] = real_key(file, k + "expert_weights_scale", 1.0);
+      j["norm_topk_prob"] = file.contains(k + "expert_weights_norm") && file.value(k + "expert_weights_norm").as_bool();
+      j["n_group"] = std::max<int64_t>(1, integer_key(file, k + "expert_group_count", 1));
+      j["topk_group"] = std::max<int64_t>(1, integer_key(file, k + "expert_group_used_count", 1));
+    } else {
+      j["first_k_dense_replace"] = j["num_hidden_layers"];
+      j["n_routed_experts"] = 1, j["num_experts_per_tok"] = 1, j["n_group"] = 1, j["topk_group"] = 1;
+    }
+    if (j.contains("rope_scaling") && j["rope_scaling"]["rope_type"] == "yarn") {
+      // llama.cpp keeps 0.1·mscale_all_dim, and takes mscale equal to it (its graph scales cos and sin by their ratio, 1)
+      const double all_dim = real_key(file, k + "rope.scaling.yarn_log_multiplier", 0.0) / 0.1;
+      j["rope_scaling"]["beta_fast"] = 32.0, j["rope_scaling"]["beta_slow"] = 1.0;
+      if (all_dim != 0.0) j["rope_scaling"]["mscale"] = all_dim, j["rope_scaling"]["mscale_all_dim"] = all_dim;
+    }
   } else if (family->experts && !family->latent_attention) {  // qwen3moe: llama.cpp's graph renormalises the top k weights
     j["num_experts"] = required_integer(file, k + "expert_count");
     j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
@@ -286,7 +323,49 @@ bool is_stacked(Role r) {
   return r == Role::StackedGateUp || r == Role::StackedGateUpBias || r == Role::StackedDown || r == Role::StackedDownBias;
 }
 
+bool gguf_rearranged(Role r) { return is_stacked(r) || r == Role::LatentB; }
+
 void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file) {
+  if (entry.role() == Role::LatentB) {  // kv_b_proj (H·(dn + dv), R): per head dn key rows, then dv value rows
+    const bool keys = entry.parts.front().row0 == 0;
+    const int64_t H = entry.shape[0], R = keys ? entry.shape[1] : entry.shape[2], dn = entry.parts.front().row0;
+    const int64_t width = t.size(0) / std::max<int64_t>(H, 1);  // dn + dv
+    std::vector<float> widened;
+    const float* model_values = nullptr;
+    if (t.dtype() == DType::F32) {
+      model_values = t.data();
+    } else if (to_file) {
+      widened.resize(static_cast<size_t>(t.numel()));
+      kernels::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
+                               widened.data(), t.size(0), t.size(1));
+      model_values = widened.data();
+    } else {
+      throw ValueError("gguf_stacked_values: kv_b_proj must be float32 to be read into");
+    }
+    float* model = const_cast<float*>(model_values);  // written only when reading the file (to_file false)
+    const int64_t key_rows = keys ? entry.parts.front().rows : dn;
+    for (int64_t h = 0; h < H; ++h) {
+      if (keys) {  // attn_k_b[h][r][d] = kv_b_proj[h·width + d][r]
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t d = 0; d < key_rows; ++d) {
+            float& f = file[(h * R + r) * key_rows + d];
+            float& m = model[(h * width + d) * R + r];
+            if (to_file) f = m;
+            else m = f;
+          }
+      } else {  // attn_v_b[h][j][r] = kv_b_proj[h·width + dn + j][r]
+        const int64_t dv = entry.shape[1];
+        for (int64_t j = 0; j < dv; ++j)
+          for (int64_t r = 0; r < R; ++r) {
+            float& f = file[(h * dv + j) * R + r];
+            float& m = model[(h * width + dn + j) * R + r];
+            if (to_file) f = m;
+            else m = f;
+          }
+      }
+    }
+    return;
+  }
   if (to_file && t.rank() == 2 && (entry.role() == Role::StackedGateUp || entry.role() == Role::StackedDown)) {
     // experts kept as stored rows (a published MXFP4 folder, a quantized GGUF): widened, gate or up rows picked out
     const int64_t rows = t.size(0), K = t.size(1);
@@ -422,7 +501,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
         std::memcpy(rows->data() + (2 * r + half) * row, file_rows + r * row, static_cast<size_t>(row));
       continue;
     }
-    if (is_stacked(p.role())) {  // gpt-oss's experts: widened to float32 and laid out as the model holds them
+    if (gguf_rearranged(p.role())) {  // gpt-oss's experts, DeepSeek's kv_b_proj: widened to float32, laid out as the model holds them
       const int64_t cols = p.shape[p.shape.rank() - 1], rows = p.shape.numel() / std::max<int64_t>(cols, 1);
       std::vector<float> values(static_cast<size_t>(p.shape.numel()));
       if (!values.empty()) {

@@ -48,10 +48,13 @@ GgufExtras gguf_extras(const io::GgufFile& file);  // the chat template and spec
 // that differs from the configuration's, or a type qkv cannot compute with.
 std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
 
-// gpt-oss's stacked experts (Role::Stacked*) between the model's float32 tensor `t` and one GGUF entry's values
-// (`entry` from DecoderConfig::layout(Names::Gguf): gate or up rows (E, F, C), down rows (E, C, F), their biases),
-// gathered into `file` (to_file) or scattered back into t.
-bool is_stacked(Role role);  // one of the Stacked* roles
+// The tensors whose GGUF entries rearrange the model's values — gpt-oss's stacked experts (Role::Stacked*) and
+// DeepSeek's kv_b_proj (Role::LatentB) — between the model's tensor `t` and one GGUF entry's values (`entry` from
+// DecoderConfig::layout(Names::Gguf): gate or up rows (E, F, C), down rows (E, C, F), their biases; attn_k_b
+// (H, R, dn), each head's key rows transposed, attn_v_b (H, dv, R)), gathered into `file` (to_file) or scattered
+// back into t (float32).
+bool is_stacked(Role role);     // one of the Stacked* roles
+bool gguf_rearranged(Role role);  // is_stacked, or LatentB
 bool is_norm(Role role);     // a norm's weight (Gemma's are stored in GGUF as 1 + w)
 // Whether convert_hf_to_gguf interleaves an architecture's q and k rows for llama.cpp's RoPE (LlamaModel's permute:
 // llama and smollm3); qkv undoes it on reading and does it on writing
