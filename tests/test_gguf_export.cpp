@@ -97,9 +97,10 @@ fs::path make_folder(const std::string& type) {
   fs::create_directories(dir);
   const bool moe = type == "qwen3moe", qwen = type == "qwen3" || moe, llama3 = type == "llama3", oss = type == "gpt-oss";
   const bool olmo3 = type == "olmo3", olmo = type == "olmo2" || olmo3, gemma = type == "gemma3", smol = type == "smollm3", gemma2 = type == "gemma2";
-  const bool phi3 = type == "phi3", deepseek = type == "deepseek2";
+  const bool phi3 = type == "phi3", deepseek = type == "deepseek2", next = type == "qwen3next";
   json config = {{"model_type", moe ? "qwen3_moe" : qwen ? "qwen3" : oss ? "gpt_oss" : olmo3 ? "olmo3" : olmo ? "olmo2" : gemma ? "gemma3_text"
-                                : smol ? "smollm3" : gemma2 ? "gemma2" : phi3 ? "phi3" : deepseek ? "deepseek_v3" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
+                                : smol ? "smollm3" : gemma2 ? "gemma2" : phi3 ? "phi3" : deepseek ? "deepseek_v3"
+                                : next ? "qwen3_next" : "llama"}, {"vocab_size", 265}, {"hidden_size", 256}, {"intermediate_size", 512},
                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                        {"head_dim", qwen ? 128 : 64}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
                        {"rope_theta", qwen ? 1e6 : 10000.0}, {"tie_word_embeddings", qwen}, {"eos_token_id", 264}};
@@ -149,12 +150,21 @@ fs::path make_folder(const std::string& type) {
     config["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
                               {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}};
   }
+  if (next) {  // Qwen3-Next: Gated DeltaNet on layers 0-2 (2 key heads of 32, 4 value heads of 32, a conv of 4), gated
+               // attention on layer 3 (a quarter of each head rotated), 4 experts of 256 (top 2) and a gated shared one
+    config["num_hidden_layers"] = 4, config["full_attention_interval"] = 4, config["partial_rotary_factor"] = 0.25;
+    config["linear_num_key_heads"] = 2, config["linear_key_head_dim"] = 32, config["linear_num_value_heads"] = 4;
+    config["linear_value_head_dim"] = 32, config["linear_conv_kernel_dim"] = 4, config["num_experts"] = 4;
+    config["num_experts_per_tok"] = 2, config["moe_intermediate_size"] = 256, config["shared_expert_intermediate_size"] = 256;
+    config["norm_topk_prob"] = true, config["decoder_sparse_step"] = 1, config["mlp_only_layers"] = json::array();
+    config["rope_theta"] = 1e6, config["tie_word_embeddings"] = false;
+  }
   if (llama3)
     config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   Generator gen(5);
   nn::Decoder model(nn::decoder_config_from_hf(config.dump()), gen);
-  std::mt19937 rng(deepseek ? 14 : olmo3 ? 13 : phi3 ? 12 : gemma2 ? 11 : smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
+  std::mt19937 rng(next ? 15 : deepseek ? 14 : olmo3 ? 13 : phi3 ? 12 : gemma2 ? 11 : smol ? 10 : gemma ? 9 : olmo ? 8 : oss ? 7 : moe ? 6 : qwen ? 3 : llama3 ? 5 : 4);
   std::normal_distribution<float> normal(0.f, 0.3f);
   for (const nn::DecoderConfig::Parameter& p : model.config.layout()) {
     Tensor& t = model.parameter(p);
@@ -176,16 +186,19 @@ struct Folders {
   fs::path phi3;                            // fused qkv and gate_up, half of each head rotated, LongRoPE
   fs::path olmo3;                           // OLMo 2 with 3 sliding layers of 4
   fs::path deepseek2;                       // latent attention, a dense layer, grouped sigmoid routing, a shared expert
+  fs::path qwen3next;                       // Gated DeltaNet, gated attention, experts with a gated shared expert
   ~Folders() {
     std::error_code ec;
-    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3, gemma2, phi3, olmo3, deepseek2})
+    for (const fs::path& p : {llama, qwen3, llama3, qwen3moe, gpt_oss, olmo2, gemma3, smollm3, gemma2, phi3, olmo3, deepseek2,
+                              qwen3next})
       fs::remove_all(p, ec);
   }
 };
 const Folders& folders() {
   static const Folders f = {make_folder("llama"), make_folder("qwen3"), make_folder("llama3"), make_folder("qwen3moe"),
                             make_folder("gpt-oss"), make_folder("olmo2"), make_folder("gemma3"), make_folder("smollm3"),
-                            make_folder("gemma2"), make_folder("phi3"), make_folder("olmo3"), make_folder("deepseek2")};
+                            make_folder("gemma2"), make_folder("phi3"), make_folder("olmo3"), make_folder("deepseek2"),
+                            make_folder("qwen3next")};
   return f;
 }
 
@@ -797,6 +810,72 @@ TEST(GgufExport, DeepSeekV3AsLlamaCppsDeepseek2) {
     // Q8_0: llama.cpp multiplies each head's 8-bit q_nope by attn_k_b (absorbed), qkv widens kv_b_proj to float32 — and
     // two groups of two experts route brittlely: one step of 12 measured beyond 2%
     expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "ds", path, 12), type == GgufFileType::F32,
+                           type == GgufFileType::F32 ? 0 : 1);
+    fs::remove(path);
+  }
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
+    GTEST_SKIP() << missing;
+  }
+}
+
+// Qwen3-Next as llama.cpp's qwen3next: in_proj_qkvz regrouped into attn_qkv (every q, k, v) and attn_gate (z), the
+// conv as (channels, taps), ssm_a = −exp(A_log), dt_bias, the plain-w gated norm beside (1 + w) norms written as
+// 1 + w, the doubled q projection of the gated attention, the gated shared expert, which layers are linear. The file
+// reads back to the folder's logits (F32: exactly), and llama.cpp's greedy tokens from it are qkv's.
+TEST(GgufExport, Qwen3NextAsLlamaCppsQwen3next) {
+  const fs::path& folder = folders().qwen3next;
+  const auto source = nn::load_pretrained(folder.string());
+  const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  for (GgufFileType type : {GgufFileType::F32, GgufFileType::Q8_0}) {
+    SCOPED_TRACE(nn::gguf_file_type_name(type));
+    const std::string path = exported(folder, type, "next", "qwen3next", *source->model);
+    const io::GgufFile file = io::GgufFile::open(path);
+    EXPECT_EQ(file.integer("qwen3next.ssm.group_count"), 2);
+    EXPECT_EQ(file.integer("qwen3next.ssm.time_step_rank"), 4);
+    EXPECT_EQ(file.integer("qwen3next.ssm.inner_size"), 128);
+    EXPECT_EQ(file.integer("qwen3next.rope.dimension_count"), 16);
+    EXPECT_EQ(file.tensor("blk.0.attn_qkv.weight").shape(), (std::vector<int64_t>{256, 2 * 64 + 128}));
+    EXPECT_EQ(file.tensor("blk.0.attn_gate.weight").shape(), (std::vector<int64_t>{128, 256}));
+    EXPECT_EQ(file.tensor("blk.0.ssm_conv1d.weight").shape(), (std::vector<int64_t>{256, 4}));  // ggml's ne {4, 256}
+    EXPECT_EQ(file.tensor("blk.3.attn_q.weight").shape(), (std::vector<int64_t>{2 * 4 * 64, 256}));
+    EXPECT_NE(file.find("blk.3.post_attention_norm.weight"), nullptr);
+    EXPECT_NE(file.find("blk.0.ffn_gate_inp_shexp.weight"), nullptr);
+    if (type == GgufFileType::F32) {
+      // ssm_a is −exp(A_log); attn_gate's row 72 is key head 1's z row 8: in_proj_qkvz row 1·(64 + 128) + 64 + 64 + 8
+      const float a_log = source->model->parameter(nn::Role::DeltaALog, 1).data()[2];
+      EXPECT_FLOAT_EQ(reinterpret_cast<const float*>(file.tensor("blk.1.ssm_a").data)[2], -std::exp(a_log));
+      const Tensor& qkvz = source->model->parameter(nn::Role::DeltaQkvz, 1);
+      EXPECT_EQ(reinterpret_cast<const float*>(file.tensor("blk.1.attn_gate.weight").data)[72 * 256 + 9],
+                qkvz.data()[(192 + 128 + 8) * 256 + 9]);
+    }
+    const auto gguf = nn::load_pretrained(path);
+    EXPECT_EQ(gguf->model->config.family->name, "qwen3_next");
+    const auto reference = nn::load_pretrained(folder.string());
+    nn::Decoder& ref = *reference->model;
+    for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {
+      const WeightType want = nn::gguf_tensor_type(type, ref.config, p);
+      if (want == WeightType::F32) continue;
+      if (p.role() != nn::Role::DeltaQkvz) {
+        if (p.expert <= 0 || p.shape.rank() == 2) ref.parameter(p).to_weight_type_(want);
+        continue;
+      }
+      std::vector<float> rows(static_cast<size_t>(p.shape.numel()));
+      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), true, &ref.config);
+      const int64_t cols = p.shape[1], n = p.shape[0];
+      std::vector<unsigned char> bytes(static_cast<size_t>(n * kernels::row_bytes(want, cols)));
+      kernels::quantize_rows(want, rows.data(), bytes.data(), n, cols);
+      kernels::dequantize_rows(want, bytes.data(), rows.data(), n, cols);
+      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), false, &ref.config);
+    }
+    ref.refresh_fused_views();
+    const float diff = max_diff(logits(*gguf->model, ids), logits(ref, ids));
+    if (type == GgufFileType::F32) EXPECT_LT(diff, 1e-5f);  // A_log through exp and log: last-bit differences
+    else EXPECT_LT(diff, 1e-3f);
+    if (modules.empty()) continue;
+    expect_llamacpp_tokens(*gguf->model, ids, llamacpp_generate(modules, "next", path, 12), type == GgufFileType::F32,
                            type == GgufFileType::F32 ? 0 : 1);
     fs::remove(path);
   }

@@ -514,16 +514,16 @@ std::string gguf_name(const DecoderConfig::Parameter& p) {
     case Role::StackedGateUpBias: base = p.parts.front().row0 == 0 ? "ffn_gate_exps.bias" : "ffn_up_exps.bias"; break;
     case Role::StackedDown: base = "ffn_down_exps.weight"; break;
     case Role::StackedDownBias: base = "ffn_down_exps.bias"; break;
-    case Role::DeltaQkvz:
-    case Role::DeltaBa:
-    case Role::DeltaConv:
-    case Role::DeltaDtBias:
-    case Role::DeltaALog:
-    case Role::DeltaNorm:
-    case Role::DeltaOut:
-    case Role::SharedExpertGate:
-      throw ValueError("Qwen3-Next's GGUF tensors (llama.cpp's qwen3next: ssm_conv1d, ssm_in, …) are not read or written "
-                       "by qkv yet; use its Hugging Face folder");
+    // Qwen3-Next (llama.cpp's qwen3next): in_proj_qkvz split by DecoderConfig::layout into attn_qkv (every q, then
+    // every k, then every v) and attn_gate (z); A_log stored as −exp(A_log), without a suffix
+    case Role::DeltaQkvz: base = p.parts.front().row0 == 0 ? "attn_qkv.weight" : "attn_gate.weight"; break;
+    case Role::DeltaBa: base = "ssm_ba.weight"; break;
+    case Role::DeltaConv: base = "ssm_conv1d.weight"; break;
+    case Role::DeltaDtBias: base = "ssm_dt.bias"; break;
+    case Role::DeltaALog: base = "ssm_a"; break;
+    case Role::DeltaNorm: base = "ssm_norm.weight"; break;
+    case Role::DeltaOut: base = "ssm_out.weight"; break;
+    case Role::SharedExpertGate: base = "ffn_gate_inp_shexp.weight"; break;
   }
   return "blk." + std::to_string(p.layer) + "." + base;
 }
@@ -560,6 +560,25 @@ std::vector<DecoderConfig::Parameter> DecoderConfig::layout(Names names) const {
         if (p.role() == Role::StackedDown) {
           p.shape = Shape{E, C, F};
           p.transposed = true;
+        }
+      }
+      if (family->linear_attention) {  // llama.cpp's qwen3next
+        if (p.role() == Role::MlpNorm) {  // the norm before the experts is its post_attention_norm
+          p.name = "blk." + std::to_string(p.layer) + ".post_attention_norm.weight";
+          out.push_back(p);
+          continue;
+        }
+        if (p.role() == Role::DeltaConv) p.shape = Shape{p.shape[0], p.shape[2]};  // (channels, taps): the 1 dropped
+        if (p.role() == Role::DeltaQkvz) {  // rows regrouped: q, k and v of every key head (attn_qkv), then z (attn_gate)
+          const int64_t qkv = linear_conv_width(), z = linear_value_heads * linear_value_dim;
+          for (const bool mixed : {true, false}) {
+            Parameter q = p;
+            q.shape = Shape{mixed ? qkv : z, hidden_size};
+            q.parts = {{Role::DeltaQkvz, mixed ? 0 : qkv, mixed ? qkv : z}};
+            q.name = gguf_name(q);
+            out.push_back(q);
+          }
+          continue;
         }
       }
       if (p.role() == Role::LatentB) {

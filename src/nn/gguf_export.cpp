@@ -69,7 +69,8 @@ void check_exportable(const DecoderConfig& c) {
   const bool gpt_oss = c.family->stacked_experts;
   if (c.family->naming == Naming::Book ||
       (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss" && arch != "olmo2" &&
-       arch != "gemma3" && arch != "gemma2" && arch != "smollm3" && arch != "phi3" && arch != "deepseek2"))
+       arch != "gemma3" && arch != "gemma2" && arch != "smollm3" && arch != "phi3" && arch != "deepseek2" &&
+       arch != "qwen3next"))
     refuse("is not one of them (llama.cpp's " + (arch.empty() ? std::string("?") : arch) + " architecture needs keys and "
            "conventions qkv does not write yet)");
   if (c.num_labels > 0) refuse("is a classifier (its head scores " + std::to_string(c.num_labels) + " classes), not a language model");
@@ -98,6 +99,18 @@ void check_exportable(const DecoderConfig& c) {
       refuse("rotates halves (rope_interleave false); llama.cpp's deepseek2 rotates interleaved pairs");
     if (std::fabs(c.ropes.front().attention_factor - 1.0) > 1e-12)
       refuse("scales RoPE's cos and sin (YaRN's mscale other than mscale_all_dim), which llama.cpp's deepseek2 does not");
+  } else if (arch == "qwen3next") {  // llama.cpp's qwen3next: experts with a gated shared expert in every layer
+    for (const DecoderLayerSettings& l : c.layers)
+      if (!l.experts) refuse("has layers without experts, which llama.cpp's qwen3next does not compute");
+    if (!c.norm_topk_prob) refuse("does not renormalise its top-k weights (norm_topk_prob false); llama.cpp's qwen3next does");
+    if (c.shared_expert_intermediate_size <= 0 || !c.shared_expert_gate)
+      refuse("has no gated shared expert, which llama.cpp's qwen3next needs in every layer");
+    if (c.linear_key_dim != c.linear_value_dim)
+      refuse("has Gated DeltaNet key heads of " + std::to_string(c.linear_key_dim) + " and value heads of " +
+             std::to_string(c.linear_value_dim) + " values; llama.cpp's qwen3next needs them equal");
+    if (c.has_linear_layers() && std::fabs(c.norm_eps - 1e-6) > 1e-12)
+      refuse("has rms_norm_eps " + std::to_string(c.norm_eps) + ": llama.cpp's qwen3next L2-normalises q and k with it, "
+             "transformers with 1e-6, so they agree only at 1e-6");
   } else if (c.num_experts > 0) {  // llama.cpp's qwen3moe: experts in every layer, the top k weights renormalised
     if (arch != "qwen3moe") refuse("has a mixture of experts");
     for (const DecoderLayerSettings& l : c.layers)
@@ -139,13 +152,14 @@ void check_exportable(const DecoderConfig& c) {
            "YaRN, Gemma 3's linear scaling and Phi-3's LongRoPE it does)");
   if (yarn && (rope.beta_fast != 32.0 || rope.beta_slow != 1.0))
     refuse("sets YaRN's beta_fast and beta_slow to other values than 32 and 1, which llama.cpp's GGUF keys cannot hold");
-  if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim && !phi3) refuse("rotates only part of each head");
+  if (rope.rotary_dim != 0 && rope.rotary_dim != c.head_dim && !phi3 && arch != "qwen3next") refuse("rotates only part of each head");
   // Phi-3's window is written as convert_hf_to_gguf writes it, though llama.cpp's phi3 disables it (qkv reads it back)
   for (const DecoderLayerSettings& l : c.layers) {
     if (l.window > 0 && !gpt_oss && !gemma3 && !gemma2 && !phi3 && !olmo3)
       refuse("has sliding-window layers, which llama.cpp's " + arch + " does not compute");
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {  // SmolLM3: llama.cpp's smollm3 leaves every 4th layer unrotated
+    if (arch == "qwen3next" && c.layers[i].linear) continue;  // Gated DeltaNet layers rotate nothing
     const int64_t want = arch == "smollm3" && (i + 1) % 4 == 0 ? -1 : gemma3 && c.layers[i].window > 0 ? 1 : 0;
     if (c.layers[i].rope != want && !(olmo3 && c.layers[i].rope >= 0))  // OLMo 3's two settings are equal (above)
       refuse(arch == "smollm3" ? "leaves other layers than every 4th without RoPE, as llama.cpp's smollm3 does"
@@ -226,7 +240,7 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".attention.value_length", u32(c.head_dim));
   }
   const kernels::RopeFrequencies& rope = c.ropes.front();
-  if (a == "llama" || a == "phi3")  // Phi-3 rotates the first rotary_dim values of each head
+  if (a == "llama" || a == "phi3" || a == "qwen3next")  // Phi-3 and Qwen3-Next rotate the first rotary_dim of each head
     m.emplace_back(a + ".rope.dimension_count", u32(rope.rotary_dim > 0 ? rope.rotary_dim : c.head_dim));
   if (rope.scaling == kernels::RopeFrequencies::Scaling::LongRope) {  // the factors are tensors (write_gguf)
     m.emplace_back(a + ".rope.scaling.attn_factor", GgufValue::f32(static_cast<float>(rope.attention_factor)));
@@ -255,6 +269,27 @@ std::vector<std::pair<std::string, GgufValue>> model_metadata(const DecoderConfi
     m.emplace_back(a + ".expert_feed_forward_length", u32(c.expert_intermediate_size));
   }
   if (a == "deepseek2") deepseek2_metadata(c, m);
+  if (a == "qwen3next") {  // its Gated DeltaNet sizes, which layers are linear, the shared expert; heads of head_dim
+    auto set = [&](const std::string& key, GgufValue v) {
+      for (auto& [k, old] : m)
+        if (k == a + "." + key) {
+          old = std::move(v);
+          return;
+        }
+      m.emplace_back(a + "." + key, std::move(v));
+    };
+    set("attention.key_length", u32(c.head_dim));
+    set("attention.value_length", u32(c.head_dim));
+    set("expert_shared_feed_forward_length", u32(c.shared_expert_intermediate_size));
+    set("ssm.conv_kernel", u32(c.linear_conv_kernel));
+    set("ssm.state_size", u32(c.linear_key_dim));
+    set("ssm.group_count", u32(c.linear_key_heads));
+    set("ssm.time_step_rank", u32(c.linear_value_heads));
+    set("ssm.inner_size", u32(c.linear_value_heads * c.linear_value_dim));
+    std::vector<bool> recurrent;
+    for (const DecoderLayerSettings& l : c.layers) recurrent.push_back(l.linear);
+    set("attention.recurrent_layers", GgufValue::booleans(recurrent));
+  }
   m.emplace_back("general.file_type", GgufValue::u32(row_of(o.type).ftype));
   if (quantized) m.emplace_back("general.quantization_version", GgufValue::u32(2));  // ggml's GGML_QNT_VERSION
   if (rope.scaling == kernels::RopeFrequencies::Scaling::Llama3) {
@@ -311,7 +346,8 @@ std::string gguf_export_families() {
 }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
-  if (p.role() == Role::Router) return WeightType::F32;  // llama.cpp keeps ffn_gate_inp in float32
+  // llama.cpp keeps ffn_gate_inp (and qwen3next's ffn_gate_inp_shexp) in float32
+  if (p.role() == Role::Router || p.role() == Role::SharedExpertGate) return WeightType::F32;
   if (!role_is_matrix(p.role())) return WeightType::F32;  // norms, biases, sinks
   const WeightType base = row_of(type).base;
   const int64_t cols = p.shape[p.shape.rank() - 1];
@@ -412,7 +448,7 @@ GgufExportReport write_gguf(Decoder& model, const std::vector<std::pair<std::str
     Tensor& tensor = model.parameter(*t.p);
     if (gguf_rearranged(t.p->role())) {  // gpt-oss's experts, DeepSeek's kv_b_proj: gathered into the file's rows
       values.assign(static_cast<size_t>(t.p->shape.numel()), 0.0f);
-      gguf_stacked_values(tensor, *t.p, values.data(), /*to_file=*/true);
+      gguf_stacked_values(tensor, *t.p, values.data(), /*to_file=*/true, &c);
       const int64_t cols = t.p->shape[t.p->shape.rank() - 1], rows = t.p->shape.numel() / cols;
       if (t.type == WeightType::F32) {
         writer.write_tensor_data(std::as_bytes(std::span(values)));

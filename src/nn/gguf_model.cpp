@@ -2,6 +2,7 @@
 // metadata written as the config.json it came from, so every family rule applies once), the tensors mapped.
 #include "qkv/nn/gguf_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -278,6 +279,41 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
       j["rope_scaling"]["beta_fast"] = 32.0, j["rope_scaling"]["beta_slow"] = 1.0;
       if (all_dim != 0.0) j["rope_scaling"]["mscale"] = all_dim, j["rope_scaling"]["mscale_all_dim"] = all_dim;
     }
+  } else if (family->linear_attention) {  // qwen3next: Gated DeltaNet layers and gated attention, experts everywhere
+    const int64_t nextn = integer_key(file, k + "nextn_predict_layers", 0), layers = j["num_hidden_layers"].get<int64_t>() - nextn;
+    if (nextn < 0 || layers <= 0) fail(file, k + "nextn_predict_layers is " + std::to_string(nextn) + " of " + std::to_string(layers + nextn) + " blocks");
+    j["num_hidden_layers"] = layers;  // the multi-token-prediction blocks after the last are not run
+    j["partial_rotary_factor"] = static_cast<double>(rotary) / static_cast<double>(head_dim);
+    j["linear_conv_kernel_dim"] = required_integer(file, k + "ssm.conv_kernel");
+    j["linear_key_head_dim"] = required_integer(file, k + "ssm.state_size");
+    j["linear_num_key_heads"] = required_integer(file, k + "ssm.group_count");
+    const int64_t value_heads = required_integer(file, k + "ssm.time_step_rank");
+    j["linear_num_value_heads"] = value_heads;
+    j["linear_value_head_dim"] = required_integer(file, k + "ssm.inner_size") / std::max<int64_t>(value_heads, 1);
+    json types = json::array();
+    if (file.contains(k + "attention.recurrent_layers")) {
+      const io::GgufValue& value = file.value(k + "attention.recurrent_layers");  // bools (or integers, as llama.cpp takes)
+      std::vector<bool> flags;
+      if (value.is_array() && value.element_type() == io::GgufType::Bool)
+        for (std::byte b : value.raw()) flags.push_back(b != std::byte{0});
+      else if (value.is_array())
+        for (int64_t v : value.as_int64s()) flags.push_back(v != 0);
+      if (static_cast<int64_t>(flags.size()) < layers)
+        fail(file, k + "attention.recurrent_layers holds " + std::to_string(flags.size()) + " flags for " + std::to_string(layers) + " blocks");
+      for (int64_t i = 0; i < layers; ++i) types.push_back(flags[static_cast<size_t>(i)] ? "linear_attention" : "full_attention");
+    } else {
+      const int64_t interval = integer_key(file, k + "full_attention_interval", 4);
+      if (interval <= 0) fail(file, k + "full_attention_interval must be positive");
+      for (int64_t i = 0; i < layers; ++i) types.push_back((i + 1) % interval != 0 ? "linear_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+    j["num_experts"] = required_integer(file, k + "expert_count");
+    j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
+    j["moe_intermediate_size"] = required_integer(file, k + "expert_feed_forward_length");
+    j["shared_expert_intermediate_size"] = integer_key(file, k + "expert_shared_feed_forward_length", j["intermediate_size"].get<int64_t>());
+    j["norm_topk_prob"] = true;  // llama.cpp's graph renormalises the top k weights
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
   } else if (family->experts && !family->latent_attention) {  // qwen3moe: llama.cpp's graph renormalises the top k weights
     j["num_experts"] = required_integer(file, k + "expert_count");
     j["num_experts_per_tok"] = required_integer(file, k + "expert_used_count");
@@ -323,44 +359,77 @@ bool is_stacked(Role r) {
   return r == Role::StackedGateUp || r == Role::StackedGateUpBias || r == Role::StackedDown || r == Role::StackedDownBias;
 }
 
-bool gguf_rearranged(Role r) { return is_stacked(r) || r == Role::LatentB; }
+bool gguf_rearranged(Role r) {
+  return is_stacked(r) || r == Role::LatentB || r == Role::DeltaQkvz || r == Role::DeltaConv || r == Role::DeltaALog;
+}
 
-void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file) {
+namespace {
+// The model tensor's values as float32: its own, or (writing a file) a widened copy in `widened`
+float* model_values(const Tensor& t, bool to_file, std::vector<float>& widened) {
+  if (t.dtype() == DType::F32) return const_cast<float*>(t.data());  // written only when reading the file
+  if (!to_file) throw ValueError("gguf_stacked_values: the model's tensor must be float32 to be read into");
+  widened.resize(static_cast<size_t>(t.numel()));
+  kernels::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
+                           widened.data(), t.size(0), t.numel() / std::max<int64_t>(t.size(0), 1));
+  return widened.data();
+}
+}  // namespace
+
+void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file,
+                         const DecoderConfig* config) {
+  std::vector<float> widened;
+  auto swap_in = [&](float& f, float& m) {
+    if (to_file) f = m;
+    else m = f;
+  };
+  if (entry.role() == Role::DeltaConv) {  // (channels, 1, taps) as (channels, taps): the same values
+    float* model = model_values(t, to_file, widened);
+    for (int64_t i = 0; i < entry.shape.numel(); ++i) swap_in(file[i], model[i]);
+    return;
+  }
+  if (entry.role() == Role::DeltaALog) {  // llama.cpp's ssm_a = −exp(A_log)
+    float* model = model_values(t, to_file, widened);
+    for (int64_t i = 0; i < entry.shape.numel(); ++i) {
+      if (to_file) file[i] = -std::exp(model[i]);
+      else if (!(file[i] < 0.0f)) throw ValueError("ssm_a holds " + std::to_string(file[i]) + "; −exp(A_log) is negative");
+      else model[i] = std::log(-file[i]);
+    }
+    return;
+  }
+  if (entry.role() == Role::DeltaQkvz) {  // in_proj_qkvz's rows per key head g: q_g, k_g, v_g (r heads), z_g (r heads)
+    if (!config) throw ValueError("gguf_stacked_values: in_proj_qkvz needs the model's configuration");
+    const int64_t hk = config->linear_key_dim, nk = config->linear_key_heads, Kd = nk * hk;
+    const int64_t rv = config->linear_value_heads / nk * config->linear_value_dim, block = 2 * hk + 2 * rv;
+    const int64_t C = entry.shape[1], rows = entry.shape[0];
+    const bool mixed = entry.parts.front().row0 == 0;
+    float* model = model_values(t, to_file, widened);
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t from;
+      if (!mixed) from = i / rv * block + 2 * hk + rv + i % rv;      // attn_gate: z of every key head
+      else if (i < Kd) from = i / hk * block + i % hk;                // q
+      else if (i < 2 * Kd) from = (i - Kd) / hk * block + hk + (i - Kd) % hk;  // k
+      else from = (i - 2 * Kd) / rv * block + 2 * hk + (i - 2 * Kd) % rv;      // v
+      for (int64_t c = 0; c < C; ++c) swap_in(file[i * C + c], model[from * C + c]);
+    }
+    return;
+  }
   if (entry.role() == Role::LatentB) {  // kv_b_proj (H·(dn + dv), R): per head dn key rows, then dv value rows
     const bool keys = entry.parts.front().row0 == 0;
     const int64_t H = entry.shape[0], R = keys ? entry.shape[1] : entry.shape[2], dn = entry.parts.front().row0;
     const int64_t width = t.size(0) / std::max<int64_t>(H, 1);  // dn + dv
-    std::vector<float> widened;
-    const float* model_values = nullptr;
-    if (t.dtype() == DType::F32) {
-      model_values = t.data();
-    } else if (to_file) {
-      widened.resize(static_cast<size_t>(t.numel()));
-      kernels::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
-                               widened.data(), t.size(0), t.size(1));
-      model_values = widened.data();
-    } else {
-      throw ValueError("gguf_stacked_values: kv_b_proj must be float32 to be read into");
-    }
-    float* model = const_cast<float*>(model_values);  // written only when reading the file (to_file false)
+    float* model = model_values(t, to_file, widened);
     const int64_t key_rows = keys ? entry.parts.front().rows : dn;
     for (int64_t h = 0; h < H; ++h) {
       if (keys) {  // attn_k_b[h][r][d] = kv_b_proj[h·width + d][r]
         for (int64_t r = 0; r < R; ++r)
           for (int64_t d = 0; d < key_rows; ++d) {
-            float& f = file[(h * R + r) * key_rows + d];
-            float& m = model[(h * width + d) * R + r];
-            if (to_file) f = m;
-            else m = f;
+            swap_in(file[(h * R + r) * key_rows + d], model[(h * width + d) * R + r]);
           }
       } else {  // attn_v_b[h][j][r] = kv_b_proj[h·width + dn + j][r]
         const int64_t dv = entry.shape[1];
         for (int64_t j = 0; j < dv; ++j)
           for (int64_t r = 0; r < R; ++r) {
-            float& f = file[(h * dv + j) * R + r];
-            float& m = model[(h * width + dn + j) * R + r];
-            if (to_file) f = m;
-            else m = f;
+            swap_in(file[(h * dv + j) * R + r], model[(h * width + dn + j) * R + r]);
           }
       }
     }
@@ -441,6 +510,14 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     for (const io::GgufTensor& t : file->tensors()) {
       // read into the configuration
       bool known = t.name == "rope_freqs.weight" || t.name == "rope_factors_long.weight" || t.name == "rope_factors_short.weight";
+      // qwen3next's multi-token-prediction blocks (after the last, nextn_predict_layers of them): not run
+      const std::string arch_key = config.family->gguf_architecture + ".nextn_predict_layers";
+      if (t.name.rfind("blk.", 0) == 0 && file->contains(arch_key) && file->integer(arch_key) > 0) {
+        const size_t dot = t.name.find('.', 4);
+        const std::string n = t.name.substr(4, dot == std::string::npos ? 0 : dot - 4);
+        known = known || (!n.empty() && n.size() < 7 && std::all_of(n.begin(), n.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+                          std::stoll(n) >= config.num_layers);
+      }
       for (const auto& p : names) known = known || p.name == t.name;
       if (!known) fail(*file, "holds tensor '" + t.name + "', which qkv's " + config.family->name + " model does not use");
     }
@@ -508,7 +585,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
         if (s.widen) widen_offset_blocks(t.type, bytes, values.data(), rows * cols);
         else io::dequantize_rows(s.type, bytes, values.data(), rows, cols);
       }
-      gguf_stacked_values(dst, p, values.data(), /*to_file=*/false);
+      gguf_stacked_values(dst, p, values.data(), /*to_file=*/false, &config);
       continue;
     }
     if (p.expert >= 0)  // this expert's rows of the stacked tensor

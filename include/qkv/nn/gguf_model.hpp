@@ -54,11 +54,14 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
 // (H, R, dn), each head's key rows transposed, attn_v_b (H, dv, R)), gathered into `file` (to_file) or scattered
 // back into t (float32).
 bool is_stacked(Role role);     // one of the Stacked* roles
-bool gguf_rearranged(Role role);  // is_stacked, or LatentB
+bool gguf_rearranged(Role role);  // is_stacked, LatentB, or Qwen3-Next's DeltaQkvz, DeltaConv, DeltaALog
 bool is_norm(Role role);     // a norm's weight (Gemma's are stored in GGUF as 1 + w)
 // Whether convert_hf_to_gguf interleaves an architecture's q and k rows for llama.cpp's RoPE (LlamaModel's permute:
 // llama and smollm3); qkv undoes it on reading and does it on writing
 bool gguf_permutes_qk(std::string_view architecture);
-void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file);
+// Qwen3-Next's in_proj_qkvz (regrouped into attn_qkv and attn_gate: `config` gives the heads), conv1d ((C, 1, K) as
+// (C, K)) and A_log (as −exp(A_log)) are rearranged likewise.
+void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry, float* file, bool to_file,
+                         const DecoderConfig* config = nullptr);
 
 }  // namespace qkv::nn
