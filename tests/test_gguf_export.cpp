@@ -456,8 +456,8 @@ TEST(GgufExport, AGgufQuantizedAgainGivesTheFoldersBytes) {
   for (const std::string& p : {f32, from_gguf, from_folder}) fs::remove(p);
 }
 
-// Mistakes: an unknown type (a usage error, 2, as --weights'), an output qkv cannot write, a family or a checkpoint
-// qkv does not write as GGUF, a folder without its tokenizer (1) — each named, and no file left behind.
+// Mistakes: an unknown type (a usage error, 2, as --weights'), an output qkv cannot write, a model llama.cpp's
+// architecture cannot hold or a checkpoint qkv does not write as GGUF, a folder without its tokenizer (1) — each named, and no file left behind.
 TEST(GgufExport, MistakesAreRefusedWithTheReason) {
   const std::string folder = folders().llama.string(), out = out_path("refused.gguf");
   CliResult r = run_cli("quantize --checkpoint " + folder + " --out " + out + " --type q3_k");
@@ -469,7 +469,8 @@ TEST(GgufExport, MistakesAreRefusedWithTheReason) {
   r = run_cli("quantize --checkpoint " + fixture("hf/qwen3_next") + " --out " + out + " --type q8_0");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("qkv quantize writes GGUF files of llama"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("qwen3_next model is not one of them"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("qwen3_next model has layers without experts, which llama.cpp's qwen3next does not compute"),
+            std::string::npos) << r.out;
   r = run_cli("quantize --checkpoint " + fixture("gpt2_tiny_hf.safetensors") + " --out " + out + " --type q8_0");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("gpt2 model is not one of them"), std::string::npos) << r.out;

@@ -342,7 +342,7 @@ std::string gguf_file_type_names() {
 
 std::string gguf_export_families() {
   return "llama (Llama, Mistral, SmolLM2 …), qwen2, qwen3, qwen3moe, gpt-oss, olmo2 (OLMo 2 and 3), gemma2, gemma3, smollm3, "
-         "phi3 and deepseek2 (DeepSeek-V3)";
+         "phi3, deepseek2 (DeepSeek-V3) and qwen3next";
 }
 
 WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, const DecoderConfig::Parameter& p) {
