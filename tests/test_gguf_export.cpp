@@ -854,6 +854,35 @@ TEST(GgufExport, Qwen3NextAsLlamaCppsQwen3next) {
     }
     const auto gguf = nn::load_pretrained(path);
     EXPECT_EQ(gguf->model->config.family->name, "qwen3_next");
+    if (type == GgufFileType::F32) {  // a late-2025 file: in_proj_qkvz as one ssm_in, Hugging Face's order — the same model
+      const std::string legacy = out_path("next-legacy.gguf");
+      {
+        io::GgufWriter writer(legacy);
+        for (const auto& [k, v] : file.metadata()) writer.add_metadata(k, v);
+        std::vector<std::pair<std::string, std::vector<std::byte>>> data;
+        for (const io::GgufTensor& t : file.tensors()) {
+          const std::string name = t.name;
+          if (name.find(".attn_gate.") != std::string::npos) continue;  // ssm_in holds z too
+          if (name.find(".attn_qkv.") != std::string::npos) {
+            const int64_t layer = std::stoll(name.substr(4, name.find('.', 4) - 4));
+            const Tensor& qkvz = source->model->parameter(nn::Role::DeltaQkvz, layer);
+            const std::string renamed = "blk." + std::to_string(layer) + ".ssm_in.weight";
+            writer.add_tensor(renamed, {qkvz.size(1), qkvz.size(0)}, io::GgmlType::F32);
+            const auto* bytes = reinterpret_cast<const std::byte*>(qkvz.data());
+            data.emplace_back(renamed, std::vector<std::byte>(bytes, bytes + qkvz.numel() * 4));
+            continue;
+          }
+          writer.add_tensor(name, t.dims, t.type);
+          const auto* bytes = static_cast<const std::byte*>(t.data);
+          data.emplace_back(name, std::vector<std::byte>(bytes, bytes + t.bytes));
+        }
+        for (const auto& [name, bytes] : data) writer.write_tensor_data(bytes);
+        writer.finish();
+      }
+      const auto old = nn::load_pretrained(legacy);
+      EXPECT_EQ(max_diff(logits(*old->model, ids), logits(*gguf->model, ids)), 0.0f);
+      fs::remove(legacy);
+    }
     const auto reference = nn::load_pretrained(folder.string());
     nn::Decoder& ref = *reference->model;
     for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {

@@ -401,11 +401,12 @@ void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry,
     const int64_t hk = config->linear_key_dim, nk = config->linear_key_heads, Kd = nk * hk;
     const int64_t rv = config->linear_value_heads / nk * config->linear_value_dim, block = 2 * hk + 2 * rv;
     const int64_t C = entry.shape[1], rows = entry.shape[0];
-    const bool mixed = entry.parts.front().row0 == 0;
+    const bool mixed = entry.parts.front().row0 == 0, whole = rows == 2 * Kd + 2 * config->linear_value_heads * config->linear_value_dim;
     float* model = model_values(t, to_file, widened);
     for (int64_t i = 0; i < rows; ++i) {
       int64_t from;
-      if (!mixed) from = i / rv * block + 2 * hk + rv + i % rv;      // attn_gate: z of every key head
+      if (whole) from = i;  // ssm_in (late-2025 files): Hugging Face's order
+      else if (!mixed) from = i / rv * block + 2 * hk + rv + i % rv;      // attn_gate: z of every key head
       else if (i < Kd) from = i / hk * block + i % hk;                // q
       else if (i < 2 * Kd) from = (i - Kd) / hk * block + hk + (i - Kd) % hk;  // k
       else from = (i - 2 * Kd) / rv * block + 2 * hk + (i - 2 * Kd) % rv;      // v
@@ -485,11 +486,33 @@ void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry,
   }
 }
 
+namespace {
+// The file's entries: DecoderConfig::layout(Names::Gguf), but for a qwen3next layer written by late-2025 converters,
+// whose in_proj_qkvz is one ssm_in in Hugging Face's order instead of attn_qkv and attn_gate
+std::vector<DecoderConfig::Parameter> gguf_entries_of(const io::GgufFile& file, const DecoderConfig& config) {
+  std::vector<DecoderConfig::Parameter> out;
+  for (DecoderConfig::Parameter& p : config.layout(Names::Gguf)) {
+    if (p.role() == Role::DeltaQkvz) {
+      const std::string layer = "blk." + std::to_string(p.layer) + ".";
+      if (!file.find(layer + "attn_qkv.weight") && file.find(layer + "ssm_in.weight")) {
+        if (p.parts.front().row0 != 0) continue;  // the attn_gate entry: ssm_in holds it
+        const int64_t rows = config.linear_conv_width() + config.linear_value_heads * config.linear_value_dim;
+        p.name = layer + "ssm_in.weight";
+        p.shape = Shape{rows, config.hidden_size};
+        p.parts = {{Role::DeltaQkvz, 0, rows}};  // every row, as the model holds them
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+}  // namespace
+
 std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
   auto file = std::make_shared<io::GgufFile>(io::GgufFile::open(path, io::MapAccess::Random));
   const DecoderConfig config = decoder_config_from_gguf(*file);
   // The file's entries, each naming the model's tensor it fills (gpt-oss's stacked experts come from several)
-  const std::vector<DecoderConfig::Parameter> names = config.layout(Names::Gguf), &own = names;
+  const std::vector<DecoderConfig::Parameter> names = gguf_entries_of(*file, config), &own = names;
   // Every tensor the layout names, with its shape and a type qkv computes with, and nothing else — before any is used.
   std::vector<const io::GgufTensor*> found(own.size());
   for (size_t i = 0; i < own.size(); ++i) {
