@@ -14,7 +14,7 @@ extern char** environ;
 namespace qkv::bench {
 
 // The shapes config_json knows, for messages
-inline const char* kShapeNames = "qwen3-0.6b, llama-3.2-1b or gemma-3-270m";
+inline const char* kShapeNames = "qwen3-0.6b, llama-3.2-1b, gemma-3-270m or gpt-oss-4l";
 
 // The config.json of `shape` (sizes and settings; tokenizer ids kept; max_position_embeddings as shipped), or "" for
 // a shape not listed. smoke: a tiny qwen3 stand-in with every feature, for CI.
@@ -48,6 +48,16 @@ inline std::string config_json(const std::string& shape, bool smoke) {
                       "sliding_attention", "full_attention"],
       "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true, "final_logit_softcapping": null,
       "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": [1, 106]})";
+  if (shape == "gpt-oss-4l")  // gpt-oss-20b's layers (attention, experts of 2880, a sliding then a full layer, YaRN),
+                              // 4 of them with 16 experts (2 a token: 20b's active share of 1/8) and a 32k vocabulary
+    return R"({"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "vocab_size": 32000,
+      "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 4, "num_attention_heads": 64,
+      "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+      "rope_theta": 150000.0, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+      "original_max_position_embeddings": 4096, "truncate": false}, "sliding_window": 128,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+      "num_local_experts": 16, "num_experts_per_tok": 2, "swiglu_limit": 7.0, "attention_bias": true,
+      "tie_word_embeddings": false, "hidden_act": "silu", "eos_token_id": 31999})";
   return "";
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qkv/io/ggml_types.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "qkv/nn/hf.hpp"
 
 namespace qkv::nn {
@@ -569,7 +570,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
     }
   }
   auto model = Decoder::for_loading(config);
-  std::vector<std::shared_ptr<std::vector<unsigned char>>> gate_up_rows(static_cast<size_t>(config.num_layers));
+  std::vector<std::shared_ptr<unsigned char>> gate_up_rows(static_cast<size_t>(config.num_layers));
   const std::shared_ptr<const void> owner = file;  // the mapping lives as long as any tensor over it
   const bool gemma_norms = config.norm == NormKind::GemmaRMSNorm;
   for (size_t i = 0; i < own.size(); ++i) {
@@ -594,11 +595,15 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       const int64_t row = io::row_bytes(type, K), half = p.parts.front().row0 == 0 ? 0 : 1;
       auto& rows = gate_up_rows[static_cast<size_t>(p.layer)];
       if (!rows) {
-        rows = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(2 * E * R * row));
-        dst.set_stored_(type, Shape{2 * E * R, K}, rows->data(), std::shared_ptr<const void>(rows, rows->data()));
+        rows = memory::shared_block(static_cast<size_t>(2 * E * R * row));
+        dst.set_stored_(type, Shape{2 * E * R, K}, rows.get(), rows);
       }
       for (int64_t r = 0; r < E * R; ++r)  // expert e's row f → row e·2F + 2f (gate) or + 1 (up)
-        std::memcpy(rows->data() + (2 * r + half) * row, file_rows + r * row, static_cast<size_t>(row));
+        std::memcpy(rows.get() + (2 * r + half) * row, file_rows + r * row, static_cast<size_t>(row));
+      // the file's pages of this tensor are not read again: out of the resident set (they stay in the page cache),
+      // so the experts are not held twice (peak RSS was 1.5× the file for a gpt-oss-shaped MXFP4 model)
+      if (const io::MappedFile* mapping = file->mapping())
+        mapping->release(static_cast<uint64_t>(bytes - reinterpret_cast<const unsigned char*>(mapping->data())), t.bytes);
       continue;
     }
     if (gguf_rearranged(p.role())) {  // gpt-oss's experts, DeepSeek's kv_b_proj: widened to float32, laid out as the model holds them

@@ -15,6 +15,7 @@
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
+#include "qkv/kernels/memory.hpp"
 
 namespace qkv::nn {
 
@@ -994,11 +995,10 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matr
     if (const auto m = mxfp4.find(p.name); m != mxfp4.end()) {  // kept as MXFP4 rows, in ggml's block layout
       const Mxfp4Entry& e = m->second;
       const int64_t groups = e.rows * (e.cols / 32);
-      auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(groups * 17));
+      const std::shared_ptr<unsigned char> bytes = memory::shared_block(static_cast<size_t>(groups * 17));
       io::mxfp4_blocks_from_hf(e.blocks_file->bytes(*e.blocks).data(), e.scales_file->bytes(*e.scales).data(), groups,
-                               bytes->data());
-      dst.set_stored_(kernels::WeightType::MXFP4, Shape{e.rows, e.cols}, bytes->data(),
-                      std::shared_ptr<const void>(bytes, bytes->data()));
+                               bytes.get());
+      dst.set_stored_(kernels::WeightType::MXFP4, Shape{e.rows, e.cols}, bytes.get(), bytes);
       return;
     }
     const io::SafetensorsFile& file = shards.files[shards.where.at(p.name)];
