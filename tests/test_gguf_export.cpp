@@ -751,6 +751,31 @@ TEST(GgufExport, GptOssSplitsItsStackedExpertsAsLlamaCppDoes) {
   }
 }
 
+// The folder's model with its matrices stored as a file of `type` stores them: each matrix in the rule's type, and
+// the tensors a GGUF rearranges (DeepSeek's kv_b_proj, Qwen3-Next's in_proj_qkvz) through the file's rows, rounded
+// and widened back as qkv reads them — the model qkv reads from that file, computed another way.
+std::unique_ptr<nn::Pretrained> stored_as_the_file(const fs::path& folder, GgufFileType type) {
+  auto reference = nn::load_pretrained(folder.string());
+  nn::Decoder& ref = *reference->model;
+  for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {
+    const WeightType want = nn::gguf_tensor_type(type, ref.config, p);
+    if (want == WeightType::F32) continue;
+    if (!nn::gguf_rearranged(p.role())) {
+      if (p.expert <= 0 || p.shape.rank() == 2) ref.parameter(p).to_weight_type_(want);
+      continue;
+    }
+    std::vector<float> rows(static_cast<size_t>(p.shape.numel()));
+    nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), true, &ref.config);
+    const int64_t cols = p.shape[p.shape.rank() - 1], n = p.shape.numel() / cols;
+    std::vector<unsigned char> bytes(static_cast<size_t>(n * kernels::row_bytes(want, cols)));
+    kernels::quantize_rows(want, rows.data(), bytes.data(), n, cols);
+    kernels::dequantize_rows(want, bytes.data(), rows.data(), n, cols);
+    nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), false, &ref.config);
+  }
+  ref.refresh_fused_views();
+  return reference;
+}
+
 // DeepSeek-V3 as llama.cpp's deepseek2: latent attention as one shared KV head (the *_mla keys), kv_b_proj split into
 // attn_k_b (each head's key rows, transposed) and attn_v_b, the dense first layer, the sigmoid router's bias
 // (exp_probs_b), groups, scale and renormalisation, the shared expert, YaRN's mscale_all_dim. The file reads back to
@@ -786,26 +811,8 @@ TEST(GgufExport, DeepSeekV3AsLlamaCppsDeepseek2) {
     }
     const auto gguf = nn::load_pretrained(path);
     EXPECT_EQ(gguf->model->config.family->name, "deepseek_v3");
-    // The reference: the folder's model with its matrices stored as the file's rule says (kv_b_proj: the file's rows
-    // rounded and widened back, as qkv reads them)
-    const auto reference = nn::load_pretrained(folder.string());
-    nn::Decoder& ref = *reference->model;
-    for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {
-      const WeightType want = nn::gguf_tensor_type(type, ref.config, p);
-      if (want == WeightType::F32) continue;
-      if (p.role() != nn::Role::LatentB) {
-        if (p.expert <= 0 || p.shape.rank() == 2) ref.parameter(p).to_weight_type_(want);
-        continue;
-      }
-      std::vector<float> rows(static_cast<size_t>(p.shape.numel()));
-      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), true);
-      const int64_t cols = p.shape[2], n = p.shape.numel() / cols;
-      std::vector<unsigned char> bytes(static_cast<size_t>(n * kernels::row_bytes(want, cols)));
-      kernels::quantize_rows(want, rows.data(), bytes.data(), n, cols);
-      kernels::dequantize_rows(want, bytes.data(), rows.data(), n, cols);
-      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), false);
-    }
-    ref.refresh_fused_views();
+    const auto reference = stored_as_the_file(folder, type);
+    const nn::Decoder& ref = *reference->model;
     EXPECT_EQ(max_diff(logits(*gguf->model, ids), logits(ref, ids)), 0.0f);
     if (modules.empty()) continue;
     // Q8_0: llama.cpp multiplies each head's 8-bit q_nope by attn_k_b (absorbed), qkv widens kv_b_proj to float32 — and
@@ -883,24 +890,8 @@ TEST(GgufExport, Qwen3NextAsLlamaCppsQwen3next) {
       EXPECT_EQ(max_diff(logits(*old->model, ids), logits(*gguf->model, ids)), 0.0f);
       fs::remove(legacy);
     }
-    const auto reference = nn::load_pretrained(folder.string());
-    nn::Decoder& ref = *reference->model;
-    for (const nn::DecoderConfig::Parameter& p : ref.config.layout(nn::Names::Gguf)) {
-      const WeightType want = nn::gguf_tensor_type(type, ref.config, p);
-      if (want == WeightType::F32) continue;
-      if (p.role() != nn::Role::DeltaQkvz) {
-        if (p.expert <= 0 || p.shape.rank() == 2) ref.parameter(p).to_weight_type_(want);
-        continue;
-      }
-      std::vector<float> rows(static_cast<size_t>(p.shape.numel()));
-      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), true, &ref.config);
-      const int64_t cols = p.shape[1], n = p.shape[0];
-      std::vector<unsigned char> bytes(static_cast<size_t>(n * kernels::row_bytes(want, cols)));
-      kernels::quantize_rows(want, rows.data(), bytes.data(), n, cols);
-      kernels::dequantize_rows(want, bytes.data(), rows.data(), n, cols);
-      nn::gguf_stacked_values(ref.parameter(p), p, rows.data(), false, &ref.config);
-    }
-    ref.refresh_fused_views();
+    const auto reference = stored_as_the_file(folder, type);
+    const nn::Decoder& ref = *reference->model;
     const float diff = max_diff(logits(*gguf->model, ids), logits(ref, ids));
     if (type == GgufFileType::F32) EXPECT_LT(diff, 1e-5f);  // A_log through exp and log: last-bit differences
     else EXPECT_LT(diff, 1e-3f);
