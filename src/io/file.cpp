@@ -1,5 +1,6 @@
 // read_file, write_file_atomically, AtomicFileWriter and MappedFile (see qkv/io/file.hpp).
 #include "qkv/io/file.hpp"
+#include "qkv/kernels/memory.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -420,5 +421,11 @@ FileFormat sniff_format(const std::string& path) {
 }
 
 std::string describe_file(const std::string& path) { return sniff_format(path).description; }
+
+std::shared_ptr<unsigned char> copy_buffer(size_t bytes) {
+  auto* p = static_cast<unsigned char*>(memory::allocate_block(bytes));
+  if (!p) throw std::bad_alloc();
+  return std::shared_ptr<unsigned char>(p, [bytes](unsigned char* q) { memory::free_block(q, bytes); });
+}
 
 }  // namespace qkv::io

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "qkv/io/ggml_types.hpp"
-#include "qkv/kernels/memory.hpp"
 #include "qkv/nn/hf.hpp"
 
 namespace qkv::nn {
@@ -370,7 +369,7 @@ float* model_values(const Tensor& t, bool to_file, std::vector<float>& widened) 
   if (t.dtype() == DType::F32) return const_cast<float*>(t.data());  // written only when reading the file
   if (!to_file) throw ValueError("gguf_stacked_values: the model's tensor must be float32 to be read into");
   widened.resize(static_cast<size_t>(t.numel()));
-  kernels::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
+  io::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
                            widened.data(), t.size(0), t.numel() / std::max<int64_t>(t.size(0), 1));
   return widened.data();
 }
@@ -442,7 +441,7 @@ void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry,
     const int64_t rows = t.size(0), K = t.size(1);
     std::vector<float> values(static_cast<size_t>(rows * K));
     if (t.dtype() == DType::F32) std::copy_n(t.data(), rows * K, values.data());
-    else kernels::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
+    else io::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
                                   values.data(), rows, K);
     if (entry.role() == Role::StackedDown) {  // the file's (E, C, F) rows are the stored rows
       std::copy(values.begin(), values.end(), file);
@@ -595,7 +594,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
       const int64_t row = io::row_bytes(type, K), half = p.parts.front().row0 == 0 ? 0 : 1;
       auto& rows = gate_up_rows[static_cast<size_t>(p.layer)];
       if (!rows) {
-        rows = memory::shared_block(static_cast<size_t>(2 * E * R * row));
+        rows = io::copy_buffer(static_cast<size_t>(2 * E * R * row));
         dst.set_stored_(type, Shape{2 * E * R, K}, rows.get(), rows);
       }
       for (int64_t r = 0; r < E * R; ++r)  // expert e's row f → row e·2F + 2f (gate) or + 1 (up)

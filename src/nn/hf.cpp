@@ -15,7 +15,6 @@
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
-#include "qkv/kernels/memory.hpp"
 
 namespace qkv::nn {
 
@@ -995,7 +994,7 @@ std::unique_ptr<Decoder> load_hf_decoder(const std::string& dir_name, DType matr
     if (const auto m = mxfp4.find(p.name); m != mxfp4.end()) {  // kept as MXFP4 rows, in ggml's block layout
       const Mxfp4Entry& e = m->second;
       const int64_t groups = e.rows * (e.cols / 32);
-      const std::shared_ptr<unsigned char> bytes = memory::shared_block(static_cast<size_t>(groups * 17));
+      const std::shared_ptr<unsigned char> bytes = io::copy_buffer(static_cast<size_t>(groups * 17));
       io::mxfp4_blocks_from_hf(e.blocks_file->bytes(*e.blocks).data(), e.scales_file->bytes(*e.scales).data(), groups,
                                bytes.get());
       dst.set_stored_(kernels::WeightType::MXFP4, Shape{e.rows, e.cols}, bytes.get(), bytes);

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <new>
 
 namespace qkv::memory {
@@ -34,15 +33,6 @@ int64_t fresh_blocks();
 // when the system refuses. Give it back with free_block and the same size.
 void* allocate_block(size_t bytes);
 void free_block(void* p, size_t bytes);
-
-// A block from allocate_block owned by a shared_ptr (given back when the last owner goes), its bytes not zeroed: a
-// loader's copy of a file's weights, written whole (std::vector would zero them first, a pass over every page).
-// std::bad_alloc if refused.
-inline std::shared_ptr<unsigned char> shared_block(size_t bytes) {
-  auto* p = static_cast<unsigned char*>(allocate_block(bytes));
-  if (!p) throw std::bad_alloc();
-  return std::shared_ptr<unsigned char>(p, [bytes](unsigned char* q) { free_block(q, bytes); });
-}
 
 // A kernel's scratch buffer of n Ts from allocate_block, freed when it goes (std::bad_alloc if refused).
 template <class T>
