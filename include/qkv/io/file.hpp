@@ -57,17 +57,17 @@ enum class MapAccess {
   WillNeed,    // read all of it soon: start reading the whole file into the page cache now
 };
 
+// A buffer for a loader's copy of a file's bytes (rearranged, or converted to another layout): from the kernels' block
+// allocator (huge pages from 4 MiB on), not zeroed — it is written whole, and zeroing would touch every page once
+// more — and given back when the last owner goes. std::bad_alloc if refused.
+std::shared_ptr<unsigned char> copy_buffer(size_t bytes);
+
 // A whole file mapped read-only (mmap PROT_READ, MAP_PRIVATE): its bytes are the page cache's, shared with every
 // process that maps it and never copied, so a model used in place costs its file size in resident memory, paid
 // page by page as it is read. Moveable, not copyable; unmapped and closed when destroyed. The file descriptor stays
 // open so that a loader can also pread() from it (a copy into memory it owns, without mapping those pages).
 // Not here: parsing (the formats' readers hold a MappedFile); a file changed by someone else while mapped is not
 // detected (a file shortened under the mapping makes reads past its new end fault, as with any mmap reader).
-// A buffer for a loader's copy of a file's bytes (rearranged, or converted to another layout): from the kernels' block
-// allocator (huge pages from 4 MiB on), not zeroed — it is written whole, and zeroing would touch every page once
-// more — and given back when the last owner goes. std::bad_alloc if refused.
-std::shared_ptr<unsigned char> copy_buffer(size_t bytes);
-
 class MappedFile {
  public:
   MappedFile() = default;
