@@ -341,6 +341,13 @@ TEST(GptOssFamily, Mxfp4FolderGivesPyTorchsLogitsAndGreedyText) {
   float exact_diff = 0.0f;
   for (int64_t i = 0; i < want.numel(); ++i) exact_diff = std::max(exact_diff, std::fabs(exact.data()[i] - want.data()[i]));
   EXPECT_LT(exact_diff, 1e-4f * range);
+  // Saved as a float32 folder (qkv convert --to hf: the experts widened into gate_up_proj and down_proj): the widened
+  // model's logits, bit for bit
+  const fs::path saved = fs::temp_directory_path() / ("qkv_gpt_oss_mxfp4_saved_" + std::to_string(::getpid()));
+  nn::save_hf_folder(saved.string(), *model);
+  const Tensor reread = nn::load_hf_decoder(saved.string())->forward(ids, 2, 12);
+  fs::remove_all(saved);
+  EXPECT_EQ(0, std::memcmp(reread.data(), exact.data(), static_cast<size_t>(exact.numel()) * 4));
   // Written to GGUF (float32: the experts widened from their rows, split into llama.cpp's gate and up) and read back:
   // PyTorch's logits again
   const std::string path = (fs::temp_directory_path() / ("qkv_gpt_oss_mxfp4_" + std::to_string(::getpid()) + ".gguf")).string();

@@ -111,7 +111,7 @@ int convert_to_hf_folder(const ConvertCommand& options) {
     a.emplace_back("score.weight", loaded->classifier.weight);
   }
   for (size_t i = 0; i < a.size(); ++i) {
-    std::vector<float> want = a[i].second.to_vector();
+    std::vector<float> want = nn::stacked_experts_as_checkpoint(a[i].second, b[i].second.shape()).to_vector();
     if (dtype == nn::HfDType::BF16)
       for (float& v : want) v = kernels::bf16_to_f32_reference(kernels::f32_to_bf16_reference(v));
     if (b[i].second.to_vector() != want) throw IoError(options.output + ": " + a[i].first + " did not read back as written");

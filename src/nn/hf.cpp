@@ -14,6 +14,7 @@
 
 #include "qkv/core/settings.hpp"
 #include "qkv/io/file.hpp"
+#include "qkv/io/ggml_types.hpp"
 #include "qkv/io/safetensors.hpp"
 
 namespace qkv::nn {
@@ -837,6 +838,21 @@ void read_layout(Decoder& model, Names names, const TensorReader& read) {
   }
 }
 
+Tensor stacked_experts_as_checkpoint(const Tensor& t, const Shape& shape) {
+  if (t.rank() == shape.rank() || shape.rank() != 3) return t;
+  // gpt-oss's experts kept as stored rows (E·R, K) (a published MXFP4 folder): widened into the (E, K, R) the
+  // family's checkpoints hold, each expert's rows as columns
+  const int64_t E = shape[0], K = shape[1], R = shape[2];
+  std::vector<float> rows(static_cast<size_t>(E * R * K));
+  io::dequantize_rows(t.weight_type(), t.dtype() == DType::BF16 ? static_cast<const void*>(t.bf16()) : t.stored_bytes(),
+                      rows.data(), E * R, K);
+  Tensor whole = Tensor::empty(shape);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) whole.data()[(e * K + k) * R + r] = rows[static_cast<size_t>((e * R + r) * K + k)];
+  return whole;
+}
+
 std::vector<io::TensorData> layout_tensors(Decoder& model, Names names, HfDType dtype) {
   auto data = [dtype](std::string name, const Tensor& t) {
     return dtype == HfDType::F32 ? io::TensorData::from_tensor(std::move(name), t)
@@ -846,7 +862,7 @@ std::vector<io::TensorData> layout_tensors(Decoder& model, Names names, HfDType 
   for (const auto& p : model.config.layout(names)) {
     const bool direct = !p.transposed && (names == Names::Own || model.config.family->naming == Naming::HuggingFace);
     if (direct) {
-      out.push_back(data(p.name, model.parameter(p)));
+      out.push_back(data(p.name, stacked_experts_as_checkpoint(model.parameter(p), p.shape)));
       continue;
     }
     // Gathered from each part's role (zeros where the model has none: GPT-2's files always carry q/k/v biases).

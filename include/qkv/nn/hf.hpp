@@ -70,5 +70,8 @@ void read_layout(Decoder& model, Names names, const TensorReader& read);
 // The model's tensors under `names`, gathered part by part where the naming fuses or transposes them (zeros for a
 // part the model lacks, such as GPT-2's q/k/v bias of a model without one).
 std::vector<io::TensorData> layout_tensors(Decoder& model, Names names, HfDType dtype);
+// A registered tensor as its checkpoint entry of `shape` holds it: itself, or — gpt-oss's experts kept as stored rows
+// (E·R, K), from a published MXFP4 folder or a GGUF file — widened to float32 in the (E, K, R) layout.
+Tensor stacked_experts_as_checkpoint(const Tensor& t, const Shape& shape);
 
 }  // namespace qkv::nn
