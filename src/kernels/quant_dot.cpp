@@ -421,6 +421,44 @@ template <int R>
   for (int r = 0; r < R; ++r) out[r] = total[r];
 }
 
+// ---- Q4_0 and MXFP4: their unsigned 4-bit-indexed weights against Q4_0's activation groups ----
+// One group of blocks of R rows' products added to their accumulators: the int32 lanes start from each block's bias
+// (−offset·Σq), take the low and the high halves' products, and are scaled by the weight's and the activation's
+// scales of their block.
+#if defined(QKV_DOT512)
+template <int R>
+[[gnu::always_inline]] inline void accumulate_quad(__m512* a, const Q4_0Quad* const* quads, int64_t g, __m512i low,
+                                                   __m512i high, __m512 w_scale) {
+  for (int r = 0; r < R; ++r) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[r][g].bias), low, _mm512_load_si512(quads[r][g].low));
+    s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[r][g].high));
+    a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(quads[r][g].xs)), a[r]);
+  }
+}
+#elif defined(QKV_DOT256)
+template <int R>
+[[gnu::always_inline]] inline void accumulate_pair(__m256* a, const Q4_0Pair* const* pairs, int64_t p, __m256i low,
+                                                   __m256i high, __m128 w_scales, __m256i spread) {
+  for (int r = 0; r < R; ++r) {
+    const Q4_0Pair& x = pairs[r][p];
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+    __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)), low,
+                         _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low)));
+    s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high)));
+#else  // weights ≤ 24 (MXFP4's levels + 12; Q4_0's nibbles ≤ 15) × int8: pairs ≤ 2·24·127, the two halves' sum
+       // ≤ 12192 < 32768: one vpmaddwd for both
+    const __m256i pairs16 =
+        _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low))),
+                         _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high))));
+    const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
+                                       _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)));
+#endif
+    const __m128 scales = _mm_mul_ps(w_scales, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dx))));
+    a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), a[r]);
+  }
+}
+#endif
+
 // ---- Q4_0 ----
 
 template <int R>
@@ -449,11 +487,7 @@ template <int R>
     const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
     const __m512 w_scale =
         _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_words, _mm512_loadu_si512(wb))));
-    for (int r = 0; r < R; ++r) {
-      __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[r][g].bias), low, _mm512_load_si512(quads[r][g].low));
-      s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[r][g].high));
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(quads[r][g].xs)), a[r]);
-    }
+    accumulate_quad<R>(a, quads, g, low, high, w_scale);
   };
   const int64_t full = blocks / 4;
   int64_t g = 0;
@@ -478,22 +512,7 @@ template <int R>
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 20)), 1);
     const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
     const __m128 w_scales = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(load_u16(wb)), load_u16(wb + 18), 1));
-    for (int r = 0; r < R; ++r) {
-      const Q4_0Pair& x = pairs[r][p];
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-      __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)), low,
-                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low)));
-      s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high)));
-#else  // nibble × int8 pairs ≤ 2·15·127, and the two halves' sum ≤ 7620: one vpmaddwd for both
-      const __m256i pairs16 =
-          _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low))),
-                           _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high))));
-      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
-                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)));
-#endif
-      const __m128 scales = _mm_mul_ps(w_scales, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dx))));
-      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), a[r]);
-    }
+    accumulate_pair<R>(a, pairs, p, low, high, w_scales, spread);
   };
   const int64_t full = blocks / 2;
   int64_t p = 0;
@@ -553,11 +572,7 @@ template <int R>
     const __m512i bits = _mm512_mask_sllv_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, one), 23),
                                                 _mm512_cmplt_epu32_mask(e, two), _mm512_set1_epi32(0x00200000), e);
     const __m512 w_scale = _mm512_castsi512_ps(bits);
-    for (int r = 0; r < R; ++r) {
-      __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(quads[r][g].bias), low, _mm512_load_si512(quads[r][g].low));
-      s = _mm512_dpbusd_epi32(s, high, _mm512_load_si512(quads[r][g].high));
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(quads[r][g].xs)), a[r]);
-    }
+    accumulate_quad<R>(a, quads, g, low, high, w_scale);
   };
   const int64_t full = blocks / 4;
   int64_t g = 0;
@@ -584,22 +599,7 @@ template <int R>
     const __m256i low = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, nibble));
     const __m256i high = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
     const __m128 w_scales = _mm_setr_ps(e8m0_half(wb[0]), e8m0_half(wb[17]), 0.0f, 0.0f);
-    for (int r = 0; r < R; ++r) {
-      const Q4_0Pair& x = pairs[r][p];
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-      __m256i s = dot_u8s8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)), low,
-                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low)));
-      s = dot_u8s8(s, high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high)));
-#else  // level × int8 pairs ≤ 2·24·127, and the two halves' sum ≤ 12192: one vpmaddwd for both
-      const __m256i pairs16 =
-          _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.low))),
-                           _mm256_maddubs_epi16(high, _mm256_load_si256(reinterpret_cast<const __m256i*>(x.high))));
-      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)),
-                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias)));
-#endif
-      const __m128 scales = _mm_mul_ps(w_scales, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dx))));
-      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales), spread), a[r]);
-    }
+    accumulate_pair<R>(a, pairs, p, low, high, w_scales, spread);
   };
   const int64_t full = blocks / 2;
   int64_t p = 0;
