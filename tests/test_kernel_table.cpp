@@ -796,6 +796,65 @@ std::vector<KernelCase> kernel_cases() {
                        }
                      return ::testing::AssertionSuccess();
                    }});
+  // Generation's attention over a paged cache read in place: n positions in pages of up to 16 (the first one short,
+  // as a sliding window starts inside a block), rows with spare bytes between them, each storage type, grouped-query
+  // heads, sinks and soft-capping in turn; against the double reference, the fused kernel (float32 rows), and itself
+  // on 1 and 3 threads, bit for bit.
+  cases.push_back({"attention_decode over KV pages (f32, f16, bf16, q8_0; sinks, soft-capping)", [](int64_t n, int m) {
+                     if (n == 0 || n > 257) return ::testing::AssertionSuccess();
+                     const std::tuple<WeightType, int64_t> types[] = {
+                         {WeightType::F32, 5}, {WeightType::F16, 20}, {WeightType::BF16, 40}, {WeightType::Q8_0, 64}};
+                     for (const auto& [type, D] : types) {
+                       const int64_t H = 4, H_kv = 2, W = H_kv * D, stride = row_bytes(type, W) + 4 * m + 8;
+                       const AttentionDims d{1, H, 1, n, D, H_kv};
+                       AttentionOptions o;
+                       Buffer sinks(H, m, 14, 3.0f);
+                       if (n % 3 == 1) o.sinks = sinks.data();
+                       if (n % 3 == 2) o.softcap = 1.5f;
+                       Buffer q(H * D, m, 1, 2.0f), k(n * W, m, 2, 2.0f), v(n * W, m, 3), out(H * D, m, 4), ref(H * D, m, 5);
+                       std::vector<unsigned char> rows(static_cast<size_t>(2 * n * stride + 64));
+                       unsigned char* keys = rows.data() + 4 * m;
+                       unsigned char* values = keys + n * stride;
+                       for (int64_t t = 0; t < n; ++t) {
+                         quantize_rows(type, k.data() + t * W, keys + t * stride, 1, W);
+                         quantize_rows(type, v.data() + t * W, values + t * stride, 1, W);
+                       }
+                       std::vector<KVPage> pages;
+                       for (int64_t t = 0; t < n;) {
+                         const int64_t count = std::min(n - t, t == 0 ? 1 + n % 16 : 16);
+                         pages.push_back({keys + t * stride, values + t * stride, count});
+                         t += count;
+                       }
+                       const KVPages kv{pages, type, stride};
+                       attention_decode(d, o, q.data(), kv, out.data());
+                       attention_decode_reference(d, o, q.data(), kv, ref.data());
+                       const std::string what = std::string(" (") + weight_type_name(type) + ")";
+                       if (auto ok = close(out.data(), ref.data(), H * D, 1e-5, 1e-6); !ok) return ok << what;
+                       for (const int threads : {1, 3}) {
+                         AttentionOptions fixed = o;
+                         fixed.threads = threads;
+                         Buffer again(H * D, m, 6);
+                         attention_decode(d, fixed, q.data(), kv, again.data());
+                         if (std::memcmp(again.data(), out.data(), sizeof(float) * H * D) != 0)
+                           return ::testing::AssertionFailure() << threads << " threads changed the bits" << what;
+                       }
+                       if (type == WeightType::F32) {  // the fused kernel's last query row over the same keys
+                         AttentionLayout l;
+                         l.q = l.o = AttentionStrides::btc(H, D, 1);
+                         l.k = l.v = AttentionStrides::btc(H_kv, D, n);
+                         o.causal = true;
+                         std::vector<float> flat_k(static_cast<size_t>(n * W)), flat_v(flat_k.size());
+                         for (int64_t t = 0; t < n; ++t) {
+                           std::memcpy(flat_k.data() + t * W, keys + t * stride, sizeof(float) * W);
+                           std::memcpy(flat_v.data() + t * W, values + t * stride, sizeof(float) * W);
+                         }
+                         Buffer fused(H * D, m, 7), lse(H, m, 8);
+                         attention_forward(d, l, o, q.data(), flat_k.data(), flat_v.data(), fused.data(), lse.data());
+                         if (auto ok = close(out.data(), fused.data(), H * D, 1e-5, 1e-6); !ok) return ok << " (against the fused kernel)";
+                       }
+                     }
+                     return ::testing::AssertionSuccess();
+                   }});
   return cases;
 }
 

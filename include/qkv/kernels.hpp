@@ -7,6 +7,7 @@
 
 #include "qkv/kernels/activations.hpp"
 #include "qkv/kernels/attention.hpp"
+#include "qkv/kernels/attention_decode.hpp"
 #include "qkv/kernels/convert.hpp"
 #include "qkv/kernels/conv1d.hpp"
 #include "qkv/kernels/delta_rule.hpp"

@@ -52,16 +52,45 @@ void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys,
                              lse.data());
 }
 
+namespace {
+// A one-row run over its pages (kernels::attention_decode)
+void attend_paged(const Tensor& q, int64_t row, const PagedKV& kv, const AttentionConfig& config, Tensor& context) {
+  const int64_t H = config.num_heads, H_kv = config.num_kv_heads > 0 ? config.num_kv_heads : H;
+  const int64_t Q = q.size(q.rank() - 1);
+  kernels::AttentionDims dims;
+  dims.H = H, dims.H_kv = H_kv, dims.D = Q / H, dims.Tq = 1, dims.Tk = kernels::KVPages{kv.pages}.positions();
+  kernels::AttentionOptions options;
+  options.threads = omp_in_parallel() ? 1 : 0;
+  options.scale = config.scale;
+  options.softcap = config.softcap;
+  if (config.sinks.defined()) options.sinks = config.sinks.data();  // checked by attend_rows' callers alike
+  kernels::attention_decode(dims, options, q.data() + row * Q, kernels::KVPages{kv.pages, kv.type, kv.row_bytes},
+                            context.data() + row * Q);
+}
+}  // namespace
+
 void attend_runs(const Tensor& q, std::span<const AttentionRun> runs, int64_t kv_width,
                  const std::function<void(size_t, float*, float*)>& gather, const AttentionConfig& config,
-                 Tensor& context) {
+                 Tensor& context, const PageLookup& pages) {
   // A decoding step's sequences are one row each; attended one after another, each gather ran on one thread while
   // the others waited (a fifth of a batch-of-8 step on 2 threads). One long prompt keeps the threads for itself.
   constexpr int64_t kParallelRunRows = 64;
   int64_t longest = 0;
   for (const AttentionRun& run : runs) longest = std::max(longest, run.rows);
+  const int64_t H = config.num_heads, Q = q.size(q.rank() - 1);
+  if (config.sinks.defined() && (!(config.sinks.shape() == Shape{H}) || config.sinks.dtype() != DType::F32))
+    throw ShapeError("attend_runs: sinks must be float32 of shape (" + std::to_string(H) + "), got " + config.sinks.shape().str());
   auto attend = [&](size_t i) {
     const AttentionRun& run = runs[i];
+    if (run.rows == 1 && pages) {
+      thread_local PagedKV kv;
+      kv.pages.clear();
+      pages(i, kv);
+      if (Q % H == 0 && kernels::attention_decode_supports(kv.type, Q / H)) {
+        attend_paged(q, run.row0, kv, config, context);
+        return;
+      }
+    }
     thread_local std::vector<float> keys, values;
     keys.resize(static_cast<size_t>(run.Tk * kv_width));
     values.resize(static_cast<size_t>(run.Tk * kv_width));

@@ -1833,9 +1833,17 @@ Tensor Decoder::attend_blocks(size_t i, Tensor& q, Tensor& k, const Tensor& v, c
     first[r] = layer.window > 0 ? std::max<int64_t>(0, runs[r].start - (layer.window - 1)) : 0;
     spans[r] = {runs[r].row0, runs[r].rows, end - first[r]};
   }
-  attend_runs(q, spans, KV, [&](size_t r, float* keys, float* values) {
-    step.cache.gather(layer_index, runs[r].sequence, first[r], first[r] + spans[r].Tk, keys, values);
-  }, attention, context);
+  attend_runs(
+      q, spans, KV,
+      [&](size_t r, float* keys, float* values) {
+        step.cache.gather(layer_index, runs[r].sequence, first[r], first[r] + spans[r].Tk, keys, values);
+      },
+      attention, context,
+      [&](size_t r, PagedKV& kv) {  // a decoding row reads its blocks where they are
+        step.cache.pages(layer_index, runs[r].sequence, first[r], first[r] + spans[r].Tk, kv.pages);
+        kv.type = step.cache.type();
+        kv.row_bytes = step.cache.row_bytes();
+      });
   return context;
 }
 
@@ -1889,11 +1897,26 @@ Tensor Decoder::attend_latent_blocks(size_t i, const Tensor& x, const BatchStep&
       step.cache.write(layer_index, run.sequence, run.start + r, row.data(), nullptr);
     }
     const int64_t end = run.start + run.rows;
+    if (run.rows == 1 && kernels::attention_decode_supports(step.cache.type(), W)) {
+      // A decoded token sees every row: its H heads are H query rows over one matrix C of latents, read where the
+      // cache's blocks hold it (keys and values alike): scores = q̃ Cᵀ, softmax, õ = P C
+      thread_local std::vector<kernels::KVPage> pages;
+      pages.clear();
+      step.cache.pages(layer_index, run.sequence, 0, end, pages);
+      kernels::AttentionDims dims;
+      dims.H = H, dims.H_kv = 1, dims.D = W, dims.Tq = 1, dims.Tk = end;
+      kernels::AttentionOptions options;
+      options.scale = attention.scale;
+      kernels::attention_decode(dims, options, queries.data() + run.row0 * H * W,
+                                kernels::KVPages{pages, step.cache.type(), step.cache.row_bytes()},
+                                context.data() + run.row0 * H * W);
+      continue;
+    }
     Tensor latents = Tensor::empty({end, W});  // C: the sequence's rows so far
     step.cache.gather(layer_index, run.sequence, 0, end, latents.data(), nullptr);
     if (run.rows == 1) {
-      // A decoded token sees every row: its H heads are H query rows over one matrix, scores = q̃ Cᵀ, softmax, õ = P C,
-      // two products that each read the latents once (the fused kernel's one-row tiles read them H times: 4.5× slower)
+      // The same as two products that each read the latents once (the fused kernel's one-row tiles read them H times:
+      // 4.5× slower), for a cache type attention_decode does not read
       const Tensor q_row = queries.view_at(run.row0 * H * W, {H, W});
       const Tensor weights = softmax(mul(linear(q_row, latents, Tensor()), attention.scale));  // (H, end)
       const Tensor out = matmul(weights, latents);                                              // (H, W)

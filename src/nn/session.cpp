@@ -234,6 +234,17 @@ void KVBlockCache::gather(int64_t layer, int64_t seq, int64_t begin, int64_t end
   }
 }
 
+void KVBlockCache::pages(int64_t layer, int64_t seq, int64_t begin, int64_t end, std::vector<kernels::KVPage>& pages) const {
+  const Sequence& s = at(seq);
+  for (int64_t p = begin; p < end;) {
+    const int32_t block = s.blocks[static_cast<size_t>(p / block_size_)];
+    const int64_t n = std::min(end, (p / block_size_ + 1) * block_size_) - p;
+    const std::byte* keys = slot(block, layer, 0, p);
+    pages.push_back({keys, kinds_ == 2 ? slot(block, layer, 1, p) : keys, n});
+    p += n;
+  }
+}
+
 // ---- the session ----
 
 namespace {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "qkv/core/ops.hpp"
+#include "qkv/kernels/attention_decode.hpp"
 #include "qkv/kernels/gemm.hpp"
 
 namespace qkv {
@@ -46,8 +47,19 @@ struct AttentionRun {
 // (Tk, kv_width) buffers. Several runs of at most 64 rows go to the threads whole (a decoding sequence is one row: too
 // little to split); otherwise each run's kernel has the threads. A run's rows get the same bits either way. The first
 // error a run raises is rethrown once all have ended.
+//
+// With `pages`, a run of one row (a decoding sequence) is attended where its keys and values lie instead:
+// pages(i, out) fills out.pages (cleared first) with run i's positions, and kernels::attention_decode reads them — no
+// copy of the keys, no packing. Every one-row run takes that path when the cache's type and head width allow it
+// (kernels::attention_decode_supports), whatever the other runs, so a sequence gets the same bits alone or in a batch.
+struct PagedKV {
+  std::vector<kernels::KVPage> pages;  // the run's positions, in order
+  kernels::WeightType type = kernels::WeightType::F32;  // how the rows are stored
+  int64_t row_bytes = 0;                                // bytes between consecutive positions of a page
+};
+using PageLookup = std::function<void(size_t, PagedKV&)>;
 void attend_runs(const Tensor& q, std::span<const AttentionRun> runs, int64_t kv_width,
                  const std::function<void(size_t, float*, float*)>& gather, const AttentionConfig& config,
-                 Tensor& context);
+                 Tensor& context, const PageLookup& pages = {});
 
 }  // namespace qkv

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "qkv/core/inference.hpp"
 #include "qkv/core/tensor.hpp"
 #include "qkv/core/thread_governor.hpp"
 #include "qkv/nn/sampler.hpp"
@@ -93,6 +94,10 @@ class KVBlockCache {
   // Positions [begin, end) of layer `layer` of seq as floats ((end − begin) × width each), widened from the cache's
   // type; values may be null (not wanted, or keys_only)
   void gather(int64_t layer, int64_t seq, int64_t begin, int64_t end, float* keys, float* values) const;
+  // The same positions where they lie, for kernels that read them in place (kernels::attention_decode): pages of
+  // consecutive positions, row_bytes() apart, appended to `pages` (values = keys when keys_only)
+  void pages(int64_t layer, int64_t seq, int64_t begin, int64_t end, std::vector<kernels::KVPage>& pages) const;
+  int64_t row_bytes() const { return row_bytes_; }  // one position's key (or value) row of one layer, in bytes
 
   // Recurrent layers (Gated DeltaNet) keep a state per sequence instead of a row per position: `floats` float32 values,
   // zeros when a sequence opens, copied by a fork. A state holds all of its sequence, so a sequence with one can be
