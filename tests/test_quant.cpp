@@ -341,6 +341,32 @@ TEST(Quant, ARowDoesNotDependOnTheRowsBesideItNorOnTheThreads) {
         }
       }
     }
+    // The same rows as three parts of unequal sizes (a layer's q, k and v) in one call: each part's columns are what
+    // the part gives alone, with beta 1 adding to what Y held; parts of another type go part by part
+    const int64_t sizes[] = {300, 17, 203};
+    std::vector<kernels::WeightView> parts;
+    for (int64_t at = 0; const int64_t n : sizes) {
+      parts.push_back({type, stored.data() + at * kernels::row_bytes(type, K), n, K});
+      at += n;
+    }
+    std::vector<float> f32(static_cast<size_t>(sizes[1] * K));
+    kernels::dequantize_rows(type, parts[1].data, f32.data(), sizes[1], K);
+    for (int threads : {1, 2})
+      for (const bool mixed : {false, true})
+        for (int64_t M : {int64_t{1}, int64_t{6}, int64_t{33}}) {
+          ThreadCount count(threads);
+          std::vector<kernels::WeightView> call = parts;
+          if (mixed) call[1] = {WeightType::F32, f32.data(), sizes[1], K};
+          std::vector<float> y(M * N, 1.0f), want(M * N, 1.0f);
+          kernels::gemm_weights(call, M, x.data(), K, 1.0f, y.data(), N);
+          for (int64_t column = 0; const kernels::WeightView& part : call) {
+            kernels::gemm_weight(part, M, x.data(), K, 1.0f, want.data() + column, N);
+            column += part.rows;
+          }
+          ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+              << name << ": parts in one call differ from each part alone (M = " << M << ", " << threads
+              << " threads" << (mixed ? ", one part float32" : "") << ")";
+        }
   }
 }
 

@@ -262,11 +262,7 @@ Tensor linear_concat(const Tensor& x, std::span<const Tensor> weights, std::span
     for (const Tensor& part : weights) parts.emplace_back(part, part.size(0));
   else
     parts.emplace_back(stack(weights, {total, in}), total);
-  for (int64_t column = 0; const auto& [part, width] : parts) {  // out[:, column + j] = x · part[j]
-    detail::product(pr, false, true, rows, width, in, 1.0f, x, 0, in, part, 0, in, has_bias ? 1.0f : 0.0f,
-                    out.data() + column, total);
-    column += width;
-  }
+  detail::product_parts(pr, rows, in, x, parts, has_bias ? 1.0f : 0.0f, out.data(), total);  // out[:, column + j] = x · part[j]
   // The low-rank updates: u_i = x A_iᵀ (rows, r_i) kept for the backward, then s_i·u_i B_iᵀ added into part i's columns.
   struct Part {
     LowRankUpdate update;

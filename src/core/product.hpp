@@ -1,6 +1,9 @@
 // The matrix product every op of src/core runs, in the precision the op was recorded in (internal to src/core).
 #pragma once
 
+#include <utility>
+#include <vector>
+
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/precision.hpp"
 #include "qkv/core/tensor.hpp"
@@ -44,6 +47,24 @@ inline void product(Precision p, bool trans_a, bool trans_b, int64_t M, int64_t 
     kernels::gemm_bf16(trans_a, trans_b, M, N, K, alpha, a.bf16() + a_at, lda, b.bf16() + b_at, ldb, beta, C, ldc);
   else
     kernels::gemm(trans_a, trans_b, M, N, K, alpha, a.data() + a_at, lda, b.data() + b_at, ldb, beta, C, ldc);
+}
+
+// C (M × Σ rows) = A · [B_0; B_1; …]ᵀ + beta·C, the parts' columns side by side (linear_concat's forward): product()
+// per part, except that stored parts (see product()) go to kernels::gemm_weights together, which runs parts of one
+// type as one matrix: generation then pays one parallel region for a layer's q, k and v instead of three.
+inline void product_parts(Precision p, int64_t M, int64_t K, const Tensor& a, const std::vector<std::pair<Tensor, int64_t>>& parts,
+                          float beta, float* C, int64_t ldc) {
+  std::vector<kernels::WeightView> views;
+  for (const auto& [b, rows] : parts) {
+    const bool stored = b.dtype() == DType::Stored || (b.dtype() == DType::BF16 && p != Precision::BF16 && a.dtype() == DType::F32);
+    if (!stored || b.rank() != 2 || b.size(1) != K || b.size(0) != rows) break;
+    views.push_back(weight_rows(b, 0, rows));
+  }
+  if (parts.size() > 1 && views.size() == parts.size()) return kernels::gemm_weights(views, M, a.data(), K, beta, C, ldc);
+  for (int64_t column = 0; const auto& [b, rows] : parts) {
+    product(p, false, true, M, rows, K, 1.0f, a, 0, K, b, 0, K, beta, C + column, ldc);
+    column += rows;
+  }
 }
 
 // A stored weight (not float32) that is to be trained: ValueError naming it and the fix, before any product runs.

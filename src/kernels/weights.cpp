@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,15 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
 // them. A row of Y is computed by the same instructions in the same order whichever group of 4 its row of X falls in
-// and however the rows of W are split between threads.
-void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
-  const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
-  const bool blocks = is_block_quantized(w.type);
+// and however the rows of W are split between threads. W may come in parts of one type and width (a layer's q, k
+// and v, or gate and up), their rows taken as one matrix's: one parallel region and one quantization of X for all.
+void streaming_rows(std::span<const WeightView> parts, int64_t M, const float* X, int64_t ldx, float beta, float* Y,
+                    int64_t ldy) {
+  const WeightType type = parts.front().type;
+  const int64_t K = parts.front().cols, bytes = row_bytes(type, K);
+  int64_t N = 0;
+  for (const WeightView& w : parts) N += w.rows;
+  const bool blocks = is_block_quantized(type);
   // Nothing here allocates after the first call with this many rows: a product of a small matrix takes ~20 µs, and a
   // heap allocation and a serialised OpenMP region per call cost ~1 µs of it (perf, a 1024 × 1024 Q4_0 product).
   std::vector<quant::ActivationRow>& acts = activation_rows();
@@ -52,17 +58,26 @@ void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx,
   x_rows.clear();
   if (blocks) {
     if (static_cast<int64_t>(acts.size()) < M) acts.resize(static_cast<size_t>(M));
-    for (int64_t m = 0; m < M; ++m) acts[m].quantize(w.type, X + m * ldx, K);
+    for (int64_t m = 0; m < M; ++m) acts[m].quantize(type, X + m * ldx, K);
     for (int64_t m = 0; m < M; ++m) act_rows.push_back(&acts[m]);
   } else {
     for (int64_t m = 0; m < M; ++m) x_rows.push_back(X + m * ldx);
   }
   const quant::ActivationRow* const* act = act_rows.data();
   const float* const* xs = x_rows.data();
+  // Rows [n0, n0 + count) of the whole, which may span parts: each part's piece in one call
   auto rows = [&](int64_t n0, int64_t count, int64_t m0, int64_t m_count) {
-    const unsigned char* at = row_at(w, n0, bytes);
-    if (blocks) quant::dot_rows(at, bytes, count, act + m0, static_cast<int>(m_count), beta, Y + m0 * ldy + n0, ldy);
-    else quant::dot_rows_16bit(w.type, at, bytes, count, xs + m0, static_cast<int>(m_count), K, beta, Y + m0 * ldy + n0, ldy);
+    int64_t base = 0;  // the whole's row where this part starts
+    for (const WeightView& w : parts) {
+      const int64_t from = std::max(n0, base), to = std::min(n0 + count, base + w.rows);
+      if (from < to) {
+        const unsigned char* at = row_at(w, from - base, bytes);
+        float* y = Y + m0 * ldy + from;
+        if (blocks) quant::dot_rows(at, bytes, to - from, act + m0, static_cast<int>(m_count), beta, y, ldy);
+        else quant::dot_rows_16bit(type, at, bytes, to - from, xs + m0, static_cast<int>(m_count), K, beta, y, ldy);
+      }
+      base += w.rows;
+    }
   };
   auto slice_rows = [&](int64_t first, int64_t count) {
     if (count <= 0) return;
@@ -77,14 +92,18 @@ void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx,
   };
   // Memory-bound for few rows: worth splitting once W is beyond a few hundred KiB, as gemm()'s one-row path; for many
   // rows once the products are worth a parallel region.
-  const int parts = N * bytes < (int64_t{1} << 17) && M * N * K < kParallelProduct ? 1 : team();
-  if (parts == 1) {
+  const int parts_count = N * bytes < (int64_t{1} << 17) && M * N * K < kParallelProduct ? 1 : team();
+  if (parts_count == 1) {
     slice_rows(0, N);
     return;
   }
-  const int64_t slice = (N + parts - 1) / parts;
-#pragma omp parallel for num_threads(parts) schedule(static)
-  for (int64_t p = 0; p < parts; ++p) slice_rows(p * slice, std::min(N, p * slice + slice) - p * slice);
+  const int64_t slice = (N + parts_count - 1) / parts_count;
+#pragma omp parallel for num_threads(parts_count) schedule(static)
+  for (int64_t p = 0; p < parts_count; ++p) slice_rows(p * slice, std::min(N, p * slice + slice) - p * slice);
+}
+
+void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
+  streaming_rows(std::span<const WeightView>(&w, 1), M, X, ldx, beta, Y, ldy);
 }
 
 // Many rows: threads own slices of W's rows (Y's columns); each widens its slice kPanelRows rows at a time into its own
@@ -139,6 +158,24 @@ void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, fl
   // batched generation equals solo generation token for token. The panels (widened W, sgemm) were faster from ~128
   // rows on for some types (see panel_rows); they remain for callers that ask for them (gemm_weight_panels).
   streaming_rows(w, M, X, ldx, beta, Y, ldy);
+}
+
+void gemm_weights(std::span<const WeightView> parts, int64_t M, const float* X, int64_t ldx, float beta, float* Y,
+                  int64_t ldy) {
+  if (parts.empty() || M <= 0) return;
+  bool one_stream = parts.front().type != WeightType::F32 && parts.front().cols > 0;
+  for (const WeightView& w : parts) {
+    (void)row_bytes(w.type, w.cols);  // checks K against the block
+    one_stream = one_stream && w.type == parts.front().type && w.cols == parts.front().cols;
+  }
+  if (!one_stream) {
+    for (int64_t column = 0; const WeightView& w : parts) {
+      gemm_weight(w, M, X, ldx, beta, Y + column, ldy);
+      column += w.rows;
+    }
+    return;
+  }
+  streaming_rows(parts, M, X, ldx, beta, Y, ldy);
 }
 
 void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {

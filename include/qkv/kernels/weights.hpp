@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "qkv/kernels/quant.hpp"
 
@@ -30,6 +31,11 @@ struct WeightView {
 // (bit for bit), so a batch of sequences gives each the values it gets alone.
 // A NaN or ±Inf in a row of X makes that row of Y NaN for the block types (its block's scale is NaN).
 void gemm_weight(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
+// gemm_weight for W in parts (a layer's q, k and v projections; gate and up): Y's columns are the parts' rows in
+// order, each part's values what gemm_weight gives it alone, bit for bit. Parts of one storage type (not F32) and one
+// width run as one matrix — one parallel region, X quantized once — which saves generation a barrier per part.
+void gemm_weights(std::span<const WeightView> parts, int64_t M, const float* X, int64_t ldx, float beta, float* Y,
+                  int64_t ldy);
 
 // dX (M × K) = dY (M × N) · W + beta·dX: the gradient of the input through a stored (frozen) weight. Panels of W are
 // widened to float32 and multiplied with sgemm; threads own slices of dX's columns (whole blocks), or of its rows when K
