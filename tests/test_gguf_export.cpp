@@ -827,6 +827,60 @@ TEST(GgufExport, DeepSeekV3AsLlamaCppsDeepseek2) {
   }
 }
 
+// A deepseek2 file converted before llama.cpp's MLA support (mid-2025): kv_b_proj whole as attn_kv_b, every head's
+// key and value sizes in key_length and value_length, as many K/V heads as query heads, no *_mla keys. Made here from
+// a current file: qkv reads it to the current file's logits exactly, and llama.cpp, which runs such a file's attention
+// expanded, gives qkv's greedy tokens.
+TEST(GgufExport, AnOlderDeepseek2FileKeepsKvBProjWhole) {
+  const fs::path& folder = folders().deepseek2;
+  const auto source = nn::load_pretrained(folder.string());
+  const std::vector<int64_t> ids = source->tokenizer->encode(kPrompt);
+  const nn::DecoderConfig& c = source->model->config;
+  const std::string current = exported(folder, GgufFileType::F32, "ds-current", "deepseek2", *source->model);
+  const io::GgufFile file = io::GgufFile::open(current);
+  std::vector<std::pair<std::string, io::GgufValue>> metadata;
+  for (const auto& [key, value] : file.metadata()) {
+    if (key == "deepseek2.attention.key_length_mla" || key == "deepseek2.attention.value_length_mla") continue;
+    if (key == "deepseek2.attention.key_length")
+      metadata.emplace_back(key, io::GgufValue::u32(static_cast<uint32_t>(c.qk_nope_head_dim + c.head_dim)));
+    else if (key == "deepseek2.attention.value_length")
+      metadata.emplace_back(key, io::GgufValue::u32(static_cast<uint32_t>(c.v_head_dim)));
+    else if (key == "deepseek2.attention.head_count_kv")
+      metadata.emplace_back(key, io::GgufValue::u32(static_cast<uint32_t>(c.num_heads)));
+    else
+      metadata.emplace_back(key, value);
+  }
+  std::vector<io::GgufTensorData> tensors;
+  std::vector<std::string> names;  // kept alive for the spans' names
+  for (const io::GgufTensor& t : file.tensors()) {
+    if (t.name.ends_with(".attn_v_b.weight")) continue;
+    if (t.name.ends_with(".attn_k_b.weight")) {  // blk.L.attn_kv_b.weight in its place: kv_b_proj (H·(dn + dv), R)
+      const int64_t layer = std::stoll(t.name.substr(4, t.name.find('.', 4) - 4));
+      const Tensor& kv_b = source->model->parameter(nn::Role::LatentB, layer);
+      tensors.push_back({"blk." + std::to_string(layer) + ".attn_kv_b.weight", {kv_b.size(1), kv_b.size(0)},
+                         io::GgmlType::F32, std::as_bytes(std::span<const float>(kv_b.data(), kv_b.numel()))});
+      continue;
+    }
+    tensors.push_back({t.name, t.dims, t.type, t.span()});
+  }
+  const std::string path = out_path("ds-older.gguf");
+  io::save_gguf(path, metadata, tensors);
+  const auto older = nn::load_pretrained(path);
+  const auto now = nn::load_pretrained(current);
+  EXPECT_EQ(older->model->config.qk_nope_head_dim, c.qk_nope_head_dim);
+  EXPECT_EQ(older->model->config.v_head_dim, c.v_head_dim);
+  EXPECT_EQ(max_diff(logits(*older->model, ids), logits(*now->model, ids)), 0.0f);
+  std::string missing;
+  const std::string modules = llamacpp_modules(&missing);
+  if (!modules.empty()) expect_llamacpp_tokens(*older->model, ids, llamacpp_generate(modules, "ds-older", path, 12), true, 0);
+  fs::remove(path);
+  fs::remove(current);
+  if (modules.empty()) {
+    if (llamacpp_required()) FAIL() << missing;
+    GTEST_SKIP() << missing;
+  }
+}
+
 // Qwen3-Next as llama.cpp's qwen3next: in_proj_qkvz regrouped into attn_qkv (every q, k, v) and attn_gate (z), the
 // conv as (channels, taps), ssm_a = −exp(A_log), dt_bias, the plain-w gated norm beside (1 + w) norms written as
 // 1 + w, the doubled q projection of the gated attention, the gated shared expert, which layers are linear. The file

@@ -243,9 +243,14 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
     // rounds them, 8 and 18 for gpt-oss-20b's 8.09 and 17.40)
     if (j.contains("rope_scaling") && j["rope_scaling"]["rope_type"] == "yarn") j["rope_scaling"]["truncate"] = false;
   } else if (family->latent_attention) {  // deepseek2: DeepSeek-V3's keys, written back as its config.json's
-    if (!file.contains(k + "attention.key_length_mla") || !file.contains(k + "attention.value_length_mla"))
-      fail(file, "has no " + k + "attention.key_length_mla and value_length_mla: an older deepseek2 file whose attention "
-                 "is stored as attn_kv_b, which qkv does not read; convert the model again with a current llama.cpp");
+    // Files converted before llama.cpp's MLA support (mid-2025) keep kv_b_proj whole as attn_kv_b, with every head's
+    // key and value sizes in key_length and value_length and as many K/V heads as query heads
+    const bool joined = !file.contains(k + "attention.key_length_mla");
+    if (joined && !file.find("blk.0.attn_kv_b.weight"))
+      fail(file, "has neither " + k + "attention.key_length_mla (attn_k_b and attn_v_b) nor blk.0.attn_kv_b.weight: "
+                 "its latent attention's up-projection is missing");
+    const std::string key_length = k + (joined ? "attention.key_length" : "attention.key_length_mla");
+    const std::string value_length = k + (joined ? "attention.value_length" : "attention.value_length_mla");
     const int64_t rope_dims = required_integer(file, k + "rope.dimension_count");
     j["num_key_value_heads"] = heads;
     j.erase("head_dim");
@@ -253,8 +258,8 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file) {
     j["kv_lora_rank"] = required_integer(file, k + "attention.kv_lora_rank");
     j["q_lora_rank"] = file.contains(k + "attention.q_lora_rank") ? json(required_integer(file, k + "attention.q_lora_rank")) : json();
     j["qk_rope_head_dim"] = rope_dims;
-    j["qk_nope_head_dim"] = required_integer(file, k + "attention.key_length_mla") - rope_dims;
-    j["v_head_dim"] = required_integer(file, k + "attention.value_length_mla");
+    j["qk_nope_head_dim"] = required_integer(file, key_length) - rope_dims;
+    j["v_head_dim"] = required_integer(file, value_length);
     j["rope_interleave"] = true;  // llama.cpp's deepseek2 rotates pairs (rope type NORM)
     j["first_k_dense_replace"] = integer_key(file, k + "leading_dense_block_count", 0);
     const bool moe = file.contains(k + "expert_count") && file.integer(k + "expert_count") > 0;
@@ -415,6 +420,11 @@ void gguf_stacked_values(const Tensor& t, const DecoderConfig::Parameter& entry,
     return;
   }
   if (entry.role() == Role::LatentB) {  // kv_b_proj (H·(dn + dv), R): per head dn key rows, then dv value rows
+    if (entry.shape.rank() == 2) {  // attn_kv_b (an older file): kv_b_proj as it is
+      float* model = model_values(t, to_file, widened);
+      for (int64_t i = 0; i < t.numel(); ++i) swap_in(file[i], model[i]);
+      return;
+    }
     const bool keys = entry.parts.front().row0 == 0;
     const int64_t H = entry.shape[0], R = keys ? entry.shape[1] : entry.shape[2], dn = entry.parts.front().row0;
     const int64_t width = t.size(0) / std::max<int64_t>(H, 1);  // dn + dv
@@ -492,6 +502,17 @@ namespace {
 std::vector<DecoderConfig::Parameter> gguf_entries_of(const io::GgufFile& file, const DecoderConfig& config) {
   std::vector<DecoderConfig::Parameter> out;
   for (DecoderConfig::Parameter& p : config.layout(Names::Gguf)) {
+    if (p.role() == Role::LatentB) {  // an older deepseek2 file: kv_b_proj whole, as Hugging Face holds it
+      const std::string layer = "blk." + std::to_string(p.layer) + ".";
+      if (!file.find(layer + "attn_k_b.weight") && file.find(layer + "attn_kv_b.weight")) {
+        if (p.parts.front().row0 != 0) continue;  // the attn_v_b entry: attn_kv_b holds it
+        const int64_t rows = config.num_heads * (config.qk_nope_head_dim + config.v_head_dim);
+        p.name = layer + "attn_kv_b.weight";
+        p.shape = Shape{rows, config.kv_lora_rank};
+        p.parts = {{Role::LatentB, 0, rows}};
+        p.transposed = false;
+      }
+    }
     if (p.role() == Role::DeltaQkvz) {
       const std::string layer = "blk." + std::to_string(p.layer) + ".";
       if (!file.find(layer + "attn_qkv.weight") && file.find(layer + "ssm_in.weight")) {
