@@ -10,7 +10,7 @@
 //   - how many of the greedy tokens the two agree on.
 //   qkv_gguf_bench [--shape qwen3-0.6b|llama-3.2-1b|gpt-oss-4l] [--types q8_0,q4_0,q4_k_m,mxfp4_moe] [--threads 1,2]
 //                  [--repeats 3] [--dir DIR] [--llamacpp PATH] [--cpu VARIANT] [--prompt 512] [--tokens 128] [--smoke]
-// mxfp4_moe is llama.cpp's own quantizer run on qkv's float32 file (the experts as MXFP4: how gpt-oss is published);
+// mxfp4_moe: the experts as MXFP4, the other matrices Q8_0 (how gpt-oss is published; qkv's file has llama.cpp's bytes);
 // gpt-oss-4l is gpt-oss-20b's layers, 4 of them with 16 experts.
 // Prompts are token ids, (i·7919 + 11) mod the vocabulary, in both programs: no tokenizer is involved. Not a test: it
 // prints figures; tests/test_gguf_export.cpp checks that llama.cpp loads qkv's files and agrees with them.
@@ -322,8 +322,8 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> types = split(types_arg, ',');
   for (const std::string& type : types)
-    if (!qkv::nn::gguf_file_type_from_name(type) && type != "mxfp4_moe") {
-      std::fprintf(stderr, "--types: %s is not one of %s, mxfp4_moe\n", type.c_str(), qkv::nn::gguf_file_type_names().c_str());
+    if (!qkv::nn::gguf_file_type_from_name(type)) {
+      std::fprintf(stderr, "--types: %s is not one of %s\n", type.c_str(), qkv::nn::gguf_file_type_names().c_str());
       return 2;
     }
   std::vector<int> thread_counts;
@@ -368,25 +368,6 @@ int main(int argc, char** argv) {
   std::string cpu_library;
   for (const std::string& type : types) {
     const fs::path file = dir / (type + ".gguf");
-    if (!fs::exists(file) && type == "mxfp4_moe") {
-      // llama.cpp's own quantizer (its MXFP4_MOE type: the experts as MXFP4, the files gpt-oss is published in) from
-      // qkv's float32 file
-      const fs::path f32 = dir / "f32.gguf";
-      if (!fs::exists(f32)) {
-        const ChildRun q = run_captured(self({"--quantize", "f32", f32.string()}), dir);
-        std::fputs(q.out.c_str(), stdout);
-        if (q.status != 0) {
-          std::fprintf(stderr, "writing the float32 file failed:\n%s", q.err.c_str());
-          return 1;
-        }
-      }
-      const ChildRun q = run_captured({llamacpp, "quantize", f32.string(), file.string(), type, "2"}, dir);
-      std::fputs(q.out.c_str(), stdout);
-      if (q.status != 0) {
-        std::fprintf(stderr, "llama.cpp's quantizer failed:\n%s%s", q.out.c_str(), q.err.c_str());
-        return 1;
-      }
-    }
     if (!fs::exists(file)) {
       const ChildRun q = run_captured(self({"--quantize", type, file.string()}), dir);
       std::fputs(q.out.c_str(), stdout);

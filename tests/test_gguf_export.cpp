@@ -1071,8 +1071,9 @@ TEST(GgufExport, GptOssWithMxfp4ExpertsFromLlamaCppsQuantizer) {
 }
 
 // llama.cpp's own quantizer (llama_model_quantize, llama-quantize's code) on qkv's float32 file chooses the same type
-// for every tensor as qkv quantize does for Q8_0, Q6_K and the Q4_K_M / Q5_K_M mixes, and writes the same bytes: both
-// run ggml's reference quantizers (no importance matrix). Skipped, or failed, as the test above.
+// for every tensor as qkv quantize does for Q8_0, Q6_K, the Q4_K_M / Q5_K_M mixes and MXFP4_MOE (experts MXFP4, the
+// rest Q8_0; dense models all Q8_0), and writes the same bytes: both run ggml's reference quantizers (no importance
+// matrix). Skipped, or failed, as the test above.
 TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
   std::string missing;
   const std::string modules = llamacpp_modules(&missing);
@@ -1080,10 +1081,15 @@ TEST(GgufExport, LlamaCppQuantizesToTheSameTypesAndBytes) {
     if (llamacpp_required()) FAIL() << missing;
     GTEST_SKIP() << missing;
   }
-  for (const fs::path& folder : {folders().llama, folders().qwen3, folders().qwen3moe}) {
+  for (const fs::path& folder : {folders().llama, folders().qwen3, folders().qwen3moe, folders().gpt_oss}) {
     const std::string f32 = out_path("same-f32.gguf");
     nn::quantize_to_gguf(folder.string(), f32, {});
-    for (GgufFileType type : {GgufFileType::Q8_0, GgufFileType::Q6_K, GgufFileType::Q4_K_M, GgufFileType::Q5_K_M}) {
+    const bool gpt_oss = folder == folders().gpt_oss;  // its experts stacked in the model too: MXFP4_MOE alone
+    const std::vector<GgufFileType> types =
+        gpt_oss ? std::vector<GgufFileType>{GgufFileType::MXFP4_MOE}
+                : std::vector<GgufFileType>{GgufFileType::Q8_0, GgufFileType::Q6_K, GgufFileType::Q4_K_M,
+                                            GgufFileType::Q5_K_M, GgufFileType::MXFP4_MOE};
+    for (GgufFileType type : types) {
       const std::string name = nn::gguf_file_type_name(type);
       SCOPED_TRACE(folder.filename().string() + " " + name);
       const std::string ours = out_path("same-qkv.gguf"), theirs = out_path("same-llamacpp.gguf");

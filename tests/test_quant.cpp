@@ -249,6 +249,29 @@ TEST(Quant, RoundTripErrorsAreEachFormats) {
   }
 }
 
+// MXFP4 blocks widened and quantized again keep every value: what makes writing a published gpt-oss's experts into a
+// GGUF file (mxfp4_moe) lossless although the writer widens them first. Blocks of random codes under exponents 8 to
+// 247 (values well inside float's normal range), including blocks whose largest code is below 4 (the quantizer then
+// picks a smaller exponent, and the codes double).
+TEST(Quant, Mxfp4BlocksWidenedAndQuantizedAgainKeepTheirValues) {
+  const int64_t rows = 64, K = 256, bytes = kernels::row_bytes(WeightType::MXFP4, K);
+  std::vector<unsigned char> blocks(static_cast<size_t>(rows * bytes));
+  SplitMix g(11);
+  for (int64_t b = 0; b < rows * K / 32; ++b) {
+    unsigned char* block = blocks.data() + b * 17;
+    block[0] = static_cast<unsigned char>(8 + g.next() % 240);
+    const unsigned mask = b % 3 == 0 ? 0x33 : 0xff;  // codes ≤ 3 (values ≤ 1.5) in every third block
+    for (int i = 1; i < 17; ++i) block[i] = static_cast<unsigned char>(g.next() & mask);
+  }
+  std::vector<float> values(static_cast<size_t>(rows * K)), again(values.size());
+  kernels::dequantize_rows(WeightType::MXFP4, blocks.data(), values.data(), rows, K);
+  std::vector<unsigned char> requantized(blocks.size());
+  kernels::quantize_rows(WeightType::MXFP4, values.data(), requantized.data(), rows, K);
+  kernels::dequantize_rows(WeightType::MXFP4, requantized.data(), again.data(), rows, K);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], again[i]) << "value " << i;
+  EXPECT_NE(blocks, requantized) << "no block took a smaller exponent: the doubled codes went untested";
+}
+
 // Products at sizes where threads split the work (the kernel table's are small): on 1 and 2 threads the one-row path
 // gives the same bits (each row of W is one thread's), both paths stay within float rounding of their references, and
 // the integer path (8-bit activations) stays within 1% of Σ|w·x| of the float32 product.

@@ -63,7 +63,8 @@ Runner setup_quantize(CLI::App& cmd, CommandContext&) {
       ->required()->transform(folder_path());
   cmd.add_option("--out", o->out, "The GGUF file to write (written to a temporary beside it, renamed when whole)")->required();
   cmd.add_option("--type", o->type, "The matrices' type: " + nn::gguf_file_type_names() + " (plain types: every matrix; "
-                                    "q4_k_m, q5_k_m: llama.cpp's mixes)")
+                                    "q4_k_m, q5_k_m: llama.cpp's mixes; mxfp4_moe: a mixture of experts' experts MXFP4, the rest q8_0, as gpt-oss is "
+                                    "published)")
       ->required();
   cmd.add_option("--name", o->name, "general.name (default: the folder's name, or the GGUF's own)");
   cmd.add_flag("--overwrite", o->overwrite, "Replace --out if it exists");

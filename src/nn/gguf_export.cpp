@@ -30,7 +30,8 @@ struct FileTypeRow {
   WeightType base;     // what most matrices take
   uint32_t ftype;      // llama.cpp's llama_ftype, written as general.file_type
 };
-// LLAMA_FTYPE_*: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_S 14, Q4_K_M 15, Q5_K_S 16, Q5_K_M 17, Q6_K 18, BF16 32.
+// LLAMA_FTYPE_*: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_S 14, Q4_K_M 15, Q5_K_S 16, Q5_K_M 17, Q6_K 18, BF16 32,
+// MXFP4_MOE 38.
 // The pure K types are recorded as the _S mixes' ids (llama.cpp has no id of its own for them).
 constexpr FileTypeRow kFileTypes[] = {
     {GgufFileType::F32, "f32", WeightType::F32, 0},        {GgufFileType::F16, "f16", WeightType::F16, 1},
@@ -38,6 +39,7 @@ constexpr FileTypeRow kFileTypes[] = {
     {GgufFileType::Q4_0, "q4_0", WeightType::Q4_0, 2},     {GgufFileType::Q4_K, "q4_k", WeightType::Q4_K, 14},
     {GgufFileType::Q5_K, "q5_k", WeightType::Q5_K, 16},    {GgufFileType::Q6_K, "q6_k", WeightType::Q6_K, 18},
     {GgufFileType::Q4_K_M, "q4_k_m", WeightType::Q4_K, 15}, {GgufFileType::Q5_K_M, "q5_k_m", WeightType::Q5_K, 17},
+    {GgufFileType::MXFP4_MOE, "mxfp4_moe", WeightType::Q8_0, 38},
 };
 const FileTypeRow& row_of(GgufFileType type) {
   for (const FileTypeRow& r : kFileTypes)
@@ -352,6 +354,12 @@ WeightType gguf_tensor_type(GgufFileType type, const DecoderConfig& config, cons
   const WeightType base = row_of(type).base;
   const int64_t cols = p.shape[p.shape.rank() - 1];
   WeightType chosen = base;
+  if (type == GgufFileType::MXFP4_MOE) {  // llama.cpp: the experts' 3-D tensors MXFP4, every other matrix Q8_0
+    const Role role = p.role();
+    const bool expert = role == Role::ExpertGate || role == Role::ExpertUp || role == Role::ExpertDown ||
+                        role == Role::StackedGateUp || role == Role::StackedDown;
+    if (expert) chosen = WeightType::MXFP4;
+  }
   if (type == GgufFileType::Q4_K_M || type == GgufFileType::Q5_K_M) {
     const Role role = p.role();
     if (role == Role::Head || (role == Role::TokenEmbedding && config.tie_word_embeddings)) {

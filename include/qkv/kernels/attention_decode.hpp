@@ -23,7 +23,7 @@ struct KVPage {
 
 // The keys and values a query row attends over: pages in position order
 struct KVPages {
-  std::span<const KVPage> pages;
+  std::span<const KVPage> pages;      // in position order (not owned)
   WeightType type = WeightType::F32;  // F32, F16, BF16 or Q8_0 (see attention_decode_supports)
   int64_t row_bytes = 0;              // bytes from one position's row to the next within a page
   int64_t positions() const;          // Σ of the pages' positions

@@ -22,7 +22,8 @@ namespace qkv::nn {
 // What a whole file is quantized to (llama.cpp's "ftype"). The plain types store every matrix — the token embedding
 // and the head too — in that type, as `llama-quantize --pure` does; Q4_K_M and Q5_K_M are llama.cpp's mixes
 // (gguf_tensor_type). Norms and biases stay float32 in every type, as in llama.cpp's files.
-enum class GgufFileType { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M };
+// MXFP4_MOE: llama.cpp's type for gpt-oss as published — every mixture-of-experts matrix MXFP4, the other matrices Q8_0
+enum class GgufFileType { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M, MXFP4_MOE };
 // The type named "q4_k_m", "Q8_0", "bf16", … (case-insensitive), or nothing
 std::optional<GgufFileType> gguf_file_type_from_name(std::string_view name);
 const char* gguf_file_type_name(GgufFileType type);  // "q4_k_m"
