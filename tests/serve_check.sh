@@ -157,7 +157,8 @@ cached=$(/usr/bin/python3 -c "import json, sys; print(json.load(open(sys.argv[1]
 echo "ok: a prompt continuing an earlier one → $cached tokens from the prompt cache, $((after - before)) prefilled"
 
 # Memory stays flat: 1,000 requests (4 clients at once, retrying a 429, prompts of 1–60 tokens, some sharing starts so the prompt
-# cache forks and evicts) leave the server's RSS within 5% of what it was after the first 100.
+# cache forks and evicts) leave the server's RSS within 5% of what it was after the first 100 — or, past a one-time step,
+# flat (under 1%) over 1,000 more.
 /usr/bin/python3 - "$port" "$key" "$server" <<'PY' || fail "memory grew over 1,000 requests, or one failed"
 import http.client, json, sys, threading, time
 port, key, pid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -186,8 +187,17 @@ at100 = rss()
 run(100, 900)
 at1000 = rss()
 print(f"ok: 1,000 requests → RSS {at100 // 1024} MB after 100, {at1000 // 1024} MB after 1,000 ({100 * (at1000 - at100) / at100:+.1f}%)")
+grew = at1000 > at100 * 1.05
+if grew and not failed:
+    # This tiny model's server holds ~40 MB of its own, so one high-water mark reached late (the most sequences and
+    # cached blocks at once; malloc's arenas) is 1–2 MB, 3–5%, in some runs: then the next 1,000 requests must add
+    # under 1% (over 7,300 requests such a run grew 28 kB after its step). A leak keeps growing.
+    run(1000, 1000)
+    at2000 = rss()
+    print(f"   then 2,000 requests → {at2000 // 1024} MB ({100 * (at2000 - at1000) / at1000:+.2f}% over the last 1,000)")
+    grew = at2000 > at1000 * 1.01
 if failed: print("statuses other than 200:", sorted(set(failed)))
-sys.exit(1 if failed or at1000 > at100 * 1.05 else 0)
+sys.exit(1 if failed or grew else 0)
 PY
 
 # Slow clients: a request line with no headers after it, and headers sent a byte at a time, are dropped; a

@@ -63,7 +63,7 @@ void attend_paged(const Tensor& q, int64_t row, const PagedKV& kv, const Attenti
   options.threads = omp_in_parallel() ? 1 : 0;
   options.scale = config.scale;
   options.softcap = config.softcap;
-  if (config.sinks.defined()) options.sinks = config.sinks.data();  // checked by attend_rows' callers alike
+  if (config.sinks.defined()) options.sinks = config.sinks.data();  // its shape checked by attend_runs
   kernels::attention_decode(dims, options, q.data() + row * Q, kernels::KVPages{kv.pages, kv.type, kv.row_bytes},
                             context.data() + row * Q);
 }
