@@ -601,7 +601,7 @@ struct Server::State {
       s.run_between_steps([&] { row = decoder.attention_row(ids, position); });
     } catch (const ShapeError& e) {
       throw HttpError(503, e.what(), "server_error", {}, "unavailable");
-    } catch (const ValueError& e) {  // latent attention is not drawn yet
+    } catch (const ValueError& e) {  // a model whose layers recorded no attention
       throw HttpError(400, std::string("No attention weights for this model: ") + e.what());
     }
     const int64_t n = position + 1;
