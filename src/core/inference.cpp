@@ -25,6 +25,26 @@ void rope_rows_(Tensor& x, const kernels::RopeTable& table, RopeLayout layout, i
   kernels::rope_apply_rows(table, layout, p, p, rows, positions, W, heads, D);
 }
 
+namespace {
+// The kernels' options for one sequence's attention under `config` (ShapeError, naming `who`, for sinks that do not fit)
+kernels::AttentionOptions attention_options(const AttentionConfig& config, const char* who) {
+  kernels::AttentionOptions options;
+  options.threads = omp_in_parallel() ? 1 : 0;  // one of a batch's sequences, attended beside the others
+  options.causal = config.causal;
+  options.window = config.window;
+  options.scale = config.scale;
+  options.softcap = config.softcap;
+  if (config.sinks.defined()) {  // gpt-oss: one logit per head in each row's denominator
+    const int64_t H = config.num_heads;
+    if (!(config.sinks.shape() == Shape{H}) || config.sinks.dtype() != DType::F32)
+      throw ShapeError(std::string(who) + ": sinks must be float32 of shape (" + std::to_string(H) + "), got " +
+                       config.sinks.shape().str());
+    options.sinks = config.sinks.data();
+  }
+  return options;
+}
+}  // namespace
+
 void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys, const float* values, int64_t Tk,
                  const AttentionConfig& config, Tensor& context) {
   const int64_t H = config.num_heads, H_kv = config.num_kv_heads > 0 ? config.num_kv_heads : H;
@@ -36,17 +56,7 @@ void attend_rows(const Tensor& q, int64_t row0, int64_t rows, const float* keys,
   kernels::AttentionLayout layout;
   layout.q = layout.o = kernels::AttentionStrides::btc(H, D, rows);
   layout.k = layout.v = kernels::AttentionStrides::btc(H_kv, D, Tk);
-  kernels::AttentionOptions options;
-  options.threads = omp_in_parallel() ? 1 : 0;  // one of a batch's sequences, attended beside the others
-  options.causal = config.causal;
-  options.window = config.window;
-  options.scale = config.scale;
-  options.softcap = config.softcap;
-  if (config.sinks.defined()) {  // gpt-oss: one logit per head in each row's denominator
-    if (!(config.sinks.shape() == Shape{H}) || config.sinks.dtype() != DType::F32)
-      throw ShapeError("attend_rows: sinks must be float32 of shape (" + std::to_string(H) + "), got " + config.sinks.shape().str());
-    options.sinks = config.sinks.data();
-  }
+  const kernels::AttentionOptions options = attention_options(config, "attend_rows");
   std::vector<float> lse(static_cast<size_t>(H * rows));
   kernels::attention_forward(dims, layout, options, q.data() + row0 * Q, keys, values, context.data() + row0 * Q,
                              lse.data());
@@ -59,11 +69,7 @@ void attend_paged(const Tensor& q, int64_t row, const PagedKV& kv, const Attenti
   const int64_t Q = q.size(q.rank() - 1);
   kernels::AttentionDims dims;
   dims.H = H, dims.H_kv = H_kv, dims.D = Q / H, dims.Tq = 1, dims.Tk = kernels::KVPages{kv.pages}.positions();
-  kernels::AttentionOptions options;
-  options.threads = omp_in_parallel() ? 1 : 0;
-  options.scale = config.scale;
-  options.softcap = config.softcap;
-  if (config.sinks.defined()) options.sinks = config.sinks.data();  // its shape checked by attend_runs
+  const kernels::AttentionOptions options = attention_options(config, "attend_runs");  // causal, window: the pages
   kernels::attention_decode(dims, options, q.data() + row * Q, kernels::KVPages{kv.pages, kv.type, kv.row_bytes},
                             context.data() + row * Q);
 }
@@ -78,8 +84,6 @@ void attend_runs(const Tensor& q, std::span<const AttentionRun> runs, int64_t kv
   int64_t longest = 0;
   for (const AttentionRun& run : runs) longest = std::max(longest, run.rows);
   const int64_t H = config.num_heads, Q = q.size(q.rank() - 1);
-  if (config.sinks.defined() && (!(config.sinks.shape() == Shape{H}) || config.sinks.dtype() != DType::F32))
-    throw ShapeError("attend_runs: sinks must be float32 of shape (" + std::to_string(H) + "), got " + config.sinks.shape().str());
   auto attend = [&](size_t i) {
     const AttentionRun& run = runs[i];
     if (run.rows == 1 && pages) {

@@ -54,7 +54,8 @@ inline void product(Precision p, bool trans_a, bool trans_b, int64_t M, int64_t 
 // type as one matrix: generation then pays one parallel region for a layer's q, k and v instead of three.
 inline void product_parts(Precision p, int64_t M, int64_t K, const Tensor& a, const std::vector<std::pair<Tensor, int64_t>>& parts,
                           float beta, float* C, int64_t ldc) {
-  std::vector<kernels::WeightView> views;
+  thread_local std::vector<kernels::WeightView> views;  // kept: generation calls this for every layer and token
+  views.clear();
   for (const auto& [b, rows] : parts) {
     const bool stored = b.dtype() == DType::Stored || (b.dtype() == DType::BF16 && p != Precision::BF16 && a.dtype() == DType::F32);
     if (!stored || b.rank() != 2 || b.size(1) != K || b.size(0) != rows) break;

@@ -218,19 +218,20 @@ void KVBlockCache::write(int64_t layer, int64_t seq, int64_t pos, const float* k
 }
 
 void KVBlockCache::gather(int64_t layer, int64_t seq, int64_t begin, int64_t end, float* keys, float* values) const {
-  const Sequence& s = at(seq);
-  for (int64_t p = begin; p < end;) {  // one block's run of positions at a time
-    const int32_t block = s.blocks[static_cast<size_t>(p / block_size_)];
-    const int64_t n = std::min(end, (p / block_size_ + 1) * block_size_) - p;
+  thread_local std::vector<kernels::KVPage> runs;  // one block's run of positions each
+  runs.clear();
+  pages(layer, seq, begin, end, runs);
+  int64_t at = 0;  // rows written so far
+  for (const kernels::KVPage& run : runs) {
     if (type_ == kernels::WeightType::F32) {
-      const size_t bytes = static_cast<size_t>(n * row_bytes_);
-      std::memcpy(keys + (p - begin) * width_, slot(block, layer, 0, p), bytes);
-      if (values && kinds_ == 2) std::memcpy(values + (p - begin) * width_, slot(block, layer, 1, p), bytes);
+      const size_t bytes = static_cast<size_t>(run.positions * row_bytes_);
+      std::memcpy(keys + at * width_, run.keys, bytes);
+      if (values && kinds_ == 2) std::memcpy(values + at * width_, run.values, bytes);
     } else {
-      kernels::dequantize_rows(type_, slot(block, layer, 0, p), keys + (p - begin) * width_, n, width_);
-      if (values && kinds_ == 2) kernels::dequantize_rows(type_, slot(block, layer, 1, p), values + (p - begin) * width_, n, width_);
+      kernels::dequantize_rows(type_, run.keys, keys + at * width_, run.positions, width_);
+      if (values && kinds_ == 2) kernels::dequantize_rows(type_, run.values, values + at * width_, run.positions, width_);
     }
-    p += n;
+    at += run.positions;
   }
 }
 
