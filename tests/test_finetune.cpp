@@ -290,6 +290,10 @@ TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
   if (c.num_experts == 0) {
     const int64_t per_block = c.mlp == nn::MlpKind::GELU ? 6 : 7;
     EXPECT_EQ(static_cast<int64_t>(names.size()), per_block * c.num_layers);
+  } else if (c.family->stacked_experts) {  // gpt-oss: q, k, v, o and the two stacked parameters of every layer
+    EXPECT_EQ(static_cast<int64_t>(names.size()), 6 * c.num_layers);
+    for (const std::string part : {"gate_up_proj", "down_proj"})
+      EXPECT_NE(std::find(names.begin(), names.end(), "model.layers.1.mlp.experts." + part), names.end()) << part;
   } else {  // every expert's gate, up and down in every mixture-of-experts layer, under PEFT's names
     int64_t moe_layers = 0, expert_sites = 0;
     for (const auto& layer : c.layers) moe_layers += layer.experts;
@@ -349,7 +353,91 @@ TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderLora,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3", "qwen3_next"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "deepseek_v3", "qwen3_next",
+                                           "gpt_oss"));
+
+// PEFT's LoRA on gpt-oss's stacked experts (target_parameters), as tools/decoder_reference.py writes it from PEFT's
+// get_delta_weight: the adapter folder read and applied gives PyTorch's logits, loss (with the router's auxiliary
+// loss) and the gradient of every lora_A and lora_B, under PEFT's nested names; the same updates in the swapped
+// orientation other PEFT/transformers versions write give the same logits; qkv's own folder round-trips.
+TEST(GptOssLora, PeftsExpertAdapterGivesPyTorchsLogitsLossAndGradients) {
+  const auto expected = io::SafetensorsFile::open(fixture("hf/gpt_oss_lora.expected.safetensors"));
+  const std::vector<int64_t> ids = expected.int64s("ids"), targets = expected.int64s("targets");
+  const int64_t B = 2, T = static_cast<int64_t>(ids.size()) / B;
+  auto model = nn::load_hf_decoder(fixture("hf/gpt_oss"));
+  nn::set_trainable(*model, {});
+  const nn::PeftAdapter adapter = nn::read_peft_adapter(fixture("hf/gpt_oss_lora"));
+  EXPECT_EQ(adapter.target_parameters, (std::vector<std::string>{"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  EXPECT_TRUE(nn::apply_peft_adapter(*model, adapter).empty());
+  model->eval();
+  const Tensor want = expected.tensor("logits");
+  Tensor logits;
+  {
+    NoGradGuard no_grad;
+    logits = model->forward(ids, B, T);
+    EXPECT_TRUE(all_close(logits, want, 1e-4, 1e-5));
+    Tensor base = nn::load_hf_decoder(fixture("hf/gpt_oss"))->forward(ids, B, T);
+    EXPECT_FALSE(all_close(base, want, 1e-2, 1e-2));  // the adapter changes them
+  }
+  Tensor loss = model->loss(ids, B, T, targets);
+  EXPECT_NEAR(loss.item(), expected.tensor("loss").item(), 1e-5);
+  loss.backward();
+  // qkv registers a stacked parameter's pair under the parameter's name; PEFT's key is the nested wrapper's
+  const std::map<std::string, std::string> peft = {{"mlp.experts.gate_up_proj.", "mlp.experts.base_layer."},
+                                                   {"mlp.experts.down_proj.", "mlp.experts."}};
+  int checked = 0;
+  for (auto& [name, p] : model->named_parameters()) {
+    if (name.find(".lora_") == std::string::npos) {
+      EXPECT_FALSE(p.grad().defined()) << name;
+      continue;
+    }
+    std::string key = name;
+    for (const auto& [ours, theirs] : peft)
+      if (const size_t at = key.find(ours); at != std::string::npos) key.replace(at, ours.size(), theirs);
+    const Tensor w = expected.tensor("grad." + key);
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_TRUE(all_close(p.grad(), w, 1e-4, 1e-5)) << name << " (" << key << ")";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2 * 3 * 2);  // q_proj, gate_up_proj and down_proj's pairs in 2 layers
+  // the swapped orientation
+  auto swapped = nn::load_hf_decoder(fixture("hf/gpt_oss"));
+  nn::apply_peft_adapter(*swapped, nn::read_peft_adapter(fixture("hf/gpt_oss_lora_swapped")));
+  swapped->eval();
+  {
+    NoGradGuard no_grad;
+    EXPECT_TRUE(all_close(swapped->forward(ids, B, T), want, 1e-4, 1e-5));
+  }
+  // written by qkv: PEFT's keys and config, read back to the same logits
+  const std::string dir = ::testing::TempDir() + "/qkv_gpt_oss_expert_adapter";
+  std::filesystem::remove_all(dir);
+  std::vector<std::string> names;
+  for (const auto& site : model->lora_sites())
+    if (site.lora->defined()) names.push_back(site.name);
+  nn::save_peft_adapter(dir, *model, {.rank = 2, .alpha = 3, .target_modules = names}, {});
+  const nn::PeftAdapter written = nn::read_peft_adapter(dir);
+  EXPECT_EQ(written.target_parameters.size(), 4u);  // both parameters of both layers, by full name
+  EXPECT_EQ(written.target_modules.size(), 2u);
+  for (const auto& [key, t] : adapter.tensors) {
+    ASSERT_TRUE(written.tensors.count(key)) << key;
+    EXPECT_TRUE(all_close(written.tensors.at(key), t, 0, 0)) << key;
+  }
+  auto fresh = nn::load_hf_decoder(fixture("hf/gpt_oss"));
+  nn::apply_peft_adapter(*fresh, written);
+  fresh->eval();
+  NoGradGuard no_grad;
+  EXPECT_TRUE(all_close(fresh->forward(ids, B, T), logits, 0, 0));
+  // an adapter whose config lost its target_parameters cannot say which parameter a pair adapts
+  nn::PeftAdapter unnamed = adapter;
+  unnamed.target_parameters.clear();
+  auto other = nn::load_hf_decoder(fixture("hf/gpt_oss"));
+  try {
+    nn::apply_peft_adapter(*other, unnamed);
+    ADD_FAILURE() << "applied";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("target_parameters"), std::string::npos) << e.what();
+  }
+}
 
 // gpt-oss as published, its experts MXFP4: LoRA on the attention trains over the frozen MXFP4 experts (the gradient
 // reaches the adapters through them), and the experts stay MXFP4
@@ -357,11 +445,12 @@ TEST(GptOssLora, AttentionTrainsOverMxfp4Experts) {
   auto model = nn::load_hf_decoder(fixture("hf/gpt_oss_mxfp4"));
   nn::set_trainable(*model, {});
   Generator gen(6);
-  const auto names = nn::add_lora(*model, {.rank = 2, .alpha = 4}, gen);
+  const auto names = nn::add_lora(*model, {.rank = 2, .alpha = 4, .targets = {"attention"}}, gen);
   ASSERT_FALSE(names.empty());
   for (const auto& name : names) EXPECT_NE(name.find(".self_attn."), std::string::npos) << name;
   nn::set_trainable(*model, {"*.lora_A.weight", "*.lora_B.weight"});
-  for (auto& site : model->lora_sites()) site.lora->b.copy_(random_tensor(site.lora->b.shape(), 8, 0.1f));
+  for (auto& site : model->lora_sites())
+    if (site.lora->defined()) site.lora->b.copy_(random_tensor(site.lora->b.shape(), 8, 0.1f));
   const int64_t T = 6;
   std::vector<int64_t> ids, targets;
   for (int64_t i = 0; i < 2 * T; ++i) ids.push_back((7 * i + 3) % 80), targets.push_back((5 * i + 1) % 80);
@@ -377,6 +466,76 @@ TEST(GptOssLora, AttentionTrainsOverMxfp4Experts) {
   }
   EXPECT_LT(model->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
   EXPECT_EQ(model->parameter(nn::Role::StackedDown, 1).weight_type(), kernels::WeightType::MXFP4);
+}
+
+// QLoRA on the experts themselves: adapters on gpt-oss's MXFP4 stacked experts train through the frozen blocks (the
+// kernel's side path, no expert widened), and give what the same adapters give on the experts widened to float32
+TEST(GptOssLora, ExpertAdaptersTrainOverMxfp4Experts) {
+  auto model = nn::load_hf_decoder(fixture("hf/gpt_oss_mxfp4"));
+  ASSERT_EQ(model->parameter(nn::Role::StackedGateUp, 0).weight_type(), kernels::WeightType::MXFP4);
+  nn::set_trainable(*model, {});
+  Generator gen(6);
+  const auto names = nn::add_lora(*model, {.rank = 2, .alpha = 4, .targets = {"mlp"}}, gen);
+  EXPECT_EQ(names, (std::vector<std::string>{"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj",
+                                             "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"}));
+  for (auto& site : model->lora_sites())
+    if (site.lora->defined()) site.lora->b.copy_(random_tensor(site.lora->b.shape(), 9, 0.2f));
+  const int64_t T = 6;
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = 0; i < 2 * T; ++i) ids.push_back((7 * i + 3) % 80), targets.push_back((5 * i + 1) % 80);
+  model->eval();
+  const std::string dir = ::testing::TempDir() + "/qkv_gpt_oss_mxfp4_expert_adapter";
+  std::filesystem::remove_all(dir);
+  nn::save_peft_adapter(dir, *model, {.rank = 2, .alpha = 4, .target_modules = names}, {});
+  // the same adapter on the experts widened to float32 (--weights f32). The MXFP4 path quantizes activations to 8 bits
+  // (6% of the logits' range from PyTorch's on this model, test_moe.cpp), so the adapted models differ by what the
+  // bases differ by, and the adapter moves the logits far more than that
+  nn::PretrainedOptions wide;
+  wide.weights = kernels::WeightType::F32;
+  wide.tokenizer = false;
+  const auto widened_base = nn::load_pretrained(fixture("hf/gpt_oss_mxfp4"), wide);
+  wide.adapter = dir;
+  const auto widened = nn::load_pretrained(fixture("hf/gpt_oss_mxfp4"), wide);
+  EXPECT_EQ(widened->model->parameter(nn::Role::StackedGateUp, 0).weight_type(), kernels::WeightType::F32);
+  const auto base = nn::load_hf_decoder(fixture("hf/gpt_oss_mxfp4"));
+  base->eval();
+  {
+    NoGradGuard no_grad;
+    auto gap = [](const Tensor& a, const Tensor& b) {
+      float d = 0.0f;
+      for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data()[i] - b.data()[i]));
+      return d;
+    };
+    const Tensor got = model->forward(ids, 2, T), want = widened->model->forward(ids, 2, T);
+    const float bases = gap(base->forward(ids, 2, T), widened_base->model->forward(ids, 2, T)), adapted = gap(got, want);
+    EXPECT_LT(adapted, 1.5f * bases + 1e-3f) << "the bases differ by " << bases;
+    EXPECT_GT(gap(want, widened_base->model->forward(ids, 2, T)), 2.0f * adapted);
+    // merged into the float32 experts: the adapted logits
+    nn::merge_lora(*widened->model);
+    EXPECT_TRUE(all_close(widened->model->forward(ids, 2, T), want, 1e-4, 1e-5));
+    // merging into MXFP4 blocks is refused, naming the fix
+    try {
+      nn::merge_lora(*model);
+      ADD_FAILURE() << "merged into MXFP4";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("--weights f32"), std::string::npos) << e.what();
+    }
+  }
+  const Tensor before = model->loss(ids, 2, T, targets);
+  before.backward();
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : model->named_parameters()) {
+      if (name.find(".lora_") == std::string::npos) {
+        EXPECT_FALSE(p.grad().defined()) << name;
+        continue;
+      }
+      ASSERT_TRUE(p.grad().defined()) << name;
+      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
+    }
+  }
+  EXPECT_LT(model->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+  EXPECT_EQ(model->parameter(nn::Role::StackedGateUp, 1).weight_type(), kernels::WeightType::MXFP4);
 }
 
 TEST(LabelledTexts, CsvWithQuotesCommasAndNewlinesTsvAndJsonLines) {

@@ -765,6 +765,74 @@ std::vector<KernelCase> kernel_cases() {
                          return ok << " (" << names[i] << ")";
                      return ::testing::AssertionSuccess();
                    }});
+  // LoRA on gpt-oss's stacked experts (PEFT's target_parameters layout): rank 2 per expert on gate_up and down, A's
+  // rows grouped by expert and B's columns interleaved by it, against the reference (which adds each expert's update
+  // to its weight); then the same experts as stored rows (float32 views, transposed), whose side path must agree.
+  cases.push_back({"moe, gpt-oss with LoRA on the stacked experts (float32 and stored)", [](int64_t n, int m) {
+                     const MoeDims d{n, 5, 3, 4, 2};
+                     const int64_t r = 2, rE = r * d.E;
+                     MoeOptions options;
+                     options.top_k_then_softmax = true;
+                     options.swiglu_limit = 0.6f;
+                     Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), bias(d.E, m, 3), g_out(n * d.C, m, 4);
+                     Buffer gate_up(d.E * d.C * 2 * d.F, m, 5), gate_up_bias(d.E * 2 * d.F, m, 6),
+                         down(d.E * d.F * d.C, m, 7), down_bias(d.E * d.C, m, 8);
+                     Buffer gu_a(rE * d.C, m, 11), gu_b(2 * d.F * rE, m, 12), dn_a(rE * d.F, m, 13), dn_b(d.C * rE, m, 14);
+                     const MoeStackedLora lora{gu_a.data(), gu_b.data(), r, 0.75f, dn_a.data(), dn_b.data(), r, 1.5f};
+                     const MoeStacked w{gate_up.data(), gate_up_bias.data(), down.data(), down_bias.data(), &lora};
+                     Buffer out(n * d.C, m, 9), ref(n * d.C, m, 10);
+                     MoeSaved saved;
+                     moe_forward(d, options, x.data(), router.data(), bias.data(), w, out.data(), saved);
+                     moe_forward_reference(d, options, x.data(), router.data(), bias.data(), w, ref.data());
+                     if (auto ok = close(out.data(), ref.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+                     const float nan = std::numeric_limits<float>::quiet_NaN();
+                     const std::vector<int64_t> sizes = {n * d.C, d.E * d.C, d.E, d.E * 2 * d.F, d.E * d.C,
+                                                         rE * d.C, 2 * d.F * rE, rE * d.F, d.C * rE};
+                     std::vector<std::vector<float>> fast, want, stored;
+                     for (int64_t size : sizes) {
+                       fast.emplace_back(static_cast<size_t>(size), nan);  // every element must be written
+                       want.emplace_back(static_cast<size_t>(size), 0.0f);
+                       stored.emplace_back(static_cast<size_t>(size), nan);
+                     }
+                     auto grads = [](std::vector<std::vector<float>>& g) {
+                       MoeStackedGrads out{nullptr, g[3].data(), nullptr, g[4].data()};
+                       out.lora = {g[5].data(), g[6].data(), g[7].data(), g[8].data()};
+                       return out;
+                     };
+                     moe_backward(d, options, x.data(), router.data(), bias.data(), w, saved, g_out.data(),
+                                  fast[0].data(), fast[1].data(), fast[2].data(), grads(fast));
+                     moe_backward_reference(d, options, x.data(), router.data(), bias.data(), w, g_out.data(),
+                                            want[0].data(), want[1].data(), want[2].data(), grads(want));
+                     const char* names[] = {"dx", "d_router", "d_router_bias", "d_gate_up_bias", "d_down_bias",
+                                            "d gate_up lora_A", "d gate_up lora_B", "d down lora_A", "d down lora_B"};
+                     for (size_t i = 0; i < fast.size(); ++i)
+                       if (auto ok = close(fast[i].data(), want[i].data(), static_cast<int64_t>(fast[i].size()), 1e-4, 1e-5); !ok)
+                         return ok << " (" << names[i] << ")";
+                     // The stored form: each expert's output rows, gate_up (2F × C) and down (C × F)
+                     std::vector<float> gu_rows(static_cast<size_t>(d.E * 2 * d.F * d.C)), dn_rows(static_cast<size_t>(d.E * d.C * d.F));
+                     std::vector<WeightView> gu_views, dn_views;
+                     for (int64_t e = 0; e < d.E; ++e) {
+                       for (int64_t c = 0; c < d.C; ++c) {
+                         for (int64_t j = 0; j < 2 * d.F; ++j)
+                           gu_rows[static_cast<size_t>((e * 2 * d.F + j) * d.C + c)] = gate_up.data()[(e * d.C + c) * 2 * d.F + j];
+                         for (int64_t f = 0; f < d.F; ++f)
+                           dn_rows[static_cast<size_t>((e * d.C + c) * d.F + f)] = down.data()[(e * d.F + f) * d.C + c];
+                       }
+                       gu_views.push_back({WeightType::F32, gu_rows.data() + e * 2 * d.F * d.C, 2 * d.F, d.C});
+                       dn_views.push_back({WeightType::F32, dn_rows.data() + e * d.C * d.F, d.C, d.F});
+                     }
+                     const MoeStackedStored sw{gu_views.data(), gate_up_bias.data(), dn_views.data(), down_bias.data(), &lora};
+                     Buffer out2(n * d.C, m, 15);
+                     MoeSaved saved2;
+                     moe_forward(d, options, x.data(), router.data(), bias.data(), sw, out2.data(), saved2);
+                     if (auto ok = close(out2.data(), out.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (stored: out)";
+                     moe_backward(d, options, x.data(), router.data(), bias.data(), sw, saved2, g_out.data(),
+                                  stored[0].data(), stored[1].data(), stored[2].data(), grads(stored));
+                     for (size_t i = 0; i < stored.size(); ++i)
+                       if (auto ok = close(stored[i].data(), fast[i].data(), static_cast<int64_t>(stored[i].size()), 1e-4, 1e-5); !ok)
+                         return ok << " (stored: " << names[i] << ")";
+                     return ::testing::AssertionSuccess();
+                   }});
   // A query that sees one key (T = 1, or a window of 1: every row here) has a softmax of exactly 1 whatever its score,
   // so its dS is exactly 0 and dQ and dK are exactly 0, as PyTorch gives them: G − Di (dO·V from a tile product,
   // dO·O from a dot) agrees only to rounding, which became a W_query gradient of 1e-6…1e-4 (issue 44 item 18).

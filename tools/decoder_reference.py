@@ -835,10 +835,82 @@ def write_gpt_oss_mxfp4(out_dir):
     print(f"gpt_oss_mxfp4: greedy {sequence[5:]}")
 
 
+def write_gpt_oss_lora(out_dir):
+    """gpt_oss_lora/: a PEFT LoRA adapter on the gpt_oss folder's stacked experts (target_parameters gate_up_proj and
+    down_proj, rank 2 per expert, lora_alpha 3) and on its q_proj, laid out as PEFT >= 0.19.1 with transformers 5
+    writes it: lora_A (r*E, in), lora_B (out, r*E); down_proj's pair (the outer ParamWrapper) under
+    "...mlp.experts.lora_A.weight", gate_up_proj's under "...mlp.experts.base_layer.lora_A.weight". Each update is
+    PEFT's get_delta_weight, einsum("o r e, e r i -> e i o", B.reshape(out, r, E), A.reshape(E, r, in)) * scale,
+    added to the frozen weights. gpt_oss_lora_swapped/: the same updates in the orientation PEFT 0.19.0 with
+    transformers 5 writes (in and out swapped: lora_A (r*E, out), lora_B (in, r*E), einsum "... -> e o i").
+    gpt_oss_lora.expected.safetensors: ids, targets, logits, the loss and every adapter tensor's gradient
+    ("grad.<PEFT key>")."""
+    family = "gpt_oss"
+    c = FAMILIES[family]
+    seed = list(FAMILIES).index(family)
+    w = {k: v.detach() for k, v in random_weights(c, 2000 + seed).items()}  # the gpt_oss folder's weights, frozen
+    g = torch.Generator().manual_seed(5150)
+    r, alpha = 2, 3.0
+    scale = alpha / r
+    E, C, Fe = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
+    H, D = c["num_attention_heads"], c["head_dim"]
+    adapter, swapped = {}, {}
+    effective = dict(w)
+    for i in range(c["num_hidden_layers"]):
+        experts = f"model.layers.{i}.mlp.experts"
+        # registration order gate_up_proj, down_proj: the first wrapped innermost
+        for name, keyed, d_in, d_out in [("gate_up_proj", experts + ".base_layer", C, 2 * Fe),
+                                         ("down_proj", experts, Fe, C)]:
+            A = (0.3 * torch.randn(r * E, d_in, generator=g)).requires_grad_()
+            B = (0.3 * torch.randn(d_out, r * E, generator=g)).requires_grad_()
+            adapter[keyed + ".lora_A.weight"], adapter[keyed + ".lora_B.weight"] = A, B
+            delta = torch.einsum("o r e, e r i -> e i o", B.reshape(d_out, r, E), A.reshape(E, r, d_in)) * scale
+            effective[experts + "." + name] = w[experts + "." + name] + delta
+            # the swapped orientation of the same update: A_s (r*E, out), B_s (in, r*E), delta[e] = scale * B_s,e A_s,e
+            A3, B3 = A.detach().reshape(E, r, d_in), B.detach().reshape(d_out, r, E)
+            B_s = A3.permute(2, 1, 0).reshape(d_in, r * E)
+            A_s = B3.permute(2, 1, 0).reshape(E * r, d_out)
+            delta_s = torch.einsum("o r e, e r i -> e o i", B_s.reshape(d_in, r, E), A_s.reshape(E, r, d_out)) * scale
+            assert torch.allclose(delta_s, delta.detach(), atol=1e-6), name
+            swapped[keyed + ".lora_A.weight"], swapped[keyed + ".lora_B.weight"] = A_s, B_s
+        q = f"model.layers.{i}.self_attn.q_proj"
+        A = (0.3 * torch.randn(r, C, generator=g)).requires_grad_()
+        B = (0.3 * torch.randn(H * D, r, generator=g)).requires_grad_()
+        adapter[q + ".lora_A.weight"], adapter[q + ".lora_B.weight"] = A, B
+        swapped[q + ".lora_A.weight"], swapped[q + ".lora_B.weight"] = A.detach(), B.detach()
+        effective[q + ".weight"] = w[q + ".weight"] + scale * (B @ A)
+    B_, T = 2, 12
+    ids = torch.randint(0, c["vocab_size"], (B_, T), generator=g)
+    targets = torch.randint(0, c["vocab_size"], (B_, T), generator=g)
+    targets[0, 2] = -100
+    ROUTER_LOGITS.clear()
+    logits = forward(c, effective, ids)
+    loss = F.cross_entropy(logits.reshape(B_ * T, -1), targets.reshape(-1), ignore_index=-100)
+    loss = loss + c["router_aux_loss_coef"] * load_balancing_loss(ROUTER_LOGITS, E, c["num_experts_per_tok"])
+    loss.backward()
+    expected = {"ids": ids, "targets": targets, "logits": logits.detach().float(), "loss": loss.detach().reshape(1)}
+    for key, t in adapter.items():
+        expected["grad." + key] = t.grad.float()
+    for folder_name, tensors in [("gpt_oss_lora", adapter), ("gpt_oss_lora_swapped", swapped)]:
+        folder = os.path.join(out_dir, folder_name)
+        os.makedirs(folder, exist_ok=True)
+        config = dict(peft_type="LORA", task_type="CAUSAL_LM", base_model_name_or_path="gpt_oss", r=r,
+                      lora_alpha=alpha, lora_dropout=0.0, bias="none", fan_in_fan_out=False, inference_mode=True,
+                      target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+                      peft_version="0.19.0" if folder_name.endswith("swapped") else "0.19.1")
+        with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        save_safetensors(os.path.join(folder, "adapter_model.safetensors"),
+                         {"base_model.model." + k: v.detach().contiguous() for k, v in tensors.items()}, {"format": "pt"})
+    save_safetensors(os.path.join(out_dir, "gpt_oss_lora.expected.safetensors"), expected,
+                     {"tool": "tools/decoder_reference.py", "torch": torch.__version__})
+    print(f"gpt_oss_lora: loss {loss.item():.6f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
-    parser.add_argument("--families", nargs="*", help="only these (default: all, and gpt_oss_mxfp4); each keeps its seed")
+    parser.add_argument("--families", nargs="*", help="only these (default: all, gpt_oss_mxfp4 and gpt_oss_lora); each keeps its seed")
     args = parser.parse_args()
     for seed, (family, c) in enumerate(FAMILIES.items()):
         if args.families and family not in args.families:
@@ -880,6 +952,8 @@ def main():
         print(f"{family}: loss {loss.item():.6f}, greedy {sequence[5:]}")
     if not args.families or "gpt_oss_mxfp4" in args.families:
         write_gpt_oss_mxfp4(args.out)
+    if not args.families or "gpt_oss_lora" in args.families:
+        write_gpt_oss_lora(args.out)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,8 @@ int convert_to_hf_folder(const ConvertCommand& options) {
     throw UsageError("--merge " + options.merge + ": " + e.what());
   }
   nn::Decoder* model = loaded->model.get();
+  // experts kept as their file's MXFP4 rows are written widened anyway: widened first, the adapter merges into them
+  if (!options.merge.empty()) model->store_matrices(kernels::WeightType::F32);
   nn::merge_lora(*model);
   const nn::HfDType dtype = options.dtype == "bf16" ? nn::HfDType::BF16 : nn::HfDType::F32;
   const bool new_classifier = loaded->is_classifier() && !model->is_classifier();

@@ -172,10 +172,45 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
 }
 
 namespace {
+// The adapters on stacked experts as the kernel takes them, their shapes checked: gate_up's A (r·E, C), B (2F, r·E),
+// down's A (r·E, F), B (C, r·E), float32
+kernels::MoeStackedLora stacked_lora(const StackedExpertsLora& lora, int64_t E, int64_t C, int64_t F) {
+  kernels::MoeStackedLora k;
+  auto part = [&](const LowRankUpdate& l, const char* name, int64_t in, int64_t out, const float*& a, const float*& b,
+                  int64_t& rank, float& scale) {
+    if (!l.defined()) return;
+    const int64_t rows = l.a.rank() == 2 ? l.a.size(0) : 0, r = E > 0 ? rows / E : 0;
+    if (l.a.rank() != 2 || l.b.rank() != 2 || r < 1 || r * E != rows || !(l.a.shape() == Shape{r * E, in}) ||
+        !(l.b.shape() == Shape{out, r * E}))
+      throw ShapeError(std::string("mixture_of_experts: the LoRA pair on ") + name + " is " + l.a.shape().str() + " and " +
+                       l.b.shape().str() + "; for " + std::to_string(E) + " experts of " + std::to_string(in) + " × " +
+                       std::to_string(out) + " expected (r·E, " + std::to_string(in) + ") and (" + std::to_string(out) +
+                       ", r·E)");
+    if (l.a.dtype() != DType::F32 || l.b.dtype() != DType::F32)
+      throw ValueError(std::string("mixture_of_experts: the LoRA pair on ") + name + " must be float32");
+    a = l.a.data(), b = l.b.data(), rank = r, scale = l.scale;
+  };
+  part(lora.gate_up, "gate_up", C, 2 * F, k.gate_up_a, k.gate_up_b, k.gate_up_rank, k.gate_up_scale);
+  part(lora.down, "down", F, C, k.down_a, k.down_b, k.down_rank, k.down_scale);
+  return k;
+}
+
+// The adapters' four tensors, in the order the backward's inputs list them after the layer's own
+std::vector<Tensor> lora_tensors(const StackedExpertsLora& lora) {
+  return {lora.gate_up.a, lora.gate_up.b, lora.down.a, lora.down.b};
+}
+
+// Fills the kernel's adapter gradients from `slot` (a function of the input index, nullptr when not needed), the
+// adapters' inputs starting at `first`
+template <class Slot>
+kernels::MoeStackedLoraGrads lora_grads(Slot&& slot, size_t first) {
+  return {slot(first), slot(first + 1), slot(first + 2), slot(first + 3)};
+}
+
 // gpt-oss's experts as their files store them (see ops.hpp): each chosen expert's rows multiplied in place
 Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                               const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
-                              const MoeConfig& config) {
+                              const MoeConfig& config, const StackedExpertsLora& lora) {
   auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts (stored stacked experts): " + why); };
   if (x.rank() < 1 || router.rank() != 2 || gate_up.rank() != 2 || down.rank() != 2)
     fail("x must be (..., C), the router (E, C), gate_up (E·2F, C) and down (E·C, F)");
@@ -213,7 +248,8 @@ Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tenso
   }
   kept->tensors = {gate_up, down, r, rb, gb, db};
   auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
-  const kernels::MoeStackedStored w{kept->gate_up.data(), pointer(gb), kept->down.data(), pointer(db)};
+  const auto adapters = std::make_shared<kernels::MoeStackedLora>(stacked_lora(lora, E, C, F));
+  const kernels::MoeStackedStored w{kept->gate_up.data(), pointer(gb), kept->down.data(), pointer(db), adapters.get()};
   const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
   const kernels::MoeOptions options = kernel_options(config, E);
   Tensor out = Tensor::empty(x.shape());
@@ -224,14 +260,16 @@ Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tenso
   }
   if (config.chosen) config.chosen->assign(kept->saved.experts.begin(), kept->saved.experts.end());
   if (config.weights) config.weights->assign(kept->saved.weights.begin(), kept->saved.weights.end());
-  // Gradients reach x, and the router and biases where they are float32 parameters; the stored matrices are frozen
-  const std::vector<Tensor> inputs = {x, router, router_bias, gate_up_bias, down_bias};
+  // Gradients reach x, the router, the biases and the adapters where they are float32 parameters; the stored
+  // matrices are frozen
+  std::vector<Tensor> inputs = {x, router, router_bias, gate_up_bias, down_bias};
+  for (const Tensor& t : lora_tensors(lora)) inputs.push_back(t);
   auto learns = [](const Tensor& t) { return t.defined() && t.dtype() == DType::F32 && t.requires_grad(); };
   std::vector<Tensor> recorded;
   for (const Tensor& t : inputs)
     if (learns(t)) recorded.push_back(t);
   if (recorded.empty() || !grad_enabled()) return out;
-  detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs, dims, options, kept, learns](const Tensor& dout) {
+  detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs, dims, options, kept, learns, adapters](const Tensor& dout) {
     std::vector<Tensor> grads(inputs.size());
     auto slot = [&](size_t i) -> float* {
       if (!learns(inputs[i])) return nullptr;
@@ -240,14 +278,15 @@ Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tenso
     };
     const Kept& k = *kept;
     auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
-    const kernels::MoeStackedStored w{k.gate_up.data(), pointer(k.tensors[4]), k.down.data(), pointer(k.tensors[5])};
+    const kernels::MoeStackedStored w{k.gate_up.data(), pointer(k.tensors[4]), k.down.data(), pointer(k.tensors[5]),
+                                      adapters.get()};
     float* dx = slot(0);
     float* dr = slot(1);
     float* drb = slot(2);
-    float* dgb = slot(3);
-    float* ddb = slot(4);
+    kernels::MoeStackedGrads dw{nullptr, slot(3), nullptr, slot(4)};
+    dw.lora = lora_grads(slot, 5);
     kernels::moe_backward(dims, options, inputs[0].data(), k.tensors[2].data(), pointer(k.tensors[3]), w, k.saved,
-                          dout.data(), dx, dr, drb, dgb, ddb);
+                          dout.data(), dx, dr, drb, dw);
     for (size_t i = 0; i < inputs.size(); ++i)
       if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
   });
@@ -257,9 +296,9 @@ Tensor stored_stacked_experts(const Tensor& x, const Tensor& router, const Tenso
 
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                           const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
-                          const MoeConfig& config) {
+                          const MoeConfig& config, const StackedExpertsLora& lora) {
   if (gate_up.rank() == 2 && down.rank() == 2)
-    return stored_stacked_experts(x, router, router_bias, gate_up, gate_up_bias, down, down_bias, config);
+    return stored_stacked_experts(x, router, router_bias, gate_up, gate_up_bias, down, down_bias, config, lora);
   auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts (stacked experts): " + why); };
   if (x.rank() < 1 || router.rank() != 2 || gate_up.rank() != 3 || down.rank() != 3)
     fail("x must be (..., C), the router (E, C), gate_up (E, C, 2F) and down (E, F, C)");
@@ -288,26 +327,29 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& r
       return w;
     };
     return mixture_of_experts(x, wide(router), wide(router_bias), wide(gate_up), wide(gate_up_bias), wide(down),
-                              wide(down_bias), config);
+                              wide(down_bias), config, lora);
   }
   const kernels::MoeDims dims{N, C, F, E, config.experts_per_token};
   const kernels::MoeOptions options = kernel_options(config, E);
   auto pointer = [](const Tensor& t) { return t.defined() ? t.data() : static_cast<const float*>(nullptr); };
-  const kernels::MoeStacked w{pointer(gate_up), pointer(gate_up_bias), pointer(down), pointer(down_bias)};
+  const auto adapters = std::make_shared<kernels::MoeStackedLora>(stacked_lora(lora, E, C, F));
+  const kernels::MoeStacked w{pointer(gate_up), pointer(gate_up_bias), pointer(down), pointer(down_bias), adapters.get()};
   auto saved = std::make_shared<kernels::MoeSaved>();
   Tensor out = Tensor::empty(x.shape());
   kernels::moe_forward(dims, options, x.data(), router.data(), pointer(router_bias), w, out.data(), *saved);
   if (config.chosen) config.chosen->assign(saved->experts.begin(), saved->experts.end());
   if (config.weights) config.weights->assign(saved->weights.begin(), saved->weights.end());
+  std::vector<Tensor> all = inputs;  // the layer's own, then the adapters'
+  for (const Tensor& t : lora_tensors(lora)) all.push_back(t);
   std::vector<Tensor> recorded;
   bool any = false;
-  for (const Tensor& t : inputs)
+  for (const Tensor& t : all)
     if (t.defined()) {
       recorded.push_back(t);
       any = any || t.requires_grad();
     }
   if (!any || !grad_enabled()) return out;
-  detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs, dims, options, saved](const Tensor& dout) {
+  detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs = all, dims, options, saved, adapters](const Tensor& dout) {
     std::vector<Tensor> grads(inputs.size());
     auto slot = [&](size_t i) -> float* {
       if (!inputs[i].defined() || !inputs[i].requires_grad()) return nullptr;
@@ -318,8 +360,9 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& r
     float* dx = slot(0);
     float* dr = slot(1);
     float* drb = slot(2);
-    const kernels::MoeStackedGrads dw{slot(3), slot(4), slot(5), slot(6)};
-    const kernels::MoeStacked w{pointer(3), pointer(4), pointer(5), pointer(6)};
+    kernels::MoeStackedGrads dw{slot(3), slot(4), slot(5), slot(6)};
+    dw.lora = lora_grads(slot, 7);
+    const kernels::MoeStacked w{pointer(3), pointer(4), pointer(5), pointer(6), adapters.get()};
     kernels::moe_backward(dims, options, pointer(0), pointer(1), pointer(2), w, *saved, dout.data(), dx, dr, drb, dw);
     for (size_t i = 0; i < inputs.size(); ++i)
       if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));

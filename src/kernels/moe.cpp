@@ -147,6 +147,75 @@ struct ExpertGrads {
   const MoeStackedGrads* stacked = nullptr;
 };
 
+// ---- LoRA on stacked experts (MoeStackedLora): a rank-r side path per expert, beside its product ----
+
+// One adapted matrix: A (r·E × in), B (out × r·E), scale; a null A: none
+struct LoraPart {
+  const float* a = nullptr;
+  const float* b = nullptr;
+  int64_t r = 0;
+  float scale = 0.0f;
+  int64_t in = 0, out = 0, E = 0;
+  explicit operator bool() const { return a != nullptr && r > 0; }
+  const float* a_of(int64_t e) const { return a + e * r * in; }  // A_e: r contiguous rows
+};
+LoraPart gate_up_part(const MoeStackedLora* l, const MoeDims& d) {
+  if (!l) return {};
+  return {l->gate_up_a, l->gate_up_b, l->gate_up_rank, l->gate_up_scale, d.C, 2 * d.F, d.E};
+}
+LoraPart down_part(const MoeStackedLora* l, const MoeDims& d) {
+  if (!l) return {};
+  return {l->down_a, l->down_b, l->down_rank, l->down_scale, d.F, d.C, d.E};
+}
+
+// Scratch for the side path, reused across experts
+struct LoraScratch {
+  std::vector<float> t, u, be, dbe;  // x A_eᵀ (n × r), dy B_e (n × r), B_e and its gradient (out × r)
+};
+
+// B_e (out × r) gathered from B (out × r·E): its column k is B's column k·E + e
+void gather_columns(const LoraPart& l, int64_t e, float* be) {
+  for (int64_t o = 0; o < l.out; ++o)
+    for (int64_t k = 0; k < l.r; ++k) be[o * l.r + k] = l.b[(o * l.r + k) * l.E + e];
+}
+void scatter_columns(const LoraPart& l, int64_t e, const float* be, float* b) {
+  for (int64_t o = 0; o < l.out; ++o)
+    for (int64_t k = 0; k < l.r; ++k) b[(o * l.r + k) * l.E + e] = be ? be[o * l.r + k] : 0.0f;
+}
+
+// y (n × out, row stride ldy) += scale · (x A_eᵀ) B_eᵀ for x (n × in)
+void lora_forward(const LoraPart& l, int64_t e, const float* x, int64_t n, float* y, int64_t ldy, LoraScratch& s) {
+  s.t.resize(static_cast<size_t>(n * l.r));
+  s.be.resize(static_cast<size_t>(l.out * l.r));
+  gemm(false, true, n, l.r, l.in, 1.0f, x, l.in, l.a_of(e), l.in, 0.0f, s.t.data(), l.r);
+  gather_columns(l, e, s.be.data());
+  gemm(false, true, n, l.out, l.r, l.scale, s.t.data(), l.r, s.be.data(), l.r, 1.0f, y, ldy);
+}
+// From dy (n × out): u = dy B_e into the scratch, and dx (n × in, row stride in) += scale · u A_e when dx is set
+void lora_input_grad(const LoraPart& l, int64_t e, const float* dy, int64_t n, int64_t ldy, float* dx, LoraScratch& s) {
+  s.u.resize(static_cast<size_t>(n * l.r));
+  s.be.resize(static_cast<size_t>(l.out * l.r));
+  gather_columns(l, e, s.be.data());
+  gemm(false, false, n, l.r, l.out, 1.0f, dy, ldy, s.be.data(), l.r, 0.0f, s.u.data(), l.r);
+  if (dx) gemm(false, false, n, l.in, l.r, l.scale, s.u.data(), l.r, l.a_of(e), l.in, 1.0f, dx, l.in);
+}
+// … then, with the u above: dA_e = scale · uᵀ x and dB_e = scale · dyᵀ (x A_eᵀ), into A's rows and B's columns
+void lora_weight_grads(const LoraPart& l, int64_t e, const float* x, const float* dy, int64_t n, int64_t ldy,
+                       float* da, float* db, LoraScratch& s) {
+  if (da) gemm(true, false, l.r, l.in, n, l.scale, s.u.data(), l.r, x, l.in, 0.0f, da + e * l.r * l.in, l.in);
+  if (!db) return;
+  s.t.resize(static_cast<size_t>(n * l.r));
+  s.dbe.resize(static_cast<size_t>(l.out * l.r));
+  gemm(false, true, n, l.r, l.in, 1.0f, x, l.in, l.a_of(e), l.in, 0.0f, s.t.data(), l.r);
+  gemm(true, false, l.out, l.r, n, l.scale, dy, ldy, s.t.data(), l.r, 0.0f, s.dbe.data(), l.r);
+  scatter_columns(l, e, s.dbe.data(), db);
+}
+// An expert no token chose: zeros in its rows of dA and columns of dB
+void lora_zero_grads(const LoraPart& l, int64_t e, float* da, float* db) {
+  if (da) std::fill_n(da + e * l.r * l.in, l.r * l.in, 0.0f);
+  if (db) scatter_columns(l, e, nullptr, db);
+}
+
 // H = act(G, U) over n values: silu(G) ∘ U, or gpt-oss's clamped form (MoeOptions::swiglu_limit).
 void activate(const MoeOptions& o, const float* g, const float* u, float* h, int64_t n) {
   if (o.swiglu_limit <= 0.0f) {
@@ -224,6 +293,9 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
   std::vector<float> gate_up(stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
   for (int64_t row = 0; row < slots; ++row)
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
+  const MoeStackedLora* lora = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
+  const LoraPart gate_up_lora = gate_up_part(lora, d), down_lora = down_part(lora, d);
+  LoraScratch scratch;
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = saved.offsets[static_cast<size_t>(e)], n = saved.offsets[static_cast<size_t>(e) + 1] - r0;
     if (n == 0) continue;  // an expert no token chose costs nothing
@@ -243,6 +315,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
         gemm_weight(w.stacked_stored->gate_up[e], n, xe, d.C, 0.0f, gu, 2 * d.F);
         b = w.stacked_stored->gate_up_bias;
       }
+      if (gate_up_lora) lora_forward(gate_up_lora, e, xe, n, gu, 2 * d.F, scratch);
       if (b) b += e * 2 * d.F;
       for (int64_t i = 0; i < n; ++i)
         for (int64_t f = 0; f < d.F; ++f) {
@@ -266,6 +339,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
         gemm_weight(w.stacked_stored->down[e], n, he, d.F, 0.0f, y, d.C);
         down_bias = w.stacked_stored->down_bias;
       }
+      if (down_lora) lora_forward(down_lora, e, he, n, y, d.C, scratch);
       if (down_bias)
         for (int64_t i = 0; i < n; ++i)
           for (int64_t c = 0; c < d.C; ++c) y[i * d.C + c] += down_bias[e * d.C + c];
@@ -291,7 +365,13 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
               const ExpertGrads& dw_experts) {
   const int64_t slots = d.N * d.k;
   const MoeStackedGrads* ds = dw_experts.stacked;
+  const MoeStackedLora* lora = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
+  const LoraPart gate_up_lora = gate_up_part(lora, d), down_lora = down_part(lora, d);
+  const MoeStackedLoraGrads dl = ds ? ds->lora : MoeStackedLoraGrads{};
+  LoraScratch scratch;
   auto zero_expert = [&](int64_t e) {
+    if (gate_up_lora) lora_zero_grads(gate_up_lora, e, dl.gate_up_a, dl.gate_up_b);
+    if (down_lora) lora_zero_grads(down_lora, e, dl.down_a, dl.down_b);
     if (ds) {
       if (ds->gate_up) std::fill_n(ds->gate_up + e * d.C * 2 * d.F, d.C * 2 * d.F, 0.0f);
       if (ds->gate_up_bias) std::fill_n(ds->gate_up_bias + e * 2 * d.F, 2 * d.F, 0.0f);
@@ -349,7 +429,9 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
     } else {  // dH = dY Down (n × F)
       gemm(false, false, n, d.F, d.C, 1.0f, dye, d.C, w.down[e], d.F, 0.0f, dhe, d.F);
     }
+    if (down_lora) lora_input_grad(down_lora, e, dye, n, d.C, dhe, scratch);  // dH += scale·(dY B_e) A_e
     activate_backward(options, g, u, dhe, he, dge, due, n * d.F);
+    if (down_lora) lora_weight_grads(down_lora, e, he, dye, n, d.C, dl.down_a, dl.down_b, scratch);
     if (stacked) {
       if (ds && ds->down) gemm(true, false, d.F, d.C, n, 1.0f, he, d.F, dye, d.C, 0.0f, ds->down + e * d.F * d.C, d.C);  // Hᵀ dY
       if (ds && ds->down_bias)
@@ -376,6 +458,10 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
         gemm(false, true, n, d.C, 2 * d.F, 1.0f, gu, 2 * d.F, w.stacked->gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, dxe, d.C);
       else if (dx)  // the stored rows (2F × C), gate and up alternating as gu's columns
         gemm_weight_backward(w.stacked_stored->gate_up[e], n, gu, 2 * d.F, 0.0f, dxe, d.C);
+      if (gate_up_lora) {
+        lora_input_grad(gate_up_lora, e, gu, n, 2 * d.F, dx ? dxe : nullptr, scratch);
+        lora_weight_grads(gate_up_lora, e, xe, gu, n, 2 * d.F, dl.gate_up_a, dl.gate_up_b, scratch);
+      }
       continue;
     }
     if (dw_experts.down && dw_experts.down[e]) gemm(true, false, d.C, d.F, n, 1.0f, dye, d.C, he, d.F, 0.0f, dw_experts.down[e], d.F);  // dYᵀ H
@@ -470,11 +556,12 @@ void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, c
 void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
                   const float* /*router_bias: only in the saved logits*/, const MoeStackedStored& experts,
                   const MoeSaved& saved, const float* d_out, float* dx, float* d_router, float* d_router_bias,
-                  float* d_gate_up_bias, float* d_down_bias) {
+                  const MoeStackedGrads& d_experts) {
   Experts w;
   w.stacked_stored = &experts;
-  const MoeStackedGrads biases{nullptr, d_gate_up_bias, nullptr, d_down_bias};
-  backward(d, options, x, router, w, saved, d_out, dx, d_router, d_router_bias, ExpertGrads{nullptr, nullptr, nullptr, &biases});
+  MoeStackedGrads grads = d_experts;  // the stored matrices are frozen
+  grads.gate_up = grads.down = nullptr;
+  backward(d, options, x, router, w, saved, d_out, dx, d_router, d_router_bias, ExpertGrads{nullptr, nullptr, nullptr, &grads});
 }
 
 // ---- the reference: one token at a time, in double ----
@@ -489,14 +576,25 @@ struct ReferenceWeights {
   const float* const* up_list = nullptr;
   const float* const* down_list = nullptr;
   const MoeStacked* stacked = nullptr;
+  // scale · Σ_k A_e(k, i) B_e(o, k): a LoRA part's update to expert e's weight from input i to output o (0 without)
+  static double delta(const LoraPart& l, int64_t e, int64_t i, int64_t o) {
+    if (!l) return 0.0;
+    double total = 0.0;
+    for (int64_t k = 0; k < l.r; ++k) total += static_cast<double>(l.a_of(e)[k * l.in + i]) * l.b[(o * l.r + k) * l.E + e];
+    return l.scale * total;
+  }
+  LoraPart gate_up_lora() const { return stacked ? gate_up_part(stacked->lora, d) : LoraPart{}; }
+  LoraPart down_lora() const { return stacked ? down_part(stacked->lora, d) : LoraPart{}; }
   double gate(int64_t e, int64_t f, int64_t c) const {
-    return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f] : gate_list[e][f * d.C + c];
+    return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f] + delta(gate_up_lora(), e, c, 2 * f)
+                   : gate_list[e][f * d.C + c];
   }
   double up(int64_t e, int64_t f, int64_t c) const {
-    return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f + 1] : up_list[e][f * d.C + c];
+    return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f + 1] + delta(gate_up_lora(), e, c, 2 * f + 1)
+                   : up_list[e][f * d.C + c];
   }
   double down(int64_t e, int64_t c, int64_t f) const {
-    return stacked ? stacked->down[(e * d.F + f) * d.C + c] : down_list[e][c * d.F + f];
+    return stacked ? stacked->down[(e * d.F + f) * d.C + c] + delta(down_lora(), e, f, c) : down_list[e][c * d.F + f];
   }
   double gate_bias(int64_t e, int64_t f) const {
     return stacked && stacked->gate_up_bias ? stacked->gate_up_bias[e * 2 * d.F + 2 * f] : 0.0;
@@ -757,6 +855,30 @@ void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const f
       }
     }
   if (d_experts.down_bias) store(G.down_bias, d_experts.down_bias);
+  // The adapters', from the gradient of each expert's whole weight dW (in × out): dA_e(k, i) = scale·Σ_o dW(i, o) B_e(o, k),
+  // dB_e(o, k) = scale·Σ_i dW(i, o) A_e(k, i)
+  const ReferenceWeights w{d, nullptr, nullptr, nullptr, &experts};
+  auto lora_grads = [&](const LoraPart& l, const auto& dW, float* da, float* db) {
+    if (!l) return;
+    for (int64_t e = 0; e < d.E; ++e)
+      for (int64_t k = 0; k < l.r; ++k) {
+        for (int64_t i = 0; da && i < l.in; ++i) {
+          double total = 0.0;
+          for (int64_t o = 0; o < l.out; ++o) total += dW(e, i, o) * l.b[(o * l.r + k) * l.E + e];
+          da[(e * l.r + k) * l.in + i] = static_cast<float>(l.scale * total);
+        }
+        for (int64_t o = 0; db && o < l.out; ++o) {
+          double total = 0.0;
+          for (int64_t i = 0; i < l.in; ++i) total += dW(e, i, o) * l.a_of(e)[k * l.in + i];
+          db[(o * l.r + k) * l.E + e] = static_cast<float>(l.scale * total);
+        }
+      }
+  };
+  lora_grads(w.gate_up_lora(), [&](int64_t e, int64_t c, int64_t j) {  // gate_up: in c, out j (gate and up alternating)
+    return (j % 2 == 0 ? G.gate : G.up)[static_cast<size_t>((e * d.F + j / 2) * d.C + c)];
+  }, d_experts.lora.gate_up_a, d_experts.lora.gate_up_b);
+  lora_grads(w.down_lora(), [&](int64_t e, int64_t f, int64_t c) { return G.down[static_cast<size_t>((e * d.C + c) * d.F + f)]; },
+             d_experts.lora.down_a, d_experts.lora.down_b);
 }
 
 }  // namespace qkv::kernels

@@ -14,6 +14,7 @@
 #include "qkv/core/autograd.hpp"
 #include "qkv/core/ops.hpp"
 #include "qkv/core/inference.hpp"
+#include "qkv/nn/hf.hpp"
 #include "qkv/nn/linear.hpp"
 #include "qkv/nn/session.hpp"
 
@@ -837,6 +838,18 @@ Decoder::Decoder(const DecoderConfig& c, Generator* gen, bool fill) : config((c.
 std::vector<LoraSite> Decoder::own_lora_sites() {
   std::vector<LoraSite> out;
   for (const DecoderConfig::Parameter& p : config.layout()) {
+    if (p.layer >= 0 && (p.role() == Role::StackedGateUp || p.role() == Role::StackedDown)) {
+      // gpt-oss's stacked experts: one adapter per parameter, rank r per expert (PEFT's target_parameters)
+      const bool gate_up = p.role() == Role::StackedGateUp;
+      const int64_t C = config.hidden_size, F = config.expert_intermediate_size;
+      LoraSite site{p.name, parameter(p), &blocks[static_cast<size_t>(p.layer)].adapter(p.role()), this, p.name + ".",
+                    gate_up ? kLoraGate | kLoraUp : static_cast<unsigned>(kLoraDown)};
+      site.experts = config.num_experts;
+      site.in = gate_up ? C : F;
+      site.out = gate_up ? 2 * F : C;
+      out.push_back(site);
+      continue;
+    }
     if (p.layer < 0 || kind_of(p.role()) != Kind::Matrix) continue;
     // Not adapted: the router and Qwen3-Next's shared-expert gate (a gate's one output per expert or per token, whose
     // change moves every token's mixture)
@@ -922,6 +935,18 @@ Tensor& Decoder::parameter(const DecoderConfig::Parameter& entry) {
 void Decoder::store_matrices(kernels::WeightType type) {
   const int64_t block = kernels::weight_type_info(type).block_elements;
   for (const DecoderConfig::Parameter& p : config.layout()) {
+    if (p.role() == Role::StackedGateUp || p.role() == Role::StackedDown) {
+      // gpt-oss's experts kept as their file's rows (MXFP4) become float32 in the shape they are used in (LoRA merged
+      // into them, or the experts trained); other types leave them as they are
+      Tensor& t = parameter(p);
+      if (type != kernels::WeightType::F32 || t.rank() != 2) continue;
+      check_stacked_experts_fit(config);
+      Tensor wide = stacked_experts_as_checkpoint(t, p.shape);
+      wide.requires_grad_(t.requires_grad());
+      replace_parameter(p.name, wide, /*reshaped=*/true);
+      t = wide;
+      continue;
+    }
     if (kind_of(p.role()) != Kind::Matrix || p.transposed) continue;
     if (p.role() == Role::Head && (config.tie_word_embeddings || is_classifier())) continue;  // the table, or a small score
     if (p.role() == Role::LatentB) continue;  // absorbed decoding reads it per head as float32 (attend_latent)
@@ -1468,7 +1493,8 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
       moe.weights = &weights;
     }
     return mixture_of_experts(x, b[Role::Router], b[Role::RouterLogitBias], b[Role::StackedGateUp],
-                              b[Role::StackedGateUpBias], b[Role::StackedDown], b[Role::StackedDownBias], moe);
+                              b[Role::StackedGateUpBias], b[Role::StackedDown], b[Role::StackedDownBias], moe,
+                              {b.adapter(Role::StackedGateUp), b.adapter(Role::StackedDown)});
   }
   if (!b.expert_gate.empty()) {  // a mixture of experts: each token through the k its router picks
     // The router's logits again, for the load-balancing loss (E × C per token: small beside the experts)

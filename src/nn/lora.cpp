@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "qkv/io/file.hpp"
 #include "qkv/io/safetensors.hpp"
@@ -105,10 +106,11 @@ std::vector<std::string> add_lora(Module& model, const LoraOptions& options, Gen
                      (names.empty() ? std::string("none") : some_names(names)) + " (presets: all, attention, qkv, mlp)");
   }
   for (auto& site : chosen) {  // every size checked before any adapter is added
-    const int64_t in = site.weight.size(1), out = site.weight.size(0);
+    const int64_t in = site.in_features(), out = site.out_features();
     if (options.rank > std::min(in, out)) {
       throw ValueError("LoRA: rank " + std::to_string(options.rank) + " is larger than " + site.name + " (" +
-                       std::to_string(out) + " × " + std::to_string(in) + "); use at most " + std::to_string(std::min(in, out)));
+                       std::to_string(out) + " × " + std::to_string(in) + (site.experts > 0 ? " per expert" : "") +
+                       "); use at most " + std::to_string(std::min(in, out)));
     }
   }
   std::vector<std::string> names;
@@ -125,17 +127,62 @@ void merge_lora(Module& model) {
 
 namespace {
 const std::string kPeftPrefix = "base_model.model.";
+
+// PEFT's module name for each site `adapted` selects, by site name: a Linear layer's own name; for a stacked experts'
+// parameter its module ("…mlp.experts") with one ".base_layer" per adapted parameter registered after it there.
+// PEFT wraps each targeted parameter in a ParamWrapper around the module, the first registered innermost, so with
+// gate_up_proj and down_proj both adapted down_proj's pair is "…experts.lora_A.weight" and gate_up_proj's
+// "…experts.base_layer.lora_A.weight"; with one of them alone, its pair is "…experts.lora_A.weight".
+template <class Adapted>
+std::map<std::string, std::string> peft_names(const std::vector<LoraSite>& sites, Adapted&& adapted) {
+  std::map<std::string, std::string> names;
+  std::map<std::string, std::vector<std::string>> stacked;  // module → its adapted parameters, in registration order
+  std::vector<std::string> modules;
+  for (const LoraSite& site : sites) {
+    if (!adapted(site)) continue;
+    if (site.experts == 0) {
+      names[site.name] = site.name;
+      continue;
+    }
+    const std::string module = site.name.substr(0, site.name.rfind('.'));
+    if (!stacked.count(module)) modules.push_back(module);
+    stacked[module].push_back(site.name);
+  }
+  for (const std::string& module : modules) {
+    const auto& parameters = stacked[module];
+    for (size_t j = 0; j < parameters.size(); ++j) {
+      std::string name = module;
+      for (size_t k = j + 1; k < parameters.size(); ++k) name += ".base_layer";
+      names[parameters[j]] = name;
+    }
+  }
+  return names;
 }
+
+// Whether a target_parameters entry names a parameter: the whole name, or its end after a dot (PEFT's suffix match)
+bool names_parameter(const std::string& target, const std::string& name) {
+  return name == target || (name.size() > target.size() && name.compare(name.size() - target.size(), target.size(), target) == 0 &&
+                            name[name.size() - target.size() - 1] == '.');
+}
+}  // namespace
 
 void save_peft_adapter(const std::string& dir, Module& model, const PeftAdapter& d,
                        const std::vector<std::pair<std::string, Tensor>>& saved_modules) {
   std::filesystem::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& site : model.lora_sites()) {
+  const std::vector<LoraSite> sites = model.lora_sites();
+  const auto names = peft_names(sites, [](const LoraSite& site) { return site.lora->defined(); });
+  std::set<std::string> stacked;  // the adapted parameters of stacked experts: target_parameters, not target_modules
+  for (const auto& site : sites) {
     if (!site.lora->defined()) continue;
-    tensors.emplace_back(kPeftPrefix + site.name + ".lora_A.weight", site.lora->a);
-    tensors.emplace_back(kPeftPrefix + site.name + ".lora_B.weight", site.lora->b);
+    if (site.experts > 0) stacked.insert(site.name);
+    tensors.emplace_back(kPeftPrefix + names.at(site.name) + ".lora_A.weight", site.lora->a);
+    tensors.emplace_back(kPeftPrefix + names.at(site.name) + ".lora_B.weight", site.lora->b);
   }
+  std::vector<std::string> target_modules, target_parameters;
+  for (const std::string& name : d.target_modules) (stacked.count(name) ? target_parameters : target_modules).push_back(name);
+  for (const std::string& name : d.target_parameters)
+    if (std::find(target_parameters.begin(), target_parameters.end(), name) == target_parameters.end()) target_parameters.push_back(name);
   for (const auto& [name, t] : saved_modules) tensors.emplace_back(kPeftPrefix + name, t);
   io::save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
   nlohmann::ordered_json config = {
@@ -143,8 +190,11 @@ void save_peft_adapter(const std::string& dir, Module& model, const PeftAdapter&
       {"base_model_name_or_path", d.base_model},
       {"r", d.rank}, {"lora_alpha", d.alpha}, {"lora_dropout", 0.0}, {"bias", "none"},
       {"fan_in_fan_out", false}, {"inference_mode", true}, {"init_lora_weights", true},
-      {"target_modules", d.target_modules}, {"modules_to_save", d.modules_to_save.empty() ? nlohmann::ordered_json(nullptr)
-                                                                                         : nlohmann::ordered_json(d.modules_to_save)}};
+      {"target_modules", target_modules}, {"modules_to_save", d.modules_to_save.empty() ? nlohmann::ordered_json(nullptr)
+                                                                                       : nlohmann::ordered_json(d.modules_to_save)}};
+  // PEFT ≥ 0.17's LoRA on parameters (gpt-oss's stacked experts), its pairs laid out as PEFT ≥ 0.19.1 with
+  // transformers 5 (and PEFT 0.17–0.18) lay them out: A (r·E, in), B (out, r·E)
+  if (!target_parameters.empty()) config["target_parameters"] = target_parameters;
   const std::string text = config.dump(2) + "\n";
   io::write_file_atomically(dir + "/adapter_config.json", std::as_bytes(std::span(text.data(), text.size())));
 }
@@ -167,6 +217,10 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     a.alpha = c.at("lora_alpha").get<double>();
     if (c.contains("target_modules") && c["target_modules"].is_array()) a.target_modules = c["target_modules"].get<std::vector<std::string>>();
     if (c.contains("modules_to_save") && c["modules_to_save"].is_array()) a.modules_to_save = c["modules_to_save"].get<std::vector<std::string>>();
+    if (c.contains("target_parameters") && c["target_parameters"].is_array())
+      a.target_parameters = c["target_parameters"].get<std::vector<std::string>>();
+    if (!a.target_parameters.empty() && c.value("lora_dropout", 0.0) != 0.0)  // PEFT refuses it too
+      throw IoError(config_path + ": lora_dropout must be 0 with target_parameters (PEFT cannot train such an adapter)");
     a.base_model = c.value("base_model_name_or_path", std::string());
     if (c.contains("task_type") && c["task_type"].is_string()) a.task_type = c["task_type"].get<std::string>();
   } catch (const nlohmann::json::exception& e) {
@@ -182,9 +236,35 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   return a;
 }
 
+namespace {
+// A pair on E stacked experts in the other orientation PEFT writes (0.19.0 with transformers 5, ≥ 0.19.1 with
+// transformers 4: in and out features swapped, A (r·E, out), B (in, r·E), the update s·B_e A_e) turned into ours:
+// A_e ← B_eᵀ, B_e ← A_eᵀ, the same update.
+std::pair<Tensor, Tensor> unswapped(const Tensor& a, const Tensor& b, int64_t E) {
+  const int64_t rE = a.size(0), r = rE / E, out = a.size(1), in = b.size(0);
+  Tensor ca = Tensor::empty({rE, in}), cb = Tensor::empty({out, rE});
+  const float *sa = a.data(), *sb = b.data();
+  float *da = ca.data(), *db = cb.data();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t k = 0; k < r; ++k) {
+      for (int64_t i = 0; i < in; ++i) da[(e * r + k) * in + i] = sb[i * rE + k * E + e];
+      for (int64_t o = 0; o < out; ++o) db[o * rE + k * E + e] = sa[(e * r + k) * out + o];
+    }
+  return {ca, cb};
+}
+}  // namespace
+
 std::map<std::string, Tensor> apply_peft_adapter(Module& model, const PeftAdapter& adapter) {
-  std::map<std::string, LoraSite> layers;
-  for (auto& site : model.lora_sites()) layers[site.name] = site;
+  std::map<std::string, LoraSite> layers;  // by PEFT's module name
+  const std::vector<LoraSite> sites = model.lora_sites();
+  const auto stacked_names = peft_names(sites, [&](const LoraSite& site) {
+    return site.experts > 0 && std::any_of(adapter.target_parameters.begin(), adapter.target_parameters.end(),
+                                           [&](const std::string& t) { return names_parameter(t, site.name); });
+  });
+  for (const auto& site : sites) {
+    if (site.experts == 0) layers[site.name] = site;
+    else if (stacked_names.count(site.name)) layers[stacked_names.at(site.name)] = site;
+  }
   std::set<std::string> modules;
   const std::string a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
   for (const auto& [name, t] : adapter.tensors) {
@@ -201,24 +281,61 @@ std::map<std::string, Tensor> apply_peft_adapter(Module& model, const PeftAdapte
     const auto it = parameters.find(name);
     if (it == parameters.end() || !(it->second.shape() == t.shape())) rest[name] = t;
   }
+  // Stacked experts' pairs: which orientation PEFT wrote them in, told by a pair whose expert is not square (gpt-oss's
+  // gate_up_proj, C × 2F); square ones (its down_proj) follow, ours when none tells
+  auto canonical = [&](const LoraSite& site, const Tensor& a, const Tensor& b) {
+    const int64_t rE = adapter.rank * site.experts;
+    return a.shape() == Shape{rE, site.in} && b.shape() == Shape{site.out, rE};
+  };
+  auto swapped = [&](const LoraSite& site, const Tensor& a, const Tensor& b) {
+    const int64_t rE = adapter.rank * site.experts;
+    return a.shape() == Shape{rE, site.out} && b.shape() == Shape{site.in, rE};
+  };
+  bool swap = false;
+  for (const std::string& m : modules) {
+    const auto it = layers.find(m);
+    const auto a = adapter.tensors.find(m + a_suffix), b = adapter.tensors.find(m + b_suffix);
+    if (it == layers.end() || it->second.experts == 0 || it->second.in == it->second.out || a == adapter.tensors.end() ||
+        b == adapter.tensors.end())
+      continue;
+    if (swapped(it->second, a->second, b->second)) swap = true;
+  }
   for (const std::string& m : modules) {  // everything checked before anything changes
     auto it = layers.find(m);
-    if (it == layers.end()) throw ValueError("the adapter is for another model: it adapts '" + m + "', a layer this model does not have");
+    if (it == layers.end()) {
+      if (adapter.target_parameters.empty() && m.find(".experts") != std::string::npos)
+        throw ValueError("the adapter adapts '" + m + "' but its adapter_config.json names no target_parameters, so which "
+                         "of the experts' parameters it changes is unknown");
+      throw ValueError("the adapter is for another model: it adapts '" + m + "', a layer this model does not have");
+    }
     const auto a = adapter.tensors.find(m + a_suffix), b = adapter.tensors.find(m + b_suffix);
     if (a == adapter.tensors.end() || b == adapter.tensors.end()) throw ValueError("the adapter has only half of " + m + "'s LoRA pair");
-    const Tensor& w = it->second.weight;
-    if (!(a->second.shape() == Shape{adapter.rank, w.size(1)}) || !(b->second.shape() == Shape{w.size(0), adapter.rank})) {
-      throw ValueError("the adapter is for another model: " + m + " is " + w.shape().str() + " here, its LoRA pair is " +
-                       a->second.shape().str() + " and " + b->second.shape().str());
+    const LoraSite& site = it->second;
+    const bool fits = site.experts == 0 ? a->second.shape() == Shape{adapter.rank, site.in_features()} &&
+                                              b->second.shape() == Shape{site.out_features(), adapter.rank}
+                                        : swap ? swapped(site, a->second, b->second) : canonical(site, a->second, b->second);
+    if (!fits) {
+      const std::string expected = site.experts == 0 ? "" : " (for " + std::to_string(site.experts) + " experts of " +
+                                                                std::to_string(site.in) + " × " + std::to_string(site.out) + " at rank " +
+                                                                std::to_string(adapter.rank) + ": (r·E, in) and (out, r·E))";
+      throw ValueError("the adapter is for another model: " + (site.experts ? site.name : m) + " is " + site.weight.shape().str() +
+                       " here, its LoRA pair is " + a->second.shape().str() + " and " + b->second.shape().str() + expected);
     }
-    if (it->second.lora->defined()) throw ValueError(m + " already has an adapter");
+    if (site.lora->defined()) throw ValueError(m + " already has an adapter");
   }
   Generator unused = Generator::drawing_nothing();
   for (const std::string& m : modules) {
     LoraSite& site = layers[m];
     Module::add_lora(site, adapter.rank, adapter.alpha, unused);
-    site.lora->a.copy_(adapter.tensors.at(m + a_suffix));
-    site.lora->b.copy_(adapter.tensors.at(m + b_suffix));
+    Tensor a = adapter.tensors.at(m + a_suffix), b = adapter.tensors.at(m + b_suffix);
+    if (site.experts > 0 && swap) {
+      Tensor fa = Tensor::empty(a.shape()), fb = Tensor::empty(b.shape());  // float32 values to reorder
+      fa.copy_(a);
+      fb.copy_(b);
+      std::tie(a, b) = unswapped(fa, fb, site.experts);
+    }
+    site.lora->a.copy_(a);
+    site.lora->b.copy_(b);
   }
   for (const auto& [name, t] : adapter.tensors)
     if (name.find(".lora_") == std::string::npos && !rest.count(name)) parameters.at(name).copy_(t);

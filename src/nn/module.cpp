@@ -73,7 +73,7 @@ std::vector<LoraSite> Module::lora_sites() {
 }
 
 void Module::add_lora(LoraSite& site, int64_t rank, double alpha, Generator& gen) {
-  const int64_t in = site.weight.size(1), out = site.weight.size(0);
+  const int64_t in = site.in_features(), out = site.out_features();
   if (site.lora->defined()) throw ValueError("LoRA: " + site.name + " already has an adapter");
   if (rank < 1 || rank > std::min(in, out)) {
     throw ValueError("LoRA: rank " + std::to_string(rank) + " does not fit " + (site.name.empty() ? "a layer" : site.name) +
@@ -81,9 +81,17 @@ void Module::add_lora(LoraSite& site, int64_t rank, double alpha, Generator& gen
                      std::to_string(std::min(in, out)));
   }
   if (!(alpha > 0.0) || !std::isfinite(alpha)) throw ValueError("LoRA: alpha must be a positive number");
+  LoraWeights& l = *site.lora;
+  if (site.experts > 0) {  // PEFT's ParamWrapper: lora_A an nn.Linear(in, r·E) drawn as one, lora_B zeros
+    Tensor a = Tensor::empty({rank * site.experts, in});
+    kaiming_uniform_(a, std::sqrt(5.0), gen);
+    l.a = site.owner->register_parameter(site.owner_prefix + "lora_A.weight", a);
+    l.b = site.owner->register_parameter(site.owner_prefix + "lora_B.weight", Tensor::zeros({out, rank * site.experts}));
+    l.scale = static_cast<float>(alpha / static_cast<double>(rank));
+    return;
+  }
   Tensor drawn = Tensor::empty({in, rank});  // the book's A, (in_dim, rank)
   kaiming_uniform_(drawn, std::sqrt(5.0), gen);
-  LoraWeights& l = *site.lora;
   l.a = site.owner->register_parameter(site.owner_prefix + "lora_A.weight", transpose(drawn, 0, 1));
   l.b = site.owner->register_parameter(site.owner_prefix + "lora_B.weight", Tensor::zeros({out, rank}));
   l.scale = static_cast<float>(alpha / static_cast<double>(rank));
@@ -92,6 +100,25 @@ void Module::add_lora(LoraSite& site, int64_t rank, double alpha, Generator& gen
 void Module::merge_lora(LoraSite& site) {
   LoraWeights& l = *site.lora;
   if (!l.defined()) return;
+  if (site.experts > 0) {  // W_e (in × out) += scale · A_eᵀ B_eᵀ, expert by expert
+    if (site.weight.dtype() != DType::F32 || site.weight.rank() != 3)
+      throw ValueError("LoRA: " + site.name + " is kept as stored (bfloat16 or a block format such as MXFP4), so its "
+                       "adapter cannot be merged into it; keep the adapter beside the model (qkv generate --adapter), or "
+                       "load the model with --weights f32 to merge");
+    const int64_t E = site.experts, in = site.in, out = site.out, r = l.a.size(0) / E;
+    const float* a = l.a.data();
+    const float* b = l.b.data();
+    float* w = site.weight.data();
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t o = 0; o < out; ++o) {
+          double total = 0.0;
+          for (int64_t k = 0; k < r; ++k) total += static_cast<double>(a[(e * r + k) * in + i]) * b[(o * r + k) * E + e];
+          w[(e * in + i) * out + o] += l.scale * static_cast<float>(total);
+        }
+    remove_lora(site);
+    return;
+  }
   {
     NoGradGuard no_grad;
     const Tensor delta = matmul(l.b.detach(), l.a.detach());  // (out, in)
@@ -119,10 +146,10 @@ void Module::for_each_parameter(const std::function<void(const std::string& name
   });
 }
 
-void Module::replace_parameter(const std::string& name, const Tensor& tensor) {
+void Module::replace_parameter(const std::string& name, const Tensor& tensor, bool reshaped) {
   for (auto& e : parameters_) {
     if (e.name != name) continue;
-    if (!(e.tensor.shape() == tensor.shape())) {
+    if (reshaped ? e.tensor.numel() != tensor.numel() : !(e.tensor.shape() == tensor.shape())) {
       throw ShapeError("replace_parameter: " + name + " has shape " + e.tensor.shape().str() + ", the new tensor " +
                        tensor.shape().str());
     }

@@ -273,8 +273,15 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
 // any storage type): gate_up (E·2F, C), row e·2F + 2f expert e's gate f and the next its up f; down (E·C, F). Each
 // chosen expert's rows are then multiplied in place (kernels::moe_forward on MoeStackedStored), and gradients reach
 // x, the router and the biases (float32 ones), never those frozen matrices: LoRA on attention over MXFP4 experts.
+// LoRA on those stacked experts, PEFT's target_parameters layout (kernels::MoeStackedLora): for E experts of rank r,
+// gate_up's A (r·E, C) and B (2F, r·E), down's A (r·E, F) and B (C, r·E), each update scale·(x A_eᵀ) B_eᵀ added to
+// expert e's product as a side path (no expert's weight is formed). Either may be undefined. Gradients reach them
+// with the experts stored (MXFP4 …) as well: QLoRA on the experts.
+struct StackedExpertsLora {
+  LowRankUpdate gate_up, down;
+};
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                           const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
-                          const MoeConfig& config);
+                          const MoeConfig& config, const StackedExpertsLora& lora = {});
 
 }  // namespace qkv

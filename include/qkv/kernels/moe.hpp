@@ -45,11 +45,35 @@ struct MoeOptions {
 // A layer's experts stacked as gpt-oss's checkpoints store them (GptOssExperts), each used as x·W: gate_up
 // (E, C, 2F) whose columns alternate gate and up (gate = [..., 0::2], up = [..., 1::2]), gate_up_bias (E, 2F) in the
 // same order, down (E, F, C), down_bias (E, C) added to each expert's output before its weight.
+// LoRA on a layer's stacked experts, in PEFT's layout for a parameter of E experts (lora.ParamWrapper with
+// target_parameters): expert e's x·W_e (W_e in × out) becomes x·W_e + scale·(x A_eᵀ) B_eᵀ, where A (r·E × in) holds A_e
+// (r × in) in rows e·r … e·r + r − 1 and B (out × r·E) holds B_e (out × r) in columns e, e + E, e + 2E … (the expert
+// index fastest, as PEFT's reshape (out, r, E) reads them). gate_up's outputs are its 2F alternating gate and up
+// columns (in × out = C × 2F), down's C (F × C). A part whose A is null has no update.
+struct MoeStackedLora {
+  const float* gate_up_a = nullptr;  // (r·E, C)
+  const float* gate_up_b = nullptr;  // (2F, r·E)
+  int64_t gate_up_rank = 0;          // r, per expert
+  float gate_up_scale = 0.0f;        // alpha / r
+  const float* down_a = nullptr;     // (r·E, F)
+  const float* down_b = nullptr;     // (C, r·E)
+  int64_t down_rank = 0;
+  float down_scale = 0.0f;
+};
+// Their gradients, same shapes (overwritten; an expert no token chose gets zeros); a null pointer: not needed.
+struct MoeStackedLoraGrads {
+  float* gate_up_a = nullptr;
+  float* gate_up_b = nullptr;
+  float* down_a = nullptr;
+  float* down_b = nullptr;
+};
+
 struct MoeStacked {
   const float* gate_up = nullptr;       // (E, C, 2F)
   const float* gate_up_bias = nullptr;  // (E, 2F); null: none
   const float* down = nullptr;          // (E, F, C)
   const float* down_bias = nullptr;     // (E, C); null: none
+  const MoeStackedLora* lora = nullptr;  // adapters on gate_up and down (null: none)
 };
 // The same experts kept as their files store them, for inference (gpt-oss's published checkpoints and GGUF files hold
 // them as MXFP4; any storage type works): per expert the rows of x·W's outputs — gate_up (2F × C), row 2f gate f and
@@ -60,6 +84,7 @@ struct MoeStackedStored {
   const float* gate_up_bias = nullptr;  // (E, 2F); null: none
   const WeightView* down = nullptr;     // E views of C × F
   const float* down_bias = nullptr;     // (E, C); null: none
+  const MoeStackedLora* lora = nullptr;  // adapters on gate_up and down, in float32 (null: none): QLoRA on the experts
 };
 // Their gradients, same shapes; a null pointer: not needed.
 struct MoeStackedGrads {
@@ -67,6 +92,7 @@ struct MoeStackedGrads {
   float* gate_up_bias = nullptr;  // (E, 2F)
   float* down = nullptr;          // (E, F, C)
   float* down_bias = nullptr;     // (E, C)
+  MoeStackedLoraGrads lora;       // the adapters' (with MoeStacked::lora or MoeStackedStored::lora)
 };
 
 // What the forward keeps for the backward (sized by moe_forward): the routing and each expert's activations, in
@@ -111,12 +137,13 @@ void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x,
                  const float* router_bias, const MoeStacked& experts, float* out, MoeSaved& saved);
 // … and with those experts stored: each chosen expert's rows multiplied in place by gemm_weight, as for
 // one-tensor-per-expert stored weights. Their backward reaches x (through the frozen rows, gemm_weight_backward), the
-// router, its bias and the experts' biases, never the stored matrices (LoRA on attention over frozen MXFP4 experts).
+// router, its bias, the experts' biases and their LoRA adapters, never the stored matrices (d_experts.gate_up and
+// .down are ignored): LoRA on attention, or on the experts themselves, over frozen MXFP4 experts.
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                  const float* router_bias, const MoeStackedStored& experts, float* out, MoeSaved& saved);
 void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                   const float* router_bias, const MoeStackedStored& experts, const MoeSaved& saved, const float* d_out,
-                  float* dx, float* d_router, float* d_router_bias, float* d_gate_up_bias, float* d_down_bias);
+                  float* dx, float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts);
 void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                   const float* router_bias, const MoeStacked& experts, const MoeSaved& saved, const float* d_out,
                   float* dx, float* d_router, float* d_router_bias, const MoeStackedGrads& d_experts);

@@ -328,7 +328,8 @@ class Decoder : public LanguageModel {
   // place (Tensor::to_weight_type_; the float32 values are let go): products then read them as stored
   // (kernels::gemm_weight), for inference or LoRA on the frozen base; training such a weight is a ValueError. A matrix
   // whose rows are not a multiple of a block type's block (K-quants: 256) is kept as Q8_0 when they are a multiple
-  // of 32, else as it is. Embeddings, norms and routers are not converted.
+  // of 32, else as it is. Embeddings, norms and routers are not converted. gpt-oss's stacked experts kept as MXFP4
+  // rows are widened by F32 (to merge an adapter into them, or train them), and left as they are by other types.
   void store_matrices(kernels::WeightType type);
   // Makes the role views of each fused group again (Phi-3's qkv_proj, gate_up_proj: the group's one tensor), after
   // its storage was replaced (converted, or mapped from a file)

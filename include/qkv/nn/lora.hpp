@@ -49,6 +49,13 @@ struct PeftAdapter {
   double alpha = 0;  // lora_alpha: the update is scaled by alpha / r
   // the adapted modules' names; the fully trained ones (a new head)
   std::vector<std::string> target_modules, modules_to_save;
+  // PEFT's LoRA on parameters (target_parameters, PEFT ≥ 0.17): gpt-oss's stacked experts, "…mlp.experts.gate_up_proj"
+  // and "…down_proj" (entries match a parameter's name whole or as its end after a dot). Their pairs sit under the
+  // experts module, nested as PEFT nests its wrappers ("…experts.lora_A.weight" the last adapted parameter's,
+  // "…experts.base_layer.lora_A.weight" the one before), A (r·E, in) and B (out, r·E); the swapped orientation some
+  // PEFT and transformers versions write (A (r·E, out), B (in, r·E)) is read too, told by gate_up_proj's shapes.
+  // Writing, the stacked sites among target_modules move here.
+  std::vector<std::string> target_parameters;
   std::string base_model;  // base_model_name_or_path: the model the adapter was trained on
   std::string task_type;   // PEFT's task: SEQ_CLS for a classifier, CAUSAL_LM for a language model (empty: null)
   std::map<std::string, Tensor> tensors;  // names without the "base_model.model." prefix

@@ -60,6 +60,14 @@ struct LoraSite {
   Module* owner = nullptr;  // the module its parameters are registered in
   std::string owner_prefix;  // their name prefix there
   unsigned roles = 0;       // LoraRoleBits: what it projects to (0: a projection of no named role)
+  // > 0: `weight` holds this many experts stacked (gpt-oss's gate_up_proj, down_proj), each used as x·W_e with `in`
+  // inputs and `out` outputs, and the adapter is PEFT's for a parameter (target_parameters): rank r per expert, A
+  // (r·E, in), B (out, r·E) (kernels::MoeStackedLora). `name` is then the parameter's ("…mlp.experts.gate_up_proj").
+  int64_t experts = 0;
+  int64_t in = 0, out = 0;
+  // Each (expert's) projection's inputs and outputs
+  int64_t in_features() const { return experts > 0 ? in : weight.size(1); }
+  int64_t out_features() const { return experts > 0 ? out : weight.size(0); }
 };
 
 // The base of every layer and model: one registry of named parameters, buffers and children, with PyTorch's names, that serves state dicts, optimisers, counts, train()/eval() and LoRA
@@ -128,8 +136,9 @@ class Module {
   // nothing is stored; state_dict() calls `make`, and load_state_dict accepts it when present with `shape`.
   void register_derived_buffer(std::string name, const Shape& shape, std::function<Tensor()> make);
   void register_module(std::string name, Module& child);
-  // Makes the registered parameter `name` of this module be `tensor` (weight tying); the shapes must match.
-  void replace_parameter(const std::string& name, const Tensor& tensor);
+  // Makes the registered parameter `name` of this module be `tensor` (weight tying); the shapes must match, or with
+  // `reshaped` only the number of values (a weight kept as its file's rows, widened into the shape it is used in).
+  void replace_parameter(const std::string& name, const Tensor& tensor, bool reshaped = false);
   // Drops the registered parameter `name` of this module (an adapter merged away); ValueError if there is none.
   void remove_parameter(const std::string& name);
 
