@@ -14,6 +14,7 @@
 #include "qkv/nn/generate.hpp"
 #include "qkv/nn/gpt.hpp"
 #include "qkv/nn/hf.hpp"
+#include "qkv/nn/pretrained.hpp"
 
 namespace qkv::test {
 namespace {
@@ -374,13 +375,18 @@ TEST(DecoderCli, AttentionPicturesOfAFolder) {
 }
 
 // qkv attention on gpt-oss's folder: each query's weight on its head's sink (1 − its row's sum, saved and drawn), and
-// a mixture of experts' routing per layer — each token's 2 weights summing to 1, as the model routed it.
-TEST(DecoderCli, AttentionShowsSinksAndExpertRouting) {
-  const fs::path dir = fs::temp_directory_path() / ("qkv_attention_gpt_oss_" + std::to_string(::getpid())), out = dir / "att";
+// a mixture of experts' routing per layer — each token's 2 weights summing to 1, as the model routed it. Also on the
+// folder as OpenAI publishes it (experts in MXFP4, multiplied as stored).
+class AttentionPictures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AttentionPictures, ShowSinksAndExpertRouting) {
+  const fs::path dir = fs::temp_directory_path() / ("qkv_attention_" + GetParam() + "_" + std::to_string(::getpid())),
+                 out = dir / "att";
   fs::remove_all(dir);
-  fs::copy(folder("gpt_oss"), dir);
+  fs::copy(folder(GetParam()), dir);
   write_letter_tokenizer(dir, 6);
-  const CliResult r = run_cli("attention --checkpoint " + dir.string() + " --prompt 'the cat' --out " + out.string());
+  const std::string checkpoint = dir.string();
+  const CliResult r = run_cli("attention --checkpoint " + checkpoint + " --prompt 'the cat' --out " + out.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const auto saved = io::SafetensorsFile::open((out / "attention.safetensors").string());
   const Tensor maps = saved.tensor("attention"), sinks = saved.tensor("sink_share"), routing = saved.tensor("routing");
@@ -397,12 +403,20 @@ TEST(DecoderCli, AttentionShowsSinksAndExpertRouting) {
         EXPECT_GT(sinks.at({l, h, i}), 0.0f);  // the fixture's sinks are drawn from randn: every row gives some
       }
   // the routing the model computes: 2 experts a token, their softmax weights summing to 1
-  const auto model = nn::load_hf_decoder(dir.string());
+  const auto loaded = nn::load_pretrained(checkpoint, {.keep_stored = true, .tokenizer = false});  // as the CLI loads
+  const nn::Decoder* model = loaded->model.get();
   const std::vector<int64_t> ids = saved.int64s("token_ids");  // "the cat" in the character vocabulary
   EXPECT_EQ(ids, (std::vector<int64_t>{26, 14, 11, 6, 9, 7, 26}));
   const nn::Decoder::Routing direct = model->expert_routing(ids);
   ASSERT_EQ(direct.layers, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(direct.weights.to_vector(), routing.to_vector());
+  if (GetParam() != "gpt_oss") {  // MXFP4 experts route as the same experts widened, within the 8-bit activations
+    const nn::Decoder::Routing wide = nn::load_hf_decoder(folder(GetParam()))->expert_routing(ids);
+    int same = 0;
+    for (size_t i = 0; i < wide.weights.to_vector().size(); ++i)
+      same += (wide.weights.to_vector()[i] > 0.0f) == (routing.to_vector()[i] > 0.0f);
+    EXPECT_GE(same, static_cast<int>(routing.numel()) - 4) << "the experts chosen";
+  }
   for (int64_t l = 0; l < 2; ++l)
     for (int64_t t = 0; t < T; ++t) {
       int chosen = 0;
@@ -417,6 +431,8 @@ TEST(DecoderCli, AttentionShowsSinksAndExpertRouting) {
   for (const char* file : {"sinks.png", "routing-layer01.png", "routing-layer02.png"}) EXPECT_TRUE(fs::exists(out / file)) << file;
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(GptOss, AttentionPictures, ::testing::Values("gpt_oss", "gpt_oss_mxfp4"));
 
 // Qwen3-Next's folder through the CLI: generate keeps its Gated DeltaNet states in the session (the same text as
 // without a cache), a prompts file runs as one batch, attention shows its attention layer and refuses a Gated
