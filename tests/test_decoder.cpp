@@ -148,7 +148,7 @@ TEST_P(Family, FolderRoundTripsBitForBitAndInBf16) {
 
 INSTANTIATE_TEST_SUITE_P(HuggingFace, Family, ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "mistral", "phi3", "olmo2",
                                                                   "olmo3", "smollm3", "gemma2", "qwen3_moe", "deepseek_v3", "gpt_oss",
-                                                                  "qwen3_next"),
+                                                                  "qwen3_next", "qwen3_proportional"),
                          [](const auto& info) { return info.param; });
 
 TEST(DecoderConfig, ReadsEachFamilysKeys) {

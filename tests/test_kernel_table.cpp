@@ -320,6 +320,10 @@ std::vector<KernelCase> kernel_cases() {
                          f.factor = 8.0;
                          f.attention_factor = 1.2;
                          if (D >= 4) f.rotary_dim = D - 2;
+                       } else if (n % 8 == 4) {  // Gemma 4's proportional: the whole head, its last pairs still
+                         f.scaling = RopeFrequencies::Scaling::Proportional;
+                         f.factor = 2.0;
+                         f.rotated_pairs = std::max<int64_t>(1, D / 4);
                        } else if (n % 4 == 3) {
                          f.scaling = RopeFrequencies::Scaling::LongRope;
                          f.rotary_dim = D >= 4 ? D - 2 : 0;

@@ -133,6 +133,15 @@ FAMILIES = {
                        linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=10,
                        shared_expert_intermediate_size=12, norm_topk_prob=True, decoder_sparse_step=1,
                        mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.05, eos_token_id=5),
+    # Qwen3 with the other partial RoPE (Gemma 4's "proportional", transformers 5's rope_parameters): every value of a
+    # 16-value head pairs with the one 8 after it; the first int(0.25·16 // 2) = 2 pairs turn at the whole head's
+    # frequencies 1/theta^(2i/16) (halved by factor 2), the other 6 pairs at frequency 0.
+    "qwen3_proportional": dict(model_type="qwen3", vocab_size=72, hidden_size=32, intermediate_size=40,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                               rope_parameters=dict(rope_type="proportional", partial_rotary_factor=0.25, factor=2.0,
+                                                    rope_theta=1000000.0),
+                               tie_word_embeddings=True, hidden_act="silu", attention_bias=False, eos_token_id=5),
 }
 
 GEMMA = ("gemma3_text", "gemma2")
@@ -154,8 +163,14 @@ def inverse_frequencies(c, local=False, seq_len=0):
     dim = rotary_dim(c)
     theta = c["rope_local_base_freq"] if local and c["model_type"] == "gemma3_text" else c["rope_theta"]
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = None if local else c.get("rope_scaling")
+    scaling = None if local else (c.get("rope_scaling") or c.get("rope_parameters"))
     rope_type = scaling and scaling.get("rope_type", scaling.get("type"))
+    if rope_type == "proportional":  # _compute_proportional_rope_parameters (Gemma 4): the whole head's frequencies,
+        D = head_dim(c)              # only the first int(p·D//2) nonzero, all divided by factor
+        angles = int(scaling.get("partial_rotary_factor", 1.0) * D // 2)
+        inv = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / D))
+        inv = torch.cat((inv, torch.zeros(D // 2 - angles)))
+        return inv / scaling.get("factor", 1.0), 1.0
     if rope_type in ("su", "yarn") and c["model_type"] == "phi3":
         rope_type = "longrope"
     if rope_type == "linear":

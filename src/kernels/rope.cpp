@@ -24,6 +24,11 @@ std::vector<float> RopeFrequencies::inverse_frequencies(int64_t D, bool long_con
   for (int64_t i = 0; i < P; ++i) inv[static_cast<size_t>(i)] = static_cast<float>(1.0 / static_cast<double>(power(i)));
   if (scaling == Scaling::Linear) {
     for (float& f : inv) f = static_cast<float>(f / factor);
+  } else if (scaling == Scaling::Proportional) {
+    // transformers' _compute_proportional_rope_parameters: the head's first rotated_pairs frequencies, zeros after,
+    // all divided by `factor`
+    for (int64_t i = 0; i < P; ++i)
+      inv[static_cast<size_t>(i)] = i < rotated_pairs ? static_cast<float>(inv[static_cast<size_t>(i)] / factor) : 0.0f;
   } else if (scaling == Scaling::Llama3) {
     // Llama 3.1's wavelength bands: long wavelengths are divided by `factor`, short ones kept, the band between
     // interpolated smoothly (transformers' _compute_llama3_parameters).

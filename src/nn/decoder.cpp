@@ -320,6 +320,8 @@ void validate_rope(const RopeFrequencies& r) {
     fail("llama3 scaling needs 0 < low_freq_factor < high_freq_factor");
   if (r.scaling == RopeFrequencies::Scaling::Yarn && (!(r.beta_fast > 0) || !(r.beta_slow > 0) || !std::isfinite(r.beta_fast) || !std::isfinite(r.beta_slow)))
     fail("yarn's beta_fast and beta_slow must be positive");
+  if (r.scaling == RopeFrequencies::Scaling::Proportional && (r.rotated_pairs < 1 || r.rotary_dim != 0))
+    fail("proportional RoPE turns 1 or more pairs of the whole head (partial_rotary_factor · head_dim ≥ 2)");
   if (r.scaling == RopeFrequencies::Scaling::LongRope) {
     if (r.short_factor.size() != r.long_factor.size() || r.short_factor.empty())
       fail("longrope's short_factor and long_factor must be lists of one length (half the rotated dimensions)");

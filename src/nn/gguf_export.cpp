@@ -148,6 +148,8 @@ void check_exportable(const DecoderConfig& c) {
   const bool linear = rope.scaling == kernels::RopeFrequencies::Scaling::Linear;
   const bool longrope = rope.scaling == kernels::RopeFrequencies::Scaling::LongRope, phi3 = arch == "phi3";
   const bool deepseek2 = arch == "deepseek2";
+  if (rope.scaling == kernels::RopeFrequencies::Scaling::Proportional)  // llama.cpp holds it for its gemma4 only
+    refuse("turns part of each head by proportional RoPE (Gemma 4's), which llama.cpp's " + arch + " cannot hold");
   if (rope.scaling != kernels::RopeFrequencies::Scaling::None && !(llama3 && arch == "llama") && !(yarn && (gpt_oss || deepseek2)) &&
       !(linear && gemma3) && !(longrope && phi3))
     refuse("scales its RoPE (linear, YaRN or LongRoPE), which qkv does not write to GGUF yet (Llama 3.1's, gpt-oss's "

@@ -139,9 +139,19 @@ RopeFrequencies rope_of(const Keys& keys, const Family& f, double theta, bool sc
         list->push_back(v.get<double>());
       }
     }
+  } else if (type == "proportional") {  // transformers' _compute_proportional_rope_parameters (Gemma 4)
+    r.scaling = RopeFrequencies::Scaling::Proportional;
+    r.factor = scaling.number("factor", 1.0);
+    const double partial = scaling.has("partial_rotary_factor") ? scaling.number("partial_rotary_factor", 1.0)
+                                                                : keys.number("partial_rotary_factor", 1.0);
+    if (!(partial > 0.0 && partial <= 1.0)) keys.fail(where + "partial_rotary_factor", "must lie in (0, 1]");
+    const int64_t head_dim = keys.integer("head_dim", keys.integer("hidden_size") / std::max<int64_t>(keys.integer("num_attention_heads"), 1));
+    r.rotary_dim = 0;  // the whole head, its pairs (i, i + D/2); the frequencies past rotated_pairs are 0
+    r.rotated_pairs = static_cast<int64_t>(std::floor(partial * static_cast<double>(head_dim) / 2.0));
+    if (r.rotated_pairs < 1) keys.fail(where + "partial_rotary_factor", "turns no pair of a " + std::to_string(head_dim) + "-value head");
   } else {
     keys.fail(where + "rope_type", "is '" + printable(type, 40) +
-                                       "'; qkv supports the RoPE types default, linear, llama3, yarn and longrope");
+                                       "'; qkv supports the RoPE types default, linear, llama3, yarn, longrope and proportional");
   }
   if (!(r.factor > 0.0)) keys.fail(where + "factor", "must be positive");
   return r;
@@ -633,7 +643,7 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
     j["attention_bias"] = c.qkv_bias;
     j["mlp_bias"] = c.mlp_bias;
   }
-  auto scaling = [](const RopeFrequencies& r) -> json {
+  auto scaling = [&c](const RopeFrequencies& r) -> json {
     using S = RopeFrequencies::Scaling;
     json s;
     switch (r.scaling) {
@@ -653,6 +663,10 @@ std::string decoder_config_to_hf(const DecoderConfig& c, HfDType dtype) {
         s = {{"rope_type", "longrope"}, {"factor", r.factor}, {"attention_factor", r.attention_factor},
              {"short_factor", r.short_factor}, {"long_factor", r.long_factor},
              {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)}};
+        break;
+      case S::Proportional:  // 2·pairs / D: read back, floor(p·D / 2) gives the pairs again
+        s = {{"rope_type", "proportional"}, {"factor", r.factor},
+             {"partial_rotary_factor", 2.0 * static_cast<double>(r.rotated_pairs) / static_cast<double>(c.head_dim)}};
         break;
     }
     return s;

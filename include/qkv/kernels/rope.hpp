@@ -21,9 +21,10 @@ enum class RopeLayout { RotateHalf, Interleaved };
 // D, or the first rotary_dim: a partial rotation), then scaled as rope_scaling says.
 struct RopeFrequencies {
   double theta = 10000.0;  // rope_theta: the base of the frequencies
-  // rope_scaling's rope_type: none, linear, Llama 3's, YaRN, or LongRoPE (Phi-3)
-  enum class Scaling { None, Linear, Llama3, Yarn, LongRope } scaling = Scaling::None;
-  double factor = 1.0;  // linear: inv_freq / factor; llama3 and YaRN: the low-frequency divisor
+  // rope_scaling's rope_type: none, linear, Llama 3's, YaRN, LongRoPE (Phi-3), or proportional (Gemma 4's global
+  // layers: below)
+  enum class Scaling { None, Linear, Llama3, Yarn, LongRope, Proportional } scaling = Scaling::None;
+  double factor = 1.0;  // linear, proportional: inv_freq / factor; llama3 and YaRN: the low-frequency divisor
   // Llama 3's: wavelengths below original/high_freq_factor stay, above original/low_freq_factor are divided by factor
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
   // The context the model was first trained with (Llama 3, YaRN, LongRoPE)
@@ -36,7 +37,14 @@ struct RopeFrequencies {
   std::vector<double> short_factor, long_factor;
   // YaRN, LongRoPE: cos and sin are multiplied by this (so attention logits by its square); 1 otherwise
   double attention_factor = 1.0;
+  // Partial RoPE, in its two published forms:
+  // - rotary_dim (GPT-NeoX, Phi-3, Qwen3-Next; GLM with the interleaved layout): the first rotary_dim = R values of
+  //   each head rotate among themselves — rotate-half pairs (i, i + R/2) — at 1 / theta^(2i / R), the rest pass;
+  // - Proportional with rotated_pairs = int(p·D / 2) (Gemma 4's "proportional"): every value of the head is in a pair
+  //   (i, i + D/2), the first rotated_pairs at 1 / theta^(2i / D) — the whole head's frequencies — and the rest at
+  //   frequency 0, which leaves them as they are (rotary_dim stays 0).
   int64_t rotary_dim = 0;  // the first rotary_dim values of each head rotate, the rest pass (0: all of them)
+  int64_t rotated_pairs = 0;  // Proportional: the pairs that turn (the others' frequencies are 0)
 
   // The R / 2 inverse frequencies for heads of D values, in float as Hugging Face computes them (float32 tensors);
   // `long_context` picks LongRoPE's long factors.
