@@ -554,7 +554,7 @@ TEST_F(BadFolder, MalformedConfigIsNamed) {
 
 TEST_F(BadFolder, UnsupportedRopeTypeNamesTheSupportedOnes) {
   replace("\"llama3\"", "\"dynamic\"");
-  EXPECT_TRUE(mentions(error(), {"dynamic", "rope_scaling.rope_type", "default, linear, llama3, yarn and longrope"}));
+  EXPECT_TRUE(mentions(error(), {"dynamic", "rope_scaling.rope_type", "default, linear, llama3, yarn, longrope and proportional"}));
 }
 
 TEST_F(BadFolder, ShapeThatDisagreesWithTheConfig) {

@@ -468,6 +468,81 @@ TEST(GptOssLora, AttentionTrainsOverMxfp4Experts) {
   EXPECT_EQ(model->parameter(nn::Role::StackedDown, 1).weight_type(), kernels::WeightType::MXFP4);
 }
 
+// QLoRA on a mixture of experts kept one tensor per expert (Qwen3-MoE) stored as Q8_0: adapters on every expert and
+// on the attention train through the frozen rows (the experts' side path, nothing widened). Against the same adapters
+// on the float32 model: the logits differ by what the two bases differ by (Q8_0's rounding: 5% of the range on this
+// random model, whose routers flip near-ties), and each adapter's gradient points the same way (cosine ≥ 0.95).
+TEST(MoeLora, ExpertAdaptersTrainOverQ8_0Experts) {
+  auto model = nn::load_hf_decoder(fixture("hf/qwen3_moe"));
+  auto wide = nn::load_hf_decoder(fixture("hf/qwen3_moe"));
+  const int64_t T = 6;
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = 0; i < 2 * T; ++i) ids.push_back((7 * i + 3) % 64), targets.push_back((5 * i + 1) % 64);
+  auto gap = [](const Tensor& a, const Tensor& b) {
+    float d = 0.0f;
+    for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data()[i] - b.data()[i]));
+    return d;
+  };
+  model->store_matrices(kernels::WeightType::Q8_0);
+  auto first_expert = [&] {
+    for (auto& b : model->blocks)
+      if (!b.expert_gate.empty()) return b.expert_gate.front();  // (F, C): down's rows of F = 10 stay float32
+    return Tensor();
+  };
+  ASSERT_EQ(first_expert().weight_type(), kernels::WeightType::Q8_0);
+  model->eval();
+  wide->eval();
+  float bases = 0.0f;
+  {
+    NoGradGuard no_grad;
+    bases = gap(model->forward(ids, 2, T), wide->forward(ids, 2, T));
+  }
+  for (auto* m : {model.get(), wide.get()}) {
+    nn::set_trainable(*m, {});
+    Generator gen(11);
+    nn::add_lora(*m, {.rank = 2, .alpha = 4}, gen);
+    for (auto& site : m->lora_sites())
+      if (site.lora->defined()) site.lora->b.copy_(random_tensor(site.lora->b.shape(), 12, 0.1f));
+  }
+  {
+    NoGradGuard no_grad;
+    const float adapted = gap(model->forward(ids, 2, T), wide->forward(ids, 2, T));
+    EXPECT_LT(adapted, 2.0f * bases) << "the bases differ by " << bases;
+  }
+  const Tensor before = model->loss(ids, 2, T, targets);
+  before.backward();
+  wide->loss(ids, 2, T, targets).backward();
+  std::map<std::string, Tensor> wide_grads;
+  for (auto& [name, p] : wide->named_parameters())
+    if (p.grad().defined()) wide_grads[name] = p.grad();
+  int experts = 0;
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : model->named_parameters()) {
+      if (name.find(".lora_") == std::string::npos) {
+        EXPECT_FALSE(p.grad().defined()) << name;
+        continue;
+      }
+      ASSERT_TRUE(p.grad().defined()) << name;
+      const Tensor& w = wide_grads.at(name);
+      double dot = 0.0, a2 = 0.0, b2 = 0.0;
+      for (int64_t i = 0; i < w.numel(); ++i) {
+        dot += static_cast<double>(p.grad().data()[i]) * w.data()[i];
+        a2 += static_cast<double>(p.grad().data()[i]) * p.grad().data()[i];
+        b2 += static_cast<double>(w.data()[i]) * w.data()[i];
+      }
+      if (b2 > 0.0) {  // an expert no token chose has none in either
+        experts += name.find(".mlp.experts.") != std::string::npos;
+        EXPECT_GE(dot / std::sqrt(a2 * b2), 0.95) << name;
+      }
+      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
+    }
+  }
+  EXPECT_GT(experts, 0);
+  EXPECT_LT(model->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+  EXPECT_EQ(first_expert().weight_type(), kernels::WeightType::Q8_0);
+}
+
 // QLoRA on the experts themselves: adapters on gpt-oss's MXFP4 stacked experts train through the frozen blocks (the
 // kernel's side path, no expert widened), and give what the same adapters give on the experts widened to float32
 TEST(GptOssLora, ExpertAdaptersTrainOverMxfp4Experts) {

@@ -769,6 +769,89 @@ std::vector<KernelCase> kernel_cases() {
                          return ok << " (" << names[i] << ")";
                      return ::testing::AssertionSuccess();
                    }});
+  // LoRA on experts kept one tensor per expert (Qwen3-MoE's): a pair per expert and projection (rank 2; expert 1's up
+  // has none), against the reference (which adds each update to its weight); then the same experts as stored rows
+  // (float32 views), whose backward (through the rows) must agree.
+  cases.push_back({"moe, LoRA on each expert's gate, up and down (float32 and stored)", [](int64_t n, int m) {
+                     const MoeDims d{n, 5, 3, 4, 2};
+                     const int64_t r = 2;
+                     MoeOptions options;
+                     Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), g_out(n * d.C, m, 3);
+                     std::vector<Buffer> weights, adapters;
+                     for (int64_t i = 0; i < 3 * d.E; ++i) weights.emplace_back(d.F * d.C, m, 10 + i);
+                     // per projection p (gate, up, down) and expert e: A (r, in) then B (out, r), in = C or F
+                     for (int64_t i = 0; i < 3 * d.E; ++i) {
+                       adapters.emplace_back(r * d.C, m, 40 + 2 * i);
+                       adapters.emplace_back(d.C * r, m, 41 + 2 * i);
+                     }
+                     std::vector<const float*> gate, up, down, la[3], lb[3];
+                     for (int64_t e = 0; e < d.E; ++e) {
+                       gate.push_back(weights[static_cast<size_t>(e)].data());
+                       up.push_back(weights[static_cast<size_t>(d.E + e)].data());
+                       down.push_back(weights[static_cast<size_t>(2 * d.E + e)].data());
+                       for (int p = 0; p < 3; ++p) {
+                         const bool none = p == 1 && e == 1;
+                         la[p].push_back(none ? nullptr : adapters[static_cast<size_t>(2 * (p * d.E + e))].data());
+                         lb[p].push_back(none ? nullptr : adapters[static_cast<size_t>(2 * (p * d.E + e) + 1)].data());
+                       }
+                     }
+                     const MoeExpertLora lora{{la[0].data(), lb[0].data(), r, 0.5f}, {la[1].data(), lb[1].data(), r, 1.5f},
+                                              {la[2].data(), lb[2].data(), r, 0.75f}};
+                     Buffer out(n * d.C, m, 4), ref(n * d.C, m, 5);
+                     MoeSaved saved;
+                     moe_forward(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(), lora, out.data(), saved);
+                     moe_forward_reference(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(), ref.data(), &lora);
+                     if (auto ok = close(out.data(), ref.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+                     const float nan = std::numeric_limits<float>::quiet_NaN();
+                     // dx, d_router, then each projection's dA and dB per expert (2·r·C values each at most)
+                     auto grads = [&](float fill) {
+                       std::vector<std::vector<float>> g(2 + 6 * d.E);
+                       g[0].assign(static_cast<size_t>(n * d.C), fill);
+                       g[1].assign(static_cast<size_t>(d.E * d.C), fill);
+                       for (size_t i = 2; i < g.size(); ++i) g[i].assign(static_cast<size_t>(r * d.C), fill);
+                       return g;
+                     };
+                     auto fast = grads(nan), want = grads(0.0f), stored = grads(nan);
+                     auto lora_grads = [&](std::vector<std::vector<float>>& g, std::vector<float*> (&p)[6]) {
+                       for (int k = 0; k < 6; ++k) {
+                         p[k].clear();
+                         for (int64_t e = 0; e < d.E; ++e)
+                           p[k].push_back(la[k / 2][static_cast<size_t>(e)] ? g[static_cast<size_t>(2 + k * d.E + e)].data() : nullptr);
+                       }
+                       return MoeExpertLoraGrads{p[0].data(), p[1].data(), p[2].data(), p[3].data(), p[4].data(), p[5].data()};
+                     };
+                     std::vector<float*> fp[6], wp[6], sp[6];
+                     moe_backward(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(), lora, saved,
+                                  g_out.data(), fast[0].data(), fast[1].data(), nullptr, nullptr, nullptr, lora_grads(fast, fp));
+                     moe_backward_reference(d, options, x.data(), router.data(), gate.data(), up.data(), down.data(),
+                                            g_out.data(), want[0].data(), want[1].data(), nullptr, nullptr, nullptr, &lora,
+                                            lora_grads(want, wp));
+                     auto sizes = [&](size_t i) -> int64_t {  // dA (r × in) or dB (out × r); in, out: C or F
+                       if (i < 2) return static_cast<int64_t>(fast[i].size());
+                       const int64_t k = static_cast<int64_t>(i - 2) / d.E;  // gate A, gate B, up A, up B, down A, down B
+                       const int64_t in = k < 4 ? d.C : d.F, out = k < 4 ? d.F : d.C;
+                       if (la[k / 2][static_cast<size_t>((static_cast<int64_t>(i) - 2) % d.E)] == nullptr) return 0;
+                       return k % 2 == 0 ? r * in : out * r;
+                     };
+                     for (size_t i = 0; i < fast.size(); ++i)
+                       if (auto ok = close(fast[i].data(), want[i].data(), sizes(i), 1e-4, 1e-5); !ok) return ok << " (gradient " << i << ")";
+                     std::vector<WeightView> vg, vu, vd;
+                     for (int64_t e = 0; e < d.E; ++e) {
+                       vg.push_back({WeightType::F32, gate[static_cast<size_t>(e)], d.F, d.C});
+                       vu.push_back({WeightType::F32, up[static_cast<size_t>(e)], d.F, d.C});
+                       vd.push_back({WeightType::F32, down[static_cast<size_t>(e)], d.C, d.F});
+                     }
+                     Buffer out2(n * d.C, m, 6);
+                     MoeSaved saved2;
+                     moe_forward(d, options, x.data(), router.data(), vg.data(), vu.data(), vd.data(), lora, out2.data(), saved2);
+                     if (auto ok = close(out2.data(), out.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (stored: out)";
+                     moe_backward(d, options, x.data(), router.data(), vg.data(), vu.data(), vd.data(), lora, saved2,
+                                  g_out.data(), stored[0].data(), stored[1].data(), lora_grads(stored, sp));
+                     for (size_t i = 0; i < stored.size(); ++i)
+                       if (auto ok = close(stored[i].data(), fast[i].data(), sizes(i), 1e-4, 1e-5); !ok)
+                         return ok << " (stored: gradient " << i << ")";
+                     return ::testing::AssertionSuccess();
+                   }});
   // LoRA on gpt-oss's stacked experts (PEFT's target_parameters layout): rank 2 per expert on gate_up and down, A's
   // rows grouped by expert and B's columns interleaved by it, against the reference (which adds each expert's update
   // to its weight); then the same experts as stored rows (float32 views, transposed), whose side path must agree.

@@ -56,8 +56,82 @@ kernels::MoeOptions kernel_options(const MoeConfig& config, int64_t E) {
 }
 }  // namespace
 
+namespace {
+// The per-expert adapters as the kernel takes them (pointers into `keep`), their shapes checked: per projection an
+// empty list (none) or E updates, each undefined or A (r, in), B (out, r) float32 with one r and scale
+struct ExpertLoraPointers {
+  std::vector<const float*> a[3], b[3];
+  kernels::MoeExpertLora lora;
+  std::vector<Tensor> tensors;  // A and B of every defined update, projection by projection, expert by expert
+  bool any = false;
+};
+ExpertLoraPointers expert_lora(const ExpertsLora& lora, int64_t E, int64_t C, int64_t F) {
+  ExpertLoraPointers p;
+  const std::span<const LowRankUpdate> lists[3] = {lora.gate, lora.up, lora.down};
+  const char* names[3] = {"gate", "up", "down"};
+  kernels::MoeLoraList* out[3] = {&p.lora.gate, &p.lora.up, &p.lora.down};
+  for (int k = 0; k < 3; ++k) {
+    const auto& list = lists[k];
+    if (list.empty()) continue;
+    if (static_cast<int64_t>(list.size()) != E)
+      throw ShapeError("mixture_of_experts: " + std::to_string(list.size()) + " LoRA pairs on the experts' " + names[k] +
+                       " for " + std::to_string(E) + " experts");
+    const int64_t in = k < 2 ? C : F, outs = k < 2 ? F : C;
+    int64_t rank = 0;
+    float scale = 0.0f;
+    for (int64_t e = 0; e < E; ++e) {
+      const LowRankUpdate& l = list[static_cast<size_t>(e)];
+      if (!l.defined()) {
+        p.a[k].push_back(nullptr), p.b[k].push_back(nullptr);
+        continue;
+      }
+      const int64_t r = l.rank();
+      if (!(l.a.shape() == Shape{r, in}) || !(l.b.shape() == Shape{outs, r}) || (rank && (r != rank || l.scale != scale)))
+        throw ShapeError("mixture_of_experts: expert " + std::to_string(e) + "'s LoRA pair on " + names[k] + " is " +
+                         l.a.shape().str() + " and " + l.b.shape().str() + "; expected (r, " + std::to_string(in) + ") and (" +
+                         std::to_string(outs) + ", r), one r and scale for every expert");
+      if (l.a.dtype() != DType::F32 || l.b.dtype() != DType::F32)
+        throw ValueError("mixture_of_experts: LoRA pairs on the experts must be float32");
+      rank = r, scale = l.scale;
+      p.a[k].push_back(l.a.data()), p.b[k].push_back(l.b.data());
+      p.tensors.push_back(l.a), p.tensors.push_back(l.b);
+    }
+    *out[k] = {p.a[k].data(), p.b[k].data(), rank, scale};
+    p.any = p.any || rank > 0;
+  }
+  return p;
+}
+
+// The adapters' gradient pointers, per projection and expert, from `slot(i)` for the i-th of p.tensors (A, then B,
+// of each defined update in order)
+struct LoraGradLists {
+  std::vector<float*> lists[6];  // gate A, gate B, up A, up B, down A, down B: E pointers each (or none)
+  kernels::MoeExpertLoraGrads grads() {
+    auto data = [&](int i) { return lists[i].empty() ? nullptr : lists[i].data(); };
+    return {data(0), data(1), data(2), data(3), data(4), data(5)};
+  }
+};
+template <class Slot>
+LoraGradLists lora_grad_lists(const ExpertLoraPointers& p, Slot&& slot) {
+  LoraGradLists out;
+  size_t next = 0;
+  for (int k = 0; k < 3; ++k) {
+    if (p.a[k].empty()) continue;
+    out.lists[2 * k].assign(p.a[k].size(), nullptr);
+    out.lists[2 * k + 1].assign(p.b[k].size(), nullptr);
+    for (size_t e = 0; e < p.a[k].size(); ++e) {
+      if (!p.a[k][e]) continue;
+      out.lists[2 * k][e] = slot(next++);
+      out.lists[2 * k + 1][e] = slot(next++);
+    }
+  }
+  return out;
+}
+}  // namespace
+
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
-                          std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config) {
+                          std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config,
+                          const ExpertsLora& lora) {
   auto fail = [&](const std::string& why) { throw ShapeError("mixture_of_experts: " + why); };
   if (x.rank() < 1 || router.rank() != 2) fail("x must be (..., C) and the router (E, C)");
   const int64_t C = x.size(-1), E = router.size(0), N = x.numel() / std::max<int64_t>(C, 1);
@@ -93,12 +167,13 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   bool narrowed = narrow(router);
   for (const auto* list : {&gate, &up, &down})
     for (const Tensor& t : *list) narrowed = narrowed || narrow(t);
+  const auto adapters = std::make_shared<ExpertLoraPointers>(expert_lora(lora, E, C, F));
   if (narrowed) {
-    if (grad_enabled() && x.requires_grad())
-      throw ValueError("mixture_of_experts: experts stored as bfloat16 or a block format are for inference; run it "
-                       "under NoGradGuard (fine-tune such a model through LoRA: on its attention, or on all of its "
-                       "experts, whose adapted weights are formed in float32)");
-    NoGradGuard no_grad;
+    for (const auto* list : {&gate, &up, &down})
+      for (const Tensor& t : *list)
+        if (grad_enabled() && t.requires_grad())
+          throw ValueError("mixture_of_experts: experts stored as bfloat16 or a block format are frozen; train them "
+                           "through LoRA (qkv finetune --lora-rank), or load the model in float32 to train them");
     Tensor r = router;
     if (narrow(router)) {
       r = Tensor::empty(router.shape());
@@ -115,15 +190,45 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
       u.push_back(view(up[i]));
       d.push_back(view(down[i]));
     }
-    kernels::MoeSaved saved;
+    auto saved = std::make_shared<kernels::MoeSaved>();
     Tensor out = Tensor::empty(x.shape());
     try {
-      kernels::moe_forward(dims, options, x.data(), r.data(), g.data(), u.data(), d.data(), out.data(), saved);
+      kernels::moe_forward(dims, options, x.data(), r.data(), g.data(), u.data(), d.data(), adapters->lora, out.data(), *saved);
     } catch (const std::invalid_argument& e) {
       throw ValueError(std::string("mixture_of_experts: ") + e.what());
     }
-    if (config.chosen) config.chosen->assign(saved.experts.begin(), saved.experts.end());
-    if (config.weights) config.weights->assign(saved.weights.begin(), saved.weights.end());
+    if (config.chosen) config.chosen->assign(saved->experts.begin(), saved->experts.end());
+    if (config.weights) config.weights->assign(saved->weights.begin(), saved->weights.end());
+    // Frozen experts: gradients reach x through their rows, the router where it is a float32 parameter, the adapters
+    std::vector<Tensor> inputs = {x, router};
+    inputs.insert(inputs.end(), adapters->tensors.begin(), adapters->tensors.end());
+    auto learns = [](const Tensor& t) { return t.dtype() == DType::F32 && t.requires_grad(); };
+    std::vector<Tensor> recorded;
+    for (const Tensor& t : inputs)
+      if (learns(t)) recorded.push_back(t);
+    if (recorded.empty() || !grad_enabled()) return out;
+    struct Views {
+      std::vector<kernels::WeightView> g, u, d;
+      std::vector<Tensor> experts;  // the stored tensors the views read
+      Tensor router;                // float32 values
+    };
+    auto views = std::make_shared<Views>(Views{std::move(g), std::move(u), std::move(d), {}, r});
+    for (const auto* list : {&gate, &up, &down}) views->experts.insert(views->experts.end(), list->begin(), list->end());
+    detail::record(out, "MixtureOfExpertsBackward", recorded, [inputs, dims, options, saved, bias, views, adapters, learns](const Tensor& dout) {
+      std::vector<Tensor> grads(inputs.size());
+      auto slot = [&](size_t i) -> float* {
+        if (!learns(inputs[i])) return nullptr;
+        grads[i] = Tensor::empty(inputs[i].shape());
+        return grads[i].data();
+      };
+      float* dx = slot(0);
+      float* dr = slot(1);
+      LoraGradLists dl = lora_grad_lists(*adapters, [&](size_t i) { return slot(2 + i); });
+      kernels::moe_backward(dims, options, inputs[0].data(), views->router.data(), views->g.data(), views->u.data(),
+                            views->d.data(), adapters->lora, *saved, dout.data(), dx, dr, dl.grads());
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
+    });
     return out;
   }
   std::vector<const float*> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
@@ -134,15 +239,16 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
   }
   auto saved = std::make_shared<kernels::MoeSaved>();
   Tensor out = Tensor::empty(x.shape());
-  kernels::moe_forward(dims, options, x.data(), router.data(), g.data(), u.data(), d.data(), out.data(), *saved);
+  kernels::moe_forward(dims, options, x.data(), router.data(), g.data(), u.data(), d.data(), adapters->lora, out.data(), *saved);
   if (config.chosen) config.chosen->assign(saved->experts.begin(), saved->experts.end());
   if (config.weights) config.weights->assign(saved->weights.begin(), saved->weights.end());
   std::vector<Tensor> inputs = {x, router};
   for (const auto* list : {&gate, &up, &down}) inputs.insert(inputs.end(), list->begin(), list->end());
+  inputs.insert(inputs.end(), adapters->tensors.begin(), adapters->tensors.end());  // after the experts
   bool any = false;
   for (const Tensor& t : inputs) any = any || t.requires_grad();
   if (!any || !grad_enabled()) return out;
-  detail::record(out, "MixtureOfExpertsBackward", inputs, [inputs, dims, options, saved, bias](const Tensor& dout) {
+  detail::record(out, "MixtureOfExpertsBackward", inputs, [inputs, dims, options, saved, bias, adapters](const Tensor& dout) {
     const int64_t E = dims.E;
     // Fresh gradients, one per input that wants one, each added to its input's (most are first contributions).
     std::vector<Tensor> grads(inputs.size());
@@ -163,8 +269,9 @@ Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const
     }
     float* dx = slot(0);
     float* dr = slot(1);
-    kernels::moe_backward(dims, options, inputs[0].data(), inputs[1].data(), g.data(), u.data(), d.data(), *saved,
-                          dout.data(), dx, dr, dg.data(), du.data(), dd.data());
+    LoraGradLists dl = lora_grad_lists(*adapters, [&](size_t i) { return slot(2 + 3 * static_cast<size_t>(E) + i); });
+    kernels::moe_backward(dims, options, inputs[0].data(), inputs[1].data(), g.data(), u.data(), d.data(), adapters->lora,
+                          *saved, dout.data(), dx, dr, dg.data(), du.data(), dd.data(), dl.grads());
     for (size_t i = 0; i < inputs.size(); ++i)
       if (grads[i].defined()) detail::add_grad(inputs[i], std::move(grads[i]));
   });

@@ -139,33 +139,76 @@ struct Experts {
   const WeightView* gate_stored = nullptr;
   const WeightView* up_stored = nullptr;
   const WeightView* down_stored = nullptr;
+  const MoeExpertLora* lora = nullptr;  // adapters on one-tensor-per-expert projections (float32 or stored)
 };
 struct ExpertGrads {
   float* const* gate = nullptr;
   float* const* up = nullptr;
   float* const* down = nullptr;
   const MoeStackedGrads* stacked = nullptr;
+  MoeExpertLoraGrads lora;
 };
 
-// ---- LoRA on stacked experts (MoeStackedLora): a rank-r side path per expert, beside its product ----
+// ---- LoRA on the experts: a rank-r side path per expert, beside its product ----
 
-// One adapted matrix: A (r·E × in), B (out × r·E), scale; a null A: none
+// One adapted projection of every expert: stacked (MoeStackedLora: A (r·E × in), B (out × r·E), B_e's columns
+// interleaved by expert) or a pair per expert (MoeLoraList: A_e (r × in), B_e (out × r), null where none)
 struct LoraPart {
   const float* a = nullptr;
   const float* b = nullptr;
+  const float* const* a_list = nullptr;
+  const float* const* b_list = nullptr;
   int64_t r = 0;
   float scale = 0.0f;
   int64_t in = 0, out = 0, E = 0;
-  explicit operator bool() const { return a != nullptr && r > 0; }
-  const float* a_of(int64_t e) const { return a + e * r * in; }  // A_e: r contiguous rows
+  explicit operator bool() const { return r > 0 && (a != nullptr || a_list != nullptr); }
+  bool has(int64_t e) const { return r > 0 && (a_list ? a_list[e] != nullptr : a != nullptr); }
+  const float* a_of(int64_t e) const { return a_list ? a_list[e] : a + e * r * in; }  // A_e: r contiguous rows
+  double b_at(int64_t e, int64_t o, int64_t k) const { return b_list ? b_list[e][o * r + k] : b[(o * r + k) * E + e]; }
+  // B_e (out × r): in place for a pair per expert, gathered into `scratch` for the stacked B
+  const float* b_of(int64_t e, std::vector<float>& scratch) const {
+    if (b_list) return b_list[e];
+    scratch.resize(static_cast<size_t>(out * r));
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) scratch[static_cast<size_t>(o * r + k)] = b[(o * r + k) * E + e];
+    return scratch.data();
+  }
+};
+// Where a part's gradients go, in the same layout
+struct LoraPartGrads {
+  float* a = nullptr;
+  float* b = nullptr;
+  float* const* a_list = nullptr;
+  float* const* b_list = nullptr;
+  float* a_of(const LoraPart& l, int64_t e) const {
+    return a_list ? a_list[e] : a ? a + e * l.r * l.in : nullptr;
+  }
+  bool wants_b(int64_t e) const { return b_list ? b_list[e] != nullptr : b != nullptr; }
+  // B_e's gradient (out × r; null: zeros) stored
+  void store_b(const LoraPart& l, int64_t e, const float* be) const {
+    if (b_list) {
+      if (!b_list[e]) return;
+      if (be) std::copy_n(be, l.out * l.r, b_list[e]);
+      else std::fill_n(b_list[e], l.out * l.r, 0.0f);
+      return;
+    }
+    if (!b) return;
+    for (int64_t o = 0; o < l.out; ++o)
+      for (int64_t k = 0; k < l.r; ++k) b[(o * l.r + k) * l.E + e] = be ? be[o * l.r + k] : 0.0f;
+  }
 };
 LoraPart gate_up_part(const MoeStackedLora* l, const MoeDims& d) {
   if (!l) return {};
-  return {l->gate_up_a, l->gate_up_b, l->gate_up_rank, l->gate_up_scale, d.C, 2 * d.F, d.E};
+  return {l->gate_up_a, l->gate_up_b, nullptr, nullptr, l->gate_up_rank, l->gate_up_scale, d.C, 2 * d.F, d.E};
 }
 LoraPart down_part(const MoeStackedLora* l, const MoeDims& d) {
   if (!l) return {};
-  return {l->down_a, l->down_b, l->down_rank, l->down_scale, d.F, d.C, d.E};
+  return {l->down_a, l->down_b, nullptr, nullptr, l->down_rank, l->down_scale, d.F, d.C, d.E};
+}
+LoraPart list_part(const MoeExpertLora* l, const MoeLoraList MoeExpertLora::*which, int64_t in, int64_t out, int64_t E) {
+  if (!l) return {};
+  const MoeLoraList& list = l->*which;
+  return {nullptr, nullptr, list.a, list.b, list.rank, list.scale, in, out, E};
 }
 
 // Scratch for the side path, reused across experts
@@ -173,47 +216,37 @@ struct LoraScratch {
   std::vector<float> t, u, be, dbe;  // x A_eᵀ (n × r), dy B_e (n × r), B_e and its gradient (out × r)
 };
 
-// B_e (out × r) gathered from B (out × r·E): its column k is B's column k·E + e
-void gather_columns(const LoraPart& l, int64_t e, float* be) {
-  for (int64_t o = 0; o < l.out; ++o)
-    for (int64_t k = 0; k < l.r; ++k) be[o * l.r + k] = l.b[(o * l.r + k) * l.E + e];
-}
-void scatter_columns(const LoraPart& l, int64_t e, const float* be, float* b) {
-  for (int64_t o = 0; o < l.out; ++o)
-    for (int64_t k = 0; k < l.r; ++k) b[(o * l.r + k) * l.E + e] = be ? be[o * l.r + k] : 0.0f;
-}
-
 // y (n × out, row stride ldy) += scale · (x A_eᵀ) B_eᵀ for x (n × in)
 void lora_forward(const LoraPart& l, int64_t e, const float* x, int64_t n, float* y, int64_t ldy, LoraScratch& s) {
+  if (!l.has(e)) return;
   s.t.resize(static_cast<size_t>(n * l.r));
-  s.be.resize(static_cast<size_t>(l.out * l.r));
   gemm(false, true, n, l.r, l.in, 1.0f, x, l.in, l.a_of(e), l.in, 0.0f, s.t.data(), l.r);
-  gather_columns(l, e, s.be.data());
-  gemm(false, true, n, l.out, l.r, l.scale, s.t.data(), l.r, s.be.data(), l.r, 1.0f, y, ldy);
+  gemm(false, true, n, l.out, l.r, l.scale, s.t.data(), l.r, l.b_of(e, s.be), l.r, 1.0f, y, ldy);
 }
 // From dy (n × out): u = dy B_e into the scratch, and dx (n × in, row stride in) += scale · u A_e when dx is set
 void lora_input_grad(const LoraPart& l, int64_t e, const float* dy, int64_t n, int64_t ldy, float* dx, LoraScratch& s) {
+  if (!l.has(e)) return;
   s.u.resize(static_cast<size_t>(n * l.r));
-  s.be.resize(static_cast<size_t>(l.out * l.r));
-  gather_columns(l, e, s.be.data());
-  gemm(false, false, n, l.r, l.out, 1.0f, dy, ldy, s.be.data(), l.r, 0.0f, s.u.data(), l.r);
+  gemm(false, false, n, l.r, l.out, 1.0f, dy, ldy, l.b_of(e, s.be), l.r, 0.0f, s.u.data(), l.r);
   if (dx) gemm(false, false, n, l.in, l.r, l.scale, s.u.data(), l.r, l.a_of(e), l.in, 1.0f, dx, l.in);
 }
-// … then, with the u above: dA_e = scale · uᵀ x and dB_e = scale · dyᵀ (x A_eᵀ), into A's rows and B's columns
+// … then, with the u above: dA_e = scale · uᵀ x and dB_e = scale · dyᵀ (x A_eᵀ)
 void lora_weight_grads(const LoraPart& l, int64_t e, const float* x, const float* dy, int64_t n, int64_t ldy,
-                       float* da, float* db, LoraScratch& s) {
-  if (da) gemm(true, false, l.r, l.in, n, l.scale, s.u.data(), l.r, x, l.in, 0.0f, da + e * l.r * l.in, l.in);
-  if (!db) return;
+                       const LoraPartGrads& g, LoraScratch& s) {
+  if (!l.has(e)) return;
+  if (float* da = g.a_of(l, e)) gemm(true, false, l.r, l.in, n, l.scale, s.u.data(), l.r, x, l.in, 0.0f, da, l.in);
+  if (!g.wants_b(e)) return;
   s.t.resize(static_cast<size_t>(n * l.r));
   s.dbe.resize(static_cast<size_t>(l.out * l.r));
   gemm(false, true, n, l.r, l.in, 1.0f, x, l.in, l.a_of(e), l.in, 0.0f, s.t.data(), l.r);
   gemm(true, false, l.out, l.r, n, l.scale, dy, ldy, s.t.data(), l.r, 0.0f, s.dbe.data(), l.r);
-  scatter_columns(l, e, s.dbe.data(), db);
+  g.store_b(l, e, s.dbe.data());
 }
-// An expert no token chose: zeros in its rows of dA and columns of dB
-void lora_zero_grads(const LoraPart& l, int64_t e, float* da, float* db) {
-  if (da) std::fill_n(da + e * l.r * l.in, l.r * l.in, 0.0f);
-  if (db) scatter_columns(l, e, nullptr, db);
+// An expert no token chose: zeros for its A and B
+void lora_zero_grads(const LoraPart& l, int64_t e, const LoraPartGrads& g) {
+  if (!l.has(e)) return;
+  if (float* da = g.a_of(l, e)) std::fill_n(da, l.r * l.in, 0.0f);
+  g.store_b(l, e, nullptr);
 }
 
 // H = act(G, U) over n values: silu(G) ∘ U, or gpt-oss's clamped form (MoeOptions::swiglu_limit).
@@ -295,6 +328,9 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
   const MoeStackedLora* lora = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
   const LoraPart gate_up_lora = gate_up_part(lora, d), down_lora = down_part(lora, d);
+  const LoraPart gate_lora = list_part(w.lora, &MoeExpertLora::gate, d.C, d.F, d.E),
+                 up_lora = list_part(w.lora, &MoeExpertLora::up, d.C, d.F, d.E),
+                 expert_down_lora = list_part(w.lora, &MoeExpertLora::down, d.F, d.C, d.E);
   LoraScratch scratch;
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = saved.offsets[static_cast<size_t>(e)], n = saved.offsets[static_cast<size_t>(e) + 1] - r0;
@@ -329,6 +365,10 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.gate[e], d.C, 0.0f, g, d.F);
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.up[e], d.C, 0.0f, u, d.F);
     }
+    if (!stacked) {
+      lora_forward(gate_lora, e, xe, n, g, d.F, scratch);
+      lora_forward(up_lora, e, xe, n, u, d.F, scratch);
+    }
     activate(options, g, u, he, n * d.F);
     if (stacked) {
       const float* down_bias;
@@ -348,6 +388,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
     } else {
       gemm(false, true, n, d.C, d.F, 1.0f, he, d.F, w.down[e], d.F, 0.0f, y, d.C);
     }
+    if (!stacked) lora_forward(expert_down_lora, e, he, n, y, d.C, scratch);
   }
   for (int64_t t = 0; t < d.N; ++t) {
     float* o = out + t * d.C;
@@ -368,10 +409,20 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
   const MoeStackedLora* lora = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
   const LoraPart gate_up_lora = gate_up_part(lora, d), down_lora = down_part(lora, d);
   const MoeStackedLoraGrads dl = ds ? ds->lora : MoeStackedLoraGrads{};
+  const LoraPartGrads d_gate_up_lora{dl.gate_up_a, dl.gate_up_b}, d_down_lora{dl.down_a, dl.down_b};
+  const LoraPart gate_lora = list_part(w.lora, &MoeExpertLora::gate, d.C, d.F, d.E),
+                 up_lora = list_part(w.lora, &MoeExpertLora::up, d.C, d.F, d.E),
+                 expert_down_lora = list_part(w.lora, &MoeExpertLora::down, d.F, d.C, d.E);
+  const MoeExpertLoraGrads& el = dw_experts.lora;
+  const LoraPartGrads d_gate_lora{nullptr, nullptr, el.gate_a, el.gate_b}, d_up_lora{nullptr, nullptr, el.up_a, el.up_b},
+      d_expert_down_lora{nullptr, nullptr, el.down_a, el.down_b};
   LoraScratch scratch;
   auto zero_expert = [&](int64_t e) {
-    if (gate_up_lora) lora_zero_grads(gate_up_lora, e, dl.gate_up_a, dl.gate_up_b);
-    if (down_lora) lora_zero_grads(down_lora, e, dl.down_a, dl.down_b);
+    lora_zero_grads(gate_up_lora, e, d_gate_up_lora);
+    lora_zero_grads(down_lora, e, d_down_lora);
+    lora_zero_grads(gate_lora, e, d_gate_lora);
+    lora_zero_grads(up_lora, e, d_up_lora);
+    lora_zero_grads(expert_down_lora, e, d_expert_down_lora);
     if (ds) {
       if (ds->gate_up) std::fill_n(ds->gate_up + e * d.C * 2 * d.F, d.C * 2 * d.F, 0.0f);
       if (ds->gate_up_bias) std::fill_n(ds->gate_up_bias + e * 2 * d.F, 2 * d.F, 0.0f);
@@ -426,12 +477,16 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
       gemm(false, true, n, d.F, d.C, 1.0f, dye, d.C, w.stacked->down + e * d.F * d.C, d.C, 0.0f, dhe, d.F);
     } else if (w.stacked_stored) {  // Down's rows (C × F) as stored: dH = dY Down
       gemm_weight_backward(w.stacked_stored->down[e], n, dye, d.C, 0.0f, dhe, d.F);
+    } else if (w.down_stored) {
+      gemm_weight_backward(w.down_stored[e], n, dye, d.C, 0.0f, dhe, d.F);
     } else {  // dH = dY Down (n × F)
       gemm(false, false, n, d.F, d.C, 1.0f, dye, d.C, w.down[e], d.F, 0.0f, dhe, d.F);
     }
-    if (down_lora) lora_input_grad(down_lora, e, dye, n, d.C, dhe, scratch);  // dH += scale·(dY B_e) A_e
+    const LoraPart& dl_part = stacked ? down_lora : expert_down_lora;
+    const LoraPartGrads& dl_grads = stacked ? d_down_lora : d_expert_down_lora;
+    lora_input_grad(dl_part, e, dye, n, d.C, dhe, scratch);  // dH += scale·(dY B_e) A_e
     activate_backward(options, g, u, dhe, he, dge, due, n * d.F);
-    if (down_lora) lora_weight_grads(down_lora, e, he, dye, n, d.C, dl.down_a, dl.down_b, scratch);
+    lora_weight_grads(dl_part, e, he, dye, n, d.C, dl_grads, scratch);
     if (stacked) {
       if (ds && ds->down) gemm(true, false, d.F, d.C, n, 1.0f, he, d.F, dye, d.C, 0.0f, ds->down + e * d.F * d.C, d.C);  // Hᵀ dY
       if (ds && ds->down_bias)
@@ -458,19 +513,24 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
         gemm(false, true, n, d.C, 2 * d.F, 1.0f, gu, 2 * d.F, w.stacked->gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, dxe, d.C);
       else if (dx)  // the stored rows (2F × C), gate and up alternating as gu's columns
         gemm_weight_backward(w.stacked_stored->gate_up[e], n, gu, 2 * d.F, 0.0f, dxe, d.C);
-      if (gate_up_lora) {
-        lora_input_grad(gate_up_lora, e, gu, n, 2 * d.F, dx ? dxe : nullptr, scratch);
-        lora_weight_grads(gate_up_lora, e, xe, gu, n, 2 * d.F, dl.gate_up_a, dl.gate_up_b, scratch);
-      }
+      lora_input_grad(gate_up_lora, e, gu, n, 2 * d.F, dx ? dxe : nullptr, scratch);
+      lora_weight_grads(gate_up_lora, e, xe, gu, n, 2 * d.F, d_gate_up_lora, scratch);
       continue;
     }
     if (dw_experts.down && dw_experts.down[e]) gemm(true, false, d.C, d.F, n, 1.0f, dye, d.C, he, d.F, 0.0f, dw_experts.down[e], d.F);  // dYᵀ H
     if (dw_experts.gate && dw_experts.gate[e]) gemm(true, false, d.F, d.C, n, 1.0f, dge, d.F, xe, d.C, 0.0f, dw_experts.gate[e], d.C);  // dGᵀ X
     if (dw_experts.up && dw_experts.up[e]) gemm(true, false, d.F, d.C, n, 1.0f, due, d.F, xe, d.C, 0.0f, dw_experts.up[e], d.C);  // dUᵀ X
-    if (dx) {  // dX_e = dG Gate + dU Up
+    if (dx && w.gate_stored) {  // the stored rows (F × C): dX_e = dG Gate + dU Up
+      gemm_weight_backward(w.gate_stored[e], n, dge, d.F, 0.0f, dxe, d.C);
+      gemm_weight_backward(w.up_stored[e], n, due, d.F, 1.0f, dxe, d.C);
+    } else if (dx) {  // dX_e = dG Gate + dU Up
       gemm(false, false, n, d.C, d.F, 1.0f, dge, d.F, w.gate[e], d.C, 0.0f, dxe, d.C);
       gemm(false, false, n, d.C, d.F, 1.0f, due, d.F, w.up[e], d.C, 1.0f, dxe, d.C);
     }
+    lora_input_grad(gate_lora, e, dge, n, d.F, dx ? dxe : nullptr, scratch);
+    lora_weight_grads(gate_lora, e, xe, dge, n, d.F, d_gate_lora, scratch);
+    lora_input_grad(up_lora, e, due, n, d.F, dx ? dxe : nullptr, scratch);
+    lora_weight_grads(up_lora, e, xe, due, n, d.F, d_up_lora, scratch);
   }
   // Through the router: dz (N × E), then d_router = dzᵀ X, d_bias = Σ_t dz and dx = Σ_s dX[position] + dz Wr
   std::vector<float> dz(static_cast<size_t>(d.N * d.E));
@@ -500,6 +560,25 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
   forward(d, options, x, router, nullptr, Experts{gate, up, down, nullptr}, out, saved);
 }
 
+void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                 const float* const* gate, const float* const* up, const float* const* down, const MoeExpertLora& lora,
+                 float* out, MoeSaved& saved) {
+  Experts w{gate, up, down, nullptr};
+  w.lora = &lora;
+  forward(d, options, x, router, nullptr, w, out, saved);
+}
+
+void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                  const float* const* gate, const float* const* up, const float* const* down, const MoeExpertLora& lora,
+                  const MoeSaved& saved, const float* d_out, float* dx, float* d_router, float* const* d_gate,
+                  float* const* d_up, float* const* d_down, const MoeExpertLoraGrads& d_lora) {
+  Experts w{gate, up, down, nullptr};
+  w.lora = &lora;
+  ExpertGrads g{d_gate, d_up, d_down, nullptr};
+  g.lora = d_lora;
+  backward(d, options, x, router, w, saved, d_out, dx, d_router, nullptr, g);
+}
+
 namespace {
 void check_view(const WeightView& view, int64_t e, int64_t rows, int64_t cols) {
   if (view.rows != rows || view.cols != cols || !view.data)
@@ -519,6 +598,29 @@ void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, co
   Experts w;
   w.gate_stored = gate, w.up_stored = up, w.down_stored = down;
   forward(d, options, x, router, nullptr, w, out, saved);
+}
+
+void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                 const WeightView* gate, const WeightView* up, const WeightView* down, const MoeExpertLora& lora,
+                 float* out, MoeSaved& saved) {
+  for (int64_t e = 0; e < d.E; ++e) {
+    check_view(gate[e], e, d.F, d.C);
+    check_view(up[e], e, d.F, d.C);
+    check_view(down[e], e, d.C, d.F);
+  }
+  Experts w;
+  w.gate_stored = gate, w.up_stored = up, w.down_stored = down, w.lora = &lora;
+  forward(d, options, x, router, nullptr, w, out, saved);
+}
+
+void moe_backward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
+                  const WeightView* gate, const WeightView* up, const WeightView* down, const MoeExpertLora& lora,
+                  const MoeSaved& saved, const float* d_out, float* dx, float* d_router, const MoeExpertLoraGrads& d_lora) {
+  Experts w;
+  w.gate_stored = gate, w.up_stored = up, w.down_stored = down, w.lora = &lora;
+  ExpertGrads g;
+  g.lora = d_lora;
+  backward(d, options, x, router, w, saved, d_out, dx, d_router, nullptr, g);
 }
 
 void moe_forward(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
@@ -576,25 +678,30 @@ struct ReferenceWeights {
   const float* const* up_list = nullptr;
   const float* const* down_list = nullptr;
   const MoeStacked* stacked = nullptr;
+  const MoeExpertLora* list_lora = nullptr;  // adapters on the per-expert lists
   // scale · Σ_k A_e(k, i) B_e(o, k): a LoRA part's update to expert e's weight from input i to output o (0 without)
   static double delta(const LoraPart& l, int64_t e, int64_t i, int64_t o) {
-    if (!l) return 0.0;
+    if (!l.has(e)) return 0.0;
     double total = 0.0;
-    for (int64_t k = 0; k < l.r; ++k) total += static_cast<double>(l.a_of(e)[k * l.in + i]) * l.b[(o * l.r + k) * l.E + e];
+    for (int64_t k = 0; k < l.r; ++k) total += static_cast<double>(l.a_of(e)[k * l.in + i]) * l.b_at(e, o, k);
     return l.scale * total;
   }
   LoraPart gate_up_lora() const { return stacked ? gate_up_part(stacked->lora, d) : LoraPart{}; }
   LoraPart down_lora() const { return stacked ? down_part(stacked->lora, d) : LoraPart{}; }
+  LoraPart gate_lora() const { return list_part(list_lora, &MoeExpertLora::gate, d.C, d.F, d.E); }
+  LoraPart up_lora() const { return list_part(list_lora, &MoeExpertLora::up, d.C, d.F, d.E); }
+  LoraPart list_down_lora() const { return list_part(list_lora, &MoeExpertLora::down, d.F, d.C, d.E); }
   double gate(int64_t e, int64_t f, int64_t c) const {
     return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f] + delta(gate_up_lora(), e, c, 2 * f)
-                   : gate_list[e][f * d.C + c];
+                   : gate_list[e][f * d.C + c] + delta(gate_lora(), e, c, f);
   }
   double up(int64_t e, int64_t f, int64_t c) const {
     return stacked ? stacked->gate_up[(e * d.C + c) * 2 * d.F + 2 * f + 1] + delta(gate_up_lora(), e, c, 2 * f + 1)
-                   : up_list[e][f * d.C + c];
+                   : up_list[e][f * d.C + c] + delta(up_lora(), e, c, f);
   }
   double down(int64_t e, int64_t c, int64_t f) const {
-    return stacked ? stacked->down[(e * d.F + f) * d.C + c] + delta(down_lora(), e, f, c) : down_list[e][c * d.F + f];
+    return stacked ? stacked->down[(e * d.F + f) * d.C + c] + delta(down_lora(), e, f, c)
+                   : down_list[e][c * d.F + f] + delta(list_down_lora(), e, f, c);
   }
   double gate_bias(int64_t e, int64_t f) const {
     return stacked && stacked->gate_up_bias ? stacked->gate_up_bias[e * 2 * d.F + 2 * f] : 0.0;
@@ -803,11 +910,37 @@ void store(const std::vector<double>& from, float* to) {
   if (to) std::transform(from.begin(), from.end(), to, [](double v) { return static_cast<float>(v); });
 }
 
+// An adapter's gradients from the gradient of each expert's whole weight dW(e, i, o) (in → out):
+// dA_e(k, i) = scale·Σ_o dW(i, o) B_e(o, k), dB_e(o, k) = scale·Σ_i dW(i, o) A_e(k, i)
+template <class Grad>
+void reference_lora_grads(const MoeDims& d, const LoraPart& l, const Grad& dW, const LoraPartGrads& g) {
+  if (!l) return;
+  for (int64_t e = 0; e < d.E; ++e) {
+    if (!l.has(e)) continue;
+    std::vector<float> be(static_cast<size_t>(l.out * l.r));
+    float* da = g.a_of(l, e);
+    for (int64_t k = 0; k < l.r; ++k) {
+      for (int64_t i = 0; da && i < l.in; ++i) {
+        double total = 0.0;
+        for (int64_t o = 0; o < l.out; ++o) total += dW(e, i, o) * l.b_at(e, o, k);
+        da[k * l.in + i] = static_cast<float>(l.scale * total);
+      }
+      for (int64_t o = 0; o < l.out; ++o) {
+        double total = 0.0;
+        for (int64_t i = 0; i < l.in; ++i) total += dW(e, i, o) * l.a_of(e)[k * l.in + i];
+        be[static_cast<size_t>(o * l.r + k)] = static_cast<float>(l.scale * total);
+      }
+    }
+    g.store_b(l, e, be.data());
+  }
+}
+
 }  // namespace
 
 void moe_forward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
-                           const float* const* gate, const float* const* up, const float* const* down, float* out) {
-  forward_reference(d, options, x, router, nullptr, ReferenceWeights{d, gate, up, down, nullptr}, out);
+                           const float* const* gate, const float* const* up, const float* const* down, float* out,
+                           const MoeExpertLora* lora) {
+  forward_reference(d, options, x, router, nullptr, ReferenceWeights{d, gate, up, down, nullptr, lora}, out);
 }
 
 void moe_forward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
@@ -818,9 +951,18 @@ void moe_forward_reference(const MoeDims& d, const MoeOptions& options, const fl
 void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const float* x, const float* router,
                             const float* const* gate, const float* const* up, const float* const* down,
                             const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
-                            float* const* d_down) {
-  const ReferenceGrads G =
-      backward_reference(d, options, x, router, nullptr, ReferenceWeights{d, gate, up, down, nullptr}, d_out, dx);
+                            float* const* d_down, const MoeExpertLora* lora, const MoeExpertLoraGrads& d_lora) {
+  const ReferenceWeights w{d, gate, up, down, nullptr, lora};
+  const ReferenceGrads G = backward_reference(d, options, x, router, nullptr, w, d_out, dx);
+  // gate and up: in c, out f ((E, F, C) logical); down: in f, out c ((E, C, F))
+  auto in_out = [&](const std::vector<double>& g) {
+    return [&g, &d](int64_t e, int64_t c, int64_t f) { return g[static_cast<size_t>((e * d.F + f) * d.C + c)]; };
+  };
+  reference_lora_grads(d, w.gate_lora(), in_out(G.gate), LoraPartGrads{nullptr, nullptr, d_lora.gate_a, d_lora.gate_b});
+  reference_lora_grads(d, w.up_lora(), in_out(G.up), LoraPartGrads{nullptr, nullptr, d_lora.up_a, d_lora.up_b});
+  reference_lora_grads(d, w.list_down_lora(), [&](int64_t e, int64_t f, int64_t c) {
+    return G.down[static_cast<size_t>((e * d.C + c) * d.F + f)];
+  }, LoraPartGrads{nullptr, nullptr, d_lora.down_a, d_lora.down_b});
   store(G.router, d_router);
   for (int64_t e = 0; e < d.E; ++e) {
     auto slice = [&](const std::vector<double>& v, int64_t size) {
@@ -855,30 +997,13 @@ void moe_backward_reference(const MoeDims& d, const MoeOptions& options, const f
       }
     }
   if (d_experts.down_bias) store(G.down_bias, d_experts.down_bias);
-  // The adapters', from the gradient of each expert's whole weight dW (in × out): dA_e(k, i) = scale·Σ_o dW(i, o) B_e(o, k),
-  // dB_e(o, k) = scale·Σ_i dW(i, o) A_e(k, i)
+  // The adapters', from the gradient of each expert's whole weight
   const ReferenceWeights w{d, nullptr, nullptr, nullptr, &experts};
-  auto lora_grads = [&](const LoraPart& l, const auto& dW, float* da, float* db) {
-    if (!l) return;
-    for (int64_t e = 0; e < d.E; ++e)
-      for (int64_t k = 0; k < l.r; ++k) {
-        for (int64_t i = 0; da && i < l.in; ++i) {
-          double total = 0.0;
-          for (int64_t o = 0; o < l.out; ++o) total += dW(e, i, o) * l.b[(o * l.r + k) * l.E + e];
-          da[(e * l.r + k) * l.in + i] = static_cast<float>(l.scale * total);
-        }
-        for (int64_t o = 0; db && o < l.out; ++o) {
-          double total = 0.0;
-          for (int64_t i = 0; i < l.in; ++i) total += dW(e, i, o) * l.a_of(e)[k * l.in + i];
-          db[(o * l.r + k) * l.E + e] = static_cast<float>(l.scale * total);
-        }
-      }
-  };
-  lora_grads(w.gate_up_lora(), [&](int64_t e, int64_t c, int64_t j) {  // gate_up: in c, out j (gate and up alternating)
+  reference_lora_grads(d, w.gate_up_lora(), [&](int64_t e, int64_t c, int64_t j) {  // in c, out j (gate and up alternating)
     return (j % 2 == 0 ? G.gate : G.up)[static_cast<size_t>((e * d.F + j / 2) * d.C + c)];
-  }, d_experts.lora.gate_up_a, d_experts.lora.gate_up_b);
-  lora_grads(w.down_lora(), [&](int64_t e, int64_t f, int64_t c) { return G.down[static_cast<size_t>((e * d.C + c) * d.F + f)]; },
-             d_experts.lora.down_a, d_experts.lora.down_b);
+  }, LoraPartGrads{d_experts.lora.gate_up_a, d_experts.lora.gate_up_b});
+  reference_lora_grads(d, w.down_lora(), [&](int64_t e, int64_t f, int64_t c) { return G.down[static_cast<size_t>((e * d.C + c) * d.F + f)]; },
+                       LoraPartGrads{d_experts.lora.down_a, d_experts.lora.down_b});
 }
 
 }  // namespace qkv::kernels

@@ -1460,27 +1460,6 @@ Tensor Decoder::attend_linear(size_t i, const Tensor& x, KVCache* cache) const {
   return linear_with_lora(reshape(normed, {B, T, Vd}), b[Role::DeltaOut], none, b.adapter(Role::DeltaOut));
 }
 
-namespace {
-// A layer's experts with their adapters: expert e's weight is W_e + (α/r)·B_e·A_e where it has one (a float32 copy of a
-// narrow W_e), so the fused kernel runs on it and the gradient reaches A_e and B_e through the sum. Every adapted
-// expert's weight is formed, chosen or not: float32 memory for them while training.
-std::vector<Tensor> adapted_experts(const std::vector<Tensor>& weights, const std::vector<LoraWeights>& adapters) {
-  if (std::none_of(adapters.begin(), adapters.end(), [](const LoraWeights& l) { return l.defined(); })) return weights;
-  std::vector<Tensor> out = weights;
-  for (size_t e = 0; e < out.size(); ++e) {
-    const LoraWeights& l = adapters[e];
-    if (!l.defined()) continue;
-    Tensor base = weights[e];
-    if (base.dtype() != DType::F32) {  // bf16 or a block format: widened as ggml dequantizes
-      base = Tensor::empty(weights[e].shape());
-      base.copy_(weights[e]);
-    }
-    out[e] = add(base, mul(matmul(l.b, l.a), l.scale));
-  }
-  return out;
-}
-}  // namespace
-
 Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>* routers) const {
   if (b[Role::StackedGateUp].defined()) {  // gpt-oss: stacked experts with biases, a biased router, clamped SwiGLU
     if (routers)
@@ -1519,9 +1498,9 @@ Tensor Decoder::mlp(const DecoderBlock& b, const Tensor& x, std::vector<Tensor>*
       moe.chosen = &chose;
       moe.weights = &chose_weights;
     }
-    Tensor routed = mixture_of_experts(x, b[Role::Router], adapted_experts(b.expert_gate, b.expert_gate_lora),
-                                       adapted_experts(b.expert_up, b.expert_up_lora),
-                                       adapted_experts(b.expert_down, b.expert_down_lora), moe);
+    // LoRA on the experts runs beside their products (kernels::MoeExpertLora): none is formed as W + ΔW
+    Tensor routed = mixture_of_experts(x, b[Role::Router], b.expert_gate, b.expert_up, b.expert_down, moe,
+                                       {b.expert_gate_lora, b.expert_up_lora, b.expert_down_lora});
     if (record_use_) {
       const int64_t E = config.num_experts, layer = &b - blocks.data();
       expert_use_.resize(static_cast<size_t>(config.num_layers * E), 0);

@@ -264,8 +264,17 @@ void for_each_top_k(const float* values, int64_t rows, int64_t cols, int64_t k,
 // Σ over the k experts a router picks per token of w · down_e(silu(gate_e x) ∘ up_e x) (kernels::moe_forward): x
 // (..., C), router (E, C), gate[e] and up[e] (F, C), down[e] (C, F), one tensor per expert as checkpoints store
 // them. Result x's shape. Gradients reach x, the router and every expert (zero for an expert no token chose).
+// Experts stored narrow (bf16, a GGUF's block types) are multiplied as stored and frozen: gradients reach x (through
+// their rows) and the router (float32), not them.
+// `lora`: LoRA on the experts, per projection one LowRankUpdate per expert (or an empty list: none; an undefined one:
+// that expert has none), A (r, in), B (out, r), one rank and scale per projection; their update runs beside each
+// chosen expert's product (no W + ΔW is formed), over float32 or stored experts alike (QLoRA on the experts).
+struct ExpertsLora {
+  std::span<const LowRankUpdate> gate, up, down;
+};
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
-                          std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config);
+                          std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config,
+                          const ExpertsLora& lora = {});
 // The same with gpt-oss's experts (kernels::MoeStacked): a layer's experts in the stacked tensors its checkpoints
 // hold, each used as x·W — gate_up (E, C, 2F), gate and up columns alternating; gate_up_bias (E, 2F); down (E, F, C);
 // down_bias (E, C) — and a router bias (E). Any bias may be undefined (none). Float32 only; gradients reach all.

@@ -68,6 +68,28 @@ struct MoeStackedLoraGrads {
   float* down_b = nullptr;
 };
 
+// LoRA on experts kept one tensor per expert and projection (Qwen3-MoE, DeepSeek-V3, Qwen3-Next; PEFT's lora.Linear
+// on mlp.experts.N.gate_proj …): expert e's gate x becomes W_e x + scale·B_e (A_e x), A_e (r × in), B_e (out × r),
+// pointers per expert (null: that expert's projection has none), one rank and scale per projection.
+struct MoeLoraList {
+  const float* const* a = nullptr;  // E pointers to (r, in)
+  const float* const* b = nullptr;  // E pointers to (out, r)
+  int64_t rank = 0;
+  float scale = 0.0f;
+};
+struct MoeExpertLora {
+  MoeLoraList gate, up, down;  // gate, up: C → F; down: F → C
+};
+// Their gradients (overwritten; zeros for an expert no token chose), E pointers each, null where not needed
+struct MoeExpertLoraGrads {
+  float* const* gate_a = nullptr;
+  float* const* gate_b = nullptr;
+  float* const* up_a = nullptr;
+  float* const* up_b = nullptr;
+  float* const* down_a = nullptr;
+  float* const* down_b = nullptr;
+};
+
 struct MoeStacked {
   const float* gate_up = nullptr;       // (E, C, 2F)
   const float* gate_up_bias = nullptr;  // (E, 2F); null: none
@@ -124,6 +146,15 @@ void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x
                   const float* const* gate, const float* const* up, const float* const* down, const MoeSaved& saved,
                   const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
                   float* const* d_down);
+// The same with LoRA on the experts (`lora`, given to the forward too): their update a rank-r side path beside each
+// chosen expert's products, no expert's weight formed; their gradients into `d_lora`.
+void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                 const float* const* gate, const float* const* up, const float* const* down, const MoeExpertLora& lora,
+                 float* out, MoeSaved& saved);
+void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                  const float* const* gate, const float* const* up, const float* const* down, const MoeExpertLora& lora,
+                  const MoeSaved& saved, const float* d_out, float* dx, float* d_router, float* const* d_gate,
+                  float* const* d_up, float* const* d_down, const MoeExpertLoraGrads& d_lora);
 
 // The forward for inference with each expert's matrices kept as stored — bf16, f16 or a block format (a GGUF's q8_0,
 // q4_K …), one WeightView per expert: gate[e] and up[e] F × C, down[e] C × F. Each chosen expert's rows are multiplied
@@ -131,6 +162,14 @@ void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x
 // widened to float32. Routing and the fixed order of the sums are the float32 forward's. No backward: frozen weights.
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                  const WeightView* gate, const WeightView* up, const WeightView* down, float* out, MoeSaved& saved);
+// … with LoRA on those frozen experts (QLoRA on a GGUF's or --weights' experts), and its backward: dx through the
+// stored rows (gemm_weight_backward), the router and the adapters, never the stored matrices.
+void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                 const WeightView* gate, const WeightView* up, const WeightView* down, const MoeExpertLora& lora,
+                 float* out, MoeSaved& saved);
+void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
+                  const WeightView* gate, const WeightView* up, const WeightView* down, const MoeExpertLora& lora,
+                  const MoeSaved& saved, const float* d_out, float* dx, float* d_router, const MoeExpertLoraGrads& d_lora);
 
 // The same with a router bias (E; null: none, then d_router_bias is ignored) and a layer's experts stacked (gpt-oss).
 void moe_forward(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
@@ -151,11 +190,13 @@ void moe_backward(const MoeDims& dims, const MoeOptions& options, const float* x
 // The plain composition per token in double, from the definition: route, then each chosen expert on the token
 // alone. Same arguments (no saved state).
 void moe_forward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
-                           const float* const* gate, const float* const* up, const float* const* down, float* out);
+                           const float* const* gate, const float* const* up, const float* const* down, float* out,
+                           const MoeExpertLora* lora = nullptr);
 void moe_backward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                             const float* const* gate, const float* const* up, const float* const* down,
                             const float* d_out, float* dx, float* d_router, float* const* d_gate, float* const* d_up,
-                            float* const* d_down);
+                            float* const* d_down, const MoeExpertLora* lora = nullptr,
+                            const MoeExpertLoraGrads& d_lora = {});
 void moe_forward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
                            const float* router_bias, const MoeStacked& experts, float* out);
 void moe_backward_reference(const MoeDims& dims, const MoeOptions& options, const float* x, const float* router,
