@@ -274,6 +274,26 @@ TEST_F(Finetune, PeftAdapterRoundTripsAndRefusesAnotherModel) {
   EXPECT_THROW(nn::read_peft_adapter(::testing::TempDir()), IoError);
 }
 
+// One step down the gradient of `model`'s LoRA adapters (0.05 × each), the loss of (ids, targets) taken before and
+// after: it must fall. With `only_adapters`, every other parameter must have no gradient.
+void expect_adapters_train(nn::Decoder& model, const std::vector<int64_t>& ids, const std::vector<int64_t>& targets,
+                           int64_t T, bool only_adapters = true) {
+  const Tensor before = model.loss(ids, 2, T, targets);
+  before.backward();
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : model.named_parameters()) {
+      if (name.find(".lora_") == std::string::npos) {
+        if (only_adapters) EXPECT_FALSE(p.grad().defined()) << name;
+        continue;
+      }
+      ASSERT_TRUE(p.grad().defined()) << name;
+      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
+    }
+  }
+  EXPECT_LT(model.loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+}
+
 // LoRA on today's decoders: every block's q/k/v/o and MLP projections (every expert's too) under PEFT's names; an
 // adapted model computes what
 // its merged weights do (values and the loss), only the adapters (and no frozen weight) get gradients, and a PEFT
@@ -339,17 +359,7 @@ TEST_P(DecoderLora, AdaptsEveryProjectionAndEqualsItsMergedWeights) {
   EXPECT_NEAR(model->loss(ids, 2, T, targets).item(), loss.item(), GetParam() == "qwen3_next" ? 1e-4 : 1e-5);
   // A step down the adapters' gradient lowers the loss: they train (the experts' through the fused kernel's backward)
   nn::set_trainable(*fresh, {"*.lora_A.weight", "*.lora_B.weight"});
-  const Tensor before = fresh->loss(ids, 2, T, targets);
-  before.backward();
-  {
-    NoGradGuard no_grad;
-    for (auto& [name, p] : fresh->named_parameters()) {
-      if (name.find(".lora_") == std::string::npos) continue;
-      ASSERT_TRUE(p.grad().defined()) << name;
-      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
-    }
-  }
-  EXPECT_LT(fresh->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+  expect_adapters_train(*fresh, ids, targets, T);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderLora,
@@ -454,17 +464,7 @@ TEST(GptOssLora, AttentionTrainsOverMxfp4Experts) {
   const int64_t T = 6;
   std::vector<int64_t> ids, targets;
   for (int64_t i = 0; i < 2 * T; ++i) ids.push_back((7 * i + 3) % 80), targets.push_back((5 * i + 1) % 80);
-  const Tensor before = model->loss(ids, 2, T, targets);
-  before.backward();
-  {
-    NoGradGuard no_grad;
-    for (auto& [name, p] : model->named_parameters()) {
-      if (name.find(".lora_") == std::string::npos) continue;
-      ASSERT_TRUE(p.grad().defined()) << name;
-      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
-    }
-  }
-  EXPECT_LT(model->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+  expect_adapters_train(*model, ids, targets, T);
   EXPECT_EQ(model->parameter(nn::Role::StackedDown, 1).weight_type(), kernels::WeightType::MXFP4);
 }
 
@@ -596,20 +596,7 @@ TEST(GptOssLora, ExpertAdaptersTrainOverMxfp4Experts) {
       EXPECT_NE(std::string(e.what()).find("--weights f32"), std::string::npos) << e.what();
     }
   }
-  const Tensor before = model->loss(ids, 2, T, targets);
-  before.backward();
-  {
-    NoGradGuard no_grad;
-    for (auto& [name, p] : model->named_parameters()) {
-      if (name.find(".lora_") == std::string::npos) {
-        EXPECT_FALSE(p.grad().defined()) << name;
-        continue;
-      }
-      ASSERT_TRUE(p.grad().defined()) << name;
-      for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] -= 0.05f * p.grad().data()[i];
-    }
-  }
-  EXPECT_LT(model->loss(ids, 2, T, targets).item(), before.item() - 1e-4);
+  expect_adapters_train(*model, ids, targets, T);
   EXPECT_EQ(model->parameter(nn::Role::StackedGateUp, 1).weight_type(), kernels::WeightType::MXFP4);
 }
 

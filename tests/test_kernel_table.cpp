@@ -732,16 +732,26 @@ std::vector<KernelCase> kernel_cases() {
   }
   // gpt-oss: top-2 of 4 by the logits + a bias, the softmax of those two; stacked experts with biases, gate/up columns
   // interleaved; the clamped SwiGLU with a limit low enough that both clamps cut.
+  // gpt-oss's layer as both cases below run it: top-2 of 4, a router bias, stacked experts with biases, a clamp
+  struct GptOssLayer {
+    MoeDims d;
+    MoeOptions options;
+    Buffer x, router, bias, g_out, gate_up, gate_up_bias, down, down_bias;
+    GptOssLayer(int64_t n, int m)
+        : d{n, 5, 3, 4, 2}, x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), bias(d.E, m, 3), g_out(n * d.C, m, 4),
+          gate_up(d.E * d.C * 2 * d.F, m, 5), gate_up_bias(d.E * 2 * d.F, m, 6), down(d.E * d.F * d.C, m, 7),
+          down_bias(d.E * d.C, m, 8) {
+      options.top_k_then_softmax = true;
+      options.swiglu_limit = 0.6f;
+    }
+  };
   cases.push_back({"moe, gpt-oss (router bias, top-k then softmax, stacked experts with biases, clamped SwiGLU)",
                    [](int64_t n, int m) {
-                     const MoeDims d{n, 5, 3, 4, 2};
-                     MoeOptions options;
-                     options.top_k_then_softmax = true;
-                     options.swiglu_limit = 0.6f;
-                     Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), bias(d.E, m, 3), g_out(n * d.C, m, 4);
-                     Buffer gate_up(d.E * d.C * 2 * d.F, m, 5), gate_up_bias(d.E * 2 * d.F, m, 6),
-                         down(d.E * d.F * d.C, m, 7), down_bias(d.E * d.C, m, 8);
-                     const MoeStacked w{gate_up.data(), gate_up_bias.data(), down.data(), down_bias.data()};
+                     GptOssLayer layer(n, m);
+                     const MoeDims& d = layer.d;
+                     const MoeOptions& options = layer.options;
+                     Buffer &x = layer.x, &router = layer.router, &bias = layer.bias, &g_out = layer.g_out;
+                     const MoeStacked w{layer.gate_up.data(), layer.gate_up_bias.data(), layer.down.data(), layer.down_bias.data()};
                      Buffer out(n * d.C, m, 9), ref(n * d.C, m, 10);
                      MoeSaved saved;
                      moe_forward(d, options, x.data(), router.data(), bias.data(), w, out.data(), saved);
@@ -856,14 +866,13 @@ std::vector<KernelCase> kernel_cases() {
   // rows grouped by expert and B's columns interleaved by it, against the reference (which adds each expert's update
   // to its weight); then the same experts as stored rows (float32 views, transposed), whose side path must agree.
   cases.push_back({"moe, gpt-oss with LoRA on the stacked experts (float32 and stored)", [](int64_t n, int m) {
-                     const MoeDims d{n, 5, 3, 4, 2};
+                     GptOssLayer layer(n, m);
+                     const MoeDims& d = layer.d;
+                     const MoeOptions& options = layer.options;
+                     Buffer &x = layer.x, &router = layer.router, &bias = layer.bias, &g_out = layer.g_out;
+                     Buffer &gate_up = layer.gate_up, &gate_up_bias = layer.gate_up_bias, &down = layer.down,
+                            &down_bias = layer.down_bias;
                      const int64_t r = 2, rE = r * d.E;
-                     MoeOptions options;
-                     options.top_k_then_softmax = true;
-                     options.swiglu_limit = 0.6f;
-                     Buffer x(n * d.C, m, 1), router(d.E * d.C, m, 2, 2.0f), bias(d.E, m, 3), g_out(n * d.C, m, 4);
-                     Buffer gate_up(d.E * d.C * 2 * d.F, m, 5), gate_up_bias(d.E * 2 * d.F, m, 6),
-                         down(d.E * d.F * d.C, m, 7), down_bias(d.E * d.C, m, 8);
                      Buffer gu_a(rE * d.C, m, 11), gu_b(2 * d.F * rE, m, 12), dn_a(rE * d.F, m, 13), dn_b(d.C * rE, m, 14);
                      const MoeStackedLora lora{gu_a.data(), gu_b.data(), r, 0.75f, dn_a.data(), dn_b.data(), r, 1.5f};
                      const MoeStacked w{gate_up.data(), gate_up_bias.data(), down.data(), down_bias.data(), &lora};
