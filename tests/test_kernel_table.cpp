@@ -744,6 +744,14 @@ std::vector<KernelCase> kernel_cases() {
       options.top_k_then_softmax = true;
       options.swiglu_limit = 0.6f;
     }
+    // The forward of `w` into out (its state into saved), against the reference
+    ::testing::AssertionResult forward(const MoeStacked& w, Buffer& out, MoeSaved& saved) {
+      Buffer ref(d.N * d.C, 1, 10);
+      moe_forward(d, options, x.data(), router.data(), bias.data(), w, out.data(), saved);
+      moe_forward_reference(d, options, x.data(), router.data(), bias.data(), w, ref.data());
+      if (auto ok = close(out.data(), ref.data(), d.N * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+      return ::testing::AssertionSuccess();
+    }
   };
   cases.push_back({"moe, gpt-oss (router bias, top-k then softmax, stacked experts with biases, clamped SwiGLU)",
                    [](int64_t n, int m) {
@@ -752,11 +760,9 @@ std::vector<KernelCase> kernel_cases() {
                      const MoeOptions& options = layer.options;
                      Buffer &x = layer.x, &router = layer.router, &bias = layer.bias, &g_out = layer.g_out;
                      const MoeStacked w{layer.gate_up.data(), layer.gate_up_bias.data(), layer.down.data(), layer.down_bias.data()};
-                     Buffer out(n * d.C, m, 9), ref(n * d.C, m, 10);
+                     Buffer out(n * d.C, m, 9);
                      MoeSaved saved;
-                     moe_forward(d, options, x.data(), router.data(), bias.data(), w, out.data(), saved);
-                     moe_forward_reference(d, options, x.data(), router.data(), bias.data(), w, ref.data());
-                     if (auto ok = close(out.data(), ref.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+                     if (auto ok = layer.forward(w, out, saved); !ok) return ok;
                      const float nan = std::numeric_limits<float>::quiet_NaN();
                      const std::vector<int64_t> sizes = {n * d.C, d.E * d.C, d.E, d.E * d.C * 2 * d.F, d.E * 2 * d.F,
                                                          d.E * d.F * d.C, d.E * d.C};
@@ -876,11 +882,9 @@ std::vector<KernelCase> kernel_cases() {
                      Buffer gu_a(rE * d.C, m, 11), gu_b(2 * d.F * rE, m, 12), dn_a(rE * d.F, m, 13), dn_b(d.C * rE, m, 14);
                      const MoeStackedLora lora{gu_a.data(), gu_b.data(), r, 0.75f, dn_a.data(), dn_b.data(), r, 1.5f};
                      const MoeStacked w{gate_up.data(), gate_up_bias.data(), down.data(), down_bias.data(), &lora};
-                     Buffer out(n * d.C, m, 9), ref(n * d.C, m, 10);
+                     Buffer out(n * d.C, m, 9);
                      MoeSaved saved;
-                     moe_forward(d, options, x.data(), router.data(), bias.data(), w, out.data(), saved);
-                     moe_forward_reference(d, options, x.data(), router.data(), bias.data(), w, ref.data());
-                     if (auto ok = close(out.data(), ref.data(), n * d.C, 1e-5, 1e-6); !ok) return ok << " (out)";
+                     if (auto ok = layer.forward(w, out, saved); !ok) return ok;
                      const float nan = std::numeric_limits<float>::quiet_NaN();
                      const std::vector<int64_t> sizes = {n * d.C, d.E * d.C, d.E, d.E * 2 * d.F, d.E * d.C,
                                                          rE * d.C, 2 * d.F * rE, rE * d.F, d.C * rE};
