@@ -270,25 +270,29 @@ void for_each_top_k(const float* values, int64_t rows, int64_t cols, int64_t k,
 // that expert has none), A (r, in), B (out, r), one rank and scale per projection; their update runs beside each
 // chosen expert's product (no W + ΔW is formed), over float32 or stored experts alike (QLoRA on the experts).
 struct ExpertsLora {
-  std::span<const LowRankUpdate> gate, up, down;
+  std::span<const LowRankUpdate> gate;  // E updates on the experts' gate (C → F), or none
+  std::span<const LowRankUpdate> up;    // … on their up (C → F)
+  std::span<const LowRankUpdate> down;  // … on their down (F → C)
 };
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, std::span<const Tensor> gate,
                           std::span<const Tensor> up, std::span<const Tensor> down, const MoeConfig& config,
                           const ExpertsLora& lora = {});
+// LoRA on gpt-oss's stacked experts (below), PEFT's target_parameters layout (kernels::MoeStackedLora): for E experts of rank r,
+// gate_up's A (r·E, C) and B (2F, r·E), down's A (r·E, F) and B (C, r·E), each update scale·(x A_eᵀ) B_eᵀ added to
+// expert e's product as a side path (no expert's weight is formed). Either may be undefined. Gradients reach them
+// with the experts stored (MXFP4 …) as well: QLoRA on the experts.
+struct StackedExpertsLora {
+  LowRankUpdate gate_up;  // A (r·E, C), B (2F, r·E)
+  LowRankUpdate down;     // A (r·E, F), B (C, r·E)
+};
 // The same with gpt-oss's experts (kernels::MoeStacked): a layer's experts in the stacked tensors its checkpoints
 // hold, each used as x·W — gate_up (E, C, 2F), gate and up columns alternating; gate_up_bias (E, 2F); down (E, F, C);
 // down_bias (E, C) — and a router bias (E). Any bias may be undefined (none). Float32 only; gradients reach all.
 // For inference the experts may instead be matrices of their output rows as gpt-oss's files store them (MXFP4, or
 // any storage type): gate_up (E·2F, C), row e·2F + 2f expert e's gate f and the next its up f; down (E·C, F). Each
 // chosen expert's rows are then multiplied in place (kernels::moe_forward on MoeStackedStored), and gradients reach
-// x, the router and the biases (float32 ones), never those frozen matrices: LoRA on attention over MXFP4 experts.
-// LoRA on those stacked experts, PEFT's target_parameters layout (kernels::MoeStackedLora): for E experts of rank r,
-// gate_up's A (r·E, C) and B (2F, r·E), down's A (r·E, F) and B (C, r·E), each update scale·(x A_eᵀ) B_eᵀ added to
-// expert e's product as a side path (no expert's weight is formed). Either may be undefined. Gradients reach them
-// with the experts stored (MXFP4 …) as well: QLoRA on the experts.
-struct StackedExpertsLora {
-  LowRankUpdate gate_up, down;
-};
+// x, the router and the biases (float32 ones), never those frozen matrices: LoRA on attention over MXFP4 experts;
+// `lora` (StackedExpertsLora, above) adapts the experts themselves.
 Tensor mixture_of_experts(const Tensor& x, const Tensor& router, const Tensor& router_bias, const Tensor& gate_up,
                           const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
                           const MoeConfig& config, const StackedExpertsLora& lora = {});

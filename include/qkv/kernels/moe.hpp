@@ -42,9 +42,6 @@ struct MoeOptions {
   float swiglu_limit = 0.0f, swiglu_alpha = 1.702f;
 };
 
-// A layer's experts stacked as gpt-oss's checkpoints store them (GptOssExperts), each used as x·W: gate_up
-// (E, C, 2F) whose columns alternate gate and up (gate = [..., 0::2], up = [..., 1::2]), gate_up_bias (E, 2F) in the
-// same order, down (E, F, C), down_bias (E, C) added to each expert's output before its weight.
 // LoRA on a layer's stacked experts, in PEFT's layout for a parameter of E experts (lora.ParamWrapper with
 // target_parameters): expert e's x·W_e (W_e in × out) becomes x·W_e + scale·(x A_eᵀ) B_eᵀ, where A (r·E × in) holds A_e
 // (r × in) in rows e·r … e·r + r − 1 and B (out × r·E) holds B_e (out × r) in columns e, e + E, e + 2E … (the expert
@@ -57,15 +54,15 @@ struct MoeStackedLora {
   float gate_up_scale = 0.0f;        // alpha / r
   const float* down_a = nullptr;     // (r·E, F)
   const float* down_b = nullptr;     // (C, r·E)
-  int64_t down_rank = 0;
-  float down_scale = 0.0f;
+  int64_t down_rank = 0;             // r, per expert
+  float down_scale = 0.0f;           // alpha / r
 };
 // Their gradients, same shapes (overwritten; an expert no token chose gets zeros); a null pointer: not needed.
 struct MoeStackedLoraGrads {
-  float* gate_up_a = nullptr;
-  float* gate_up_b = nullptr;
-  float* down_a = nullptr;
-  float* down_b = nullptr;
+  float* gate_up_a = nullptr;  // (r·E, C)
+  float* gate_up_b = nullptr;  // (2F, r·E)
+  float* down_a = nullptr;     // (r·E, F)
+  float* down_b = nullptr;     // (C, r·E)
 };
 
 // LoRA on experts kept one tensor per expert and projection (Qwen3-MoE, DeepSeek-V3, Qwen3-Next; PEFT's lora.Linear
@@ -74,22 +71,26 @@ struct MoeStackedLoraGrads {
 struct MoeLoraList {
   const float* const* a = nullptr;  // E pointers to (r, in)
   const float* const* b = nullptr;  // E pointers to (out, r)
-  int64_t rank = 0;
-  float scale = 0.0f;
+  int64_t rank = 0;                  // r (0: no adapter on this projection)
+  float scale = 0.0f;                // alpha / r
 };
+// The adapters of a layer's three projections
 struct MoeExpertLora {
   MoeLoraList gate, up, down;  // gate, up: C → F; down: F → C
 };
 // Their gradients (overwritten; zeros for an expert no token chose), E pointers each, null where not needed
 struct MoeExpertLoraGrads {
-  float* const* gate_a = nullptr;
-  float* const* gate_b = nullptr;
-  float* const* up_a = nullptr;
-  float* const* up_b = nullptr;
-  float* const* down_a = nullptr;
-  float* const* down_b = nullptr;
+  float* const* gate_a = nullptr;  // E pointers to (r, C)
+  float* const* gate_b = nullptr;  // E pointers to (F, r)
+  float* const* up_a = nullptr;    // (r, C) each
+  float* const* up_b = nullptr;    // (F, r) each
+  float* const* down_a = nullptr;  // (r, F) each
+  float* const* down_b = nullptr;  // (C, r) each
 };
 
+// A layer's experts stacked as gpt-oss's checkpoints store them (GptOssExperts), each used as x·W: gate_up
+// (E, C, 2F) whose columns alternate gate and up (gate = [..., 0::2], up = [..., 1::2]), gate_up_bias (E, 2F) in the
+// same order, down (E, F, C), down_bias (E, C) added to each expert's output before its weight.
 struct MoeStacked {
   const float* gate_up = nullptr;       // (E, C, 2F)
   const float* gate_up_bias = nullptr;  // (E, 2F); null: none
