@@ -159,8 +159,10 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
   for (; k + 16 <= K; k += 16) {
     Lanes b[NR];
     for (int n = 0; n < NR; ++n) {
-      _mm_prefetch(reinterpret_cast<const char*>(B + n * ldb + k + Ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(B + (n + NR) * ldb + k), _MM_HINT_T1);  // the next tile's, into L2
+      if constexpr (Ahead > 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(B + n * ldb + k + Ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(B + (n + NR) * ldb + k), _MM_HINT_T1);  // the next tile's, into L2
+      }
       b[n] = Lanes::load(B + n * ldb + k);
       b[n].keep();
     }
@@ -186,19 +188,29 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
   }
 }
 
-template <int MR>
+template <int MR, int64_t Ahead = kPrefetch>
 void tile_rows(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                float beta, float* C, int64_t ldc) {
   switch (nr) {
-    case 1: tile<MR, 1>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 2: tile<MR, 2>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 3: if constexpr (kNR >= 3) tile<MR, 3>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    default: if constexpr (kNR >= 4) tile<MR, 4>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 1: tile<MR, 1, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 2: tile<MR, 2, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 3: if constexpr (kNR >= 3) tile<MR, 3, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    default: if constexpr (kNR >= 4) tile<MR, 4, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
   }
 }
 
+// An mr × nr tile (up to kMR × kNR). Without `prefetch`, B's lines are not asked for: a tile after the first of a
+// column's row groups finds them in L1 already.
 void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-              int64_t ldb, float beta, float* C, int64_t ldc) {
+              int64_t ldb, float beta, float* C, int64_t ldc, bool prefetch = true) {
+  if (!prefetch) {
+    switch (mr) {
+      case 1: tile_rows<1, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
+      case 2: tile_rows<2, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
+      case 3: if constexpr (kMR >= 3) tile_rows<3, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
+      default: if constexpr (kMR >= 4) tile_rows<4, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
+    }
+  }
   switch (mr) {
     case 1: tile_rows<1>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
     case 2: tile_rows<2>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
@@ -488,7 +500,7 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
         for (int64_t n = n0; n < n1; n += kNR)
           for (int64_t m = 0; m < M; m += kMR)
             any_tile(std::min<int64_t>(kMR, M - m), std::min<int64_t>(kNR, n1 - n), K, alpha, A + m * lda, lda,
-                     B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
+                     B + n * ldb, ldb, beta, C + m * ldc + n, ldc, /*prefetch=*/m == 0);
         continue;
       }
       for (int64_t m = 0; m < M; m += kMR) {
