@@ -211,6 +211,30 @@ LoraPart list_part(const MoeExpertLora* l, const MoeLoraList MoeExpertLora::*whi
   return {nullptr, nullptr, list.a, list.b, list.rank, list.scale, in, out, E};
 }
 
+// A layer's adapters as forward() and backward() run them: gpt-oss's stacked gate_up and down, or each expert's gate,
+// up and down (`down` is whichever of the two the experts have); parts the experts lack are empty
+struct Adapters {
+  LoraPart gate_up, gate, up, down;
+};
+Adapters adapters_of(const Experts& w, const MoeDims& d) {
+  const MoeStackedLora* stacked = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
+  if (w.stacked || w.stacked_stored) return {gate_up_part(stacked, d), {}, {}, down_part(stacked, d)};
+  return {{}, list_part(w.lora, &MoeExpertLora::gate, d.C, d.F, d.E), list_part(w.lora, &MoeExpertLora::up, d.C, d.F, d.E),
+          list_part(w.lora, &MoeExpertLora::down, d.F, d.C, d.E)};
+}
+// … and where their gradients go
+struct AdapterGrads {
+  LoraPartGrads gate_up, gate, up, down;
+};
+AdapterGrads adapter_grads_of(const ExpertGrads& g) {
+  if (g.stacked) {
+    const MoeStackedLoraGrads& l = g.stacked->lora;
+    return {{l.gate_up_a, l.gate_up_b}, {}, {}, {l.down_a, l.down_b}};
+  }
+  const MoeExpertLoraGrads& l = g.lora;
+  return {{}, {nullptr, nullptr, l.gate_a, l.gate_b}, {nullptr, nullptr, l.up_a, l.up_b}, {nullptr, nullptr, l.down_a, l.down_b}};
+}
+
 // Scratch for the side path, reused across experts
 struct LoraScratch {
   std::vector<float> t, u, be, dbe;  // x A_eᵀ (n × r), dy B_e (n × r), B_e and its gradient (out × r)
@@ -326,11 +350,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
   std::vector<float> gate_up(stacked ? static_cast<size_t>(slots * 2 * d.F) : 0);
   for (int64_t row = 0; row < slots; ++row)
     std::copy_n(x + saved.token_of[static_cast<size_t>(row)] * d.C, d.C, xs.data() + row * d.C);
-  const MoeStackedLora* lora = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
-  const LoraPart gate_up_lora = gate_up_part(lora, d), down_lora = down_part(lora, d);
-  const LoraPart gate_lora = list_part(w.lora, &MoeExpertLora::gate, d.C, d.F, d.E),
-                 up_lora = list_part(w.lora, &MoeExpertLora::up, d.C, d.F, d.E),
-                 expert_down_lora = list_part(w.lora, &MoeExpertLora::down, d.F, d.C, d.E);
+  const Adapters lora = adapters_of(w, d);
   LoraScratch scratch;
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = saved.offsets[static_cast<size_t>(e)], n = saved.offsets[static_cast<size_t>(e) + 1] - r0;
@@ -351,7 +371,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
         gemm_weight(w.stacked_stored->gate_up[e], n, xe, d.C, 0.0f, gu, 2 * d.F);
         b = w.stacked_stored->gate_up_bias;
       }
-      if (gate_up_lora) lora_forward(gate_up_lora, e, xe, n, gu, 2 * d.F, scratch);
+      lora_forward(lora.gate_up, e, xe, n, gu, 2 * d.F, scratch);
       if (b) b += e * 2 * d.F;
       for (int64_t i = 0; i < n; ++i)
         for (int64_t f = 0; f < d.F; ++f) {
@@ -365,10 +385,8 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.gate[e], d.C, 0.0f, g, d.F);
       gemm(false, true, n, d.F, d.C, 1.0f, xe, d.C, w.up[e], d.C, 0.0f, u, d.F);
     }
-    if (!stacked) {
-      lora_forward(gate_lora, e, xe, n, g, d.F, scratch);
-      lora_forward(up_lora, e, xe, n, u, d.F, scratch);
-    }
+    lora_forward(lora.gate, e, xe, n, g, d.F, scratch);
+    lora_forward(lora.up, e, xe, n, u, d.F, scratch);
     activate(options, g, u, he, n * d.F);
     if (stacked) {
       const float* down_bias;
@@ -379,7 +397,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
         gemm_weight(w.stacked_stored->down[e], n, he, d.F, 0.0f, y, d.C);
         down_bias = w.stacked_stored->down_bias;
       }
-      if (down_lora) lora_forward(down_lora, e, he, n, y, d.C, scratch);
+      lora_forward(lora.down, e, he, n, y, d.C, scratch);  // before the bias
       if (down_bias)
         for (int64_t i = 0; i < n; ++i)
           for (int64_t c = 0; c < d.C; ++c) y[i * d.C + c] += down_bias[e * d.C + c];
@@ -388,7 +406,7 @@ void forward(const MoeDims& d, const MoeOptions& options, const float* x, const 
     } else {
       gemm(false, true, n, d.C, d.F, 1.0f, he, d.F, w.down[e], d.F, 0.0f, y, d.C);
     }
-    if (!stacked) lora_forward(expert_down_lora, e, he, n, y, d.C, scratch);
+    if (!stacked) lora_forward(lora.down, e, he, n, y, d.C, scratch);
   }
   for (int64_t t = 0; t < d.N; ++t) {
     float* o = out + t * d.C;
@@ -406,23 +424,14 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
               const ExpertGrads& dw_experts) {
   const int64_t slots = d.N * d.k;
   const MoeStackedGrads* ds = dw_experts.stacked;
-  const MoeStackedLora* lora = w.stacked ? w.stacked->lora : w.stacked_stored ? w.stacked_stored->lora : nullptr;
-  const LoraPart gate_up_lora = gate_up_part(lora, d), down_lora = down_part(lora, d);
-  const MoeStackedLoraGrads dl = ds ? ds->lora : MoeStackedLoraGrads{};
-  const LoraPartGrads d_gate_up_lora{dl.gate_up_a, dl.gate_up_b}, d_down_lora{dl.down_a, dl.down_b};
-  const LoraPart gate_lora = list_part(w.lora, &MoeExpertLora::gate, d.C, d.F, d.E),
-                 up_lora = list_part(w.lora, &MoeExpertLora::up, d.C, d.F, d.E),
-                 expert_down_lora = list_part(w.lora, &MoeExpertLora::down, d.F, d.C, d.E);
-  const MoeExpertLoraGrads& el = dw_experts.lora;
-  const LoraPartGrads d_gate_lora{nullptr, nullptr, el.gate_a, el.gate_b}, d_up_lora{nullptr, nullptr, el.up_a, el.up_b},
-      d_expert_down_lora{nullptr, nullptr, el.down_a, el.down_b};
+  const Adapters lora = adapters_of(w, d);
+  const AdapterGrads d_lora = adapter_grads_of(dw_experts);
   LoraScratch scratch;
   auto zero_expert = [&](int64_t e) {
-    lora_zero_grads(gate_up_lora, e, d_gate_up_lora);
-    lora_zero_grads(down_lora, e, d_down_lora);
-    lora_zero_grads(gate_lora, e, d_gate_lora);
-    lora_zero_grads(up_lora, e, d_up_lora);
-    lora_zero_grads(expert_down_lora, e, d_expert_down_lora);
+    lora_zero_grads(lora.gate_up, e, d_lora.gate_up);
+    lora_zero_grads(lora.gate, e, d_lora.gate);
+    lora_zero_grads(lora.up, e, d_lora.up);
+    lora_zero_grads(lora.down, e, d_lora.down);
     if (ds) {
       if (ds->gate_up) std::fill_n(ds->gate_up + e * d.C * 2 * d.F, d.C * 2 * d.F, 0.0f);
       if (ds->gate_up_bias) std::fill_n(ds->gate_up_bias + e * 2 * d.F, 2 * d.F, 0.0f);
@@ -482,11 +491,9 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
     } else {  // dH = dY Down (n × F)
       gemm(false, false, n, d.F, d.C, 1.0f, dye, d.C, w.down[e], d.F, 0.0f, dhe, d.F);
     }
-    const LoraPart& dl_part = stacked ? down_lora : expert_down_lora;
-    const LoraPartGrads& dl_grads = stacked ? d_down_lora : d_expert_down_lora;
-    lora_input_grad(dl_part, e, dye, n, d.C, dhe, scratch);  // dH += scale·(dY B_e) A_e
+    lora_input_grad(lora.down, e, dye, n, d.C, dhe, scratch);  // dH += scale·(dY B_e) A_e
     activate_backward(options, g, u, dhe, he, dge, due, n * d.F);
-    lora_weight_grads(dl_part, e, he, dye, n, d.C, dl_grads, scratch);
+    lora_weight_grads(lora.down, e, he, dye, n, d.C, d_lora.down, scratch);
     if (stacked) {
       if (ds && ds->down) gemm(true, false, d.F, d.C, n, 1.0f, he, d.F, dye, d.C, 0.0f, ds->down + e * d.F * d.C, d.C);  // Hᵀ dY
       if (ds && ds->down_bias)
@@ -513,8 +520,8 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
         gemm(false, true, n, d.C, 2 * d.F, 1.0f, gu, 2 * d.F, w.stacked->gate_up + e * d.C * 2 * d.F, 2 * d.F, 0.0f, dxe, d.C);
       else if (dx)  // the stored rows (2F × C), gate and up alternating as gu's columns
         gemm_weight_backward(w.stacked_stored->gate_up[e], n, gu, 2 * d.F, 0.0f, dxe, d.C);
-      lora_input_grad(gate_up_lora, e, gu, n, 2 * d.F, dx ? dxe : nullptr, scratch);
-      lora_weight_grads(gate_up_lora, e, xe, gu, n, 2 * d.F, d_gate_up_lora, scratch);
+      lora_input_grad(lora.gate_up, e, gu, n, 2 * d.F, dx ? dxe : nullptr, scratch);
+      lora_weight_grads(lora.gate_up, e, xe, gu, n, 2 * d.F, d_lora.gate_up, scratch);
       continue;
     }
     if (dw_experts.down && dw_experts.down[e]) gemm(true, false, d.C, d.F, n, 1.0f, dye, d.C, he, d.F, 0.0f, dw_experts.down[e], d.F);  // dYᵀ H
@@ -527,10 +534,10 @@ void backward(const MoeDims& d, const MoeOptions& options, const float* x, const
       gemm(false, false, n, d.C, d.F, 1.0f, dge, d.F, w.gate[e], d.C, 0.0f, dxe, d.C);
       gemm(false, false, n, d.C, d.F, 1.0f, due, d.F, w.up[e], d.C, 1.0f, dxe, d.C);
     }
-    lora_input_grad(gate_lora, e, dge, n, d.F, dx ? dxe : nullptr, scratch);
-    lora_weight_grads(gate_lora, e, xe, dge, n, d.F, d_gate_lora, scratch);
-    lora_input_grad(up_lora, e, due, n, d.F, dx ? dxe : nullptr, scratch);
-    lora_weight_grads(up_lora, e, xe, due, n, d.F, d_up_lora, scratch);
+    lora_input_grad(lora.gate, e, dge, n, d.F, dx ? dxe : nullptr, scratch);
+    lora_weight_grads(lora.gate, e, xe, dge, n, d.F, d_lora.gate, scratch);
+    lora_input_grad(lora.up, e, due, n, d.F, dx ? dxe : nullptr, scratch);
+    lora_weight_grads(lora.up, e, xe, due, n, d.F, d_lora.up, scratch);
   }
   // Through the router: dz (N × E), then d_router = dzᵀ X, d_bias = Σ_t dz and dx = Σ_s dX[position] + dz Wr
   std::vector<float> dz(static_cast<size_t>(d.N * d.E));
