@@ -54,16 +54,14 @@ kernels::MoeOptions kernel_options(const MoeConfig& config, int64_t E) {
     throw ValueError("mixture_of_experts: a router is either sigmoid (DeepSeek-V3) or top-k then softmax (gpt-oss)");
   return options;
 }
-}  // namespace
 
-namespace {
-// The per-expert adapters as the kernel takes them (pointers into `keep`), their shapes checked: per projection an
-// empty list (none) or E updates, each undefined or A (r, in), B (out, r) float32 with one r and scale
+// The per-expert adapters as the kernel takes them (`lora` points into a and b), their shapes checked: per projection
+// an empty list or one with no update (none), or E updates, each undefined or A (r, in), B (out, r) float32 with one r
+// and scale. A model without adapters (inference) allocates nothing here.
 struct ExpertLoraPointers {
   std::vector<const float*> a[3], b[3];
   kernels::MoeExpertLora lora;
   std::vector<Tensor> tensors;  // A and B of every defined update, projection by projection, expert by expert
-  bool any = false;
 };
 ExpertLoraPointers expert_lora(const ExpertsLora& lora, int64_t E, int64_t C, int64_t F) {
   ExpertLoraPointers p;
@@ -72,7 +70,7 @@ ExpertLoraPointers expert_lora(const ExpertsLora& lora, int64_t E, int64_t C, in
   kernels::MoeLoraList* out[3] = {&p.lora.gate, &p.lora.up, &p.lora.down};
   for (int k = 0; k < 3; ++k) {
     const auto& list = lists[k];
-    if (list.empty()) continue;
+    if (std::none_of(list.begin(), list.end(), [](const LowRankUpdate& l) { return l.defined(); })) continue;
     if (static_cast<int64_t>(list.size()) != E)
       throw ShapeError("mixture_of_experts: " + std::to_string(list.size()) + " LoRA pairs on the experts' " + names[k] +
                        " for " + std::to_string(E) + " experts");
@@ -97,7 +95,6 @@ ExpertLoraPointers expert_lora(const ExpertsLora& lora, int64_t E, int64_t C, in
       p.tensors.push_back(l.a), p.tensors.push_back(l.b);
     }
     *out[k] = {p.a[k].data(), p.b[k].data(), rank, scale};
-    p.any = p.any || rank > 0;
   }
   return p;
 }
