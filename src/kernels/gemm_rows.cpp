@@ -199,23 +199,16 @@ void tile_rows(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, 
   }
 }
 
-// An mr × nr tile (up to kMR × kNR). Without `prefetch`, B's lines are not asked for: a tile after the first of a
+// An mr × nr tile (up to kMR × kNR). With Ahead = 0, B's lines are not asked for: a tile after the first of a
 // column's row groups finds them in L1 already.
+template <int64_t Ahead = kPrefetch>
 void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-              int64_t ldb, float beta, float* C, int64_t ldc, bool prefetch = true) {
-  if (!prefetch) {
-    switch (mr) {
-      case 1: tile_rows<1, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
-      case 2: tile_rows<2, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
-      case 3: if constexpr (kMR >= 3) tile_rows<3, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
-      default: if constexpr (kMR >= 4) tile_rows<4, 0>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); return;
-    }
-  }
+              int64_t ldb, float beta, float* C, int64_t ldc) {
   switch (mr) {
-    case 1: tile_rows<1>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 2: tile_rows<2>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 3: if constexpr (kMR >= 3) tile_rows<3>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    default: if constexpr (kMR >= 4) tile_rows<4>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 1: tile_rows<1, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 2: tile_rows<2, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 3: if constexpr (kMR >= 3) tile_rows<3, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    default: if constexpr (kMR >= 4) tile_rows<4, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
   }
 }
 #else
@@ -499,8 +492,8 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
       if (M <= 16) {  // decoding: each tile of B serves every row group while it is in L1
         for (int64_t n = n0; n < n1; n += kNR)
           for (int64_t m = 0; m < M; m += kMR)
-            any_tile(std::min<int64_t>(kMR, M - m), std::min<int64_t>(kNR, n1 - n), K, alpha, A + m * lda, lda,
-                     B + n * ldb, ldb, beta, C + m * ldc + n, ldc, /*prefetch=*/m == 0);
+            (m == 0 ? any_tile<> : any_tile<0>)(std::min<int64_t>(kMR, M - m), std::min<int64_t>(kNR, n1 - n), K, alpha,
+                                                 A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
         continue;
       }
       for (int64_t m = 0; m < M; m += kMR) {

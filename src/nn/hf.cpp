@@ -83,14 +83,20 @@ RopeFrequencies rope_of(const Keys& keys, const Family& f, double theta, bool sc
   if (key && !s.is_object()) keys.fail(key, "must be an object or null");
   const Keys scaling(s, keys.source() + (key ? std::string(" ") + key : std::string()));
   if (scaling.has("rope_theta")) r.theta = scaling.number("rope_theta", r.theta);
+  // partial_rotary_factor, in the scaling object or (before transformers 5) at the top level, and the head's size
+  auto partial_factor = [&](double fallback) {
+    const double partial = scaling.has("partial_rotary_factor") ? scaling.number("partial_rotary_factor", fallback)
+                                                                : keys.number("partial_rotary_factor", fallback);
+    if (!(partial > 0.0 && partial <= 1.0)) keys.fail("partial_rotary_factor", "must lie in (0, 1]");
+    return partial;
+  };
+  auto head_dim = [&] {
+    return keys.integer("head_dim", keys.integer("hidden_size") / std::max<int64_t>(keys.integer("num_attention_heads"), 1));
+  };
   // partial rotation (Phi-3, Phi-4-mini): the first int(head_dim · factor) values of each head rotate
   if (f.partial_rotary) {
-    const double partial = scaling.has("partial_rotary_factor")
-                               ? scaling.number("partial_rotary_factor", f.partial_rotary_default)
-                               : keys.number("partial_rotary_factor", f.partial_rotary_default);
-    if (!(partial > 0.0 && partial <= 1.0)) keys.fail("partial_rotary_factor", "must lie in (0, 1]");
-    const int64_t head_dim = keys.integer("head_dim", keys.integer("hidden_size") / std::max<int64_t>(keys.integer("num_attention_heads"), 1));
-    if (partial < 1.0) r.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+    const double partial = partial_factor(f.partial_rotary_default);
+    if (partial < 1.0) r.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim()) * partial);
   }
   std::string type = scaling.has("rope_type") ? scaling.string("rope_type", "default") : scaling.string("type", "default");
   if (f.su_yarn_are_longrope && (type == "su" || type == "yarn")) type = "longrope";  // Phi-3's old names
@@ -142,13 +148,11 @@ RopeFrequencies rope_of(const Keys& keys, const Family& f, double theta, bool sc
   } else if (type == "proportional") {  // transformers' _compute_proportional_rope_parameters (Gemma 4)
     r.scaling = RopeFrequencies::Scaling::Proportional;
     r.factor = scaling.number("factor", 1.0);
-    const double partial = scaling.has("partial_rotary_factor") ? scaling.number("partial_rotary_factor", 1.0)
-                                                                : keys.number("partial_rotary_factor", 1.0);
-    if (!(partial > 0.0 && partial <= 1.0)) keys.fail(where + "partial_rotary_factor", "must lie in (0, 1]");
-    const int64_t head_dim = keys.integer("head_dim", keys.integer("hidden_size") / std::max<int64_t>(keys.integer("num_attention_heads"), 1));
+    const double partial = partial_factor(1.0);
+    const int64_t D = head_dim();
     r.rotary_dim = 0;  // the whole head, its pairs (i, i + D/2); the frequencies past rotated_pairs are 0
-    r.rotated_pairs = static_cast<int64_t>(std::floor(partial * static_cast<double>(head_dim) / 2.0));
-    if (r.rotated_pairs < 1) keys.fail(where + "partial_rotary_factor", "turns no pair of a " + std::to_string(head_dim) + "-value head");
+    r.rotated_pairs = static_cast<int64_t>(std::floor(partial * static_cast<double>(D) / 2.0));
+    if (r.rotated_pairs < 1) keys.fail(where + "partial_rotary_factor", "turns no pair of a " + std::to_string(D) + "-value head");
   } else {
     keys.fail(where + "rope_type", "is '" + printable(type, 40) +
                                        "'; qkv supports the RoPE types default, linear, llama3, yarn, longrope and proportional");
