@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "qkv/core/error.hpp"
@@ -16,13 +17,31 @@
 namespace qkv::fuzz {
 
 // A file holding the input, one per process (libFuzzer runs inputs one after another).
+// The file is removed when the process exits.
 inline std::string scratch_file(const uint8_t* data, size_t size, const char* suffix = "") {
   const std::string path = "/tmp/qkv_fuzz_" + std::to_string(getpid()) + suffix;
+  static const struct Remover {
+    std::string path;
+    ~Remover() { std::remove(path.c_str()); }
+  } remover{path};
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) std::abort();
   if (size) std::fwrite(data, 1, size, f);
   std::fclose(f);
   return path;
+}
+
+// A scratch folder, one per process, "/tmp/qkv_fuzz_<name>_<pid>", removed with what it holds when the process exits.
+inline std::filesystem::path scratch_dir(const char* name) {
+  static const struct Remover {
+    std::filesystem::path path;
+    ~Remover() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } remover{std::string("/tmp/qkv_fuzz_") + name + "_" + std::to_string(getpid())};
+  std::filesystem::create_directories(remover.path);
+  return remover.path;
 }
 
 // Runs body; a qkv::Error is the expected outcome of bad input, anything else is a finding.

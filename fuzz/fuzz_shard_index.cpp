@@ -12,9 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* dir = std::getenv("QKV_FUZZ_HF_FOLDER");
     return fs::path(dir ? dir : "tests/fixtures/hf/qwen3");
   }();
-  const fs::path dir = "/tmp/qkv_fuzz_shards_" + std::to_string(getpid());
+  const fs::path dir = qkv::fuzz::scratch_dir("shards");
   if (!fs::exists(dir / "config.json")) {
-    fs::create_directories(dir);
     for (const char* f : {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
       fs::copy_file(source / f, dir / f, fs::copy_options::overwrite_existing);
   }

@@ -8,8 +8,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* split = std::find(data, data + size, 0xFF);
-  const std::string dir = "/tmp/qkv_fuzz_vocab_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
+  const std::string dir = qkv::fuzz::scratch_dir("vocab").string();
   std::ofstream(dir + "/encoder.json", std::ios::binary).write(reinterpret_cast<const char*>(data), split - data);
   const uint8_t* merges = split == data + size ? split : split + 1;
   std::ofstream(dir + "/vocab.bpe", std::ios::binary).write(reinterpret_cast<const char*>(merges), data + size - merges);

@@ -26,9 +26,10 @@ std::unique_ptr<text::HfTokenizer> from(const Metadata& metadata, const std::str
     for (const auto& [k, v] : metadata) w.add_metadata(k, v);
     w.finish();
   }
-  auto tok = text::HfTokenizer::from_gguf(io::GgufFile::open(path));
-  std::filesystem::remove(path);
-  return tok;
+  // removed also when reading it throws, as the malformed cases expect
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove(
+      &path, [](const std::string* p) { std::filesystem::remove(*p); });
+  return text::HfTokenizer::from_gguf(io::GgufFile::open(path));
 }
 
 // A byte-level vocabulary: ids 0–7, with "<|end|>" a control token and "<u>" a user-defined one.
