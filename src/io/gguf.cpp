@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <type_traits>
 #include <unordered_set>
 
 #include "qkv/core/error.hpp"
@@ -187,8 +189,19 @@ GgufValue GgufValue::packed(GgufType element, std::span<const T> v) {
   out.element_ = element;
   std::vector<std::byte> bytes(v.size() * sizeof(T));
   if (!v.empty()) std::memcpy(bytes.data(), v.data(), bytes.size());
-  out.payload_ = std::move(bytes);
+  out.payload_ = own(std::move(bytes), v.size());
   return out;
+}
+
+GgufValue::Packed GgufValue::own(std::vector<std::byte> bytes, uint64_t count) {
+  auto owner = std::make_shared<const std::vector<std::byte>>(std::move(bytes));
+  const std::span<const std::byte> span(*owner);
+  return Packed{std::move(owner), span, count};
+}
+
+bool GgufValue::Packed::operator==(const Packed& other) const {
+  return count == other.count && bytes.size() == other.bytes.size() &&
+         (bytes.empty() || std::memcmp(bytes.data(), other.bytes.data(), bytes.size()) == 0);
 }
 
 GgufValue GgufValue::u8(uint8_t v) { return scalar(GgufType::U8, v); }
@@ -226,7 +239,17 @@ GgufValue GgufValue::strings(std::vector<std::string> v) {
   GgufValue out;
   out.type_ = GgufType::Array;
   out.element_ = GgufType::String;
-  out.payload_ = std::move(v);
+  size_t total = 0;
+  for (const std::string& item : v) total += sizeof(uint64_t) + item.size();
+  std::vector<std::byte> bytes(total);
+  std::byte* at = bytes.data();
+  for (const std::string& item : v) {
+    const uint64_t length = item.size();
+    std::memcpy(at, &length, sizeof length);
+    if (length) std::memcpy(at + sizeof length, item.data(), item.size());
+    at += sizeof length + item.size();
+  }
+  out.payload_ = own(std::move(bytes), v.size());
   return out;
 }
 GgufValue GgufValue::arrays(std::vector<GgufValue> v) {
@@ -245,7 +268,7 @@ GgufValue GgufValue::empty_array(GgufType element) {
   GgufValue out;
   out.type_ = GgufType::Array;
   out.element_ = element;
-  out.payload_ = std::vector<std::byte>{};
+  out.payload_ = own({}, 0);
   return out;
 }
 
@@ -253,9 +276,8 @@ bool GgufValue::is_integer() const { return integer_type(type_); }
 
 uint64_t GgufValue::size() const {
   if (!is_array()) return 1;
-  if (element_ == GgufType::String) return std::get<std::vector<std::string>>(payload_).size();
   if (element_ == GgufType::Array) return std::get<std::vector<GgufValue>>(payload_).size();
-  return std::get<std::vector<std::byte>>(payload_).size() / fixed_size(element_);
+  return std::get<Packed>(payload_).count;
 }
 
 std::string GgufValue::type_text() const {
@@ -298,7 +320,7 @@ const std::string& GgufValue::as_string() const {
 
 std::vector<int64_t> GgufValue::as_int64s() const {
   if (!is_array() || !integer_type(element_)) value_error(*this, "an array of integers");
-  const auto& bytes = std::get<std::vector<std::byte>>(payload_);
+  const std::span<const std::byte> bytes = std::get<Packed>(payload_).bytes;
   const size_t step = fixed_size(element_);
   std::vector<int64_t> out(bytes.size() / step);
   for (size_t i = 0; i < out.size(); ++i) out[i] = to_int64(widen(bytes.data() + i * step, element_), element_);
@@ -307,7 +329,7 @@ std::vector<int64_t> GgufValue::as_int64s() const {
 
 std::vector<double> GgufValue::as_doubles() const {
   if (!is_array() || (element_ != GgufType::F32 && element_ != GgufType::F64)) value_error(*this, "an array of floats");
-  const auto& bytes = std::get<std::vector<std::byte>>(payload_);
+  const std::span<const std::byte> bytes = std::get<Packed>(payload_).bytes;
   std::vector<double> out(bytes.size() / fixed_size(element_));
   for (size_t i = 0; i < out.size(); ++i) {
     if (element_ == GgufType::F32) {
@@ -323,7 +345,7 @@ std::vector<double> GgufValue::as_doubles() const {
 
 std::vector<float> GgufValue::as_floats() const {
   if (is_array() && element_ == GgufType::F32) {  // the common case (token scores): one copy
-    const auto& bytes = std::get<std::vector<std::byte>>(payload_);
+    const std::span<const std::byte> bytes = std::get<Packed>(payload_).bytes;
     std::vector<float> out(bytes.size() / 4);
     if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
     return out;
@@ -332,9 +354,12 @@ std::vector<float> GgufValue::as_floats() const {
   return std::vector<float>(wide.begin(), wide.end());
 }
 
-const std::vector<std::string>& GgufValue::as_strings() const {
+std::vector<std::string> GgufValue::as_strings() const { return string_list().to_vector(); }
+
+GgufStrings GgufValue::string_list() const {
   if (!is_array() || element_ != GgufType::String) value_error(*this, "an array of strings");
-  return std::get<std::vector<std::string>>(payload_);
+  const Packed& p = std::get<Packed>(payload_);
+  return GgufStrings(p.bytes, p.count);
 }
 
 const std::vector<GgufValue>& GgufValue::as_arrays() const {
@@ -343,8 +368,8 @@ const std::vector<GgufValue>& GgufValue::as_arrays() const {
 }
 
 std::span<const std::byte> GgufValue::raw() const {
-  if (const auto* bytes = std::get_if<std::vector<std::byte>>(&payload_)) return *bytes;
-  return {};
+  const auto* p = std::get_if<Packed>(&payload_);
+  return p && element_ != GgufType::String ? p->bytes : std::span<const std::byte>();
 }
 
 bool GgufValue::operator==(const GgufValue& other) const {
@@ -374,25 +399,36 @@ std::string count_text(uint64_t n, const char* one, const char* many) {
 uint64_t align_up(uint64_t offset, uint64_t alignment) { return (offset + alignment - 1) / alignment * alignment; }
 }  // namespace
 
+// What a read is of, for the message when it fails: a string, or a callable that makes one. A tokenizer's metadata
+// holds 300,000 strings; naming each ("metadata 'tokenizer.ggml.tokens'[123]") before reading it took longer than
+// reading them.
+std::string name_of(const std::string& what) { return what; }
+template <typename What>
+  requires std::is_invocable_r_v<std::string, const What&>
+std::string name_of(const What& what) { return what(); }
+
 // A cursor over the file's bytes: every read checks the bytes left first and names what it was reading.
 class GgufReader {
  public:
-  GgufReader(const std::byte* bytes, size_t size, const std::string& label) : p_(bytes), size_(size), label_(label) {}
+  // `owner` keeps `bytes` alive: arrays read stay in them.
+  GgufReader(std::shared_ptr<const void> owner, const std::byte* bytes, size_t size, const std::string& label)
+      : owner_(std::move(owner)), p_(bytes), size_(size), label_(label) {}
 
   [[noreturn]] void fail(const std::string& problem) const { throw IoError(label_ + ": " + problem); }
 
   uint64_t at() const { return at_; }
   uint64_t left() const { return size_ - at_; }
 
-  void need(uint64_t n, const std::string& what) const {
+  template <typename What>
+  void need(uint64_t n, const What& what) const {
     if (n > left()) {
-      fail("truncated: " + what + " needs " + count_text(n, "byte", "bytes") + " at offset " + std::to_string(at_) +
+      fail("truncated: " + name_of(what) + " needs " + count_text(n, "byte", "bytes") + " at offset " + std::to_string(at_) +
            ", but the file ends at " + std::to_string(size_) + "; the file is cut short (download or copy it again)");
     }
   }
 
-  template <typename T>
-  T read(const std::string& what) {
+  template <typename T, typename What>
+  T read(const What& what) {
     need(sizeof(T), what);
     T v;
     std::memcpy(&v, p_ + at_, sizeof v);
@@ -401,14 +437,15 @@ class GgufReader {
   }
 
   // A GGUF string (u64 length, bytes); the length is checked against `max_length` and the bytes left first.
-  std::string read_string(const std::string& what, uint64_t max_length = std::numeric_limits<uint64_t>::max()) {
-    const uint64_t length = read<uint64_t>("the length of " + what);
+  template <typename What>
+  std::string read_string(const What& what, uint64_t max_length = std::numeric_limits<uint64_t>::max()) {
+    const uint64_t length = read<uint64_t>([&] { return "the length of " + name_of(what); });
     if (length > max_length) {
-      fail(what + " is " + std::to_string(length) + " bytes long; GGUF allows at most " + std::to_string(max_length) +
+      fail(name_of(what) + " is " + std::to_string(length) + " bytes long; GGUF allows at most " + std::to_string(max_length) +
            " (the file is corrupt)");
     }
     if (length > left()) {
-      fail(what + " is " + std::to_string(length) + " bytes long, but only " + std::to_string(left()) +
+      fail(name_of(what) + " is " + std::to_string(length) + " bytes long, but only " + std::to_string(left()) +
            " bytes of the file are left; the file is corrupt or cut short");
     }
     std::string s(reinterpret_cast<const char*>(p_ + at_), static_cast<size_t>(length));
@@ -417,7 +454,7 @@ class GgufReader {
   }
 
   GgufType read_type(const std::string& what) {
-    const uint32_t id = read<uint32_t>("the type of " + what);
+    const uint32_t id = read<uint32_t>([&] { return "the type of " + what; });
     if (!valid_type(id)) {
       fail(what + " has value type " + std::to_string(id) + ", which GGUF does not define (0 to 12); the file is " +
            "corrupt or from a newer GGUF version");
@@ -444,7 +481,7 @@ class GgufReader {
     if (depth >= kMaxNesting)
       fail(what + " nests arrays more than " + std::to_string(kMaxNesting) + " deep; the file is corrupt");
     out.element_ = read_type("the elements of " + what);
-    const uint64_t count = read<uint64_t>("the length of " + what);
+    const uint64_t count = read<uint64_t>([&] { return "the length of " + what; });
     // Each element takes at least this many bytes, so the count is bounded by what is left of the file.
     // (a string: its u64 length; an array: its u32 element type and u64 length).
     const uint64_t element_bytes = out.element_ == GgufType::String  ? 8
@@ -455,11 +492,18 @@ class GgufReader {
            " elements, but the " + std::to_string(left()) + " bytes left in the file hold at most " +
            std::to_string(left() / element_bytes) + "; the file is corrupt or cut short");
     }
-    if (out.element_ == GgufType::String) {
-      // No reserve: memory grows only with strings actually read, each one already checked against the file.
-      std::vector<std::string> items;
-      for (uint64_t i = 0; i < count; ++i) items.push_back(read_string(what + "[" + std::to_string(i) + "]"));
-      out.payload_ = std::move(items);
+    if (out.element_ == GgufType::String) {  // each length checked against the bytes left, the strings left in place
+      const uint64_t start = at_;
+      for (uint64_t i = 0; i < count; ++i) {
+        auto item = [&] { return what + "[" + std::to_string(i) + "]"; };
+        const uint64_t length = read<uint64_t>([&] { return "the length of " + item(); });
+        if (length > left()) {
+          fail(item() + " is " + std::to_string(length) + " bytes long, but only " + std::to_string(left()) +
+               " bytes of the file are left; the file is corrupt or cut short");
+        }
+        at_ += length;
+      }
+      out.payload_ = GgufValue::Packed{owner_, {p_ + start, static_cast<size_t>(at_ - start)}, count};
     } else if (out.element_ == GgufType::Array) {
       std::vector<GgufValue> items;
       // Each element is an array without a type of its own: its element type, length and elements.
@@ -468,7 +512,7 @@ class GgufReader {
       out.payload_ = std::move(items);
     } else {
       const uint64_t bytes = count * element_bytes;  // ≤ left(): no overflow
-      std::vector<std::byte> packed(p_ + at_, p_ + at_ + bytes);
+      const std::span<const std::byte> packed(p_ + at_, static_cast<size_t>(bytes));
       if (out.element_ == GgufType::Bool) {
         for (uint64_t i = 0; i < count; ++i)
           if (std::to_integer<uint8_t>(packed[i]) > 1)
@@ -476,12 +520,13 @@ class GgufReader {
                  std::to_string(std::to_integer<int>(packed[i])) + "; GGUF bools are 0 or 1 (the file is corrupt)");
       }
       at_ += bytes;
-      out.payload_ = std::move(packed);
+      out.payload_ = GgufValue::Packed{owner_, packed, count};
     }
     return out;
   }
 
  private:
+  std::shared_ptr<const void> owner_;
   const std::byte* p_;
   uint64_t size_;
   uint64_t at_ = 0;
@@ -492,7 +537,7 @@ GgufFile GgufFile::open(const std::string& path, MapAccess access) {
   GgufFile file;
   file.label_ = path;
   file.mapped_ = std::make_shared<MappedFile>(MappedFile::open(path, access));
-  file.validate(file.mapped_->data(), file.mapped_->size());
+  file.validate(file.mapped_, file.mapped_->data(), file.mapped_->size());
   return file;
 }
 
@@ -500,12 +545,12 @@ GgufFile GgufFile::parse(std::vector<std::byte> bytes, const std::string& label)
   GgufFile file;
   file.label_ = label;
   file.owned_ = std::make_shared<std::vector<std::byte>>(std::move(bytes));
-  file.validate(file.owned_->data(), file.owned_->size());
+  file.validate(file.owned_, file.owned_->data(), file.owned_->size());
   return file;
 }
 
-void GgufFile::validate(const std::byte* bytes, size_t size) {
-  GgufReader r(bytes, size, label_);
+void GgufFile::validate(std::shared_ptr<const void> owner, const std::byte* bytes, size_t size) {
+  GgufReader r(std::move(owner), bytes, size, label_);
   size_ = size;
 
   // Header: magic, version, counts.
@@ -703,10 +748,12 @@ bool GgufFile::boolean(std::string_view key) const {
   return v.as_bool();
 }
 
-std::vector<std::string> GgufFile::strings(std::string_view key) const {
+std::vector<std::string> GgufFile::strings(std::string_view key) const { return string_list(key).to_vector(); }
+
+GgufStrings GgufFile::string_list(std::string_view key) const {
   const GgufValue& v = value(key);
   if (!v.is_array() || v.element_type() != GgufType::String) wrong_type(label_, key, v, "an array of str");
-  return v.as_strings();
+  return v.string_list();
 }
 
 std::vector<int64_t> GgufFile::integers(std::string_view key) const {
@@ -785,7 +832,7 @@ void put_value(std::vector<std::byte>& out, const GgufValue& v) {
   put<uint32_t>(out, static_cast<uint32_t>(v.element_type()));
   put<uint64_t>(out, v.size());
   if (v.element_type() == GgufType::String) {
-    for (const std::string& s : v.as_strings()) put_string(out, s);
+    for (std::string_view s : v.string_list()) put_string(out, s);
   } else if (v.element_type() == GgufType::Array) {
     for (const GgufValue& item : v.as_arrays()) put_value(out, item);  // no type: an array is implied
   } else {

@@ -388,7 +388,8 @@ void open_qkv_checkpoint(const std::string& path, CheckpointModel& out, DType ma
 
 }  // namespace
 
-CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint, DType matrices) {
+CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint, DType matrices,
+                                std::shared_ptr<const io::GgufFile> gguf) {
   CheckpointModel out;
   out.format = detect_checkpoint_format(path);
   out.description = std::string(checkpoint_format_name(out.format)) + " " + path;
@@ -403,7 +404,7 @@ CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint,
       break;
     case CheckpointFormat::Gguf:  // the weights mapped as stored (a bf16 `matrices` changes nothing: none is float32
                                   // unless the file's is)
-      out.model = load_gguf_decoder(path);
+      out.model = gguf ? load_gguf_decoder(std::move(gguf)) : load_gguf_decoder(path);
       out.tokenizer = "gguf";  // its own, from tokenizer.ggml.* (load_pretrained)
       out.description = out.model->config.family->name + " GGUF " + path;
       break;

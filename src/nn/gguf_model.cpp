@@ -530,7 +530,10 @@ std::vector<DecoderConfig::Parameter> gguf_entries_of(const io::GgufFile& file, 
 }  // namespace
 
 std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path) {
-  auto file = std::make_shared<io::GgufFile>(io::GgufFile::open(path, io::MapAccess::Random));
+  return load_gguf_decoder(std::make_shared<const io::GgufFile>(io::GgufFile::open(path, io::MapAccess::Random)));
+}
+
+std::unique_ptr<Decoder> load_gguf_decoder(std::shared_ptr<const io::GgufFile> file) {
   const DecoderConfig config = decoder_config_from_gguf(*file);
   // The file's entries, each naming the model's tensor it fills (gpt-oss's stacked experts come from several)
   const std::vector<DecoderConfig::Parameter> names = gguf_entries_of(*file, config), &own = names;

@@ -128,7 +128,15 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
     if (options.tokenizer && std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "tokenizer.json", ec))
       folder_tokenizer = std::async(std::launch::async, [path] { return text::HfTokenizer::from_folder(path); });
   }
-  CheckpointModel opened = open_checkpoint(path, options.hint, matrices);
+  // A GGUF file is parsed once, for the model, its metadata and its tokenizer; the tokenizer's tables are built on a
+  // thread of their own while the model's tensors are laid out, as a folder's are.
+  std::shared_ptr<const io::GgufFile> gguf;
+  std::future<std::unique_ptr<text::HfTokenizer>> gguf_tokenizer;
+  if (!folder_tokenizer.valid() && detect_checkpoint_format(path) == CheckpointFormat::Gguf) {
+    gguf = std::make_shared<const io::GgufFile>(io::GgufFile::open(path, io::MapAccess::Random));
+    if (options.tokenizer) gguf_tokenizer = std::async(std::launch::async, [gguf] { return text::HfTokenizer::from_gguf(*gguf); });
+  }
+  CheckpointModel opened = open_checkpoint(path, options.hint, matrices, gguf);
   m->format = opened.format;
   m->description = opened.description;
   m->model = std::move(opened.model);
@@ -136,10 +144,7 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
   m->classifier.bias = opened.classifier_bias;
   m->classifier.labels = opened.labels;
   const bool folder = m->format == CheckpointFormat::HuggingFaceFolder;
-  // A GGUF's metadata, read once for its chat template, special ids and tokenizer (the model mapped it already).
-  std::optional<io::GgufFile> gguf;
   if (m->format == CheckpointFormat::Gguf) {  // the chat template and special ids are metadata, tokenizer or not
-    gguf = io::GgufFile::open(path);
     const GgufExtras extras = gguf_extras(*gguf);
     m->chat_template = extras.chat_template;
     m->bos_id = extras.bos_id;
@@ -160,7 +165,7 @@ std::unique_ptr<Pretrained> load_pretrained(const std::string& path, const Pretr
                     "with the weights)");
     }
   } else if (m->format == CheckpointFormat::Gguf) {  // tokenizer.ggml.*, run as the tokenizer.json it came from
-    auto hf = text::HfTokenizer::from_gguf(*gguf);
+    auto hf = gguf_tokenizer.get();
     if (hf->bos_id() >= 0) m->chat.bos_token = hf->token_content(hf->bos_id());
     if (hf->end_of_text() >= 0) m->chat.eos_token = hf->token_content(hf->end_of_text());
     if (m->chat_template.empty()) m->chat_template = hf->chat_template();

@@ -2,6 +2,7 @@
 // llama.cpp's vocabulary, run as the tokenizer.json it was converted from (convert_hf_to_gguf.py and gguf-py's
 // SpecialVocab write it; llama.cpp's llama-vocab.cpp reads it). Not here: tokenizer.json (hf_tokenizer.cpp), the
 // GGUF format itself (io/gguf.hpp).
+#include <cstring>
 #include <deque>
 #include <nlohmann/json.hpp>
 
@@ -127,11 +128,11 @@ class Metadata {
     const int64_t id = has(key) ? file_.integer(key) : fallback;
     return id >= 0 && id < tokens ? id : -1;
   }
-  const std::vector<std::string>& strings(std::string_view key) const {
+  io::GgufStrings strings(std::string_view key) const {  // in place in the file
     const io::GgufValue& v = file_.value(key);
     if (!v.is_array() || v.element_type() != io::GgufType::String)
       throw IoError(where() + ": " + std::string(key) + " is " + v.type_text() + ", not an array of str");
-    return v.as_strings();
+    return v.string_list();
   }
   std::vector<int64_t> integers(std::string_view key) const { return file_.integers(key); }
   std::vector<float> floats(std::string_view key) const { return file_.floats(key); }
@@ -150,27 +151,28 @@ nlohmann::json byte_level_pre_tokenizer(const PreTokenizerType& type) {
 }
 
 // The merges "a b" (split at the first space after the first byte, as llama.cpp does) into the model.
-void read_merges(const std::vector<std::string>& merges, BpeModel& model, const std::string& where) {
+void read_merges(const io::GgufStrings& merges, BpeModel& model, const std::string& where) {
   BigVector<MergeTable::Merge> table;
   table.reserve(merges.size());
   constexpr size_t kChunk = 256;
-  std::vector<std::string_view> texts(3 * kChunk);
+  std::vector<std::string_view> texts(3 * kChunk), chunk(kChunk);
   std::vector<int32_t> ids(3 * kChunk);
+  std::vector<size_t> space(kChunk);
   std::string joined;
+  auto next = merges.begin();
   for (size_t at = 0; at < merges.size(); at += kChunk) {
-    const size_t n = std::min(kChunk, merges.size() - at);
+    const size_t n = std::min<size_t>(kChunk, merges.size() - at);
     joined.clear();
-    std::vector<size_t> space(n);
     for (size_t k = 0; k < n; ++k) {
-      const std::string& m = merges[at + k];
-      space[k] = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-      if (space[k] == std::string::npos)
+      const std::string_view m = chunk[k] = *next++;
+      space[k] = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
+      if (space[k] == std::string_view::npos)
         throw IoError(where + ": tokenizer.ggml.merges[" + std::to_string(at + k) + "] (" + printable(m, 60) +
                       ") is not two tokens separated by a space");
-      joined.append(m, 0, space[k]).append(m, space[k] + 1);
+      joined.append(m.substr(0, space[k])).append(m.substr(space[k] + 1));
     }
     for (size_t k = 0, offset = 0; k < n; ++k) {
-      const std::string_view m = merges[at + k];
+      const std::string_view m = chunk[k];
       const std::string_view a = m.substr(0, space[k]), b = m.substr(space[k] + 1);
       texts[3 * k] = a, texts[3 * k + 1] = b, texts[3 * k + 2] = std::string_view(joined).substr(offset, a.size() + b.size());
       offset += a.size() + b.size();
@@ -206,41 +208,59 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_gguf(const io::GgufFile& file) {
                   "(byte-level BPE) and \"llama\" (SentencePiece)");
 
   // The vocabulary, every token found by its text (as llama.cpp's token_to_id).
-  const std::vector<std::string>& tokens = meta.strings("tokenizer.ggml.tokens");
+  const io::GgufStrings tokens = meta.strings("tokenizer.ggml.tokens");
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0 || n > (int64_t{1} << 30)) throw IoError(where + ": tokenizer.ggml.tokens holds " + std::to_string(n) + " tokens");
-  std::vector<int64_t> types(tokens.size(), kNormal);
+  // Each token's type, read in place when stored as i32 (as convert_hf_to_gguf writes them), else widened once.
+  std::span<const std::byte> i32_types;
+  std::vector<int64_t> wide_types;
   if (meta.has("tokenizer.ggml.token_type")) {
-    types = meta.integers("tokenizer.ggml.token_type");
-    if (static_cast<int64_t>(types.size()) < n)
-      throw IoError(where + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) + " entries for " +
+    const io::GgufValue& v = file.value("tokenizer.ggml.token_type");
+    if (v.is_array() && v.element_type() == io::GgufType::I32) i32_types = v.raw();
+    else wide_types = meta.integers("tokenizer.ggml.token_type");
+    const uint64_t count = v.is_array() ? v.size() : 0;
+    if (count < static_cast<uint64_t>(n))
+      throw IoError(where + ": tokenizer.ggml.token_type has " + std::to_string(count) + " entries for " +
                     std::to_string(n) + " tokens");
   }
+  auto type_of = [&](int64_t id) -> int64_t {
+    if (!i32_types.empty()) {
+      int32_t t;
+      std::memcpy(&t, i32_types.data() + 4 * id, 4);
+      return t;
+    }
+    return wide_types.empty() ? kNormal : wide_types[static_cast<size_t>(id)];
+  };
   // convert_hf_to_gguf.py writes a SentencePiece vocabulary's user-defined tokens with their ▁ as spaces (for
   // llama.cpp, which matches them in the raw text); as ▁ again, "  " in a text and a literal "▁▁" give the ids the
   // tokenizer.json (and SentencePiece, which sees spaces as ▁) gives.
   std::deque<std::string> respelled;
-  auto text_of = [&](int64_t id) -> std::string_view {
-    const std::string& t = tokens[static_cast<size_t>(id)];
-    if (!spm || types[static_cast<size_t>(id)] != kUserDefined || t.find(' ') == std::string::npos) return t;
-    std::string u = t;
+  auto text_of = [&](int64_t id, std::string_view t) -> std::string_view {
+    if (!spm || type_of(id) != kUserDefined || t.find(' ') == std::string_view::npos) return t;
+    std::string u(t);
     replace_all(u, " ", "\xE2\x96\x81");
     return respelled.emplace_back(std::move(u));
   };
   size_t bytes = 0;
-  for (const std::string& t : tokens) bytes += 3 * t.size();
+  for (std::string_view t : tokens) bytes += 3 * t.size();
   s.model.vocab.reserve(tokens.size(), bytes);
+  // In batches: no list as long as the vocabulary is made (its pages would cost more than the batches).
+  constexpr size_t kBatch = 4096;
   std::vector<std::pair<std::string_view, int32_t>> entries;
-  entries.reserve(tokens.size());
-  for (int64_t id = 0; id < n; ++id) entries.emplace_back(text_of(id), static_cast<int32_t>(id));
+  entries.reserve(kBatch);
+  int32_t id = 0;
+  for (std::string_view t : tokens) {
+    entries.emplace_back(text_of(id, t), id);
+    ++id;
+    if (entries.size() == kBatch) s.model.vocab.set_all(entries), entries.clear();
+  }
   s.model.vocab.set_all(entries);
-  entries = {};
 
   // Control, unknown and user-defined tokens are matched in the text before the model sees it (llama.cpp's
   // tokenizer_st_partition): a user-defined one always, the others as special tokens.
   s.special.assign(tokens.size(), false);
   for (int64_t id = 0; id < n; ++id) {
-    const int64_t type = types[static_cast<size_t>(id)];
+    const int64_t type = type_of(id);
     if (type != kControl && type != kUnknown && type != kUserDefined) continue;
     AddedToken t;
     t.content = std::string(s.model.vocab.text(static_cast<int32_t>(id)));
@@ -292,7 +312,7 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_gguf(const io::GgufFile& file) {
     if (static_cast<int64_t>(s.model.scores.size()) < n)
       throw IoError(where + ": tokenizer.ggml.scores has " + std::to_string(s.model.scores.size()) + " entries for " +
                     std::to_string(n) + " tokens");
-    s.model.byte_fallback = std::find(types.begin(), types.begin() + n, kByte) != types.begin() + n;
+    for (int64_t id = 0; id < n && !s.model.byte_fallback; ++id) s.model.byte_fallback = type_of(id) == kByte;
     add_bos = true;
     bos = meta.id("tokenizer.ggml.bos_token_id", 1, n), eos = meta.id("tokenizer.ggml.eos_token_id", 2, n);
     unk = meta.id("tokenizer.ggml.unknown_token_id", 0, n);

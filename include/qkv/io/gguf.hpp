@@ -8,7 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,9 +59,59 @@ enum class GgufType : uint32_t {
 };
 const char* gguf_type_name(GgufType type);  // "u32", "str", "arr" (ggml's names), "type 13" if unknown
 
-// One metadata value, owning: a number, a bool, a string, or an array of one element type (an array of arrays
-// holds arrays whose element types may differ). Made with the named factories, so the stored type is explicit
-// (general.alignment must be u32, not i32 or u64).
+// An array of str as a GGUF file lays it out (each element a u64 length and its bytes), read in place: iterating
+// yields each string as a string_view into those bytes, valid while the GgufValue it came from (and so the file or
+// bytes it was read from) lives. A tokenizer's 150,000 tokens are read without a copy or an allocation each.
+class GgufStrings {
+ public:
+  class iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = std::string_view;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const std::string_view*;
+    using reference = std::string_view;
+    iterator() = default;
+    explicit iterator(const std::byte* at) : at_(at) {}
+    std::string_view operator*() const {
+      uint64_t length;
+      std::memcpy(&length, at_, sizeof length);
+      return {reinterpret_cast<const char*>(at_ + sizeof length), static_cast<size_t>(length)};
+    }
+    iterator& operator++() {
+      uint64_t length;
+      std::memcpy(&length, at_, sizeof length);
+      at_ += sizeof length + length;
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator before = *this;
+      ++*this;
+      return before;
+    }
+    bool operator==(const iterator& other) const { return at_ == other.at_; }
+
+   private:
+    const std::byte* at_ = nullptr;
+  };
+  GgufStrings() = default;
+  // `bytes` holds `count` strings laid out as above (checked by whoever made it: the reader, the factory).
+  GgufStrings(std::span<const std::byte> bytes, uint64_t count) : bytes_(bytes), count_(count) {}
+  uint64_t size() const { return count_; }  // how many strings
+  bool empty() const { return count_ == 0; }
+  iterator begin() const { return iterator(bytes_.data()); }
+  iterator end() const { return iterator(bytes_.data() + bytes_.size()); }
+  std::vector<std::string> to_vector() const { return {begin(), end()}; }  // a copy of each
+
+ private:
+  std::span<const std::byte> bytes_;
+  uint64_t count_ = 0;
+};
+
+// One metadata value: a number, a bool, a string, or an array of one element type (an array of arrays holds arrays
+// whose element types may differ). Made with the named factories, so the stored type is explicit (general.alignment
+// must be u32, not i32 or u64). An array of numbers or strings read from a file stays in the file's bytes (shared
+// with the GgufFile: a value copied out keeps its file's mapping alive); one made here holds bytes of its own.
 class GgufValue {
  public:
   GgufValue() = default;  // a u8 0
@@ -111,7 +163,8 @@ class GgufValue {
   std::vector<int64_t> as_int64s() const;
   std::vector<float> as_floats() const;
   std::vector<double> as_doubles() const;
-  const std::vector<std::string>& as_strings() const;
+  std::vector<std::string> as_strings() const;  // a copy of each
+  GgufStrings string_list() const;  // the same, in place
   const std::vector<GgufValue>& as_arrays() const;
   // A fixed-size-element array's elements as stored (little-endian, packed); empty for strings and arrays.
   std::span<const std::byte> raw() const;
@@ -127,12 +180,20 @@ class GgufValue {
   static GgufValue scalar(GgufType type, T v);
   template <typename T>
   static GgufValue packed(GgufType element, std::span<const T> v);
+  // An array of numbers or strings as the file lays out its elements (GgufStrings' layout for strings), kept alive
+  // by `owner`: the file's mapping or bytes, or the factory's own.
+  struct Packed {
+    std::shared_ptr<const void> owner;
+    std::span<const std::byte> bytes;
+    uint64_t count = 0;
+    bool operator==(const Packed& other) const;
+  };
+  static Packed own(std::vector<std::byte> bytes, uint64_t count);
   GgufType type_ = GgufType::U8;
   GgufType element_ = GgufType::U8;  // arrays only
   uint64_t bits_ = 0;  // a scalar number's or bool's little-endian bits
-  // a string; a fixed-size array's bytes; an array of strings; an array of arrays
-  std::variant<std::monostate, std::string, std::vector<std::byte>, std::vector<std::string>, std::vector<GgufValue>>
-      payload_;
+  // a string; an array of numbers, bools or strings; an array of arrays
+  std::variant<std::monostate, std::string, Packed, std::vector<GgufValue>> payload_;
 };
 
 // One entry of a GGUF file's tensor table.
@@ -185,6 +246,7 @@ class GgufFile {
   double real(std::string_view key) const;  // f32 or f64
   bool boolean(std::string_view key) const;
   std::vector<std::string> strings(std::string_view key) const;  // an array of str
+  GgufStrings string_list(std::string_view key) const;  // the same in place (valid while this file lives)
   std::vector<int64_t> integers(std::string_view key) const;  // an array of any integer type
   std::vector<float> floats(std::string_view key) const;  // an array of f32 or f64
 
@@ -199,7 +261,7 @@ class GgufFile {
 
  private:
   friend class GgufReader;
-  void validate(const std::byte* bytes, size_t size);
+  void validate(std::shared_ptr<const void> owner, const std::byte* bytes, size_t size);
   std::string label_;
   std::shared_ptr<MappedFile> mapped_;  // shared: moving a GgufFile keeps the tensors' pointers valid
   std::shared_ptr<std::vector<std::byte>> owned_;  // parse(): the bytes

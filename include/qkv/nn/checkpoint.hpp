@@ -25,6 +25,10 @@
 #include "qkv/nn/decoder.hpp"
 #include "qkv/nn/gpt.hpp"
 
+namespace qkv::io {
+class GgufFile;
+}
+
 namespace qkv::nn {
 
 // The kinds of file (or folder) a checkpoint path can hold
@@ -72,6 +76,8 @@ struct CheckpointModel {
 };
 // Opens any of the formats above. IoError naming the file for everything wrong with it. With `matrices` BF16 every
 // matrix parameter is read as bfloat16 (rounded to nearest even) one tensor at a time, never as a float32 model first.
-CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint = {}, DType matrices = DType::F32);
+// `gguf`: the GGUF file at `path` when the caller opened it already (its metadata is parsed once).
+CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint = {}, DType matrices = DType::F32,
+                                std::shared_ptr<const io::GgufFile> gguf = nullptr);
 
 }  // namespace qkv::nn

@@ -47,6 +47,9 @@ GgufExtras gguf_extras(const io::GgufFile& file);  // the chat template and spec
 // as any of the model's tensors. IoError naming the file and the tensor for a missing or unexpected tensor, a shape
 // that differs from the configuration's, or a type qkv cannot compute with.
 std::unique_ptr<Decoder> load_gguf_decoder(const std::string& path);
+// The same from a file already opened (io::MapAccess::Random suits it: the model reads its tensors where they lie),
+// kept open by the model; the caller may read its metadata too (load_pretrained: the tokenizer) without parsing again.
+std::unique_ptr<Decoder> load_gguf_decoder(std::shared_ptr<const io::GgufFile> file);
 
 // The tensors whose GGUF entries rearrange the model's values — gpt-oss's stacked experts (Role::Stacked*) and
 // DeepSeek's kv_b_proj (Role::LatentB) — between the model's tensor `t` and one GGUF entry's values (`entry` from
