@@ -18,8 +18,14 @@ namespace {
 // OpenMP's (measured: a third of a training step in sched_yield and libgomp spinning), so OpenBLAS runs
 // single-threaded and gemm() splits C between OpenMP threads by rows or columns — each thread owns its
 // slice of the output.
+// OpenBLAS's pthreads build (Debian's default) starts a server thread per core when it is loaded, and each spins in
+// sched_yield for 2^28 cycles (~0.1 s) before it sleeps: at the start of every program, a core taken from loading
+// the model (37% of the samples of a BF16 folder's load, on 2 cores). Single-threaded, OpenBLAS never uses them, so
+// they are stopped. Weak: a build of OpenBLAS without a thread server need not have the function.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 const bool g_blas_single_threaded = [] {
   openblas_set_num_threads(1);
+  if (blas_thread_shutdown_) blas_thread_shutdown_();
   return true;
 }();
 
