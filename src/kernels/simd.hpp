@@ -173,15 +173,14 @@ inline void exp_difference(const float* a, const float* b, float* y, int64_t n) 
 
 // y[j] = exp(x[j] − shift) for j < n (x and y may alias); returns Σ y.
 #ifdef QKV_AVX512
-// The sum of 16 lanes in _mm512_reduce_add_ps's order (halves, quarters, pairs), so its bits, without GCC 12's
-// -Wuninitialized false alarms from inside the lane-extracting intrinsics (their _mm256_undefined_*).
+// The sum of 16 lanes in _mm512_reduce_add_ps's order (halves, quarters, pairs), so its bits, in registers (a store
+// and scalar adds cost a tenth of a K = 1024 quantized product's row), without GCC 12's -Wuninitialized false alarms
+// from inside the AVX-512 lane-extracting intrinsics (their _mm256_undefined_*): the high half comes by a shuffle.
 inline float reduce_add(__m512 v) {
-  alignas(64) float x[16];
-  _mm512_store_ps(x, v);
-  float h[8], q[4];
-  for (int i = 0; i < 8; ++i) h[i] = x[i + 8] + x[i];
-  for (int i = 0; i < 4; ++i) q[i] = h[i + 4] + h[i];
-  return (q[2] + q[0]) + (q[3] + q[1]);
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE)), _mm512_castps512_ps256(v));
+  const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));  // q[i] = h[i + 4] + h[i]
+  const __m128 p = _mm_add_ps(_mm_movehl_ps(q, q), q);                                   // q[2] + q[0], q[3] + q[1]
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
 }
 #endif
 
