@@ -2,9 +2,11 @@
 #include "qkv/kernels/memory.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <mutex>
 
@@ -159,6 +161,49 @@ void free_block(void* p, size_t bytes) {
   if (medium(bytes) && medium_cache().give(p, bytes, kMediumCacheBytes)) return;
   const int64_t limit = block_cache_limit();
   if (limit <= 0 || !block_cache().give(p, bytes, static_cast<size_t>(limit))) release_system_block(p, bytes);
+}
+
+Region::Region(size_t bytes) {
+  if (!kMapLargeBlocks || bytes == 0) return;  // AddressSanitizer: empty (see the header)
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t length = (bytes + kHuge - 1) / kHuge * kHuge;
+  if (length < bytes || length > SIZE_MAX - kHuge) return;
+  void* raw = ::mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return;
+  // the aligned range kept, what lies before and after it given back
+  const auto start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kHuge - 1) / kHuge * kHuge;
+  if (aligned > start) ::munmap(raw, aligned - start);
+  if (start + kHuge > aligned) ::munmap(reinterpret_cast<void*>(aligned + length), start + kHuge - aligned);
+  data_ = reinterpret_cast<std::byte*>(aligned);
+  size_ = length;
+  ::madvise(data_, size_, MADV_HUGEPAGE);  // a hint: refused, the pages are 4 KiB ones
+}
+
+Region::~Region() {
+  if (data_) ::munmap(data_, size_);
+}
+
+Region::Region(Region&& other) noexcept : data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+Region& Region::operator=(Region&& other) noexcept {
+  if (this != &other) {
+    if (data_) ::munmap(data_, size_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+void Region::release(size_t offset, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(data_) + offset + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(data_) + std::min(offset + bytes, size_)) / page * page;
+  if (data_ && last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace qkv::memory

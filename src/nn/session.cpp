@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,14 @@ KVBlockCache::KVBlockCache(int64_t layers, int64_t width, int64_t block_size, in
     throw ValueError("KV cache: q8_0 stores blocks of 32 values, but this model's keys have " + std::to_string(width) +
                      " per position (kv heads × head size); use f16 or bf16");
   row_bytes_ = kernels::row_bytes(type, width);
+  // Reserved for every block it may hold (address space only: MAP_NORESERVE); refused or overflowing, blocks of their own
+  const int64_t bytes = bytes_per_block();
+  if (bytes <= std::numeric_limits<int64_t>::max() / max_blocks_) region_ = memory::Region(static_cast<size_t>(bytes * max_blocks_));
+}
+
+std::byte* KVBlockCache::block_data(int32_t block) const {
+  return region_.data() ? region_.data() + static_cast<size_t>(block) * static_cast<size_t>(bytes_per_block())
+                        : storage_[static_cast<size_t>(block)].get();
 }
 
 int64_t KVBlockCache::blocks_allocated() const {
@@ -105,7 +114,8 @@ int32_t KVBlockCache::take_block() {
       storage_.emplace_back();
       refs_.push_back(0);
     }
-    storage_[static_cast<size_t>(id)].reset(new std::byte[static_cast<size_t>(bytes_per_block())]);  // written before read
+    if (!region_.data())
+      storage_[static_cast<size_t>(id)].reset(new std::byte[static_cast<size_t>(bytes_per_block())]);  // written before read
   }
   refs_[static_cast<size_t>(id)] = 1;
   ++in_use_;
@@ -120,7 +130,9 @@ void KVBlockCache::release(int32_t block) {
 }
 
 void KVBlockCache::trim() {
+  const auto bytes = static_cast<size_t>(bytes_per_block());
   for (int32_t id : spare_) {
+    if (region_.data()) region_.release(static_cast<size_t>(id) * bytes, bytes);
     storage_[static_cast<size_t>(id)].reset();
     unallocated_.push_back(id);
   }
@@ -153,8 +165,7 @@ void KVBlockCache::grow(int64_t seq, int64_t length) {
   if (length <= s.length) return;
   if (s.length % block_size_ != 0 && refs_[static_cast<size_t>(s.blocks.back())] > 1) {  // copy on write
     const int32_t shared = s.blocks.back(), own = take_block();
-    std::memcpy(storage_[static_cast<size_t>(own)].get(), storage_[static_cast<size_t>(shared)].get(),
-                static_cast<size_t>(bytes_per_block()));
+    std::memcpy(block_data(own), block_data(shared), static_cast<size_t>(bytes_per_block()));
     release(shared);
     s.blocks.back() = own;
   }
@@ -197,7 +208,7 @@ void KVBlockCache::fork(int64_t src, int64_t dst, int64_t length) {
 }
 
 std::byte* KVBlockCache::slot(int32_t block, int64_t layer, int kv, int64_t pos) const {
-  return storage_[static_cast<size_t>(block)].get() + ((layer * kinds_ + kv) * block_size_ + pos % block_size_) * row_bytes_;
+  return block_data(block) + ((layer * kinds_ + kv) * block_size_ + pos % block_size_) * row_bytes_;
 }
 
 void KVBlockCache::write(int64_t layer, int64_t seq, int64_t pos, const float* key, const float* value) {

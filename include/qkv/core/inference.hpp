@@ -13,6 +13,7 @@
 #include "qkv/core/ops.hpp"
 #include "qkv/kernels/attention_decode.hpp"
 #include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/memory.hpp"  // memory::Region, where a session's KV cache keeps its blocks
 
 namespace qkv {
 

@@ -121,12 +121,17 @@ class KVBlockCache {
   void truncate_blocks(Sequence& s, int64_t length);  // keeps `length` positions' blocks, the state untouched
   const Sequence& at(int64_t seq) const;
   std::byte* slot(int32_t block, int64_t layer, int kv, int64_t pos) const;
+  std::byte* block_data(int32_t block) const;  // where a block's bytes lie
   int64_t layers_, width_, block_size_, max_blocks_, in_use_ = 0;
   kernels::WeightType type_;
   int64_t row_bytes_;  // one position's key (or value) of one layer
   int64_t kinds_ = 2;  // keys and values, or keys alone
   std::unordered_map<int64_t, Sequence> sequences_;
-  std::vector<std::unique_ptr<std::byte[]>> storage_;  // by block id; null once trimmed
+  // Block id i lies at region_.data() + i · bytes_per_block(): its pages are used as it is written, faulting in 2 MiB at a
+  // time, and given back by trim(). Without a region (the address space refused; AddressSanitizer builds), each block
+  // is an allocation of its own in storage_.
+  memory::Region region_;
+  std::vector<std::unique_ptr<std::byte[]>> storage_;  // by block id (null in a region, and once trimmed)
   std::vector<int32_t> refs_;                      // holders of each block
   std::vector<int32_t> spare_;                     // allocated blocks nobody holds
   std::vector<int32_t> unallocated_;               // ids whose memory was trimmed
