@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
                 l, median(load_cpu), l / c, median(nl), median(sdom), median(swalk), sink == 0 ? " " : "");
   }
   if (!ggufs.empty()) {
-    std::printf("\nGGUF tokenizer metadata (ms): open = the GGUF reader (strings copied out), tokenizer = from_gguf\n");
+    std::printf("\nGGUF tokenizer metadata (ms): open = the GGUF reader (strings read in place), tokenizer = from_gguf\n");
     std::printf("%-18s %6s %6s | %8s %9s %8s %8s %6s\n", "file", "MB", "cat", "open", "tokenizer", "qkv load", "load cpu", "x cat");
   }
   for (const std::string& path : ggufs) {
