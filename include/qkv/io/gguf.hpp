@@ -64,32 +64,36 @@ const char* gguf_type_name(GgufType type);  // "u32", "str", "arr" (ggml's names
 // bytes it was read from) lives. A tokenizer's 150,000 tokens are read without a copy or an allocation each.
 class GgufStrings {
  public:
+  // A forward iterator over the strings, in file order
   class iterator {
    public:
-    using iterator_category = std::forward_iterator_tag;
-    using value_type = std::string_view;
-    using difference_type = std::ptrdiff_t;
-    using pointer = const std::string_view*;
-    using reference = std::string_view;
-    iterator() = default;
-    explicit iterator(const std::byte* at) : at_(at) {}
+    using iterator_category = std::forward_iterator_tag;  // one pass, forward
+    using value_type = std::string_view;                  // each string, in place
+    using difference_type = std::ptrdiff_t;               // a distance between two positions
+    using pointer = const std::string_view*;              // unused: operator* returns a value
+    using reference = std::string_view;                   // operator*'s type: a view, not a reference
+    iterator() = default;                                 // a singular iterator
+    explicit iterator(const std::byte* at) : at_(at) {}  // at the length of a string
+    // The string here
     std::string_view operator*() const {
       uint64_t length;
       std::memcpy(&length, at_, sizeof length);
       return {reinterpret_cast<const char*>(at_ + sizeof length), static_cast<size_t>(length)};
     }
+    // On to the next string
     iterator& operator++() {
       uint64_t length;
       std::memcpy(&length, at_, sizeof length);
       at_ += sizeof length + length;
       return *this;
     }
+    // On to the next string, returning where it was
     iterator operator++(int) {
       iterator before = *this;
       ++*this;
       return before;
     }
-    bool operator==(const iterator& other) const { return at_ == other.at_; }
+    bool operator==(const iterator& other) const { return at_ == other.at_; }  // at the same string
 
    private:
     const std::byte* at_ = nullptr;
@@ -98,9 +102,9 @@ class GgufStrings {
   // `bytes` holds `count` strings laid out as above (checked by whoever made it: the reader, the factory).
   GgufStrings(std::span<const std::byte> bytes, uint64_t count) : bytes_(bytes), count_(count) {}
   uint64_t size() const { return count_; }  // how many strings
-  bool empty() const { return count_ == 0; }
-  iterator begin() const { return iterator(bytes_.data()); }
-  iterator end() const { return iterator(bytes_.data() + bytes_.size()); }
+  bool empty() const { return count_ == 0; }  // no strings
+  iterator begin() const { return iterator(bytes_.data()); }  // the first string
+  iterator end() const { return iterator(bytes_.data() + bytes_.size()); }  // past the last
   std::vector<std::string> to_vector() const { return {begin(), end()}; }  // a copy of each
 
  private:
