@@ -29,8 +29,10 @@ void cache_blocks_for_steps(int64_t floor = int64_t{2} << 30);
 int64_t fresh_blocks();
 
 // A block of `bytes` (at least 1), 64-byte aligned; blocks of 4 MiB and more are mapped straight from the kernel
-// with transparent huge pages (page-aligned) and go straight back, so freed ones never stay on the heap. nullptr
-// when the system refuses. Give it back with free_block and the same size.
+// with transparent huge pages (page-aligned) and go straight back, so freed ones never stay on the heap. Freed blocks
+// of 64 KiB to 4 MiB (a layer's activations) are kept, up to 32 MiB in all, and handed out again for the same size,
+// so a pass does not fault them in afresh (except under AddressSanitizer). nullptr when the system refuses. Give it
+// back with free_block and the same size.
 void* allocate_block(size_t bytes);
 void free_block(void* p, size_t bytes);
 
