@@ -80,8 +80,16 @@ class BlockCache {
     held_ -= bytes;
     return p;
   }
-  bool give(void* p, size_t bytes, size_t limit) {
+  // Keeps p unless that would hold more than `limit`; with `evict`, the largest blocks held go first to make room
+  // (the sizes a program frees last are the ones it asks for next).
+  bool give(void* p, size_t bytes, size_t limit, bool evict = false) {
     std::lock_guard<std::mutex> lock(mutex_);
+    while (evict && held_ + bytes > limit && bytes <= limit && !blocks_.empty()) {
+      auto last = std::prev(blocks_.end());
+      release_system_block(last->second, last->first);
+      held_ -= last->first;
+      blocks_.erase(last);
+    }
     if (held_ + bytes > limit) return false;
     blocks_.emplace(bytes, p);
     held_ += bytes;
@@ -158,7 +166,7 @@ void free_block(void* p, size_t bytes) {
   if (!p) return;
   if (bytes == 0) bytes = 1;
   on_free(static_cast<int64_t>(bytes));
-  if (medium(bytes) && medium_cache().give(p, bytes, kMediumCacheBytes)) return;
+  if (medium(bytes) && medium_cache().give(p, bytes, kMediumCacheBytes, /*evict=*/true)) return;
   const int64_t limit = block_cache_limit();
   if (limit <= 0 || !block_cache().give(p, bytes, static_cast<size_t>(limit))) release_system_block(p, bytes);
 }
