@@ -16,14 +16,20 @@
 
 namespace qkv::fuzz {
 
+// A scratch path (file or folder) removed with what it holds when the process exits.
+struct RemovedAtExit {
+  std::filesystem::path path;
+  ~RemovedAtExit() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
 // A file holding the input, one per process (libFuzzer runs inputs one after another).
 // The file is removed when the process exits.
 inline std::string scratch_file(const uint8_t* data, size_t size, const char* suffix = "") {
   const std::string path = "/tmp/qkv_fuzz_" + std::to_string(getpid()) + suffix;
-  static const struct Remover {
-    std::string path;
-    ~Remover() { std::remove(path.c_str()); }
-  } remover{path};
+  static const RemovedAtExit remover{path};
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) std::abort();
   if (size) std::fwrite(data, 1, size, f);
@@ -33,13 +39,7 @@ inline std::string scratch_file(const uint8_t* data, size_t size, const char* su
 
 // A scratch folder, one per process, "/tmp/qkv_fuzz_<name>_<pid>", removed with what it holds when the process exits.
 inline std::filesystem::path scratch_dir(const char* name) {
-  static const struct Remover {
-    std::filesystem::path path;
-    ~Remover() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  } remover{std::string("/tmp/qkv_fuzz_") + name + "_" + std::to_string(getpid())};
+  static const RemovedAtExit remover{std::string("/tmp/qkv_fuzz_") + name + "_" + std::to_string(getpid())};
   std::filesystem::create_directories(remover.path);
   return remover.path;
 }

@@ -3,11 +3,12 @@ cmake_minimum_required(VERSION 3.25)
 # layer below it. Layers, lowest first:
 #   kernels ← core (core, io) ← text ← nn ← train, serve;   viz ← core
 # text sits below nn: a loaded model carries its tokenizer, and generation streams text (nn/pretrained.hpp).
-# train may also call kernels directly (the optimisers' fused updates). Variable: SOURCE_DIR.
+# train may also call kernels directly (the optimisers' fused updates), and text the block allocator (a vocabulary's
+# tables in huge pages, memory.hpp). Variable: SOURCE_DIR.
 set(allowed_kernels kernels)
 set(allowed_core kernels core io)
 set(allowed_nn core io text nn)
-set(allowed_text core io text)
+set(allowed_text core io text kernels)
 set(allowed_train kernels core io nn text train)
 set(allowed_viz core io viz)
 set(allowed_serve core io text nn serve)

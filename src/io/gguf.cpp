@@ -436,9 +436,10 @@ class GgufReader {
     return v;
   }
 
-  // A GGUF string (u64 length, bytes); the length is checked against `max_length` and the bytes left first.
+  // A GGUF string (u64 length, bytes), where it lies; the length is checked against `max_length` and the bytes left
+  // first.
   template <typename What>
-  std::string read_string(const What& what, uint64_t max_length = std::numeric_limits<uint64_t>::max()) {
+  std::string_view read_string(const What& what, uint64_t max_length = std::numeric_limits<uint64_t>::max()) {
     const uint64_t length = read<uint64_t>([&] { return "the length of " + name_of(what); });
     if (length > max_length) {
       fail(name_of(what) + " is " + std::to_string(length) + " bytes long; GGUF allows at most " + std::to_string(max_length) +
@@ -448,7 +449,7 @@ class GgufReader {
       fail(name_of(what) + " is " + std::to_string(length) + " bytes long, but only " + std::to_string(left()) +
            " bytes of the file are left; the file is corrupt or cut short");
     }
-    std::string s(reinterpret_cast<const char*>(p_ + at_), static_cast<size_t>(length));
+    const std::string_view s(reinterpret_cast<const char*>(p_ + at_), static_cast<size_t>(length));
     at_ += length;
     return s;
   }
@@ -466,7 +467,7 @@ class GgufReader {
     GgufValue out;
     out.type_ = type;
     if (type == GgufType::String) {
-      out.payload_ = read_string(what);
+      out.payload_ = std::string(read_string(what));
       return out;
     }
     if (type != GgufType::Array) {
@@ -494,15 +495,7 @@ class GgufReader {
     }
     if (out.element_ == GgufType::String) {  // each length checked against the bytes left, the strings left in place
       const uint64_t start = at_;
-      for (uint64_t i = 0; i < count; ++i) {
-        auto item = [&] { return what + "[" + std::to_string(i) + "]"; };
-        const uint64_t length = read<uint64_t>([&] { return "the length of " + item(); });
-        if (length > left()) {
-          fail(item() + " is " + std::to_string(length) + " bytes long, but only " + std::to_string(left()) +
-               " bytes of the file are left; the file is corrupt or cut short");
-        }
-        at_ += length;
-      }
+      for (uint64_t i = 0; i < count; ++i) read_string([&] { return what + "[" + std::to_string(i) + "]"; });
       out.payload_ = GgufValue::Packed{owner_, {p_ + start, static_cast<size_t>(at_ - start)}, count};
     } else if (out.element_ == GgufType::Array) {
       std::vector<GgufValue> items;
@@ -594,7 +587,7 @@ void GgufFile::validate(std::shared_ptr<const void> owner, const std::byte* byte
   constexpr uint64_t kReserveAtMost = 4096;
   metadata_.reserve(static_cast<size_t>(std::min(metadata_count, kReserveAtMost)));
   for (uint64_t i = 0; i < metadata_count; ++i) {
-    std::string key = r.read_string("metadata key #" + std::to_string(i), kMaxKeyLength);
+    std::string key(r.read_string("metadata key #" + std::to_string(i), kMaxKeyLength));
     if (key.empty()) r.fail("metadata key #" + std::to_string(i) + " is empty; the file is corrupt");
     if (key_index_.count(key)) r.fail("metadata key '" + printable(key) + "' appears twice; the file is corrupt");
     const std::string what = "metadata '" + printable(key) + "'";
@@ -616,7 +609,7 @@ void GgufFile::validate(std::shared_ptr<const void> owner, const std::byte* byte
   tensors_.reserve(static_cast<size_t>(std::min(tensor_count, kReserveAtMost)));
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensor t;
-    t.name = r.read_string("the name of tensor #" + std::to_string(i), kMaxNameLength);
+    t.name = std::string(r.read_string("the name of tensor #" + std::to_string(i), kMaxNameLength));
     if (t.name.empty()) r.fail("tensor #" + std::to_string(i) + " has an empty name; the file is corrupt");
     const std::string what = "tensor '" + printable(t.name) + "'";
     if (tensor_index_.count(t.name)) r.fail(what + " appears twice in the tensor table; the file is corrupt");

@@ -84,12 +84,7 @@ class BlockCache {
   // (the sizes a program frees last are the ones it asks for next).
   bool give(void* p, size_t bytes, size_t limit, bool evict = false) {
     std::lock_guard<std::mutex> lock(mutex_);
-    while (evict && held_ + bytes > limit && bytes <= limit && !blocks_.empty()) {
-      auto last = std::prev(blocks_.end());
-      release_system_block(last->second, last->first);
-      held_ -= last->first;
-      blocks_.erase(last);
-    }
+    if (evict && bytes <= limit) release_largest(limit - bytes);
     if (held_ + bytes > limit) return false;
     blocks_.emplace(bytes, p);
     held_ += bytes;
@@ -98,6 +93,11 @@ class BlockCache {
   // Frees the largest blocks until at most `limit` bytes are held.
   void trim(size_t limit) {
     std::lock_guard<std::mutex> lock(mutex_);
+    release_largest(limit);
+  }
+
+ private:
+  void release_largest(size_t limit) {  // with mutex_ held
     while (held_ > limit && !blocks_.empty()) {
       auto last = std::prev(blocks_.end());
       release_system_block(last->second, last->first);
@@ -106,7 +106,6 @@ class BlockCache {
     }
   }
 
- private:
   std::mutex mutex_;
   std::multimap<size_t, void*> blocks_;
   size_t held_ = 0;
@@ -171,25 +170,37 @@ void free_block(void* p, size_t bytes) {
   if (limit <= 0 || !block_cache().give(p, bytes, static_cast<size_t>(limit))) release_system_block(p, bytes);
 }
 
-Region::Region(size_t bytes) {
-  if (!kMapLargeBlocks || bytes == 0) return;  // AddressSanitizer: empty (see the header)
+size_t huge_pages_length(size_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t length = (bytes + kHuge - 1) / kHuge * kHuge;
-  if (length < bytes || length > SIZE_MAX - kHuge) return;
-  void* raw = ::mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) return;
-  // the aligned range kept, what lies before and after it given back
+  return bytes > SIZE_MAX - 2 * kHuge ? 0 : (bytes + kHuge - 1) / kHuge * kHuge;
+}
+
+void* map_huge_pages(size_t bytes, bool reserve_only) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t length = huge_pages_length(bytes);
+  if (length == 0) return nullptr;
+  // One huge page more is mapped; what lies before and after the aligned range is given back.
+  void* raw = ::mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (reserve_only ? MAP_NORESERVE : 0), -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
   const auto start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kHuge - 1) / kHuge * kHuge;
   if (aligned > start) ::munmap(raw, aligned - start);
   if (start + kHuge > aligned) ::munmap(reinterpret_cast<void*>(aligned + length), start + kHuge - aligned);
-  data_ = reinterpret_cast<std::byte*>(aligned);
-  size_ = length;
-  ::madvise(data_, size_, MADV_HUGEPAGE);  // a hint: refused, the pages are 4 KiB ones
+  ::madvise(reinterpret_cast<void*>(aligned), length, MADV_HUGEPAGE);  // a hint: refused, the pages are 4 KiB ones
+  return reinterpret_cast<void*>(aligned);
 }
 
-Region::~Region() {
-  if (data_) ::munmap(data_, size_);
+void unmap_huge_pages(void* p, size_t bytes) noexcept {
+  if (p) ::munmap(p, huge_pages_length(bytes));
 }
+
+Region::Region(size_t bytes) {
+  if (!kMapLargeBlocks || bytes == 0) return;  // AddressSanitizer: empty (see the header)
+  data_ = static_cast<std::byte*>(map_huge_pages(bytes, /*reserve_only=*/true));
+  if (data_) size_ = huge_pages_length(bytes);
+}
+
+Region::~Region() { unmap_huge_pages(data_, size_); }
 
 Region::Region(Region&& other) noexcept : data_(other.data_), size_(other.size_) {
   other.data_ = nullptr;
@@ -198,7 +209,7 @@ Region::Region(Region&& other) noexcept : data_(other.data_), size_(other.size_)
 
 Region& Region::operator=(Region&& other) noexcept {
   if (this != &other) {
-    if (data_) ::munmap(data_, size_);
+    unmap_huge_pages(data_, size_);
     data_ = other.data_;
     size_ = other.size_;
     other.data_ = nullptr;

@@ -391,7 +391,7 @@ void open_qkv_checkpoint(const std::string& path, CheckpointModel& out, DType ma
 CheckpointModel open_checkpoint(const std::string& path, const ConfigHint& hint, DType matrices,
                                 std::shared_ptr<const io::GgufFile> gguf) {
   CheckpointModel out;
-  out.format = detect_checkpoint_format(path);
+  out.format = gguf ? CheckpointFormat::Gguf : detect_checkpoint_format(path);
   out.description = std::string(checkpoint_format_name(out.format)) + " " + path;
   switch (out.format) {
     case CheckpointFormat::HuggingFaceFolder:

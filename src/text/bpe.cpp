@@ -1,8 +1,6 @@
 // Byte-pair encoding's tables and merge loop (see bpe.hpp).
 #include "bpe.hpp"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -13,38 +11,28 @@
 #include <queue>
 #include <stdexcept>
 
+#include "qkv/kernels/memory.hpp"
+
 namespace qkv::text::detail {
 
-constexpr size_t kHugePage = size_t{2} << 20;
 // Blocks from this size on get huge pages of their own: a 2 MiB page is one fault where 64 pages of 4 KiB are 64
 // (on the virtual machines measured, ~12 µs each: 0.8 ms for this much against ~0.1 ms for the huge page), and the
 // tables of a vocabulary are a handful of blocks, so the memory rounded up is a few MiB at most.
 constexpr size_t kMapAtLeast = size_t{256} << 10;
-
-size_t huge_length(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
 
 void* big_allocate(size_t bytes) {
   if (bytes < kMapAtLeast) {
     if (void* p = std::malloc(bytes ? bytes : 1)) return p;
     throw std::bad_alloc();
   }
-  // Aligned to 2 MiB, so that every page of it can be huge (mmap aligns only to 4 KiB): one huge page more is
-  // mapped, and what lies before and after the aligned block is given back.
-  const size_t length = huge_length(bytes);
-  void* raw = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw std::bad_alloc();
-  const auto start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > start) ::munmap(raw, aligned - start);
-  if (start + kHugePage > aligned) ::munmap(reinterpret_cast<void*>(aligned + length), start + kHugePage - aligned);
-  void* p = reinterpret_cast<void*>(aligned);
-  ::madvise(p, length, MADV_HUGEPAGE);  // a hint: without transparent huge pages it is 4 KiB pages, as malloc's
-  return p;
+  if (void* p = memory::map_huge_pages(bytes)) return p;
+  throw std::bad_alloc();
 }
 
 void big_free(void* p, size_t bytes) noexcept {
   if (!p) return;
   if (bytes < kMapAtLeast) return std::free(p);
-  ::munmap(p, huge_length(bytes));
+  memory::unmap_huge_pages(p, bytes);
 }
 
 namespace {

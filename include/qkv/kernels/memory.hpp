@@ -60,9 +60,16 @@ class Buffer {
   T* data_;
 };
 
-// Address space for memory written in place and let go in pieces (a KV cache's blocks): `bytes` reserved, aligned to
-// 2 MiB and asked for transparent huge pages, so a page written faults in 2 MiB at once (one fault where 512 were, at
-// ~12 µs each on the virtual machines measured), and no memory is used until a page is written (MAP_NORESERVE).
+// `bytes` rounded up to whole 2 MiB pages, mapped on their own at a 2 MiB boundary and asked for transparent huge pages
+// (mmap alone aligns to 4 KiB, and a huge page must lie on its boundary): a page written faults in 2 MiB at once, one
+// fault where 512 were (~12 µs each on the virtual machines measured). reserve_only: address space only (MAP_NORESERVE),
+// for memory written as it is needed. nullptr when refused. Given back with unmap_huge_pages and the same `bytes`.
+void* map_huge_pages(size_t bytes, bool reserve_only = false);
+void unmap_huge_pages(void* p, size_t bytes) noexcept;  // p from map_huge_pages(bytes), or null
+size_t huge_pages_length(size_t bytes);  // what map_huge_pages(bytes) maps: whole 2 MiB pages (0 if that overflows)
+
+// Address space for memory written in place and let go in pieces (a KV cache's blocks): map_huge_pages(bytes,
+// reserve_only), so no memory is used until a page is written, and then 2 MiB at a time.
 // Not counted by bytes_in_use: its owner counts what it uses. Empty (data() null) when the system refuses the address
 // space, and under AddressSanitizer (whose checks need allocations of their own): the owner then allocates its pieces.
 class Region {
