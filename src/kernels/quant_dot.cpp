@@ -4,7 +4,8 @@
 // build has it), and plain C++ for other CPUs. Generation reads every weight once per token, so these run at the
 // memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
-// of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks.
+// of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 in the
+// AVX-512 VNNI build goes to quant_panels.cpp instead: 16 rows of W at a time, one per lane.)
 #include "quant_dot.hpp"
 
 #include <algorithm>
@@ -15,12 +16,6 @@
 #include "quant_blocks.hpp"
 #include "simd.hpp"
 
-#if defined(QKV_AVX512) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define QKV_DOT512 1
-#endif
-#if defined(QKV_AVX2) && defined(__F16C__)
-#define QKV_DOT256 1
-#endif
 
 namespace qkv::kernels::quant {
 
@@ -40,19 +35,13 @@ uint16_t load_u16(const void* p) {
 // Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
 // without a packed layout read these. Then, for Q8_0 and Q4_0 in the vector builds, the packed groups.
 
-struct alignas(64) Q8Block {  // 32 values: x ≈ dx·q
-  int8_t q[32];
-  float dx;
-  int32_t sum;  // Σ q
-  int32_t pad[6];
-};
 struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel's order (see k_order)
   int8_t q[256];
   int16_t bsums[16];  // Σ q over each 16 values, natural order
   float d;
   int32_t pad[7];
 };
-static_assert(sizeof(Q8Block) == 64 && sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
+static_assert(sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
 
 #if defined(QKV_DOT512)
 // Q8_0, two blocks per 512-bit step: the weights' int8 become unsigned by adding 128 (an xor), so vpdpbusd takes them,
@@ -185,6 +174,7 @@ void quantize_q8_block(const float* x, Q8Block* out) {
     out->sum += out->q[j];
   }
 #endif
+  out->q4_bias = -8 * out->sum;
 }
 
 // ggml's quantize_row_q8_K_ref: the signed largest value maps to −127, levels rounded by nearest_int (to even). Where +a
@@ -983,7 +973,7 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
   int64_t packed = 0;
   if (type == WeightType::Q8_0 && kQ8_0Group > 1) packed = blocks / kQ8_0Group * int64_t{sizeof(Q8_0Group)};
   // MXFP4 takes Q4_0's groups (the same order of values), with its own offset in the bias
-  [[maybe_unused]] const bool q4_groups = type == WeightType::Q4_0 || type == WeightType::MXFP4;
+  [[maybe_unused]] const bool q4_groups = (type == WeightType::Q4_0 && !takes_all_rows(type)) || type == WeightType::MXFP4;
   [[maybe_unused]] const int32_t offset = type == WeightType::MXFP4 ? 12 : 8;  // the kernel's unsigned weight levels are q + offset
   if (q4_groups && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
   const size_t needed = static_cast<size_t>(base + packed + 64);
@@ -1009,7 +999,7 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
         std::fill_n(pairs[p].xs + 8 * k, 8, blk.dx);
       }
     }
-  } else {
+  } else if (q4_groups) {
     Q4_0Quad* quads = reinterpret_cast<Q4_0Quad*>(data_ + base);
     for (int64_t g = 0; g < blocks / 4; ++g) {
       std::memset(&quads[g], 0, sizeof quads[g]);
@@ -1055,6 +1045,9 @@ int ActivationRow::level(int64_t k) const {
 
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld) {
+#if defined(QKV_DOT512)
+  if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_q4_0_panels(w, row_bytes, rows, x, count, beta, out, ld);
+#endif
   const unsigned char* at = static_cast<const unsigned char*>(w);
   for (int first = 0; first < count; first += kMaxDotRows) {
     const int n = std::min(kMaxDotRows, count - first);

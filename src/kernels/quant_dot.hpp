@@ -7,8 +7,28 @@
 #include <vector>
 
 #include "qkv/kernels/quant.hpp"
+#include "simd.hpp"
+
+// The builds of the integer kernels: AVX-512 with VNNI, AVX2 (with F16C), or plain C++.
+#if defined(QKV_AVX512) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QKV_DOT512 1
+#endif
+#if defined(QKV_AVX2) && defined(__F16C__)
+#define QKV_DOT256 1
+#endif
 
 namespace qkv::kernels::quant {
+
+// A block of 32 activations as the Q8_0 and Q4_0 products read it: x ≈ dx·q (the first part of an ActivationRow's
+// bytes for those types, one per 32 values, in order).
+struct alignas(64) Q8Block {
+  int8_t q[32];
+  float dx;
+  int32_t sum;      // Σ q
+  int32_t q4_bias;  // −8·Σ q: a Q4_0 product starts here, its weights read as their nibbles q + 8
+  int32_t pad[5];
+};
+static_assert(sizeof(Q8Block) == 64, "activation blocks stay 64-byte multiples");
 
 // One row of K activations quantized for the products with one weight type, as the kernels of this build read it.
 // Q8_0 and Q4_0 weights: per 32 values a scale dx = max|x|/127 and q = x/dx rounded to nearest even (|q| ≤ 127) —
@@ -40,6 +60,22 @@ class ActivationRow {
 inline constexpr int kMaxDotRows = 4;
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld);
+
+// Whether dot_rows takes every row of activations at once for this type (and should be given them all: it reads W
+// once for all of them, 16 rows of W at a time), rather than kMaxDotRows at a time: Q4_0 in the AVX-512 VNNI build.
+constexpr bool takes_all_rows(WeightType type) {
+#if defined(QKV_DOT512)
+  return type == WeightType::Q4_0;
+#else
+  (void)type;
+  return false;
+#endif
+}
+#if defined(QKV_DOT512)
+// dot_rows for Q4_0, the rows of W in the lanes of a vector (quant_panels.cpp)
+void dot_rows_q4_0_panels(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+                          float beta, float* out, int64_t ld);
+#endif
 
 // The same for rows of K halves or bfloat16 (type F16 or BF16) and `count` rows of float32 activations, each row of W
 // widened to float32 once in the loop (vcvtph2ps, or a 16-bit shift), products summed in float32.
