@@ -25,7 +25,7 @@ namespace {
 // ahead, as gemm_bf16's row kernel does (the hardware prefetcher alone leaves a 2-thread stream short of the read rate).
 constexpr int64_t kPrefetchBytes = 8192;
 
-uint16_t load_u16(const void* p) {
+[[maybe_unused]] uint16_t load_u16(const void* p) {  // (the AVX2 build's Q4_0 scales)
   uint16_t v;
   std::memcpy(&v, p, 2);
   return v;
@@ -33,7 +33,7 @@ uint16_t load_u16(const void* p) {
 
 // ---- the activation layouts ----
 // Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
-// without a packed layout read these. Then, for Q8_0 and Q4_0 in the vector builds, the packed groups.
+// without a packed layout read these. Then, for Q4_0 in the AVX2 build and MXFP4, the packed groups.
 
 struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel's order (see k_order)
   int8_t q[256];
@@ -44,25 +44,16 @@ struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel
 static_assert(sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
 
 #if defined(QKV_DOT512)
-// Q8_0, two blocks per 512-bit step: the weights' int8 become unsigned by adding 128 (an xor), so vpdpbusd takes them,
-// and the offset 128·Σq of each block is taken back by starting its lanes from −128·Σq (bias: lane 0 for the first
-// block, lane 8 for the second). xs: the activation scale of each lane's block.
-struct alignas(64) Q8_0Pair {
-  int8_t q[64];
-  int32_t bias[16];
-  float xs[16];
-};
-// Q4_0, four blocks per step: the 16 low nibbles of each block (values 0–15) side by side, then the 16 high ones
-// (values 16–31); each block owns 4 lanes of the int32 sums (4k … 4k + 3), which start from −8·Σq (the nibbles are
-// q + 8).
+// (Q8_0 and Q4_0 go to quant_panels.cpp in this build, which reads the natural blocks.) MXFP4, four blocks per step:
+// the 16 low nibbles of each block (values 0–15) side by side, then the 16 high ones (values 16–31); each block owns
+// 4 lanes of the int32 sums (4k … 4k + 3), which start from −12·Σq (the kernel's weight levels are the values + 12).
 struct alignas(64) Q4_0Quad {
   int8_t low[64];
   int8_t high[64];
   int32_t bias[16];
   float xs[16];
 };
-constexpr int kQ8_0Group = 2, kQ4_0Group = 4;
-using Q8_0Group = Q8_0Pair;
+constexpr int kQ4_0Group = 4;
 using Q4_0Group = Q4_0Quad;
 #elif defined(QKV_DOT256)
 // AVX2 Q4_0, two blocks per 256-bit step: the low nibbles of both, then the high ones; block k owns lanes 4k … 4k + 3,
@@ -74,12 +65,10 @@ struct alignas(64) Q4_0Pair {
   float dx[2];
   float pad[6];
 };
-constexpr int kQ8_0Group = 1, kQ4_0Group = 2;
-struct Q8_0Group {};
+constexpr int kQ4_0Group = 2;
 using Q4_0Group = Q4_0Pair;
 #else
-constexpr int kQ8_0Group = 1, kQ4_0Group = 1;
-struct Q8_0Group {};
+constexpr int kQ4_0Group = 1;
 struct Q4_0Group {};
 #endif
 
@@ -175,6 +164,7 @@ void quantize_q8_block(const float* x, Q8Block* out) {
   }
 #endif
   out->q4_bias = -8 * out->sum;
+  out->q8_bias = -128 * out->sum;
 }
 
 // ggml's quantize_row_q8_K_ref: the signed largest value maps to −127, levels rounded by nearest_int (to even). Where +a
@@ -357,37 +347,8 @@ template <int R>
   for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
   int64_t b = 0;
   float total[R] = {};
-  constexpr int U = Accumulators<R>::kSets;
-#if defined(QKV_DOT512)
-  const Q8_0Pair* pairs[R];
-  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q8_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[U][R];
-  for (auto& set : acc)
-    for (auto& a : set) a = _mm512_setzero_ps();
-  auto step = [&](__m512* a, int64_t p) {
-    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
-    simd::prefetch(wb + kPrefetchBytes, 64);
-    const __m512i qw = _mm512_xor_si512(
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2))),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 36)), 1),
-        flip);
-    const __m256i halves = _mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(static_cast<short>(load_u16(wb))),
-                                                   _mm256_set1_epi16(static_cast<short>(load_u16(wb + 34))));
-    const __m512 w_scale = _mm512_cvtph_ps(halves);
-    for (int r = 0; r < R; ++r) {
-      const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(pairs[r][p].bias), qw, _mm512_load_si512(pairs[r][p].q));
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w_scale, _mm512_load_ps(pairs[r][p].xs)), a[r]);
-    }
-  };
-  const int64_t full = blocks / 2;
-  int64_t p = 0;
-  for (; p + U <= full; p += U)
-    for (int u = 0; u < U; ++u) step(acc[u], p + u);
-  for (; p < full; ++p) step(acc[0], p);
-  b = 2 * full;
-  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
-#elif defined(QKV_DOT256)
+  [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q8_0 to quant_panels.cpp)
   __m256 acc[U][R];
   for (auto& set : acc)
     for (auto& a : set) a = _mm256_setzero_ps();
@@ -458,36 +419,8 @@ template <int R>
   for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
   int64_t b = 0;
   float total[R] = {};
-  constexpr int U = Accumulators<R>::kSets;
-#if defined(QKV_DOT512)
-  const Q4_0Quad* quads[R];
-  for (int r = 0; r < R; ++r) quads[r] = reinterpret_cast<const Q4_0Quad*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
-  const __m512i nibble = _mm512_set1_epi8(0x0f);
-  // the halves of the four blocks' scales (words 0, 9, 18, 27 of the group's first 64 bytes), each for its 4 lanes
-  const __m512i scale_words = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27, 27, 27, 27, 18, 18,
-                                               18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
-  __m512 acc[U][R];
-  for (auto& set : acc)
-    for (auto& a : set) a = _mm512_setzero_ps();
-  auto step = [&](__m512* a, int64_t g) {
-    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 4 * g);
-    simd::prefetch(wb + kPrefetchBytes, 72);
-    auto qs = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 18 * k + 2)); };
-    const __m512i v = _mm512_inserti32x4(
-        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
-    const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    const __m512 w_scale =
-        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_words, _mm512_loadu_si512(wb))));
-    accumulate_quad<R>(a, quads, g, low, high, w_scale);
-  };
-  const int64_t full = blocks / 4;
-  int64_t g = 0;
-  for (; g + U <= full; g += U)
-    for (int u = 0; u < U; ++u) step(acc[u], g + u);
-  for (; g < full; ++g) step(acc[0], g);
-  b = 4 * full;
-  for (int r = 0; r < R; ++r) total[r] = sum16(U == 2 ? _mm512_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
-#elif defined(QKV_DOT256)
+  [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q4_0 to quant_panels.cpp)
   const Q4_0Pair* pairs[R];
   for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
   const __m256i nibble = _mm256_set1_epi8(0x0f);
@@ -533,7 +466,7 @@ template <int R>
   for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
   int64_t b = 0;
   float total[R] = {};
-  constexpr int U = Accumulators<R>::kSets;
+  [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
 #if defined(QKV_DOT512)
   const Q4_0Quad* quads[R];
   for (int r = 0; r < R; ++r) quads[r] = reinterpret_cast<const Q4_0Quad*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
@@ -971,7 +904,6 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
   const bool k_quant = is_k_quant(type);
   const int64_t blocks = K / (k_quant ? kQK_K : kQK), base = natural_bytes(type, K);
   int64_t packed = 0;
-  if (type == WeightType::Q8_0 && kQ8_0Group > 1) packed = blocks / kQ8_0Group * int64_t{sizeof(Q8_0Group)};
   // MXFP4 takes Q4_0's groups (the same order of values), with its own offset in the bias
   [[maybe_unused]] const bool q4_groups = (type == WeightType::Q4_0 && !takes_all_rows(type)) || type == WeightType::MXFP4;
   [[maybe_unused]] const int32_t offset = type == WeightType::MXFP4 ? 12 : 8;  // the kernel's unsigned weight levels are q + offset
@@ -988,18 +920,7 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
   Q8Block* natural = reinterpret_cast<Q8Block*>(data_);
   for (int64_t b = 0; b < blocks; ++b) quantize_q8_block(x + b * kQK, natural + b);
 #if defined(QKV_DOT512)
-  if (type == WeightType::Q8_0) {
-    Q8_0Pair* pairs = reinterpret_cast<Q8_0Pair*>(data_ + base);
-    for (int64_t p = 0; p < blocks / 2; ++p) {
-      std::memset(&pairs[p], 0, sizeof pairs[p]);
-      for (int k = 0; k < 2; ++k) {
-        const Q8Block& blk = natural[2 * p + k];
-        std::memcpy(pairs[p].q + 32 * k, blk.q, 32);
-        pairs[p].bias[8 * k] = -128 * blk.sum;
-        std::fill_n(pairs[p].xs + 8 * k, 8, blk.dx);
-      }
-    }
-  } else if (q4_groups) {
+  if (q4_groups) {
     Q4_0Quad* quads = reinterpret_cast<Q4_0Quad*>(data_ + base);
     for (int64_t g = 0; g < blocks / 4; ++g) {
       std::memset(&quads[g], 0, sizeof quads[g]);
@@ -1046,7 +967,7 @@ int ActivationRow::level(int64_t k) const {
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld) {
 #if defined(QKV_DOT512)
-  if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_q4_0_panels(w, row_bytes, rows, x, count, beta, out, ld);
+  if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_panels(w, row_bytes, rows, x, count, beta, out, ld);
 #endif
   const unsigned char* at = static_cast<const unsigned char*>(w);
   for (int first = 0; first < count; first += kMaxDotRows) {

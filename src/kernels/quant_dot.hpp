@@ -26,7 +26,8 @@ struct alignas(64) Q8Block {
   float dx;
   int32_t sum;      // Σ q
   int32_t q4_bias;  // −8·Σ q: a Q4_0 product starts here, its weights read as their nibbles q + 8
-  int32_t pad[5];
+  int32_t q8_bias;  // −128·Σ q: a Q8_0 product starts here, its weights read as q + 128
+  int32_t pad[4];
 };
 static_assert(sizeof(Q8Block) == 64, "activation blocks stay 64-byte multiples");
 
@@ -62,19 +63,20 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
               float* out, int64_t ld);
 
 // Whether dot_rows takes every row of activations at once for this type (and should be given them all: it reads W
-// once for all of them, 16 rows of W at a time), rather than kMaxDotRows at a time: Q4_0 in the AVX-512 VNNI build.
+// once for all of them, 16 rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the AVX-512
+// VNNI build.
 constexpr bool takes_all_rows(WeightType type) {
 #if defined(QKV_DOT512)
-  return type == WeightType::Q4_0;
+  return type == WeightType::Q4_0 || type == WeightType::Q8_0;
 #else
   (void)type;
   return false;
 #endif
 }
 #if defined(QKV_DOT512)
-// dot_rows for Q4_0, the rows of W in the lanes of a vector (quant_panels.cpp)
-void dot_rows_q4_0_panels(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
-                          float beta, float* out, int64_t ld);
+// dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_panels.cpp)
+void dot_rows_panels(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+                     float beta, float* out, int64_t ld);
 #endif
 
 // The same for rows of K halves or bfloat16 (type F16 or BF16) and `count` rows of float32 activations, each row of W
