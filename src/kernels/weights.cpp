@@ -139,6 +139,8 @@ void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, flo
 const char* gemm_weight_backend(WeightType type) {
   static thread_local std::string name;
   if (type == WeightType::F32) name = std::string("float32 sgemm (") + gemm_backend() + ")";
+  else if (quant::takes_all_rows(type))
+    name = std::string("integer dots against 8-bit activations, 16 rows of W per vector (panels): ") + quant::dot_backend();
   else if (is_block_quantized(type))
     name = std::string("integer dots against 8-bit activations: ") + quant::dot_backend();
   else
