@@ -393,18 +393,18 @@ TEST(Quant, ARowDoesNotDependOnTheRowsBesideItNorOnTheThreads) {
   }
 }
 
-// Where Q4_0 and Q8_0 run in panels (16 rows of W per vector: AVX-512 VNNI), a row of Y is, bit for bit, the scalar
+// Where Q4_0 and Q8_0 run with the rows of W in the lanes (16 per vector: AVX-512 VNNI), a row of Y is, bit for bit, the scalar
 // float32 chain acc ← fma(float(Σ w·q), d_w·d_x, acc) over the blocks in order, X quantized to 8-bit blocks as the
 // kernels do (d_x = max|x|/127 in float32, q = x·(1/d_x) rounded to nearest even): at 1, 6 and 70 rows of X (the
-// panel unpacked block by block, and once for all), 37 rows of W (two panels and a tail copied beside zero rows) and
+// tile of 16 rows unpacked block by block, and once for all), 37 rows of W (two tiles and a tail copied beside zero rows) and
 // 5 blocks (a group of scales and the gathered rest), on 1 and 2 threads. Elsewhere the one-row kernels sum lanes in
 // another order: their values are checked against the references above.
-TEST(Quant, PanelsFollowThePerBlockChainBitForBit) {
+TEST(Quant, RowsInLanesFollowThePerBlockChainBitForBit) {
   const int64_t N = 37, K = 160, blocks = K / 32;
   const std::vector<float> values = rows_of(0, static_cast<int>((N * K + kCols - 1) / kCols), true);
   for (WeightType type : {WeightType::Q4_0, WeightType::Q8_0}) {
     const char* name = kernels::weight_type_name(type);
-    const bool panels = std::string(kernels::gemm_weight_backend(type)).find("panels") != std::string::npos;
+    const bool lanes = std::string(kernels::gemm_weight_backend(type)).find("across a vector's lanes") != std::string::npos;
     const int64_t row = kernels::row_bytes(type, K);
     std::vector<unsigned char> stored(N * row);
     kernels::quantize_rows(type, values.data(), stored.data(), N, K);
@@ -447,7 +447,7 @@ TEST(Quant, PanelsFollowThePerBlockChainBitForBit) {
         std::vector<float> y(M * N);
         kernels::gemm_weight(w, M, x.data(), K, 0.0f, y.data(), N);
         for (int64_t i = 0; i < M * N; ++i) {
-          if (panels) {
+          if (lanes) {
             ASSERT_EQ(y[i], want[i]) << name << " M " << M << " [" << i / N << "," << i % N << "] on " << threads
                                      << " threads: not the per-block chain";
           } else {

@@ -5,7 +5,7 @@
 // memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
 // of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 in the
-// AVX-512 VNNI build goes to quant_panels.cpp instead: 16 rows of W at a time, one per lane.)
+// AVX-512 VNNI build goes to quant_lanes.cpp instead: 16 rows of W at a time, one per lane.)
 #include "quant_dot.hpp"
 
 #include <algorithm>
@@ -44,7 +44,7 @@ struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel
 static_assert(sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
 
 #if defined(QKV_DOT512)
-// (Q8_0 and Q4_0 go to quant_panels.cpp in this build, which reads the natural blocks.) MXFP4, four blocks per step:
+// (Q8_0 and Q4_0 go to quant_lanes.cpp in this build, which reads the natural blocks.) MXFP4, four blocks per step:
 // the 16 low nibbles of each block (values 0–15) side by side, then the 16 high ones (values 16–31); each block owns
 // 4 lanes of the int32 sums (4k … 4k + 3), which start from −12·Σq (the kernel's weight levels are the values + 12).
 struct alignas(64) Q4_0Quad {
@@ -348,7 +348,7 @@ template <int R>
   int64_t b = 0;
   float total[R] = {};
   [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
-#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q8_0 to quant_panels.cpp)
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q8_0 to quant_lanes.cpp)
   __m256 acc[U][R];
   for (auto& set : acc)
     for (auto& a : set) a = _mm256_setzero_ps();
@@ -420,7 +420,7 @@ template <int R>
   int64_t b = 0;
   float total[R] = {};
   [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
-#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q4_0 to quant_panels.cpp)
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q4_0 to quant_lanes.cpp)
   const Q4_0Pair* pairs[R];
   for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
   const __m256i nibble = _mm256_set1_epi8(0x0f);
@@ -967,7 +967,7 @@ int ActivationRow::level(int64_t k) const {
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld) {
 #if defined(QKV_DOT512)
-  if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_panels(w, row_bytes, rows, x, count, beta, out, ld);
+  if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_in_lanes(w, row_bytes, rows, x, count, beta, out, ld);
 #endif
   const unsigned char* at = static_cast<const unsigned char*>(w);
   for (int first = 0; first < count; first += kMaxDotRows) {

@@ -74,8 +74,8 @@ constexpr bool takes_all_rows(WeightType type) {
 #endif
 }
 #if defined(QKV_DOT512)
-// dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_panels.cpp)
-void dot_rows_panels(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+// dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_lanes.cpp)
+void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld);
 #endif
 

@@ -40,7 +40,7 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
 // them — except where quant::takes_all_rows (Q4_0, Q8_0 with AVX-512 VNNI): that kernel is given every row of X and
-// walks W a panel of 16 rows at a time itself, and the slices are whole panels. A row of Y is computed by the same
+// walks W a tile of 16 rows at a time itself (one per vector lane), and the slices are whole tiles. A row of Y is computed by the same
 // instructions in the same order whichever group of 4 its row of X falls in and however the rows of W are split
 // between threads. W may come in parts of one type and width (a layer's q, k
 // and v, or gate and up), their rows taken as one matrix's: one parallel region and one quantization of X for all.
@@ -99,7 +99,7 @@ void streaming_rows(std::span<const WeightView> parts, int64_t M, const float* X
     slice_rows(0, N);
     return;
   }
-  // Q4_0's panels are 16 rows of W: slices of whole panels leave a partial one only at the end
+  // the lanes' tiles are 16 rows of W: slices of whole tiles leave a partial one only at the end
   const int64_t unit = blocks && quant::takes_all_rows(type) ? 16 : 1;
   const int64_t slice = ((N + parts_count - 1) / parts_count + unit - 1) / unit * unit;
 #pragma omp parallel for num_threads(parts_count) schedule(static)
@@ -117,7 +117,7 @@ void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx,
 // at 0.7–1.4× the panels: slower for Q8_0 (0.7–0.8×), Q4_K and Q5_K (0.7–1.2×), faster only for Q6_K (1.0–1.4×) and
 // some Q4_0 shapes. sgemm's register tiles reuse every loaded value ~16 times, the integer dots once per 4 rows, and
 // their per-block scales and unpacking cost as much as the products. The panels also keep the activations in float32.
-// An integer GEMM with the rows of W in the lanes does beat sgemm: Q4_0's and Q8_0's panels (quant_panels.cpp).
+// An integer GEMM with the rows of W in the lanes does beat sgemm: Q4_0's and Q8_0's tiles (quant_lanes.cpp).
 void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const int parts = M * N * K < kParallelProduct ? 1 : static_cast<int>(std::min<int64_t>(team(), (N + 15) / 16));
@@ -140,7 +140,7 @@ const char* gemm_weight_backend(WeightType type) {
   static thread_local std::string name;
   if (type == WeightType::F32) name = std::string("float32 sgemm (") + gemm_backend() + ")";
   else if (quant::takes_all_rows(type))
-    name = std::string("integer dots against 8-bit activations, 16 rows of W per vector (panels): ") + quant::dot_backend();
+    name = std::string("integer dots against 8-bit activations, 16 rows of W across a vector's lanes: ") + quant::dot_backend();
   else if (is_block_quantized(type))
     name = std::string("integer dots against 8-bit activations: ") + quant::dot_backend();
   else

@@ -50,7 +50,7 @@ void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64
 void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 
 // What gemm_weight runs for this type, for benchmark headers: e.g. "AVX-512 VNNI … integer dots". For Q4_0 and Q8_0 on
-// CPUs with AVX-512 VNNI it names the panels (16 rows of W per vector), whose row of Y is, bit for bit, the float32
+// CPUs with AVX-512 VNNI it says "16 rows of W across a vector's lanes": then a row of Y is, bit for bit, the float32
 // chain acc ← fma(float(Σ_j w_j·q_j), d_w·d_x, acc) over the blocks in order from 0 (q, d_x: X's 8-bit blocks).
 const char* gemm_weight_backend(WeightType type);
 

@@ -4,7 +4,7 @@
 // The one-row kernels of quant_dot.cpp give each block of a weight row 4 (Q4_0) or 8 (Q8_0) of a vector's 16 int32
 // lanes, so every 64–128 values of a row of W against a row of X cost one or two vpdpbusd and three float operations
 // (convert, scale, add), and a horizontal sum at the end: at 512 rows of X they ran at ~30 products per cycle, short
-// of llama.cpp's. Here 16 rows of W (a panel) share each vector, one lane each: block b of the panel is 8 vectors of
+// of llama.cpp's. Here 16 rows of W (a tile) share each vector, one lane each: block b of the tile is 8 vectors of
 // unsigned levels (vector c, lane n: values 4c … 4c + 3 of row n; Q4_0's nibbles q + 8, Q8_0's q + 128), so the 32
 // values of a block against a row of X are 8 vpdpbusd with that row's 4 bytes broadcast, and one float multiply-add
 // per block serves 16 rows of W.
@@ -12,10 +12,10 @@
 // A row of Y is y[n] = acc after acc ← fma(float(Σ_j level_j·q_j − offset·Σ_j q_j), d_w·d_x, acc) over the blocks in
 // order (from 0; the integer sum is exact): the same whatever the number of rows of X, their place among the others
 // or the threads, so a batch gives each sequence the values it gets alone.
-//   few rows of X (generation): each block of a panel is unpacked from the rows as they lie in the file (a 4-byte
+//   few rows of X (generation): each block of a tile is unpacked from the rows as they lie in the file (a 4-byte
 //     transpose of the 16 rows' bytes, the 16 scales merged a few blocks at a time) and multiplied at once, in
 //     registers;
-//   more rows: the panel is unpacked once into a buffer (576 bytes per block: 18 KiB at K = 1024, in L1 or L2) and
+//   more rows: the tile is unpacked once into a buffer (576 bytes per block: 18 KiB at K = 1024, in L1 or L2) and
 //     every group of 4 rows of X passes over it.
 // Against the one-row kernels (Qwen3-0.6B's shapes, one Zen 5 thread, alternating builds): 512 rows of X, Q4_0 and
 // Q8_0 products ~2.5–3× faster (Q8_0 3072 × 1024: 148 → 410–459 GFLOP/s); in generation the transposes cost about
@@ -34,15 +34,15 @@ namespace qkv::kernels::quant {
 
 namespace {
 
-constexpr int kPanel = 16;  // rows of W per panel: one per int32 lane
-constexpr int kGroup = 4;   // rows of X multiplied together with a panel's block (8 ran 10% slower at 512 rows)
+constexpr int kTile = 16;  // rows of W per tile: one per int32 lane
+constexpr int kGroup = 4;   // rows of X multiplied together with a tile's block (8 ran 10% slower at 512 rows)
 
-// Block b of a panel, unpacked: v[c] lane n holds values 4c … 4c + 3 of row n as unsigned levels; d its scales.
-struct alignas(64) PanelBlock {
+// Block b of a tile, unpacked: v[c] lane n holds values 4c … 4c + 3 of row n as unsigned levels; d its scales.
+struct alignas(64) TileBlock {
   __m512i v[8];
   __m512 d;
 };
-static_assert(sizeof(PanelBlock) == 576, "a panel block is 9 cache lines");
+static_assert(sizeof(TileBlock) == 576, "a tile block is 9 cache lines");
 
 int32_t load_i32(const void* p) {
   int32_t v;
@@ -50,10 +50,10 @@ int32_t load_i32(const void* p) {
   return v;
 }
 
-// The 16 rows of a panel: rows 4j … 4j + 3 at quarter[j] + {0, 1, 2, 3}·bytes, each address one base register and
+// The 16 rows of a tile: rows 4j … 4j + 3 at quarter[j] + {0, 1, 2, 3}·bytes, each address one base register and
 // one index register (bytes, 2·bytes as a scaled index, 3·bytes). With the 16 addresses written plainly, GCC kept 16
 // row pointers, which do not fit in the registers (it moved them through vector registers: a third of the loop).
-struct PanelRows {
+struct TileRows {
   const unsigned char* quarter[4];
   int64_t bytes, bytes3;
   const unsigned char* row(int n, int64_t at) const {
@@ -62,15 +62,15 @@ struct PanelRows {
   }
 };
 
-PanelRows panel_rows(const unsigned char* first, int64_t bytes) {
-  PanelRows rows{{first, first + 4 * bytes, first + 8 * bytes, first + 12 * bytes}, bytes, 3 * bytes};
+TileRows tile_rows(const unsigned char* first, int64_t bytes) {
+  TileRows rows{{first, first + 4 * bytes, first + 8 * bytes, first + 12 * bytes}, bytes, 3 * bytes};
   // hidden from the compiler, so that it computes each address from these rather than keeping one per row
   asm("" : "+r"(rows.bytes), "+r"(rows.bytes3));
   return rows;
 }
 
 // ---- Q4_0: blocks of 18 bytes, a half and 16 bytes of nibbles (value j low, j + 16 high) ----
-struct Q4_0Panels {
+struct Q4_0Tiles {
   static constexpr int64_t kBlockBytes = sizeof(BlockQ4_0);
   static constexpr int kScaleGroup = 4;  // blocks whose scales one 64-byte load per row holds (words 0, 9, 18, 27)
 
@@ -78,7 +78,7 @@ struct Q4_0Panels {
   // 4k … 4k + 3 of every row, then split into low nibbles (v[k]: values 4k … 4k + 3) and high ones (v[k + 4]: values
   // 16 + 4k …), the high ones left in place, 16 times their level (the sum is shifted back: see multiply): one
   // operation each instead of a shift and a mask.
-  [[gnu::always_inline]] static void unpack(const PanelRows& rows, int64_t b, __m512i* v) {
+  [[gnu::always_inline]] static void unpack(const TileRows& rows, int64_t b, __m512i* v) {
     const int64_t at = b * kBlockBytes + 2;
     auto qs = [&](int n) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.row(n, at))); };
     __m512i rows4[4];  // rows4[k], 128-bit lane j: row k + 4j
@@ -95,14 +95,14 @@ struct Q4_0Panels {
       v[k + 4] = _mm512_and_si512(words[k], high);
     }
   }
-  // An unpacked panel keeps the high nibbles' levels (shifted once, not per row of X).
+  // An unpacked tile keeps the high nibbles' levels (shifted once, not per row of X).
   [[gnu::always_inline]] static void store(const __m512i* v, __m512i* to) {
     for (int c = 0; c < 4; ++c) _mm512_store_si512(to + c, v[c]);
     for (int c = 4; c < 8; ++c) _mm512_store_si512(to + c, _mm512_srli_epi16(v[c], 4));
   }
   // The exact integer Σ_j nib_j·q_j − 8·Σ q of each lane: the low nibbles' and the high ones' products in two chains
   // (each vpdpbusd waits on the one before last); |Σ| ≤ 16·16·15·127, exact in int32. high16: v[4 … 7] as unpack
-  // leaves them (16 times their level), else levels (an unpacked panel's).
+  // leaves them (16 times their level), else levels (an unpacked tile's).
   template <bool high16>
   [[gnu::always_inline]] static __m512i sum(const __m512i* v, const Q8Block& x) {
     __m512i low = _mm512_set1_epi32(x.q4_bias), high = _mm512_setzero_si512();
@@ -115,7 +115,7 @@ struct Q4_0Panels {
   // The scales of blocks b … b + 3, d[k] lane n: block b + k of row n. Each row's 64 bytes from block b are merged
   // in a tree of two-source word permutes, 2 rows, 4, 8, then the halves by block (a gather of 16 halves per block
   // took as long as the rest of the block's work).
-  [[gnu::always_inline]] static void scales(const PanelRows& rows, int64_t b, __m512* d) {
+  [[gnu::always_inline]] static void scales(const TileRows& rows, int64_t b, __m512* d) {
     const int64_t at = b * kBlockBytes;
     auto row = [&](int n) { return _mm512_loadu_si512(rows.row(n, at)); };
     // word 2k + j of a pair: block k of its row j (of 2); of a quad 4k + j; of an octet 8k + j
@@ -144,13 +144,13 @@ struct Q4_0Panels {
 };
 
 // ---- Q8_0: blocks of 34 bytes, a half and 32 int8 ----
-struct Q8_0Panels {
+struct Q8_0Tiles {
   static constexpr int64_t kBlockBytes = sizeof(BlockQ8_0);
   static constexpr int kScaleGroup = 2;  // words 0 and 17 of a row's 64 bytes from block b
 
   // Block b of the rows: each row's 32 int8 as 8 int32 lanes (rows k and k + 8 in the halves of a vector), transposed
   // so that v[c] lane n holds values 4c … 4c + 3 of row n, made unsigned by adding 128 (an xor; see sum).
-  [[gnu::always_inline]] static void unpack(const PanelRows& rows, int64_t b, __m512i* v) {
+  [[gnu::always_inline]] static void unpack(const TileRows& rows, int64_t b, __m512i* v) {
     const int64_t at = b * kBlockBytes + 2;
     auto qs = [&](int n) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at))); };
     __m512i r[8];  // r[k]: row k in the low half, row k + 8 in the high one
@@ -188,7 +188,7 @@ struct Q8_0Panels {
     return _mm512_add_epi32(s[0], s[1]);
   }
   // The scales of blocks b and b + 1: the same tree as Q4_0's over each row's words 0 and 17.
-  [[gnu::always_inline]] static void scales(const PanelRows& rows, int64_t b, __m512* d) {
+  [[gnu::always_inline]] static void scales(const TileRows& rows, int64_t b, __m512* d) {
     const int64_t at = b * kBlockBytes;
     auto row = [&](int n) { return _mm512_loadu_si512(rows.row(n, at)); };
     // word 2k + j of a pair (k < 2: block, j: row), 4k + j of a quad, 8k + j of an octet, 16k + j of all 16 rows
@@ -219,7 +219,7 @@ template <class Type>
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(row_offsets, at, 1)));
 }
 
-// acc[r] lane n += the product of block b of panel row n with block b of X's row r, for R rows of X.
+// acc[r] lane n += the product of block b of tile row n with block b of X's row r, for R rows of X.
 template <class Type, int R, bool unpacked>
 [[gnu::always_inline]] inline void multiply_block(const __m512i* v, __m512 d, const Q8Block* const* x, int64_t b, __m512* acc) {
   for (int r = 0; r < R; ++r) {
@@ -229,11 +229,11 @@ template <class Type, int R, bool unpacked>
   }
 }
 
-// out[r·ld + n] = dots[r][n] (+ beta·out) for the panel's `valid` rows: the scalar expression of quant_dot.cpp's
+// out[r·ld + n] = dots[r][n] (+ beta·out) for the tile's `valid` rows: the scalar expression of quant_dot.cpp's
 // over_rows, so a row's value is the same whichever path wrote it.
 template <int R>
 [[gnu::always_inline]] inline void store(const __m512* acc, int valid, float beta, float* out, int64_t ld) {
-  alignas(64) float dots[kPanel];
+  alignas(64) float dots[kTile];
   for (int r = 0; r < R; ++r) {
     _mm512_store_ps(dots, acc[r]);
     float* o = out + r * ld;
@@ -241,13 +241,13 @@ template <int R>
   }
 }
 
-// Each block of a panel, unpacked (its scales a group of blocks at a time), handed to `use(b, v, d)`.
+// Each block of a tile, unpacked (its scales a group of blocks at a time), handed to `use(b, v, d)`.
 template <class Type, class Use>
 [[gnu::always_inline]] inline void for_each_block(const unsigned char* first, int64_t bytes, int64_t blocks, Use&& use) {
   constexpr int G = Type::kScaleGroup;
   int64_t b = 0;
   for (; b + G <= blocks; b += G) {
-    const PanelRows rows = panel_rows(first, bytes);
+    const TileRows rows = tile_rows(first, bytes);
     __m512 d[G];
     Type::scales(rows, b, d);
     for (int k = 0; k < G; ++k) {
@@ -258,25 +258,25 @@ template <class Type, class Use>
   }
   for (; b < blocks; ++b) {
     __m512i v[8];
-    Type::unpack(panel_rows(first, bytes), b, v);
+    Type::unpack(tile_rows(first, bytes), b, v);
     use(b, v, gather_scales<Type>(first, bytes, b));
   }
 }
 
-// A panel against R ≤ 4 rows of X, unpacked block by block as it is read. The next panel's rows are asked for
+// A tile against R ≤ 4 rows of X, unpacked block by block as it is read. The next tile's rows are asked for
 // meanwhile, into the L2 cache, in the order they will be read: every block or every third (34 or 54 bytes: no line
 // skipped), the line of each of its rows at this block (its first rows' lines asked for first, all of them, left the
-// last rows' for the next panel's start; into L1, two panels of 27 KiB at K = 3072 did not fit).
+// last rows' for the next tile's start; into L1, two tiles of 27 KiB at K = 3072 did not fit).
 template <class Type, int R>
-void panel_direct(const unsigned char* first, int64_t bytes, int64_t blocks, const Q8Block* const* x, int valid,
+void tile_direct(const unsigned char* first, int64_t bytes, int64_t blocks, const Q8Block* const* x, int valid,
                   const unsigned char* next, int next_rows, float beta, float* out, int64_t ld) {
   constexpr int64_t every = 64 / Type::kBlockBytes;
   __m512 acc[R];
   for (auto& a : acc) a = _mm512_setzero_ps();
   for_each_block<Type>(first, bytes, blocks, [&](int64_t b, const __m512i* v, __m512 d) {
     if (next_rows > 0 && b % every == 0) {  // all 16 (a prefetch past the matrix's end does not fault)
-      const PanelRows ahead = panel_rows(next, bytes);
-      for (int n = 0; n < kPanel; ++n)
+      const TileRows ahead = tile_rows(next, bytes);
+      for (int n = 0; n < kTile; ++n)
         _mm_prefetch(reinterpret_cast<const char*>(ahead.row(n, b * Type::kBlockBytes)), _MM_HINT_T1);
     }
     multiply_block<Type, R, false>(v, d, x, b, acc);
@@ -285,63 +285,63 @@ void panel_direct(const unsigned char* first, int64_t bytes, int64_t blocks, con
 }
 
 template <class Type>
-void unpack_panel(const unsigned char* first, int64_t bytes, int64_t blocks, PanelBlock* panel) {
+void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, TileBlock* tile) {
   for_each_block<Type>(first, bytes, blocks, [&](int64_t b, const __m512i* v, __m512 d) {
-    Type::store(v, panel[b].v);
-    _mm512_store_ps(&panel[b].d, d);
+    Type::store(v, tile[b].v);
+    _mm512_store_ps(&tile[b].d, d);
   });
 }
 
 template <class Type, int R>
-void panel_unpacked(const PanelBlock* panel, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
+void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
                     int64_t ld) {
   __m512 acc[R];
   for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) multiply_block<Type, R, true>(panel[b].v, panel[b].d, x, b, acc);
+  for (int64_t b = 0; b < blocks; ++b) multiply_block<Type, R, true>(tile[b].v, tile[b].d, x, b, acc);
   store<R>(acc, valid, beta, out, ld);
 }
 
 template <class Type>
-void panels_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+void tiles_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld) {
   const int64_t blocks = x[0]->size() / kQK;
   thread_local std::vector<const Q8Block*> natural;  // kept: generation calls this ~200 times a token
   natural.resize(static_cast<size_t>(count));
   for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
   const auto* base = static_cast<const unsigned char*>(w);
-  // The last panel of fewer than 16 rows is copied beside zero rows, so every panel reads 16 rows `row_bytes` apart.
+  // The last tile of fewer than 16 rows is copied beside zero rows, so every tile reads 16 rows `row_bytes` apart.
   thread_local std::vector<unsigned char> tail;
-  thread_local std::vector<PanelBlock> unpacked;
+  thread_local std::vector<TileBlock> unpacked;
   if (count > kGroup && unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
-  for (int64_t n0 = 0; n0 < rows; n0 += kPanel) {
-    const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - n0));
+  for (int64_t n0 = 0; n0 < rows; n0 += kTile) {
+    const int valid = static_cast<int>(std::min<int64_t>(kTile, rows - n0));
     const unsigned char* first = base + n0 * row_bytes;
-    if (valid < kPanel) {
-      tail.assign(static_cast<size_t>(kPanel * row_bytes), 0);
+    if (valid < kTile) {
+      tail.assign(static_cast<size_t>(kTile * row_bytes), 0);
       std::memcpy(tail.data(), first, static_cast<size_t>(valid * row_bytes));
       first = tail.data();
     }
-    const int next_rows = static_cast<int>(std::clamp<int64_t>(rows - n0 - valid, 0, kPanel));
+    const int next_rows = static_cast<int>(std::clamp<int64_t>(rows - n0 - valid, 0, kTile));
     const unsigned char* next = base + (n0 + valid) * row_bytes;
     float* o = out + n0;
     const Q8Block* const* xs = natural.data();
     if (count <= kGroup) {
       switch (count) {
-        case 1: panel_direct<Type, 1>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-        case 2: panel_direct<Type, 2>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-        case 3: panel_direct<Type, 3>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-        default: panel_direct<Type, 4>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
+        case 1: tile_direct<Type, 1>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
+        case 2: tile_direct<Type, 2>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
+        case 3: tile_direct<Type, 3>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
+        default: tile_direct<Type, 4>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
       }
       continue;
     }
-    unpack_panel<Type>(first, row_bytes, blocks, unpacked.data());
+    unpack_tile<Type>(first, row_bytes, blocks, unpacked.data());
     for (int m0 = 0; m0 < count; m0 += kGroup) {
       float* om = o + m0 * ld;
       switch (std::min(kGroup, count - m0)) {
-        case 1: panel_unpacked<Type, 1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 2: panel_unpacked<Type, 2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 3: panel_unpacked<Type, 3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        default: panel_unpacked<Type, 4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 1: tile_unpacked<Type, 1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 2: tile_unpacked<Type, 2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 3: tile_unpacked<Type, 3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        default: tile_unpacked<Type, 4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
       }
     }
   }
@@ -349,10 +349,10 @@ void panels_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationR
 
 }  // namespace
 
-void dot_rows_panels(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld) {
-  if (x[0]->type() == WeightType::Q8_0) panels_of<Q8_0Panels>(w, row_bytes, rows, x, count, beta, out, ld);
-  else panels_of<Q4_0Panels>(w, row_bytes, rows, x, count, beta, out, ld);
+  if (x[0]->type() == WeightType::Q8_0) tiles_of<Q8_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld);
+  else tiles_of<Q4_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld);
 }
 
 #endif
