@@ -4,8 +4,8 @@
 // build has it), and plain C++ for other CPUs. Generation reads every weight once per token, so these run at the
 // memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
-// of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 in the
-// AVX-512 VNNI build goes to quant_lanes.cpp instead: 16 rows of W at a time, one per lane.)
+// of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 and Q8_0 in
+// the AVX-512 VNNI build go to quant_lanes.cpp instead: 16 rows of W at a time, one per lane.)
 #include "quant_dot.hpp"
 
 #include <algorithm>
@@ -15,7 +15,6 @@
 
 #include "quant_blocks.hpp"
 #include "simd.hpp"
-
 
 namespace qkv::kernels::quant {
 
