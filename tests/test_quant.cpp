@@ -397,7 +397,7 @@ TEST(Quant, ARowDoesNotDependOnTheRowsBesideItNorOnTheThreads) {
 // float32 chain acc ← fma(float(Σ w·q), d_w·d_x, acc) over the blocks in order, X quantized to 8-bit blocks as the
 // kernels do (d_x = max|x|/127 in float32, q = x·(1/d_x) rounded to nearest even): at 1, 6 and 70 rows of X (the
 // tile of 16 rows unpacked block by block, and once for all), 37 rows of W (two tiles and a tail copied beside zero rows) and
-// 5 blocks (a group of scales and the gathered rest), on 1 and 2 threads. Elsewhere the one-row kernels sum lanes in
+// 5 blocks (a group of scales and the rest read one by one), on 1 and 2 threads. Elsewhere the one-row kernels sum lanes in
 // another order: their values are checked against the references above.
 TEST(Quant, RowsInLanesFollowThePerBlockChainBitForBit) {
   const int64_t N = 37, K = 160, blocks = K / 32;

@@ -210,13 +210,13 @@ struct Q8_0Tiles {
   }
 };
 
-// The scales of block b of the 16 rows, gathered (the blocks after the last whole group of scales)
+// The scales of block b of the 16 rows, one at a time (the blocks after the last whole group of scales; a gather's
+// 32-bit offsets would overflow for rows wider than 143 MB)
 template <class Type>
-[[gnu::always_inline]] inline __m512 gather_scales(const unsigned char* first, int64_t bytes, int64_t b) {
-  const __m512i row_offsets = _mm512_mullo_epi32(_mm512_set1_epi32(static_cast<int32_t>(bytes)),
-                                                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const unsigned char* at = first + b * Type::kBlockBytes;
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(row_offsets, at, 1)));
+[[gnu::always_inline]] inline __m512 tail_scales(const unsigned char* first, int64_t bytes, int64_t b) {
+  alignas(32) uint16_t halves[kTile];
+  for (int n = 0; n < kTile; ++n) std::memcpy(&halves[n], first + n * bytes + b * Type::kBlockBytes, 2);
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(halves)));
 }
 
 // acc[r] lane n += the product of block b of tile row n with block b of X's row r, for R rows of X.
@@ -259,7 +259,7 @@ template <class Type, class Use>
   for (; b < blocks; ++b) {
     __m512i v[8];
     Type::unpack(tile_rows(first, bytes), b, v);
-    use(b, v, gather_scales<Type>(first, bytes, b));
+    use(b, v, tail_scales<Type>(first, bytes, b));
   }
 }
 
