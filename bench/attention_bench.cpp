@@ -164,6 +164,37 @@ void bm_variant(benchmark::State& state, Shape4 s, int64_t kv_heads, int64_t win
   report(state, backward ? 3.0 * forward : forward, 0);
 }
 
+// Generation's attention: one query row per head over a paged float32 KV cache (16-position pages, as a session's),
+// every layer of a Qwen3-0.6B-shaped model (16 query heads on 8 K/V heads of 128) per iteration: what a token reads
+// of the cache. Reported against the read bandwidth measured on the same threads (g_read_bandwidth).
+std::map<int, double> g_read_bandwidth;          // threads → bytes/s
+std::map<std::string, double> g_decode_bytes;    // benchmark name → bytes of keys and values one iteration reads
+void bm_decode(benchmark::State& state, int64_t layers, int64_t H, int64_t H_kv, int64_t D, int64_t Tk, int threads) {
+  set_threads(threads);
+  constexpr int64_t kPage = 16;
+  const int64_t row = H_kv * D;  // floats
+  qkv::Generator gen(3);
+  std::vector<Tensor> blocks;  // each page's keys and values: (16, H_kv·D)
+  std::vector<std::vector<qkv::kernels::KVPage>> pages(static_cast<size_t>(layers));
+  for (auto& layer : pages)
+    for (int64_t t = 0; t < Tk; t += kPage) {
+      blocks.push_back(gen.randn({kPage, row}));
+      blocks.push_back(gen.randn({kPage, row}));
+      layer.push_back({blocks[blocks.size() - 2].data(), blocks.back().data(), std::min(kPage, Tk - t)});
+    }
+  const Tensor q = gen.randn({H * D});
+  std::vector<float> o(static_cast<size_t>(H * D));
+  qkv::kernels::AttentionDims dims;
+  dims.H = H, dims.H_kv = H_kv, dims.D = D, dims.Tq = 1, dims.Tk = Tk;
+  for (auto _ : state)
+    for (const auto& layer : pages) {
+      const qkv::kernels::KVPages kv{layer, qkv::kernels::WeightType::F32, row * int64_t{sizeof(float)}};
+      qkv::kernels::attention_decode(dims, {}, q.data(), kv, o.data());
+      benchmark::DoNotOptimize(o.data());
+    }
+  report(state, 4.0 * static_cast<double>(layers * H * Tk * D), 0);
+}
+
 // The attention weights of one head, recomputed from q, k and the forward's log-sum-exp (what qkv attention
 // draws), against that head's share of the fused forward pass (reported as head_share/…: the whole forward / H).
 // Causal q, k, v in the projections' (B, T, H·D) layout and the config that reads them.
@@ -241,6 +272,15 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (share == results_.end()) continue;
       std::printf("recomputing one head's weights %-30s %8.3f ms; that head's share of the fused forward %8.3f ms: %.2fx\n",
                   name.substr(5).c_str(), maps.ms, share->second.ms, maps.ms / share->second.ms);
+    }
+    std::printf("\nGeneration's attention, one query row per head over a paged float32 KV cache (medians):\n");
+    for (const auto& [name, r] : results_) {
+      const auto bytes = g_decode_bytes.find(name);
+      if (bytes == g_decode_bytes.end()) continue;
+      const int threads = name.find("threads:2") != std::string::npos ? 2 : 1;
+      const double rate = bytes->second / (r.ms / 1e3);
+      std::printf("  %-52s %8.3f ms, %6.1f GB/s of keys and values (%3.0f%% of the read bandwidth, %.1f GB/s)\n",
+                  name.c_str(), r.ms, rate / 1e9, 100.0 * rate / g_read_bandwidth[threads], g_read_bandwidth[threads] / 1e9);
     }
     // The decoder variants, each against its baseline in this run.
     std::printf("\nDecoder variants (medians, same run):\n");
@@ -374,6 +414,18 @@ int main(int argc, char** argv) {
     for (bool on : {true, false})
       configure(benchmark::RegisterBenchmark(("rope/fwd/causal/" + gqa.str() + (on ? "/on/" : "/off/") + t).c_str(),
                                              bm_variant, gqa, gqa.H, int64_t{0}, on, false, threads));
+  }
+  // Generation's attention at 144, 400 and 2,048 positions (a short reply, a longer one, a long chat)
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    g_read_bandwidth[threads] = qkv::bench::read_bandwidth(smoke ? (int64_t{16} << 20) : (int64_t{512} << 20));
+    const int64_t layers = smoke ? 2 : 28, H = 16, H_kv = 8, D = smoke ? 32 : 128;
+    for (int64_t Tk : smoke ? std::vector<int64_t>{37} : std::vector<int64_t>{144, 400, 2048}) {
+      const std::string name = "decode/qwen3-0.6b/L" + std::to_string(layers) + "/Tk" + std::to_string(Tk) +
+                               "/threads:" + std::to_string(threads);
+      g_decode_bytes[name] = 2.0 * static_cast<double>(layers * Tk * H_kv * D * int64_t{sizeof(float)});
+      configure(benchmark::RegisterBenchmark(name.c_str(), bm_decode, layers, H, H_kv, D, Tk, threads));
+    }
   }
   const Shape4 probe = smoke ? Shape4{1, 2, 64, 16} : Shape4{1, 12, 1024, 64};
   for (int threads : {1, 2}) {
