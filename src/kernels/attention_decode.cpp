@@ -146,7 +146,7 @@ inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const flo
     }
   }
 }
-constexpr bool kGroupedPositions = true;
+constexpr int64_t kLanes = Lanes::W;
 #else  // plain C++
 inline void dots(const float* q, int64_t c, const float* k, int64_t D, float* out) {
   for (int64_t i = 0; i < c; ++i) {
@@ -160,10 +160,18 @@ inline void add_weighted(const float* w, int64_t Tk, int64_t c, const float* v, 
     for (int64_t e = 0; e < D; ++e) o[i * D + e] = std::fma(w[i * Tk], v[e], o[i * D + e]);
 }
 template <int P>
-inline void dots_of_keys(const float*, int64_t, const float* const*, int64_t, float, float*, int64_t) {}
+inline void dots_of_keys(const float* q, int64_t c, const float* const* k, int64_t D, float scale, float* s, int64_t Tk) {
+  float sums[4];
+  for (int p = 0; p < P; ++p) {
+    dots(q, c, k[p], D, sums);
+    for (int64_t i = 0; i < c; ++i) s[i * Tk + p] = scale * sums[i];
+  }
+}
 template <int P>
-inline void add_weighted_values(const float*, int64_t, int64_t, const float* const*, int64_t, float*) {}
-constexpr bool kGroupedPositions = false;  // one position at a time
+inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const float* const* v, int64_t D, float* o) {
+  for (int p = 0; p < P; ++p) add_weighted(w + p, Tk, c, v[p], D, o);
+}
+constexpr int64_t kLanes = 1;
 #endif
 
 // A thread's buffers, kept between calls (generation makes one per layer and token)
@@ -229,7 +237,7 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
   // Positions go P at a time (the sums are the same as one at a time: see dots_of_keys); 4 × 4 accumulators need
   // AVX-512's 32 registers, so AVX2 takes 2 keys at a time for groups of more than 2 query heads. Rows are
   // prefetched across the pages' ends.
-  const int64_t P = !kGroupedPositions ? 1 : (Lanes::W == 16 || std::min<int64_t>(per, 4) <= 2) ? 4 : 2;
+  const int64_t P = kLanes == 16 || std::min<int64_t>(per, 4) <= 2 ? 4 : 2;
   auto prefetch_rows = [&](const float* const* rows, int64_t t) {
     for (int64_t p = t + kAhead; p < std::min(Tk, t + kAhead + P); ++p) __builtin_prefetch(rows[p], 0, 0);
   };
