@@ -146,6 +146,34 @@ TEST(HfTokenizer, MalformedFilesNameTheProblem) {
   EXPECT_TRUE(fails_with(R"({"model": {"type": "BPE", "vocab": {}}, "normalizer": {"type": "BertNormalizer"}})", "BertNormalizer"));
 }
 
+// A file is read whole into memory, so what is not a tokenizer.json by its size or kind is refused first, by name.
+TEST(HfTokenizer, FilesTooLargeOrNotRegularAreRefusedBeforeTheyAreRead) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("qkv-tokenizer-file-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto refused = [](const std::string& path, const std::string& needle) -> ::testing::AssertionResult {
+    try {
+      text::HfTokenizer::load(path, "");
+    } catch (const IoError& e) {
+      const std::string what = e.what();
+      if (what.find(needle) != std::string::npos && what.find(path) != std::string::npos) return ::testing::AssertionSuccess();
+      return ::testing::AssertionFailure() << "message: " << what;
+    }
+    return ::testing::AssertionFailure() << path << " was read";
+  };
+  const std::filesystem::path huge = dir / "tokenizer.json";
+  { std::ofstream(huge) << tiny("[]"); }
+  const auto from_file = text::HfTokenizer::load(huge.string(), "");
+  const auto from_text = text::HfTokenizer::parse(tiny("[]"), "", "tokenizer.json");
+  EXPECT_EQ(from_file->vocab_size(), from_text->vocab_size());
+  EXPECT_EQ(from_file->encode("a b"), from_text->encode("a b"));
+  std::filesystem::resize_file(huge, std::uintmax_t{3} << 30);  // sparse: nothing is written
+  EXPECT_TRUE(refused(huge.string(), "bytes is more than the 1073741824 qkv reads as a tokenizer.json"));
+  EXPECT_TRUE(refused(dir.string(), "not a regular file"));
+  EXPECT_TRUE(refused((dir / "missing.json").string(), "cannot be read"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(HfTokenizer, AddBosAndEosFromTheConfigOfLlamaLikeClasses) {
   const std::string file = tiny(R"(["a b"])");  // its own template: <s> $A
   auto with = [&](const std::string& config) { return text::HfTokenizer::parse(file, config); };

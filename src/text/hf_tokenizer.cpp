@@ -519,6 +519,13 @@ class PaddedFile {
       throw IoError(path + ": cannot be read (not a regular file)");
     }
     size_ = static_cast<size_t>(st.st_size);
+    // Read whole, so bounded first: the largest tokenizer.json published is ~35 MB (Gemma 3's)
+    constexpr size_t kLimit = size_t{1} << 30;
+    if (size_ > kLimit) {
+      ::close(fd);
+      throw IoError(path + ": " + std::to_string(size_) + " bytes is more than the " + std::to_string(kLimit) +
+                    " qkv reads as a tokenizer.json (published ones are under 40 MB); is it the right file?");
+    }
     length_ = size_ + simdjson::SIMDJSON_PADDING;
     data_ = static_cast<char*>(memory::map_huge_pages(length_));
     if (!data_) {
