@@ -166,11 +166,13 @@ void bm_variant(benchmark::State& state, Shape4 s, int64_t kv_heads, int64_t win
 
 // Generation's attention: one query row per head over a paged float32 KV cache (16-position pages, as a session's),
 // every layer of a Qwen3-0.6B-shaped model (16 query heads on 8 K/V heads of 128) per iteration: what a token reads
-// of the cache. Reported against the read bandwidth measured on the same threads (g_read_bandwidth).
+// of the cache. Reported against the read bandwidth measured on the same threads before the first of them.
 std::map<int, double> g_read_bandwidth;          // threads → bytes/s
 std::map<std::string, double> g_decode_bytes;    // benchmark name → bytes of keys and values one iteration reads
-void bm_decode(benchmark::State& state, int64_t layers, int64_t H, int64_t H_kv, int64_t D, int64_t Tk, int threads) {
+void bm_decode(benchmark::State& state, int64_t layers, int64_t H, int64_t H_kv, int64_t D, int64_t Tk, int threads,
+               int64_t bandwidth_bytes) {
   set_threads(threads);
+  if (!g_read_bandwidth.count(threads)) g_read_bandwidth[threads] = qkv::bench::read_bandwidth(bandwidth_bytes);
   constexpr int64_t kPage = 16;
   const int64_t row = H_kv * D;  // floats
   qkv::Generator gen(3);
@@ -417,14 +419,13 @@ int main(int argc, char** argv) {
   }
   // Generation's attention at 144, 400 and 2,048 positions (a short reply, a longer one, a long chat)
   for (int threads : {1, 2}) {
-    set_threads(threads);
-    g_read_bandwidth[threads] = qkv::bench::read_bandwidth(smoke ? (int64_t{16} << 20) : (int64_t{512} << 20));
     const int64_t layers = smoke ? 2 : 28, H = 16, H_kv = 8, D = smoke ? 32 : 128;
     for (int64_t Tk : smoke ? std::vector<int64_t>{37} : std::vector<int64_t>{144, 400, 2048}) {
       const std::string name = "decode/qwen3-0.6b/L" + std::to_string(layers) + "/Tk" + std::to_string(Tk) +
                                "/threads:" + std::to_string(threads);
       g_decode_bytes[name] = 2.0 * static_cast<double>(layers * Tk * H_kv * D * int64_t{sizeof(float)});
-      configure(benchmark::RegisterBenchmark(name.c_str(), bm_decode, layers, H, H_kv, D, Tk, threads));
+      configure(benchmark::RegisterBenchmark(name.c_str(), bm_decode, layers, H, H_kv, D, Tk, threads,
+                                             smoke ? (int64_t{16} << 20) : (int64_t{512} << 20)));
     }
   }
   const Shape4 probe = smoke ? Shape4{1, 2, 64, 16} : Shape4{1, 12, 1024, 64};
