@@ -599,14 +599,17 @@ std::unique_ptr<Decoder> load_gguf_decoder(std::shared_ptr<const io::GgufFile> f
   // (not zeroed, in huge pages: zeroed vectors' fresh 4 KiB pages were 0.2 s of a Llama-3.2-1B-shaped Q4_0 file's
   // load, its 47 MB of queries and keys, on the virtual machines measured).
   const bool permutes_qk = gguf_permutes_qk(file->string("general.architecture"));
-  auto permuted_here = [&](size_t i) {
+  auto rows_permuted = [&](const DecoderConfig::Parameter& p) {
+    return permutes_qk && p.parts.size() == 1 && (p.role() == Role::Query || p.role() == Role::Key);
+  };
+  auto permuted_here = [&](size_t i) {  // a permuted matrix kept in its block type (float32 ones go to the parameter)
     const Storage s = storage_of(*file, *found[i]);
-    return permutes_qk && own[i].parts.size() == 1 && (own[i].role() == Role::Query || own[i].role() == Role::Key) &&
-           own[i].shape.rank() == 2 && !s.widen && s.type != WeightType::F32;
+    return rows_permuted(own[i]) && own[i].shape.rank() == 2 && !s.widen && s.type != WeightType::F32;
   };
   size_t permuted_bytes = 0;
   for (size_t i = 0; i < own.size(); ++i)
-    if (permuted_here(i)) permuted_bytes += static_cast<size_t>(own[i].shape[0] * io::row_bytes(storage_of(*file, *found[i]).type, own[i].shape[1]));
+    if (permuted_here(i))
+      permuted_bytes += static_cast<size_t>(own[i].shape[0] * io::row_bytes(storage_of(*file, *found[i]).type, own[i].shape[1]));
   const std::shared_ptr<unsigned char> permuted = permuted_bytes ? io::copy_buffer(permuted_bytes) : nullptr;
   size_t permuted_used = 0;
   std::vector<std::shared_ptr<unsigned char>> gate_up_rows(static_cast<size_t>(config.num_layers));
@@ -667,7 +670,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(std::shared_ptr<const io::GgufFile> f
     }
     const int64_t rows = p.shape[0], cols = p.shape[1];
     if (rows == 0 || cols == 0) continue;
-    const bool permute = permutes_qk && p.parts.size() == 1 && (p.role() == Role::Query || p.role() == Role::Key);
+    const bool permute = rows_permuted(p);
     const int64_t D = config.head_dim;
     if (permute && (D % 2 != 0 || rows % D != 0))
       fail(*file, "tensor '" + t.name + "' does not hold whole heads of " + std::to_string(D) + " rows");
