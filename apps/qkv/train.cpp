@@ -490,16 +490,19 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
                                                                                    : "; no checkpoint was written") +
                      ". Lower --lr (or raise --warmup) and train again");
   }
-  for (int i = 0; i < 3; ++i) sigaction(signals[i], &previous[i], nullptr);
+  // The handlers stay while the checkpoint is written: a second signal meanwhile (GNU timeout sends its signal to the
+  // process and then to its group; an impatient second Ctrl-C) must not end the run before it is saved.
   save(trainer.step());
   if (lead) save_animation();
+  for (int i = 0; i < 3; ++i) sigaction(signals[i], &previous[i], nullptr);
+  const int interrupt = g_interrupted.load() ? g_signal.load() : -1;
   if (reached_stop.load()) {
     progress.message("stopped at step " + std::to_string(trainer.step()) + " as asked (--stop-at); checkpoint saved to " +
                      checkpoint + "; continue with: " + continue_with);
     return 0;
   }
-  if (g_interrupted.load()) {
-    const int signal = g_signal.load();
+  if (interrupt >= 0) {
+    const int signal = interrupt;
     progress.message("interrupted (" + std::string(signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "Ctrl-C") +
                      ") at step " + std::to_string(trainer.step()) + "; checkpoint saved to " + checkpoint +
                      "; continue with: " + continue_with);
