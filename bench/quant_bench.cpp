@@ -196,7 +196,11 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--smoke") smoke = true;
     else if (arg == "--ggml-cpu" && i + 1 < argc) ggml_path = argv[++i];
-    else if (arg == "--types" && i + 1 < argc) types = parse_types(argv[++i]);
+    else if (arg == "--types" && i + 1 < argc) {
+      types = parse_types(argv[++i]);
+      // f32 first, so the types after it are quoted against its sgemm
+      std::stable_partition(types.begin(), types.end(), [](WeightType t) { return t == WeightType::F32; });
+    }
     else if (arg == "--threads" && i + 1 < argc) {
       thread_counts.clear();
       for (const char* p = argv[++i]; *p;) {
@@ -323,8 +327,10 @@ int main(int argc, char** argv) {
         });
         const double rate = flops / t / 1e9;
         if (type == WeightType::F32) sgemm_rate = rate;
-        std::printf("  %-22s %-6s %7.1f GFLOP/s (%3.0f%% of peak, %.2fx sgemm)", s.name, qkv::kernels::weight_type_name(type),
-                    rate, 100.0 * rate / peak, sgemm_rate > 0 ? rate / sgemm_rate : 0.0);
+        std::printf("  %-22s %-6s %7.1f GFLOP/s (%3.0f%% of peak", s.name, qkv::kernels::weight_type_name(type), rate,
+                    100.0 * rate / peak);
+        if (sgemm_rate > 0) std::printf(", %.2fx sgemm", rate / sgemm_rate);  // when f32 is among --types
+        std::printf(")");
         if (type != WeightType::F32) {
           const double tp = per_call(1, smoke ? 1 : 3, 1, [&](int64_t) {
             qkv::kernels::gemm_weight_panels(w.view(0), many, x.data(), s.K, 0.0f, y.data(), s.N);
