@@ -107,16 +107,15 @@ void binary_forward_impl(const Broadcast& s, const float* a, const float* b, flo
   const int64_t n = s.numel();
   const bool a_full = contiguous(s.a_stride, s.dims);
   if (a_full && contiguous(s.b_stride, s.dims)) {  // same shapes: one flat loop
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-    for (int64_t i = 0; i < n; ++i) out[i] = apply(op, a[i], b[i]);
+    parallel_for(n, worth_parallel(n), [&](int64_t i) { out[i] = apply(op, a[i], b[i]); });
     return;
   }
   const int64_t inner = a_full ? suffix_block(s) : 0;
   if (inner > 0) {  // (…, C) op (C) or (B, T, C) op (T, C): rows in parallel
     const int64_t outer = n / inner;
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-    for (int64_t r = 0; r < outer; ++r)
+    parallel_for(outer, worth_parallel(n), [&](int64_t r) {
       for (int64_t i = 0; i < inner; ++i) out[r * inner + i] = apply(op, a[r * inner + i], b[i]);
+    });
     return;
   }
   for_each(s, [&](int64_t o, int64_t ia, int64_t ib) { out[o] = apply(op, a[ia], b[ib]); });
@@ -229,8 +228,7 @@ inline float derivative(UnaryOp op, float s, float x, float y) {
 namespace {
 template <UnaryOp op>
 void unary_forward_impl(float s, const float* x, float* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) y[i] = unary(op, s, x[i]);
+  parallel_for(n, worth_parallel(n), [&](int64_t i) { y[i] = unary(op, s, x[i]); });
 }
 template <UnaryOp op>
 void unary_backward_impl(float s, const float* x, const float* y, const float* g, float* dx, int64_t n) {
@@ -338,26 +336,23 @@ void add_column_sums_reference(const float* x, float* out, int64_t rows, int64_t
 // ---- copies and masks ----
 
 void accumulate(float* dst, const float* src, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  parallel_for(n, worth_parallel(n), [&](int64_t i) { dst[i] += src[i]; });
 }
 
 void multiply(const float* a, const float* b, float* dst, int64_t n, bool add) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] = add ? dst[i] + a[i] * b[i] : a[i] * b[i];
+  parallel_for(n, worth_parallel(n), [&](int64_t i) { dst[i] = add ? dst[i] + a[i] * b[i] : a[i] * b[i]; });
 }
 
 void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t width,
                bool add) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * width))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_parallel(rows * width), [&](int64_t r) {
     const float* s = src + r * src_stride;
     float* d = dst + r * dst_stride;
     if (add)
       for (int64_t i = 0; i < width; ++i) d[i] += s[i];
     else
       std::copy_n(s, width, d);
-  }
+  });
 }
 
 void masked_fill(const float* x, const float* mask, float value, float* y, int64_t outer, int64_t inner) {

@@ -114,15 +114,14 @@ void layer_norm_backward_reference(const float* x, const float* scale, const flo
 
 void rms_norm_forward(const float* x, const float* weight, float offset, float* y, float* rstd, int64_t rows, int64_t C,
                       float eps) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_parallel(rows * C), [&](int64_t r) {
     const float* xr = x + r * C;
     const float ms = simd::lane_sum<float>(C, [&](int64_t c) { return xr[c] * xr[c]; }) / static_cast<float>(C);
     const float s = 1.0f / std::sqrt(ms + eps);
     float* yr = y + r * C;
     for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s * (weight[c] + offset);
     rstd[r] = s;
-  }
+  });
 }
 
 void rms_norm_backward(const float* x, const float* weight, float offset, const float* rstd, const float* dy, float* dx,

@@ -99,8 +99,7 @@ void rotate_rows(const RopeTable& table, RopeLayout layout, const float* src, fl
                  int64_t row_stride, int64_t heads, int64_t D, bool inverse, PositionOf position_of) {
   const int64_t P = table.P;  // pairs rotated per head: D / 2, or fewer with a partial rotation
   const float sign = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * row_stride))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_parallel(rows * row_stride), [&](int64_t r) {
     const int64_t pos = position_of(r);
     const float* c = table.cos.data() + pos * table.P;
     const float* s = table.sin.data() + pos * table.P;
@@ -124,7 +123,7 @@ void rotate_rows(const RopeTable& table, RopeLayout layout, const float* src, fl
     }
     if (src != dst)  // the heads that are not rotated (a packed projection's v)
       std::copy(src + r * row_stride + heads * D, src + (r + 1) * row_stride, dst + r * row_stride + heads * D);
-  }
+  });
 }
 }  // namespace
 
