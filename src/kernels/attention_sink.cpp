@@ -9,6 +9,7 @@
 
 #include "qkv/kernels/attention.hpp"
 #include "attention_plan.hpp"
+#include "parallel.hpp"
 #include "simd.hpp"
 
 namespace qkv::kernels {
@@ -55,19 +56,18 @@ void sigmoid_row(const float* g, float* s, int64_t n) {
 
 void attention_gate_forward(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate, int64_t gate_row,
                             int64_t gate_head, float* out) {
-#pragma omp parallel for schedule(static) if (rows * H * D > 16384)
-  for (int64_t r = 0; r < rows; ++r)
+  parallel_for(rows, rows * H * D > 16384, [&](int64_t r) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t at = (r * H + h) * D;
       sigmoid_row(gate + r * gate_row + h * gate_head, out + at, D);  // σ(G), then × O in place
       for (int64_t e = 0; e < D; ++e) out[at + e] *= o[at + e];
     }
+  });
 }
 
 void attention_gate_backward(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate, int64_t gate_row,
                              int64_t gate_head, const float* d_out, float* d_o, float* d_gate) {
-#pragma omp parallel for schedule(static) if (rows * H * D > 16384)
-  for (int64_t r = 0; r < rows; ++r)
+  parallel_for(rows, rows * H * D > 16384, [&](int64_t r) {
     for (int64_t h = 0; h < H; ++h) {
       const float* g = gate + r * gate_row + h * gate_head;
       float* dg = d_gate ? d_gate + r * gate_row + h * gate_head : nullptr;
@@ -78,6 +78,7 @@ void attention_gate_backward(int64_t rows, int64_t H, int64_t D, const float* o,
         if (dg) dg[e] = d_out[at + e] * o[at + e] * s * (1.0f - s);  // σ' = σ(1 − σ)
       }
     }
+  });
 }
 
 void attention_gate_forward_reference(int64_t rows, int64_t H, int64_t D, const float* o, const float* gate,

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "parallel.hpp"
+
 namespace qkv::kernels {
 
 namespace {
@@ -27,8 +29,7 @@ void causal_conv1d_forward(const CausalConvDims& d, const float* x, const float*
   std::vector<float> taps(static_cast<size_t>(K * C));
   for (int64_t c = 0; c < C; ++c)
     for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j * C + c)] = w[c * K + j];
-#pragma omp parallel for schedule(static) if (worth_threads(d))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_threads(d), [&](int64_t r) {
     const int64_t b = r / d.T, t = r % d.T;
     float* out = y + r * C;
     std::fill_n(out, C, 0.0f);
@@ -38,7 +39,7 @@ void causal_conv1d_forward(const CausalConvDims& d, const float* x, const float*
       const float* tap = taps.data() + j * C;
       for (int64_t c = 0; c < C; ++c) out[c] += tap[c] * in[c];
     }
-  }
+  });
 }
 
 void causal_conv1d_backward(const CausalConvDims& d, const float* x, const float* w, const float* state,
@@ -48,8 +49,7 @@ void causal_conv1d_backward(const CausalConvDims& d, const float* x, const float
     std::vector<float> taps(static_cast<size_t>(K * C));
     for (int64_t c = 0; c < C; ++c)
       for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j * C + c)] = w[c * K + j];
-#pragma omp parallel for schedule(static) if (worth_threads(d))
-    for (int64_t r = 0; r < d.B * d.T; ++r) {
+    parallel_for(d.B * d.T, worth_threads(d), [&](int64_t r) {
       const int64_t b = r / d.T, t = r % d.T;
       float* out = dx + r * C;
       std::fill_n(out, C, 0.0f);
@@ -60,7 +60,7 @@ void causal_conv1d_backward(const CausalConvDims& d, const float* x, const float
         const float* tap = taps.data() + j * C;
         for (int64_t c = 0; c < C; ++c) out[c] += tap[c] * g[c];
       }
-    }
+    });
   }
   if (dw) {
     // Each thread owns a range of channels and runs over every row in order, so the sums do not depend on threads.

@@ -138,11 +138,10 @@ void binary_backward_impl(const Broadcast& s, const float* a, const float* b, co
   const int64_t n = s.numel();
   const bool a_full = contiguous(s.a_stride, s.dims), b_full = contiguous(s.b_stride, s.dims);
   if (a_full && b_full) {  // the common case (residual connections): one index, in parallel, one pass per gradient
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-    for (int64_t i = 0; i < n; ++i) {
+    parallel_for(n, worth_parallel(n), [&](int64_t i) {
       if (da) da[i] = (accumulate_a ? da[i] : 0.0f) + grad_a(op, g[i], a[i], b[i]);
       if (db) db[i] = (accumulate_b ? db[i] : 0.0f) + grad_b(op, g[i], a[i], b[i]);
-    }
+    });
     return;
   }
   // The broadcasting paths add into their gradients: a written one starts from zero.
@@ -232,8 +231,7 @@ void unary_forward_impl(float s, const float* x, float* y, int64_t n) {
 }
 template <UnaryOp op>
 void unary_backward_impl(float s, const float* x, const float* y, const float* g, float* dx, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dx[i] += g[i] * derivative(op, s, x[i], y[i]);
+  parallel_for(n, worth_parallel(n), [&](int64_t i) { dx[i] += g[i] * derivative(op, s, x[i], y[i]); });
 }
 template <typename F>
 void dispatch(UnaryOp op, F&& f) {
@@ -281,13 +279,12 @@ void unary_forward_reference(UnaryOp op, float s, const float* x, float* y, int6
 // ---- sums ----
 
 void sum_middle(const float* x, float* out, int64_t outer, int64_t n, int64_t inner) {
-#pragma omp parallel for schedule(static) if (worth_parallel(outer * n * inner) && outer > 1)
-  for (int64_t o = 0; o < outer; ++o) {
+  parallel_for(outer, worth_parallel(outer * n * inner) && outer > 1, [&](int64_t o) {
     float* dst = out + o * inner;
     std::fill_n(dst, inner, 0.0f);
     for (int64_t k = 0; k < n; ++k)
       for (int64_t i = 0; i < inner; ++i) dst[i] += x[(o * n + k) * inner + i];
-  }
+  });
 }
 
 void sum_middle_reference(const float* x, float* out, int64_t outer, int64_t n, int64_t inner) {
@@ -315,12 +312,11 @@ void add_column_sums(const float* x, float* out, int64_t rows, int64_t cols) {
   }
   memory::Buffer<float> partial(static_cast<size_t>(chunks * cols));
   std::fill_n(partial.data(), chunks * cols, 0.0f);
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * cols))
-  for (int64_t k = 0; k < chunks; ++k) {
+  parallel_for(chunks, worth_parallel(rows * cols), [&](int64_t k) {
     float* p = partial.data() + k * cols;
     for (int64_t r = k * kChunkRows; r < std::min(rows, (k + 1) * kChunkRows); ++r)
       for (int64_t c = 0; c < cols; ++c) p[c] += x[r * cols + c];
-  }
+  });
   for (int64_t k = 0; k < chunks; ++k)
     for (int64_t c = 0; c < cols; ++c) out[c] += partial[static_cast<size_t>(k * cols + c)];
 }
@@ -375,15 +371,14 @@ void causal_mask(float* mask, int64_t T) {
 
 void transpose_batched(const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols) {
   constexpr int64_t kBlock = 32;  // tiles keep both the read and the write side in cache
-#pragma omp parallel for schedule(static) if (worth_parallel(batch * rows * cols) && batch > 1)
-  for (int64_t b = 0; b < batch; ++b) {
+  parallel_for(batch, worth_parallel(batch * rows * cols) && batch > 1, [&](int64_t b) {
     const float* s = src + b * rows * cols;
     float* d = dst + b * rows * cols;
     for (int64_t i0 = 0; i0 < rows; i0 += kBlock)
       for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
         for (int64_t i = i0; i < std::min(rows, i0 + kBlock); ++i)
           for (int64_t j = j0; j < std::min(cols, j0 + kBlock); ++j) d[j * rows + i] = s[i * cols + j];
-  }
+  });
 }
 
 void transpose_strided(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst) {
@@ -439,12 +434,11 @@ void hashed_dropout(const float* x, float* y, int64_t n, uint64_t seed, float p,
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   const uint32_t key = dropout_key(seed);
   const int64_t blocks = (n + kDropoutBlock - 1) / kDropoutBlock;
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t b = 0; b < blocks; ++b) {
+  parallel_for(blocks, worth_parallel(n), [&](int64_t b) {
     const int64_t first = b * kDropoutBlock, count = std::min(kDropoutBlock, n - first);
     simd::apply_keep(x + first, y + first, count, block_key(key, first), static_cast<uint32_t>(first), threshold, scale,
                      add);
-  }
+  });
 }
 
 void hashed_dropout_reference(const float* x, float* y, int64_t n, uint64_t seed, float p, bool add) {

@@ -78,7 +78,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     // Memory-bound: worth splitting once B is beyond a few hundred KiB (Gemma 3 270M's 640 × 2048 layers are).
     const int parts = N * K < (int64_t{1} << 16) ? 1 : threads;
     const int64_t slice = (N + parts - 1) / parts;
-#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+    if (parts == 1) {  // no OpenMP region at all (see parallel_for in parallel.hpp)
+      sgemv_row(trans_b, 0, N, K, alpha, A, inc_a, B, ldb, beta, C, denormals);
+      return;
+    }
+#pragma omp parallel for num_threads(parts) schedule(static)
     for (int64_t p = 0; p < parts; ++p) {
       const int64_t begin = p * slice, count = std::min(slice, N - begin);
       if (count > 0) sgemv_row(trans_b, begin, count, K, alpha, A, inc_a, B, ldb, beta, C, denormals);

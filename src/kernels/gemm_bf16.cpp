@@ -27,6 +27,7 @@
 #include "qkv/kernels/gemm.hpp"
 #include "qkv/kernels/memory.hpp"
 #include "micro_kernels.hpp"
+#include "parallel.hpp"
 #include "reference_product.hpp"
 
 namespace qkv::kernels {
@@ -110,9 +111,8 @@ void gemv_row(int64_t n, int64_t K, float alpha, const uint16_t* a, const uint16
 
 void gemv_bf16(int64_t N, int64_t K, float alpha, const uint16_t* a, const uint16_t* B, int64_t ldb, float beta,
                float* y) {
-  const int parts = N * K < (int64_t{1} << 16) ? 1 : omp_get_max_threads();
-#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
-  for (int64_t n = 0; n < N; ++n) gemv_row(n, K, alpha, a, B, ldb, beta, y);
+  parallel_for(N, N * K >= (int64_t{1} << 16) && omp_get_max_threads() > 1,
+               [&](int64_t n) { gemv_row(n, K, alpha, a, B, ldb, beta, y); });
 }
 #endif
 
@@ -354,8 +354,7 @@ bool run_dnnl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 // rows × cols elements, rows `from_ld` apart in `from` and `to_ld` apart in `to`.
 template <typename T>
 void copy_rows(const T* from, int64_t from_ld, int64_t rows, int64_t cols, T* to, int64_t to_ld) {
-#pragma omp parallel for schedule(static) if (rows * cols > (int64_t{1} << 18))
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(from + r * from_ld, cols, to + r * to_ld);
+  parallel_for(rows, rows * cols > (int64_t{1} << 18), [&](int64_t r) { std::copy_n(from + r * from_ld, cols, to + r * to_ld); });
 }
 
 // run_dnnl on dense operands. oneDNN 2.6's fast matmul (brgemm, on AMX or AVX512_BF16) takes only dense matrices: a

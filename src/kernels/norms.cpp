@@ -19,8 +19,7 @@ constexpr int64_t kChunkRows = 64;  // reduction chunk for the weight gradients:
 
 void layer_norm_forward(const float* x, const float* scale, const float* shift, float* y, float* mean, float* rstd,
                         int64_t rows, int64_t C, float eps) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_parallel(rows * C), [&](int64_t r) {
     const float* xr = x + r * C;
     const float m = simd::lane_sum<float>(C, [&](int64_t c) { return xr[c]; }) / static_cast<float>(C);
     const float v = simd::lane_sum<float>(C, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / static_cast<float>(C);
@@ -28,14 +27,13 @@ void layer_norm_forward(const float* x, const float* scale, const float* shift, 
     for (int64_t c = 0; c < C; ++c) y[r * C + c] = (xr[c] - m) * s * scale[c] + shift[c];
     mean[r] = m;
     rstd[r] = s;
-  }
+  });
 }
 
 void layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dy,
                          float* dx, float* dscale, float* dshift, int64_t rows, int64_t C, bool accumulate) {
   if (dx) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, worth_parallel(rows * C), [&](int64_t r) {
       const float* xr = x + r * C;
       const float* gr = dy + r * C;
       const float mu = mean[r], s = rstd[r];
@@ -47,21 +45,20 @@ void layer_norm_backward(const float* x, const float* scale, const float* mean, 
         const float xhat = (xr[c] - mu) * s;
         dxr[c] = (accumulate ? dxr[c] : 0.0f) + s * (gr[c] * scale[c] - mean_d - xhat * mean_dx);
       }
-    }
+    });
   }
   if (!dscale && !dshift) return;
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
   memory::Buffer<float> partial(static_cast<size_t>(chunks * 2 * C));
   std::fill_n(partial.data(), chunks * 2 * C, 0.0f);
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-  for (int64_t k = 0; k < chunks; ++k) {
+  parallel_for(chunks, worth_parallel(rows * C), [&](int64_t k) {
     float* ps = partial.data() + k * 2 * C;
     for (int64_t r = k * kChunkRows; r < std::min(rows, (k + 1) * kChunkRows); ++r)
       for (int64_t c = 0; c < C; ++c) {
         ps[c] += dy[r * C + c] * (x[r * C + c] - mean[r]) * rstd[r];
         ps[C + c] += dy[r * C + c];
       }
-  }
+  });
   for (int64_t k = 0; k < chunks; ++k)
     for (int64_t c = 0; c < C; ++c) {
       if (dscale) dscale[c] += partial[static_cast<size_t>(k * 2 * C + c)];
@@ -127,8 +124,7 @@ void rms_norm_forward(const float* x, const float* weight, float offset, float* 
 void rms_norm_backward(const float* x, const float* weight, float offset, const float* rstd, const float* dy, float* dx,
                        float* dweight, int64_t rows, int64_t C, bool accumulate) {
   if (dx) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, worth_parallel(rows * C), [&](int64_t r) {
       const float* xr = x + r * C;
       const float* gr = dy + r * C;
       const float s = rstd[r];
@@ -140,18 +136,17 @@ void rms_norm_backward(const float* x, const float* weight, float offset, const 
         const float xhat = xr[c] * s;
         dxr[c] = (accumulate ? dxr[c] : 0.0f) + s * (gr[c] * (weight[c] + offset) - xhat * mean_dx);
       }
-    }
+    });
   }
   if (!dweight) return;
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
   memory::Buffer<float> partial(static_cast<size_t>(chunks * C));
   std::fill_n(partial.data(), chunks * C, 0.0f);
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * C))
-  for (int64_t k = 0; k < chunks; ++k) {
+  parallel_for(chunks, worth_parallel(rows * C), [&](int64_t k) {
     float* ps = partial.data() + k * C;
     for (int64_t r = k * kChunkRows; r < std::min(rows, (k + 1) * kChunkRows); ++r)
       for (int64_t c = 0; c < C; ++c) ps[c] += dy[r * C + c] * x[r * C + c] * rstd[r];
-  }
+  });
   for (int64_t k = 0; k < chunks; ++k)
     for (int64_t c = 0; c < C; ++c) dweight[c] += partial[static_cast<size_t>(k * C + c)];
 }

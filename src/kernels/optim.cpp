@@ -63,13 +63,12 @@ double sum_of_squares(const float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   memory::Buffer<double> partial(static_cast<size_t>(chunks));
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) {
+  parallel_for(chunks, chunks > 1, [&](int64_t c) {
     const int64_t begin = c * kChunk;
     const float* xc = x + begin;  // in double: a float's square is exact there, so fused or not, every ISA agrees
     partial[static_cast<size_t>(c)] = simd::lane_sum<double>(
         std::min(n - begin, kChunk), [&](int64_t i) { return static_cast<double>(xc[i]) * xc[i]; });
-  }
+  });
   double total = 0.0;
   for (int64_t c = 0; c < chunks; ++c) total += partial[static_cast<size_t>(c)];
   return total;
@@ -82,8 +81,7 @@ double sum_of_squares_reference(const float* x, int64_t n) {
 }
 
 void scale(float* x, int64_t n, float factor) {
-#pragma omp parallel for schedule(static) if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+  parallel_for(n, worth_parallel(n), [&](int64_t i) { x[i] *= factor; });
 }
 
 }  // namespace qkv::kernels

@@ -26,8 +26,7 @@ inline float flush_denormal(float v) { return std::fabs(v) < std::numeric_limits
 void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) { softmax_rows_lse(x, y, nullptr, rows, n); }
 
 void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * n))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_parallel(rows * n), [&](int64_t r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
     float max_value = -std::numeric_limits<float>::infinity();
@@ -37,7 +36,7 @@ void softmax_rows_lse(const float* x, float* y, float* lse, int64_t rows, int64_
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < n; ++j) yr[j] = flush_denormal(yr[j] * inv);
     if (lse) lse[r] = max_value + std::log(sum);
-  }
+  });
 }
 
 void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n) {
@@ -51,15 +50,14 @@ void softmax_rows_reference(const float* x, float* y, int64_t rows, int64_t n) {
 }
 
 void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * n))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, worth_parallel(rows * n), [&](int64_t r) {
     const float* yr = y + r * n;
     const float* dyr = dy + r * n;
     float* dxr = dx + r * n;
     float dot = 0.0f;
     for (int64_t j = 0; j < n; ++j) dot += yr[j] * dyr[j];
     for (int64_t j = 0; j < n; ++j) dxr[j] += yr[j] * (dyr[j] - dot);
-  }
+  });
 }
 
 void softmax_rows_backward_reference(const float* y, const float* dy, float* dx, int64_t rows, int64_t n) {
@@ -113,14 +111,13 @@ double cross_entropy_forward_reference(const float* logits, const int64_t* targe
 
 void cross_entropy_backward(const float* probs, const int64_t* targets, float* dlogits, int64_t rows, int64_t V,
                             int64_t ignore_index, float scale) {
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * V))
-  for (int64_t r = 0; r < rows; ++r) {
-    if (targets[r] == ignore_index) continue;
+  parallel_for(rows, worth_parallel(rows * V), [&](int64_t r) {
+    if (targets[r] == ignore_index) return;
     const float* p = probs + r * V;
     float* dz = dlogits + r * V;
     for (int64_t j = 0; j < V; ++j) dz[j] += flush_denormal(scale * p[j]);
     dz[targets[r]] -= scale;
-  }
+  });
 }
 
 void cross_entropy_backward_reference(const float* logits, const int64_t* targets, float* dlogits, int64_t rows,
@@ -182,8 +179,7 @@ CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const 
       gemm_bf16(false, true, rows, V, C, 1.0f, x_bf16 + r0 * C, C, weight_bf16, C, bias ? 1.0f : 0.0f, z, V);
     else
       gemm(false, true, rows, V, C, 1.0f, x + r0 * C, C, weight, C, bias ? 1.0f : 0.0f, z, V);  // logits
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * V))
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, worth_parallel(rows * V), [&](int64_t r) {
       float* zr = z + r * V;
       const int64_t t = targets[r0 + r];
       const float target_logit = t == ignore_index ? 0.0f : zr[t];
@@ -191,16 +187,16 @@ CrossEntropySum linear_cross_entropy(const float* x, const float* weight, const 
       for (int64_t j = 0; j < V; ++j) max_value = std::max(max_value, zr[j]);
       const float sum = simd::exp_shifted_sum(zr, zr, V, max_value);  // zr ← e^(z − max)
       if (t != ignore_index) row_loss[static_cast<size_t>(r0 + r)] = static_cast<double>(max_value + std::log(sum)) - target_logit;
-      if (!grad) continue;
+      if (!grad) return;
       if (t == ignore_index) {
         std::fill_n(zr, V, 0.0f);
-        continue;
+        return;
       }
       // The same roundings as cross_entropy's probabilities and gradient: p = e/Σ, then p / counted.
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < V; ++j) zr[j] = flush_denormal(flush_denormal(zr[j] * inv) * scale);
       zr[t] -= scale;
-    }
+    });
     if (!grad) continue;
     // dz holds probabilities down to 1.2e-38; their products with small weights would be denormals (gemm.hpp).
     const Denormals flush = Denormals::Flush;

@@ -25,14 +25,19 @@ void parallel_for_each(int64_t n, const std::function<void(int64_t)>& body) {
   std::exception_ptr first;
   std::mutex lock;
   const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<int64_t>(n, omp_get_max_threads()));
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i) {
+  auto run = [&](int64_t i) {
     try {
       body(i);
     } catch (...) {  // an exception must not leave an OpenMP region
       const std::lock_guard<std::mutex> hold(lock);
       if (!first) first = std::current_exception();
     }
+  };
+  if (threads <= 1) {  // no OpenMP region at all (see parallel_for in parallel.hpp)
+    for (int64_t i = 0; i < n; ++i) run(i);
+  } else {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) run(i);
   }
   if (first) std::rethrow_exception(first);
 }
