@@ -354,7 +354,8 @@ bool run_dnnl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 // rows × cols elements, rows `from_ld` apart in `from` and `to_ld` apart in `to`.
 template <typename T>
 void copy_rows(const T* from, int64_t from_ld, int64_t rows, int64_t cols, T* to, int64_t to_ld) {
-  parallel_for(rows, rows * cols > (int64_t{1} << 18), [&](int64_t r) { std::copy_n(from + r * from_ld, cols, to + r * to_ld); });
+  parallel_for(rows, rows * cols > (int64_t{1} << 18),
+               [&](int64_t r) { std::copy_n(from + r * from_ld, cols, to + r * to_ld); });
 }
 
 // run_dnnl on dense operands. oneDNN 2.6's fast matmul (brgemm, on AMX or AVX512_BF16) takes only dense matrices: a
