@@ -495,14 +495,13 @@ int run_train(const TrainCommand& options, train::Communicator& comm) {
   save(trainer.step());
   if (lead) save_animation();
   for (int i = 0; i < 3; ++i) sigaction(signals[i], &previous[i], nullptr);
-  const int interrupt = g_interrupted.load() ? g_signal.load() : -1;
   if (reached_stop.load()) {
     progress.message("stopped at step " + std::to_string(trainer.step()) + " as asked (--stop-at); checkpoint saved to " +
                      checkpoint + "; continue with: " + continue_with);
     return 0;
   }
-  if (interrupt >= 0) {
-    const int signal = interrupt;
+  if (g_interrupted.load()) {  // the handlers are gone: nothing sets these any more
+    const int signal = g_signal.load();
     progress.message("interrupted (" + std::string(signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "Ctrl-C") +
                      ") at step " + std::to_string(trainer.step()) + "; checkpoint saved to " + checkpoint +
                      "; continue with: " + continue_with);

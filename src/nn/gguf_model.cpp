@@ -602,14 +602,15 @@ std::unique_ptr<Decoder> load_gguf_decoder(std::shared_ptr<const io::GgufFile> f
   auto rows_permuted = [&](const DecoderConfig::Parameter& p) {
     return permutes_qk && p.parts.size() == 1 && (p.role() == Role::Query || p.role() == Role::Key);
   };
-  auto permuted_here = [&](size_t i) {  // a permuted matrix kept in its block type (float32 ones go to the parameter)
+  // The buffer's bytes for parameter i: a permuted matrix kept in its block type (float32 ones go to the parameter)
+  auto permuted_bytes_of = [&](size_t i) -> size_t {
+    if (!rows_permuted(own[i]) || own[i].shape.rank() != 2) return 0;
     const Storage s = storage_of(*file, *found[i]);
-    return rows_permuted(own[i]) && own[i].shape.rank() == 2 && !s.widen && s.type != WeightType::F32;
+    if (s.widen || s.type == WeightType::F32) return 0;
+    return static_cast<size_t>(own[i].shape[0] * io::row_bytes(s.type, own[i].shape[1]));
   };
   size_t permuted_bytes = 0;
-  for (size_t i = 0; i < own.size(); ++i)
-    if (permuted_here(i))
-      permuted_bytes += static_cast<size_t>(own[i].shape[0] * io::row_bytes(storage_of(*file, *found[i]).type, own[i].shape[1]));
+  for (size_t i = 0; i < own.size(); ++i) permuted_bytes += permuted_bytes_of(i);
   const std::shared_ptr<unsigned char> permuted = permuted_bytes ? io::copy_buffer(permuted_bytes) : nullptr;
   size_t permuted_used = 0;
   std::vector<std::shared_ptr<unsigned char>> gate_up_rows(static_cast<size_t>(config.num_layers));
@@ -702,7 +703,7 @@ std::unique_ptr<Decoder> load_gguf_decoder(std::shared_ptr<const io::GgufFile> f
     }
     if (permute) {
       const size_t need = static_cast<size_t>(rows * io::row_bytes(s.type, cols));
-      if (!permuted_here(i) || permuted_used + need > permuted_bytes)
+      if (permuted_bytes_of(i) != need || permuted_used + need > permuted_bytes)
         throw std::logic_error("load_gguf_decoder: a permuted matrix was not counted");
       unsigned char* to = permuted.get() + permuted_used;
       permuted_used += need;
