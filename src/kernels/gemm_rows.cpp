@@ -72,7 +72,6 @@ inline float finish(float dot, float alpha, float beta, float c) {
   return beta == 0.0f ? alpha * dot : std::fma(alpha, dot, beta * c);
 }
 
-#if defined(QKV_AVX2)
 #if defined(QKV_AVX512)
 constexpr int kMR = 4, kNR = 4;  // 16 accumulators of 32 registers
 // Decoding a batch of 8: 8 rows × 2 columns, so each vector of B read from memory serves 8 multiply-adds
@@ -82,16 +81,11 @@ constexpr int kDecodeMR = 8, kDecodeNR = 2;
 // asked for further ahead to keep enough in flight. 8 rows × 1024 by 3072 × 1024, 2 threads, medians of 3: 256 gave
 // 118 GFLOP/s, 2048 gave 142 (512, 1024 and 4096 were no better than 256).
 constexpr int64_t kDecodePrefetch = 2048;
-#else
-constexpr int kMR = 2, kNR = 2;  // 8 two-register accumulators of 16 registers
-constexpr int kDecodeMR = 0, kDecodeNR = 0;  // (no decoding tile: 16 registers hold no wider one)
-#endif
 
 // A full tile's sums, added as Lanes::sum adds each (lane k + lane k+8, then +4, +2, +1: the same two numbers meet
 // in every addition, so the bits are the same), but for all the tile's elements at once: one shuffle and one vector
 // add serve 16 (AVX-512) or 8 (AVX2) additions. With K = 1024 the element-by-element sums took longer than the
 // multiply-adds of a 4 × 4 tile.
-#if defined(QKV_AVX512)
 // Element e of a 16-element tile is acc[e % MR][e / MR]: row e % MR, column e / MR (4 × 4 for prompts, 8 × 2 for a
 // decoding batch of 8).
 template <int MR, int NR>
@@ -121,24 +115,6 @@ void store_sums(const Lanes (&acc)[MR][NR], float alpha, float beta, float* C, i
     c = finish(out[4 * (e % 4) + e / 4], alpha, beta, c);
   }
 }
-#else
-void store_sums(const Lanes (&acc)[2][2], float alpha, float beta, float* C, int64_t ldc) {
-  __m256 e[4];  // + 8: element 2m + n as one vector of 8 partial sums
-  for (int i = 0; i < 4; ++i) e[i] = _mm256_add_ps(acc[i / 2][i % 2].lo, acc[i / 2][i % 2].hi);
-  __m256 q[2];  // + 4: elements 2i (low half) and 2i + 1 (high half), 4 partials each
-  for (int i = 0; i < 2; ++i)
-    q[i] = _mm256_add_ps(_mm256_permute2f128_ps(e[2 * i], e[2 * i + 1], 0x20),
-                         _mm256_permute2f128_ps(e[2 * i], e[2 * i + 1], 0x31));
-  // + 2: the low half holds elements 0 and 2, the high half 1 and 3, two partials each; + 1 by pairs
-  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  alignas(32) float out[8];
-  _mm256_store_ps(out, _mm256_hadd_ps(r, r));  // [e0, e2, e0, e2 | e1, e3, e1, e3]
-  const float sums[4] = {out[0], out[4], out[1], out[5]};
-  for (int m = 0; m < 2; ++m)
-    for (int n = 0; n < 2; ++n) C[m * ldc + n] = finish(sums[2 * m + n], alpha, beta, C[m * ldc + n]);
-}
-#endif
 
 // How far ahead (in floats) the tiles ask for B's cache lines. Decoding streams B from memory once per step, and a
 // tile does MR multiply-adds per value of B: with MR = 4 the out-of-order window held too few of B's loads in flight
@@ -211,8 +187,107 @@ void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, in
     default: if constexpr (kMR >= 4) tile_rows<4, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
   }
 }
+#elif defined(QKV_AVX2)
+constexpr int kNR = 6;  // threads' slices of columns: whole tiles of 2 and of 3 columns
+
+// ---- AVX2: fewer rows than a packed product takes (decoding), tiles that take each step's lanes half at a time ----
+//
+// A tile of whole Lanes needs two registers for each accumulator, each value of B and of A: of AVX2's 16 registers a
+// 2 × 2 tile fills 14 and loads a vector for every multiply-add. Taking lanes 0-7 of a step for every element of the
+// tile, then lanes 8-15, needs one register for each of B's NR vectors and one for A's: a 3 × 2 tile holds its 12
+// accumulators in 15 registers and loads 5 vectors for 6 multiply-adds. Each accumulator still takes its terms in
+// simd::dot's order (lane l: k = l, l + 16, …), so the bits are the same.
+//
+// The tiles of a column pair run one after the other (row groups of 3) with B in L1 after the first; meanwhile every
+// tile asks for the next pair's lines, each group one step in `groups`, so the requests are spread over the whole
+// time the pair takes instead of made by the first tile alone. Against the 2 × 2 tiles (whose first row group asked
+// for lines 256 floats ahead into L1 and for the next pair's into L2), `qkv_session_bench --products` built for AVX2
+// on Zen 5, B 3072 × 1024 from memory, two alternating runs each: one row read B at 17.0-17.9 → 22.5-25.9 GB/s on
+// one thread and 30-32 → 48 on two (read bandwidth 25-30 and 51); 8 rows ran 50-52 → 52-67 GFLOP/s on one thread,
+// 88-97 → 90-93 on two.
+template <int MR, int NR>
+void halves_tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                 float* C, int64_t ldc, const float* next, int64_t next_rows, int group, int groups) {
+  __m256 lo[MR][NR], hi[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) lo[m][n] = hi[m][n] = _mm256_setzero_ps();
+  int wait = group;  // steps before this tile's next request for the next pair's lines
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if (next != nullptr && wait-- == 0) {
+      wait = groups - 1;
+      for (int64_t n = 0; n < next_rows; ++n) _mm_prefetch(reinterpret_cast<const char*>(next + n * ldb + k), _MM_HINT_T0);
+    }
+    __m256 b[NR];
+    for (int n = 0; n < NR; ++n) {
+      b[n] = _mm256_loadu_ps(B + n * ldb + k);
+      asm("" : "+x"(b[n]));  // kept in a register (see Lanes::keep)
+    }
+    for (int m = 0; m < MR; ++m) {
+      __m256 a = _mm256_loadu_ps(A + m * lda + k);
+      asm("" : "+x"(a));
+      for (int n = 0; n < NR; ++n) lo[m][n] = _mm256_fmadd_ps(a, b[n], lo[m][n]);
+    }
+    for (int n = 0; n < NR; ++n) {
+      b[n] = _mm256_loadu_ps(B + n * ldb + k + 8);
+      asm("" : "+x"(b[n]));
+    }
+    for (int m = 0; m < MR; ++m) {
+      __m256 a = _mm256_loadu_ps(A + m * lda + k + 8);
+      asm("" : "+x"(a));
+      for (int n = 0; n < NR; ++n) hi[m][n] = _mm256_fmadd_ps(a, b[n], hi[m][n]);
+    }
+  }
+  if (k < K)  // zeros beyond K add nothing: the lanes still hold term k in lane k mod 16
+    for (int n = 0; n < NR; ++n) {
+      const Lanes b = Lanes::load_tail(B + n * ldb + k, K - k);
+      for (int m = 0; m < MR; ++m) {
+        const Lanes a = Lanes::load_tail(A + m * lda + k, K - k);
+        lo[m][n] = _mm256_fmadd_ps(a.lo, b.lo, lo[m][n]);
+        hi[m][n] = _mm256_fmadd_ps(a.hi, b.hi, hi[m][n]);
+      }
+    }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) C[m * ldc + n] = finish(Lanes{lo[m][n], hi[m][n]}.sum(), alpha, beta, C[m * ldc + n]);
+}
+
+template <int MR>
+void halves_tile_columns(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                         int64_t ldb, float beta, float* C, int64_t ldc, const float* next, int64_t next_rows,
+                         int group, int groups) {
+  switch (nr) {
+    case 1: halves_tile<MR, 1>(K, alpha, A, lda, B, ldb, beta, C, ldc, next, next_rows, group, groups); break;
+    case 2: halves_tile<MR, 2>(K, alpha, A, lda, B, ldb, beta, C, ldc, next, next_rows, group, groups); break;
+    default:
+      if constexpr (MR <= 2) halves_tile<MR, 3>(K, alpha, A, lda, B, ldb, beta, C, ldc, next, next_rows, group, groups);
+      break;
+  }
+}
+
+// Columns [begin, end) of C for M ≤ 16 rows (not inlined: in gemm_rows_nt it made GCC inline the other tiles there,
+// and 24 rows ran 0.6× as fast): one or two rows in 1 × 3 and 2 × 3 tiles (one group, so its own
+// requests for the next columns), more in row groups of 3 over column pairs.
+[[gnu::noinline]] void decode_columns(int64_t M, int64_t begin, int64_t end, int64_t K, float alpha, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t NR = M <= 2 ? 3 : 2;
+  const int groups = static_cast<int>((M + 2) / 3);
+  for (int64_t n = begin; n < end; n += NR) {
+    const int64_t nr = std::min(NR, end - n), following = std::min(NR, end - n - nr);
+    const float* next = following > 0 ? B + (n + nr) * ldb : nullptr;
+    for (int64_t m = 0, group = 0; m < M; m += 3, ++group) {
+      const float* a = A + m * lda;
+      float* c = C + m * ldc + n;
+      switch (std::min<int64_t>(3, M - m)) {
+        case 1: halves_tile_columns<1>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next, following, group, groups); break;
+        case 2: halves_tile_columns<2>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next, following, group, groups); break;
+        default: halves_tile_columns<3>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next, following, group, groups); break;
+      }
+    }
+  }
+}
 #else
 constexpr int kMR = 1, kNR = 1;
+template <int64_t = 0>  // (the vector tiles' prefetch distance: none here)
 void any_tile(int64_t, int64_t, int64_t K, float alpha, const float* A, int64_t, const float* B, int64_t, float beta,
               float* C, int64_t) {
   C[0] = finish(simd::dot(A, B, K), alpha, beta, C[0]);
@@ -457,15 +532,18 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
     return;
   }
 #endif
-  // Threads own slices of columns (rows of B, read once per slice); within a slice, blocks of columns small enough
-  // to stay in L2 (≈ 192 KiB of B) are multiplied with every row of A in turn.
+  // Threads own slices of columns (rows of B, read once per slice); within a slice (AVX-512 and scalar), blocks of
+  // columns small enough to stay in L2 (≈ 192 KiB of B) are multiplied with every row of A in turn.
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int parts = static_cast<double>(M) * N * K < 65536.0 ? 1 : std::max(1, threads);
   const int64_t slice = ((N + parts - 1) / parts + kNR - 1) / kNR * kNR;
-  const int64_t block = std::max<int64_t>(kNR, (int64_t{48} * 1024 / std::max<int64_t>(K, 1)) / kNR * kNR);
 #pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
   for (int p = 0; p < parts; ++p) {
     const int64_t begin = std::min(N, p * slice), end = std::min(N, begin + slice);
+#if defined(QKV_AVX2) && !defined(QKV_AVX512)
+    decode_columns(M, begin, end, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    const int64_t block = std::max<int64_t>(kNR, (int64_t{48} * 1024 / std::max<int64_t>(K, 1)) / kNR * kNR);
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t n1 = std::min(end, n0 + block);
 #if defined(QKV_AVX512)
@@ -503,6 +581,7 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
                    C + m * ldc + n, ldc);
       }
     }
+#endif
   }
 }
 
