@@ -189,8 +189,9 @@ inline double read_pass(const std::vector<float>& buffer, bool prefetch = false)
   {
     const int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
     const int64_t begin = n * t / parts / 32 * 32, end = t + 1 == parts ? n / 32 * 32 : n * (t + 1) / parts / 32 * 32;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const float* p = buffer.data();
+#if defined(__AVX__)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t i = begin; i < end; i += 32) {
       if (prefetch) {
         __builtin_prefetch(p + i + 2048, 0, 3);
@@ -203,6 +204,20 @@ inline double read_pass(const std::vector<float>& buffer, bool prefetch = false)
     }
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#else  // a portable build (QKV_NATIVE=OFF): SSE2, eight 16-byte loads a step
+    __m128 a[8];
+    for (auto& v : a) v = _mm_setzero_ps();
+    for (int64_t i = begin; i < end; i += 32) {
+      if (prefetch) {
+        __builtin_prefetch(p + i + 2048, 0, 3);
+        __builtin_prefetch(p + i + 2048 + 16, 0, 3);
+      }
+      for (int v = 0; v < 8; ++v) a[v] = _mm_add_ps(a[v], _mm_loadu_ps(p + i + 4 * v));
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, _mm_add_ps(_mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3])),
+                                   _mm_add_ps(_mm_add_ps(a[4], a[5]), _mm_add_ps(a[6], a[7]))));
+#endif
     for (float l : lanes) total += l;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -38,7 +38,8 @@ uint16_t f32_to_bf16_reference(float f) {
 float f16_to_f32_reference(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return float_of(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0x1f)  // ±Inf, or NaN made quiet as vcvtph2ps and ggml's scalar conversion make it (its payload kept)
+    return float_of(sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u));
   if (exponent == 0) {
     if (mantissa == 0) return float_of(sign);
     int e = -1;  // subnormal: normalise
