@@ -35,8 +35,9 @@ namespace {
 // ---- kernels ----
 
 TEST(RowIndependentProducts, EveryRowHasTheSameBitsInAnyBatch) {
-  // 13 rows: an 8-row decoding tile, a 4-row one and one row; 8 and 16: whole 8-row tiles; 24 rows and more: the
-  // packed products (prompts), with panels of rows and columns cut short by M, N and K
+  // 13 rows: decoding's row groups (of 4 rows built for AVX-512, of 3 for AVX2) and a last row alone; 8 and 16: whole
+  // groups; 24-37 rows: AVX-512's tiles over blocks of columns; from 32 rows (AVX2) or 48 (AVX-512) the packed
+  // products (prompts), with panels of rows and columns cut short by M, N and K
   for (const auto& [M, K] : std::vector<std::pair<int64_t, int64_t>>{{13, 5}, {13, 16}, {13, 37}, {13, 100}, {13, 1024},
                                                                       {8, 1024}, {16, 37}, {24, 1024}, {29, 5},
                                                                       {37, 100}, {64, 16}, {50, 1030}}) {

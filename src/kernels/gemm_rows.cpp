@@ -72,22 +72,22 @@ inline float finish(float dot, float alpha, float beta, float c) {
   return beta == 0.0f ? alpha * dot : std::fma(alpha, dot, beta * c);
 }
 
+// The next column tile's rows of B (decoding), asked for into L1 while a tile runs: by row group `group` of `groups`
+// at one step in `groups`, so a column tile's requests are spread over the time all its row groups take.
+struct NextTile {
+  const float* rows = nullptr;
+  int64_t count = 0;
+  int group = 0, groups = 1;
+};
+
 #if defined(QKV_AVX512)
 constexpr int kMR = 4, kNR = 4;  // 16 accumulators of 32 registers
-// Decoding a batch of 8: 8 rows × 2 columns, so each vector of B read from memory serves 8 multiply-adds
-// (a 4 × 4 tile read it again from cache for the second 4 rows).
-constexpr int kDecodeMR = 8, kDecodeNR = 2;
-// Its prefetch distance (floats): each value of B now takes 8 multiply-adds, so B is read slower and lines must be
-// asked for further ahead to keep enough in flight. 8 rows × 1024 by 3072 × 1024, 2 threads, medians of 3: 256 gave
-// 118 GFLOP/s, 2048 gave 142 (512, 1024 and 4096 were no better than 256).
-constexpr int64_t kDecodePrefetch = 2048;
 
 // A full tile's sums, added as Lanes::sum adds each (lane k + lane k+8, then +4, +2, +1: the same two numbers meet
 // in every addition, so the bits are the same), but for all the tile's elements at once: one shuffle and one vector
 // add serve 16 (AVX-512) or 8 (AVX2) additions. With K = 1024 the element-by-element sums took longer than the
 // multiply-adds of a 4 × 4 tile.
-// Element e of a 16-element tile is acc[e % MR][e / MR]: row e % MR, column e / MR (4 × 4 for prompts, 8 × 2 for a
-// decoding batch of 8).
+// Element e of a 16-element tile is acc[e % MR][e / MR]: row e % MR, column e / MR.
 template <int MR, int NR>
 void store_sums(const Lanes (&acc)[MR][NR], float alpha, float beta, float* C, int64_t ldc) {
   static_assert(MR * NR == 16);
@@ -124,15 +124,22 @@ void store_sums(const Lanes (&acc)[MR][NR], float alpha, float beta, float* C, i
 #endif
 constexpr int64_t kPrefetch = QKV_ROWS_PREFETCH;
 
-// An MR × NR tile: rows m0… of A against rows n0… of B, each pair one chain of fused multiply-adds over K.
-template <int MR, int NR, int64_t Ahead = kPrefetch>
+// An MR × NR tile: rows m0… of A against rows n0… of B, each pair one chain of fused multiply-adds over K. With
+// Spread, it asks for `next`'s lines as it goes.
+template <int MR, int NR, int64_t Ahead = kPrefetch, bool Spread = false>
 void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc) {
+          int64_t ldc, const NextTile& next = {}) {
   Lanes acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) acc[m][n] = Lanes::zero();
   int64_t k = 0;
+  int wait = next.group;  // steps before this tile's next request for the next tile's lines
   for (; k + 16 <= K; k += 16) {
+    if (Spread && next.rows != nullptr && wait-- == 0) {
+      wait = next.groups - 1;
+      for (int64_t r = 0; r < next.count; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(next.rows + r * ldb + k), _MM_HINT_T0);
+    }
     Lanes b[NR];
     for (int n = 0; n < NR; ++n) {
       if constexpr (Ahead > 0) {
@@ -156,7 +163,7 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
       for (int n = 0; n < NR; ++n) acc[m][n].fma(a, b[n]);
     }
   }
-  if constexpr ((MR == kMR && NR == kNR) || (MR == kDecodeMR && NR == kDecodeNR)) {
+  if constexpr (MR == kMR && NR == kNR) {
     store_sums(acc, alpha, beta, C, ldc);  // a full tile: all its sums at once
   } else {
     for (int m = 0; m < MR; ++m)
@@ -164,27 +171,27 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
   }
 }
 
-template <int MR, int64_t Ahead = kPrefetch>
+template <int MR, int64_t Ahead = kPrefetch, bool Spread = false>
 void tile_rows(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-               float beta, float* C, int64_t ldc) {
+               float beta, float* C, int64_t ldc, const NextTile& next = {}) {
   switch (nr) {
-    case 1: tile<MR, 1, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 2: tile<MR, 2, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 3: if constexpr (kNR >= 3) tile<MR, 3, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    default: if constexpr (kNR >= 4) tile<MR, 4, Ahead>(K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 1: tile<MR, 1, Ahead, Spread>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    case 2: tile<MR, 2, Ahead, Spread>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    case 3: if constexpr (kNR >= 3) tile<MR, 3, Ahead, Spread>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    default: if constexpr (kNR >= 4) tile<MR, 4, Ahead, Spread>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
   }
 }
 
-// An mr × nr tile (up to kMR × kNR). With Ahead = 0, B's lines are not asked for: a tile after the first of a
-// column's row groups finds them in L1 already.
-template <int64_t Ahead = kPrefetch>
+// An mr × nr tile (up to kMR × kNR). With Ahead = 0 it asks for no lines ahead in its own columns: decoding asks for
+// the next column tile's instead (NextTile, Spread), and its row groups after the first find their B in L1.
+template <int64_t Ahead = kPrefetch, bool Spread = false>
 void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-              int64_t ldb, float beta, float* C, int64_t ldc) {
+              int64_t ldb, float beta, float* C, int64_t ldc, const NextTile& next = {}) {
   switch (mr) {
-    case 1: tile_rows<1, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 2: tile_rows<2, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    case 3: if constexpr (kMR >= 3) tile_rows<3, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
-    default: if constexpr (kMR >= 4) tile_rows<4, Ahead>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc); break;
+    case 1: tile_rows<1, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    case 2: tile_rows<2, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    case 3: if constexpr (kMR >= 3) tile_rows<3, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    default: if constexpr (kMR >= 4) tile_rows<4, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
   }
 }
 #elif defined(QKV_AVX2)
@@ -319,9 +326,9 @@ void halves_tile_columns(int64_t nr, int64_t K, float alpha, const float* A, int
 }
 #else
 constexpr int kMR = 1, kNR = 1;
-template <int64_t = 0>  // (the vector tiles' prefetch distance: none here)
+template <int64_t = 0, bool = false>  // (the vector tiles' prefetch distance and requests: none here)
 void any_tile(int64_t, int64_t, int64_t K, float alpha, const float* A, int64_t, const float* B, int64_t, float beta,
-              float* C, int64_t) {
+              float* C, int64_t, const NextTile& = {}) {
   C[0] = finish(simd::dot(A, B, K), alpha, beta, C[0]);
 }
 #endif
@@ -575,37 +582,31 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
 #if defined(QKV_AVX2) && !defined(QKV_AVX512)
     decode_columns(M, begin, end, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
+    // Decoding: each tile of B serves every row group while it is in L1. Up to 8 rows, the row groups ask for the
+    // next column tile's lines (NextTile); with more, the first group asks for its own lines ahead and the next
+    // tile's into L2. `qkv_session_bench --products` (B 3072 × 1024 from memory, 2 threads, Zen 5, two alternating
+    // runs), NextTile against the earlier 8 × 2 tile and first-group prefetches: 1 row read B at 33-35 → 37-40 GB/s,
+    // 4 rows ran 62-66 → 74-75 GFLOP/s, 8 rows 61-67 → 87-90; 12 and 16 rows 113-128 → 100-118, so they keep theirs.
+    if (M <= 16) {
+      const int groups = static_cast<int>((M + kMR - 1) / kMR);
+      for (int64_t n = begin; n < end; n += kNR) {
+        const int64_t nr = std::min<int64_t>(kNR, end - n), following = std::min<int64_t>(kNR, end - n - nr);
+        const float* next = following > 0 ? B + (n + nr) * ldb : nullptr;
+        for (int64_t m = 0; m < M; m += kMR) {
+          const int64_t mr = std::min<int64_t>(kMR, M - m);
+          if (M > 8)
+            (m == 0 ? any_tile<> : any_tile<0>)(mr, nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta,
+                                                 C + m * ldc + n, ldc, NextTile{});
+          else
+            any_tile<0, true>(mr, nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc,
+                              NextTile{next, following, static_cast<int>(m / kMR), groups});
+        }
+      }
+      continue;
+    }
     const int64_t block = std::max<int64_t>(kNR, (int64_t{48} * 1024 / std::max<int64_t>(K, 1)) / kNR * kNR);
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t n1 = std::min(end, n0 + block);
-#if defined(QKV_AVX512)
-      // Decoding a batch whose rows of A stay in L1 (8 rows of K ≤ 1280): 8-row tiles, then any row left in smaller
-      // ones. With more rows, or longer ones, each pass over 2 columns would fetch A again from L2: 12 and 16 rows of
-      // K = 1024 ran 0.8–0.9× the 4 × 4 tiles below.
-      if (M >= kDecodeMR && M * K * int64_t{sizeof(float)} <= 40 * 1024) {
-        for (int64_t n = n0; n < n1; n += kDecodeNR) {
-          const int64_t nr = std::min<int64_t>(kDecodeNR, n1 - n);
-          int64_t m = 0;
-          for (; m + kDecodeMR <= M; m += kDecodeMR) {
-            if (nr == kDecodeNR)
-              tile<kDecodeMR, kDecodeNR, kDecodePrefetch>(K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
-            else
-              tile<kDecodeMR, 1, kDecodePrefetch>(K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
-          }
-          for (; m < M; m += kMR)
-            any_tile(std::min<int64_t>(kMR, M - m), nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta,
-                     C + m * ldc + n, ldc);
-        }
-        continue;
-      }
-#endif
-      if (M <= 16) {  // decoding: each tile of B serves every row group while it is in L1
-        for (int64_t n = n0; n < n1; n += kNR)
-          for (int64_t m = 0; m < M; m += kMR)
-            (m == 0 ? any_tile<> : any_tile<0>)(std::min<int64_t>(kMR, M - m), std::min<int64_t>(kNR, n1 - n), K, alpha,
-                                                 A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
-        continue;
-      }
       for (int64_t m = 0; m < M; m += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, M - m);
         for (int64_t n = n0; n < n1; n += kNR)
