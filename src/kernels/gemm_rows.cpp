@@ -585,8 +585,9 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
     // Decoding: each tile of B serves every row group while it is in L1. Up to 8 rows, the row groups ask for the
     // next column tile's lines (NextTile); with more, the first group asks for its own lines ahead and the next
     // tile's into L2. `qkv_session_bench --products` (B 3072 × 1024 from memory, 2 threads, Zen 5, two alternating
-    // runs), NextTile against the earlier 8 × 2 tile and first-group prefetches: 1 row read B at 33-35 → 37-40 GB/s,
-    // 4 rows ran 62-66 → 74-75 GFLOP/s, 8 rows 61-67 → 87-90; 12 and 16 rows 113-128 → 100-118, so they keep theirs.
+    // runs), NextTile against the earlier 8 × 2 tile and first-group prefetches: 8 rows 63-75 → 80-86 GFLOP/s, 1 and
+    // 4 rows within the noise (35-38 GB/s, 67-79 GFLOP/s); 12 and 16 rows ran 94-107 and 107-113 with NextTile
+    // against 104-111 and 120-125 with their own, so they keep theirs.
     if (M <= 16) {
       const int groups = static_cast<int>((M + kMR - 1) / kMR);
       for (int64_t n = begin; n < end; n += kNR) {
