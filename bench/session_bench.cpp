@@ -11,9 +11,10 @@
 // With --kv-types CONTEXT: instead, one sequence of a CONTEXT-token prompt then --tokens new ones on each KV cache type
 // (f32, f16, bf16, q8_0; --kv-cache), in one run: the cache's bytes, decoding tok/s against float32's, and how far
 // the narrow caches move the logits and the greedy tokens.
-// With --products: instead, kernels::gemm_rows_nt (every product of a step) alone, C = A·Bᵀ with B 3072 × 1024 and A of
-// 1 … 64 rows, B streamed from memory (24 distinct matrices, as a decoding step reads its weights) and from L2: GFLOP/s,
-// % of the FMA peak measured in the same run, and B's read rate against the read bandwidth.
+// With --products: instead, kernels::gemm_rows_nt (every product of a step) alone, C = A·Bᵀ with B 3072 × 1024 (an up
+// projection) and 1024 × 3072 (a down projection) and A of 1 … 512 rows, B streamed from memory (24 distinct matrices,
+// as a decoding step reads its weights) and from L2: GFLOP/s, % of the FMA peak measured in the same run, and B's read
+// rate against the read bandwidth.
 #include <omp.h>
 
 #include <algorithm>
@@ -59,33 +60,35 @@ double median(std::vector<double> v) {
 // --products: gemm_rows_nt by rows of A, B from memory and from L2, against the FMA peak and the read bandwidth
 int products(int threads, int repeats) {
   const double peak = qkv::bench::measure_fma_peak(threads, 0.3) * 1e9, bandwidth = qkv::bench::read_bandwidth(int64_t{512} << 20);
-  const int64_t N = 3072, K = 1024;
-  std::printf("gemm_rows_nt, C = A·Bᵀ, B %lld × %lld; %d threads; FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s; best of %d\n",
-              static_cast<long long>(N), static_cast<long long>(K), threads, peak / 1e9, bandwidth / 1e9, repeats);
-  for (const bool cold : {true, false}) {
-    const int64_t mats = cold ? 24 : 1, n = cold ? N : 128;  // from L2: a 128-row B (512 KiB), again and again
-    const int64_t calls = cold ? 1 : 200;
-    std::vector<std::vector<float>> bs(static_cast<size_t>(mats), std::vector<float>(static_cast<size_t>(n * K)));
-    qkv::Generator gen(3);
-    for (auto& b : bs) {
-      const qkv::Tensor r = gen.randn({n * K});
-      std::copy_n(r.data(), n * K, b.data());
-    }
-    std::printf("  B from %s:\n", cold ? "memory (24 matrices of 12 MiB)" : "L2 (one 512 KiB matrix, 200 times)");
-    for (int64_t M : {1, 4, 8, 12, 16, 24, 64, 208, 512}) {
-      std::vector<float> a(static_cast<size_t>(M * K), 0.5f), c(static_cast<size_t>(M * n));
-      double best = 1e30;
-      for (int rep = 0; rep < repeats; ++rep) {
-        const auto t = Clock::now();
-        for (int64_t call = 0; call < calls; ++call)
-          for (const auto& b : bs)
-            qkv::kernels::gemm_rows_nt(M, n, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), n);
-        best = std::min(best, since(t));
+  // A step's up (3072 × 1024) and down (1024 × 3072) projections: the rows of A are 4 or 12 KiB
+  for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{3072, 1024}, {1024, 3072}}) {
+    std::printf("gemm_rows_nt, C = A·Bᵀ, B %lld × %lld; %d threads; FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s; best of %d\n",
+                static_cast<long long>(N), static_cast<long long>(K), threads, peak / 1e9, bandwidth / 1e9, repeats);
+    for (const bool cold : {true, false}) {
+      const int64_t mats = cold ? 24 : 1, n = cold ? N : 128 * 1024 / K;  // from L2: a 512 KiB B, again and again
+      const int64_t calls = cold ? 1 : 200;
+      std::vector<std::vector<float>> bs(static_cast<size_t>(mats), std::vector<float>(static_cast<size_t>(n * K)));
+      qkv::Generator gen(3);
+      for (auto& b : bs) {
+        const qkv::Tensor r = gen.randn({n * K});
+        std::copy_n(r.data(), n * K, b.data());
       }
-      const double flops = 2.0 * M * n * K * mats * calls, bytes = 4.0 * n * K * mats * calls;
-      std::printf("    A of %2lld rows: %7.1f GFLOP/s = %3.0f%% of the FMA peak; B read at %5.1f GB/s (%3.0f%% of the read bandwidth)\n",
-                  static_cast<long long>(M), flops / best / 1e9, 100.0 * flops / best / peak, bytes / best / 1e9,
-                  100.0 * bytes / best / bandwidth);
+      std::printf("  B from %s:\n", cold ? "memory (24 matrices of 12 MiB)" : "L2 (one 512 KiB matrix, 200 times)");
+      for (int64_t M : {1, 4, 8, 12, 16, 24, 64, 208, 512}) {
+        std::vector<float> a(static_cast<size_t>(M * K), 0.5f), c(static_cast<size_t>(M * n));
+        double best = 1e30;
+        for (int rep = 0; rep < repeats; ++rep) {
+          const auto t = Clock::now();
+          for (int64_t call = 0; call < calls; ++call)
+            for (const auto& b : bs)
+              qkv::kernels::gemm_rows_nt(M, n, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), n);
+          best = std::min(best, since(t));
+        }
+        const double flops = 2.0 * M * n * K * mats * calls, bytes = 4.0 * n * K * mats * calls;
+        std::printf("    A of %2lld rows: %7.1f GFLOP/s = %3.0f%% of the FMA peak; B read at %5.1f GB/s (%3.0f%% of the read bandwidth)\n",
+                    static_cast<long long>(M), flops / best / 1e9, 100.0 * flops / best / peak, bytes / best / 1e9,
+                    100.0 * bytes / best / bandwidth);
+      }
     }
   }
   return 0;

@@ -82,12 +82,20 @@ struct NextTile {
 
 #if defined(QKV_AVX512)
 constexpr int kMR = 4, kNR = 4;  // 16 accumulators of 32 registers
+// Decoding a batch of 8: 8 rows × 2 columns, so each vector of B read from memory serves 8 multiply-adds
+// (a 4 × 4 tile read it again from cache for the second 4 rows).
+constexpr int kDecodeMR = 8, kDecodeNR = 2;
+// Its prefetch distance (floats): each value of B now takes 8 multiply-adds, so B is read slower and lines must be
+// asked for further ahead to keep enough in flight. 8 rows × 1024 by 3072 × 1024, 2 threads, medians of 3: 256 gave
+// 118 GFLOP/s, 2048 gave 142 (512, 1024 and 4096 were no better than 256).
+constexpr int64_t kDecodePrefetch = 2048;
 
 // A full tile's sums, added as Lanes::sum adds each (lane k + lane k+8, then +4, +2, +1: the same two numbers meet
 // in every addition, so the bits are the same), but for all the tile's elements at once: one shuffle and one vector
 // add serve 16 (AVX-512) or 8 (AVX2) additions. With K = 1024 the element-by-element sums took longer than the
 // multiply-adds of a 4 × 4 tile.
-// Element e of a 16-element tile is acc[e % MR][e / MR]: row e % MR, column e / MR.
+// Element e of a 16-element tile is acc[e % MR][e / MR]: row e % MR, column e / MR (4 × 4 for prompts, 8 × 2 for a
+// decoding batch of 8).
 template <int MR, int NR>
 void store_sums(const Lanes (&acc)[MR][NR], float alpha, float beta, float* C, int64_t ldc) {
   static_assert(MR * NR == 16);
@@ -163,7 +171,7 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
       for (int n = 0; n < NR; ++n) acc[m][n].fma(a, b[n]);
     }
   }
-  if constexpr (MR == kMR && NR == kNR) {
+  if constexpr ((MR == kMR && NR == kNR) || (MR == kDecodeMR && NR == kDecodeNR)) {
     store_sums(acc, alpha, beta, C, ldc);  // a full tile: all its sums at once
   } else {
     for (int m = 0; m < MR; ++m)
@@ -182,8 +190,8 @@ void tile_rows(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, 
   }
 }
 
-// An mr × nr tile (up to kMR × kNR). With Ahead = 0 it asks for no lines ahead in its own columns: decoding asks for
-// the next column tile's instead (NextTile, Spread), and its row groups after the first find their B in L1.
+// An mr × nr tile (up to kMR × kNR). With Ahead = 0, B's lines are not asked for ahead in its own columns: a tile
+// after the first of a column's row groups finds them in L1 already (and with Spread it asks for the next tile's).
 template <int64_t Ahead = kPrefetch, bool Spread = false>
 void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
               int64_t ldb, float beta, float* C, int64_t ldc, const NextTile& next = {}) {
@@ -192,6 +200,25 @@ void any_tile(int64_t mr, int64_t nr, int64_t K, float alpha, const float* A, in
     case 2: tile_rows<2, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
     case 3: if constexpr (kMR >= 3) tile_rows<3, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
     default: if constexpr (kMR >= 4) tile_rows<4, Ahead, Spread>(nr, K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+  }
+}
+
+// Columns [begin, end) of C for fewer decoding rows than the 8-row tile takes, their rows of A in L1 (40 KiB): row
+// groups of 4 over tiles of 4 columns, every group asking for the next tile's lines as it goes (NextTile), as AVX2's
+// tiles do. `qkv_session_bench --products`, B from memory, 2 threads, Zen 5, against the first group's requests
+// (256 floats ahead, the next tile into L2): one row read B 3072 × 1024 at 36 → 45 GB/s, 1024 × 3072 at 35 → 42; 4
+// rows ran 66 → 78 GFLOP/s. (For 8 rows it measured 80 → 90 there, but batches of 8 in the sessions bench decoded
+// 5-10% slower than with the 8 × 2 tile, which they keep.) Not inlined, so gemm_rows_nt's other tiles compile as they
+// did (inlined there, the tiles for 24 rows ran 0.6× as fast).
+[[gnu::noinline]] void decode_spread(int64_t M, int64_t begin, int64_t end, int64_t K, float alpha, const float* A,
+                                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int groups = static_cast<int>((M + kMR - 1) / kMR);
+  for (int64_t n = begin; n < end; n += kNR) {
+    const int64_t nr = std::min<int64_t>(kNR, end - n), following = std::min<int64_t>(kNR, end - n - nr);
+    for (int64_t m = 0; m < M; m += kMR)
+      any_tile<0, true>(std::min<int64_t>(kMR, M - m), nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta,
+                        C + m * ldc + n, ldc,
+                        NextTile{following > 0 ? B + (n + nr) * ldb : nullptr, following, static_cast<int>(m / kMR), groups});
   }
 }
 #elif defined(QKV_AVX2)
@@ -582,32 +609,44 @@ void gemm_rows_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, 
 #if defined(QKV_AVX2) && !defined(QKV_AVX512)
     decode_columns(M, begin, end, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
-    // Decoding: each tile of B serves every row group while it is in L1. Up to 8 rows, the row groups ask for the
-    // next column tile's lines (NextTile); with more, the first group asks for its own lines ahead and the next
-    // tile's into L2. `qkv_session_bench --products` (B 3072 × 1024 from memory, 2 threads, Zen 5, two alternating
-    // runs), NextTile against the earlier 8 × 2 tile and first-group prefetches: 8 rows 63-75 → 80-86 GFLOP/s, 1 and
-    // 4 rows within the noise (35-38 GB/s, 67-79 GFLOP/s); 12 and 16 rows ran 94-107 and 107-113 with NextTile
-    // against 104-111 and 120-125 with their own, so they keep theirs.
-    if (M <= 16) {
-      const int groups = static_cast<int>((M + kMR - 1) / kMR);
-      for (int64_t n = begin; n < end; n += kNR) {
-        const int64_t nr = std::min<int64_t>(kNR, end - n), following = std::min<int64_t>(kNR, end - n - nr);
-        const float* next = following > 0 ? B + (n + nr) * ldb : nullptr;
-        for (int64_t m = 0; m < M; m += kMR) {
-          const int64_t mr = std::min<int64_t>(kMR, M - m);
-          if (M > 8)
-            (m == 0 ? any_tile<> : any_tile<0>)(mr, nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta,
-                                                 C + m * ldc + n, ldc, NextTile{});
-          else
-            any_tile<0, true>(mr, nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc,
-                              NextTile{next, following, static_cast<int>(m / kMR), groups});
-        }
-      }
+#if defined(QKV_AVX512)
+    if (M < kDecodeMR && M * K * int64_t{sizeof(float)} <= 40 * 1024) {
+      decode_spread(M, begin, end, K, alpha, A, lda, B, ldb, beta, C, ldc);
       continue;
     }
+#endif
     const int64_t block = std::max<int64_t>(kNR, (int64_t{48} * 1024 / std::max<int64_t>(K, 1)) / kNR * kNR);
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t n1 = std::min(end, n0 + block);
+#if defined(QKV_AVX512)
+      // Decoding a batch whose rows of A stay in L1 (8 rows of K ≤ 1280): 8-row tiles, then any row left in smaller
+      // ones. With more rows, or longer ones, each pass over 2 columns would fetch A again from L2: 12 and 16 rows of
+      // K = 1024 ran 0.8–0.9× the 4 × 4 tiles below.
+      if (M >= kDecodeMR && M * K * int64_t{sizeof(float)} <= 40 * 1024) {
+        for (int64_t n = n0; n < n1; n += kDecodeNR) {
+          const int64_t nr = std::min<int64_t>(kDecodeNR, n1 - n);
+          int64_t m = 0;
+          for (; m + kDecodeMR <= M; m += kDecodeMR) {
+            if (nr == kDecodeNR)
+              tile<kDecodeMR, kDecodeNR, kDecodePrefetch>(K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
+            else
+              tile<kDecodeMR, 1, kDecodePrefetch>(K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc);
+          }
+          for (; m < M; m += kMR)
+            any_tile(std::min<int64_t>(kMR, M - m), nr, K, alpha, A + m * lda, lda, B + n * ldb, ldb, beta,
+                     C + m * ldc + n, ldc);
+        }
+        continue;
+      }
+#endif
+      if (M <= 16) {  // decoding: each tile of B serves every row group while it is in L1
+        for (int64_t n = n0; n < n1; n += kNR)
+          for (int64_t m = 0; m < M; m += kMR)
+            (m == 0 ? any_tile<> : any_tile<0>)(std::min<int64_t>(kMR, M - m), std::min<int64_t>(kNR, n1 - n), K, alpha,
+                                                 A + m * lda, lda, B + n * ldb, ldb, beta, C + m * ldc + n, ldc,
+                                                 NextTile{});
+        continue;
+      }
       for (int64_t m = 0; m < M; m += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, M - m);
         for (int64_t n = n0; n < n1; n += kNR)
