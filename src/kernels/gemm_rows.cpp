@@ -239,6 +239,7 @@ constexpr int kNR = 6;  // threads' slices of columns: whole tiles of 2 and of 3
 // on Zen 5, B 3072 × 1024 from memory, two alternating runs each: one row read B at 17.0-17.9 → 22.5-25.9 GB/s on
 // one thread and 30-32 → 48 on two (read bandwidth 25-30 and 51); 8 rows ran 50-52 → 52-67 GFLOP/s on one thread,
 // 88-97 → 90-93 on two, and 104-112 on two once the sums went four at a time (lane_sums4).
+
 // Four elements' 16-lane sums (lanes 0-7 in lo, 8-15 in hi), added as Lanes::sum adds each (lane k + lane k+8, then
 // +4, +2, +1: the same two numbers meet in every addition, so the bits are the same) with one vector addition serving
 // four or eight of them.
@@ -259,16 +260,17 @@ inline void lane_sums4(const __m256 (&lo)[4], const __m256 (&hi)[4], float (&out
 
 template <int MR, int NR>
 void halves_tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                 float* C, int64_t ldc, const float* next, int64_t next_rows, int group, int groups) {
+                 float* C, int64_t ldc, const NextTile& next) {
   __m256 lo[MR][NR], hi[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) lo[m][n] = hi[m][n] = _mm256_setzero_ps();
-  int wait = group;  // steps before this tile's next request for the next pair's lines
+  int wait = next.group;  // steps before this tile's next request for the next pair's lines
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    if (next != nullptr && wait-- == 0) {
-      wait = groups - 1;
-      for (int64_t n = 0; n < next_rows; ++n) _mm_prefetch(reinterpret_cast<const char*>(next + n * ldb + k), _MM_HINT_T0);
+    if (next.rows != nullptr && wait-- == 0) {
+      wait = next.groups - 1;
+      for (int64_t r = 0; r < next.count; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(next.rows + r * ldb + k), _MM_HINT_T0);
     }
     __m256 b[NR];
     for (int n = 0; n < NR; ++n) {
@@ -319,34 +321,31 @@ void halves_tile(int64_t K, float alpha, const float* A, int64_t lda, const floa
 
 template <int MR>
 void halves_tile_columns(int64_t nr, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                         int64_t ldb, float beta, float* C, int64_t ldc, const float* next, int64_t next_rows,
-                         int group, int groups) {
+                         int64_t ldb, float beta, float* C, int64_t ldc, const NextTile& next) {
   switch (nr) {
-    case 1: halves_tile<MR, 1>(K, alpha, A, lda, B, ldb, beta, C, ldc, next, next_rows, group, groups); break;
-    case 2: halves_tile<MR, 2>(K, alpha, A, lda, B, ldb, beta, C, ldc, next, next_rows, group, groups); break;
-    default:
-      if constexpr (MR <= 2) halves_tile<MR, 3>(K, alpha, A, lda, B, ldb, beta, C, ldc, next, next_rows, group, groups);
-      break;
+    case 1: halves_tile<MR, 1>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    case 2: halves_tile<MR, 2>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
+    default: if constexpr (MR <= 2) halves_tile<MR, 3>(K, alpha, A, lda, B, ldb, beta, C, ldc, next); break;
   }
 }
 
-// Columns [begin, end) of C for M ≤ 16 rows (not inlined: in gemm_rows_nt it made GCC inline the other tiles there,
-// and 24 rows ran 0.6× as fast): one or two rows in 1 × 3 and 2 × 3 tiles (one group, so its own
-// requests for the next columns), more in row groups of 3 over column pairs.
-[[gnu::noinline]] void decode_columns(int64_t M, int64_t begin, int64_t end, int64_t K, float alpha, const float* A, int64_t lda,
-                    const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// Columns [begin, end) of C for fewer rows than the packed products take (not inlined: inlined in gemm_rows_nt it
+// made GCC inline the other tiles there, and 24 rows ran 0.6× as fast): one or two rows in 1 × 3 and 2 × 3 tiles (one
+// group, so its own requests for the next columns), more in row groups of 3 over column pairs.
+[[gnu::noinline]] void decode_columns(int64_t M, int64_t begin, int64_t end, int64_t K, float alpha, const float* A,
+                                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const int64_t NR = M <= 2 ? 3 : 2;
   const int groups = static_cast<int>((M + 2) / 3);
   for (int64_t n = begin; n < end; n += NR) {
     const int64_t nr = std::min(NR, end - n), following = std::min(NR, end - n - nr);
-    const float* next = following > 0 ? B + (n + nr) * ldb : nullptr;
-    for (int64_t m = 0, group = 0; m < M; m += 3, ++group) {
+    for (int64_t m = 0; m < M; m += 3) {
       const float* a = A + m * lda;
       float* c = C + m * ldc + n;
+      const NextTile next{following > 0 ? B + (n + nr) * ldb : nullptr, following, static_cast<int>(m / 3), groups};
       switch (std::min<int64_t>(3, M - m)) {
-        case 1: halves_tile_columns<1>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next, following, group, groups); break;
-        case 2: halves_tile_columns<2>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next, following, group, groups); break;
-        default: halves_tile_columns<3>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next, following, group, groups); break;
+        case 1: halves_tile_columns<1>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next); break;
+        case 2: halves_tile_columns<2>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next); break;
+        default: halves_tile_columns<3>(nr, K, alpha, a, lda, B + n * ldb, ldb, beta, c, ldc, next); break;
       }
     }
   }
