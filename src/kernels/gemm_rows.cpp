@@ -141,12 +141,15 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) acc[m][n] = Lanes::zero();
   int64_t k = 0;
+  const float* const next_rows = next.rows;  // (in locals, as halves_tile's)
+  const int64_t next_count = next.count;
+  const int groups = next.groups;
   int wait = next.group;  // steps before this tile's next request for the next tile's lines
   for (; k + 16 <= K; k += 16) {
-    if (Spread && next.rows != nullptr && wait-- == 0) {
-      wait = next.groups - 1;
-      for (int64_t r = 0; r < next.count; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(next.rows + r * ldb + k), _MM_HINT_T0);
+    if (Spread && next_rows != nullptr && wait-- == 0) {
+      wait = groups - 1;
+      for (int64_t r = 0; r < next_count; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(next_rows + r * ldb + k), _MM_HINT_T0);
     }
     Lanes b[NR];
     for (int n = 0; n < NR; ++n) {
@@ -258,19 +261,24 @@ inline void lane_sums4(const __m256 (&lo)[4], const __m256 (&hi)[4], float (&out
   out[0] = s[0], out[1] = s[4], out[2] = s[1], out[3] = s[5];
 }
 
+// Not inlined: inlined into decode_columns (which GCC chose for some shapes and not others as the code around moved),
+// 4 and 8 rows ran 10-20% slower.
 template <int MR, int NR>
-void halves_tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+[[gnu::noinline]] void halves_tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
                  float* C, int64_t ldc, const NextTile& next) {
   __m256 lo[MR][NR], hi[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) lo[m][n] = hi[m][n] = _mm256_setzero_ps();
+  const float* const next_rows = next.rows;
+  const int64_t next_count = next.count;
+  const int groups = next.groups;
   int wait = next.group;  // steps before this tile's next request for the next pair's lines
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    if (next.rows != nullptr && wait-- == 0) {
-      wait = next.groups - 1;
-      for (int64_t r = 0; r < next.count; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(next.rows + r * ldb + k), _MM_HINT_T0);
+    if (next_rows != nullptr && wait-- == 0) {
+      wait = groups - 1;
+      for (int64_t r = 0; r < next_count; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(next_rows + r * ldb + k), _MM_HINT_T0);
     }
     __m256 b[NR];
     for (int n = 0; n < NR; ++n) {
