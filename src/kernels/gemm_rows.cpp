@@ -19,8 +19,8 @@ namespace {
 thread_local int g_row_independent = 0;
 
 // Every element is Σ_k a[k]·b[k] in simd::dot's order: term k goes to lane k mod 16 (one fused multiply-add per
-// term), the 16 lanes are added pairwise (8, 4, 2, 1). AVX-512 holds the 16 lanes in one register, AVX2 in two;
-// both give simd::dot's bits, whatever the tile an element is computed in.
+// term), the 16 lanes are added pairwise (8, 4, 2, 1). AVX-512 holds the 16 lanes in one register (Lanes), AVX2 in
+// two (halves_tile); both give simd::dot's bits, whatever the tile an element is computed in.
 #if defined(QKV_AVX512)
 struct Lanes {
   __m512 v;
@@ -41,30 +41,6 @@ struct Lanes {
     return l[0];
   }
 };
-#elif defined(QKV_AVX2)
-struct Lanes {
-  __m256 lo, hi;  // lanes 0-7 and 8-15
-  static Lanes zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static Lanes load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static Lanes load_tail(const float* p, int64_t n) {
-    alignas(32) float buffer[16] = {};
-    std::copy(p, p + n, buffer);
-    return load(buffer);
-  }
-  void fma(const Lanes& a, const Lanes& b) {
-    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
-    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
-  }
-  void keep() { asm("" : "+x"(lo), "+x"(hi)); }  // as the AVX-512 Lanes::keep
-  float sum() const {
-    alignas(32) float l[16];
-    _mm256_store_ps(l, lo);
-    _mm256_store_ps(l + 8, hi);
-    for (int width = 8; width > 0; width /= 2)
-      for (int k = 0; k < width; ++k) l[k] += l[k + width];
-    return l[0];
-  }
-};
 #endif
 
 // α·dot, or α·dot + β·c as one fused multiply-add (written out, so the vector tiles below give the same bits).
@@ -78,6 +54,23 @@ struct NextTile {
   const float* rows = nullptr;
   int64_t count = 0;
   int group = 0, groups = 1;
+};
+
+// A tile's requests for NextTile's lines: at(k, ldb) at every step k. (Its fields copied into the tile's locals: read
+// through a reference at every step, AVX2's 4 and 8 rows ran ~10% slower.)
+class NextRequests {
+ public:
+  explicit NextRequests(const NextTile& t) : rows_(t.rows), count_(t.count), groups_(t.groups), wait_(t.group) {}
+  void at(int64_t k, int64_t ldb) {
+    if (rows_ == nullptr || wait_-- != 0) return;
+    wait_ = groups_ - 1;
+    for (int64_t r = 0; r < count_; ++r) __builtin_prefetch(rows_ + r * ldb + k, 0, 3);  // into L1
+  }
+
+ private:
+  const float* rows_;
+  int64_t count_;
+  int groups_, wait_;
 };
 
 #if defined(QKV_AVX512)
@@ -141,16 +134,9 @@ void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, i
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) acc[m][n] = Lanes::zero();
   int64_t k = 0;
-  const float* const next_rows = next.rows;  // (in locals, as halves_tile's)
-  const int64_t next_count = next.count;
-  const int groups = next.groups;
-  int wait = next.group;  // steps before this tile's next request for the next tile's lines
+  NextRequests requests(next);
   for (; k + 16 <= K; k += 16) {
-    if (Spread && next_rows != nullptr && wait-- == 0) {
-      wait = groups - 1;
-      for (int64_t r = 0; r < next_count; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(next_rows + r * ldb + k), _MM_HINT_T0);
-    }
+    if constexpr (Spread) requests.at(k, ldb);
     Lanes b[NR];
     for (int n = 0; n < NR; ++n) {
       if constexpr (Ahead > 0) {
@@ -229,11 +215,11 @@ constexpr int kNR = 6;  // threads' slices of columns: whole tiles of 2 and of 3
 
 // ---- AVX2: fewer rows than a packed product takes (decoding), tiles that take each step's lanes half at a time ----
 //
-// A tile of whole Lanes needs two registers for each accumulator, each value of B and of A: of AVX2's 16 registers a
-// 2 × 2 tile fills 14 and loads a vector for every multiply-add. Taking lanes 0-7 of a step for every element of the
-// tile, then lanes 8-15, needs one register for each of B's NR vectors and one for A's: a 3 × 2 tile holds its 12
-// accumulators in 15 registers and loads 5 vectors for 6 multiply-adds. Each accumulator still takes its terms in
-// simd::dot's order (lane l: k = l, l + 16, …), so the bits are the same.
+// A tile of whole 16-lane accumulators needs two registers for each of them and for each value of B and of A: of
+// AVX2's 16 registers a 2 × 2 tile fills 14 and loads a vector for every multiply-add. Taking lanes 0-7 of a step for
+// every element of the tile, then lanes 8-15, needs one register for each of B's NR vectors and one for A's: a 3 × 2
+// tile holds its 12 accumulators in 15 registers and loads 5 vectors for 6 multiply-adds. Each accumulator still takes
+// its terms in simd::dot's order (lane l: k = l, l + 16, …), so the bits are the same.
 //
 // The tiles of a column pair run one after the other (row groups of 3) with B in L1 after the first; meanwhile every
 // tile asks for the next pair's lines, each group one step in `groups`, so the requests are spread over the whole
@@ -243,9 +229,9 @@ constexpr int kNR = 6;  // threads' slices of columns: whole tiles of 2 and of 3
 // one thread and 30-32 → 48 on two (read bandwidth 25-30 and 51); 8 rows ran 50-52 → 52-67 GFLOP/s on one thread,
 // 88-97 → 90-93 on two, and 104-112 on two once the sums went four at a time (lane_sums4).
 
-// Four elements' 16-lane sums (lanes 0-7 in lo, 8-15 in hi), added as Lanes::sum adds each (lane k + lane k+8, then
-// +4, +2, +1: the same two numbers meet in every addition, so the bits are the same) with one vector addition serving
-// four or eight of them.
+// Four elements' 16-lane sums (lanes 0-7 in lo, 8-15 in hi), added as simd::dot adds its lanes (lane k + lane k+8,
+// then +4, +2, +1: the same two numbers meet in every addition, so the bits are the same) with one vector addition
+// serving four or eight of them.
 inline void lane_sums4(const __m256 (&lo)[4], const __m256 (&hi)[4], float (&out)[4]) {
   __m256 e[4];  // + 8: each element's 8 partial sums
   for (int i = 0; i < 4; ++i) e[i] = _mm256_add_ps(lo[i], hi[i]);
@@ -269,21 +255,14 @@ template <int MR, int NR>
   __m256 lo[MR][NR], hi[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) lo[m][n] = hi[m][n] = _mm256_setzero_ps();
-  const float* const next_rows = next.rows;
-  const int64_t next_count = next.count;
-  const int groups = next.groups;
-  int wait = next.group;  // steps before this tile's next request for the next pair's lines
+  NextRequests requests(next);
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    if (next_rows != nullptr && wait-- == 0) {
-      wait = groups - 1;
-      for (int64_t r = 0; r < next_count; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(next_rows + r * ldb + k), _MM_HINT_T0);
-    }
+    requests.at(k, ldb);
     __m256 b[NR];
     for (int n = 0; n < NR; ++n) {
       b[n] = _mm256_loadu_ps(B + n * ldb + k);
-      asm("" : "+x"(b[n]));  // kept in a register (see Lanes::keep)
+      asm("" : "+x"(b[n]));  // kept in a register (see the AVX-512 Lanes::keep)
     }
     for (int m = 0; m < MR; ++m) {
       __m256 a = _mm256_loadu_ps(A + m * lda + k);
@@ -302,11 +281,13 @@ template <int MR, int NR>
   }
   if (k < K)  // zeros beyond K add nothing: the lanes still hold term k in lane k mod 16
     for (int n = 0; n < NR; ++n) {
-      const Lanes b = Lanes::load_tail(B + n * ldb + k, K - k);
+      alignas(32) float b[16] = {};
+      std::copy(B + n * ldb + k, B + n * ldb + K, b);
       for (int m = 0; m < MR; ++m) {
-        const Lanes a = Lanes::load_tail(A + m * lda + k, K - k);
-        lo[m][n] = _mm256_fmadd_ps(a.lo, b.lo, lo[m][n]);
-        hi[m][n] = _mm256_fmadd_ps(a.hi, b.hi, hi[m][n]);
+        alignas(32) float a[16] = {};
+        std::copy(A + m * lda + k, A + m * lda + K, a);
+        lo[m][n] = _mm256_fmadd_ps(_mm256_load_ps(a), _mm256_load_ps(b), lo[m][n]);
+        hi[m][n] = _mm256_fmadd_ps(_mm256_load_ps(a + 8), _mm256_load_ps(b + 8), hi[m][n]);
       }
     }
   // The sums, four elements at a time (lane_sums4; a 3 × 2 tile's six one by one took about a fifth of its time)
