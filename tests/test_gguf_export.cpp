@@ -231,6 +231,12 @@ float max_diff(const Tensor& a, const Tensor& b) {
 }
 
 const char* const kPrompt = "the cat sat on the mat, the cat";
+// How far below qkv's best logit llama.cpp's token may score on a quantized file, as a share of the logits' range. Both
+// quantize each row of activations to 8 bits, so a last-bit difference in a float before it (another summation order:
+// a portable build's scalar loops, llama.cpp's own) can move one level of one block, which these random models amplify:
+// qkv's AVX-512 and portable builds give logits that agree to 1e-6 at most steps and differ by up to 0.6% of the range
+// at others (Q4_K_M), and the steps where llama.cpp's token is not qkv's best sit 1.2–2.1% below it.
+constexpr float kQuantizedMargin = 0.03f;
 
 // Where tools/llamacpp.sh builds its program for one test: a folder of the test's own in the build tree, so tests that
 // ctest runs at once (and tokenizer_cases_vs_hf, which uses build/llamacpp) never clone or compile into one folder.
@@ -492,8 +498,9 @@ TEST(GgufExport, MistakesAreRefusedWithTheReason) {
 
 // llama.cpp (node-llama-cpp 3.22.1's libllama, through tools/llamacpp.sh) loads the files qkv writes and gives qkv's
 // tokens: the prompt's ids, and the greedy continuation — token for token in float32; for Q8_0 and Q4_K_M, qkv's
-// next token after each of llama.cpp's is llama.cpp's at 11 of 12 steps at least, and where not, within 2% of the
-// logits' range of qkv's first (llama.cpp rounds its KV cache to f16; a random model amplifies every rounding).
+// next token after each of llama.cpp's is llama.cpp's at 11 of 12 steps at least, and where not, within
+// kQuantizedMargin of the logits' range of qkv's first (llama.cpp rounds its KV cache to f16; a random model amplifies
+// every rounding).
 // Needs node-llama-cpp (QKV_NODE_LLAMA_CPP or .cache/node/node_modules): skipped without it, failed under scripts/run
 // test (QKV_REQUIRE_LLAMACPP=1).
 // llama.cpp's greedy text for a GGUF file (tools/llamacpp.sh generate): the prompt's ids and the new ones, and all it
@@ -580,7 +587,7 @@ TEST(GgufExport, LlamaCppGivesQkvsGreedyTokens) {
           const float* last = l.data() + (static_cast<int64_t>(ids.size()) - 1) * V;
           const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
           agree += last[want] == top;
-          EXPECT_GE(last[want], top - 0.02f * (top - bottom)) << "step " << ids.size() - prompt.size();
+          EXPECT_GE(last[want], top - kQuantizedMargin * (top - bottom)) << "step " << ids.size() - prompt.size();
           ids.push_back(want);
         }
         EXPECT_GE(agree, static_cast<int>(theirs.size()) - 1);
@@ -609,8 +616,8 @@ std::string exported(const fs::path& folder, GgufFileType type, const std::strin
 }
 
 // llama.cpp's greedy run from a file qkv wrote, against qkv's model of it: each token qkv's own choice (exact) or, for
-// a quantized file (llama.cpp's activations are quantized too), within 2% of the logits' range of qkv's best — but for
-// `misses` steps.
+// a quantized file (llama.cpp's activations are quantized too), within kQuantizedMargin of the logits' range of qkv's
+// best — but for `misses` steps.
 void expect_llamacpp_tokens(const nn::Decoder& model, const std::vector<int64_t>& ids, const LlamaCppRun& run, bool exact,
                             int misses = 0) {
   ASSERT_EQ(run.status, 0) << run.out;
@@ -623,7 +630,7 @@ void expect_llamacpp_tokens(const nn::Decoder& model, const std::vector<int64_t>
     const float* last = l.data() + (static_cast<int64_t>(seen.size()) - 1) * V;
     const float top = *std::max_element(last, last + V), bottom = *std::min_element(last, last + V);
     if (exact) EXPECT_EQ(std::max_element(last, last + V) - last, token) << "step " << seen.size() - ids.size() << "\n" << run.out;
-    else if (last[token] < top - 0.02f * (top - bottom) && --misses < 0)
+    else if (last[token] < top - kQuantizedMargin * (top - bottom) && --misses < 0)
       ADD_FAILURE() << "step " << seen.size() - ids.size() << ": llama.cpp's token has " << last[token] << ", qkv's best " << top;
     seen.push_back(token);
   }
@@ -632,7 +639,8 @@ void expect_llamacpp_tokens(const nn::Decoder& model, const std::vector<int64_t>
 // Qwen3-MoE as llama.cpp's qwen3moe: each layer's experts stacked in one 3-D tensor per projection (ffn_gate_exps,
 // ffn_up_exps, ffn_down_exps: experts × rows × cols), the router as ffn_gate_inp, the expert keys in the metadata. The
 // float32 file gives the folder's logits bit for bit, q8_0 the --weights q8_0 path's, and llama.cpp loads both and
-// gives qkv's greedy tokens (f32) or tokens within 2% of the logits' range (q8_0). A model with a dense layer is refused.
+// gives qkv's greedy tokens (f32) or tokens within kQuantizedMargin of the logits' range (q8_0). A model with a dense
+// layer is refused.
 TEST(GgufExport, MixtureOfExpertsStacksItsExpertsAsLlamaCppDoes) {
   const fs::path& folder = folders().qwen3moe;
   const auto source = nn::load_pretrained(folder.string());
