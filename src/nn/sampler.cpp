@@ -11,6 +11,14 @@
 
 namespace qkv::nn {
 
+namespace {
+
+bool has_penalties(const SamplerOptions& o) {
+  return o.repetition_penalty != 1.0 || o.presence_penalty != 0.0 || o.frequency_penalty != 0.0;
+}
+
+}  // namespace
+
 void SamplerOptions::validate() const {
   auto fail = [](const std::string& what) { throw ValueError("sampler: " + what); };
   if (!(temperature >= 0.0) || !std::isfinite(temperature)) fail("temperature must be a finite number ≥ 0 (0: greedy)");
@@ -39,8 +47,7 @@ void Sampler::accept(std::span<const int64_t> tokens) {
 
 std::vector<float> Sampler::penalised(const float* logits, int64_t vocab) const {
   std::vector<float> z(logits, logits + vocab);
-  const bool any = options_.repetition_penalty != 1.0 || options_.presence_penalty != 0.0 || options_.frequency_penalty != 0.0;
-  if (!any || history_.empty()) return z;
+  if (!has_penalties(options_) || history_.empty()) return z;
   const size_t n = options_.penalty_last_n > 0 ? std::min(history_.size(), static_cast<size_t>(options_.penalty_last_n))
                                                : history_.size();
   std::unordered_map<int64_t, int64_t> counts;
@@ -58,6 +65,9 @@ std::vector<float> Sampler::penalised(const float* logits, int64_t vocab) const 
 std::vector<std::pair<int64_t, double>> Sampler::distribution(const float* logits, int64_t vocab) const {
   if (vocab <= 0) throw ValueError("sampler: an empty row of logits");
   if (options_.vocab_limit > 0) vocab = std::min(vocab, options_.vocab_limit);
+  const bool penalties = !history_.empty() && has_penalties(options_);
+  // Greedy without penalties reads the logits where they are: no copy of the row (a 600 KB vocabulary's, each token)
+  if (options_.is_greedy() && !penalties) return {{static_cast<int64_t>(std::max_element(logits, logits + vocab) - logits), 1.0}};
   const std::vector<float> z = penalised(logits, vocab);
   if (options_.is_greedy())
     return {{static_cast<int64_t>(std::max_element(z.begin(), z.end()) - z.begin()), 1.0}};
