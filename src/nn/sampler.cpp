@@ -66,8 +66,10 @@ std::vector<std::pair<int64_t, double>> Sampler::distribution(const float* logit
   if (vocab <= 0) throw ValueError("sampler: an empty row of logits");
   if (options_.vocab_limit > 0) vocab = std::min(vocab, options_.vocab_limit);
   const bool penalties = !history_.empty() && has_penalties(options_);
-  // Greedy without penalties reads the logits where they are: no copy of the row (a 600 KB vocabulary's, each token)
-  if (options_.is_greedy() && !penalties) return {{static_cast<int64_t>(std::max_element(logits, logits + vocab) - logits), 1.0}};
+  // Greedy without penalties reads the logits where they are: no copy of the row (600 KB for a 152k vocabulary, each
+  // token)
+  if (options_.is_greedy() && !penalties)
+    return {{static_cast<int64_t>(std::max_element(logits, logits + vocab) - logits), 1.0}};
   const std::vector<float> z = penalised(logits, vocab);
   if (options_.is_greedy())
     return {{static_cast<int64_t>(std::max_element(z.begin(), z.end()) - z.begin()), 1.0}};
