@@ -35,9 +35,10 @@ namespace {
 // ---- kernels ----
 
 TEST(RowIndependentProducts, EveryRowHasTheSameBitsInAnyBatch) {
-  // 13 rows: decoding's row groups (of 4 rows built for AVX-512, of 3 for AVX2) and a last row alone; 8 and 16: whole
-  // groups; 24-37 rows: AVX-512's tiles over blocks of columns; from 32 rows (AVX2) or 48 (AVX-512) the packed
-  // products (prompts), with panels of rows and columns cut short by M, N and K
+  // 13 rows: decoding's tiles and a last row alone (AVX-512: an 8-row tile, then 4 rows and 1, while 13 rows of K fit
+  // in 40 KiB, else groups of 4; AVX2: groups of 3); 8 and 16: whole tiles; 24-37 rows: AVX-512's tiles over blocks of
+  // columns; from 32 rows (AVX2) or 48 (AVX-512) the packed products (prompts), with panels of rows and columns cut
+  // short by M, N and K
   for (const auto& [M, K] : std::vector<std::pair<int64_t, int64_t>>{{13, 5}, {13, 16}, {13, 37}, {13, 100}, {13, 1024},
                                                                       {8, 1024}, {16, 37}, {24, 1024}, {29, 5},
                                                                       {37, 100}, {64, 16}, {50, 1030}}) {
