@@ -393,68 +393,75 @@ TEST(Quant, ARowDoesNotDependOnTheRowsBesideItNorOnTheThreads) {
   }
 }
 
-// Where Q4_0 and Q8_0 run with the rows of W in the lanes (16 per vector: AVX-512 VNNI), a row of Y is, bit for bit, the scalar
-// float32 chain acc ← fma(float(Σ w·q), d_w·d_x, acc) over the blocks in order, X quantized to 8-bit blocks as the
-// kernels do (d_x = max|x|/127 in float32, q = x·(1/d_x) rounded to nearest even): at 1, 6 and 70 rows of X (the
-// tile of 16 rows unpacked block by block, and once for all), 37 rows of W (two tiles and a tail copied beside zero rows) and
-// 5 blocks (a group of scales and the rest read one by one), on 1 and 2 threads. Elsewhere the one-row kernels sum lanes in
-// another order: their values are checked against the references above.
+// Where Q4_0 and Q8_0 run with the rows of W in the lanes (AVX-512 VNNI: both, 16 rows per vector; AVX2: Q4_0, 8), a row
+// of Y is, bit for bit, a sum of scalar float32 chains c_j ← fma(float(Σ w·q), d_w·d_x, c_j) over the blocks b ≡ j (mod
+// C) in order: C = 1 (AVX-512), or C = 8 (AVX2, as its backend says) summed as ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) +
+// (c₆ + c₇)). X is quantized to 8-bit blocks as the kernels do (d_x = max|x|/127 in float32, q = x·(1/d_x) rounded to
+// nearest even). At 1, 3, 6 and 70 rows of X (the few-rows kernels, and the tiles unpacked once for all), 37 rows of W
+// (whole tiles and a last partial one), 5 and 17 blocks (whole groups of 8 blocks or not, and the rest), on 1 and 2
+// threads. Elsewhere the one-row kernels sum lanes in another order: their values are checked against the references
+// above.
 TEST(Quant, RowsInLanesFollowThePerBlockChainBitForBit) {
-  const int64_t N = 37, K = 160, blocks = K / 32;
-  const std::vector<float> values = rows_of(0, static_cast<int>((N * K + kCols - 1) / kCols), true);
-  for (WeightType type : {WeightType::Q4_0, WeightType::Q8_0}) {
-    const char* name = kernels::weight_type_name(type);
-    const bool lanes = std::string(kernels::gemm_weight_backend(type)).find("across a vector's lanes") != std::string::npos;
-    const int64_t row = kernels::row_bytes(type, K);
-    std::vector<unsigned char> stored(N * row);
-    kernels::quantize_rows(type, values.data(), stored.data(), N, K);
-    const kernels::WeightView w{type, stored.data(), N, K};
-    // each weight's level and each block's scale, from the stored bytes
-    std::vector<int> level(N * K);
-    std::vector<float> scale(N * blocks);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const unsigned char* block = stored.data() + n * row + b * (type == WeightType::Q4_0 ? 18 : 34);
-        uint16_t half;
-        std::memcpy(&half, block, 2);
-        scale[n * blocks + b] = kernels::f16_to_f32_reference(half);
-        for (int j = 0; j < 32; ++j)
-          level[n * K + b * 32 + j] = type == WeightType::Q8_0 ? static_cast<int8_t>(block[2 + j])
-                                      : j < 16 ? (block[2 + j] & 0xf) - 8 : (block[2 + j - 16] >> 4) - 8;
-      }
-    for (int64_t M : {int64_t{1}, int64_t{6}, int64_t{70}}) {
-      std::vector<float> x(M * K);
-      SplitMix g(static_cast<uint64_t>(M) + 17);
-      for (float& v : x) v = static_cast<float>(g.uniform() - 0.5);
-      std::vector<float> want(M * N);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          float acc = 0.0f;
-          for (int64_t b = 0; b < blocks; ++b) {
-            const float* xb = x.data() + m * K + b * 32;
-            float amax = 0.0f;
-            for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-            const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
-            int32_t sum = 0;
-            for (int j = 0; j < 32; ++j)
-              sum += level[n * K + b * 32 + j] * static_cast<int32_t>(std::nearbyint(xb[j] * id));
-            acc = std::fma(static_cast<float>(sum), scale[n * blocks + b] * dx, acc);
-          }
-          want[m * N + n] = acc;
+  for (const int64_t K : {int64_t{160}, int64_t{544}}) {
+    const int64_t N = 37, blocks = K / 32;
+    const std::vector<float> values = rows_of(0, static_cast<int>((N * K + kCols - 1) / kCols), true);
+    for (WeightType type : {WeightType::Q4_0, WeightType::Q8_0}) {
+      const char* name = kernels::weight_type_name(type);
+      const std::string backend = kernels::gemm_weight_backend(type);
+      const bool lanes = backend.find("across a vector's lanes") != std::string::npos;
+      const int chains = backend.find("blocks in 8 chains") != std::string::npos ? 8 : 1;
+      const int64_t row = kernels::row_bytes(type, K);
+      std::vector<unsigned char> stored(N * row);
+      kernels::quantize_rows(type, values.data(), stored.data(), N, K);
+      const kernels::WeightView w{type, stored.data(), N, K};
+      // each weight's level and each block's scale, from the stored bytes
+      std::vector<int> level(N * K);
+      std::vector<float> scale(N * blocks);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const unsigned char* block = stored.data() + n * row + b * (type == WeightType::Q4_0 ? 18 : 34);
+          uint16_t half;
+          std::memcpy(&half, block, 2);
+          scale[n * blocks + b] = kernels::f16_to_f32_reference(half);
+          for (int j = 0; j < 32; ++j)
+            level[n * K + b * 32 + j] = type == WeightType::Q8_0 ? static_cast<int8_t>(block[2 + j])
+                                        : j < 16 ? (block[2 + j] & 0xf) - 8 : (block[2 + j - 16] >> 4) - 8;
         }
-      for (int threads : {1, 2}) {
-        ThreadCount count(threads);
-        std::vector<float> y(M * N);
-        kernels::gemm_weight(w, M, x.data(), K, 0.0f, y.data(), N);
-        for (int64_t i = 0; i < M * N; ++i) {
-          if (lanes) {
-            ASSERT_EQ(y[i], want[i]) << name << " M " << M << " [" << i / N << "," << i % N << "] on " << threads
-                                     << " threads: not the per-block chain";
-          } else {
-            double size = 0;
-            for (int64_t k = 0; k < K; ++k)
-              size += std::fabs(level[(i % N) * K + k] * double{scale[(i % N) * blocks + k / 32]} * x[(i / N) * K + k]);
-            ASSERT_NEAR(y[i], want[i], 1e-5 * size) << name << " M " << M;
+      for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{70}}) {
+        std::vector<float> x(M * K);
+        SplitMix g(static_cast<uint64_t>(M) + 17);
+        for (float& v : x) v = static_cast<float>(g.uniform() - 0.5);
+        std::vector<float> want(M * N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            float c[8] = {};
+            for (int64_t b = 0; b < blocks; ++b) {
+              const float* xb = x.data() + m * K + b * 32;
+              float amax = 0.0f;
+              for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+              const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
+              int32_t sum = 0;
+              for (int j = 0; j < 32; ++j)
+                sum += level[n * K + b * 32 + j] * static_cast<int32_t>(std::nearbyint(xb[j] * id));
+              float& acc = c[b % chains];
+              acc = std::fma(static_cast<float>(sum), scale[n * blocks + b] * dx, acc);
+            }
+            want[m * N + n] = chains == 1 ? c[0] : ((c[0] + c[1]) + (c[4] + c[5])) + ((c[2] + c[3]) + (c[6] + c[7]));
+          }
+        for (int threads : {1, 2}) {
+          ThreadCount count(threads);
+          std::vector<float> y(M * N);
+          kernels::gemm_weight(w, M, x.data(), K, 0.0f, y.data(), N);
+          for (int64_t i = 0; i < M * N; ++i) {
+            if (lanes) {
+              ASSERT_EQ(y[i], want[i]) << name << " K " << K << " M " << M << " [" << i / N << "," << i % N << "] on " << threads
+                                       << " threads: not the chains of blocks";
+            } else {
+              double size = 0;
+              for (int64_t k = 0; k < K; ++k)
+                size += std::fabs(level[(i % N) * K + k] * double{scale[(i % N) * blocks + k / 32]} * x[(i / N) * K + k]);
+              ASSERT_NEAR(y[i], want[i], 1e-5 * size) << name << " M " << M;
+            }
           }
         }
       }

@@ -5,7 +5,8 @@
 // memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
 // of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 and Q8_0 in
-// the AVX-512 VNNI build go to quant_lanes.cpp instead: 16 rows of W at a time, one per lane.)
+// the AVX-512 VNNI build go to quant_lanes.cpp instead: 16 rows of W at a time, one per lane; so does Q4_0 in the AVX2
+// build, whose few-rows kernel there reads Q4_0Pair's activations as this file's did.)
 #include "quant_dot.hpp"
 
 #include <algorithm>
@@ -55,15 +56,8 @@ struct alignas(64) Q4_0Quad {
 constexpr int kQ4_0Group = 4;
 using Q4_0Group = Q4_0Quad;
 #elif defined(QKV_DOT256)
-// AVX2 Q4_0, two blocks per 256-bit step: the low nibbles of both, then the high ones; block k owns lanes 4k … 4k + 3,
-// which start from −8·Σq. (Q8_0 multiplies |w| by x with w's sign, per block: no offset, the natural blocks suffice.)
-struct alignas(64) Q4_0Pair {
-  int8_t low[32];
-  int8_t high[32];
-  int32_t bias[8];
-  float dx[2];
-  float pad[6];
-};
+// AVX2 Q4_0: Q4_0Pair (quant_dot.hpp). (Q8_0 multiplies |w| by x with w's sign, per block: no offset, the natural
+// blocks suffice.)
 constexpr int kQ4_0Group = 2;
 using Q4_0Group = Q4_0Pair;
 #else
@@ -412,40 +406,13 @@ template <int R>
 
 // ---- Q4_0 ----
 
+// (The SIMD builds take Q4_0 to quant_lanes.cpp: this is the plain C++ build's.)
 template <int R>
 [[gnu::always_inline]] inline void dot_q4_0(const BlockQ4_0* w, const unsigned char* const* act, int64_t blocks, float* out) {
   const Q8Block* natural[R];
   for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
-  int64_t b = 0;
   float total[R] = {};
-  [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
-#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q4_0 to quant_lanes.cpp)
-  const Q4_0Pair* pairs[R];
-  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(act[r] + blocks * int64_t{sizeof(Q8Block)});
-  const __m256i nibble = _mm256_set1_epi8(0x0f);
-  const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  __m256 acc[U][R];
-  for (auto& set : acc)
-    for (auto& a : set) a = _mm256_setzero_ps();
-  auto step = [&](__m256* a, int64_t p) {
-    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w + 2 * p);
-    simd::prefetch(wb + kPrefetchBytes, 36);
-    const __m256i v = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 20)), 1);
-    const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-    const __m128 w_scales = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(load_u16(wb)), load_u16(wb + 18), 1));
-    accumulate_pair<R>(a, pairs, p, low, high, w_scales, spread);
-  };
-  const int64_t full = blocks / 2;
-  int64_t p = 0;
-  for (; p + U <= full; p += U)
-    for (int u = 0; u < U; ++u) step(acc[u], p + u);
-  for (; p < full; ++p) step(acc[0], p);
-  b = 2 * full;
-  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
-#endif
-  for (; b < blocks; ++b)
+  for (int64_t b = 0; b < blocks; ++b)
     for (int r = 0; r < R; ++r) total[r] += dot_q4_0_block(w[b], natural[r][b]);
   for (int r = 0; r < R; ++r) out[r] = total[r];
 }
@@ -904,7 +871,12 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
   const int64_t blocks = K / (k_quant ? kQK_K : kQK), base = natural_bytes(type, K);
   int64_t packed = 0;
   // MXFP4 takes Q4_0's groups (the same order of values), with its own offset in the bias
+  // (the AVX-512 VNNI build's Q4_0 lanes read the natural blocks only; the AVX2 build's read the pairs for few rows)
+#if defined(QKV_DOT512)
   [[maybe_unused]] const bool q4_groups = (type == WeightType::Q4_0 && !takes_all_rows(type)) || type == WeightType::MXFP4;
+#else
+  [[maybe_unused]] const bool q4_groups = type == WeightType::Q4_0 || type == WeightType::MXFP4;
+#endif
   [[maybe_unused]] const int32_t offset = type == WeightType::MXFP4 ? 12 : 8;  // the kernel's unsigned weight levels are q + offset
   if (q4_groups && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
   const size_t needed = static_cast<size_t>(base + packed + 64);
@@ -965,7 +937,7 @@ int ActivationRow::level(int64_t k) const {
 
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld) {
-#if defined(QKV_DOT512)
+#if defined(QKV_DOT512) || defined(QKV_DOT256)
   if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_in_lanes(w, row_bytes, rows, x, count, beta, out, ld);
 #endif
   const unsigned char* at = static_cast<const unsigned char*>(w);

@@ -57,23 +57,49 @@ class ActivationRow {
 
 // out[r·ld + n] = Σ_k W[n][k]·x_r[k] (+ beta·out[r·ld + n]; beta 0: out is not read) for the weight rows n < rows,
 // `row_bytes` apart, of x_r's type (a block type) and size, and the `count` rows of quantized activations x_0 … x_{count−1}.
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)
+// The AVX2 build's Q4_0 (and MXFP4) activations, after the natural blocks: two blocks per 256-bit step, the low
+// nibbles' partners of both (values 0 … 15 of block 2p, then of 2p + 1), then the high ones'; block k of the pair owns
+// int32 lanes 4k … 4k + 3, which start from bias (−offset·Σq in the first, zeros after: Q4_0's offset 8, MXFP4's 12).
+// Read by quant_lanes.cpp's Q4_0 kernel for few rows and quant_dot.cpp's MXFP4 kernel.
+struct alignas(64) Q4_0Pair {
+  int8_t low[32];
+  int8_t high[32];
+  int32_t bias[8];
+  float dx[2];
+  float pad[6];
+};
+#endif
+
 // Each block of a weight row is unpacked once for up to kMaxDotRows rows of activations.
 inline constexpr int kMaxDotRows = 4;
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld);
 
 // Whether dot_rows takes every row of activations at once for this type (and should be given them all: it reads W
-// once for all of them, 16 rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the AVX-512
-// VNNI build.
+// once for all of them, kLanesTileRows rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the
+// AVX-512 VNNI build, Q4_0 in the AVX2 one.
 constexpr bool takes_all_rows(WeightType type) {
 #if defined(QKV_DOT512)
   return type == WeightType::Q4_0 || type == WeightType::Q8_0;
+#elif defined(QKV_DOT256)
+  return type == WeightType::Q4_0;
 #else
   (void)type;
   return false;
 #endif
 }
+// The rows of W those kernels take at once (one per int32 lane); a thread's slice of W is a multiple of it. And the
+// chains their blocks are summed in: a row of Y is the sum of kLanesChains float32 chains, chain j over the blocks
+// b ≡ j (mod kLanesChains) in order (quant_lanes.cpp).
 #if defined(QKV_DOT512)
+inline constexpr int64_t kLanesTileRows = 16;
+inline constexpr int kLanesChains = 1;
+#else
+inline constexpr int64_t kLanesTileRows = 8;
+inline constexpr int kLanesChains = 8;
+#endif
+#if defined(QKV_DOT512) || defined(QKV_DOT256)
 // dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_lanes.cpp)
 void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld);

@@ -1,5 +1,5 @@
-// Q4_0 and Q8_0 weights times 8-bit activations with the rows of W in the lanes (AVX-512 VNNI builds; see
-// quant_dot.hpp).
+// Q4_0 and Q8_0 weights times 8-bit activations with the rows of W in the lanes (AVX-512 VNNI builds; Q4_0 in AVX2
+// builds, at the end; see quant_dot.hpp).
 //
 // The one-row kernels of quant_dot.cpp give each block of a weight row 4 (Q4_0) or 8 (Q8_0) of a vector's 16 int32
 // lanes, so every 64–128 values of a row of W against a row of X cost one or two vpdpbusd and three float operations
@@ -360,6 +360,292 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
                      float beta, float* out, int64_t ld) {
   if (x[0]->type() == WeightType::Q8_0) tiles_of<Q8_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld);
   else tiles_of<Q4_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld);
+}
+
+#elif defined(QKV_DOT256)
+
+// ---- AVX2: Q4_0 ----
+// A row of Y is y = ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)), where chain c_j ← fma(float(Σ nib·q − 8·Σq),
+// d_w·d_x, c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact): the same whatever the number
+// of rows of X, their place among the others or the threads. Eight chains, not the AVX-512 build's one, because each
+// of the two kernels below can then keep its own natural layout:
+//   few rows of X (generation): each row of W is read alone, one sequential stream, as quant_dot.cpp's one-row kernel
+//     reads it (two blocks per vector against Q4_0Pair's activations); two vphaddd turn 4 pairs' partial sums into
+//     the exact sums of 8 blocks, one per lane, so one multiply-add per 8 blocks advances all 8 chains. (With one
+//     chain, the sums had to be transposed so that rows of W own the lanes: 20–30% more instructions than the one-row
+//     kernel, which runs close to its instruction rate. Reading 8 rows side by side instead made a thread's slice 8
+//     streams: two threads lost 5–14% of their tokens/s.)
+//   more rows: 8 rows of W in the lanes of each vector (unpacked once into a buffer that stays in L1 or L2), every
+//     chain walked in turn for groups of 4 rows of X. Without vpdpbusd the products are vpmaddubsw's: a nibble (≤ 15)
+//     times an int8 activation, pairs ≤ 2·15·127, so a block's 8 vectors (32 values) are summed in 16 bits
+//     (≤ 8·2·15·127 = 30,480 < 32,768) and widened once by a vpmaddwd: 17 integer operations per block of 8 rows
+//     and a row of X, where the one-row kernel took ~5 per block and row.
+
+namespace {
+
+constexpr int kTile = kLanesTileRows;  // rows of W per tile: one per int32 lane
+constexpr int kGroup = 4;              // rows of X multiplied together with a tile's block
+constexpr int kChains = kLanesChains;  // 8
+constexpr int64_t kBlockBytes = sizeof(BlockQ4_0);
+constexpr int64_t kPrefetchBytes = 8192;  // quant_dot.cpp's distance for a thread's one stream of W
+
+struct alignas(32) TileBlock {
+  __m256i v[8];  // v[c] lane n: values 4c … 4c + 3 of row n (c < 4: the low nibbles, values 16 + 4(c − 4) … after)
+  __m256 d;      // lane n: the block's scale in row n
+};
+static_assert(sizeof(TileBlock) == 288, "a tile block is 9 half cache lines");
+
+int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+uint16_t load_u16(const void* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// ---- few rows of X ----
+
+// The lane of block k of a group of 8 in the few-rows kernel's vectors: the even blocks in the low half.
+constexpr int lane_of(int k) { return (k % 2) * 4 + k / 2; }
+
+// The sum of the 8 chains, held as lane_of places them: the halves added, then lanes 2, 3 to 0, 1, then those two.
+[[gnu::always_inline]] inline float sum_chains(__m256 c) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));  // c0+c1, c2+c3, c4+c5, c6+c7
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (c0+c1)+(c4+c5), (c2+c3)+(c6+c7)
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Rows of W against R ≤ 4 rows of X; dx[r·groups + g] lane lane_of(k): row r's scale of block 8g + k (0 past the end).
+template <int R>
+void rows_direct(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
+                 const __m256* dx, float beta, float* out, int64_t ld) {
+  const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
+  const Q4_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(x[r] + blocks);
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  // The scales of a group's 8 blocks (144 bytes), in the lanes of their sums: the half of block 2i at byte 36i, of
+  // 2i + 1 at 36i + 18, so dword i of the 32 bytes from 32i holds the first in its low half (low 128 bits) and the
+  // second in its high half (high 128 bits). Four loads, three blends and two shuffles: a vpgatherdd took as long as
+  // the rest of the group's work.
+  const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+  auto scales = [&](const unsigned char* at) {
+    auto chunk = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * i)); };
+    __m256i v = _mm256_blend_epi32(chunk(0), chunk(1), 0x22);
+    v = _mm256_blend_epi32(_mm256_blend_epi32(v, chunk(2), 0x44), chunk(3), 0x88);
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);  // qwords 0 and 2 to 0 and 1
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  };
+  for (int64_t n = 0; n < rows; ++n) {
+    const unsigned char* row = w + n * bytes;
+    __m256 acc[R];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      const unsigned char* at = row + 8 * g * kBlockBytes;
+      simd::prefetch(at + kPrefetchBytes, 8 * kBlockBytes);
+      __m256i low[4], high[4];
+      for (int p = 0; p < 4; ++p) {
+        const unsigned char* wb = at + 2 * p * kBlockBytes;
+        const __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kBlockBytes + 2)), 1);
+        low[p] = _mm256_and_si256(v, nibble);
+        high[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      }
+      const __m256 d = scales(at);
+      for (int r = 0; r < R; ++r) {
+        __m256i s[4];  // block 2p in the low 4 lanes of s[p], 2p + 1 in the high 4
+        for (int p = 0; p < 4; ++p) {
+          const Q4_0Pair& xp = pairs[r][4 * g + p];
+          const __m256i bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.bias));
+          const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.low));
+          const __m256i xh = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.high));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+          s[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(bias, low[p], xl), high[p], xh);
+#elif defined(__AVXVNNI__)
+          s[p] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(bias, low[p], xl), high[p], xh);
+#else  // pairs ≤ 2·15·127; the two halves' sum ≤ 7620 < 32768: one vpmaddwd for both
+          const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[p], xl), _mm256_maddubs_epi16(high[p], xh));
+          s[p] = _mm256_add_epi32(_mm256_madd_epi16(sum16, _mm256_set1_epi16(1)), bias);
+#endif
+        }
+        // in-lane pair sums twice: block k's exact sum in lane lane_of(k)
+        const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
+      }
+    }
+    if (full < groups) {  // the last blocks, in plain C++ (rows whose length is not a multiple of 256); the lanes
+                          // past the end multiply 0 by 0 and leave their chains as they are
+      alignas(32) float d[8] = {};
+      for (int64_t b = 8 * full; b < blocks; ++b) d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * kBlockBytes));
+      for (int r = 0; r < R; ++r) {
+        alignas(32) int32_t sums[8] = {};
+        for (int64_t b = 8 * full; b < blocks; ++b) {
+          const unsigned char* qs = row + b * kBlockBytes + 2;
+          const Q8Block& xb = x[r][b];
+          int32_t s = xb.q4_bias;
+          for (int j = 0; j < 16; ++j) s += (qs[j] & 0xf) * xb.q[j] + (qs[j] >> 4) * xb.q[j + 16];
+          sums[lane_of(static_cast<int>(b - 8 * full))] = s;
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
+                                 _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float y = sum_chains(acc[r]);
+      float& o = out[r * ld + n];
+      o = beta == 0.0f ? y : y + beta * o;
+    }
+  }
+}
+
+// ---- more rows of X: 8 rows of W in the lanes ----
+
+// The 8 rows of a tile: rows 4j … 4j + 3 at half[j] + {0, 1, 2, 3}·bytes, each address one base register and one
+// index register (as the AVX-512 tile's TileRows: with 8 row pointers GCC kept 8 registers and added to each per block).
+struct TileRows {
+  const unsigned char* half[2];
+  int64_t bytes, bytes3;
+  const unsigned char* row(int n, int64_t at) const {
+    const int k = n % 4;
+    return half[n / 4] + at + (k == 0 ? 0 : k == 1 ? bytes : k == 2 ? 2 * bytes : bytes3);
+  }
+};
+
+TileRows tile_rows(const unsigned char* first, int64_t bytes) {
+  TileRows rows{{first, first + 4 * bytes}, bytes, 3 * bytes};
+  asm("" : "+r"(rows.bytes), "+r"(rows.bytes3));
+  return rows;
+}
+
+// Block b of the tile's 8 rows, unpacked: levels 0 … 15 and the 8 scales.
+[[gnu::always_inline]] inline void unpack_q4_0(const TileRows& rows, int64_t b, __m256i* v, __m256* d) {
+  const int64_t at = b * kBlockBytes;
+  auto qs = [&](int n) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.row(n, at + 2))); };
+  __m256i rows2[4];  // rows2[k]: row k in the low 128 bits, row k + 4 in the high
+  for (int k = 0; k < 4; ++k) rows2[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(qs(k)), qs(k + 4), 1);
+  const __m256i t0 = _mm256_unpacklo_epi32(rows2[0], rows2[1]), t1 = _mm256_unpackhi_epi32(rows2[0], rows2[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(rows2[2], rows2[3]), t3 = _mm256_unpackhi_epi32(rows2[2], rows2[3]);
+  const __m256i words[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                            _mm256_unpackhi_epi64(t1, t3)};
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_and_si256(words[k], low);
+    v[k + 4] = _mm256_and_si256(_mm256_srli_epi16(words[k], 4), low);
+  }
+  __m128i halves = _mm_cvtsi32_si128(load_u16(rows.row(0, at)));
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(1, at)), 1);
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(2, at)), 2);
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(3, at)), 3);
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(4, at)), 4);
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(5, at)), 5);
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(6, at)), 6);
+  halves = _mm_insert_epi16(halves, load_u16(rows.row(7, at)), 7);
+  *d = _mm256_cvtph_ps(halves);
+}
+
+// The exact Σ_j nib_j·q_j − 8·Σ q of each lane.
+[[gnu::always_inline]] inline __m256i sum_q4_0(const __m256i* v, const Q8Block& x) {
+  __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(load_i32(x.q)));
+  for (int c = 1; c < 4; ++c) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[c], _mm256_set1_epi32(load_i32(x.q + 4 * c))));
+  for (int c = 0; c < 4; ++c)
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[c + 4], _mm256_set1_epi32(load_i32(x.q + 16 + 4 * c))));
+  return _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(x.q4_bias));
+}
+
+void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, TileBlock* tile) {
+  const TileRows rows = tile_rows(first, bytes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i v[8];
+    __m256 d;
+    unpack_q4_0(rows, b, v, &d);
+    for (int c = 0; c < 8; ++c) _mm256_store_si256(tile[b].v + c, v[c]);
+    _mm256_store_ps(reinterpret_cast<float*>(&tile[b].d), d);
+  }
+}
+
+// The tile against R ≤ 4 rows of X: chain j over blocks j, j + 8, …, the chains one after another; out[r·ld + n] =
+// the tile's sums (+ beta·out) for its `valid` rows.
+template <int R>
+void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
+                    int64_t ld) {
+  __m256 chain[kChains][R];
+  for (int j = 0; j < kChains; ++j) {
+    __m256 acc[R];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t b = j; b < blocks; b += kChains)
+      for (int r = 0; r < R; ++r) {
+        const Q8Block& xb = x[r][b];
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_q4_0(tile[b].v, xb)), _mm256_mul_ps(tile[b].d, _mm256_set1_ps(xb.dx)),
+                                 acc[r]);
+      }
+    for (int r = 0; r < R; ++r) chain[j][r] = acc[r];
+  }
+  alignas(32) float dots[kTile];
+  for (int r = 0; r < R; ++r) {
+    const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(chain[0][r], chain[1][r]), _mm256_add_ps(chain[4][r], chain[5][r])),
+                                   _mm256_add_ps(_mm256_add_ps(chain[2][r], chain[3][r]), _mm256_add_ps(chain[6][r], chain[7][r])));
+    _mm256_store_ps(dots, y);
+    float* o = out + r * ld;
+    for (int n = 0; n < valid; ++n) o[n] = beta == 0.0f ? dots[n] : dots[n] + beta * o[n];
+  }
+}
+
+}  // namespace
+
+void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+                     float beta, float* out, int64_t ld) {
+  const int64_t blocks = x[0]->size() / kQK;
+  thread_local std::vector<const Q8Block*> natural;  // kept: generation calls this ~200 times a token
+  natural.resize(static_cast<size_t>(count));
+  for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
+  const Q8Block* const* xs = natural.data();
+  const auto* base = static_cast<const unsigned char*>(w);
+  if (count <= kGroup) {
+    struct alignas(32) Lanes {
+      float v[8];
+    };
+    thread_local std::vector<Lanes> dx;  // [r·groups + g]: as rows_direct reads them
+    const int64_t groups = (blocks + 7) / 8;
+    dx.assign(static_cast<size_t>(count * groups), Lanes{});
+    for (int r = 0; r < count; ++r)
+      for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
+    const __m256* d = reinterpret_cast<const __m256*>(dx.data());
+    switch (count) {
+      case 1: rows_direct<1>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+      case 2: rows_direct<2>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+      case 3: rows_direct<3>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+      default: rows_direct<4>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    }
+    return;
+  }
+  // The last tile of fewer than 8 rows is copied beside zero rows, so every tile reads 8 rows `row_bytes` apart.
+  thread_local std::vector<unsigned char> tail;
+  thread_local std::vector<TileBlock> unpacked;
+  if (unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
+  for (int64_t n0 = 0; n0 < rows; n0 += kTile) {
+    const int valid = static_cast<int>(std::min<int64_t>(kTile, rows - n0));
+    const unsigned char* first = base + n0 * row_bytes;
+    if (valid < kTile) {
+      tail.assign(static_cast<size_t>(kTile * row_bytes), 0);
+      std::memcpy(tail.data(), first, static_cast<size_t>(valid * row_bytes));
+      first = tail.data();
+    }
+    unpack_tile(first, row_bytes, blocks, unpacked.data());
+    for (int m0 = 0; m0 < count; m0 += kGroup) {
+      float* om = out + n0 + m0 * ld;
+      switch (std::min(kGroup, count - m0)) {
+        case 1: tile_unpacked<1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 2: tile_unpacked<2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 3: tile_unpacked<3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        default: tile_unpacked<4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+      }
+    }
+  }
 }
 
 #endif

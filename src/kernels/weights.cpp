@@ -39,11 +39,12 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // Few rows: every row of W read once, in order; each of its blocks unpacked once for up to 4 rows of X
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
-// them — except where quant::takes_all_rows (Q4_0, Q8_0 with AVX-512 VNNI): that kernel is given every row of X and
-// walks W a tile of 16 rows at a time itself (one per vector lane), and the slices are whole tiles. A row of Y is computed by the same
-// instructions in the same order whichever group of 4 its row of X falls in and however the rows of W are split
-// between threads. W may come in parts of one type and width (a layer's q, k
-// and v, or gate and up), their rows taken as one matrix's: one parallel region and one quantization of X for all.
+// them — except where quant::takes_all_rows (Q4_0 and Q8_0 with AVX-512 VNNI, Q4_0 with AVX2): that kernel is given
+// every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; AVX2's few rows of X:
+// one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
+// same order whichever group of 4 its row of X falls in, however many rows of X there are and however the rows of W
+// are split between threads. W may come in parts of one type and width (a layer's q, k and v, or gate and up), their
+// rows taken as one matrix's: one parallel region and one quantization of X for all.
 void streaming_rows(std::span<const WeightView> parts, int64_t M, const float* X, int64_t ldx, float beta, float* Y,
                     int64_t ldy) {
   const WeightType type = parts.front().type;
@@ -99,8 +100,8 @@ void streaming_rows(std::span<const WeightView> parts, int64_t M, const float* X
     slice_rows(0, N);
     return;
   }
-  // the lanes' tiles are 16 rows of W: slices of whole tiles leave a partial one only at the end
-  const int64_t unit = blocks && quant::takes_all_rows(type) ? 16 : 1;
+  // the lanes' tiles are kLanesTileRows rows of W: slices of whole tiles leave a partial one only at the end
+  const int64_t unit = blocks && quant::takes_all_rows(type) ? quant::kLanesTileRows : 1;
   const int64_t slice = ((N + parts_count - 1) / parts_count + unit - 1) / unit * unit;
 #pragma omp parallel for num_threads(parts_count) schedule(static)
   for (int64_t p = 0; p < parts_count; ++p) slice_rows(p * slice, std::min(N, p * slice + slice) - p * slice);
@@ -140,7 +141,10 @@ const char* gemm_weight_backend(WeightType type) {
   static thread_local std::string name;
   if (type == WeightType::F32) name = std::string("float32 sgemm (") + gemm_backend() + ")";
   else if (quant::takes_all_rows(type))
-    name = std::string("integer dots against 8-bit activations, 16 rows of W across a vector's lanes: ") + quant::dot_backend();
+    name = "integer dots against 8-bit activations, " + std::to_string(quant::kLanesTileRows) +
+           " rows of W across a vector's lanes" +
+           (quant::kLanesChains > 1 ? ", blocks in " + std::to_string(quant::kLanesChains) + " chains" : std::string()) +
+           ": " + quant::dot_backend();
   else if (is_block_quantized(type))
     name = std::string("integer dots against 8-bit activations: ") + quant::dot_backend();
   else
