@@ -393,7 +393,7 @@ TEST(Quant, ARowDoesNotDependOnTheRowsBesideItNorOnTheThreads) {
   }
 }
 
-// Where Q4_0 and Q8_0 run with the rows of W in the lanes (AVX-512 VNNI: both, 16 rows per vector; AVX2: Q4_0, 8), a row
+// Where Q4_0 and Q8_0 run with the rows of W in the lanes (AVX-512 VNNI: 16 rows per vector; AVX2: 8), a row
 // of Y is, bit for bit, a sum of scalar float32 chains c_j ← fma(float(Σ w·q), d_w·d_x, c_j) over the blocks b ≡ j (mod
 // C) in order: C = 1 (AVX-512), or C = 8 (AVX2, as its backend says) summed as ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) +
 // (c₆ + c₇)). X is quantized to 8-bit blocks as the kernels do (d_x = max|x|/127 in float32, q = x·(1/d_x) rounded to

@@ -56,8 +56,7 @@ struct alignas(64) Q4_0Quad {
 constexpr int kQ4_0Group = 4;
 using Q4_0Group = Q4_0Quad;
 #elif defined(QKV_DOT256)
-// AVX2 Q4_0: Q4_0Pair (quant_dot.hpp). (Q8_0 multiplies |w| by x with w's sign, per block: no offset, the natural
-// blocks suffice.)
+// AVX2 Q4_0 and MXFP4: Q4_0Pair (quant_dot.hpp). (Q8_0 reads the natural blocks.)
 constexpr int kQ4_0Group = 2;
 using Q4_0Group = Q4_0Pair;
 #else
@@ -232,7 +231,7 @@ float sum8(__m256 v) {
 #if defined(QKV_DOT256) && !defined(QKV_DOT512)  // the 256-bit kernels' helpers
 // Σ of four adjacent u8×s8 products into each int32 lane: vpdpbusd where the build has a 256-bit one, else
 // vpmaddubsw (pairs into int16: callers keep |u·s| pairs below 32768) and vpmaddwd with ones.
-__m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+[[maybe_unused]] __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {  // (MXFP4 with VNNI)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return _mm256_dpbusd_epi32(acc, u, s);
 #elif defined(__AVXVNNI__)
@@ -333,35 +332,13 @@ struct Accumulators {
 };
 
 // ---- Q8_0 ----
-
+// (The SIMD builds take Q8_0 to quant_lanes.cpp: this is the plain C++ build's.)
 template <int R>
 [[gnu::always_inline]] inline void dot_q8_0(const BlockQ8_0* w, const unsigned char* const* act, int64_t blocks, float* out) {
   const Q8Block* natural[R];
   for (int r = 0; r < R; ++r) natural[r] = reinterpret_cast<const Q8Block*>(act[r]);
-  int64_t b = 0;
   float total[R] = {};
-  [[maybe_unused]] constexpr int U = Accumulators<R>::kSets;
-#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the AVX-512 VNNI build takes Q8_0 to quant_lanes.cpp)
-  __m256 acc[U][R];
-  for (auto& set : acc)
-    for (auto& a : set) a = _mm256_setzero_ps();
-  auto step = [&](__m256* a, int64_t i) {
-    simd::prefetch(reinterpret_cast<const unsigned char*>(w + i) + kPrefetchBytes, 64);
-    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
-    const __m256i magnitude = _mm256_abs_epi8(qw);
-    const float w_scale = _cvtsh_ss(w[i].d);
-    for (int r = 0; r < R; ++r) {
-      // |w| times x with w's sign: unsigned × signed for vpmaddubsw / vpdpbusd, pairs ≤ 2·128·127 < 32768
-      const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(natural[r][i].q));
-      const __m256i s = dot_u8s8(_mm256_setzero_si256(), magnitude, _mm256_sign_epi8(qx, qw));
-      a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(w_scale * natural[r][i].dx), a[r]);
-    }
-  };
-  for (; b + U <= blocks; b += U)
-    for (int u = 0; u < U; ++u) step(acc[u], b + u);
-  for (int r = 0; r < R; ++r) total[r] = sum8(U == 2 ? _mm256_add_ps(acc[0][r], acc[U - 1][r]) : acc[0][r]);
-#endif
-  for (; b < blocks; ++b)
+  for (int64_t b = 0; b < blocks; ++b)
     for (int r = 0; r < R; ++r) total[r] += dot_q8_0_block(w[b], natural[r][b]);
   for (int r = 0; r < R; ++r) out[r] = total[r];
 }

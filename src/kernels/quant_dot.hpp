@@ -78,12 +78,12 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
 
 // Whether dot_rows takes every row of activations at once for this type (and should be given them all: it reads W
 // once for all of them, kLanesTileRows rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the
-// AVX-512 VNNI build, Q4_0 in the AVX2 one.
+// AVX-512 VNNI build and the AVX2 one.
 constexpr bool takes_all_rows(WeightType type) {
 #if defined(QKV_DOT512)
   return type == WeightType::Q4_0 || type == WeightType::Q8_0;
 #elif defined(QKV_DOT256)
-  return type == WeightType::Q4_0;
+  return type == WeightType::Q4_0 || type == WeightType::Q8_0;
 #else
   (void)type;
   return false;

@@ -1,5 +1,5 @@
-// Q4_0 and Q8_0 weights times 8-bit activations with the rows of W in the lanes (AVX-512 VNNI builds; Q4_0 in AVX2
-// builds, at the end; see quant_dot.hpp).
+// Q4_0 and Q8_0 weights times 8-bit activations with the rows of W in the lanes (AVX-512 VNNI builds; AVX2 builds at
+// the end; see quant_dot.hpp).
 //
 // The one-row kernels of quant_dot.cpp give each block of a weight row 4 (Q4_0) or 8 (Q8_0) of a vector's 16 int32
 // lanes, so every 64–128 values of a row of W against a row of X cost one or two vpdpbusd and three float operations
@@ -364,22 +364,23 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
 
 #elif defined(QKV_DOT256)
 
-// ---- AVX2: Q4_0 ----
-// A row of Y is y = ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)), where chain c_j ← fma(float(Σ nib·q − 8·Σq),
-// d_w·d_x, c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact): the same whatever the number
-// of rows of X, their place among the others or the threads. Eight chains, not the AVX-512 build's one, because each
-// of the two kernels below can then keep its own natural layout:
-//   few rows of X (generation): each row of W is read alone, one sequential stream, as quant_dot.cpp's one-row kernel
-//     reads it (two blocks per vector against Q4_0Pair's activations); two vphaddd turn 4 pairs' partial sums into
-//     the exact sums of 8 blocks, one per lane, so one multiply-add per 8 blocks advances all 8 chains. (With one
-//     chain, the sums had to be transposed so that rows of W own the lanes: 20–30% more instructions than the one-row
-//     kernel, which runs close to its instruction rate. Reading 8 rows side by side instead made a thread's slice 8
-//     streams: two threads lost 5–14% of their tokens/s.)
+// ---- AVX2: Q4_0 and Q8_0 ----
+// A row of Y is y = ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)), where chain c_j ← fma(float(Σ w·q), d_w·d_x,
+// c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact; Q4_0's w the nibble − 8): the same
+// whatever the number of rows of X, their place among the others or the threads. Eight chains, not the AVX-512
+// build's one, because each of the two kernels below can then keep its own natural layout:
+//   few rows of X (generation): each row of W is read alone, one sequential stream, as the one-row kernels of
+//     quant_dot.cpp read it (Q4_0: two blocks per vector against Q4_0Pair's activations); a tree of vphaddd turns 8
+//     blocks' partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8
+//     chains. (With one chain, the sums had to be transposed so that rows of W own the lanes: 20–30% more
+//     instructions than the one-row kernel, which runs close to its instruction rate. Reading 8 rows side by side
+//     instead made a thread's slice 8 streams: two threads lost 5–14% of their tokens/s.)
 //   more rows: 8 rows of W in the lanes of each vector (unpacked once into a buffer that stays in L1 or L2), every
-//     chain walked in turn for groups of 4 rows of X. Without vpdpbusd the products are vpmaddubsw's: a nibble (≤ 15)
-//     times an int8 activation, pairs ≤ 2·15·127, so a block's 8 vectors (32 values) are summed in 16 bits
-//     (≤ 8·2·15·127 = 30,480 < 32,768) and widened once by a vpmaddwd: 17 integer operations per block of 8 rows
-//     and a row of X, where the one-row kernel took ~5 per block and row.
+//     chain walked in turn for groups of 4 rows of X. Without vpdpbusd the products are vpmaddubsw's. Q4_0: a nibble
+//     (≤ 15) times an int8 activation, pairs ≤ 2·15·127, so a block's 8 vectors (32 values) are summed in 16 bits
+//     (≤ 8·2·15·127 = 30,480 < 32,768) and widened once by a vpmaddwd: 17 integer operations per block of 8 rows and
+//     a row of X, where the one-row kernel took ~5 per block and row. Q8_0: |w| times x with w's sign, pairs up to
+//     2·128·127, each vector widened: 32 per block of 8 rows, where the one-row kernel took ~7 per block and row.
 
 namespace {
 
@@ -394,6 +395,11 @@ struct alignas(32) TileBlock {
   __m256 d;      // lane n: the block's scale in row n
 };
 static_assert(sizeof(TileBlock) == 288, "a tile block is 9 half cache lines");
+struct alignas(32) Q8TileBlock {
+  __m256i magnitude[8];  // magnitude[c] lane n: |values| 4c … 4c + 3 of row n
+  __m256i value[8];      // the values themselves (their signs)
+  __m256 d;
+};
 
 int32_t load_i32(const void* p) {
   int32_t v;
@@ -419,9 +425,21 @@ constexpr int lane_of(int k) { return (k % 2) * 4 + k / 2; }
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+// Σ of four adjacent u8 × s8 products in each int32 lane (vpdpbusd where the build has one; else vpmaddubsw, whose
+// int16 pairs the callers keep below 32768, and vpmaddwd)
+[[gnu::always_inline]] inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
 // Rows of W against R ≤ 4 rows of X; dx[r·groups + g] lane lane_of(k): row r's scale of block 8g + k (0 past the end).
 template <int R>
-void rows_direct(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
+void rows_q4_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
                  const __m256* dx, float beta, float* out, int64_t ld) {
   const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
   const Q4_0Pair* pairs[R];
@@ -503,6 +521,80 @@ void rows_direct(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bl
   }
 }
 
+// The same for Q8_0: |w| times x with w's sign per block (unsigned × signed for vpmaddubsw, pairs ≤ 2·128·127 <
+// 32768). A block fills a whole vector, so its 8 partial sums take a deeper tree: in-lane pair sums of blocks 0 and 2,
+// 4 and 6 (then 1 and 3, 5 and 7), once more, and the two halves added, which leaves block k in lane lane_of(k).
+template <int R>
+void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
+               const __m256* dx, float beta, float* out, int64_t ld) {
+  constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
+  for (int64_t n = 0; n < rows; ++n) {
+    const unsigned char* row = w + n * bytes;
+    __m256 acc[R];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      const unsigned char* at = row + 8 * g * kBytes;
+      simd::prefetch(at + kPrefetchBytes, 8 * kBytes);
+      // blocks k0 and k1's pair sums, in-lane (k0's in lanes 0, 1 and 4, 5; k1's in 2, 3 and 6, 7)
+      auto pair = [&](int k0, int k1, __m256i* to) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + k0 * kBytes + 2));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + k1 * kBytes + 2));
+        const __m256i m0 = _mm256_abs_epi8(w0), m1 = _mm256_abs_epi8(w1);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k0].q));
+          const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k1].q));
+          to[r] = _mm256_hadd_epi32(dot_u8s8(m0, _mm256_sign_epi8(x0, w0)), dot_u8s8(m1, _mm256_sign_epi8(x1, w1)));
+        }
+      };
+      __m256i a[R], b[R], even[R], odd[R];  // even: blocks 0, 2, 4, 6 (their low halves' sums, then the high ones')
+      pair(0, 2, a);
+      pair(4, 6, b);
+      for (int r = 0; r < R; ++r) even[r] = _mm256_hadd_epi32(a[r], b[r]);
+      pair(1, 3, a);
+      pair(5, 7, b);
+      for (int r = 0; r < R; ++r) odd[r] = _mm256_hadd_epi32(a[r], b[r]);
+      // The scales: block k's half is word lane_of(k) of the 16 bytes from 34k − 2·lane_of(k).
+      auto at16 = [&](int64_t offset) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + offset)); };
+      __m128i h = at16(0);
+      h = _mm_blend_epi16(h, at16(1 * kBytes - 8), 0x10);
+      h = _mm_blend_epi16(h, at16(2 * kBytes - 2), 0x02);
+      h = _mm_blend_epi16(h, at16(3 * kBytes - 10), 0x20);
+      h = _mm_blend_epi16(h, at16(4 * kBytes - 4), 0x04);
+      h = _mm_blend_epi16(h, at16(5 * kBytes - 12), 0x40);
+      h = _mm_blend_epi16(h, at16(6 * kBytes - 6), 0x08);
+      h = _mm_blend_epi16(h, at16(7 * kBytes - 14), 0x80);
+      const __m256 d = _mm256_cvtph_ps(h);
+      for (int r = 0; r < R; ++r) {
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(even[r], odd[r], 0x20),
+                                              _mm256_permute2x128_si256(even[r], odd[r], 0x31));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
+      }
+    }
+    if (full < groups) {  // the last blocks, in plain C++, as rows_q4_0's
+      alignas(32) float d[8] = {};
+      for (int64_t b = 8 * full; b < blocks; ++b)
+        d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * kBytes));
+      for (int r = 0; r < R; ++r) {
+        alignas(32) int32_t sums[8] = {};
+        for (int64_t b = 8 * full; b < blocks; ++b) {
+          const auto* qs = reinterpret_cast<const int8_t*>(row + b * kBytes + 2);
+          int32_t s = 0;
+          for (int j = 0; j < 32; ++j) s += qs[j] * x[r][b].q[j];
+          sums[lane_of(static_cast<int>(b - 8 * full))] = s;
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
+                                 _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float y = sum_chains(acc[r]);
+      float& o = out[r * ld + n];
+      o = beta == 0.0f ? y : y + beta * o;
+    }
+  }
+}
+
 // ---- more rows of X: 8 rows of W in the lanes ----
 
 // The 8 rows of a tile: rows 4j … 4j + 3 at half[j] + {0, 1, 2, 3}·bytes, each address one base register and one
@@ -557,6 +649,49 @@ TileRows tile_rows(const unsigned char* first, int64_t bytes) {
   return _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(x.q4_bias));
 }
 
+// Q8_0: block b of the tile's 8 rows, each row's 32 bytes a row of an 8 × 8 matrix of dwords, transposed.
+void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8TileBlock* tile) {
+  constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  const TileRows rows = tile_rows(first, bytes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t at = b * kBytes;
+    __m256i v[8];
+    for (int n = 0; n < kTile; ++n) v[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at + 2)));
+    __m256i t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+      t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+      t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+      u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+      u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+      u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+      u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+      v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+    for (int c = 0; c < 8; ++c) {
+      _mm256_store_si256(tile[b].value + c, v[c]);
+      _mm256_store_si256(tile[b].magnitude + c, _mm256_abs_epi8(v[c]));
+    }
+    alignas(16) uint16_t halves[8];
+    for (int n = 0; n < kTile; ++n) halves[n] = load_u16(rows.row(n, at));
+    _mm256_store_ps(reinterpret_cast<float*>(&tile[b].d),
+                    _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves))));
+  }
+}
+
+// The exact Σ_j w_j·q_j of each lane (products in pairs ≤ 2·128·127, widened per vector).
+[[gnu::always_inline]] inline __m256i block_sum(const Q8TileBlock& t, const Q8Block& x) {
+  __m256i s = dot_u8s8(t.magnitude[0], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x.q)), t.value[0]));
+  for (int c = 1; c < 8; ++c)
+    s = _mm256_add_epi32(s, dot_u8s8(t.magnitude[c], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x.q + 4 * c)), t.value[c])));
+  return s;
+}
+[[gnu::always_inline]] inline __m256i block_sum(const TileBlock& t, const Q8Block& x) { return sum_q4_0(t.v, x); }
+
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, TileBlock* tile) {
   const TileRows rows = tile_rows(first, bytes);
   for (int64_t b = 0; b < blocks; ++b) {
@@ -570,8 +705,8 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
 
 // The tile against R ≤ 4 rows of X: chain j over blocks j, j + 8, …, the chains one after another; out[r·ld + n] =
 // the tile's sums (+ beta·out) for its `valid` rows.
-template <int R>
-void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
+template <class Block, int R>
+void tile_unpacked(const Block* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
                     int64_t ld) {
   __m256 chain[kChains][R];
   for (int j = 0; j < kChains; ++j) {
@@ -580,7 +715,7 @@ void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* 
     for (int64_t b = j; b < blocks; b += kChains)
       for (int r = 0; r < R; ++r) {
         const Q8Block& xb = x[r][b];
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_q4_0(tile[b].v, xb)), _mm256_mul_ps(tile[b].d, _mm256_set1_ps(xb.dx)),
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum(tile[b], xb)), _mm256_mul_ps(tile[b].d, _mm256_set1_ps(xb.dx)),
                                  acc[r]);
       }
     for (int r = 0; r < R; ++r) chain[j][r] = acc[r];
@@ -595,37 +730,13 @@ void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* 
   }
 }
 
-}  // namespace
-
-void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
-                     float beta, float* out, int64_t ld) {
-  const int64_t blocks = x[0]->size() / kQK;
-  thread_local std::vector<const Q8Block*> natural;  // kept: generation calls this ~200 times a token
-  natural.resize(static_cast<size_t>(count));
-  for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
-  const Q8Block* const* xs = natural.data();
-  const auto* base = static_cast<const unsigned char*>(w);
-  if (count <= kGroup) {
-    struct alignas(32) Lanes {
-      float v[8];
-    };
-    thread_local std::vector<Lanes> dx;  // [r·groups + g]: as rows_direct reads them
-    const int64_t groups = (blocks + 7) / 8;
-    dx.assign(static_cast<size_t>(count * groups), Lanes{});
-    for (int r = 0; r < count; ++r)
-      for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
-    const __m256* d = reinterpret_cast<const __m256*>(dx.data());
-    switch (count) {
-      case 1: rows_direct<1>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-      case 2: rows_direct<2>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-      case 3: rows_direct<3>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-      default: rows_direct<4>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    }
-    return;
-  }
+// More rows of X: every tile of W unpacked once, then multiplied by each group of kGroup rows of X.
+template <class Block>
+void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t blocks, const Q8Block* const* xs,
+           int count, float beta, float* out, int64_t ld) {
   // The last tile of fewer than 8 rows is copied beside zero rows, so every tile reads 8 rows `row_bytes` apart.
   thread_local std::vector<unsigned char> tail;
-  thread_local std::vector<TileBlock> unpacked;
+  thread_local std::vector<Block> unpacked;
   if (unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
   for (int64_t n0 = 0; n0 < rows; n0 += kTile) {
     const int valid = static_cast<int>(std::min<int64_t>(kTile, rows - n0));
@@ -639,12 +750,49 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
     for (int m0 = 0; m0 < count; m0 += kGroup) {
       float* om = out + n0 + m0 * ld;
       switch (std::min(kGroup, count - m0)) {
-        case 1: tile_unpacked<1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 2: tile_unpacked<2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 3: tile_unpacked<3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        default: tile_unpacked<4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 1: tile_unpacked<Block, 1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 2: tile_unpacked<Block, 2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        case 3: tile_unpacked<Block, 3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
+        default: tile_unpacked<Block, 4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
       }
     }
+  }
+}
+
+}  // namespace
+
+void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
+                     float beta, float* out, int64_t ld) {
+  const int64_t blocks = x[0]->size() / kQK;
+  const bool q8 = x[0]->type() == WeightType::Q8_0;
+  thread_local std::vector<const Q8Block*> natural;  // kept: generation calls this ~200 times a token
+  natural.resize(static_cast<size_t>(count));
+  for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
+  const Q8Block* const* xs = natural.data();
+  const auto* base = static_cast<const unsigned char*>(w);
+  if (count > kGroup) {
+    if (q8) tiles<Q8TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);
+    else tiles<TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);
+    return;
+  }
+  struct alignas(32) Lanes {
+    float v[8];
+  };
+  thread_local std::vector<Lanes> dx;  // [r·groups + g]: as the few-rows kernels read them
+  const int64_t groups = (blocks + 7) / 8;
+  dx.assign(static_cast<size_t>(count * groups), Lanes{});
+  for (int r = 0; r < count; ++r)
+    for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
+  const __m256* d = reinterpret_cast<const __m256*>(dx.data());
+  switch (count * 2 + (q8 ? 1 : 0)) {
+    case 2: rows_q4_0<1>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    case 4: rows_q4_0<2>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    case 6: rows_q4_0<3>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    case 8: rows_q4_0<4>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    case 3: rows_q8_0<1>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    case 5: rows_q8_0<2>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    case 7: rows_q8_0<3>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
+    default: rows_q8_0<4>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
   }
 }
 

@@ -39,7 +39,7 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // Few rows: every row of W read once, in order; each of its blocks unpacked once for up to 4 rows of X
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
-// them — except where quant::takes_all_rows (Q4_0 and Q8_0 with AVX-512 VNNI, Q4_0 with AVX2): that kernel is given
+// them — except where quant::takes_all_rows (Q4_0 and Q8_0 with AVX-512 VNNI or AVX2): that kernel is given
 // every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; AVX2's few rows of X:
 // one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
 // same order whichever group of 4 its row of X falls in, however many rows of X there are and however the rows of W
