@@ -22,6 +22,7 @@
 // what the old kernels' per-row float work did (Q8_0 even; Q4_0 within noise on 2 threads, ~5–10% slower on 1).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant_blocks.hpp"
@@ -29,6 +30,42 @@
 #include "simd.hpp"
 
 namespace qkv::kernels::quant {
+
+namespace {
+
+// Both builds' walks over W and X (their tiles differ in width and vectors, not in these loops).
+
+// Calls f(first, valid, n0) for each tile of `tile` rows of W from row n0: `valid` of them real, the last partial
+// tile copied into `tail` beside zero rows, so that every tile reads `tile` rows `row_bytes` apart.
+template <class F>
+void each_tile(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t tile, std::vector<unsigned char>& tail,
+               F&& f) {
+  for (int64_t n0 = 0; n0 < rows; n0 += tile) {
+    const int valid = static_cast<int>(std::min<int64_t>(tile, rows - n0));
+    const unsigned char* first = base + n0 * row_bytes;
+    if (valid < tile) {
+      tail.assign(static_cast<size_t>(tile * row_bytes), 0);
+      std::memcpy(tail.data(), first, static_cast<size_t>(valid * row_bytes));
+      first = tail.data();
+    }
+    f(first, valid, n0);
+  }
+}
+
+// Calls f(std::integral_constant<int, R>{}, m0) for rows m0 … m0 + R − 1 of X, R ≤ 4, over `count` rows.
+template <class F>
+void each_group(int count, F&& f) {
+  for (int m0 = 0; m0 < count; m0 += 4) {
+    switch (std::min(4, count - m0)) {
+      case 1: f(std::integral_constant<int, 1>{}, m0); break;
+      case 2: f(std::integral_constant<int, 2>{}, m0); break;
+      case 3: f(std::integral_constant<int, 3>{}, m0); break;
+      default: f(std::integral_constant<int, 4>{}, m0); break;
+    }
+  }
+}
+
+}  // namespace
 
 #if defined(QKV_DOT512)
 
@@ -300,7 +337,8 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
 }
 
 template <class Type, int R>
-void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
+// (not inlined into the walk over tiles: the four of them inlined there ran 7–12% slower at 8–64 rows of X)
+[[gnu::noinline]] void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
                     int64_t ld) {
   __m512 acc[R];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -316,42 +354,23 @@ void tiles_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
   natural.resize(static_cast<size_t>(count));
   for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
   const auto* base = static_cast<const unsigned char*>(w);
-  // The last tile of fewer than 16 rows is copied beside zero rows, so every tile reads 16 rows `row_bytes` apart.
   thread_local std::vector<unsigned char> tail;
   thread_local std::vector<TileBlock> unpacked;
   if (count > kGroup && unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
-  for (int64_t n0 = 0; n0 < rows; n0 += kTile) {
-    const int valid = static_cast<int>(std::min<int64_t>(kTile, rows - n0));
-    const unsigned char* first = base + n0 * row_bytes;
-    if (valid < kTile) {
-      tail.assign(static_cast<size_t>(kTile * row_bytes), 0);
-      std::memcpy(tail.data(), first, static_cast<size_t>(valid * row_bytes));
-      first = tail.data();
-    }
+  const Q8Block* const* xs = natural.data();
+  each_tile(base, row_bytes, rows, kTile, tail, [&](const unsigned char* first, int valid, int64_t n0) {
     const int next_rows = static_cast<int>(std::clamp<int64_t>(rows - n0 - valid, 0, kTile));
     const unsigned char* next = base + (n0 + valid) * row_bytes;
     float* o = out + n0;
-    const Q8Block* const* xs = natural.data();
     if (count <= kGroup) {
-      switch (count) {
-        case 1: tile_direct<Type, 1>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-        case 2: tile_direct<Type, 2>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-        case 3: tile_direct<Type, 3>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-        default: tile_direct<Type, 4>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); break;
-      }
-      continue;
+      each_group(count, [&](auto R, int) { tile_direct<Type, R>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); });
+      return;
     }
     unpack_tile<Type>(first, row_bytes, blocks, unpacked.data());
-    for (int m0 = 0; m0 < count; m0 += kGroup) {
-      float* om = o + m0 * ld;
-      switch (std::min(kGroup, count - m0)) {
-        case 1: tile_unpacked<Type, 1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 2: tile_unpacked<Type, 2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 3: tile_unpacked<Type, 3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        default: tile_unpacked<Type, 4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-      }
-    }
-  }
+    each_group(count, [&](auto R, int m0) {
+      tile_unpacked<Type, R>(unpacked.data(), blocks, xs + m0, valid, beta, o + m0 * ld, ld);
+    });
+  });
 }
 
 }  // namespace
@@ -437,6 +456,31 @@ constexpr int lane_of(int k) { return (k % 2) * 4 + k / 2; }
 #endif
 }
 
+// The end of a row of W for the few-rows kernels: its last blocks in plain C++ (rows whose length is not a multiple of
+// 256; exact(r, b) is block b's exact integer sum against row r of X), whose lanes past the end multiply 0 by 0 and
+// leave their chains as they are; then out[r·ld] = the chains' sum (+ beta·out).
+template <int R, class Exact>
+[[gnu::always_inline]] inline void finish_row(const unsigned char* row, int64_t block_bytes, int64_t blocks,
+                                              const __m256* dx, int64_t groups, __m256* acc, Exact&& exact, float beta,
+                                              float* out, int64_t ld) {
+  const int64_t full = blocks / 8;
+  if (full < groups) {
+    alignas(32) float d[8] = {};
+    for (int64_t b = 8 * full; b < blocks; ++b)
+      d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * block_bytes));
+    for (int r = 0; r < R; ++r) {
+      alignas(32) int32_t sums[8] = {};
+      for (int64_t b = 8 * full; b < blocks; ++b) sums[lane_of(static_cast<int>(b - 8 * full))] = exact(r, b);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
+                               _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float y = sum_chains(acc[r]);
+    out[r * ld] = beta == 0.0f ? y : y + beta * out[r * ld];
+  }
+}
+
 // Rows of W against R ≤ 4 rows of X; dx[r·groups + g] lane lane_of(k): row r's scale of block 8g + k (0 past the end).
 template <int R>
 void rows_q4_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
@@ -496,28 +540,13 @@ void rows_q4_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
       }
     }
-    if (full < groups) {  // the last blocks, in plain C++ (rows whose length is not a multiple of 256); the lanes
-                          // past the end multiply 0 by 0 and leave their chains as they are
-      alignas(32) float d[8] = {};
-      for (int64_t b = 8 * full; b < blocks; ++b) d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * kBlockBytes));
-      for (int r = 0; r < R; ++r) {
-        alignas(32) int32_t sums[8] = {};
-        for (int64_t b = 8 * full; b < blocks; ++b) {
-          const unsigned char* qs = row + b * kBlockBytes + 2;
-          const Q8Block& xb = x[r][b];
-          int32_t s = xb.q4_bias;
-          for (int j = 0; j < 16; ++j) s += (qs[j] & 0xf) * xb.q[j] + (qs[j] >> 4) * xb.q[j + 16];
-          sums[lane_of(static_cast<int>(b - 8 * full))] = s;
-        }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
-                                 _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const float y = sum_chains(acc[r]);
-      float& o = out[r * ld + n];
-      o = beta == 0.0f ? y : y + beta * o;
-    }
+    finish_row<R>(row, kBlockBytes, blocks, dx, groups, acc, [&](int r, int64_t b) {
+      const unsigned char* qs = row + b * kBlockBytes + 2;
+      const Q8Block& xb = x[r][b];
+      int32_t s = xb.q4_bias;
+      for (int j = 0; j < 16; ++j) s += (qs[j] & 0xf) * xb.q[j] + (qs[j] >> 4) * xb.q[j + 16];
+      return s;
+    }, beta, out + n, ld);
   }
 }
 
@@ -571,27 +600,12 @@ void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
       }
     }
-    if (full < groups) {  // the last blocks, in plain C++, as rows_q4_0's
-      alignas(32) float d[8] = {};
-      for (int64_t b = 8 * full; b < blocks; ++b)
-        d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * kBytes));
-      for (int r = 0; r < R; ++r) {
-        alignas(32) int32_t sums[8] = {};
-        for (int64_t b = 8 * full; b < blocks; ++b) {
-          const auto* qs = reinterpret_cast<const int8_t*>(row + b * kBytes + 2);
-          int32_t s = 0;
-          for (int j = 0; j < 32; ++j) s += qs[j] * x[r][b].q[j];
-          sums[lane_of(static_cast<int>(b - 8 * full))] = s;
-        }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
-                                 _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const float y = sum_chains(acc[r]);
-      float& o = out[r * ld + n];
-      o = beta == 0.0f ? y : y + beta * o;
-    }
+    finish_row<R>(row, kBytes, blocks, dx, groups, acc, [&](int r, int64_t b) {
+      const auto* qs = reinterpret_cast<const int8_t*>(row + b * kBytes + 2);
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j) s += qs[j] * x[r][b].q[j];
+      return s;
+    }, beta, out + n, ld);
   }
 }
 
@@ -706,7 +720,8 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
 // The tile against R ≤ 4 rows of X: chain j over blocks j, j + 8, …, the chains one after another; out[r·ld + n] =
 // the tile's sums (+ beta·out) for its `valid` rows.
 template <class Block, int R>
-void tile_unpacked(const Block* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
+// (not inlined into the walk over tiles: the four of them inlined there ran 7–12% slower at 8–64 rows of X)
+[[gnu::noinline]] void tile_unpacked(const Block* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
                     int64_t ld) {
   __m256 chain[kChains][R];
   for (int j = 0; j < kChains; ++j) {
@@ -734,29 +749,15 @@ void tile_unpacked(const Block* tile, int64_t blocks, const Q8Block* const* x, i
 template <class Block>
 void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t blocks, const Q8Block* const* xs,
            int count, float beta, float* out, int64_t ld) {
-  // The last tile of fewer than 8 rows is copied beside zero rows, so every tile reads 8 rows `row_bytes` apart.
   thread_local std::vector<unsigned char> tail;
   thread_local std::vector<Block> unpacked;
   if (unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
-  for (int64_t n0 = 0; n0 < rows; n0 += kTile) {
-    const int valid = static_cast<int>(std::min<int64_t>(kTile, rows - n0));
-    const unsigned char* first = base + n0 * row_bytes;
-    if (valid < kTile) {
-      tail.assign(static_cast<size_t>(kTile * row_bytes), 0);
-      std::memcpy(tail.data(), first, static_cast<size_t>(valid * row_bytes));
-      first = tail.data();
-    }
+  each_tile(base, row_bytes, rows, kTile, tail, [&](const unsigned char* first, int valid, int64_t n0) {
     unpack_tile(first, row_bytes, blocks, unpacked.data());
-    for (int m0 = 0; m0 < count; m0 += kGroup) {
-      float* om = out + n0 + m0 * ld;
-      switch (std::min(kGroup, count - m0)) {
-        case 1: tile_unpacked<Block, 1>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 2: tile_unpacked<Block, 2>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        case 3: tile_unpacked<Block, 3>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-        default: tile_unpacked<Block, 4>(unpacked.data(), blocks, xs + m0, valid, beta, om, ld); break;
-      }
-    }
-  }
+    each_group(count, [&](auto R, int m0) {
+      tile_unpacked<Block, R>(unpacked.data(), blocks, xs + m0, valid, beta, out + n0 + m0 * ld, ld);
+    });
+  });
 }
 
 }  // namespace
@@ -784,16 +785,10 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
   for (int r = 0; r < count; ++r)
     for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
   const __m256* d = reinterpret_cast<const __m256*>(dx.data());
-  switch (count * 2 + (q8 ? 1 : 0)) {
-    case 2: rows_q4_0<1>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    case 4: rows_q4_0<2>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    case 6: rows_q4_0<3>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    case 8: rows_q4_0<4>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    case 3: rows_q8_0<1>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    case 5: rows_q8_0<2>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    case 7: rows_q8_0<3>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-    default: rows_q8_0<4>(base, row_bytes, rows, blocks, xs, d, beta, out, ld); break;
-  }
+  each_group(count, [&](auto R, int) {  // (one group: count ≤ 4)
+    if (q8) rows_q8_0<R>(base, row_bytes, rows, blocks, xs, d, beta, out, ld);
+    else rows_q4_0<R>(base, row_bytes, rows, blocks, xs, d, beta, out, ld);
+  });
 }
 
 #endif
