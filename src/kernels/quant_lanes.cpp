@@ -35,6 +35,31 @@ namespace {
 
 // Both builds' walks over W and X (their tiles differ in width and vectors, not in these loops).
 
+// The rows of a tile of Rows rows of W: rows 4j … 4j + 3 at base[j] + {0, 1, 2, 3}·bytes, each address one base
+// register and one index register (bytes, 2·bytes as a scaled index, 3·bytes). With the 16 addresses written plainly,
+// GCC kept 16 row pointers, which do not fit in the registers (it moved them through vector registers: a third of the
+// loop).
+template <int Rows>
+struct TileRows {
+  const unsigned char* base[Rows / 4];
+  int64_t bytes, bytes3;
+  const unsigned char* row(int n, int64_t at) const {
+    const int k = n % 4;
+    return base[n / 4] + at + (k == 0 ? 0 : k == 1 ? bytes : k == 2 ? 2 * bytes : bytes3);
+  }
+};
+
+template <int Rows>
+TileRows<Rows> tile_rows(const unsigned char* first, int64_t bytes) {
+  TileRows<Rows> rows;
+  for (int j = 0; j < Rows / 4; ++j) rows.base[j] = first + 4 * j * bytes;
+  rows.bytes = bytes;
+  rows.bytes3 = 3 * bytes;
+  // hidden from the compiler, so that it computes each address from these rather than keeping one per row
+  asm("" : "+r"(rows.bytes), "+r"(rows.bytes3));
+  return rows;
+}
+
 // Calls f(first, valid, n0) for each tile of `tile` rows of W from row n0: `valid` of them real, the last partial
 // tile copied into `tail` beside zero rows, so that every tile reads `tile` rows `row_bytes` apart.
 template <class F>
@@ -87,24 +112,6 @@ int32_t load_i32(const void* p) {
   return v;
 }
 
-// The 16 rows of a tile: rows 4j … 4j + 3 at quarter[j] + {0, 1, 2, 3}·bytes, each address one base register and
-// one index register (bytes, 2·bytes as a scaled index, 3·bytes). With the 16 addresses written plainly, GCC kept 16
-// row pointers, which do not fit in the registers (it moved them through vector registers: a third of the loop).
-struct TileRows {
-  const unsigned char* quarter[4];
-  int64_t bytes, bytes3;
-  const unsigned char* row(int n, int64_t at) const {
-    const int k = n % 4;
-    return quarter[n / 4] + at + (k == 0 ? 0 : k == 1 ? bytes : k == 2 ? 2 * bytes : bytes3);
-  }
-};
-
-TileRows tile_rows(const unsigned char* first, int64_t bytes) {
-  TileRows rows{{first, first + 4 * bytes, first + 8 * bytes, first + 12 * bytes}, bytes, 3 * bytes};
-  // hidden from the compiler, so that it computes each address from these rather than keeping one per row
-  asm("" : "+r"(rows.bytes), "+r"(rows.bytes3));
-  return rows;
-}
 
 // ---- Q4_0: blocks of 18 bytes, a half and 16 bytes of nibbles (value j low, j + 16 high) ----
 struct Q4_0Tiles {
@@ -115,7 +122,7 @@ struct Q4_0Tiles {
   // 4k … 4k + 3 of every row, then split into low nibbles (v[k]: values 4k … 4k + 3) and high ones (v[k + 4]: values
   // 16 + 4k …), the high ones left in place, 16 times their level (the sum is shifted back: see multiply): one
   // operation each instead of a shift and a mask.
-  [[gnu::always_inline]] static void unpack(const TileRows& rows, int64_t b, __m512i* v) {
+  [[gnu::always_inline]] static void unpack(const TileRows<kTile>& rows, int64_t b, __m512i* v) {
     const int64_t at = b * kBlockBytes + 2;
     auto qs = [&](int n) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.row(n, at))); };
     __m512i rows4[4];  // rows4[k], 128-bit lane j: row k + 4j
@@ -152,7 +159,7 @@ struct Q4_0Tiles {
   // The scales of blocks b … b + 3, d[k] lane n: block b + k of row n. Each row's 64 bytes from block b are merged
   // in a tree of two-source word permutes, 2 rows, 4, 8, then the halves by block (a gather of 16 halves per block
   // took as long as the rest of the block's work).
-  [[gnu::always_inline]] static void scales(const TileRows& rows, int64_t b, __m512* d) {
+  [[gnu::always_inline]] static void scales(const TileRows<kTile>& rows, int64_t b, __m512* d) {
     const int64_t at = b * kBlockBytes;
     auto row = [&](int n) { return _mm512_loadu_si512(rows.row(n, at)); };
     // word 2k + j of a pair: block k of its row j (of 2); of a quad 4k + j; of an octet 8k + j
@@ -187,7 +194,7 @@ struct Q8_0Tiles {
 
   // Block b of the rows: each row's 32 int8 as 8 int32 lanes (rows k and k + 8 in the halves of a vector), transposed
   // so that v[c] lane n holds values 4c … 4c + 3 of row n, made unsigned by adding 128 (an xor; see sum).
-  [[gnu::always_inline]] static void unpack(const TileRows& rows, int64_t b, __m512i* v) {
+  [[gnu::always_inline]] static void unpack(const TileRows<kTile>& rows, int64_t b, __m512i* v) {
     const int64_t at = b * kBlockBytes + 2;
     auto qs = [&](int n) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at))); };
     __m512i r[8];  // r[k]: row k in the low half, row k + 8 in the high one
@@ -225,7 +232,7 @@ struct Q8_0Tiles {
     return _mm512_add_epi32(s[0], s[1]);
   }
   // The scales of blocks b and b + 1: the same tree as Q4_0's over each row's words 0 and 17.
-  [[gnu::always_inline]] static void scales(const TileRows& rows, int64_t b, __m512* d) {
+  [[gnu::always_inline]] static void scales(const TileRows<kTile>& rows, int64_t b, __m512* d) {
     const int64_t at = b * kBlockBytes;
     auto row = [&](int n) { return _mm512_loadu_si512(rows.row(n, at)); };
     // word 2k + j of a pair (k < 2: block, j: row), 4k + j of a quad, 8k + j of an octet, 16k + j of all 16 rows
@@ -284,7 +291,7 @@ template <class Type, class Use>
   constexpr int G = Type::kScaleGroup;
   int64_t b = 0;
   for (; b + G <= blocks; b += G) {
-    const TileRows rows = tile_rows(first, bytes);
+    const TileRows<kTile> rows = tile_rows<kTile>(first, bytes);
     __m512 d[G];
     Type::scales(rows, b, d);
     for (int k = 0; k < G; ++k) {
@@ -295,7 +302,7 @@ template <class Type, class Use>
   }
   for (; b < blocks; ++b) {
     __m512i v[8];
-    Type::unpack(tile_rows(first, bytes), b, v);
+    Type::unpack(tile_rows<kTile>(first, bytes), b, v);
     use(b, v, tail_scales<Type>(first, bytes, b));
   }
 }
@@ -315,11 +322,11 @@ void tile_direct(const unsigned char* first, int64_t bytes, int64_t blocks, cons
   for_each_block<Type>(first, bytes, blocks, [&](int64_t b, const __m512i* v, __m512 d) {
     if (b % every == 0) {  // all 16 rows (a prefetch past the matrix's end does not fault)
       if (next_rows > 0) {
-        const TileRows ahead = tile_rows(next, bytes);
+        const TileRows<kTile> ahead = tile_rows<kTile>(next, bytes);
         for (int n = 0; n < kTile; ++n)
           _mm_prefetch(reinterpret_cast<const char*>(ahead.row(n, b * Type::kBlockBytes)), _MM_HINT_T1);
       }
-      const TileRows here = tile_rows(first, bytes);
+      const TileRows<kTile> here = tile_rows<kTile>(first, bytes);
       for (int n = 0; n < kTile; ++n)
         _mm_prefetch(reinterpret_cast<const char*>(here.row(n, (b + near) * Type::kBlockBytes)), _MM_HINT_T0);
     }
@@ -611,25 +618,9 @@ void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
 
 // ---- more rows of X: 8 rows of W in the lanes ----
 
-// The 8 rows of a tile: rows 4j … 4j + 3 at half[j] + {0, 1, 2, 3}·bytes, each address one base register and one
-// index register (as the AVX-512 tile's TileRows: with 8 row pointers GCC kept 8 registers and added to each per block).
-struct TileRows {
-  const unsigned char* half[2];
-  int64_t bytes, bytes3;
-  const unsigned char* row(int n, int64_t at) const {
-    const int k = n % 4;
-    return half[n / 4] + at + (k == 0 ? 0 : k == 1 ? bytes : k == 2 ? 2 * bytes : bytes3);
-  }
-};
-
-TileRows tile_rows(const unsigned char* first, int64_t bytes) {
-  TileRows rows{{first, first + 4 * bytes}, bytes, 3 * bytes};
-  asm("" : "+r"(rows.bytes), "+r"(rows.bytes3));
-  return rows;
-}
 
 // Block b of the tile's 8 rows, unpacked: levels 0 … 15 and the 8 scales.
-[[gnu::always_inline]] inline void unpack_q4_0(const TileRows& rows, int64_t b, __m256i* v, __m256* d) {
+[[gnu::always_inline]] inline void unpack_q4_0(const TileRows<kTile>& rows, int64_t b, __m256i* v, __m256* d) {
   const int64_t at = b * kBlockBytes;
   auto qs = [&](int n) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.row(n, at + 2))); };
   __m256i rows2[4];  // rows2[k]: row k in the low 128 bits, row k + 4 in the high
@@ -666,7 +657,7 @@ TileRows tile_rows(const unsigned char* first, int64_t bytes) {
 // Q8_0: block b of the tile's 8 rows, each row's 32 bytes a row of an 8 × 8 matrix of dwords, transposed.
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8TileBlock* tile) {
   constexpr int64_t kBytes = sizeof(BlockQ8_0);
-  const TileRows rows = tile_rows(first, bytes);
+  const TileRows<kTile> rows = tile_rows<kTile>(first, bytes);
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t at = b * kBytes;
     __m256i v[8];
@@ -707,7 +698,7 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8Ti
 [[gnu::always_inline]] inline __m256i block_sum(const TileBlock& t, const Q8Block& x) { return sum_q4_0(t.v, x); }
 
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, TileBlock* tile) {
-  const TileRows rows = tile_rows(first, bytes);
+  const TileRows<kTile> rows = tile_rows<kTile>(first, bytes);
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i v[8];
     __m256 d;
