@@ -55,8 +55,6 @@ class ActivationRow {
   unsigned char* data_ = nullptr;  // storage_, 64-byte aligned
 };
 
-// out[r·ld + n] = Σ_k W[n][k]·x_r[k] (+ beta·out[r·ld + n]; beta 0: out is not read) for the weight rows n < rows,
-// `row_bytes` apart, of x_r's type (a block type) and size, and the `count` rows of quantized activations x_0 … x_{count−1}.
 #if defined(QKV_DOT256) && !defined(QKV_DOT512)
 // The AVX2 build's Q4_0 (and MXFP4) activations, after the natural blocks: two blocks per 256-bit step, the low
 // nibbles' partners of both (values 0 … 15 of block 2p, then of 2p + 1), then the high ones'; block k of the pair owns
@@ -71,6 +69,8 @@ struct alignas(64) Q4_0Pair {
 };
 #endif
 
+// out[r·ld + n] = Σ_k W[n][k]·x_r[k] (+ beta·out[r·ld + n]; beta 0: out is not read) for the weight rows n < rows,
+// `row_bytes` apart, of x_r's type (a block type) and size, and the `count` rows of quantized activations x_0 … x_{count−1}.
 // Each block of a weight row is unpacked once for up to kMaxDotRows rows of activations.
 inline constexpr int kMaxDotRows = 4;
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
@@ -80,9 +80,7 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
 // once for all of them, kLanesTileRows rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the
 // AVX-512 VNNI build and the AVX2 one.
 constexpr bool takes_all_rows(WeightType type) {
-#if defined(QKV_DOT512)
-  return type == WeightType::Q4_0 || type == WeightType::Q8_0;
-#elif defined(QKV_DOT256)
+#if defined(QKV_DOT512) || defined(QKV_DOT256)
   return type == WeightType::Q4_0 || type == WeightType::Q8_0;
 #else
   (void)type;
