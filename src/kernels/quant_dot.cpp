@@ -5,8 +5,8 @@
 // memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
 // of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 and Q8_0 in
-// the AVX-512 VNNI build go to quant_lanes.cpp instead: 16 rows of W at a time, one per lane; so does Q4_0 in the AVX2
-// build, whose few-rows kernel there reads Q4_0Pair's activations as this file's did.)
+// the AVX-512 VNNI and AVX2 builds go to quant_lanes.cpp instead: 16 or 8 rows of W at a time, one per lane, and in
+// the AVX2 build one row at a time for few rows of X.)
 #include "quant_dot.hpp"
 
 #include <algorithm>
@@ -24,12 +24,6 @@ namespace {
 // The weight stream a thread reads is contiguous (its rows one after another): each step asks for the line this far
 // ahead, as gemm_bf16's row kernel does (the hardware prefetcher alone leaves a 2-thread stream short of the read rate).
 constexpr int64_t kPrefetchBytes = 8192;
-
-[[maybe_unused]] uint16_t load_u16(const void* p) {  // (the AVX2 build's Q4_0 scales)
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
 
 // ---- the activation layouts ----
 // Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
@@ -229,17 +223,7 @@ float sum8(__m256 v) {
 }
 #endif
 #if defined(QKV_DOT256) && !defined(QKV_DOT512)  // the 256-bit kernels' helpers
-// Σ of four adjacent u8×s8 products into each int32 lane: vpdpbusd where the build has a 256-bit one, else
-// vpmaddubsw (pairs into int16: callers keep |u·s| pairs below 32768) and vpmaddwd with ones.
-[[maybe_unused]] __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {  // (MXFP4 with VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, u, s);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-}
+// (dot_u8s8: quant_dot.hpp)
 // acc + the int16 pairs of a (vpmaddubsw's) times the int16 scales in b, summed in pairs.
 __m256i dot_i16(__m256i acc, __m256i a, __m256i b) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

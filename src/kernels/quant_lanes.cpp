@@ -33,6 +33,18 @@ namespace qkv::kernels::quant {
 
 namespace {
 
+[[maybe_unused]] int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+[[maybe_unused]] uint16_t load_u16(const void* p) {  // (the AVX2 build's)
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
 // Both builds' walks over W and X (their tiles differ in width and vectors, not in these loops).
 
 // The rows of a tile of Rows rows of W: rows 4j … 4j + 3 at base[j] + {0, 1, 2, 3}·bytes, each address one base
@@ -105,13 +117,6 @@ struct alignas(64) TileBlock {
   __m512 d;
 };
 static_assert(sizeof(TileBlock) == 576, "a tile block is 9 cache lines");
-
-int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 
 // ---- Q4_0: blocks of 18 bytes, a half and 16 bytes of nibbles (value j low, j + 16 high) ----
 struct Q4_0Tiles {
@@ -427,18 +432,6 @@ struct alignas(32) Q8TileBlock {
   __m256 d;
 };
 
-int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-uint16_t load_u16(const void* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
 // ---- few rows of X ----
 
 // The lane of block k of a group of 8 in the few-rows kernel's vectors: the even blocks in the low half.
@@ -449,18 +442,6 @@ constexpr int lane_of(int k) { return (k % 2) * 4 + k / 2; }
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));  // c0+c1, c2+c3, c4+c5, c6+c7
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (c0+c1)+(c4+c5), (c2+c3)+(c6+c7)
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// Σ of four adjacent u8 × s8 products in each int32 lane (vpdpbusd where the build has one; else vpmaddubsw, whose
-// int16 pairs the callers keep below 32768, and vpmaddwd)
-[[gnu::always_inline]] inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
 }
 
 // The end of a row of W for the few-rows kernels: its last blocks in plain C++ (rows whose length is not a multiple of
@@ -533,10 +514,8 @@ void rows_q4_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
           const __m256i bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.bias));
           const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.low));
           const __m256i xh = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.high));
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-          s[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(bias, low[p], xl), high[p], xh);
-#elif defined(__AVXVNNI__)
-          s[p] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(bias, low[p], xl), high[p], xh);
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+          s[p] = dot_u8s8(dot_u8s8(bias, low[p], xl), high[p], xh);
 #else  // pairs ≤ 2·15·127; the two halves' sum ≤ 7620 < 32768: one vpmaddwd for both
           const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[p], xl), _mm256_maddubs_epi16(high[p], xh));
           s[p] = _mm256_add_epi32(_mm256_madd_epi16(sum16, _mm256_set1_epi16(1)), bias);
@@ -565,6 +544,7 @@ void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
                const __m256* dx, float beta, float* out, int64_t ld) {
   constexpr int64_t kBytes = sizeof(BlockQ8_0);
   const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
+  const __m256i zero = _mm256_setzero_si256();
   for (int64_t n = 0; n < rows; ++n) {
     const unsigned char* row = w + n * bytes;
     __m256 acc[R];
@@ -580,7 +560,8 @@ void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
         for (int r = 0; r < R; ++r) {
           const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k0].q));
           const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k1].q));
-          to[r] = _mm256_hadd_epi32(dot_u8s8(m0, _mm256_sign_epi8(x0, w0)), dot_u8s8(m1, _mm256_sign_epi8(x1, w1)));
+          to[r] = _mm256_hadd_epi32(dot_u8s8(zero, m0, _mm256_sign_epi8(x0, w0)),
+                                    dot_u8s8(zero, m1, _mm256_sign_epi8(x1, w1)));
         }
       };
       __m256i a[R], b[R], even[R], odd[R];  // even: blocks 0, 2, 4, 6 (their low halves' sums, then the high ones')
@@ -690,9 +671,9 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8Ti
 
 // The exact Σ_j w_j·q_j of each lane (products in pairs ≤ 2·128·127, widened per vector).
 [[gnu::always_inline]] inline __m256i block_sum(const Q8TileBlock& t, const Q8Block& x) {
-  __m256i s = dot_u8s8(t.magnitude[0], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x.q)), t.value[0]));
-  for (int c = 1; c < 8; ++c)
-    s = _mm256_add_epi32(s, dot_u8s8(t.magnitude[c], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x.q + 4 * c)), t.value[c])));
+  __m256i s = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c)
+    s = dot_u8s8(s, t.magnitude[c], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x.q + 4 * c)), t.value[c]));
   return s;
 }
 [[gnu::always_inline]] inline __m256i block_sum(const TileBlock& t, const Q8Block& x) { return sum_q4_0(t.v, x); }
