@@ -2,9 +2,12 @@
 // (tests/fixtures/quant/, made by tools/ggml_quant_reference.py through ctypes from npm's node-llama-cpp), bit for bit;
 // round trips stay within each format's error; bad column counts and non-finite weights are refused with a message.
 // Not here: the products with stored weights (test_kernel_table.cpp's rows, and the cases below that need ggml).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <string>
 
 #include "helpers.hpp"
 #include "qkv/kernels/convert.hpp"
@@ -461,6 +464,106 @@ TEST(Quant, RowsInLanesFollowThePerBlockChainBitForBit) {
               for (int64_t k = 0; k < K; ++k)
                 size += std::fabs(level[(i % N) * K + k] * double{scale[(i % N) * blocks + k / 32]} * x[(i / N) * K + k]);
               ASSERT_NEAR(y[i], want[i], 1e-5 * size) << name << " M " << M;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Where Q4_K and Q5_K run with the rows of W in the lanes (AVX2 builds, as their backend says), a row of Y is, bit for
+// bit, c_S − c_M over two scalar float32 chains: per block, the exact integers S = Σ_j scale_j·Σ q_w·q_x and
+// M = Σ_j min_j·Σ q_x (j over the 8 sub-blocks of 32 values), then c_S ← fma(float(S), d·d_x, c_S) and c_M ←
+// fma(float(M), dmin·d_x, c_M). X is quantized as ggml's q8_K (per 256 values, the signed largest value maps to −127,
+// q = nearest integer, to even). Both the one-row kernel (1 and 3 rows of X) and the tiles (6 and 70) follow it, for 1
+// and 4 blocks, 37 rows of W (a partial last tile), on 1 and 2 threads. Elsewhere: close to it.
+TEST(Quant, KQuantRowsFollowTheirTwoChainsBitForBit) {
+  for (const int64_t K : {int64_t{256}, int64_t{1024}}) {
+    const int64_t N = 37, blocks = K / 256;
+    const std::vector<float> values = rows_of(1, static_cast<int>((N * K + kCols - 1) / kCols), true);
+    for (WeightType type : {WeightType::Q4_K, WeightType::Q5_K}) {
+      const char* name = kernels::weight_type_name(type);
+      const bool chains = std::string(kernels::gemm_weight_backend(type)).find("a chain of scaled sums and one of mins") !=
+                          std::string::npos;
+      const bool five = type == WeightType::Q5_K;
+      const int64_t row = kernels::row_bytes(type, K), block_bytes = five ? 176 : 144;
+      std::vector<unsigned char> stored(N * row);
+      kernels::quantize_rows(type, values.data(), stored.data(), N, K);
+      const kernels::WeightView w{type, stored.data(), N, K};
+      // the levels (0 … 15 or 0 … 31), sub-block scales and mins, and the block's two halves, from the stored bytes
+      std::vector<int> level(N * K), scale(N * K / 32), min(N * K / 32);
+      std::vector<float> d(N * blocks), dmin(N * blocks);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const unsigned char* blk = stored.data() + n * row + b * block_bytes;
+          uint16_t half[2];
+          std::memcpy(half, blk, 4);
+          d[n * blocks + b] = kernels::f16_to_f32_reference(half[0]);
+          dmin[n * blocks + b] = kernels::f16_to_f32_reference(half[1]);
+          const unsigned char* sc = blk + 4;  // ggml's 12 bytes of 6-bit scales and mins
+          const unsigned char* qh = blk + 16;
+          const unsigned char* qs = blk + (five ? 48 : 16);
+          for (int j = 0; j < 8; ++j) {
+            const int at = static_cast<int>((n * K + b * 256) / 32 + j);
+            scale[at] = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+            min[at] = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+            for (int i = 0; i < 32; ++i) {
+              const unsigned char byte = qs[32 * (j / 2) + i];
+              level[n * K + b * 256 + 32 * j + i] = (j % 2 ? byte >> 4 : byte & 0xf) + (five && (qh[i] >> j) & 1 ? 16 : 0);
+            }
+          }
+        }
+      for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{70}}) {
+        std::vector<float> x(M * K);
+        SplitMix g(static_cast<uint64_t>(M) + 5);
+        for (float& v : x) v = static_cast<float>(g.uniform() - 0.5);
+        // q8_K of each block of 256
+        std::vector<int> q(M * K);
+        std::vector<float> dx(M * blocks);
+        for (int64_t i = 0; i < M * blocks; ++i) {
+          const float* xb = x.data() + i * 256;
+          float largest = -INFINITY, smallest = INFINITY;
+          for (int k = 0; k < 256; ++k) largest = std::max(largest, xb[k]), smallest = std::min(smallest, xb[k]);
+          const float iscale = -127.0f / (largest >= -smallest ? largest : smallest);
+          for (int k = 0; k < 256; ++k) q[i * 256 + k] = std::min(127, static_cast<int>(std::nearbyint(iscale * xb[k])));
+          dx[i] = 1.0f / iscale;
+        }
+        std::vector<float> want(M * N);
+        std::vector<double> size(M * N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            float cs = 0.0f, cm = 0.0f;
+            for (int64_t b = 0; b < blocks; ++b) {
+              int32_t S = 0, Msum = 0;
+              for (int j = 0; j < 8; ++j) {
+                const int at = static_cast<int>((n * K + b * 256) / 32 + j);
+                int32_t dot = 0, sum = 0;
+                for (int i = 0; i < 32; ++i) {
+                  const int64_t k = b * 256 + 32 * j + i;
+                  dot += level[n * K + k] * q[m * K + k];
+                  sum += q[m * K + k];
+                  size[m * N + n] += std::fabs(double{d[n * blocks + b]} * scale[at] * level[n * K + k] * x[m * K + k]) +
+                                     std::fabs(double{dmin[n * blocks + b]} * min[at] * x[m * K + k]);
+                }
+                S += scale[at] * dot;
+                Msum += min[at] * sum;
+              }
+              cs = std::fma(static_cast<float>(S), d[n * blocks + b] * dx[m * blocks + b], cs);
+              cm = std::fma(static_cast<float>(Msum), dmin[n * blocks + b] * dx[m * blocks + b], cm);
+            }
+            want[m * N + n] = cs - cm;
+          }
+        for (int threads : {1, 2}) {
+          ThreadCount count(threads);
+          std::vector<float> y(M * N);
+          kernels::gemm_weight(w, M, x.data(), K, 0.0f, y.data(), N);
+          for (int64_t i = 0; i < M * N; ++i) {
+            if (chains) {
+              ASSERT_EQ(y[i], want[i]) << name << " K " << K << " M " << M << " [" << i / N << "," << i % N << "] on "
+                                       << threads << " threads: not the two chains";
+            } else {
+              ASSERT_NEAR(y[i], want[i], 1e-5 * size[i]) << name << " K " << K << " M " << M;
             }
           }
         }

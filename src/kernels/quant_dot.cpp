@@ -27,15 +27,8 @@ constexpr int64_t kPrefetchBytes = 8192;
 
 // ---- the activation layouts ----
 // Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
-// without a packed layout read these. Then, for Q4_0 in the AVX2 build and MXFP4, the packed groups.
-
-struct alignas(64) Q8KBlock {  // 256 values: ggml's block_q8_K, q in the kernel's order (see k_order)
-  int8_t q[256];
-  int16_t bsums[16];  // Σ q over each 16 values, natural order
-  float d;
-  int32_t pad[7];
-};
-static_assert(sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
+// without a packed layout read these (Q8Block and Q8KBlock: quant_dot.hpp). Then, for Q4_0 in the AVX2 build and
+// MXFP4, the packed groups.
 
 #if defined(QKV_DOT512)
 // (Q8_0 and Q4_0 go to quant_lanes.cpp in this build, which reads the natural blocks.) MXFP4, four blocks per step:
@@ -182,6 +175,7 @@ void quantize_q8k_block(const float* x, const int* order, Q8KBlock* out) {
       q[i] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(scale, _mm256_loadu_ps(x + 32 * s + 8 * i))), top);
     out->bsums[2 * s] = static_cast<int16_t>(sum8i(_mm256_add_epi32(q[0], q[1])));
     out->bsums[2 * s + 1] = static_cast<int16_t>(sum8i(_mm256_add_epi32(q[2], q[3])));
+    out->sums32[s] = static_cast<int16_t>(out->bsums[2 * s] + out->bsums[2 * s + 1]);
     int slot = 0;
     while (order[slot] != s) ++slot;
     _mm256_store_si256(reinterpret_cast<__m256i*>(out->q + 32 * slot), pack_levels(q[0], q[1], q[2], q[3]));
@@ -208,6 +202,7 @@ void quantize_q8k_block(const float* x, const int* order, Q8KBlock* out) {
     for (int i = 0; i < 16; ++i) sum += q[16 * j + i];
     out->bsums[j] = static_cast<int16_t>(sum);
   }
+  for (int j = 0; j < 8; ++j) out->sums32[j] = static_cast<int16_t>(out->bsums[2 * j] + out->bsums[2 * j + 1]);
   for (int s = 0; s < 8; ++s) std::memcpy(out->q + 32 * s, q + 32 * order[s], 32);
 #endif
   out->d = 1.0f / iscale;
@@ -220,19 +215,6 @@ float sum8(__m256 v) {
   const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // q[i] = v[i] + v[i + 4]
   const __m128 p = _mm_add_ps(q, _mm_movehdup_ps(q));                                    // q0 + q1, ·, q2 + q3, ·
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)));
-}
-#endif
-#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // the 256-bit kernels' helpers
-// (dot_u8s8: quant_dot.hpp)
-// acc + the int16 pairs of a (vpmaddubsw's) times the int16 scales in b, summed in pairs.
-__m256i dot_i16(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
 }
 #endif
 #if defined(QKV_DOT512)
@@ -468,23 +450,6 @@ template <int R>
 
 // ---- Q4_K and Q5_K ----
 
-// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block as 16 bytes: scales 0–7, then mins 0–7 (ggml's utmp unpacking
-// of scale_min_k4's layout, four bytes at a time, here in one vector: the scalar version with its four inserts ran 14%
-// slower, measured on a Zen 5). Reads 16 bytes from `packed`: the block's quants follow its 12 bytes of scales.
-#if defined(QKV_DOT256)
-__m128i unpack_scales_mins(const uint8_t* packed) {
-  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));  // u0 u1 u2 (and 4 bytes of quants)
-  const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0));               // u0 u2 u1 u2
-  const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));               // u0 u0 u1 u1
-  // scales 0–3 = u0 & 0x3f…, mins 0–3 = u1 & 0x3f…; scales 4–7 = (u2 & 0x0f…) | (u0 >> 6 & 3…) << 4,
-  // mins 4–7 = (u2 >> 4 & 0x0f…) | (u1 >> 6 & 3…) << 4
-  const __m128i low6 = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
-  const __m128i nibbles = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
-  const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), _mm_set1_epi32(0x03030303)), 4);
-  return _mm_blend_epi32(low6, _mm_or_si128(nibbles, top), 0b1010);
-}
-#endif
-
 template <bool five_bits, int R>
 [[gnu::always_inline]] inline void dot_q45_K(const void* w_row, const unsigned char* const* act, int64_t blocks, float* out) {
   using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
@@ -539,9 +504,13 @@ template <bool five_bits, int R>
   }
   for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]) - sum8(acc_mins[r]);
 #elif defined(QKV_DOT256)
-  // Per block: the scales of sub-blocks 2p and 2p + 1 picked from a register by vpshufb, the mins' products with the
-  // activations' sums by one vpmaddwd, the fifth bits moved to bit 4 by one shift each (ggml's AVX2 kernel is built the
-  // same way; a scalar loop over the mins and per-value compares ran ~25% slower than it).
+  // The AVX2 build's arithmetic, which quant_lanes.cpp's tiles follow bit for bit: per block, the exact integers
+  // S = Σ_j scale_j·Σ_{32 values of j} q_w·q_x and M = Σ_j min_j·Σ_{32 values of j} q_x, then two float32 chains over
+  // the blocks in order, c_S ← fma(float(S), d·d_x, c_S) and c_M ← fma(float(M), dmin·d_x, c_M); y = c_S − c_M. Here
+  // c_S is lane 0 of a 4-float vector and c_M lane 1. Per block: the scales of sub-blocks 2p and 2p + 1 picked from a
+  // register by vpshufb, the fifth bits moved to bit 4 by one shift each (ggml's AVX2 kernel is built the same way; a
+  // scalar loop over the mins and per-value compares ran ~25% slower than it); S and M reduced to one lane each by two
+  // vphaddd (the float work per block was as much before, on 8 lanes each, and then a row took two horizontal sums).
   const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
   // vpshufb patterns: the int16 scale j in every lane
   auto scale_pattern = [](int j) { return _mm256_set1_epi16(static_cast<short>((2 * j) | ((2 * j + 1) << 8))); };
@@ -552,16 +521,14 @@ template <bool five_bits, int R>
     const __m256i moved = b < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - b)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(b - 4));
     return _mm256_and_si256(moved, bit4);
   };
-  __m256 acc[R], acc_mins[R];
-  for (int r = 0; r < R; ++r) acc[r] = acc_mins[r] = _mm256_setzero_ps();
+  __m128 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
     const __m256i words = _mm256_cvtepu8_epi16(unpack_scales_mins(blk.scales));  // scales 0–7, mins 0–7
     const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(words));
-    const __m128i mins8 = _mm256_extracti128_si256(words, 1);
-    const __m256i mins = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(mins8, mins8)),
-                                                 _mm_unpackhi_epi16(mins8, mins8), 1);  // m0 m0 m1 m1 … m7 m7
+    const __m128i mins = _mm256_extracti128_si256(words, 1);
     __m256i sum[R], h = _mm256_setzero_si256();
     for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
     if constexpr (five_bits) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
@@ -579,14 +546,16 @@ template <bool five_bits, int R>
         sum[r] = dot_i16(dot_i16(sum[r], pl, scale_low), ph, scale_high);
       }
     }
-    const float d = _cvtsh_ss(blk.d), dmin = _cvtsh_ss(blk.dmin);
+    // d and dmin, adjacent halves: lanes 0 and 1
+    const __m128 scale = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(blk.d | static_cast<uint32_t>(blk.dmin) << 16)));
     for (int r = 0; r < R; ++r) {
-      const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)), mins);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(d * x[r][b].d), acc[r]);
-      acc_mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * x[r][b].d), acc_mins[r]);
+      const __m128i m = _mm_madd_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(x[r][b].sums32)), mins);
+      const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum[r]), _mm256_extracti128_si256(sum[r], 1));
+      const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(s, m), _mm_setzero_si128());  // S, M, 0, 0
+      acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(sm), _mm_mul_ps(scale, _mm_set1_ps(x[r][b].d)), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]) - sum8(acc_mins[r]);
+  for (int r = 0; r < R; ++r) out[r] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 #else
   const WeightType type = five_bits ? WeightType::Q5_K : WeightType::Q4_K;
   for (int r = 0; r < R; ++r) {
@@ -899,7 +868,9 @@ int ActivationRow::level(int64_t k) const {
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld) {
 #if defined(QKV_DOT512) || defined(QKV_DOT256)
-  if (count > 0 && takes_all_rows(x[0]->type())) return dot_rows_in_lanes(w, row_bytes, rows, x, count, beta, out, ld);
+  // (the AVX2 build's Q4_K and Q5_K: few rows here, one row of W at a time)
+  if (count > 0 && takes_all_rows(x[0]->type()) && (count > kMaxDotRows || !is_k_quant(x[0]->type())))
+    return dot_rows_in_lanes(w, row_bytes, rows, x, count, beta, out, ld);
 #endif
   const unsigned char* at = static_cast<const unsigned char*>(w);
   for (int first = 0; first < count; first += kMaxDotRows) {

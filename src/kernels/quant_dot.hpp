@@ -31,6 +31,17 @@ struct alignas(64) Q8Block {
 };
 static_assert(sizeof(Q8Block) == 64, "activation blocks stay 64-byte multiples");
 
+// A block of 256 activations as the K-quant products read it: ggml's block_q8_K (x ≈ d·q), q in the kernel's order
+// (natural in the AVX2 build; see quant_dot.cpp's k_order), with the sums of its levels per 16 and per 32 values.
+struct alignas(64) Q8KBlock {
+  int8_t q[256];
+  int16_t bsums[16];   // Σ q over each 16 values, natural order
+  int16_t sums32[8];   // Σ q over each 32 values (bsums[2j] + bsums[2j + 1]), natural order
+  float d;
+  int32_t pad[3];
+};
+static_assert(sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
+
 // One row of K activations quantized for the products with one weight type, as the kernels of this build read it.
 // Q8_0 and Q4_0 weights: per 32 values a scale dx = max|x|/127 and q = x/dx rounded to nearest even (|q| ≤ 127) —
 // ggml's q8_0 activations; the K-quants: per 256 values ggml's q8_K (dx = −max/127 for the signed largest value,
@@ -79,6 +90,33 @@ struct alignas(64) Q4_0Pair {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
+// acc + the int16 pairs of a (vpmaddubsw's) times the int16 scales in b, summed in pairs.
+[[gnu::always_inline]] inline __m256i dot_i16(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+#endif
+
+// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block as 16 bytes: scales 0–7, then mins 0–7 (ggml's utmp unpacking
+// of scale_min_k4's layout, four bytes at a time, here in one vector: the scalar version with its four inserts ran 14%
+// slower, measured on a Zen 5). Reads 16 bytes from `packed`: the block's quants follow its 12 bytes of scales.
+#if defined(QKV_DOT256)
+inline __m128i unpack_scales_mins(const uint8_t* packed) {
+  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));  // u0 u1 u2 (and 4 bytes of quants)
+  const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0));               // u0 u2 u1 u2
+  const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));               // u0 u0 u1 u1
+  // scales 0–3 = u0 & 0x3f…, mins 0–3 = u1 & 0x3f…; scales 4–7 = (u2 & 0x0f…) | (u0 >> 6 & 3…) << 4,
+  // mins 4–7 = (u2 >> 4 & 0x0f…) | (u1 >> 6 & 3…) << 4
+  const __m128i low6 = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
+  const __m128i nibbles = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
+  const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), _mm_set1_epi32(0x03030303)), 4);
+  return _mm_blend_epi32(low6, _mm_or_si128(nibbles, top), 0b1010);
+}
 #endif
 
 // out[r·ld + n] = Σ_k W[n][k]·x_r[k] (+ beta·out[r·ld + n]; beta 0: out is not read) for the weight rows n < rows,
@@ -90,18 +128,22 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
 
 // Whether dot_rows takes every row of activations at once for this type (and should be given them all: it reads W
 // once for all of them, kLanesTileRows rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the
-// AVX-512 VNNI build and the AVX2 one.
+// AVX-512 VNNI build and the AVX2 one, and Q4_K and Q5_K in the AVX2 one (for more than kMaxDotRows rows of X; fewer
+// go one row of W at a time, by the same arithmetic).
 constexpr bool takes_all_rows(WeightType type) {
-#if defined(QKV_DOT512) || defined(QKV_DOT256)
+#if defined(QKV_DOT512)
   return type == WeightType::Q4_0 || type == WeightType::Q8_0;
+#elif defined(QKV_DOT256)
+  return type == WeightType::Q4_0 || type == WeightType::Q8_0 || type == WeightType::Q4_K || type == WeightType::Q5_K;
 #else
   (void)type;
   return false;
 #endif
 }
 // The rows of W those kernels take at once (one per int32 lane); a thread's slice of W is a multiple of it. And the
-// chains their blocks are summed in: a row of Y is the sum of kLanesChains float32 chains, chain j over the blocks
-// b ≡ j (mod kLanesChains) in order (quant_lanes.cpp).
+// chains the blocks of Q4_0 and Q8_0 are summed in: a row of Y is the sum of kLanesChains float32 chains, chain j over
+// the blocks b ≡ j (mod kLanesChains) in order (quant_lanes.cpp). (The AVX2 build's Q4_K and Q5_K: a chain of the
+// scaled sums and one of the mins, see quant_dot.cpp's dot_q45_K.)
 #if defined(QKV_DOT512)
 inline constexpr int64_t kLanesTileRows = 16;
 inline constexpr int kLanesChains = 1;

@@ -21,8 +21,10 @@
 // Q8_0 products ~2.5–3× faster (Q8_0 3072 × 1024: 148 → 410–459 GFLOP/s); in generation the transposes cost about
 // what the old kernels' per-row float work did (Q8_0 even; Q4_0 within noise on 2 threads, ~5–10% slower on 1).
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "quant_blocks.hpp"
@@ -635,6 +637,27 @@ void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
   return _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(x.q4_bias));
 }
 
+// The 32 bytes at `at` of each of the tile's 8 rows as the rows of an 8 × 8 matrix of dwords, transposed: v[c] lane n
+// holds bytes 4c … 4c + 3 of row n.
+[[gnu::always_inline]] inline void transpose_rows(const TileRows<kTile>& rows, int64_t at, __m256i* v) {
+  for (int n = 0; n < kTile; ++n) v[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at)));
+  __m256i t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+    t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+    v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+
 // Q8_0: block b of the tile's 8 rows, each row's 32 bytes a row of an 8 × 8 matrix of dwords, transposed.
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8TileBlock* tile) {
   constexpr int64_t kBytes = sizeof(BlockQ8_0);
@@ -642,22 +665,7 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8Ti
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t at = b * kBytes;
     __m256i v[8];
-    for (int n = 0; n < kTile; ++n) v[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at + 2)));
-    __m256i t[8], u[8];
-    for (int k = 0; k < 8; k += 2) {
-      t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
-      t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-      u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
-      u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
-      u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
-      u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
-    }
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
-      v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
-    }
+    transpose_rows(rows, at + 2, v);
     for (int c = 0; c < 8; ++c) {
       _mm256_store_si256(tile[b].value + c, v[c]);
       _mm256_store_si256(tile[b].magnitude + c, _mm256_abs_epi8(v[c]));
@@ -686,6 +694,135 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
     unpack_q4_0(rows, b, v, &d);
     for (int c = 0; c < 8; ++c) _mm256_store_si256(tile[b].v + c, v[c]);
     _mm256_store_ps(reinterpret_cast<float*>(&tile[b].d), d);
+  }
+}
+
+// ---- Q4_K and Q5_K: 8 rows of W in the lanes (more than 4 rows of X) ----
+// The arithmetic of quant_dot.cpp's dot_q45_K, here in 8 lanes: per block and row of X, the exact integers
+// S = Σ_j scale_j·Σ q_w·q_x and M = Σ_j min_j·Σ q_x, then c_S ← fma(float(S), d·d_x, c_S), c_M ← fma(float(M),
+// dmin·d_x, c_M); y = c_S − c_M. Each sub-block j's 32 values are 8 vpmaddubsw against 4 broadcast activations, summed
+// in int16 (Q4_K pairs ≤ 2·15·127, 8 of them ≤ 30,480; Q5_K's ≤ 2·31·127, so 4 at a time) and widened by one
+// vpmaddwd with the scale: ~2.3 integer operations per 32 products of 8 rows, where the one-row kernel takes ~6 per 32
+// products of one row (its scale picking and unpacking shared by at most 4 rows of X).
+
+template <bool five_bits>
+struct alignas(32) KTileBlock {
+  static constexpr bool kFiveBits = five_bits;
+  __m256i q[64];     // q[8j + c] lane n: values 32j + 4c … 32j + 4c + 3 of row n (levels 0 … 15, Q5_K's 0 … 31)
+  __m256i scale[8];  // lane n: sub-block j's scale in row n, in both int16 halves
+  __m256i mins[4];   // lane n: the mins of sub-blocks 2p (low int16) and 2p + 1 (high int16) of row n
+  __m256 d, dmin;    // lane n: row n's
+};
+static_assert(sizeof(KTileBlock<false>) == 2496, "a K tile block is 39 cache lines");
+
+template <bool five_bits>
+void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, KTileBlock<five_bits>* tile) {
+  using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
+  constexpr int64_t kBytes = sizeof(Block), kQs = offsetof(Block, qs);
+  const TileRows<kTile> rows = tile_rows<kTile>(first, bytes);
+  const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t at = b * kBytes;
+    KTileBlock<five_bits>& t = tile[b];
+    __m256i high_bits[8];  // Q5_K: bit 2p (2p + 1) of byte l is the fifth bit of value 64p + l (64p + 32 + l)
+    if constexpr (five_bits) transpose_rows(rows, at + offsetof(BlockQ5_K, qh), high_bits);
+    for (int p = 0; p < 4; ++p) {  // 64 values: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+      __m256i v[8];
+      transpose_rows(rows, at + kQs + 32 * p, v);
+      for (int c = 0; c < 8; ++c) {
+        __m256i low = _mm256_and_si256(v[c], nibble), high = _mm256_and_si256(_mm256_srli_epi16(v[c], 4), nibble);
+        if constexpr (five_bits) {  // (16-bit shifts by at most 4: each byte's bit stays in its byte)
+          const __m256i h = high_bits[c];
+          const auto moved = [&](int bit) {
+            return bit < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
+          };
+          low = _mm256_or_si256(low, _mm256_and_si256(moved(2 * p), bit4));
+          high = _mm256_or_si256(high, _mm256_and_si256(moved(2 * p + 1), bit4));
+        }
+        _mm256_store_si256(t.q + 8 * (2 * p) + c, low);
+        _mm256_store_si256(t.q + 8 * (2 * p + 1) + c, high);
+      }
+    }
+    // The 8 rows' scales and mins (16 bytes each: scales 0–7, mins 0–7), a byte transpose: after three rounds of
+    // interleaving, e[k] holds scale 2k of rows 0–7, then scale 2k + 1 of rows 0–7 (f[k] the same for the mins).
+    __m128i sm[8];
+    for (int n = 0; n < kTile; ++n) sm[n] = unpack_scales_mins(rows.row(n, at + 4));
+    __m128i a[8], c[8];
+    for (int k = 0; k < 4; ++k) {
+      a[k] = _mm_unpacklo_epi8(sm[2 * k], sm[2 * k + 1]);      // scales of rows 2k, 2k + 1 interleaved
+      a[k + 4] = _mm_unpackhi_epi8(sm[2 * k], sm[2 * k + 1]);  // their mins
+    }
+    for (int k = 0; k < 8; k += 4) {
+      c[k] = _mm_unpacklo_epi16(a[k], a[k + 1]);  // values 0–3 of rows 0–3
+      c[k + 1] = _mm_unpackhi_epi16(a[k], a[k + 1]);  // values 4–7 of rows 0–3
+      c[k + 2] = _mm_unpacklo_epi16(a[k + 2], a[k + 3]);  // values 0–3 of rows 4–7
+      c[k + 3] = _mm_unpackhi_epi16(a[k + 2], a[k + 3]);
+    }
+    const auto pair_of = [](__m128i e) {  // 8 bytes, one per row, as int32 lanes; then the next 8
+      return std::pair{_mm256_cvtepu8_epi32(e), _mm256_cvtepu8_epi32(_mm_srli_si128(e, 8))};
+    };
+    for (int half = 0; half < 2; ++half) {  // the scales, then the mins
+      const __m128i* cc = c + 4 * half;
+      const __m128i e[4] = {_mm_unpacklo_epi32(cc[0], cc[2]), _mm_unpackhi_epi32(cc[0], cc[2]),
+                            _mm_unpacklo_epi32(cc[1], cc[3]), _mm_unpackhi_epi32(cc[1], cc[3])};
+      for (int k = 0; k < 4; ++k) {
+        const auto [even, odd] = pair_of(e[k]);  // values 2k and 2k + 1 of the 8 rows
+        if (half == 0) {
+          _mm256_store_si256(t.scale + 2 * k, _mm256_or_si256(even, _mm256_slli_epi32(even, 16)));
+          _mm256_store_si256(t.scale + 2 * k + 1, _mm256_or_si256(odd, _mm256_slli_epi32(odd, 16)));
+        } else {
+          _mm256_store_si256(t.mins + k, _mm256_or_si256(even, _mm256_slli_epi32(odd, 16)));
+        }
+      }
+    }
+    alignas(16) uint16_t halves[16];
+    for (int n = 0; n < kTile; ++n) {
+      halves[n] = load_u16(rows.row(n, at));
+      halves[8 + n] = load_u16(rows.row(n, at + 2));
+    }
+    _mm256_store_ps(reinterpret_cast<float*>(&t.d), _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves))));
+    _mm256_store_ps(reinterpret_cast<float*>(&t.dmin),
+                    _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves + 8))));
+  }
+}
+
+// The K tile against R ≤ 4 rows of X; out[r·ld + n] = the tile's sums (+ beta·out) for its `valid` rows.
+template <class Block, int R>
+[[gnu::noinline]] void k_tile_unpacked(const Block* tile, int64_t blocks, const Q8KBlock* const* x, int valid, float beta,
+                                       float* out, int64_t ld) {
+  constexpr int kRun = Block::kFiveBits ? 4 : 8;  // vpmaddubsw sums added in int16 before a widening
+  __m256 cs[R], cm[R];
+  for (int r = 0; r < R; ++r) cs[r] = cm[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Block& t = tile[b];
+    __m256i S[R];
+    for (auto& v : S) v = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j)
+      for (int c0 = 0; c0 < 8; c0 += kRun) {
+        __m256i s16[R];
+        for (int c = c0; c < c0 + kRun; ++c) {
+          const __m256i w = _mm256_load_si256(t.q + 8 * j + c);
+          for (int r = 0; r < R; ++r) {
+            const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load_i32(x[r][b].q + 32 * j + 4 * c)));
+            s16[r] = c == c0 ? p : _mm256_add_epi16(s16[r], p);
+          }
+        }
+        for (int r = 0; r < R; ++r) S[r] = dot_i16(S[r], s16[r], t.scale[j]);
+      }
+    for (int r = 0; r < R; ++r) {
+      const Q8KBlock& xb = x[r][b];
+      __m256i M = _mm256_setzero_si256();
+      for (int p = 0; p < 4; ++p) M = dot_i16(M, t.mins[p], _mm256_set1_epi32(load_i32(xb.sums32 + 2 * p)));
+      const __m256 dx = _mm256_set1_ps(xb.d);
+      cs[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(t.d, dx), cs[r]);
+      cm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(t.dmin, dx), cm[r]);
+    }
+  }
+  alignas(32) float dots[kTile];
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(dots, _mm256_sub_ps(cs[r], cm[r]));
+    float* o = out + r * ld;
+    for (int n = 0; n < valid; ++n) o[n] = beta == 0.0f ? dots[n] : dots[n] + beta * o[n];
   }
 }
 
@@ -718,8 +855,8 @@ template <class Block, int R>
 }
 
 // More rows of X: every tile of W unpacked once, then multiplied by each group of kGroup rows of X.
-template <class Block>
-void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t blocks, const Q8Block* const* xs,
+template <class Block, class X>
+void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t blocks, const X* const* xs,
            int count, float beta, float* out, int64_t ld) {
   thread_local std::vector<unsigned char> tail;
   thread_local std::vector<Block> unpacked;
@@ -727,7 +864,10 @@ void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t b
   each_tile(base, row_bytes, rows, kTile, tail, [&](const unsigned char* first, int valid, int64_t n0) {
     unpack_tile(first, row_bytes, blocks, unpacked.data());
     each_group(count, [&](auto R, int m0) {
-      tile_unpacked<Block, R>(unpacked.data(), blocks, xs + m0, valid, beta, out + n0 + m0 * ld, ld);
+      if constexpr (std::is_same_v<X, Q8KBlock>)
+        k_tile_unpacked<Block, R>(unpacked.data(), blocks, xs + m0, valid, beta, out + n0 + m0 * ld, ld);
+      else
+        tile_unpacked<Block, R>(unpacked.data(), blocks, xs + m0, valid, beta, out + n0 + m0 * ld, ld);
     });
   });
 }
@@ -736,13 +876,23 @@ void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t b
 
 void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld) {
+  const WeightType type = x[0]->type();
+  const auto* base = static_cast<const unsigned char*>(w);
+  if (type == WeightType::Q4_K || type == WeightType::Q5_K) {  // (more than kGroup rows: fewer go to quant_dot.cpp)
+    thread_local std::vector<const Q8KBlock*> k_rows;
+    k_rows.resize(static_cast<size_t>(count));
+    for (int r = 0; r < count; ++r) k_rows[r] = reinterpret_cast<const Q8KBlock*>(x[r]->data());
+    const int64_t k_blocks = x[0]->size() / kQK_K;
+    if (type == WeightType::Q4_K) tiles<KTileBlock<false>>(base, row_bytes, rows, k_blocks, k_rows.data(), count, beta, out, ld);
+    else tiles<KTileBlock<true>>(base, row_bytes, rows, k_blocks, k_rows.data(), count, beta, out, ld);
+    return;
+  }
   const int64_t blocks = x[0]->size() / kQK;
-  const bool q8 = x[0]->type() == WeightType::Q8_0;
+  const bool q8 = type == WeightType::Q8_0;
   thread_local std::vector<const Q8Block*> natural;  // kept: generation calls this ~200 times a token
   natural.resize(static_cast<size_t>(count));
   for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
   const Q8Block* const* xs = natural.data();
-  const auto* base = static_cast<const unsigned char*>(w);
   if (count > kGroup) {
     if (q8) tiles<Q8TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);
     else tiles<TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);

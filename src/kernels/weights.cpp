@@ -39,7 +39,7 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // Few rows: every row of W read once, in order; each of its blocks unpacked once for up to 4 rows of X
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
-// them — except where quant::takes_all_rows (Q4_0 and Q8_0 with AVX-512 VNNI or AVX2): that kernel is given
+// them — except where quant::takes_all_rows (Q4_0 and Q8_0 with AVX-512 VNNI or AVX2, Q4_K and Q5_K with AVX2): that kernel is given
 // every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; AVX2's few rows of X:
 // one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
 // same order whichever group of 4 its row of X falls in, however many rows of X there are and however the rows of W
@@ -140,6 +140,10 @@ void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, flo
 const char* gemm_weight_backend(WeightType type) {
   static thread_local std::string name;
   if (type == WeightType::F32) name = std::string("float32 sgemm (") + gemm_backend() + ")";
+  else if (quant::takes_all_rows(type) && (type == WeightType::Q4_K || type == WeightType::Q5_K))
+    name = "integer dots against 8-bit activations, " + std::to_string(quant::kLanesTileRows) +
+           " rows of W across a vector's lanes (one row at a time for at most " + std::to_string(quant::kMaxDotRows) +
+           " rows of X), a chain of scaled sums and one of mins: " + quant::dot_backend();
   else if (quant::takes_all_rows(type))
     name = "integer dots against 8-bit activations, " + std::to_string(quant::kLanesTileRows) +
            " rows of W across a vector's lanes" +
