@@ -219,7 +219,9 @@ int main(int argc, char** argv) {
   const int runs = smoke ? 1 : 5;
   const int64_t many = smoke ? 16 : 512;
   std::printf("qkv_quant_bench: products with stored weights (kernels/weights.hpp)\n");
-  std::printf("  block types: %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0));
+  std::printf("  Q4_0, Q8_0:  %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_0));
+  std::printf("  Q4_K, Q5_K:  %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q4_K));
+  std::printf("  Q6_K:        %s\n", qkv::kernels::gemm_weight_backend(WeightType::Q6_K));
   std::printf("  16-bit:      %s\n", qkv::kernels::gemm_weight_backend(WeightType::BF16));
   std::printf("  (one path for every M: a row's values do not depend on the rows beside it)\n");
 

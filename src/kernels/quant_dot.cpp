@@ -56,8 +56,7 @@ struct Q4_0Group {};
 const int* k_order(WeightType type) {
   static const int natural[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 #if defined(QKV_DOT512)
-  static const int paired[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-  if (type == WeightType::Q4_K || type == WeightType::Q5_K) return paired;
+  if (type == WeightType::Q4_K || type == WeightType::Q5_K) return kKOrder512;
 #endif
   (void)type;
   return natural;
@@ -211,7 +210,7 @@ void quantize_q8k_block(const float* x, const int* order, Q8KBlock* out) {
 // ---- horizontal sums in a fixed order ----
 #if defined(QKV_DOT256)
 // ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)), in registers (a store and scalar adds cost a tenth of a row)
-float sum8(__m256 v) {
+[[maybe_unused]] float sum8(__m256 v) {  // (the AVX-512 build's K-quant kernels no longer need it)
   const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // q[i] = v[i] + v[i + 4]
   const __m128 p = _mm_add_ps(q, _mm_movehdup_ps(q));                                    // q0 + q1, ·, q2 + q3, ·
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)));
@@ -450,6 +449,53 @@ template <int R>
 
 // ---- Q4_K and Q5_K ----
 
+#if defined(QKV_DOT256)
+// The K-quants' two chains for R ≤ 4 rows of X (both vector builds; quant_lanes.cpp's tiles take the same steps). Per
+// block, from each row's partial sums s[r] (8 int32 lanes) and m[r] (4): the exact S and M, then c_S ← fma(float(S),
+// d·d_x, c_S) and c_M ← fma(float(M), dmin·d_x, c_M). One row: c_S and c_M in lanes 0 and 1 of a. More rows: the rows'
+// sums reduced together by a tree of vphaddd (three for the S of 4 rows, where one row alone takes two), c_S of row r
+// in lane r of a, its c_M in lane r of b.
+template <int R>
+struct KChains {
+  __m128 a = _mm_setzero_ps(), b = _mm_setzero_ps();
+
+  [[gnu::always_inline]] void step(const __m256i* s, const __m128i* m, uint16_t d, uint16_t dmin,
+                                   const Q8KBlock* const* x, int64_t blk) {
+    const __m128 scales = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d | static_cast<uint32_t>(dmin) << 16)));
+    if constexpr (R == 1) {
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s[0]), _mm256_extracti128_si256(s[0], 1));
+      const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(s4, m[0]), _mm_setzero_si128());  // S, M, 0, 0
+      a = _mm_fmadd_ps(_mm_cvtepi32_ps(sm), _mm_mul_ps(scales, _mm_set1_ps(x[0][blk].d)), a);
+    } else {
+      const __m256i z = _mm256_setzero_si256();
+      const __m128i zm = _mm_setzero_si128();
+      // lanes 0–3: rows 0–3's sums of lanes 0–3 of s, lanes 4–7: of lanes 4–7
+      const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]),
+                                          _mm256_hadd_epi32(R > 2 ? s[2] : z, R > 3 ? s[3] : z));
+      const __m128i S = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+      const __m128i M = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(R > 2 ? m[2] : zm, R > 3 ? m[3] : zm));
+      const __m128 dx = _mm_setr_ps(x[0][blk].d, x[1][blk].d, R > 2 ? x[2][blk].d : 0.0f, R > 3 ? x[3][blk].d : 0.0f);
+      a = _mm_fmadd_ps(_mm_cvtepi32_ps(S), _mm_mul_ps(_mm_broadcastss_ps(scales), dx), a);
+      b = _mm_fmadd_ps(_mm_cvtepi32_ps(M), _mm_mul_ps(_mm_permute_ps(scales, 0x55), dx), b);
+    }
+  }
+  // out[r] = c_S − c_M
+  [[gnu::always_inline]] void end(float* out) const {
+    if constexpr (R == 1) {
+      out[0] = _mm_cvtss_f32(_mm_sub_ss(a, _mm_movehdup_ps(a)));
+    } else {
+      alignas(16) float y[4];
+      _mm_store_ps(y, _mm_sub_ps(a, b));
+      for (int r = 0; r < R; ++r) out[r] = y[r];
+    }
+  }
+};
+#endif
+
+// Q4_K and Q5_K in the vector builds, an arithmetic that quant_lanes.cpp's tiles follow bit for bit: per block, the
+// exact integers S = Σ_j scale_j·Σ_{32 values of j} q_w·q_x and M = Σ_j min_j·Σ_{32 values of j} q_x, then two float32
+// chains over the blocks in order, c_S ← fma(float(S), d·d_x, c_S) and c_M ← fma(float(M), dmin·d_x, c_M); y = c_S − c_M
+// (KChains). The plain C++ build sums each block's float value instead (dot_k_block_scalar).
 template <bool five_bits, int R>
 [[gnu::always_inline]] inline void dot_q45_K(const void* w_row, const unsigned char* const* act, int64_t blocks, float* out) {
   using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
@@ -465,7 +511,6 @@ template <bool five_bits, int R>
                               _mm256_set1_epi16(static_cast<short>(c)), 1);
   };
   const __m512i pick02 = pattern(0, 2), pick13 = pattern(1, 3), pick46 = pattern(4, 6), pick57 = pattern(5, 7);
-  const __m256i pick_mins = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   // Q5_K: the fifth bit of each byte of the four vectors (lo/hi nibbles of the two 64-byte halves), one bit per half
   auto bits = [](int a, int c) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(static_cast<char>(a))),
@@ -473,9 +518,7 @@ template <bool five_bits, int R>
   };
   const __m512i bit02 = bits(0x01, 0x04), bit13 = bits(0x02, 0x08), bit46 = bits(0x10, 0x40), bit57 = bits(0x20, 0x80);
   const __m512i sixteen = _mm512_set1_epi8(16);
-  __m512 acc[R];
-  __m256 acc_mins[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), acc_mins[r] = _mm256_setzero_ps();
+  KChains<R> chains;
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
@@ -491,23 +534,21 @@ template <bool five_bits, int R>
     }
     const __m512i scale[4] = {_mm512_permutexvar_epi16(pick02, words512), _mm512_permutexvar_epi16(pick13, words512),
                               _mm512_permutexvar_epi16(pick46, words512), _mm512_permutexvar_epi16(pick57, words512)};
-    const __m256i mins = _mm256_permutexvar_epi16(pick_mins, words);
-    const float d = _cvtsh_ss(blk.d), dmin = _cvtsh_ss(blk.dmin);
+    const __m128i mins = _mm256_extracti128_si256(words, 1);
+    __m256i s[R];
+    __m128i m[R];
     for (int r = 0; r < R; ++r) {
       __m512i sum = _mm512_setzero_si512();
       for (int i = 0; i < 4; ++i)  // nibble (or 5-bit) × int8 pairs ≤ 2·31·127: int16 is enough
         sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(v[i], _mm512_load_si512(x[r][b].q + 64 * i)), scale[i]);
-      const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)), mins);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d * x[r][b].d), acc[r]);
-      acc_mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * x[r][b].d), acc_mins[r]);
+      s[r] = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+      m[r] = _mm_madd_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(x[r][b].sums32)), mins);
     }
+    chains.step(s, m, blk.d, blk.dmin, x, b);
   }
-  for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]) - sum8(acc_mins[r]);
+  chains.end(out);
 #elif defined(QKV_DOT256)
-  // The AVX2 build's arithmetic, which quant_lanes.cpp's tiles follow bit for bit: per block, the exact integers
-  // S = Σ_j scale_j·Σ_{32 values of j} q_w·q_x and M = Σ_j min_j·Σ_{32 values of j} q_x, then two float32 chains over
-  // the blocks in order, c_S ← fma(float(S), d·d_x, c_S) and c_M ← fma(float(M), dmin·d_x, c_M); y = c_S − c_M. Here
-  // c_S is lane 0 of a 4-float vector and c_M lane 1. Per block: the scales of sub-blocks 2p and 2p + 1 picked from a
+  // Per block: the scales of sub-blocks 2p and 2p + 1 picked from a
   // register by vpshufb, the fifth bits moved to bit 4 by one shift each (ggml's AVX2 kernel is built the same way; a
   // scalar loop over the mins and per-value compares ran ~25% slower than it); S and M reduced to one lane each by two
   // vphaddd (the float work per block was as much before, on 8 lanes each, and then a row took two horizontal sums).
@@ -521,8 +562,7 @@ template <bool five_bits, int R>
     const __m256i moved = b < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - b)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(b - 4));
     return _mm256_and_si256(moved, bit4);
   };
-  __m128 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm_setzero_ps();
+  KChains<R> chains;
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
@@ -546,16 +586,11 @@ template <bool five_bits, int R>
         sum[r] = dot_i16(dot_i16(sum[r], pl, scale_low), ph, scale_high);
       }
     }
-    // d and dmin, adjacent halves: lanes 0 and 1
-    const __m128 scale = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(blk.d | static_cast<uint32_t>(blk.dmin) << 16)));
-    for (int r = 0; r < R; ++r) {
-      const __m128i m = _mm_madd_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(x[r][b].sums32)), mins);
-      const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum[r]), _mm256_extracti128_si256(sum[r], 1));
-      const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(s, m), _mm_setzero_si128());  // S, M, 0, 0
-      acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(sm), _mm_mul_ps(scale, _mm_set1_ps(x[r][b].d)), acc[r]);
-    }
+    __m128i m[R];
+    for (int r = 0; r < R; ++r) m[r] = _mm_madd_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(x[r][b].sums32)), mins);
+    chains.step(sum, m, blk.d, blk.dmin, x, b);
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
+  chains.end(out);
 #else
   const WeightType type = five_bits ? WeightType::Q5_K : WeightType::Q4_K;
   for (int r = 0; r < R; ++r) {
@@ -868,8 +903,8 @@ int ActivationRow::level(int64_t k) const {
 void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
               float* out, int64_t ld) {
 #if defined(QKV_DOT512) || defined(QKV_DOT256)
-  // (the AVX2 build's Q4_K and Q5_K: few rows here, one row of W at a time)
-  if (count > 0 && takes_all_rows(x[0]->type()) && (count > kMaxDotRows || !is_k_quant(x[0]->type())))
+  // (Q4_K and Q5_K: fewer than kKTileRows rows here, one row of W at a time)
+  if (count > 0 && takes_all_rows(x[0]->type()) && (count >= kKTileRows || !is_k_quant(x[0]->type())))
     return dot_rows_in_lanes(w, row_bytes, rows, x, count, beta, out, ld);
 #endif
   const unsigned char* at = static_cast<const unsigned char*>(w);

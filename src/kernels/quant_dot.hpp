@@ -41,6 +41,11 @@ struct alignas(64) Q8KBlock {
   int32_t pad[3];
 };
 static_assert(sizeof(Q8KBlock) == 320, "activation blocks stay 64-byte multiples");
+#if defined(QKV_DOT512)
+// The AVX-512 build's order of a Q4_K or Q5_K activation block's sub-blocks of 32 (Q8KBlock::q): its one-row kernels
+// take 64 bytes of nibbles at a time, whose low nibbles are sub-blocks 0 and 2 (the high ones 1 and 3).
+inline constexpr int kKOrder512[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+#endif
 
 // One row of K activations quantized for the products with one weight type, as the kernels of this build read it.
 // Q8_0 and Q4_0 weights: per 32 values a scale dx = max|x|/127 and q = x/dx rounded to nearest even (|q| ≤ 127) —
@@ -127,13 +132,11 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
               float* out, int64_t ld);
 
 // Whether dot_rows takes every row of activations at once for this type (and should be given them all: it reads W
-// once for all of them, kLanesTileRows rows of W at a time), rather than kMaxDotRows at a time: Q4_0 and Q8_0 in the
-// AVX-512 VNNI build and the AVX2 one, and Q4_K and Q5_K in the AVX2 one (for more than kMaxDotRows rows of X; fewer
-// go one row of W at a time, by the same arithmetic).
+// once for all of them, kLanesTileRows rows of W at a time), rather than kMaxDotRows at a time: Q4_0, Q8_0, Q4_K and
+// Q5_K in the AVX-512 VNNI build and the AVX2 one (Q4_K and Q5_K from kKTileRows rows of X; fewer go one row of W at
+// a time, by the same arithmetic).
 constexpr bool takes_all_rows(WeightType type) {
-#if defined(QKV_DOT512)
-  return type == WeightType::Q4_0 || type == WeightType::Q8_0;
-#elif defined(QKV_DOT256)
+#if defined(QKV_DOT512) || defined(QKV_DOT256)
   return type == WeightType::Q4_0 || type == WeightType::Q8_0 || type == WeightType::Q4_K || type == WeightType::Q5_K;
 #else
   (void)type;
@@ -142,14 +145,23 @@ constexpr bool takes_all_rows(WeightType type) {
 }
 // The rows of W those kernels take at once (one per int32 lane); a thread's slice of W is a multiple of it. And the
 // chains the blocks of Q4_0 and Q8_0 are summed in: a row of Y is the sum of kLanesChains float32 chains, chain j over
-// the blocks b ≡ j (mod kLanesChains) in order (quant_lanes.cpp). (The AVX2 build's Q4_K and Q5_K: a chain of the
-// scaled sums and one of the mins, see quant_dot.cpp's dot_q45_K.)
+// the blocks b ≡ j (mod kLanesChains) in order (quant_lanes.cpp). (Q4_K and Q5_K: a chain of the scaled sums and one
+// of the mins, see quant_dot.cpp's dot_q45_K.)
 #if defined(QKV_DOT512)
 inline constexpr int64_t kLanesTileRows = 16;
 inline constexpr int kLanesChains = 1;
 #else
 inline constexpr int64_t kLanesTileRows = 8;
 inline constexpr int kLanesChains = 8;
+#endif
+// The rows of X from which Q4_K and Q5_K go to the tiles (fewer: the one-row kernel, kMaxDotRows rows of X per pass
+// over W). Unpacking a tile of 16 rows (AVX-512) costs about what 8 rows of X take in the one-row kernel (one thread,
+// W from memory: 8 rows 4.9 GB/s of W in the tiles, 5.5 in the one-row kernel's two passes; 16 rows 4.1 and ~2.8);
+// AVX2's 8-row tiles already match it at 8 rows.
+#if defined(QKV_DOT512)
+inline constexpr int kKTileRows = 9;
+#else
+inline constexpr int kKTileRows = kMaxDotRows + 1;
 #endif
 #if defined(QKV_DOT512) || defined(QKV_DOT256)
 // dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_lanes.cpp)

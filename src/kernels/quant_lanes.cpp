@@ -104,6 +104,111 @@ void each_group(int count, F&& f) {
   }
 }
 
+#if defined(QKV_DOT256)  // (both builds: the AVX-512 one has AVX2 too)
+
+// The 32 bytes at `at` of each of the tile's 8 rows as the rows of an 8 × 8 matrix of dwords, transposed: v[c] lane n
+// holds bytes 4c … 4c + 3 of row n.
+[[gnu::always_inline]] inline void transpose_rows(const TileRows<8>& rows, int64_t at, __m256i* v) {
+  for (int n = 0; n < 8; ++n) v[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at)));
+  __m256i t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+    t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+    v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+
+// ---- Q4_K and Q5_K blocks with the rows of W in the lanes (both builds' tiles) ----
+// 8 rows of W per vector, their blocks unpacked once: levels, scales and mins side by side, one row per int32 lane.
+
+template <bool five_bits>
+struct alignas(32) KTileBlock {
+  static constexpr bool kFiveBits = five_bits;
+  __m256i q[64];     // q[8j + c] lane n: values 32j + 4c … 32j + 4c + 3 of row n (levels 0 … 15, Q5_K's 0 … 31)
+  __m256i scale[8];  // lane n: sub-block j's scale in row n, in both int16 halves
+  __m256i mins[4];   // lane n: the mins of sub-blocks 2p (low int16) and 2p + 1 (high int16) of row n
+  __m256 d, dmin;    // lane n: row n's
+};
+static_assert(sizeof(KTileBlock<false>) == 2496, "a K tile block is 39 cache lines");
+
+// The block at `at` of 8 rows of Q4_K or Q5_K, unpacked.
+template <bool five_bits>
+void unpack_k_block(const TileRows<8>& rows, int64_t at, KTileBlock<five_bits>& t) {
+  using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
+  constexpr int64_t kQs = offsetof(Block, qs);
+  const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  __m256i high_bits[8];  // Q5_K: bit 2p (2p + 1) of byte l is the fifth bit of value 64p + l (64p + 32 + l)
+  if constexpr (five_bits) transpose_rows(rows, at + offsetof(BlockQ5_K, qh), high_bits);
+  for (int p = 0; p < 4; ++p) {  // 64 values: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+    __m256i v[8];
+    transpose_rows(rows, at + kQs + 32 * p, v);
+    for (int c = 0; c < 8; ++c) {
+      __m256i low = _mm256_and_si256(v[c], nibble), high = _mm256_and_si256(_mm256_srli_epi16(v[c], 4), nibble);
+      if constexpr (five_bits) {  // (16-bit shifts by at most 4: each byte's bit stays in its byte)
+        const __m256i h = high_bits[c];
+        const auto moved = [&](int bit) {
+          return bit < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
+        };
+        low = _mm256_or_si256(low, _mm256_and_si256(moved(2 * p), bit4));
+        high = _mm256_or_si256(high, _mm256_and_si256(moved(2 * p + 1), bit4));
+      }
+      _mm256_store_si256(t.q + 8 * (2 * p) + c, low);
+      _mm256_store_si256(t.q + 8 * (2 * p + 1) + c, high);
+    }
+  }
+  // The 8 rows' scales and mins (16 bytes each: scales 0–7, mins 0–7), a byte transpose: after three rounds of
+  // interleaving, e[k] holds scale 2k of rows 0–7, then scale 2k + 1 of rows 0–7 (and then the same for the mins).
+  __m128i sm[8];
+  for (int n = 0; n < 8; ++n) sm[n] = unpack_scales_mins(rows.row(n, at + 4));
+  __m128i a[8], c[8];
+  for (int k = 0; k < 4; ++k) {
+    a[k] = _mm_unpacklo_epi8(sm[2 * k], sm[2 * k + 1]);      // scales of rows 2k, 2k + 1 interleaved
+    a[k + 4] = _mm_unpackhi_epi8(sm[2 * k], sm[2 * k + 1]);  // their mins
+  }
+  for (int k = 0; k < 8; k += 4) {
+    c[k] = _mm_unpacklo_epi16(a[k], a[k + 1]);  // values 0–3 of rows 0–3
+    c[k + 1] = _mm_unpackhi_epi16(a[k], a[k + 1]);  // values 4–7 of rows 0–3
+    c[k + 2] = _mm_unpacklo_epi16(a[k + 2], a[k + 3]);  // values 0–3 of rows 4–7
+    c[k + 3] = _mm_unpackhi_epi16(a[k + 2], a[k + 3]);
+  }
+  const auto pair_of = [](__m128i e) {  // 8 bytes, one per row, as int32 lanes; then the next 8
+    return std::pair{_mm256_cvtepu8_epi32(e), _mm256_cvtepu8_epi32(_mm_srli_si128(e, 8))};
+  };
+  for (int half = 0; half < 2; ++half) {  // the scales, then the mins
+    const __m128i* cc = c + 4 * half;
+    const __m128i e[4] = {_mm_unpacklo_epi32(cc[0], cc[2]), _mm_unpackhi_epi32(cc[0], cc[2]),
+                          _mm_unpacklo_epi32(cc[1], cc[3]), _mm_unpackhi_epi32(cc[1], cc[3])};
+    for (int k = 0; k < 4; ++k) {
+      const auto [even, odd] = pair_of(e[k]);  // values 2k and 2k + 1 of the 8 rows
+      if (half == 0) {
+        _mm256_store_si256(t.scale + 2 * k, _mm256_or_si256(even, _mm256_slli_epi32(even, 16)));
+        _mm256_store_si256(t.scale + 2 * k + 1, _mm256_or_si256(odd, _mm256_slli_epi32(odd, 16)));
+      } else {
+        _mm256_store_si256(t.mins + k, _mm256_or_si256(even, _mm256_slli_epi32(odd, 16)));
+      }
+    }
+  }
+  alignas(16) uint16_t halves[16];
+  for (int n = 0; n < 8; ++n) {
+    halves[n] = load_u16(rows.row(n, at));
+    halves[8 + n] = load_u16(rows.row(n, at + 2));
+  }
+  _mm256_store_ps(reinterpret_cast<float*>(&t.d), _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves))));
+  _mm256_store_ps(reinterpret_cast<float*>(&t.dmin),
+                  _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves + 8))));
+}
+
+#endif
+
 }  // namespace
 
 #if defined(QKV_DOT512)
@@ -360,6 +465,94 @@ template <class Type, int R>
   store<R>(acc, valid, beta, out, ld);
 }
 
+// ---- Q4_K and Q5_K: 16 rows of W in the lanes, from kKTileRows rows of X ----
+// The arithmetic of quant_dot.cpp's dot_q45_K (see the AVX2 build's tiles below). Each sub-block's 32 values are 8
+// vpdpbusd against 4 broadcast activations into a fresh int32 sum (≤ 32·31·127), which one vpmulld scales.
+
+struct alignas(64) K16Block {
+  __m512i q[64];     // q[8s + c] lane n: values 4c … 4c + 3 of row n's sub-block kKOrder512[s] (the activations' order)
+  __m512i scale[8];  // lane n: the scale of row n's sub-block kKOrder512[s], int32
+  __m512i mins[4];   // lane n: the mins of sub-blocks 2p (low int16) and 2p + 1 (high int16) of row n
+  __m512 d, dmin;
+};
+
+// The tile's blocks: each the blocks of rows 0–7 and 8–15 unpacked as the AVX2 build's tiles (unpack_k_block), joined.
+template <bool five_bits>
+void unpack_k16(const unsigned char* first, int64_t bytes, int64_t blocks, K16Block* tile) {
+  constexpr int64_t kBytes = sizeof(std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>);
+  const TileRows<8> low = tile_rows<8>(first, bytes), high = tile_rows<8>(first + 8 * bytes, bytes);
+  const auto join = [](__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); };
+  const __m512i word = _mm512_set1_epi32(0xffff);
+  KTileBlock<five_bits> a, b;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    unpack_k_block(low, blk * kBytes, a);
+    unpack_k_block(high, blk * kBytes, b);
+    K16Block& t = tile[blk];
+    for (int s = 0; s < 8; ++s) {
+      const int j = kKOrder512[s];
+      for (int c = 0; c < 8; ++c) _mm512_store_si512(t.q + 8 * s + c, join(a.q[8 * j + c], b.q[8 * j + c]));
+      _mm512_store_si512(t.scale + s, _mm512_and_si512(join(a.scale[j], b.scale[j]), word));
+    }
+    for (int p = 0; p < 4; ++p) _mm512_store_si512(t.mins + p, join(a.mins[p], b.mins[p]));
+    t.d = _mm512_insertf32x8(_mm512_castps256_ps512(a.d), b.d, 1);
+    t.dmin = _mm512_insertf32x8(_mm512_castps256_ps512(a.dmin), b.dmin, 1);
+  }
+}
+
+template <int R>
+[[gnu::noinline]] void k16_tile_unpacked(const K16Block* tile, int64_t blocks, const Q8KBlock* const* x, int valid,
+                                         float beta, float* out, int64_t ld) {
+  __m512 cs[R], cm[R];
+  for (int r = 0; r < R; ++r) cs[r] = cm[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const K16Block& t = tile[b];
+    __m512i S[R];
+    for (auto& v : S) v = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      __m512i sum[R];
+      for (auto& v : sum) v = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        const __m512i w = _mm512_load_si512(t.q + 8 * s + c);
+        for (int r = 0; r < R; ++r)
+          sum[r] = _mm512_dpbusd_epi32(sum[r], w, _mm512_set1_epi32(load_i32(x[r][b].q + 32 * s + 4 * c)));
+      }
+      for (int r = 0; r < R; ++r) S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(sum[r], t.scale[s]));
+    }
+    for (int r = 0; r < R; ++r) {
+      const Q8KBlock& xb = x[r][b];
+      __m512i M = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) M = _mm512_dpwssd_epi32(M, t.mins[p], _mm512_set1_epi32(load_i32(xb.sums32 + 2 * p)));
+      const __m512 dx = _mm512_set1_ps(xb.d);
+      cs[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(t.d, dx), cs[r]);
+      cm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(t.dmin, dx), cm[r]);
+    }
+  }
+  __m512 y[R];
+  for (int r = 0; r < R; ++r) y[r] = _mm512_sub_ps(cs[r], cm[r]);
+  store<R>(y, valid, beta, out, ld);
+}
+
+template <bool five_bits>
+void k_tiles(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count, float beta,
+             float* out, int64_t ld) {
+  const int64_t blocks = x[0]->size() / kQK_K;
+  thread_local std::vector<const Q8KBlock*> xs;
+  xs.resize(static_cast<size_t>(count));
+  for (int r = 0; r < count; ++r) xs[r] = reinterpret_cast<const Q8KBlock*>(x[r]->data());
+  const auto* base = static_cast<const unsigned char*>(w);
+  thread_local std::vector<unsigned char> tail;
+  thread_local std::vector<K16Block> unpacked;
+  if (unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
+  each_tile(base, row_bytes, rows, kTile, tail, [&](const unsigned char* first, int valid, int64_t n0) {
+    unpack_k16<five_bits>(first, row_bytes, blocks, unpacked.data());
+    const int64_t next = std::clamp<int64_t>(rows - n0 - valid, 0, kTile);
+    for (int64_t n = 0; n < next; ++n) simd::prefetch(base + (n0 + valid + n) * row_bytes, row_bytes);
+    each_group(count, [&](auto R, int m0) {
+      k16_tile_unpacked<R>(unpacked.data(), blocks, xs.data() + m0, valid, beta, out + n0 + m0 * ld, ld);
+    });
+  });
+}
+
 template <class Type>
 void tiles_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld) {
@@ -392,8 +585,12 @@ void tiles_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
 
 void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,
                      float beta, float* out, int64_t ld) {
-  if (x[0]->type() == WeightType::Q8_0) tiles_of<Q8_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld);
-  else tiles_of<Q4_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld);
+  switch (x[0]->type()) {
+    case WeightType::Q8_0: tiles_of<Q8_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld); break;
+    case WeightType::Q4_K: k_tiles<false>(w, row_bytes, rows, x, count, beta, out, ld); break;  // (from kKTileRows rows)
+    case WeightType::Q5_K: k_tiles<true>(w, row_bytes, rows, x, count, beta, out, ld); break;
+    default: tiles_of<Q4_0Tiles>(w, row_bytes, rows, x, count, beta, out, ld); break;
+  }
 }
 
 #elif defined(QKV_DOT256)
@@ -638,27 +835,6 @@ void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t bloc
   return _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(x.q4_bias));
 }
 
-// The 32 bytes at `at` of each of the tile's 8 rows as the rows of an 8 × 8 matrix of dwords, transposed: v[c] lane n
-// holds bytes 4c … 4c + 3 of row n.
-[[gnu::always_inline]] inline void transpose_rows(const TileRows<kTile>& rows, int64_t at, __m256i* v) {
-  for (int n = 0; n < kTile; ++n) v[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row(n, at)));
-  __m256i t[8], u[8];
-  for (int k = 0; k < 8; k += 2) {
-    t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
-    t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
-  }
-  for (int k = 0; k < 8; k += 4) {
-    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
-    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
-    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
-    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
-    v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
-  }
-}
-
 // Q8_0: block b of the tile's 8 rows, each row's 32 bytes a row of an 8 × 8 matrix of dwords, transposed.
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Q8TileBlock* tile) {
   constexpr int64_t kBytes = sizeof(BlockQ8_0);
@@ -707,84 +883,10 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
 // products of one row (its scale picking and unpacking shared by at most 4 rows of X).
 
 template <bool five_bits>
-struct alignas(32) KTileBlock {
-  static constexpr bool kFiveBits = five_bits;
-  __m256i q[64];     // q[8j + c] lane n: values 32j + 4c … 32j + 4c + 3 of row n (levels 0 … 15, Q5_K's 0 … 31)
-  __m256i scale[8];  // lane n: sub-block j's scale in row n, in both int16 halves
-  __m256i mins[4];   // lane n: the mins of sub-blocks 2p (low int16) and 2p + 1 (high int16) of row n
-  __m256 d, dmin;    // lane n: row n's
-};
-static_assert(sizeof(KTileBlock<false>) == 2496, "a K tile block is 39 cache lines");
-
-template <bool five_bits>
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, KTileBlock<five_bits>* tile) {
-  using Block = std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>;
-  constexpr int64_t kBytes = sizeof(Block), kQs = offsetof(Block, qs);
   const TileRows<kTile> rows = tile_rows<kTile>(first, bytes);
-  const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t at = b * kBytes;
-    KTileBlock<five_bits>& t = tile[b];
-    __m256i high_bits[8];  // Q5_K: bit 2p (2p + 1) of byte l is the fifth bit of value 64p + l (64p + 32 + l)
-    if constexpr (five_bits) transpose_rows(rows, at + offsetof(BlockQ5_K, qh), high_bits);
-    for (int p = 0; p < 4; ++p) {  // 64 values: sub-blocks 2p (low nibbles) and 2p + 1 (high)
-      __m256i v[8];
-      transpose_rows(rows, at + kQs + 32 * p, v);
-      for (int c = 0; c < 8; ++c) {
-        __m256i low = _mm256_and_si256(v[c], nibble), high = _mm256_and_si256(_mm256_srli_epi16(v[c], 4), nibble);
-        if constexpr (five_bits) {  // (16-bit shifts by at most 4: each byte's bit stays in its byte)
-          const __m256i h = high_bits[c];
-          const auto moved = [&](int bit) {
-            return bit < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
-          };
-          low = _mm256_or_si256(low, _mm256_and_si256(moved(2 * p), bit4));
-          high = _mm256_or_si256(high, _mm256_and_si256(moved(2 * p + 1), bit4));
-        }
-        _mm256_store_si256(t.q + 8 * (2 * p) + c, low);
-        _mm256_store_si256(t.q + 8 * (2 * p + 1) + c, high);
-      }
-    }
-    // The 8 rows' scales and mins (16 bytes each: scales 0–7, mins 0–7), a byte transpose: after three rounds of
-    // interleaving, e[k] holds scale 2k of rows 0–7, then scale 2k + 1 of rows 0–7 (f[k] the same for the mins).
-    __m128i sm[8];
-    for (int n = 0; n < kTile; ++n) sm[n] = unpack_scales_mins(rows.row(n, at + 4));
-    __m128i a[8], c[8];
-    for (int k = 0; k < 4; ++k) {
-      a[k] = _mm_unpacklo_epi8(sm[2 * k], sm[2 * k + 1]);      // scales of rows 2k, 2k + 1 interleaved
-      a[k + 4] = _mm_unpackhi_epi8(sm[2 * k], sm[2 * k + 1]);  // their mins
-    }
-    for (int k = 0; k < 8; k += 4) {
-      c[k] = _mm_unpacklo_epi16(a[k], a[k + 1]);  // values 0–3 of rows 0–3
-      c[k + 1] = _mm_unpackhi_epi16(a[k], a[k + 1]);  // values 4–7 of rows 0–3
-      c[k + 2] = _mm_unpacklo_epi16(a[k + 2], a[k + 3]);  // values 0–3 of rows 4–7
-      c[k + 3] = _mm_unpackhi_epi16(a[k + 2], a[k + 3]);
-    }
-    const auto pair_of = [](__m128i e) {  // 8 bytes, one per row, as int32 lanes; then the next 8
-      return std::pair{_mm256_cvtepu8_epi32(e), _mm256_cvtepu8_epi32(_mm_srli_si128(e, 8))};
-    };
-    for (int half = 0; half < 2; ++half) {  // the scales, then the mins
-      const __m128i* cc = c + 4 * half;
-      const __m128i e[4] = {_mm_unpacklo_epi32(cc[0], cc[2]), _mm_unpackhi_epi32(cc[0], cc[2]),
-                            _mm_unpacklo_epi32(cc[1], cc[3]), _mm_unpackhi_epi32(cc[1], cc[3])};
-      for (int k = 0; k < 4; ++k) {
-        const auto [even, odd] = pair_of(e[k]);  // values 2k and 2k + 1 of the 8 rows
-        if (half == 0) {
-          _mm256_store_si256(t.scale + 2 * k, _mm256_or_si256(even, _mm256_slli_epi32(even, 16)));
-          _mm256_store_si256(t.scale + 2 * k + 1, _mm256_or_si256(odd, _mm256_slli_epi32(odd, 16)));
-        } else {
-          _mm256_store_si256(t.mins + k, _mm256_or_si256(even, _mm256_slli_epi32(odd, 16)));
-        }
-      }
-    }
-    alignas(16) uint16_t halves[16];
-    for (int n = 0; n < kTile; ++n) {
-      halves[n] = load_u16(rows.row(n, at));
-      halves[8 + n] = load_u16(rows.row(n, at + 2));
-    }
-    _mm256_store_ps(reinterpret_cast<float*>(&t.d), _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves))));
-    _mm256_store_ps(reinterpret_cast<float*>(&t.dmin),
-                    _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves + 8))));
-  }
+  for (int64_t b = 0; b < blocks; ++b)
+    unpack_k_block(rows, b * int64_t{sizeof(std::conditional_t<five_bits, BlockQ5_K, BlockQ4_K>)}, tile[b]);
 }
 
 // The K tile against R ≤ 4 rows of X; out[r·ld + n] = the tile's sums (+ beta·out) for its `valid` rows.
@@ -883,7 +985,7 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
                      float beta, float* out, int64_t ld) {
   const WeightType type = x[0]->type();
   const auto* base = static_cast<const unsigned char*>(w);
-  if (type == WeightType::Q4_K || type == WeightType::Q5_K) {  // (more than kGroup rows: fewer go to quant_dot.cpp)
+  if (type == WeightType::Q4_K || type == WeightType::Q5_K) {  // (from kKTileRows rows: fewer go to quant_dot.cpp)
     thread_local std::vector<const Q8KBlock*> k_rows;
     k_rows.resize(static_cast<size_t>(count));
     for (int r = 0; r < count; ++r) k_rows[r] = reinterpret_cast<const Q8KBlock*>(x[r]->data());

@@ -142,7 +142,7 @@ const char* gemm_weight_backend(WeightType type) {
   if (type == WeightType::F32) name = std::string("float32 sgemm (") + gemm_backend() + ")";
   else if (quant::takes_all_rows(type) && (type == WeightType::Q4_K || type == WeightType::Q5_K))
     name = "integer dots against 8-bit activations, " + std::to_string(quant::kLanesTileRows) +
-           " rows of W across a vector's lanes (one row at a time for at most " + std::to_string(quant::kMaxDotRows) +
+           " rows of W across a vector's lanes (one row at a time for fewer than " + std::to_string(quant::kKTileRows) +
            " rows of X), a chain of scaled sums and one of mins: " + quant::dot_backend();
   else if (quant::takes_all_rows(type))
     name = "integer dots against 8-bit activations, " + std::to_string(quant::kLanesTileRows) +
