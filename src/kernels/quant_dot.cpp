@@ -6,7 +6,7 @@
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
 // of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 and Q8_0 in
 // the AVX-512 VNNI and AVX2 builds go to quant_lanes.cpp instead: 16 or 8 rows of W at a time, one per lane, and in
-// the AVX2 build one row at a time for few rows of X.)
+// the AVX2 build one row at a time for few rows of X. So do Q4_K and Q5_K from kKTileRows rows of X.)
 #include "quant_dot.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// Q4_0 and Q8_0 weights times 8-bit activations with the rows of W in the lanes (AVX-512 VNNI builds; AVX2 builds at
-// the end; see quant_dot.hpp).
+// Q4_0, Q8_0, Q4_K and Q5_K weights times 8-bit activations with the rows of W in the lanes (AVX-512 VNNI builds;
+// AVX2 builds at the end; the K-quants' unpacking, shared, before both; see quant_dot.hpp).
 //
 // The one-row kernels of quant_dot.cpp give each block of a weight row 4 (Q4_0) or 8 (Q8_0) of a vector's 16 int32
 // lanes, so every 64–128 values of a row of W against a row of X cost one or two vpdpbusd and three float operations
@@ -874,7 +874,7 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
   }
 }
 
-// ---- Q4_K and Q5_K: 8 rows of W in the lanes (more than 4 rows of X) ----
+// ---- Q4_K and Q5_K: 8 rows of W in the lanes (from kKTileRows rows of X) ----
 // The arithmetic of quant_dot.cpp's dot_q45_K, here in 8 lanes: per block and row of X, the exact integers
 // S = Σ_j scale_j·Σ q_w·q_x and M = Σ_j min_j·Σ q_x, then c_S ← fma(float(S), d·d_x, c_S), c_M ← fma(float(M),
 // dmin·d_x, c_M); y = c_S − c_M. Each sub-block j's 32 values are 8 vpmaddubsw against 4 broadcast activations, summed

@@ -39,7 +39,7 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // Few rows: every row of W read once, in order; each of its blocks unpacked once for up to 4 rows of X
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
-// them — except where quant::takes_all_rows (Q4_0 and Q8_0 with AVX-512 VNNI or AVX2, Q4_K and Q5_K with AVX2): that kernel is given
+// them — except where quant::takes_all_rows (Q4_0, Q8_0, Q4_K and Q5_K with AVX-512 VNNI or AVX2): that kernel is given
 // every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; AVX2's few rows of X:
 // one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
 // same order whichever group of 4 its row of X falls in, however many rows of X there are and however the rows of W
@@ -118,7 +118,8 @@ void streaming_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx,
 // at 0.7–1.4× the panels: slower for Q8_0 (0.7–0.8×), Q4_K and Q5_K (0.7–1.2×), faster only for Q6_K (1.0–1.4×) and
 // some Q4_0 shapes. sgemm's register tiles reuse every loaded value ~16 times, the integer dots once per 4 rows, and
 // their per-block scales and unpacking cost as much as the products. The panels also keep the activations in float32.
-// An integer GEMM with the rows of W in the lanes does beat sgemm: Q4_0's and Q8_0's tiles (quant_lanes.cpp).
+// An integer GEMM with the rows of W in the lanes does beat sgemm: the tiles of Q4_0, Q8_0, Q4_K and Q5_K
+// (quant_lanes.cpp). Q6_K still takes the path above.
 void panel_rows(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy) {
   const int64_t N = w.rows, K = w.cols, bytes = row_bytes(w.type, K);
   const int parts = M * N * K < kParallelProduct ? 1 : static_cast<int>(std::min<int64_t>(team(), (N + 15) / 16));

@@ -24,8 +24,8 @@ struct WeightView {
 // Y (M × N) = X (M × K) · Wᵀ + beta·Y (beta 0: Y is not read). X's rows are ldx floats apart, Y's ldy. Threads own
 // slices of Y's columns (rows of W).
 //   F32 storage is kernels::gemm. For the others W is read in one stream, each of its blocks unpacked once for up to 4
-//   rows of X (Q4_0 and Q8_0 on CPUs with AVX-512 VNNI: 16 rows of W at a time, one per vector lane, unpacked once
-//   for all the rows of X): a block type's products run in integers against each row of X quantized once to 8-bit blocks (ggml's
+//   rows of X (Q4_0, Q8_0, Q4_K and Q5_K on CPUs with AVX2 or AVX-512 VNNI, for more rows of X: 8 or 16 rows of W at a
+//   time, one per vector lane, unpacked once for all the rows of X): a block type's products run in integers against each row of X quantized once to 8-bit blocks (ggml's
 //   q8_0 for Q8_0 and Q4_0, q8_K for the K-quants: the values of gemm_weight_integer_reference), f16/bf16 widen to
 //   float32 in the loop (gemm_weight_reference's values, float32 sums).
 // A row of Y depends only on its row of X and on W: not on M, the row's place among the others, nor the thread count
@@ -49,9 +49,11 @@ void gemm_weight_backward(const WeightView& w, int64_t M, const float* dY, int64
 void gemm_weight_streaming(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t ldx, float beta, float* Y, int64_t ldy);
 
-// What gemm_weight runs for this type, for benchmark headers: e.g. "AVX-512 VNNI … integer dots". For Q4_0 and Q8_0 on
-// CPUs with AVX-512 VNNI it says "16 rows of W across a vector's lanes": then a row of Y is, bit for bit, the float32
-// chain acc ← fma(float(Σ_j w_j·q_j), d_w·d_x, acc) over the blocks in order from 0 (q, d_x: X's 8-bit blocks).
+// What gemm_weight runs for this type, for benchmark headers: e.g. "AVX-512 VNNI … integer dots". Where it says
+// "rows of W across a vector's lanes", a row of Y is, bit for bit, a fixed sum of float32 chains over the blocks (q,
+// d_x: X's 8-bit blocks): Q4_0 and Q8_0, acc ← fma(float(Σ_j w_j·q_j), d_w·d_x, acc) over the blocks in order (or in 8
+// chains, blocks b ≡ j mod 8, where it says "blocks in 8 chains"); Q4_K and Q5_K, c_S − c_M (quant_dot.cpp's
+// dot_q45_K).
 const char* gemm_weight_backend(WeightType type);
 
 // References, in double: W as dequantize_rows gives it, X as given (the panel path's arithmetic) …
