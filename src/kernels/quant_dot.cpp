@@ -548,10 +548,10 @@ template <bool five_bits, int R>
   }
   chains.end(out);
 #elif defined(QKV_DOT256)
-  // Per block: the scales of sub-blocks 2p and 2p + 1 picked from a
-  // register by vpshufb, the fifth bits moved to bit 4 by one shift each (ggml's AVX2 kernel is built the same way; a
-  // scalar loop over the mins and per-value compares ran ~25% slower than it); S and M reduced to one lane each by two
-  // vphaddd (the float work per block was as much before, on 8 lanes each, and then a row took two horizontal sums).
+  // Per block: the scales of sub-blocks 2p and 2p + 1 picked from a register by vpshufb, the fifth bits moved to bit 4
+  // by one shift each (ggml's AVX2 kernel is built the same way; a scalar loop over the mins and per-value compares ran
+  // ~25% slower than it); S and M reduced by KChains (the float work per block was as much before, on 8 lanes each,
+  // and then a row took two horizontal sums).
   const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
   // vpshufb patterns: the int16 scale j in every lane
   auto scale_pattern = [](int j) { return _mm256_set1_epi16(static_cast<short>((2 * j) | ((2 * j + 1) << 8))); };

@@ -25,9 +25,10 @@ struct WeightView {
 // slices of Y's columns (rows of W).
 //   F32 storage is kernels::gemm. For the others W is read in one stream, each of its blocks unpacked once for up to 4
 //   rows of X (Q4_0, Q8_0, Q4_K and Q5_K on CPUs with AVX2 or AVX-512 VNNI, for more rows of X: 8 or 16 rows of W at a
-//   time, one per vector lane, unpacked once for all the rows of X): a block type's products run in integers against each row of X quantized once to 8-bit blocks (ggml's
-//   q8_0 for Q8_0 and Q4_0, q8_K for the K-quants: the values of gemm_weight_integer_reference), f16/bf16 widen to
-//   float32 in the loop (gemm_weight_reference's values, float32 sums).
+//   time, one per vector lane, unpacked once for all the rows of X): a block type's products run in integers against
+//   each row of X quantized once to 8-bit blocks (ggml's q8_0 for Q8_0 and Q4_0, q8_K for the K-quants: the values of
+//   gemm_weight_integer_reference), f16/bf16 widen to float32 in the loop (gemm_weight_reference's values, float32
+//   sums).
 // A row of Y depends only on its row of X and on W: not on M, the row's place among the others, nor the thread count
 // (bit for bit), so a batch of sequences gives each the values it gets alone.
 // A NaN or ±Inf in a row of X makes that row of Y NaN for the block types (its block's scale is NaN).
