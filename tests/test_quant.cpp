@@ -472,9 +472,9 @@ TEST(Quant, RowsInLanesFollowThePerBlockChainBitForBit) {
   }
 }
 
-// Where Q4_K and Q5_K run with the rows of W in the lanes (AVX2 and AVX-512 builds, as their backend says), a row of Y is, bit for
-// bit, c_S − c_M over two scalar float32 chains: per block, the exact integers S = Σ_j scale_j·Σ q_w·q_x and
-// M = Σ_j min_j·Σ q_x (j over the 8 sub-blocks of 32 values), then c_S ← fma(float(S), d·d_x, c_S) and c_M ←
+// Where Q4_K and Q5_K run with the rows of W in the lanes (AVX2 and AVX-512 builds, as their backend says), a row of Y
+// is, bit for bit, c_S − c_M over two scalar float32 chains: per block, the exact integers S = Σ_j scale_j·Σ q_w·q_x
+// and M = Σ_j min_j·Σ q_x (j over the 8 sub-blocks of 32 values), then c_S ← fma(float(S), d·d_x, c_S) and c_M ←
 // fma(float(M), dmin·d_x, c_M). X is quantized as ggml's q8_K (per 256 values, the signed largest value maps to −127,
 // q = nearest integer, to even). Both the one-row kernel (1 and 3 rows of X; 6 in AVX-512 builds) and the tiles (70;
 // 6 in AVX2 builds) follow it, for 1 and 4 blocks, 37 rows of W (a partial last tile), on 1 and 2 threads. Elsewhere
