@@ -208,9 +208,9 @@ void quantize_q8k_block(const float* x, const int* order, Q8KBlock* out) {
 }
 
 // ---- horizontal sums in a fixed order ----
-#if defined(QKV_DOT256)
+#if defined(QKV_DOT256) && !defined(QKV_DOT512)  // (the 256-bit kernels')
 // ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)), in registers (a store and scalar adds cost a tenth of a row)
-[[maybe_unused]] float sum8(__m256 v) {  // (the AVX-512 build's K-quant kernels no longer need it)
+float sum8(__m256 v) {
   const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // q[i] = v[i] + v[i + 4]
   const __m128 p = _mm_add_ps(q, _mm_movehdup_ps(q));                                    // q0 + q1, ·, q2 + q3, ·
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)));
