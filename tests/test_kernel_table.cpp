@@ -966,8 +966,9 @@ std::vector<KernelCase> kernel_cases() {
                    }});
   // Generation's attention over a paged cache read in place: n positions in pages of up to 16 (the first one short,
   // as a sliding window starts inside a block), rows with spare bytes between them, each storage type, grouped-query
-  // heads, sinks and soft-capping in turn; against the double reference, the fused kernel (float32 rows), and itself
-  // on 1 and 3 threads, bit for bit.
+  // heads, sinks and soft-capping in turn; against the double reference, the fused kernel (float32 rows), itself on 1
+  // and 3 threads, and (narrower types, widened a chunk of positions at a time) the same rows stored as float32, bit
+  // for bit.
   cases.push_back({"attention_decode over KV pages (f32, f16, bf16, q8_0; sinks, soft-capping)", [](int64_t n, int m) {
                      if (n == 0 || n > 257) return ::testing::AssertionSuccess();
                      const std::tuple<WeightType, int64_t> types[] = {
@@ -1005,6 +1006,23 @@ std::vector<KernelCase> kernel_cases() {
                          attention_decode(d, fixed, q.data(), kv, again.data());
                          if (std::memcmp(again.data(), out.data(), sizeof(float) * H * D) != 0)
                            return ::testing::AssertionFailure() << threads << " threads changed the bits" << what;
+                       }
+                       if (type != WeightType::F32) {  // rows widened in chunks: the bits of the same rows stored as float32
+                         std::vector<float> wide(static_cast<size_t>(2 * n * W));
+                         for (int64_t t = 0; t < n; ++t) {
+                           dequantize_rows(type, keys + t * stride, wide.data() + t * W, 1, W);
+                           dequantize_rows(type, values + t * stride, wide.data() + (n + t) * W, 1, W);
+                         }
+                         std::vector<KVPage> wide_pages;
+                         for (const KVPage& page : pages) {
+                           const int64_t t = (static_cast<const unsigned char*>(page.keys) - keys) / stride;
+                           wide_pages.push_back({wide.data() + t * W, wide.data() + (n + t) * W, page.positions});
+                         }
+                         Buffer f32(H * D, m, 9);
+                         attention_decode(d, o, q.data(), KVPages{wide_pages, WeightType::F32, W * int64_t{sizeof(float)}},
+                                          f32.data());
+                         if (std::memcmp(f32.data(), out.data(), sizeof(float) * H * D) != 0)
+                           return ::testing::AssertionFailure() << "differs from its rows widened to float32" << what;
                        }
                        if (type == WeightType::F32) {  // the fused kernel's last query row over the same keys
                          AttentionLayout l;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +34,15 @@ float scale_of(const AttentionDims& dims, const AttentionOptions& options) {
   return options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dims.D));
 }
 
+// Keys and values stored as halves or bfloat16 are read as such and widened in registers (both exact), so they cost
+// their own bytes; Q8_0 is widened a chunk of positions at a time (chunk_positions).
+struct Half {
+  uint16_t bits;
+};
+struct Brain {
+  uint16_t bits;
+};
+
 #if defined(QKV_AVX2)
 #if defined(QKV_AVX512)
 struct Lanes {
@@ -40,6 +50,13 @@ struct Lanes {
   static constexpr int64_t W = 16;
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   static T load(const float* p, int64_t n) { return n >= W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask(n), p); }
+  static __m256i load16(const void* p, int64_t n) {
+    return n >= W ? _mm256_loadu_si256(static_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mask(n), p);
+  }
+  static T load(const Half* p, int64_t n) { return _mm512_cvtph_ps(load16(p, n)); }
+  static T load(const Brain* p, int64_t n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(p, n)), 16));
+  }
   static void store(float* p, T v, int64_t n) {
     if (n >= W) _mm512_storeu_ps(p, v);
     else _mm512_mask_storeu_ps(p, mask(n), v);
@@ -59,6 +76,16 @@ struct Lanes {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   static T load(const float* p, int64_t n) { return n >= W ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask(n)); }
+  static __m128i load16(const void* p, int64_t n) {  // (no 16-bit masked loads in AVX2: a short tail is copied)
+    if (n >= W) return _mm_loadu_si128(static_cast<const __m128i*>(p));
+    alignas(16) uint16_t tail[8] = {};
+    std::memcpy(tail, p, static_cast<size_t>(n) * sizeof(uint16_t));
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+  }
+  static T load(const Half* p, int64_t n) { return _mm256_cvtph_ps(load16(p, n)); }
+  static T load(const Brain* p, int64_t n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load16(p, n)), 16));
+  }
   static void store(float* p, T v, int64_t n) {
     if (n >= W) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, mask(n), v);
@@ -71,7 +98,8 @@ struct Lanes {
 #endif
 
 // out[i] = q_i · k for the c ≤ 4 query heads q + i·D: k's vectors loaded once for all of them
-inline void dots(const float* q, int64_t c, const float* k, int64_t D, float* out) {
+template <class E>
+inline void dots(const float* q, int64_t c, const E* k, int64_t D, float* out) {
   using L = Lanes;
   L::T acc[4] = {L::zero(), L::zero(), L::zero(), L::zero()};
   for (int64_t e = 0; e < D; e += L::W) {
@@ -87,7 +115,8 @@ inline void dots(const float* q, int64_t c, const float* k, int64_t D, float* ou
 }
 
 // o_i[e] += w[i·Tk] · v[e] for the c ≤ 4 heads o + i·D: v's vectors loaded once for all of them
-inline void add_weighted(const float* w, int64_t Tk, int64_t c, const float* v, int64_t D, float* o) {
+template <class E>
+inline void add_weighted(const float* w, int64_t Tk, int64_t c, const E* v, int64_t D, float* o) {
   using L = Lanes;
   L::T wi[4];
   for (int64_t i = 0; i < c; ++i) wi[i] = L::set1(w[i * Tk]);
@@ -101,8 +130,8 @@ inline void add_weighted(const float* w, int64_t Tk, int64_t c, const float* v, 
 // the c ≤ 4 query heads, stored at s + i·Tk + p. Each sum is the same tree of the same values as dots' (one FMA chain
 // per 16 or 8 lanes, then the lanes halved, paired and paired again), so a score has the same bits either way; the P
 // sums of a head leave in one vector instead of one per call, and each query vector is loaded once for P keys.
-template <int P>
-inline void dots_of_keys(const float* q, int64_t c, const float* const* k, int64_t D, float scale, float* s, int64_t Tk) {
+template <int P, class E>
+inline void dots_of_keys(const float* q, int64_t c, const E* const* k, int64_t D, float scale, float* s, int64_t Tk) {
   using L = Lanes;
   L::T acc[4][P];
   for (int64_t i = 0; i < c; ++i)
@@ -133,8 +162,8 @@ inline void dots_of_keys(const float* q, int64_t c, const float* const* k, int64
 
 // Values P at a time: o_i += w_i[p] · v_p for p in order, for the c ≤ 4 heads o + i·D: o loaded and stored once per P
 // positions (the same multiply-adds in the same order as add_weighted's, so the same bits).
-template <int P>
-inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const float* const* v, int64_t D, float* o) {
+template <int P, class E>
+inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const E* const* v, int64_t D, float* o) {
   using L = Lanes;
   for (int64_t e = 0; e < D; e += L::W) {
     L::T vv[P];
@@ -147,40 +176,53 @@ inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const flo
   }
 }
 constexpr int64_t kLanes = Lanes::W;
-#else  // plain C++
-inline void dots(const float* q, int64_t c, const float* k, int64_t D, float* out) {
+constexpr bool kReadsHalves = true;  // F16 and BF16 rows read in place
+#else  // plain C++ (every type but F32 widened a chunk at a time)
+template <class E>
+inline void dots(const float* q, int64_t c, const E* k, int64_t D, float* out) {
   for (int64_t i = 0; i < c; ++i) {
     float acc = 0.0f;
     for (int64_t e = 0; e < D; ++e) acc = std::fma(q[i * D + e], k[e], acc);
     out[i] = acc;
   }
 }
-inline void add_weighted(const float* w, int64_t Tk, int64_t c, const float* v, int64_t D, float* o) {
+template <class E>
+inline void add_weighted(const float* w, int64_t Tk, int64_t c, const E* v, int64_t D, float* o) {
   for (int64_t i = 0; i < c; ++i)
     for (int64_t e = 0; e < D; ++e) o[i * D + e] = std::fma(w[i * Tk], v[e], o[i * D + e]);
 }
-template <int P>
-inline void dots_of_keys(const float* q, int64_t c, const float* const* k, int64_t D, float scale, float* s, int64_t Tk) {
+template <int P, class E>
+inline void dots_of_keys(const float* q, int64_t c, const E* const* k, int64_t D, float scale, float* s, int64_t Tk) {
   float sums[4];
   for (int p = 0; p < P; ++p) {
     dots(q, c, k[p], D, sums);
     for (int64_t i = 0; i < c; ++i) s[i * Tk + p] = scale * sums[i];
   }
 }
-template <int P>
-inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const float* const* v, int64_t D, float* o) {
+template <int P, class E>
+inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const E* const* v, int64_t D, float* o) {
   for (int p = 0; p < P; ++p) add_weighted(w + p, Tk, c, v[p], D, o);
 }
 constexpr int64_t kLanes = 1;
+constexpr bool kReadsHalves = false;
 #endif
 
 // A thread's buffers, kept between calls (generation makes one per layer and token)
 struct Scratch {
-  std::vector<float> scores;        // (the unit's query heads) × Tk
-  std::vector<float> keys, values;  // the unit's rows widened, for caches not stored as float32
-  std::vector<float> inverse;       // per query head, 1 / its softmax's sum
-  std::vector<const float*> key_rows, value_rows;  // each position's rows
+  std::vector<float> scores;                       // (the unit's query heads) × Tk
+  std::vector<float> chunk;                        // a chunk of positions' rows widened, for caches not stored as float32
+  std::vector<float> inverse;                      // per query head, 1 / its softmax's sum
+  std::vector<const unsigned char*> key_rows, value_rows;  // each position's row as stored, from the unit's first head
+  std::vector<const void*> widened;                // the rows the products read (in place, or the chunk's)
 };
+
+// Positions widened at a time for caches not stored as float32: their rows stay in L1 or L2 between the widening and
+// the products (the whole sequence widened at once, 416 positions × 4 heads of 128 was 850 KB per K and per V, written
+// to memory and read back for every token: an F16 cache decoded slower than an F32 one). A multiple of 4, so the
+// products' steps of P positions never straddle two chunks.
+int64_t chunk_positions(int64_t width) {
+  return std::max<int64_t>(4, (int64_t{32} * 1024 / (width * int64_t{sizeof(float)})) / 4 * 4);
+}
 
 // One thread's share: K/V heads [g0, g1), and of each the query heads [part·G/splits, (part + 1)·G/splits) of its
 // group. Positions run in the outer loop, so each row's slice for these heads is read in one sequential piece (a
@@ -190,28 +232,36 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
                  Scratch& scratch) {
   const int64_t D = dims.D, G = dims.group();
   const int64_t a = part * G / splits, b = (part + 1) * G / splits, per = b - a, n = (g1 - g0) * per;
-  // the rows: in place (float32), or this unit's heads widened once into the scratch
-  const int64_t first = row_bytes(kv.type, g0 * D);
-  std::span<const KVPage> pages = kv.pages;
-  int64_t stride = kv.row_bytes, offset = first;
-  KVPage widened;
-  if (kv.type != WeightType::F32) {
-    const int64_t width = (g1 - g0) * D;
-    scratch.keys.resize(static_cast<size_t>(Tk * width));
-    scratch.values.resize(static_cast<size_t>(Tk * width));
+  // Every position's key and value row as stored, from this unit's first head on, in order, whatever page holds it
+  const int64_t first = row_bytes(kv.type, g0 * D), width = (g1 - g0) * D;
+  scratch.key_rows.resize(static_cast<size_t>(Tk));
+  scratch.value_rows.resize(static_cast<size_t>(Tk));
+  {
     int64_t t = 0;
     for (const KVPage& page : kv.pages)
       for (int64_t r = 0; r < page.positions; ++r, ++t) {
-        const int64_t at = r * kv.row_bytes + first;
-        dequantize_rows(kv.type, static_cast<const unsigned char*>(page.keys) + at, scratch.keys.data() + t * width, 1, width);
-        dequantize_rows(kv.type, static_cast<const unsigned char*>(page.values) + at, scratch.values.data() + t * width, 1, width);
+        scratch.key_rows[static_cast<size_t>(t)] = static_cast<const unsigned char*>(page.keys) + r * kv.row_bytes + first;
+        scratch.value_rows[static_cast<size_t>(t)] = static_cast<const unsigned char*>(page.values) + r * kv.row_bytes + first;
       }
-    widened = {scratch.keys.data(), scratch.values.data(), Tk};
-    pages = std::span<const KVPage>(&widened, 1);
-    stride = width * int64_t{sizeof(float)}, offset = 0;
   }
-  auto row = [&](const void* base, int64_t r) {
-    return reinterpret_cast<const float*>(static_cast<const unsigned char*>(base) + r * stride + offset);
+  // Rows [t0, t1) of `stored` as the products read them: in place (F32; F16 and BF16 in the vector builds), or widened
+  // to float32 into the chunk exactly as dequantize_rows widens them
+  const bool in_place = kv.type == WeightType::F32 || (kReadsHalves && (kv.type == WeightType::F16 || kv.type == WeightType::BF16));
+  const int64_t chunk = in_place ? Tk : chunk_positions(width);
+  if (!in_place) scratch.chunk.resize(static_cast<size_t>(chunk * width));
+  scratch.widened.resize(static_cast<size_t>(Tk));
+  auto widen = [&](const std::vector<const unsigned char*>& stored, int64_t t0, int64_t t1) -> const void* const* {
+    for (int64_t t = t0; t < t1; ++t) {
+      const unsigned char* row = stored[static_cast<size_t>(t)];
+      if (in_place) {
+        scratch.widened[static_cast<size_t>(t)] = row;
+      } else {
+        float* out = scratch.chunk.data() + (t - t0) * width;
+        dequantize_rows(kv.type, row, out, 1, width);
+        scratch.widened[static_cast<size_t>(t)] = out;
+      }
+    }
+    return scratch.widened.data();
   };
   // The first line of each row's slice is prefetched this many positions ahead (as data read once: NTA), which starts
   // the hardware's prefetcher on that row (a 4 KiB row is a page of its own, and no prefetcher crosses a page). 28
@@ -221,47 +271,76 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
   constexpr int64_t kAhead = 8;
   std::vector<float>& scores = scratch.scores;  // unit head j = (g − g0)·per + i: query head g·G + a + i
   scores.resize(static_cast<size_t>(n * Tk));
-  // Every position's key and value row, in order, whatever page holds it
-  scratch.key_rows.resize(static_cast<size_t>(Tk));
-  scratch.value_rows.resize(static_cast<size_t>(Tk));
-  {
-    int64_t t = 0;
-    for (const KVPage& page : pages)
-      for (int64_t r = 0; r < page.positions; ++r, ++t) {
-        scratch.key_rows[static_cast<size_t>(t)] = row(page.keys, r);
-        scratch.value_rows[static_cast<size_t>(t)] = row(page.values, r);
-      }
-  }
-  const float* const* keys = scratch.key_rows.data();
-  const float* const* values = scratch.value_rows.data();
   // Positions go P at a time (the sums are the same as one at a time: see dots_of_keys); 4 × 4 accumulators need
   // AVX-512's 32 registers, so AVX2 takes 2 keys at a time for groups of more than 2 query heads. Rows are
   // prefetched across the pages' ends.
   const int64_t P = kLanes == 16 || std::min<int64_t>(per, 4) <= 2 ? 4 : 2;
-  auto prefetch_rows = [&](const float* const* rows, int64_t t) {
-    for (int64_t p = t + kAhead; p < std::min(Tk, t + kAhead + P); ++p) __builtin_prefetch(rows[p], 0, 0);
+  auto prefetch_rows = [&](const std::vector<const unsigned char*>& rows, int64_t t) {
+    for (int64_t p = t + kAhead; p < std::min(Tk, t + kAhead + P); ++p) __builtin_prefetch(rows[static_cast<size_t>(p)], 0, 0);
   };
-  float four[4];
-  for (int64_t t = 0; t < Tk;) {
-    const int64_t n_here = Tk - t >= P ? P : 1;
-    prefetch_rows(keys, t);
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t i = 0; i < per; i += 4) {
-        const int64_t c = std::min<int64_t>(4, per - i), j = (g - g0) * per + i;
-        const float* qi = q + (g * G + a + i) * D;
-        if (n_here == 1) {
-          dots(qi, c, keys[t] + (g - g0) * D, D, four);
-          for (int64_t l = 0; l < c; ++l) scores[static_cast<size_t>((j + l) * Tk + t)] = scale * four[l];
-          continue;
-        }
-        const float* k[4];
-        for (int64_t p = 0; p < n_here; ++p) k[p] = keys[t + p] + (g - g0) * D;
-        float* out = scores.data() + j * Tk + t;
-        if (n_here == 4) dots_of_keys<4>(qi, c, k, D, scale, out, Tk);
-        else dots_of_keys<2>(qi, c, k, D, scale, out, Tk);
+  // Head g's slice of a row the products read, as E
+  auto head = [&]<class E>(const void* row, int64_t g, E*) { return static_cast<const E*>(row) + (g - g0) * D; };
+  auto score_keys = [&]<class E>(E* tag) {
+    float four[4];
+    for (int64_t c0 = 0; c0 < Tk; c0 += chunk) {
+      const int64_t c1 = std::min(Tk, c0 + chunk);
+      const void* const* keys = widen(scratch.key_rows, c0, c1);
+      for (int64_t t = c0; t < c1;) {
+        const int64_t n_here = c1 - t >= P ? P : 1;
+        prefetch_rows(scratch.key_rows, t);
+        for (int64_t g = g0; g < g1; ++g)
+          for (int64_t i = 0; i < per; i += 4) {
+            const int64_t c = std::min<int64_t>(4, per - i), j = (g - g0) * per + i;
+            const float* qi = q + (g * G + a + i) * D;
+            if (n_here == 1) {
+              dots(qi, c, head(keys[t], g, tag), D, four);
+              for (int64_t l = 0; l < c; ++l) scores[static_cast<size_t>((j + l) * Tk + t)] = scale * four[l];
+              continue;
+            }
+            const E* k[4];
+            for (int64_t p = 0; p < n_here; ++p) k[p] = head(keys[t + p], g, tag);
+            float* out = scores.data() + j * Tk + t;
+            if (n_here == 4) dots_of_keys<4>(qi, c, k, D, scale, out, Tk);
+            else dots_of_keys<2>(qi, c, k, D, scale, out, Tk);
+          }
+        t += n_here;
       }
-    t += n_here;
-  }
+    }
+  };
+  auto add_values = [&]<class E>(E* tag) {
+    for (int64_t c0 = 0; c0 < Tk; c0 += chunk) {
+      const int64_t c1 = std::min(Tk, c0 + chunk);
+      const void* const* values = widen(scratch.value_rows, c0, c1);
+      for (int64_t t = c0; t < c1;) {
+        const int64_t n_here = c1 - t >= P ? P : 1;
+        prefetch_rows(scratch.value_rows, t);
+        for (int64_t g = g0; g < g1; ++g)
+          for (int64_t i = 0; i < per; i += 4) {
+            const int64_t j = (g - g0) * per + i, c = std::min<int64_t>(4, per - i);
+            float* oi = o + (g * G + a + i) * D;
+            const float* w = scores.data() + j * Tk + t;
+            if (n_here == 1) {
+              add_weighted(w, Tk, c, head(values[t], g, tag), D, oi);
+              continue;
+            }
+            const E* v[4];
+            for (int64_t p = 0; p < n_here; ++p) v[p] = head(values[t + p], g, tag);
+            if (n_here == 4) add_weighted_values<4>(w, Tk, c, v, D, oi);
+            else add_weighted_values<2>(w, Tk, c, v, D, oi);
+          }
+        t += n_here;
+      }
+    }
+  };
+  // What the products read: float32 (in place or widened), or halves or bfloat16 in place
+  auto each = [&](auto&& step) {
+    if constexpr (kReadsHalves) {
+      if (in_place && kv.type == WeightType::F16) return step(static_cast<Half*>(nullptr));
+      if (in_place && kv.type == WeightType::BF16) return step(static_cast<Brain*>(nullptr));
+    }
+    step(static_cast<float*>(nullptr));
+  };
+  each(score_keys);
   std::vector<float>& inverse = scratch.inverse;
   inverse.resize(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
@@ -277,25 +356,7 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
     inverse[static_cast<size_t>(j)] = 1.0f / sum;
     std::fill_n(o + h * D, D, 0.0f);
   }
-  for (int64_t t = 0; t < Tk;) {
-    const int64_t n_here = Tk - t >= P ? P : 1;
-    prefetch_rows(values, t);
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t i = 0; i < per; i += 4) {
-        const int64_t j = (g - g0) * per + i, c = std::min<int64_t>(4, per - i);
-        float* oi = o + (g * G + a + i) * D;
-        const float* w = scores.data() + j * Tk + t;
-        if (n_here == 1) {
-          add_weighted(w, Tk, c, values[t] + (g - g0) * D, D, oi);
-          continue;
-        }
-        const float* v[4];
-        for (int64_t p = 0; p < n_here; ++p) v[p] = values[t + p] + (g - g0) * D;
-        if (n_here == 4) add_weighted_values<4>(w, Tk, c, v, D, oi);
-        else add_weighted_values<2>(w, Tk, c, v, D, oi);
-      }
-    t += n_here;
-  }
+  each(add_values);
   for (int64_t j = 0; j < n; ++j) {
     float* out = o + ((g0 + j / per) * G + a + j % per) * D;
     for (int64_t e = 0; e < D; ++e) out[e] *= inverse[static_cast<size_t>(j)];
