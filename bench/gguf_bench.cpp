@@ -10,6 +10,8 @@
 //   - how many of the greedy tokens the two agree on.
 //   qkv_gguf_bench [--shape qwen3-0.6b|llama-3.2-1b|gpt-oss-4l] [--types q8_0,q4_0,q4_k_m,mxfp4_moe] [--threads 1,2]
 //                  [--repeats 3] [--dir DIR] [--llamacpp PATH] [--cpu VARIANT] [--prompt 512] [--tokens 128] [--smoke]
+//                  [--kv-cache f32|f16|bf16|q8_0]  (both programs' KV cache; without it each runs its default: qkv f32,
+//                  llama.cpp f16)
 // mxfp4_moe: the experts as MXFP4, the other matrices Q8_0 (how gpt-oss is published; qkv's file has llama.cpp's bytes);
 // gpt-oss-4l is gpt-oss-20b's layers, 4 of them with 16 experts.
 // Prompts are token ids, (i·7919 + 11) mod the vocabulary, in both programs: no tokenizer is involved. Not a test: it
@@ -166,13 +168,16 @@ int64_t peak_rss_bytes() {
 // Child: qkv on the file, as `qkv generate` runs it (load_pretrained, a Session, greedy): load, generate `gen` tokens
 // after a `short_prompt`-token prompt, peak RSS so far, then a fresh `prompt`-token prompt. Prints "ids: …" and a
 // "result …" line the parent reads.
-int run_qkv(const std::string& file, int threads, int64_t prompt, int64_t gen, int64_t short_prompt) {
+int run_qkv(const std::string& file, int threads, int64_t prompt, int64_t gen, int64_t short_prompt,
+            const std::string& kv_cache) {
   qkv::set_num_threads(threads);
   auto t = Clock::now();
   const auto pretrained = qkv::nn::load_pretrained(file);
   const double load_seconds = since(t);
   const int64_t vocab = pretrained->model->config.vocab_size;
-  qkv::nn::Session session(*pretrained->model);
+  qkv::nn::SessionOptions options;
+  if (!kv_cache.empty()) options.kv_type = *qkv::kernels::weight_type_from_name(kv_cache);
+  qkv::nn::Session session(*pretrained->model, options);
   qkv::nn::GenerationRequest request;
   for (int64_t i = 0; i < short_prompt; ++i) request.prompt.push_back(prompt_token(i, vocab));
   request.max_new_tokens = gen;
@@ -281,7 +286,7 @@ const char* mark(bool ok) { return ok ? "✔" : "✘"; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape = "qwen3-0.6b", dir_arg, types_arg = "q8_0,q4_0,q4_k_m", threads_arg = "1,2", llamacpp, cpu;
+  std::string shape = "qwen3-0.6b", dir_arg, types_arg = "q8_0,q4_0,q4_k_m", threads_arg = "1,2", llamacpp, cpu, kv_cache;
   int repeats = 3;
   int64_t prompt = 512, tokens = 128, short_prompt = 16;
   bool smoke = false;
@@ -297,6 +302,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") repeats = std::stoi(next());
     else if (a == "--llamacpp") llamacpp = next();
     else if (a == "--cpu") cpu = next();
+    else if (a == "--kv-cache") kv_cache = next();
     else if (a == "--prompt") prompt = std::stoll(next());
     else if (a == "--tokens") tokens = std::stoll(next());
     else if (a == "--smoke") smoke = true;
@@ -316,6 +322,10 @@ int main(int argc, char** argv) {
     repeats = 1, prompt = 32, tokens = 8, short_prompt = 4;
     threads_arg = "1";
   }
+  if (!kv_cache.empty() && kv_cache != "f32" && kv_cache != "f16" && kv_cache != "bf16" && kv_cache != "q8_0") {
+    std::fprintf(stderr, "--kv-cache %s: not f32, f16, bf16 or q8_0\n", kv_cache.c_str());
+    return 2;
+  }
   if (repeats < 1 || prompt < 1 || tokens < 2) {
     std::fprintf(stderr, "--repeats and --prompt must be >= 1, --tokens >= 2\n");
     return 2;
@@ -334,7 +344,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "make") return make_folder(shape, dir, smoke);
     if (mode == "quantize") return quantize(dir, child_type, child_file);
-    if (mode == "run-qkv") return run_qkv(child_file, child_threads, prompt, tokens, short_prompt);
+    if (mode == "run-qkv") return run_qkv(child_file, child_threads, prompt, tokens, short_prompt, kv_cache);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qkv_gguf_bench: %s\n", e.what());
     return 1;
@@ -345,6 +355,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = {argv[0], "--shape", shape, "--dir", dir.string(), "--prompt", std::to_string(prompt),
                                      "--tokens", std::to_string(tokens)};
     if (smoke) args.push_back("--smoke");
+    if (!kv_cache.empty()) args.insert(args.end(), {"--kv-cache", kv_cache});
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   };
@@ -365,7 +376,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   bool llama_ok = true;
-  std::string cpu_library;
+  std::string cpu_library, llama_kv;
   for (const std::string& type : types) {
     const fs::path file = dir / (type + ".gguf");
     if (!fs::exists(file)) {
@@ -412,6 +423,7 @@ int main(int argc, char** argv) {
           } else if (llama_ok) {
             std::vector<std::string> args = {llamacpp};
             if (!cpu.empty()) args.insert(args.end(), {"--cpu", cpu});
+            if (!kv_cache.empty()) args.insert(args.end(), {"--kv-cache", kv_cache});
             args.insert(args.end(), {"bench", file.string(), std::to_string(prompt), std::to_string(tokens),
                                      std::to_string(threads), std::to_string(short_prompt)});
             const ChildRun r = run_captured(args, dir);
@@ -423,6 +435,7 @@ int main(int argc, char** argv) {
               continue;
             }
             if (cpu_library.empty()) cpu_library = line_with(r.out, "cpu library: ");
+            if (llama_kv.empty()) llama_kv = line_with(r.out, "kv cache: ");
             lg.push_back(result_value(r.out, "gen_tok_s")), lp.push_back(result_value(r.out, "pp_tok_s"));
             ll.push_back(result_value(r.out, "load_s"));
             lr.push_back(result_value(r.out, "rss"));
@@ -432,7 +445,7 @@ int main(int argc, char** argv) {
       }
       Row row{type, threads, median(qg), median(lg), median(qp), median(lp), 0, bandwidth, 0, median(ql), median(ll),
               read_seconds, median(qr), median(lr), file_bytes, median(kv)};
-      // Per token: the matrices, and on average half of the final KV cache (qkv's, float32) read
+      // Per token: the matrices, and on average half of the final KV cache (qkv's, of its --kv-cache type) read
       row.bytes_per_token = matrices + 0.5 * row.kv_bytes;
       row.limit = bandwidth / row.bytes_per_token;
       row.compared = static_cast<int64_t>(std::min(qkv_ids.size(), llama_ids.size()));
@@ -449,6 +462,9 @@ int main(int argc, char** argv) {
   }
 
   std::printf("\nllama.cpp: %s, CPU library %s\n", llamacpp.c_str(), cpu_library.empty() ? "(not run)" : cpu_library.c_str());
+  std::printf("KV cache: qkv %s, llama.cpp %s%s\n", kv_cache.empty() ? "f32" : kv_cache.c_str(),
+              llama_kv.empty() ? "(not run)" : llama_kv.c_str(),
+              kv_cache.empty() ? " (each program's default; --kv-cache sets both)" : "");
   std::printf("\n%-7s %2s | %-44s | %-29s\n", "type", "t", "generation tok/s: qkv, llama.cpp, ratio, % of limit",
               "prompt tok/s: qkv, llama.cpp, ratio");
   for (const Row& r : rows) {

@@ -7,12 +7,14 @@
 // @node-llama-cpp/linux-x64/bins/linux-x64.
 // Usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS]       TYPE: f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k …
 //        llamacpp [--cpu VARIANT] generate MODEL PROMPT N [THREADS]    prints "ids: …" and "text: …"
-//        llamacpp [--cpu VARIANT] bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]
+//        llamacpp [--cpu VARIANT] [--kv-cache TYPE] bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]
 //            load seconds, then GEN_TOKENS greedy tokens after a SHORT_PROMPT-token prompt (default 16) and a fresh
 //            PROMPT_TOKENS-token prompt in one llama_decode, timed around llama_decode here; prints "ids: …" and
 //            "result load_s=… pp_tok_s=… gen_tok_s=… rss=…" (peak RSS after generating; qkv_gguf_bench reads it). Prompt token i is (i·7919 + 11) mod
 //            the vocabulary, as qkv_gguf_bench feeds qkv.
 //        llamacpp tokenize MODEL [--no-special] FILE…                 prints "ids: [a, b, …]" per file (vocab only)
+// TYPE (f32, f16, bf16, q8_0; llama.cpp's --cache-type-k and -v) stores the bench's keys and values; without it,
+// llama.cpp's default (f16). The type used is printed ("kv cache: f16").
 // VARIANT is a libggml-cpu-VARIANT.so in BINS (haswell = AVX2, zen4 / icelake / sapphirerapids = AVX-512, …); without
 // it, ggml loads the one that scores best on this CPU. The back-end loaded is printed first, and the CPU library
 // mapped ("cpu library: libggml-cpu-zen4.so").
@@ -23,6 +25,21 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+
+// The bench's KV cache type: llama.cpp's default unless --kv-cache names one
+static enum ggml_type g_kv_type = GGML_TYPE_F16;
+static int g_kv_type_set = 0;
+
+static int kv_type_of(const char* name, enum ggml_type* out) {
+  static const struct { const char* name; enum ggml_type type; } table[] = {
+      {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0}};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i)
+    if (strcmp(table[i].name, name) == 0) {
+      *out = table[i].type;
+      return 1;
+    }
+  return 0;
+}
 
 static int ftype_of(const char* name) {
   static const struct { const char* name; int ftype; } table[] = {
@@ -199,6 +216,11 @@ static int bench(const char* model_path, int n_prompt, int n_gen, int threads, i
   ctx_params.n_ubatch = (uint32_t)longest;
   ctx_params.n_threads = threads;
   ctx_params.n_threads_batch = threads;
+  if (g_kv_type_set) {
+    ctx_params.type_k = ctx_params.type_v = g_kv_type;
+    if (g_kv_type == GGML_TYPE_Q8_0) ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;  // (a quantized V needs it)
+  }
+  printf("kv cache: %s\n", ggml_type_name(ctx_params.type_k));
   struct llama_context* ctx = llama_init_from_model(model, ctx_params);
   if (!ctx) {
     fprintf(stderr, "llama.cpp could not make a context\n");
@@ -293,8 +315,16 @@ int main(int argc, char** argv) {
     variant = argv[a + 1];
     a += 2;
   }
+  if (a + 1 < argc && strcmp(argv[a], "--kv-cache") == 0) {
+    if (!kv_type_of(argv[a + 1], &g_kv_type)) {
+      fprintf(stderr, "--kv-cache %s: not f32, f16, bf16 or q8_0\n", argv[a + 1]);
+      return 2;
+    }
+    g_kv_type_set = 1;
+    a += 2;
+  }
   if (a >= argc) {
-    fprintf(stderr, "usage: llamacpp [--cpu VARIANT] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS] | "
+    fprintf(stderr, "usage: llamacpp [--cpu VARIANT] [--kv-cache TYPE] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS] | "
                     "tokenize MODEL [--no-special] FILE... | bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]\n");
     return 2;
   }
