@@ -164,25 +164,32 @@ void bm_variant(benchmark::State& state, Shape4 s, int64_t kv_heads, int64_t win
   report(state, backward ? 3.0 * forward : forward, 0);
 }
 
-// Generation's attention: one query row per head over a paged float32 KV cache (16-position pages, as a session's),
-// every layer of a Qwen3-0.6B-shaped model (16 query heads on 8 K/V heads of 128) per iteration: what a token reads
-// of the cache. Reported against the read bandwidth measured on the same threads before the first of them.
+// Generation's attention: one query row per head over a paged KV cache (16-position pages, as a session's) of each
+// cache type (f32; f16 and bf16, read in place), every layer of a Qwen3-0.6B-shaped model (16 query heads on 8 K/V
+// heads of 128) per iteration: what a token reads of the cache. Reported against the read bandwidth measured on the
+// same threads before the first of them.
 std::map<int, double> g_read_bandwidth;          // threads → bytes/s
 std::map<std::string, double> g_decode_bytes;    // benchmark name → bytes of keys and values one iteration reads
-void bm_decode(benchmark::State& state, int64_t layers, int64_t H, int64_t H_kv, int64_t D, int64_t Tk, int threads,
-               int64_t bandwidth_bytes) {
+void bm_decode(benchmark::State& state, qkv::kernels::WeightType type, int64_t layers, int64_t H, int64_t H_kv, int64_t D,
+               int64_t Tk, int threads, int64_t bandwidth_bytes) {
   set_threads(threads);
   if (!g_read_bandwidth.count(threads)) g_read_bandwidth[threads] = qkv::bench::read_bandwidth(bandwidth_bytes);
   constexpr int64_t kPage = 16;
-  const int64_t row = H_kv * D;  // floats
+  const int64_t row = H_kv * D, row_bytes = qkv::kernels::row_bytes(type, row);
   qkv::Generator gen(3);
-  std::vector<Tensor> blocks;  // each page's keys and values: (16, H_kv·D)
+  std::vector<std::vector<unsigned char>> blocks;  // each page's keys and values: 16 rows of H_kv·D values
   std::vector<std::vector<qkv::kernels::KVPage>> pages(static_cast<size_t>(layers));
+  auto page = [&] {
+    const Tensor x = gen.randn({kPage, row});
+    std::vector<unsigned char> bytes(static_cast<size_t>(kPage * row_bytes));
+    qkv::kernels::quantize_rows(type, x.data(), bytes.data(), kPage, row);
+    blocks.push_back(std::move(bytes));
+    return blocks.back().data();
+  };
   for (auto& layer : pages)
     for (int64_t t = 0; t < Tk; t += kPage) {
-      blocks.push_back(gen.randn({kPage, row}));
-      blocks.push_back(gen.randn({kPage, row}));
-      layer.push_back({blocks[blocks.size() - 2].data(), blocks.back().data(), std::min(kPage, Tk - t)});
+      const unsigned char* keys = page();
+      layer.push_back({keys, page(), std::min(kPage, Tk - t)});
     }
   const Tensor q = gen.randn({H * D});
   std::vector<float> o(static_cast<size_t>(H * D));
@@ -190,7 +197,7 @@ void bm_decode(benchmark::State& state, int64_t layers, int64_t H, int64_t H_kv,
   dims.H = H, dims.H_kv = H_kv, dims.D = D, dims.Tq = 1, dims.Tk = Tk;
   for (auto _ : state)
     for (const auto& layer : pages) {
-      const qkv::kernels::KVPages kv{layer, qkv::kernels::WeightType::F32, row * int64_t{sizeof(float)}};
+      const qkv::kernels::KVPages kv{layer, type, row_bytes};
       qkv::kernels::attention_decode(dims, {}, q.data(), kv, o.data());
       benchmark::DoNotOptimize(o.data());
     }
@@ -275,7 +282,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       std::printf("recomputing one head's weights %-30s %8.3f ms; that head's share of the fused forward %8.3f ms: %.2fx\n",
                   name.substr(5).c_str(), maps.ms, share->second.ms, maps.ms / share->second.ms);
     }
-    std::printf("\nGeneration's attention, one query row per head over a paged float32 KV cache (medians):\n");
+    std::printf("\nGeneration's attention, one query row per head over a paged KV cache of each type (medians):\n");
     for (const auto& [name, r] : results_) {
       const auto bytes = g_decode_bytes.find(name);
       if (bytes == g_decode_bytes.end()) continue;
@@ -420,13 +427,14 @@ int main(int argc, char** argv) {
   // Generation's attention at 144, 400 and 2,048 positions (a short reply, a longer one, a long chat)
   for (int threads : {1, 2}) {
     const int64_t layers = smoke ? 2 : 28, H = 16, H_kv = 8, D = smoke ? 32 : 128;
-    for (int64_t Tk : smoke ? std::vector<int64_t>{37} : std::vector<int64_t>{144, 400, 2048}) {
-      const std::string name = "decode/qwen3-0.6b/L" + std::to_string(layers) + "/Tk" + std::to_string(Tk) +
-                               "/threads:" + std::to_string(threads);
-      g_decode_bytes[name] = 2.0 * static_cast<double>(layers * Tk * H_kv * D * int64_t{sizeof(float)});
-      configure(benchmark::RegisterBenchmark(name.c_str(), bm_decode, layers, H, H_kv, D, Tk, threads,
-                                             smoke ? (int64_t{16} << 20) : (int64_t{512} << 20)));
-    }
+    for (int64_t Tk : smoke ? std::vector<int64_t>{37} : std::vector<int64_t>{144, 400, 2048})
+      for (const auto type : {qkv::kernels::WeightType::F32, qkv::kernels::WeightType::F16, qkv::kernels::WeightType::BF16}) {
+        const std::string name = "decode/qwen3-0.6b/L" + std::to_string(layers) + "/Tk" + std::to_string(Tk) + "/" +
+                                 qkv::kernels::weight_type_name(type) + "/threads:" + std::to_string(threads);
+        g_decode_bytes[name] = 2.0 * static_cast<double>(layers * Tk * qkv::kernels::row_bytes(type, H_kv * D));
+        configure(benchmark::RegisterBenchmark(name.c_str(), bm_decode, type, layers, H, H_kv, D, Tk, threads,
+                                               smoke ? (int64_t{16} << 20) : (int64_t{512} << 20)));
+      }
   }
   const Shape4 probe = smoke ? Shape4{1, 2, 64, 16} : Shape4{1, 12, 1024, 64};
   for (int threads : {1, 2}) {
