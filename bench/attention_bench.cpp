@@ -165,7 +165,7 @@ void bm_variant(benchmark::State& state, Shape4 s, int64_t kv_heads, int64_t win
 }
 
 // Generation's attention: one query row per head over a paged KV cache (16-position pages, as a session's) of each
-// cache type (f32; f16 and bf16, read in place), every layer of a Qwen3-0.6B-shaped model (16 query heads on 8 K/V
+// cache type (f32; f16, bf16 and q8_0, read in place), every layer of a Qwen3-0.6B-shaped model (16 query heads on 8 K/V
 // heads of 128) per iteration: what a token reads of the cache. Reported against the read bandwidth measured on the
 // same threads before the first of them.
 std::map<int, double> g_read_bandwidth;          // threads → bytes/s
@@ -428,7 +428,8 @@ int main(int argc, char** argv) {
   for (int threads : {1, 2}) {
     const int64_t layers = smoke ? 2 : 28, H = 16, H_kv = 8, D = smoke ? 32 : 128;
     for (int64_t Tk : smoke ? std::vector<int64_t>{37} : std::vector<int64_t>{144, 400, 2048})
-      for (const auto type : {qkv::kernels::WeightType::F32, qkv::kernels::WeightType::F16, qkv::kernels::WeightType::BF16}) {
+      for (const auto type : {qkv::kernels::WeightType::F32, qkv::kernels::WeightType::F16, qkv::kernels::WeightType::BF16,
+                              qkv::kernels::WeightType::Q8_0}) {
         const std::string name = "decode/qwen3-0.6b/L" + std::to_string(layers) + "/Tk" + std::to_string(Tk) + "/" +
                                  qkv::kernels::weight_type_name(type) + "/threads:" + std::to_string(threads);
         g_decode_bytes[name] = 2.0 * static_cast<double>(layers * Tk * qkv::kernels::row_bytes(type, H_kv * D));

@@ -9,13 +9,18 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "quant_blocks.hpp"
 #include "simd.hpp"
 
 namespace qkv::kernels {
 
 namespace {
+
+using quant::BlockQ8_0;
+using quant::kQK;
 
 void check(const AttentionDims& dims, const KVPages& kv, const char* who) {
   if (dims.H <= 0 || dims.D <= 0 || dims.kv_heads() <= 0 || dims.H % dims.kv_heads() != 0)
@@ -34,8 +39,9 @@ float scale_of(const AttentionDims& dims, const AttentionOptions& options) {
   return options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dims.D));
 }
 
-// Keys and values stored as halves or bfloat16 are read as such and widened in registers (both exact), so they cost
-// their own bytes; Q8_0 is widened a chunk of positions at a time (chunk_positions).
+// Keys and values stored as halves, bfloat16 or Q8_0 blocks are read as such and widened in registers (exactly as
+// dequantize_rows widens them: a half or bfloat16 is exact in float32, a Q8_0 value is float(q)·d), so they cost their
+// own bytes. The plain C++ build widens a chunk of positions at a time instead (chunk_positions).
 struct Half {
   uint16_t bits;
 };
@@ -56,6 +62,11 @@ struct Lanes {
   static T load(const Half* p, int64_t n) { return _mm512_cvtph_ps(load16(p, n)); }
   static T load(const Brain* p, int64_t n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(p, n)), 16));
+  }
+  // values within … within + 15 of a block (a head is whole blocks, so never a tail)
+  static T load(const BlockQ8_0& b, int64_t within) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + within));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(b.d)));
   }
   static void store(float* p, T v, int64_t n) {
     if (n >= W) _mm512_storeu_ps(p, v);
@@ -86,6 +97,10 @@ struct Lanes {
   static T load(const Brain* p, int64_t n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load16(p, n)), 16));
   }
+  static T load(const BlockQ8_0& b, int64_t within) {  // values within … within + 7 of a block
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + within));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(_cvtsh_ss(b.d)));
+  }
   static void store(float* p, T v, int64_t n) {
     if (n >= W) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, mask(n), v);
@@ -97,13 +112,20 @@ struct Lanes {
 };
 #endif
 
+// Values e … e + W − 1 (fewer at a row's end) of a head's row of keys or values, widened
+template <class E>
+inline Lanes::T at(const E* row, int64_t e, int64_t n) {
+  return Lanes::load(row + e, n);
+}
+inline Lanes::T at(const BlockQ8_0* row, int64_t e, int64_t) { return Lanes::load(row[e / kQK], e % kQK); }
+
 // out[i] = q_i · k for the c ≤ 4 query heads q + i·D: k's vectors loaded once for all of them
 template <class E>
 inline void dots(const float* q, int64_t c, const E* k, int64_t D, float* out) {
   using L = Lanes;
   L::T acc[4] = {L::zero(), L::zero(), L::zero(), L::zero()};
   for (int64_t e = 0; e < D; e += L::W) {
-    const L::T kv = L::load(k + e, D - e);
+    const L::T kv = at(k, e, D - e);
     for (int64_t i = 0; i < c; ++i) acc[i] = L::fma(L::load(q + i * D + e, D - e), kv, acc[i]);
   }
   // the four sums at once: two rounds of horizontal additions, then the halves
@@ -121,7 +143,7 @@ inline void add_weighted(const float* w, int64_t Tk, int64_t c, const E* v, int6
   L::T wi[4];
   for (int64_t i = 0; i < c; ++i) wi[i] = L::set1(w[i * Tk]);
   for (int64_t e = 0; e < D; e += L::W) {
-    const L::T vv = L::load(v + e, D - e);
+    const L::T vv = at(v, e, D - e);
     for (int64_t i = 0; i < c; ++i) L::store(o + i * D + e, L::fma(wi[i], vv, L::load(o + i * D + e, D - e)), D - e);
   }
 }
@@ -138,7 +160,7 @@ inline void dots_of_keys(const float* q, int64_t c, const E* const* k, int64_t D
     for (int p = 0; p < P; ++p) acc[i][p] = L::zero();
   for (int64_t e = 0; e < D; e += L::W) {
     L::T kv[P];
-    for (int p = 0; p < P; ++p) kv[p] = L::load(k[p] + e, D - e);
+    for (int p = 0; p < P; ++p) kv[p] = at(k[p], e, D - e);
     for (int64_t i = 0; i < c; ++i) {
       const L::T qv = L::load(q + i * D + e, D - e);
       for (int p = 0; p < P; ++p) acc[i][p] = L::fma(qv, kv[p], acc[i][p]);
@@ -167,7 +189,7 @@ inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const E* 
   using L = Lanes;
   for (int64_t e = 0; e < D; e += L::W) {
     L::T vv[P];
-    for (int p = 0; p < P; ++p) vv[p] = L::load(v[p] + e, D - e);
+    for (int p = 0; p < P; ++p) vv[p] = at(v[p], e, D - e);
     for (int64_t i = 0; i < c; ++i) {
       L::T acc = L::load(o + i * D + e, D - e);
       for (int p = 0; p < P; ++p) acc = L::fma(L::set1(w[i * Tk + p]), vv[p], acc);
@@ -176,7 +198,7 @@ inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const E* 
   }
 }
 constexpr int64_t kLanes = Lanes::W;
-constexpr bool kReadsHalves = true;  // F16 and BF16 rows read in place
+constexpr bool kReadsInPlace = true;  // F16, BF16 and Q8_0 rows read where they lie
 #else  // plain C++ (every type but F32 widened a chunk at a time)
 template <class E>
 inline void dots(const float* q, int64_t c, const E* k, int64_t D, float* out) {
@@ -204,7 +226,7 @@ inline void add_weighted_values(const float* w, int64_t Tk, int64_t c, const E* 
   for (int p = 0; p < P; ++p) add_weighted(w + p, Tk, c, v[p], D, o);
 }
 constexpr int64_t kLanes = 1;
-constexpr bool kReadsHalves = false;
+constexpr bool kReadsInPlace = false;
 #endif
 
 // A thread's buffers, kept between calls (generation makes one per layer and token)
@@ -244,9 +266,9 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
         scratch.value_rows[static_cast<size_t>(t)] = static_cast<const unsigned char*>(page.values) + r * kv.row_bytes + first;
       }
   }
-  // Rows [t0, t1) of `stored` as the products read them: in place (F32; F16 and BF16 in the vector builds), or widened
+  // Rows [t0, t1) of `stored` as the products read them: in place (F32; every type in the vector builds), or widened
   // to float32 into the chunk exactly as dequantize_rows widens them
-  const bool in_place = kv.type == WeightType::F32 || (kReadsHalves && (kv.type == WeightType::F16 || kv.type == WeightType::BF16));
+  const bool in_place = kv.type == WeightType::F32 || kReadsInPlace;
   const int64_t chunk = in_place ? Tk : chunk_positions(width);
   if (!in_place) scratch.chunk.resize(static_cast<size_t>(chunk * width));
   scratch.widened.resize(static_cast<size_t>(Tk));
@@ -278,8 +300,11 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
   auto prefetch_rows = [&](const std::vector<const unsigned char*>& rows, int64_t t) {
     for (int64_t p = t + kAhead; p < std::min(Tk, t + kAhead + P); ++p) __builtin_prefetch(rows[static_cast<size_t>(p)], 0, 0);
   };
-  // Head g's slice of a row the products read, as E
-  auto head = [&]<class E>(const void* row, int64_t g, E*) { return static_cast<const E*>(row) + (g - g0) * D; };
+  // Head g's slice of a row the products read, as E (a Q8_0 head is D / 32 blocks)
+  auto head = [&]<class E>(const void* row, int64_t g, E*) {
+    if constexpr (std::is_same_v<E, BlockQ8_0>) return static_cast<const E*>(row) + (g - g0) * (D / kQK);
+    else return static_cast<const E*>(row) + (g - g0) * D;
+  };
   auto score_keys = [&]<class E>(E* tag) {
     float four[4];
     for (int64_t c0 = 0; c0 < Tk; c0 += chunk) {
@@ -332,11 +357,12 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
       }
     }
   };
-  // What the products read: float32 (in place or widened), or halves or bfloat16 in place
+  // What the products read: float32 (in place or widened), or halves, bfloat16 or Q8_0 blocks in place
   auto each = [&](auto&& step) {
-    if constexpr (kReadsHalves) {
-      if (in_place && kv.type == WeightType::F16) return step(static_cast<Half*>(nullptr));
-      if (in_place && kv.type == WeightType::BF16) return step(static_cast<Brain*>(nullptr));
+    if constexpr (kReadsInPlace) {
+      if (kv.type == WeightType::F16) return step(static_cast<Half*>(nullptr));
+      if (kv.type == WeightType::BF16) return step(static_cast<Brain*>(nullptr));
+      if (kv.type == WeightType::Q8_0) return step(static_cast<BlockQ8_0*>(nullptr));
     }
     step(static_cast<float*>(nullptr));
   };

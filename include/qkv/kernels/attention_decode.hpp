@@ -39,7 +39,9 @@ bool attention_decode_supports(WeightType type, int64_t D);
 // and sees every key it is given (causality and sliding windows are the caller's choice of pages). Uses dims.H, H_kv
 // and D (B = Tq = 1, Tk = the pages' positions) and options' scale, softcap, sinks and threads; bf16 products and
 // dropout do not apply. Threads own heads, and a head's result never depends on how many there are. Keys and values
-// of F16, BF16 and Q8_0 are widened one head's row at a time, exactly as dequantize_rows widens them.
+// of F16, BF16 and Q8_0 are widened as they are read (the plain C++ build: a few positions at a time), exactly as
+// dequantize_rows widens them, so a narrow cache gives the bits of the same values stored as float32 and reads only
+// its own bytes.
 // std::invalid_argument for dims that do not fit, an unsupported type, or pages without positions.
 void attention_decode(const AttentionDims& dims, const AttentionOptions& options, const float* q, const KVPages& kv,
                       float* o);
