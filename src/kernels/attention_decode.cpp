@@ -305,57 +305,48 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
     if constexpr (std::is_same_v<E, BlockQ8_0>) return static_cast<const E*>(row) + (g - g0) * (D / kQK);
     else return static_cast<const E*>(row) + (g - g0) * D;
   };
-  auto score_keys = [&]<class E>(E* tag) {
-    float four[4];
+  // Every position of `stored`, a chunk at a time, n_here (P, or 1 at the end) positions a step: for each K/V head g and
+  // each group of c ≤ 4 of its query heads (unit head j = its first), body(r, n_here, t, g, i, j, c) with r[p] head g's
+  // slice of position t + p as E
+  auto walk = [&]<class E>(const std::vector<const unsigned char*>& stored, E* tag, auto&& body) {
     for (int64_t c0 = 0; c0 < Tk; c0 += chunk) {
       const int64_t c1 = std::min(Tk, c0 + chunk);
-      const void* const* keys = widen(scratch.key_rows, c0, c1);
+      const void* const* rows = widen(stored, c0, c1);
       for (int64_t t = c0; t < c1;) {
         const int64_t n_here = c1 - t >= P ? P : 1;
-        prefetch_rows(scratch.key_rows, t);
+        prefetch_rows(stored, t);
         for (int64_t g = g0; g < g1; ++g)
           for (int64_t i = 0; i < per; i += 4) {
-            const int64_t c = std::min<int64_t>(4, per - i), j = (g - g0) * per + i;
-            const float* qi = q + (g * G + a + i) * D;
-            if (n_here == 1) {
-              dots(qi, c, head(keys[t], g, tag), D, four);
-              for (int64_t l = 0; l < c; ++l) scores[static_cast<size_t>((j + l) * Tk + t)] = scale * four[l];
-              continue;
-            }
-            const E* k[4];
-            for (int64_t p = 0; p < n_here; ++p) k[p] = head(keys[t + p], g, tag);
-            float* out = scores.data() + j * Tk + t;
-            if (n_here == 4) dots_of_keys<4>(qi, c, k, D, scale, out, Tk);
-            else dots_of_keys<2>(qi, c, k, D, scale, out, Tk);
+            const E* r[4];
+            for (int64_t p = 0; p < n_here; ++p) r[p] = head(rows[t + p], g, tag);
+            body(r, n_here, t, g, i, (g - g0) * per + i, std::min<int64_t>(4, per - i));
           }
         t += n_here;
       }
     }
   };
-  auto add_values = [&]<class E>(E* tag) {
-    for (int64_t c0 = 0; c0 < Tk; c0 += chunk) {
-      const int64_t c1 = std::min(Tk, c0 + chunk);
-      const void* const* values = widen(scratch.value_rows, c0, c1);
-      for (int64_t t = c0; t < c1;) {
-        const int64_t n_here = c1 - t >= P ? P : 1;
-        prefetch_rows(scratch.value_rows, t);
-        for (int64_t g = g0; g < g1; ++g)
-          for (int64_t i = 0; i < per; i += 4) {
-            const int64_t j = (g - g0) * per + i, c = std::min<int64_t>(4, per - i);
-            float* oi = o + (g * G + a + i) * D;
-            const float* w = scores.data() + j * Tk + t;
-            if (n_here == 1) {
-              add_weighted(w, Tk, c, head(values[t], g, tag), D, oi);
-              continue;
-            }
-            const E* v[4];
-            for (int64_t p = 0; p < n_here; ++p) v[p] = head(values[t + p], g, tag);
-            if (n_here == 4) add_weighted_values<4>(w, Tk, c, v, D, oi);
-            else add_weighted_values<2>(w, Tk, c, v, D, oi);
-          }
-        t += n_here;
+  auto score_keys = [&]<class E>(E* tag) {
+    walk(scratch.key_rows, tag, [&](const E* const* k, int64_t n_here, int64_t t, int64_t g, int64_t i, int64_t j, int64_t c) {
+      const float* qi = q + (g * G + a + i) * D;
+      if (n_here == 1) {
+        float four[4];
+        dots(qi, c, k[0], D, four);
+        for (int64_t l = 0; l < c; ++l) scores[static_cast<size_t>((j + l) * Tk + t)] = scale * four[l];
+        return;
       }
-    }
+      float* out = scores.data() + j * Tk + t;
+      if (n_here == 4) dots_of_keys<4>(qi, c, k, D, scale, out, Tk);
+      else dots_of_keys<2>(qi, c, k, D, scale, out, Tk);
+    });
+  };
+  auto add_values = [&]<class E>(E* tag) {
+    walk(scratch.value_rows, tag, [&](const E* const* v, int64_t n_here, int64_t t, int64_t g, int64_t i, int64_t j, int64_t c) {
+      float* oi = o + (g * G + a + i) * D;
+      const float* w = scores.data() + j * Tk + t;
+      if (n_here == 1) add_weighted(w, Tk, c, v[0], D, oi);
+      else if (n_here == 4) add_weighted_values<4>(w, Tk, c, v, D, oi);
+      else add_weighted_values<2>(w, Tk, c, v, D, oi);
+    });
   };
   // What the products read: float32 (in place or widened), or halves, bfloat16 or Q8_0 blocks in place
   auto each = [&](auto&& step) {
