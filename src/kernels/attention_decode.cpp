@@ -56,8 +56,11 @@ struct Lanes {
   static constexpr int64_t W = 16;
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   static T load(const float* p, int64_t n) { return n >= W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask(n), p); }
-  static __m256i load16(const void* p, int64_t n) {
-    return n >= W ? _mm256_loadu_si256(static_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mask(n), p);
+  static __m256i load16(const void* p, int64_t n) {  // (a short tail copied: 16-bit masked loads need AVX512BW)
+    if (n >= W) return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    alignas(32) uint16_t tail[16] = {};
+    std::memcpy(tail, p, static_cast<size_t>(n) * sizeof(uint16_t));
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
   }
   static T load(const Half* p, int64_t n) { return _mm512_cvtph_ps(load16(p, n)); }
   static T load(const Brain* p, int64_t n) {
