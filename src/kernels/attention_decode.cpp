@@ -50,18 +50,29 @@ struct Brain {
 };
 
 #if defined(QKV_AVX2)
+// A vector V of 16-bit values from p, the lanes past the first n zero (a short tail is copied: AVX2 has no 16-bit
+// masked load, and AVX-512's needs AVX512BW, which QKV_AVX512 does not ask for)
+template <class V>
+inline V load_u16(const void* p, int64_t n) {
+  constexpr int64_t kValues = sizeof(V) / sizeof(uint16_t);
+  V v;
+  if (n >= kValues) {
+    std::memcpy(&v, p, sizeof v);  // (one unaligned load)
+    return v;
+  }
+  alignas(sizeof(V)) uint16_t values[kValues] = {};
+  std::memcpy(values, p, static_cast<size_t>(n) * sizeof(uint16_t));
+  std::memcpy(&v, values, sizeof v);
+  return v;
+}
+
 #if defined(QKV_AVX512)
 struct Lanes {
   using T = __m512;
   static constexpr int64_t W = 16;
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   static T load(const float* p, int64_t n) { return n >= W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask(n), p); }
-  static __m256i load16(const void* p, int64_t n) {  // (a short tail copied: 16-bit masked loads need AVX512BW)
-    if (n >= W) return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-    alignas(32) uint16_t tail[16] = {};
-    std::memcpy(tail, p, static_cast<size_t>(n) * sizeof(uint16_t));
-    return _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
-  }
+  static __m256i load16(const void* p, int64_t n) { return load_u16<__m256i>(p, n); }
   static T load(const Half* p, int64_t n) { return _mm512_cvtph_ps(load16(p, n)); }
   static T load(const Brain* p, int64_t n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(p, n)), 16));
@@ -90,12 +101,7 @@ struct Lanes {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   static T load(const float* p, int64_t n) { return n >= W ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask(n)); }
-  static __m128i load16(const void* p, int64_t n) {  // (no 16-bit masked loads in AVX2: a short tail is copied)
-    if (n >= W) return _mm_loadu_si128(static_cast<const __m128i*>(p));
-    alignas(16) uint16_t tail[8] = {};
-    std::memcpy(tail, p, static_cast<size_t>(n) * sizeof(uint16_t));
-    return _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
-  }
+  static __m128i load16(const void* p, int64_t n) { return load_u16<__m128i>(p, n); }
   static T load(const Half* p, int64_t n) { return _mm256_cvtph_ps(load16(p, n)); }
   static T load(const Brain* p, int64_t n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load16(p, n)), 16));
