@@ -967,8 +967,8 @@ std::vector<KernelCase> kernel_cases() {
   // Generation's attention over a paged cache read in place: n positions in pages of up to 16 (the first one short,
   // as a sliding window starts inside a block), rows with spare bytes between them, each storage type, grouped-query
   // heads, sinks and soft-capping in turn; against the double reference, the fused kernel (float32 rows), itself on 1
-  // and 3 threads, and (narrower types, widened a chunk of positions at a time) the same rows stored as float32, bit
-  // for bit.
+  // and 3 threads, and (narrower types, widened as they are read, or a chunk of positions at a time in the plain C++
+  // build) the same rows stored as float32, bit for bit.
   cases.push_back({"attention_decode over KV pages (f32, f16, bf16, q8_0; sinks, soft-capping)", [](int64_t n, int m) {
                      if (n == 0 || n > 257) return ::testing::AssertionSuccess();
                      const std::tuple<WeightType, int64_t> types[] = {
@@ -1007,7 +1007,7 @@ std::vector<KernelCase> kernel_cases() {
                          if (std::memcmp(again.data(), out.data(), sizeof(float) * H * D) != 0)
                            return ::testing::AssertionFailure() << threads << " threads changed the bits" << what;
                        }
-                       if (type != WeightType::F32) {  // rows widened in chunks: the bits of the same rows stored as float32
+                       if (type != WeightType::F32) {  // narrow rows widened: the bits of the same rows stored as float32
                          std::vector<float> wide(static_cast<size_t>(2 * n * W));
                          for (int64_t t = 0; t < n; ++t) {
                            dequantize_rows(type, keys + t * stride, wide.data() + t * W, 1, W);
