@@ -243,8 +243,8 @@ struct Scratch {
   std::vector<float> scores;                       // (the unit's query heads) × Tk
   std::vector<float> chunk;                        // a chunk of positions' rows widened, for caches not stored as float32
   std::vector<float> inverse;                      // per query head, 1 / its softmax's sum
-  std::vector<const unsigned char*> key_rows, value_rows;  // each position's row as stored, from the unit's first head
-  std::vector<const void*> widened;                // the rows the products read (in place, or the chunk's)
+  std::vector<const void*> key_rows, value_rows;  // each position's row as stored, from the unit's first head
+  std::vector<const void*> widened;               // a chunk's rows widened (caches the products do not read in place)
 };
 
 // Positions widened at a time for caches not stored as float32: their rows stay in L1 or L2 between the widening and
@@ -280,17 +280,13 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
   const bool in_place = kv.type == WeightType::F32 || kReadsInPlace;
   const int64_t chunk = in_place ? Tk : chunk_positions(width);
   if (!in_place) scratch.chunk.resize(static_cast<size_t>(chunk * width));
-  scratch.widened.resize(static_cast<size_t>(Tk));
-  auto widen = [&](const std::vector<const unsigned char*>& stored, int64_t t0, int64_t t1) -> const void* const* {
+  if (!in_place) scratch.widened.resize(static_cast<size_t>(Tk));
+  auto widen = [&](const std::vector<const void*>& stored, int64_t t0, int64_t t1) -> const void* const* {
+    if (in_place) return stored.data();
     for (int64_t t = t0; t < t1; ++t) {
-      const unsigned char* row = stored[static_cast<size_t>(t)];
-      if (in_place) {
-        scratch.widened[static_cast<size_t>(t)] = row;
-      } else {
-        float* out = scratch.chunk.data() + (t - t0) * width;
-        dequantize_rows(kv.type, row, out, 1, width);
-        scratch.widened[static_cast<size_t>(t)] = out;
-      }
+      float* out = scratch.chunk.data() + (t - t0) * width;
+      dequantize_rows(kv.type, stored[static_cast<size_t>(t)], out, 1, width);
+      scratch.widened[static_cast<size_t>(t)] = out;
     }
     return scratch.widened.data();
   };
@@ -306,7 +302,7 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
   // AVX-512's 32 registers, so AVX2 takes 2 keys at a time for groups of more than 2 query heads. Rows are
   // prefetched across the pages' ends.
   const int64_t P = kLanes == 16 || std::min<int64_t>(per, 4) <= 2 ? 4 : 2;
-  auto prefetch_rows = [&](const std::vector<const unsigned char*>& rows, int64_t t) {
+  auto prefetch_rows = [&](const std::vector<const void*>& rows, int64_t t) {
     for (int64_t p = t + kAhead; p < std::min(Tk, t + kAhead + P); ++p) __builtin_prefetch(rows[static_cast<size_t>(p)], 0, 0);
   };
   // Head g's slice of a row the products read, as E (a Q8_0 head is D / 32 blocks)
@@ -317,7 +313,7 @@ void decode_unit(const AttentionDims& dims, const AttentionOptions& options, flo
   // Every position of `stored`, a chunk at a time, n_here (P, or 1 at the end) positions a step: for each K/V head g and
   // each group of c ≤ 4 of its query heads (unit head j = its first), body(r, n_here, t, g, i, j, c) with r[p] head g's
   // slice of position t + p as E
-  auto walk = [&]<class E>(const std::vector<const unsigned char*>& stored, E* tag, auto&& body) {
+  auto walk = [&]<class E>(const std::vector<const void*>& stored, E* tag, auto&& body) {
     for (int64_t c0 = 0; c0 < Tk; c0 += chunk) {
       const int64_t c1 = std::min(Tk, c0 + chunk);
       const void* const* rows = widen(stored, c0, c1);
