@@ -7,7 +7,9 @@
 //     reads (every weight matrix once per step, whatever the batch, plus each sequence's keys and values);
 //   - the block cache's peak memory against the positions it held (memory follows the tokens, not a context).
 //   qkv_session_bench [--shape qwen3-0.6b|small] [--prompts N] [--tokens N] [--threads N] [--repeats N] [--smoke]
-//                     [--batch-only]  (the batch alone, for a profiler)
+//                     [--weights bf16|f16|q8_0|q4_0|q4_k|...] [--batch-only]  (the batch alone, for a profiler)
+// --weights keeps the blocks' matrices in that storage type (Decoder::store_matrices), as a quantized GGUF or `qkv
+// generate --weights` holds them: a step then reads fewer bytes, and the batch's rows share each block's unpacking.
 // With --kv-types CONTEXT: instead, one sequence of a CONTEXT-token prompt then --tokens new ones on each KV cache type
 // (f32, f16, bf16, q8_0; --kv-cache), in one run: the cache's bytes, decoding tok/s against float32's, and how far
 // the narrow caches move the logits and the greedy tokens.
@@ -21,12 +23,14 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "peak.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/gemm.hpp"
+#include "qkv/kernels/quant.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/nn/decoder.hpp"
 #include "qkv/nn/generate.hpp"
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
   std::string shape = "qwen3-0.6b";
   int64_t prompts = 8, tokens = 32, kv_context = 0;
   bool products_only = false, batch_only = false;
+  std::optional<qkv::kernels::WeightType> weights;
   int threads = 2, repeats = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -169,6 +174,14 @@ int main(int argc, char** argv) {
     else if (a == "--kv-types") kv_context = std::stoll(next());
     else if (a == "--products") products_only = true;
     else if (a == "--batch-only") batch_only = true;  // (for profiling the batch: no runs one at a time)
+    else if (a == "--weights") {
+      const std::string name = next();
+      weights = qkv::kernels::weight_type_from_name(name);
+      if (!weights) {
+        std::fprintf(stderr, "--weights %s: not a storage type (bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k)\n", name.c_str());
+        return 2;
+      }
+    }
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -182,12 +195,19 @@ int main(int argc, char** argv) {
   auto t = Clock::now();
   qkv::nn::Decoder model(config, gen);
   model.eval();
-  std::printf("%s: %lld parameters (random, float32) made in %.1f s; %d threads\n", shape.c_str(),
-              static_cast<long long>(model.parameter_count()), since(t), threads);
+  if (weights) model.store_matrices(*weights);
+  std::printf("%s: %lld parameters (random; the blocks' matrices %s) made in %.1f s; %d threads\n", shape.c_str(),
+              static_cast<long long>(model.parameter_count()),
+              weights ? qkv::kernels::weight_type_name(*weights) : "float32", since(t), threads);
   if (kv_context > 0) return kv_types(model, kv_context, tokens, repeats);
-  int64_t matrix_bytes = 0;
-  for (const auto& p : config.layout())
-    if (p.shape.rank() == 2) matrix_bytes += p.shape.numel() * 4;
+  int64_t matrix_bytes = 0;  // as stored: what a step reads
+  for (const auto& p : config.layout()) {
+    if (p.shape.rank() != 2) continue;
+    const qkv::Tensor& w = model.parameter(p);
+    const qkv::kernels::WeightType type = w.weight_type();
+    matrix_bytes += type == qkv::kernels::WeightType::F32 ? p.shape.numel() * 4
+                                                           : p.shape[0] * qkv::kernels::row_bytes(type, p.shape[1]);
+  }
   const int64_t kv_bytes_per_position = config.num_layers * 2 * config.kv_width() * 4;
 
   // Prompts of 12 … 40 tokens

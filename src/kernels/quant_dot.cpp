@@ -452,7 +452,7 @@ template <int R>
 #if defined(QKV_DOT256)
 // The K-quants' two chains for R ≤ 4 rows of X (both vector builds; quant_lanes.cpp's tiles take the same steps). Per
 // block, from each row's partial sums s[r] (8 int32 lanes) and m[r] (4): the exact S and M, then c_S ← fma(float(S),
-// d·d_x, c_S) and c_M ← fma(float(M), dmin·d_x, c_M). One row: c_S and c_M in lanes 0 and 1 of a. More rows: the rows'
+// d·d_x, c_S) and c_M ← fma(float(M), dmin·d_x, c_M). One row: c_S and c_M in lanes 0 and 2 of a. More rows: the rows'
 // sums reduced together by a tree of vphaddd (three for the S of 4 rows, where one row alone takes two), c_S of row r
 // in lane r of a, its c_M in lane r of b.
 template <int R>
@@ -461,12 +461,14 @@ struct KChains {
 
   [[gnu::always_inline]] void step(const __m256i* s, const __m128i* m, uint16_t d, uint16_t dmin,
                                    const Q8KBlock* const* x, int64_t blk) {
-    const __m128 scales = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d | static_cast<uint32_t>(dmin) << 16)));
-    if constexpr (R == 1) {
+    if constexpr (R == 1) {  // c_S in lane 0 of a, c_M in lane 2 (a shuffle and an add where a second vphaddd was slower)
+      const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(d | static_cast<uint64_t>(dmin) << 32)));
       const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s[0]), _mm256_extracti128_si256(s[0], 1));
-      const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(s4, m[0]), _mm_setzero_si128());  // S, M, 0, 0
-      a = _mm_fmadd_ps(_mm_cvtepi32_ps(sm), _mm_mul_ps(scales, _mm_set1_ps(x[0][blk].d)), a);
+      const __m128i t = _mm_hadd_epi32(s4, m[0]);                                    // s0+s1, s2+s3, m0+m1, m2+m3
+      const __m128i sm = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));  // S, ·, M, ·
+      a = _mm_fmadd_ps(_mm_cvtepi32_ps(sm), _mm_mul_ps(d_dmin, _mm_set1_ps(x[0][blk].d)), a);
     } else {
+      const __m128 scales = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d | static_cast<uint32_t>(dmin) << 16)));
       const __m256i z = _mm256_setzero_si256();
       const __m128i zm = _mm_setzero_si128();
       // lanes 0–3: rows 0–3's sums of lanes 0–3 of s, lanes 4–7: of lanes 4–7
@@ -482,7 +484,7 @@ struct KChains {
   // out[r] = c_S − c_M
   [[gnu::always_inline]] void end(float* out) const {
     if constexpr (R == 1) {
-      out[0] = _mm_cvtss_f32(_mm_sub_ss(a, _mm_movehdup_ps(a)));
+      out[0] = _mm_cvtss_f32(_mm_sub_ss(a, _mm_movehl_ps(a, a)));
     } else {
       alignas(16) float y[4];
       _mm_store_ps(y, _mm_sub_ps(a, b));
@@ -504,11 +506,11 @@ template <bool five_bits, int R>
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Q8KBlock*>(act[r]);
 #if defined(QKV_DOT512)
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  // 32 int16 lanes per vector: the first 16 take sub-block a's scale, the last 16 sub-block c's (words of the 16
-  // unpacked scale and min words)
+  // vpshufb patterns, 32 int16 lanes per vector: the first 16 take sub-block a's scale, the last 16 sub-block c's (byte
+  // a or c of each 64-bit lane, and a zero byte)
   auto pattern = [](int a, int c) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(a))),
-                              _mm256_set1_epi16(static_cast<short>(c)), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(a | 0x8000))),
+                              _mm256_set1_epi16(static_cast<short>(c | 0x8000)), 1);
   };
   const __m512i pick02 = pattern(0, 2), pick13 = pattern(1, 3), pick46 = pattern(4, 6), pick57 = pattern(5, 7);
   // Q5_K: the fifth bit of each byte of the four vectors (lo/hi nibbles of the two 64-byte halves), one bit per half
@@ -522,8 +524,8 @@ template <bool five_bits, int R>
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
-    const __m256i words = _mm256_cvtepu8_epi16(unpack_scales_mins(blk.scales));  // scales 0–7, mins 0–7
-    const __m512i words512 = _mm512_castsi256_si512(words);
+    const KScalesMins words = scales_mins_words(blk.scales);
+    const __m512i scale_bytes = _mm512_set1_epi64(static_cast<long long>(words.scales));
     const __m512i a = _mm512_loadu_si512(blk.qs), c = _mm512_loadu_si512(blk.qs + 64);
     __m512i v[4] = {_mm512_and_si512(a, nibble), _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble),
                     _mm512_and_si512(c, nibble), _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble)};
@@ -532,9 +534,9 @@ template <bool five_bits, int R>
       const __m512i bit[4] = {bit02, bit13, bit46, bit57};
       for (int i = 0; i < 4; ++i) v[i] = _mm512_mask_add_epi8(v[i], _mm512_test_epi8_mask(h, bit[i]), v[i], sixteen);
     }
-    const __m512i scale[4] = {_mm512_permutexvar_epi16(pick02, words512), _mm512_permutexvar_epi16(pick13, words512),
-                              _mm512_permutexvar_epi16(pick46, words512), _mm512_permutexvar_epi16(pick57, words512)};
-    const __m128i mins = _mm256_extracti128_si256(words, 1);
+    const __m512i scale[4] = {_mm512_shuffle_epi8(scale_bytes, pick02), _mm512_shuffle_epi8(scale_bytes, pick13),
+                              _mm512_shuffle_epi8(scale_bytes, pick46), _mm512_shuffle_epi8(scale_bytes, pick57)};
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(words.mins)));
     __m256i s[R];
     __m128i m[R];
     for (int r = 0; r < R; ++r) {
@@ -548,13 +550,14 @@ template <bool five_bits, int R>
   }
   chains.end(out);
 #elif defined(QKV_DOT256)
-  // Per block: the scales of sub-blocks 2p and 2p + 1 picked from a register by vpshufb, the fifth bits moved to bit 4
+  // Per block: the scales and mins unpacked in general-purpose registers (scales_mins_words), the scales of sub-blocks
+  // 2p and 2p + 1 picked from their broadcast bytes by vpshufb, the fifth bits moved to bit 4
   // by one shift each (ggml's AVX2 kernel is built the same way; a scalar loop over the mins and per-value compares ran
   // ~25% slower than it); S and M reduced by KChains (the float work per block was as much before, on 8 lanes each,
   // and then a row took two horizontal sums).
   const __m256i nibble = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
-  // vpshufb patterns: the int16 scale j in every lane
-  auto scale_pattern = [](int j) { return _mm256_set1_epi16(static_cast<short>((2 * j) | ((2 * j + 1) << 8))); };
+  // vpshufb patterns: the int16 scale j (byte j of each 64-bit lane, and a zero byte) in every lane
+  auto scale_pattern = [](int j) { return _mm256_set1_epi16(static_cast<short>(j | 0x8000)); };
   const __m256i pick[8] = {scale_pattern(0), scale_pattern(1), scale_pattern(2), scale_pattern(3),
                            scale_pattern(4), scale_pattern(5), scale_pattern(6), scale_pattern(7)};
   // bit b of each byte of h moved to bit 4 (16-bit shifts by at most 4 keep each byte's bits in the byte that matters)
@@ -566,9 +569,9 @@ template <bool five_bits, int R>
   for (int64_t b = 0; b < blocks; ++b) {
     const Block& blk = w[b];
     simd::prefetch(reinterpret_cast<const unsigned char*>(&blk) + kPrefetchBytes, sizeof(Block));
-    const __m256i words = _mm256_cvtepu8_epi16(unpack_scales_mins(blk.scales));  // scales 0–7, mins 0–7
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(words));
-    const __m128i mins = _mm256_extracti128_si256(words, 1);
+    const KScalesMins words = scales_mins_words(blk.scales);
+    const __m256i scales = _mm256_set1_epi64x(static_cast<long long>(words.scales));
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(words.mins)));
     __m256i sum[R], h = _mm256_setzero_si256();
     for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
     if constexpr (five_bits) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
@@ -655,7 +658,7 @@ template <int R>
   }
   for (int r = 0; r < R; ++r) out[r] = sum16(acc[r]);
 #elif defined(QKV_DOT256)
-  const __m256i nibble = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(0x03);
+  const __m256i nibble = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30);
   // vpshufb patterns over a register holding 8 int16 scales in each 128-bit lane: scale j in the low lane's 8 int16 and
   // scale j + 1 in the high lane's (the 16 values each covers)
   auto scale_pair = [](int j) {
@@ -678,14 +681,14 @@ template <int R>
       // the 8 scales of these 128 values in both lanes
       const __m256i scales = g == 0 ? _mm256_permute2x128_si256(scales16, scales16, 0x00)
                                     : _mm256_permute2x128_si256(scales16, scales16, 0x11);
-      // values 32i … 32i + 31 of the 128: nibbles of a0/a1, high bits 2i … 2i + 1 of h
+      // values 32i … 32i + 31 of the 128: nibbles of a0/a1, high bits 2i … 2i + 1 of h moved to bits 4–5 by one
+      // 16-bit shift each (what crosses into the byte beside is masked off)
       const __m256i level[4] = {
-          _mm256_or_si256(_mm256_and_si256(a0, nibble), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
-          _mm256_or_si256(_mm256_and_si256(a1, nibble), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), nibble),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(a0, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(a1, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), nibble), _mm256_and_si256(h, bits45)),
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), nibble),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
+                          _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45))};
       for (int i = 0; i < 4; ++i) {
         const __m256i scale = _mm256_shuffle_epi8(scales, pick[i]);  // scales 2i, 2i + 1 of the 8
         for (int r = 0; r < R; ++r)
