@@ -11,7 +11,9 @@
 // process had its CPUs is printed beside them.
 //   - with --ggml-cpu PATH (a libggml-cpu-*.so, e.g. npm's node-llama-cpp's prebuilt llama.cpp), the same one-row
 //     products through ggml's own kernels (its vec_dot against activations its from_float quantized beforehand), rows
-//     split between the threads as qkv splits them: the peer, in the same run.
+//     split between the threads as qkv splits them: the peer, in the same run;
+//   - on one thread, the one-row product of a 256 × 1024 matrix held in L2 (qkv, and ggml's beside it): the kernels'
+//     own cost, the memory aside.
 //   qkv_quant_bench [--threads 1,2] [--types q4_0,q4_k,...] [--ggml-cpu PATH] [--smoke]
 #include <dlfcn.h>
 #include <omp.h>
@@ -281,7 +283,30 @@ int main(int argc, char** argv) {
                   median(type_bandwidths) / token_bytes);
     }
 
-    // ---- one row: qkv against ggml's kernels ----
+    // ---- one row: qkv against ggml's kernels, from memory and from L2 ----
+    // Seconds per product of qkv and of ggml (0 without --ggml-cpu) on `copies` copies of the shape, alternating rounds
+    // so both see the same load.
+    auto one_row = [&](WeightType type, const Shape& s, int64_t copies, int64_t min_calls) {
+      const Weights w(type, s.N, s.K, copies);
+      std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
+      fill(x.data(), s.K, 7);
+      std::vector<unsigned char> act(ggml_path.empty() ? 0 : static_cast<size_t>(ggml.activation_bytes(type, s.K)));
+      double t_qkv = 0, t_ggml = 0;
+      for (int round = 0; round < 2; ++round) {
+        t_qkv += per_call(w.copies, runs, min_calls, [&](int64_t c) {
+          qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N);
+        });
+        if (ggml_path.empty()) continue;
+        // ggml's kernels alone: its activations quantized once, outside the timing (ggml's mul_mat quantizes them
+        // per product, with its scalar quantize_row_q8_K_ref for the K-quants: ~10 µs a row of 1024 here, more
+        // than its dot products of a 1024 × 1024 matrix; qkv's times include its own quantization, ~0.3 µs)
+        ggml.quantize(type, x.data(), act.data(), s.K);
+        t_ggml += per_call(w.copies, runs, min_calls, [&](int64_t c) {
+          ggml.product(type, w.view(c).data, s.N, s.K, act.data(), y.data());
+        });
+      }
+      return std::pair{t_qkv / 2, t_ggml / 2};
+    };
     if (!ggml_path.empty()) {
       std::printf("\none row, qkv against ggml's vec_dot (%s): GB/s of weight bytes, qkv / ggml\n", ggml_path.c_str());
       for (WeightType type : types) {
@@ -289,27 +314,26 @@ int main(int argc, char** argv) {
         for (const Shape& s : shapes) {
           if (s.N > 100000 && !smoke) continue;  // the head: as the others, and slow to fill
           const int64_t one = qkv::kernels::row_bytes(type, s.K) * s.N;
-          const Weights w(type, s.N, s.K, std::max<int64_t>(1, pool / one));
-          std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
-          fill(x.data(), s.K, 7);
-          std::vector<unsigned char> act(static_cast<size_t>(ggml.activation_bytes(type, s.K)));
-          double t_qkv = 0, t_ggml = 0;
-          for (int round = 0; round < 2; ++round) {  // alternating, so both see the same load
-            t_qkv += per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
-              qkv::kernels::gemm_weight(w.view(c), 1, x.data(), s.K, 0.0f, y.data(), s.N);
-            });
-            // ggml's kernels alone: its activations quantized once, outside the timing (ggml's mul_mat quantizes them
-            // per product, with its scalar quantize_row_q8_K_ref for the K-quants: ~10 µs a row of 1024 here, more
-            // than its dot products of a 1024 × 1024 matrix; qkv's times include its own quantization, ~0.3 µs)
-            ggml.quantize(type, x.data(), act.data(), s.K);
-            t_ggml += per_call(w.copies, runs, smoke ? 2 : 8, [&](int64_t c) {
-              ggml.product(type, w.view(c).data, s.N, s.K, act.data(), y.data());
-            });
-          }
-          std::printf("  %s %5.1f / %5.1f (%.2fx)", s.name, 2 * one / t_qkv / 1e9, 2 * one / t_ggml / 1e9, t_ggml / t_qkv);
+          const auto [t_qkv, t_ggml] = one_row(type, s, std::max<int64_t>(1, pool / one), smoke ? 2 : 8);
+          std::printf("  %s %5.1f / %5.1f (%.2fx)", s.name, one / t_qkv / 1e9, one / t_ggml / 1e9, t_ggml / t_qkv);
           std::fflush(stdout);
         }
         std::printf("\n");
+      }
+    }
+    // The same kernels with the matrix in L2, the memory aside: what each costs in instructions. On one thread only
+    // (a product this small is not split).
+    if (threads == 1) {
+      const Shape l2{"256x1024", smoke ? 64 : 256, smoke ? 256 : 1024, 0};
+      std::printf("\none row from L2 (one %s matrix, again and again): GB/s of weight bytes%s\n", l2.name,
+                  ggml_path.empty() ? "" : ", qkv / ggml");
+      for (WeightType type : types) {
+        const int64_t one = qkv::kernels::row_bytes(type, l2.K) * l2.N;
+        const auto [t_qkv, t_ggml] = one_row(type, l2, 1, smoke ? 20 : 4000);
+        std::printf("  %-6s %5.1f", qkv::kernels::weight_type_name(type), one / t_qkv / 1e9);
+        if (!ggml_path.empty()) std::printf(" / %5.1f (%.2fx)", one / t_ggml / 1e9, t_ggml / t_qkv);
+        std::printf("\n");
+        std::fflush(stdout);
       }
     }
 
