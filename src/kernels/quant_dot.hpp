@@ -129,8 +129,8 @@ inline __m128i unpack_scales_mins(const uint8_t* packed) {
 // The same unpacking in general-purpose registers, for the one-row kernels: scales 0–7 in the bytes of `scales`
 // (byte j: scale j), mins 0–7 in those of `mins`. Their vector ports are busy with the products, while the integer
 // ones idle; the scales reach a vector by one broadcast, and vpshufb picks each as an int16 from its byte. The Q4_K
-// one-row kernel ran 17–20% faster so than with unpack_scales_mins (AVX2, weights from L2, Zen 5). (ggml's four
-// 32-bit words, put into a vector by inserts, had been 14% slower: the inserts are vector work.)
+// one-row kernel ran ~25% faster so than with unpack_scales_mins (AVX2, weights from L2, Zen 5: 21–22 → 27–28 GB/s).
+// (ggml's four 32-bit words, put into a vector by inserts, had been 14% slower: the inserts are vector work.)
 struct KScalesMins {
   uint64_t scales, mins;
 };
