@@ -203,10 +203,7 @@ int main(int argc, char** argv) {
   int64_t matrix_bytes = 0;  // as stored: what a step reads
   for (const auto& p : config.layout()) {
     if (p.shape.rank() != 2) continue;
-    const qkv::Tensor& w = model.parameter(p);
-    const qkv::kernels::WeightType type = w.weight_type();
-    matrix_bytes += type == qkv::kernels::WeightType::F32 ? p.shape.numel() * 4
-                                                           : p.shape[0] * qkv::kernels::row_bytes(type, p.shape[1]);
+    matrix_bytes += p.shape[0] * qkv::kernels::row_bytes(model.parameter(p).weight_type(), p.shape[1]);
   }
   const int64_t kv_bytes_per_position = config.num_layers * 2 * config.kv_width() * 4;
 
