@@ -487,9 +487,8 @@ TEST(Quant, RowsInLanesFollowThePerBlockChainBitForBit) {
 // is, bit for bit, c_S − c_M over two scalar float32 chains: per block, the exact integers S = Σ_j scale_j·Σ q_w·q_x
 // and M = Σ_j min_j·Σ q_x (j over the 8 sub-blocks of 32 values), then c_S ← fma(float(S), d·d_x, c_S) and c_M ←
 // fma(float(M), dmin·d_x, c_M). X is quantized as ggml's q8_K (per 256 values, the signed largest value maps to −127,
-// q = nearest integer, to even). Both the one-row kernel (1 and 3 rows of X; 6 in AVX-512 builds) and the tiles (70;
-// 6 in AVX2 builds) follow it, for 1 and 4 blocks, 37 rows of W (a partial last tile), on 1 and 2 threads. Elsewhere
-// (the plain C++ build): close to it.
+// q = nearest integer, to even). Both the one-row kernel (1, 3 and 6 rows of X) and the tiles (70) follow it, for 1
+// and 4 blocks, 37 rows of W (a partial last tile), on 1 and 2 threads. Elsewhere (the plain C++ build): close to it.
 TEST(Quant, KQuantRowsFollowTheirTwoChainsBitForBit) {
   for (const int64_t K : {int64_t{256}, int64_t{1024}}) {
     const int64_t N = 37, blocks = K / 256;

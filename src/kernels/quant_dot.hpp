@@ -174,15 +174,21 @@ inline constexpr int kLanesChains = 1;
 inline constexpr int64_t kLanesTileRows = 8;
 inline constexpr int kLanesChains = 8;
 #endif
-// The rows of X from which Q4_K and Q5_K go to the tiles (fewer: the one-row kernel, kMaxDotRows rows of X per pass
-// over W). Unpacking a tile of 16 rows (AVX-512) costs about what 8 rows of X take in the one-row kernel (one thread,
-// W from memory: 8 rows 4.9 GB/s of W in the tiles, 7.0 in the one-row kernel's two passes; 16 rows 4.0 in the tiles);
-// AVX2's 8-row tiles already match it at 8 rows (4.15 against 4.00).
-#if defined(QKV_DOT512)
+// More than kMaxDotRows rows of X pass over W in chunks of about this many bytes of its rows (at least a tile's), each
+// group of kMaxDotRows rows of X in turn, so that W comes from memory once and from the caches for the other groups.
+// (Before, each group walked the whole of W: 8 rows of X read it twice from memory.)
+inline constexpr int64_t kDotChunkBytes = int64_t{32} << 10;
+// The rows of X from which Q4_K and Q5_K go to the tiles (fewer: the one-row kernel, kMaxDotRows rows of X at a time
+// over chunks of W). Unpacking a tile of 16 rows (AVX-512) costs about what 8 rows of X take in the one-row kernel
+// (one thread, W from memory: 8 rows 4.9 GB/s of W in the tiles, 7.0 in the one-row kernel's two passes; 16 rows 4.0
+// in the tiles). AVX2's 8-row tiles matched the one-row kernel at 8 rows until its Q4_K unpacking moved to integer
+// registers; since then, with the chunks, two groups of 4 rows take 0.72–0.83× the tiles' time at 8 rows (gate, up
+// 3072 × 1024, one thread; qkv_quant_bench's streaming table) and match them at 16.
 inline constexpr int kKTileRows = 9;
-#else
-inline constexpr int kKTileRows = kMaxDotRows + 1;
-#endif
+// Likewise the AVX2 build's Q4_0 and Q8_0 run their few-rows kernels (each row of W read alone) up to this many rows
+// of X, in groups of 4 over chunks of W; more go to the tiles unpacked once for all. At 8 rows the groups took 0.85–0.9×
+// (Q4_0) and 0.7–0.8× (Q8_0) the tiles' time, at 16 about the same.
+inline constexpr int kLanesDirectRows = 8;
 #if defined(QKV_DOT512) || defined(QKV_DOT256)
 // dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_lanes.cpp)
 void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,

@@ -600,7 +600,8 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
 // c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact; Q4_0's w the nibble − 8): the same
 // whatever the number of rows of X, their place among the others or the threads. Eight chains, not the AVX-512
 // build's one, because each of the two kernels below can then keep its own natural layout:
-//   few rows of X (generation): each row of W is read alone, one sequential stream, as the one-row kernels of
+//   few rows of X (generation, and batches of up to kLanesDirectRows sequences: groups of 4 rows of X in turn over
+//     chunks of W that stay in the caches): each row of W is read alone, one sequential stream, as the one-row kernels of
 //     quant_dot.cpp read it (Q4_0: two blocks per vector against Q4_0Pair's activations); a tree of vphaddd turns 8
 //     blocks' partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8
 //     chains. (With one chain, the sums had to be transposed so that rows of W own the lanes: 20–30% more
@@ -1000,7 +1001,7 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
   natural.resize(static_cast<size_t>(count));
   for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
   const Q8Block* const* xs = natural.data();
-  if (count > kGroup) {
+  if (count > kLanesDirectRows) {
     if (q8) tiles<Q8TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);
     else tiles<TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);
     return;
@@ -1014,10 +1015,15 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
   for (int r = 0; r < count; ++r)
     for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
   const __m256* d = reinterpret_cast<const __m256*>(dx.data());
-  each_group(count, [&](auto R, int) {  // (one group: count ≤ 4)
-    if (q8) rows_q8_0<R>(base, row_bytes, rows, blocks, xs, d, beta, out, ld);
-    else rows_q4_0<R>(base, row_bytes, rows, blocks, xs, d, beta, out, ld);
-  });
+  const int64_t chunk = count <= kGroup ? rows : std::max<int64_t>(kTile, kDotChunkBytes / row_bytes);
+  for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
+    const unsigned char* at = base + n0 * row_bytes;
+    const int64_t n = std::min(chunk, rows - n0);
+    each_group(count, [&](auto R, int m0) {
+      if (q8) rows_q8_0<R>(at, row_bytes, n, blocks, xs + m0, d + m0 * groups, beta, out + n0 + m0 * ld, ld);
+      else rows_q4_0<R>(at, row_bytes, n, blocks, xs + m0, d + m0 * groups, beta, out + n0 + m0 * ld, ld);
+    });
+  }
 }
 
 #endif
