@@ -297,6 +297,22 @@ TEST(Session, TheBooksGptBatchedEqualsAlone) {
   expect_batched_equals_alone(model, "book GPT");
 }
 
+// The same on quantized storage (as a GGUF or --weights holds it), 256 wide so that every block format applies: a
+// decoding step's 2–5 rows go through the few-rows kernels in groups of 4, or the tiles, and must give each sequence
+// the bits it gets alone.
+TEST(Session, BatchedEqualsAloneOnQuantizedStorage) {
+  for (const kernels::WeightType type : {kernels::WeightType::Q8_0, kernels::WeightType::Q4_0, kernels::WeightType::Q4_K,
+                                         kernels::WeightType::Q6_K}) {
+    Generator gen(321);
+    nn::Decoder model(nn::GPTConfig{.vocab_size = 61, .context_length = 48, .emb_dim = 256, .n_heads = 4,
+                                    .n_layers = 2, .drop_rate = 0.0, .qkv_bias = true},
+                      gen);
+    model.eval();
+    model.store_matrices(type);
+    expect_batched_equals_alone(model, std::string("book GPT, ") + kernels::weight_type_name(type));
+  }
+}
+
 // ---- threads ----
 
 // The governor may run any step on 1 thread or on all: that is only safe because a step gives the same bits either
