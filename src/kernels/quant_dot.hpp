@@ -182,12 +182,13 @@ inline constexpr int64_t kDotChunkBytes = int64_t{32} << 10;
 // over chunks of W). Unpacking a tile of 16 rows (AVX-512) costs about what 8 rows of X take in the one-row kernel
 // (one thread, W from memory: 8 rows 4.9 GB/s of W in the tiles, 7.0 in the one-row kernel's two passes; 16 rows 4.0
 // in the tiles). AVX2's 8-row tiles matched the one-row kernel at 8 rows until its Q4_K unpacking moved to integer
-// registers; since then, with the chunks, two groups of 4 rows take 0.72–0.83× the tiles' time at 8 rows (gate, up
-// 3072 × 1024, one thread; qkv_quant_bench's streaming table) and match them at 16.
+// registers; since then, with the chunks, two groups of 4 rows take 0.72–0.83× the tiles' time at 8 rows in
+// qkv_quant_bench's streaming table (gate, up 3072 × 1024, one thread) and match them at 16; from memory, 0.88–1.02×
+// (docs/performance.md, "Batches of 5–8 rows on AVX2").
 inline constexpr int kKTileRows = 9;
 // Likewise the AVX2 build's Q4_0 and Q8_0 run their few-rows kernels (each row of W read alone) up to this many rows
-// of X, in groups of 4 over chunks of W; more go to the tiles unpacked once for all. At 8 rows the groups took 0.85–0.9×
-// (Q4_0) and 0.7–0.8× (Q8_0) the tiles' time, at 16 about the same.
+// of X, in groups of 4 over chunks of W; more go to the tiles unpacked once for all. At 8 rows from memory the groups
+// took 0.83–0.97× (Q4_0) and 0.68–0.96× (Q8_0) the tiles' time; at 16, about the same as the tiles.
 inline constexpr int kLanesDirectRows = 8;
 #if defined(QKV_DOT512) || defined(QKV_DOT256)
 // dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_lanes.cpp)

@@ -600,8 +600,8 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
 // c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact; Q4_0's w the nibble − 8): the same
 // whatever the number of rows of X, their place among the others or the threads. Eight chains, not the AVX-512
 // build's one, because each of the two kernels below can then keep its own natural layout:
-//   few rows of X (generation, and batches of up to kLanesDirectRows sequences: groups of 4 rows of X in turn over
-//     chunks of W that stay in the caches): each row of W is read alone, one sequential stream, as the one-row kernels of
+//   few rows of X (generation, and batches of up to kLanesDirectRows rows: groups of 4 rows of X in turn over chunks
+//     of W that stay in the caches): each row of W is read alone, one sequential stream, as the one-row kernels of
 //     quant_dot.cpp read it (Q4_0: two blocks per vector against Q4_0Pair's activations); a tree of vphaddd turns 8
 //     blocks' partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8
 //     chains. (With one chain, the sums had to be transposed so that rows of W own the lanes: 20–30% more
