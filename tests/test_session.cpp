@@ -301,8 +301,8 @@ TEST(Session, TheBooksGptBatchedEqualsAlone) {
 // decoding step's 2–5 rows go through the few-rows kernels in groups of 4, or the tiles, and must give each sequence
 // the bits it gets alone.
 TEST(Session, BatchedEqualsAloneOnQuantizedStorage) {
-  for (const kernels::WeightType type : {kernels::WeightType::Q8_0, kernels::WeightType::Q4_0, kernels::WeightType::Q4_K,
-                                         kernels::WeightType::Q6_K}) {
+  using kernels::WeightType;
+  for (const WeightType type : {WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_K, WeightType::Q6_K}) {
     Generator gen(321);
     nn::Decoder model(nn::GPTConfig{.vocab_size = 61, .context_length = 48, .emb_dim = 256, .n_heads = 4,
                                     .n_layers = 2, .drop_rate = 0.0, .qkv_bias = true},
