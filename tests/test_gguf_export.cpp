@@ -491,8 +491,14 @@ TEST(GgufExport, MistakesAreRefusedWithTheReason) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("(llama, q8_0)"), std::string::npos) << r.out;
   EXPECT_EQ(run_cli("quantize --checkpoint " + folder + " --out " + out + " --type q4_0").code, 2);
-  EXPECT_EQ(run_cli("quantize --checkpoint " + folder + " --out " + out + " --type q4_0 --overwrite").code, 0);
+  // (the model and the output also without their names, as `qkv quantize SRC OUT.gguf` and `qkv generate MODEL`)
+  r = run_cli("quantize " + folder + " " + out + " --type q4_0 --overwrite");
+  EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(io::GgufFile::open(out).integer("general.file_type"), 2);
+  r = run_cli("generate " + out + " --prompt hi --max-new-tokens 2 --greedy");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 new tokens"), std::string::npos) << r.out;
+  EXPECT_EQ(run_cli("generate " + out + " --checkpoint " + out + " --prompt hi").code, 2) << "the model given twice";
   fs::remove(out);
 }
 

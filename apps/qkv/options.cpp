@@ -104,11 +104,12 @@ void add_config_options(CLI::App& command, nn::ConfigHint& hint) {
 }
 
 void add_model_options(CLI::App& command, ModelOptions& m) {
-  auto* ckpt = command.add_option("--checkpoint", m.checkpoint,
+  // (also the first argument without a name: `qkv generate model.gguf --prompt …`, as llama.cpp and ollama users type)
+  auto* ckpt = command.add_option("--checkpoint,MODEL", m.checkpoint,
                                   "The model: a qkv checkpoint, a PyTorch .pth (the book's model.pth or "
                                   "model_and_optimizer.pth), a safetensors state dict (book or Hugging Face names), "
                                   "a Hugging Face model folder (config.json, safetensors, tokenizer.json), or a GGUF "
-                                  "file (llama.cpp's; quantized blocks kept as they are)")
+                                  "file (llama.cpp's; quantized blocks kept as they are); --checkpoint may be left out")
       ->transform(folder_path());
   auto* gpt2 = command.add_option("--gpt2", m.gpt2_path, "GPT-2 weights: Hugging Face model.safetensors");
   ckpt->excludes(gpt2);

@@ -59,9 +59,13 @@ int run_quantize(const QuantizeCommand& o) {
 
 Runner setup_quantize(CLI::App& cmd, CommandContext&) {
   auto o = std::make_shared<QuantizeCommand>();
-  cmd.add_option("--checkpoint", o->checkpoint, "The model: a Hugging Face folder (with its tokenizer.json) or a GGUF file")
+  // (or without the names, in this order: qkv quantize SRC OUT.gguf --type q4_k_m)
+  cmd.add_option("--checkpoint,SRC", o->checkpoint,
+                 "The model: a Hugging Face folder (with its tokenizer.json) or a GGUF file; --checkpoint may be left out")
       ->required()->transform(folder_path());
-  cmd.add_option("--out", o->out, "The GGUF file to write (written to a temporary beside it, renamed when whole)")->required();
+  cmd.add_option("--out,OUT", o->out,
+                 "The GGUF file to write (written to a temporary beside it, renamed when whole); --out may be left out")
+      ->required();
   cmd.add_option("--type", o->type, "The matrices' type: " + nn::gguf_file_type_names() + " (plain types: every matrix; "
                                     "q4_k_m, q5_k_m: llama.cpp's mixes; mxfp4_moe: a mixture of experts' experts MXFP4, the rest q8_0, as gpt-oss is "
                                     "published)")

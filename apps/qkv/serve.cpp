@@ -34,7 +34,9 @@ ServeCommand& serve_command() {
 Runner setup_serve(CLI::App& command, CommandContext&) {
   ServeCommand& c = serve_command();
   CLI::App* cmd = &command;
-  cmd->add_option("--checkpoint", c.checkpoint, "The model: a Hugging Face folder or any checkpoint qkv reads")->required();
+  cmd->add_option("--checkpoint,MODEL", c.checkpoint,
+                  "The model: a Hugging Face folder or any checkpoint qkv reads; --checkpoint may be left out")
+      ->required();
   cmd->add_option("--adapter", c.adapter, "A PEFT LoRA adapter folder to apply");
   cmd->add_option("--host", c.server.host, "Address to listen on (127.0.0.1: this machine only)")->capture_default_str();
   cmd->add_option("--port", c.server.port, "Port to listen on (0: any free one, printed)")->capture_default_str()
