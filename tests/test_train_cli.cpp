@@ -231,7 +231,9 @@ TEST_F(TrainCli, BadInputsGetClearMessagesAndNothingIsLost) {
       {"train --lr inf --text " + (dir_ / "text.txt").string() + shape, "finite", 2},
       {"train --seed -1 --text " + (dir_ / "text.txt").string() + shape, "non-negative", 2},
       {"train --lr abc", "lr", 2},
-      {"generate --prompt hi", "give the model: --checkpoint FILE (or the file first, without --checkpoint), or --gpt2 FILE", 2},
+      {"generate --prompt hi", "give the model: --checkpoint FILE (or the file first, without --checkpoint), or --gpt2 FILE",
+       2},
+      {"generate hi --checkpoint " + checkpoint, "--checkpoint was given twice", 2},
       {"generate --checkpoint " + (dir_ / "text.txt").string(), "text.txt", 1},
       {"generate --gpt2 " + std::string(QKV_FIXTURES) + "/gpt2_tiny_hf.safetensors --prompt hello", "outside the vocabulary", 1},
       // A text that never ends, integer options, picture options.

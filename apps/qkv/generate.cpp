@@ -26,7 +26,8 @@
 namespace qkv::cli {
 
 LoadedModel load_model(const ModelOptions& options) {
-  if (options.checkpoint.empty() && options.gpt2_path.empty()) throw UsageError("give the model: --checkpoint FILE (or the file first, without --checkpoint), or --gpt2 FILE");
+  if (options.checkpoint.empty() && options.gpt2_path.empty())
+    throw UsageError("give the model: --checkpoint FILE (or the file first, without --checkpoint), or --gpt2 FILE");
   nn::PretrainedOptions o;
   o.hint = options.hint;
   o.vocab_dir = options.vocab_dir;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "commands.hpp"
@@ -112,6 +113,20 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // The model (and quantize's output) may also come without its name, before the options. A bare word before
+    // `--checkpoint FILE` is then taken for a second model, which CLI11 reports as "At Most 1 required": most often a
+    // text that lost its option's name.
+    const std::string what = e.what();
+    if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) &&
+        (what.rfind("--checkpoint:", 0) == 0 || what.rfind("--out:", 0) == 0)) {
+      const std::string name = what.substr(0, what.find(':'));
+      std::fprintf(stderr,
+                   "qkv: usage error: %s was given twice: by its name and as an argument without one (the model may "
+                   "come first without --checkpoint, and quantize's output second without --out); a text meant for "
+                   "an option needs its name, e.g. --prompt \"...\"\n",
+                   name.c_str());
+      return 2;
+    }
     const int code = app.exit(e);  // prints help/version to stdout, errors to stderr
     return code == 0 ? 0 : 2;
   }
