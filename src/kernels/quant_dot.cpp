@@ -911,7 +911,10 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
     return dot_rows_in_lanes(w, row_bytes, rows, x, count, beta, out, ld);
 #endif
   const unsigned char* base = static_cast<const unsigned char*>(w);
-  const int64_t chunk = count <= kMaxDotRows ? rows : std::max<int64_t>(8, kDotChunkBytes / row_bytes);
+  if (count <= 0) return;
+  const WeightType type = x[0]->type();
+  const int64_t K = x[0]->size();
+  const int64_t chunk = dot_chunk_rows(count, rows, row_bytes, 8);
   for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
     const unsigned char* at = base + n0 * row_bytes;
     const int64_t chunk_rows = std::min(chunk, rows - n0);
@@ -919,8 +922,6 @@ void dot_rows(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
       const int n = std::min(kMaxDotRows, count - first);
       const unsigned char* act[kMaxDotRows];
       for (int r = 0; r < n; ++r) act[r] = x[first + r]->data();
-      const WeightType type = x[first]->type();
-      const int64_t K = x[first]->size();
       float* o = out + first * ld + n0;
       switch (n) {
         case 1: dot_rows_of<1>(type, at, row_bytes, chunk_rows, act, K, beta, o, ld); break;

@@ -178,6 +178,13 @@ inline constexpr int kLanesChains = 8;
 // group of kMaxDotRows rows of X in turn, so that W comes from memory once and from the caches for the other groups.
 // (Before, each group walked the whole of W: 8 rows of X read it twice from memory.)
 inline constexpr int64_t kDotChunkBytes = int64_t{32} << 10;
+// The rows of W per chunk for `count` rows of X: all of them for one group, else kDotChunkBytes' worth, at least
+// `at_least` (a tile).
+constexpr int64_t dot_chunk_rows(int count, int64_t rows, int64_t row_bytes, int64_t at_least) {
+  if (count <= kMaxDotRows) return rows;
+  const int64_t fit = kDotChunkBytes / row_bytes;
+  return fit > at_least ? fit : at_least;
+}
 // The rows of X from which Q4_K and Q5_K go to the tiles (fewer: the one-row kernel, kMaxDotRows rows of X at a time
 // over chunks of W). Unpacking a tile of 16 rows (AVX-512) costs about what 8 rows of X take in the one-row kernel
 // (one thread, W from memory: 8 rows 4.9 GB/s of W in the tiles, 7.0 in the one-row kernel's two passes; 16 rows 4.0

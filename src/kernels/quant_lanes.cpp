@@ -1015,7 +1015,7 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
   for (int r = 0; r < count; ++r)
     for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
   const __m256* d = reinterpret_cast<const __m256*>(dx.data());
-  const int64_t chunk = count <= kGroup ? rows : std::max<int64_t>(kTile, kDotChunkBytes / row_bytes);
+  const int64_t chunk = dot_chunk_rows(count, rows, row_bytes, kTile);
   for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
     const unsigned char* at = base + n0 * row_bytes;
     const int64_t n = std::min(chunk, rows - n0);
