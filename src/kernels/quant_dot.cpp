@@ -5,8 +5,8 @@
 // memory's rate only if the work per byte stays small: the activations are laid out once per row in the order and
 // with the per-lane scales and offsets each kernel consumes, so the loop over the weight row does loads, the unpacking
 // of its bits, one integer product per 32–64 values and one float multiply-add per group of blocks. (Q4_0 and Q8_0 in
-// the AVX-512 VNNI and AVX2 builds go to quant_lanes.cpp instead: 16 or 8 rows of W at a time, one per lane, and in
-// the AVX2 build one row at a time for few rows of X. So do Q4_K and Q5_K from kKTileRows rows of X.)
+// the AVX-512 VNNI and AVX2 builds go to quant_lanes.cpp instead: one row of W at a time for few rows of X, 16 or 8
+// rows of W at a time, one per lane, for more. So do Q4_K and Q5_K from kKTileRows rows of X.)
 #include "quant_dot.hpp"
 
 #include <algorithm>
@@ -27,19 +27,11 @@ constexpr int64_t kPrefetchBytes = 8192;
 
 // ---- the activation layouts ----
 // Every block in natural order first (Q8Block per 32, Q8KBlock per 256): the references, the tails and the kernels
-// without a packed layout read these (Q8Block and Q8KBlock: quant_dot.hpp). Then, for Q4_0 in the AVX2 build and
-// MXFP4, the packed groups.
+// without a packed layout read these (Q8Block and Q8KBlock: quant_dot.hpp). Then, for Q4_0 and MXFP4, the packed
+// groups.
 
 #if defined(QKV_DOT512)
-// (Q8_0 and Q4_0 go to quant_lanes.cpp in this build, which reads the natural blocks.) MXFP4, four blocks per step:
-// the 16 low nibbles of each block (values 0–15) side by side, then the 16 high ones (values 16–31); each block owns
-// 4 lanes of the int32 sums (4k … 4k + 3), which start from −12·Σq (the kernel's weight levels are the values + 12).
-struct alignas(64) Q4_0Quad {
-  int8_t low[64];
-  int8_t high[64];
-  int32_t bias[16];
-  float xs[16];
-};
+// AVX-512 Q4_0 and MXFP4: Q4_0Quad (quant_dot.hpp). (Q8_0 reads the natural blocks.)
 constexpr int kQ4_0Group = 4;
 using Q4_0Group = Q4_0Quad;
 #elif defined(QKV_DOT256)
@@ -838,13 +830,9 @@ void ActivationRow::quantize(WeightType type, const float* x, int64_t K) {
   const bool k_quant = is_k_quant(type);
   const int64_t blocks = K / (k_quant ? kQK_K : kQK), base = natural_bytes(type, K);
   int64_t packed = 0;
-  // MXFP4 takes Q4_0's groups (the same order of values), with its own offset in the bias
-  // (the AVX-512 VNNI build's Q4_0 lanes read the natural blocks only; the AVX2 build's read the pairs for few rows)
-#if defined(QKV_DOT512)
-  [[maybe_unused]] const bool q4_groups = (type == WeightType::Q4_0 && !takes_all_rows(type)) || type == WeightType::MXFP4;
-#else
+  // MXFP4 takes Q4_0's groups (the same order of values), with its own offset in the bias (Q4_0's few-rows kernels
+  // read the groups, its tiles the natural blocks)
   [[maybe_unused]] const bool q4_groups = type == WeightType::Q4_0 || type == WeightType::MXFP4;
-#endif
   [[maybe_unused]] const int32_t offset = type == WeightType::MXFP4 ? 12 : 8;  // the kernel's unsigned weight levels are q + offset
   if (q4_groups && kQ4_0Group > 1) packed = blocks / kQ4_0Group * int64_t{sizeof(Q4_0Group)};
   const size_t needed = static_cast<size_t>(base + packed + 64);

@@ -72,11 +72,20 @@ class ActivationRow {
   unsigned char* data_ = nullptr;  // storage_, 64-byte aligned
 };
 
-#if defined(QKV_DOT256) && !defined(QKV_DOT512)
-// The AVX2 build's Q4_0 (and MXFP4) activations, after the natural blocks: two blocks per 256-bit step, the low
-// nibbles' partners of both (values 0 … 15 of block 2p, then of 2p + 1), then the high ones'; block k of the pair owns
-// int32 lanes 4k … 4k + 3, which start from bias (−offset·Σq in the first, zeros after: Q4_0's offset 8, MXFP4's 12).
-// Read by quant_lanes.cpp's Q4_0 kernel for few rows and quant_dot.cpp's MXFP4 kernel.
+#if defined(QKV_DOT512)
+// The AVX-512 build's Q4_0 (and MXFP4) activations, after the natural blocks: four blocks per 512-bit step, the 16 low
+// nibbles' partners of each block (values 0 … 15) side by side, then the 16 high ones' (values 16 … 31); block k of
+// the quad owns int32 lanes 4k … 4k + 3, which start from bias (−offset·Σq in the first, zeros after: Q4_0's offset
+// 8, MXFP4's 12), and xs holds its scale in those lanes. Read by quant_lanes.cpp's Q4_0 kernel for few rows and
+// quant_dot.cpp's MXFP4 kernel.
+struct alignas(64) Q4_0Quad {
+  int8_t low[64];
+  int8_t high[64];
+  int32_t bias[16];
+  float xs[16];
+};
+#elif defined(QKV_DOT256)
+// The AVX2 build's: the same two blocks per 256-bit step (block k of the pair owns lanes 4k … 4k + 3).
 struct alignas(64) Q4_0Pair {
   int8_t low[32];
   int8_t high[32];
@@ -84,6 +93,9 @@ struct alignas(64) Q4_0Pair {
   float dx[2];
   float pad[6];
 };
+#endif
+
+#if defined(QKV_DOT256)
 
 // acc + Σ of four adjacent u8 × s8 products in each int32 lane: vpdpbusd where the build has a 256-bit one, else
 // vpmaddubsw (pairs into int16: callers keep |u·s| pairs below 32768) and vpmaddwd with ones.
@@ -164,16 +176,15 @@ constexpr bool takes_all_rows(WeightType type) {
 #endif
 }
 // The rows of W those kernels take at once (one per int32 lane); a thread's slice of W is a multiple of it. And the
-// chains the blocks of Q4_0 and Q8_0 are summed in: a row of Y is the sum of kLanesChains float32 chains, chain j over
-// the blocks b ≡ j (mod kLanesChains) in order (quant_lanes.cpp). (Q4_K and Q5_K: a chain of the scaled sums and one
-// of the mins, see quant_dot.cpp's dot_q45_K.)
+// chains the blocks of Q4_0 and Q8_0 are summed in, in both builds: a row of Y is the sum of kLanesChains float32
+// chains, chain j over the blocks b ≡ j (mod kLanesChains) in order (quant_lanes.cpp). (Q4_K and Q5_K: a chain of the
+// scaled sums and one of the mins, see quant_dot.cpp's dot_q45_K.)
 #if defined(QKV_DOT512)
 inline constexpr int64_t kLanesTileRows = 16;
-inline constexpr int kLanesChains = 1;
 #else
 inline constexpr int64_t kLanesTileRows = 8;
-inline constexpr int kLanesChains = 8;
 #endif
+inline constexpr int kLanesChains = 8;
 // More than kMaxDotRows rows of X pass over W in chunks of about this many bytes of its rows (at least a tile's), each
 // group of kMaxDotRows rows of X in turn, so that W comes from memory once and from the caches for the other groups.
 // (Before, each group walked the whole of W: 8 rows of X read it twice from memory.)
@@ -193,10 +204,16 @@ constexpr int64_t dot_chunk_rows(int count, int64_t rows, int64_t row_bytes, int
 // qkv_quant_bench's streaming table (gate, up 3072 × 1024, one thread) and match them at 16; from memory, 0.88–1.02×
 // (docs/performance.md, "Batches of 5–8 rows on AVX2").
 inline constexpr int kKTileRows = 9;
-// Likewise the AVX2 build's Q4_0 and Q8_0 run their few-rows kernels (each row of W read alone) up to this many rows
-// of X, in groups of 4 over chunks of W; more go to the tiles unpacked once for all. At 8 rows from memory the groups
-// took 0.83–0.97× (Q4_0) and 0.68–0.96× (Q8_0) the tiles' time; at 16, about the same as the tiles.
+// Likewise Q4_0 and Q8_0 run their few-rows kernels (each row of W read alone) up to this many rows of X, in groups
+// of 4 over chunks of W; more go to the tiles unpacked once for all. AVX2 build, at 8 rows from memory the groups took
+// 0.83–0.97× (Q4_0) and 0.68–0.96× (Q8_0) the tiles' time; at 16, about the same as the tiles. The AVX-512 build's
+// 16-row tiles cost less per row of X: at 8 rows they took 0.6–1.2× the groups' time (Q8_0 0.6–0.65×), at 4 rows
+// 1.0–1.4×, at 2 rows 1.5–2.7× (qkv_quant_bench's streaming table, 1 and 2 threads).
+#if defined(QKV_DOT512)
+inline constexpr int kLanesDirectRows = 4;
+#else
 inline constexpr int kLanesDirectRows = 8;
+#endif
 #if defined(QKV_DOT512) || defined(QKV_DOT256)
 // dot_rows for the types of takes_all_rows, the rows of W in the lanes of a vector (quant_lanes.cpp)
 void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const ActivationRow* const* x, int count,

@@ -9,17 +9,15 @@
 // values of a block against a row of X are 8 vpdpbusd with that row's 4 bytes broadcast, and one float multiply-add
 // per block serves 16 rows of W.
 //
-// A row of Y is y[n] = acc after acc ← fma(float(Σ_j level_j·q_j − offset·Σ_j q_j), d_w·d_x, acc) over the blocks in
-// order (from 0; the integer sum is exact): the same whatever the number of rows of X, their place among the others
-// or the threads, so a batch gives each sequence the values it gets alone.
-//   few rows of X (generation): each block of a tile is unpacked from the rows as they lie in the file (a 4-byte
-//     transpose of the 16 rows' bytes, the 16 scales merged a few blocks at a time) and multiplied at once, in
-//     registers;
-//   more rows: the tile is unpacked once into a buffer (576 bytes per block: 18 KiB at K = 1024, in L1 or L2) and
-//     every group of 4 rows of X passes over it.
+// A row of Y is the sum of 8 chains of its blocks' products (below, "few rows of X"): the same whatever the number of
+// rows of X, their place among the others or the threads, so a batch gives each sequence the values it gets alone,
+// and the same in both builds.
+//   few rows of X (generation): each row of W read alone, one stream, as the one-row kernels read it;
+//   more rows: a tile of rows of W is unpacked once into a buffer (AVX-512: 576 bytes per block, 18 KiB at K = 1024,
+//     in L1 or L2) and every group of 4 rows of X passes over it, each block into its chain.
 // Against the one-row kernels (Qwen3-0.6B's shapes, one Zen 5 thread, alternating builds): 512 rows of X, Q4_0 and
-// Q8_0 products ~2.5–3× faster (Q8_0 3072 × 1024: 148 → 410–459 GFLOP/s); in generation the transposes cost about
-// what the old kernels' per-row float work did (Q8_0 even; Q4_0 within noise on 2 threads, ~5–10% slower on 1).
+// Q8_0 products ~2.5–3× faster (Q8_0 3072 × 1024: 148 → 410–459 GFLOP/s, with one chain per row; 8 chains cost the
+// tiles 5–10%).
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -91,7 +89,8 @@ void each_tile(const unsigned char* base, int64_t row_bytes, int64_t rows, int64
   }
 }
 
-// Calls f(std::integral_constant<int, R>{}, m0) for rows m0 … m0 + R − 1 of X, R ≤ 4, over `count` rows.
+// Calls f(std::integral_constant<int, R>{}, m0) for rows m0 … m0 + R − 1 of X, R ≤ 4, over `count` rows. (Groups of 8
+// rows ran 10% slower at 512 rows in the AVX-512 tiles.)
 template <class F>
 void each_group(int count, F&& f) {
   for (int m0 = 0; m0 < count; m0 += 4) {
@@ -207,6 +206,256 @@ void unpack_k_block(const TileRows<8>& rows, int64_t at, KTileBlock<five_bits>& 
                   _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves + 8))));
 }
 
+// ---- Q4_0 and Q8_0, few rows of X: each row of W read alone, its blocks in 8 chains (both builds) ----
+// A row of Y is y = ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)), where chain c_j ← fma(float(Σ w·q), d_w·d_x,
+// c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact; Q4_0's w the nibble − 8): the same
+// whatever the number of rows of X, their place among the others or the threads, and the same in both builds. For few
+// rows of X (generation, and batches of up to kLanesDirectRows rows: groups of 4 rows of X in turn over chunks of W
+// that stay in the caches) each row of W is read alone, one sequential stream; a tree of vphaddd turns 8 blocks'
+// partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8 chains. The tiles
+// for more rows (each build's, below) walk the same chains.
+//
+// Why not the tiles for few rows too: to multiply as it reads, a tile must read its 8 or 16 rows side by side, and
+// that many streams a row's width apart read memory slower than one (software prefetches and all). The AVX-512 build
+// did so (one chain per row, 16 rows transposed as read) until a later stop: its one-row products read W at 61–82% of
+// one thread's read bandwidth, where this kernel reads 80–106% (docs/performance.md, "One stream per row of W on
+// AVX-512 too").
+
+constexpr int64_t kRowPrefetchBytes = 8192;  // quant_dot.cpp's distance for a thread's one stream of W
+
+// The lane of block k of a group of 8 in the few-rows kernel's vectors: the even blocks in the low half.
+constexpr int lane_of(int k) { return (k % 2) * 4 + k / 2; }
+
+// The sum of the 8 chains, held as lane_of places them: the halves added, then lanes 2, 3 to 0, 1, then those two.
+[[gnu::always_inline]] inline float sum_chains(__m256 c) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));  // c0+c1, c2+c3, c4+c5, c6+c7
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (c0+c1)+(c4+c5), (c2+c3)+(c6+c7)
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// The end of a row of W for the few-rows kernels: its last blocks in plain C++ (rows whose length is not a multiple of
+// 256; exact(r, b) is block b's exact integer sum against row r of X), whose lanes past the end multiply 0 by 0 and
+// leave their chains as they are; then out[r·ld] = the chains' sum (+ beta·out).
+template <int R, class Exact>
+[[gnu::always_inline]] inline void finish_row(const unsigned char* row, int64_t block_bytes, int64_t blocks,
+                                              const __m256* dx, int64_t groups, __m256* acc, Exact&& exact, float beta,
+                                              float* out, int64_t ld) {
+  const int64_t full = blocks / 8;
+  if (full < groups) {
+    alignas(32) float d[8] = {};
+    for (int64_t b = 8 * full; b < blocks; ++b)
+      d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * block_bytes));
+    for (int r = 0; r < R; ++r) {
+      alignas(32) int32_t sums[8] = {};
+      for (int64_t b = 8 * full; b < blocks; ++b) sums[lane_of(static_cast<int>(b - 8 * full))] = exact(r, b);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
+                               _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float y = sum_chains(acc[r]);
+    out[r * ld] = beta == 0.0f ? y : y + beta * out[r * ld];
+  }
+}
+
+// Rows of W against R ≤ 4 rows of X; dx[r·groups + g] lane lane_of(k): row r's scale of block 8g + k (0 past the end).
+// Each group of 8 blocks is one loop step: the rows' exact block sums, then one multiply-add per row of X.
+template <int R>
+void rows_q4_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
+               const __m256* dx, float beta, float* out, int64_t ld) {
+  constexpr int64_t kBlockBytes = sizeof(BlockQ4_0);
+  const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
+#if defined(QKV_DOT512)
+  const Q4_0Quad* quads[R];
+  for (int r = 0; r < R; ++r) quads[r] = reinterpret_cast<const Q4_0Quad*>(x[r] + blocks);
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  auto q16 = [](const unsigned char* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  // block k's exact sums against every row of X: 4 blocks per vector (block k's 16 bytes in its 128-bit lane k),
+  // their int32 lanes 4k … 4k + 3 from Q4_0Quad's bias; the halves of the two vectors are then the AVX2 build's four
+  // pairs of blocks, summed by the same tree
+  auto group_sums = [&](const unsigned char* at, int64_t g, __m256i* sums) {
+    __m512i low[2], high[2];
+    for (int h = 0; h < 2; ++h) {
+      const unsigned char* q = at + 4 * h * kBlockBytes + 2;
+      const __m512i v = _mm512_inserti32x4(
+          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(q16(q)), q16(q + kBlockBytes), 1),
+                             q16(q + 2 * kBlockBytes), 2),
+          q16(q + 3 * kBlockBytes), 3);
+      low[h] = _mm512_and_si512(v, nibble);
+      high[h] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    for (int r = 0; r < R; ++r) {
+      __m256i s[4];  // block 2p in the low 4 lanes of s[p], 2p + 1 in the high 4
+      for (int h = 0; h < 2; ++h) {
+        const Q4_0Quad& xq = quads[r][2 * g + h];
+        __m512i v = _mm512_dpbusd_epi32(_mm512_load_si512(xq.bias), low[h], _mm512_load_si512(xq.low));
+        v = _mm512_dpbusd_epi32(v, high[h], _mm512_load_si512(xq.high));
+        s[2 * h] = _mm512_castsi512_si256(v);
+        s[2 * h + 1] = _mm512_extracti64x4_epi64(v, 1);
+      }
+      // in-lane pair sums twice: block k's exact sum in lane lane_of(k)
+      sums[r] = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    }
+  };
+#else
+  const Q4_0Pair* pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(x[r] + blocks);
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  // two blocks per vector (block 2p in the low half, 2p + 1 in the high), against Q4_0Pair's activations
+  auto group_sums = [&](const unsigned char* at, int64_t g, __m256i* sums) {
+    __m256i low[4], high[4];
+    for (int p = 0; p < 4; ++p) {
+      const unsigned char* wb = at + 2 * p * kBlockBytes;
+      const __m256i v = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kBlockBytes + 2)), 1);
+      low[p] = _mm256_and_si256(v, nibble);
+      high[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    }
+    for (int r = 0; r < R; ++r) {
+      __m256i s[4];  // block 2p in the low 4 lanes of s[p], 2p + 1 in the high 4
+      for (int p = 0; p < 4; ++p) {
+        const Q4_0Pair& xp = pairs[r][4 * g + p];
+        const __m256i bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.bias));
+        const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.low));
+        const __m256i xh = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.high));
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+        s[p] = dot_u8s8(dot_u8s8(bias, low[p], xl), high[p], xh);
+#else  // pairs ≤ 2·15·127; the two halves' sum ≤ 7620 < 32768: one vpmaddwd for both
+        const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[p], xl), _mm256_maddubs_epi16(high[p], xh));
+        s[p] = _mm256_add_epi32(_mm256_madd_epi16(sum16, _mm256_set1_epi16(1)), bias);
+#endif
+      }
+      // in-lane pair sums twice: block k's exact sum in lane lane_of(k)
+      sums[r] = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    }
+  };
+#endif
+  // The scales of a group's 8 blocks (144 bytes), in the lanes of their sums: the half of block 2i at byte 36i, of
+  // 2i + 1 at 36i + 18, so dword i of the 32 bytes from 32i holds the first in its low half (low 128 bits) and the
+  // second in its high half (high 128 bits). Four loads, three blends and two shuffles: a vpgatherdd took as long as
+  // the rest of the group's work.
+  const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+  auto scales = [&](const unsigned char* at) {
+    auto chunk = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * i)); };
+    __m256i v = _mm256_blend_epi32(chunk(0), chunk(1), 0x22);
+    v = _mm256_blend_epi32(_mm256_blend_epi32(v, chunk(2), 0x44), chunk(3), 0x88);
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);  // qwords 0 and 2 to 0 and 1
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  };
+  for (int64_t n = 0; n < rows; ++n) {
+    const unsigned char* row = w + n * bytes;
+    __m256 acc[R];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      const unsigned char* at = row + 8 * g * kBlockBytes;
+      simd::prefetch(at + kRowPrefetchBytes, 8 * kBlockBytes);
+      const __m256 d = scales(at);
+      __m256i sums[R];
+      group_sums(at, g, sums);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
+    }
+    finish_row<R>(row, kBlockBytes, blocks, dx, groups, acc, [&](int r, int64_t b) {
+      const unsigned char* qs = row + b * kBlockBytes + 2;
+      const Q8Block& xb = x[r][b];
+      int32_t s = xb.q4_bias;
+      for (int j = 0; j < 16; ++j) s += (qs[j] & 0xf) * xb.q[j] + (qs[j] >> 4) * xb.q[j + 16];
+      return s;
+    }, beta, out + n, ld);
+  }
+}
+
+// The same for Q8_0: |w| times x with w's sign per block (unsigned × signed for vpmaddubsw, pairs ≤ 2·128·127 <
+// 32768). A block fills a whole vector, so its 8 partial sums take a deeper tree: in-lane pair sums of blocks 0 and 2,
+// 4 and 6 (then 1 and 3, 5 and 7), once more, and the two halves added, which leaves block k in lane lane_of(k).
+template <int R>
+void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
+               const __m256* dx, float beta, float* out, int64_t ld) {
+  constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
+  const __m256i zero = _mm256_setzero_si256();
+  for (int64_t n = 0; n < rows; ++n) {
+    const unsigned char* row = w + n * bytes;
+    __m256 acc[R];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      const unsigned char* at = row + 8 * g * kBytes;
+      simd::prefetch(at + kRowPrefetchBytes, 8 * kBytes);
+      // blocks k0 and k1's pair sums, in-lane (k0's in lanes 0, 1 and 4, 5; k1's in 2, 3 and 6, 7)
+      auto pair = [&](int k0, int k1, __m256i* to) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + k0 * kBytes + 2));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + k1 * kBytes + 2));
+        const __m256i m0 = _mm256_abs_epi8(w0), m1 = _mm256_abs_epi8(w1);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k0].q));
+          const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k1].q));
+          to[r] = _mm256_hadd_epi32(dot_u8s8(zero, m0, _mm256_sign_epi8(x0, w0)),
+                                    dot_u8s8(zero, m1, _mm256_sign_epi8(x1, w1)));
+        }
+      };
+      __m256i a[R], b[R], even[R], odd[R];  // even: blocks 0, 2, 4, 6 (their low halves' sums, then the high ones')
+      pair(0, 2, a);
+      pair(4, 6, b);
+      for (int r = 0; r < R; ++r) even[r] = _mm256_hadd_epi32(a[r], b[r]);
+      pair(1, 3, a);
+      pair(5, 7, b);
+      for (int r = 0; r < R; ++r) odd[r] = _mm256_hadd_epi32(a[r], b[r]);
+      // The scales: block k's half is word lane_of(k) of the 16 bytes from 34k − 2·lane_of(k).
+      auto at16 = [&](int64_t offset) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + offset)); };
+      __m128i h = at16(0);
+      h = _mm_blend_epi16(h, at16(1 * kBytes - 8), 0x10);
+      h = _mm_blend_epi16(h, at16(2 * kBytes - 2), 0x02);
+      h = _mm_blend_epi16(h, at16(3 * kBytes - 10), 0x20);
+      h = _mm_blend_epi16(h, at16(4 * kBytes - 4), 0x04);
+      h = _mm_blend_epi16(h, at16(5 * kBytes - 12), 0x40);
+      h = _mm_blend_epi16(h, at16(6 * kBytes - 6), 0x08);
+      h = _mm_blend_epi16(h, at16(7 * kBytes - 14), 0x80);
+      const __m256 d = _mm256_cvtph_ps(h);
+      for (int r = 0; r < R; ++r) {
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(even[r], odd[r], 0x20),
+                                              _mm256_permute2x128_si256(even[r], odd[r], 0x31));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
+      }
+    }
+    finish_row<R>(row, kBytes, blocks, dx, groups, acc, [&](int r, int64_t b) {
+      const auto* qs = reinterpret_cast<const int8_t*>(row + b * kBytes + 2);
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j) s += qs[j] * x[r][b].q[j];
+      return s;
+    }, beta, out + n, ld);
+  }
+}
+
+// out[r·ld + n] for the `count` ≤ kLanesDirectRows rows of X: groups of 4 rows of X in turn over chunks of W.
+void few_rows(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t blocks, bool q8,
+              const Q8Block* const* xs, int count, float beta, float* out, int64_t ld) {
+  struct alignas(32) Lanes {
+    float v[8];
+  };
+  thread_local std::vector<Lanes> dx;  // [r·groups + g]: as the few-rows kernels read them
+  const int64_t groups = (blocks + 7) / 8;
+  dx.assign(static_cast<size_t>(count * groups), Lanes{});
+  for (int r = 0; r < count; ++r)
+    for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
+  const __m256* d = reinterpret_cast<const __m256*>(dx.data());
+  const int64_t chunk = dot_chunk_rows(count, rows, row_bytes, kLanesTileRows);
+  for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
+    const unsigned char* at = base + n0 * row_bytes;
+    const int64_t n = std::min(chunk, rows - n0);
+    each_group(count, [&](auto R, int m0) {
+      if (q8) rows_q8_0<R>(at, row_bytes, n, blocks, xs + m0, d + m0 * groups, beta, out + n0 + m0 * ld, ld);
+      else rows_q4_0<R>(at, row_bytes, n, blocks, xs + m0, d + m0 * groups, beta, out + n0 + m0 * ld, ld);
+    });
+  }
+}
+
+// The row of Y from its 8 chains (each a vector of the tile's rows), in the order above.
+template <class V, class Add>
+[[gnu::always_inline]] inline V sum_tile_chains(const V* c, Add&& add) {
+  return add(add(add(c[0], c[1]), add(c[4], c[5])), add(add(c[2], c[3]), add(c[6], c[7])));
+}
 #endif
 
 }  // namespace
@@ -216,7 +465,6 @@ void unpack_k_block(const TileRows<8>& rows, int64_t at, KTileBlock<five_bits>& 
 namespace {
 
 constexpr int kTile = 16;  // rows of W per tile: one per int32 lane
-constexpr int kGroup = 4;   // rows of X multiplied together with a tile's block (8 ran 10% slower at 512 rows)
 
 // Block b of a tile, unpacked: v[c] lane n holds values 4c … 4c + 3 of row n as unsigned levels; d its scales.
 struct alignas(64) TileBlock {
@@ -232,8 +480,8 @@ struct Q4_0Tiles {
 
   // Block b of the rows: each row's 16 bytes of nibbles as 4 int32 lanes, transposed so that vector k holds bytes
   // 4k … 4k + 3 of every row, then split into low nibbles (v[k]: values 4k … 4k + 3) and high ones (v[k + 4]: values
-  // 16 + 4k …), the high ones left in place, 16 times their level (the sum is shifted back: see multiply): one
-  // operation each instead of a shift and a mask.
+  // 16 + 4k …), the high ones left in place, 16 times their level (store shifts them
+  // down, once per tile).
   [[gnu::always_inline]] static void unpack(const TileRows<kTile>& rows, int64_t b, __m512i* v) {
     const int64_t at = b * kBlockBytes + 2;
     auto qs = [&](int n) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows.row(n, at))); };
@@ -256,17 +504,15 @@ struct Q4_0Tiles {
     for (int c = 0; c < 4; ++c) _mm512_store_si512(to + c, v[c]);
     for (int c = 4; c < 8; ++c) _mm512_store_si512(to + c, _mm512_srli_epi16(v[c], 4));
   }
-  // The exact integer Σ_j nib_j·q_j − 8·Σ q of each lane: the low nibbles' and the high ones' products in two chains
-  // (each vpdpbusd waits on the one before last); |Σ| ≤ 16·16·15·127, exact in int32. high16: v[4 … 7] as unpack
-  // leaves them (16 times their level), else levels (an unpacked tile's).
-  template <bool high16>
+  // The exact integer Σ_j nib_j·q_j − 8·Σ q of each lane of an unpacked tile's block: the low nibbles' and the high
+  // ones' products in two chains (each vpdpbusd waits on the one before last); |Σ| ≤ 16·16·15·127, exact in int32.
   [[gnu::always_inline]] static __m512i sum(const __m512i* v, const Q8Block& x) {
     __m512i low = _mm512_set1_epi32(x.q4_bias), high = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       low = _mm512_dpbusd_epi32(low, v[c], _mm512_set1_epi32(load_i32(x.q + 4 * c)));
       high = _mm512_dpbusd_epi32(high, v[c + 4], _mm512_set1_epi32(load_i32(x.q + 16 + 4 * c)));
     }
-    return _mm512_add_epi32(low, high16 ? _mm512_srai_epi32(high, 4) : high);
+    return _mm512_add_epi32(low, high);
   }
   // The scales of blocks b … b + 3, d[k] lane n: block b + k of row n. Each row's 64 bytes from block b are merged
   // in a tree of two-source word permutes, 2 rows, 4, 8, then the halves by block (a gather of 16 halves per block
@@ -337,7 +583,6 @@ struct Q8_0Tiles {
     for (int c = 0; c < 8; ++c) _mm512_store_si512(to + c, v[c]);
   }
   // Σ_j (w_j + 128)·q_j − 128·Σ q = Σ_j w_j·q_j, exact in int32 (|Σ| ≤ 32·255·127 + 128·32·127).
-  template <bool>
   [[gnu::always_inline]] static __m512i sum(const __m512i* v, const Q8Block& x) {
     __m512i s[2] = {_mm512_set1_epi32(x.q8_bias), _mm512_setzero_si512()};
     for (int c = 0; c < 8; ++c) s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], v[c], _mm512_set1_epi32(load_i32(x.q + 4 * c)));
@@ -376,11 +621,11 @@ template <class Type>
 }
 
 // acc[r] lane n += the product of block b of tile row n with block b of X's row r, for R rows of X.
-template <class Type, int R, bool unpacked>
+template <class Type, int R>
 [[gnu::always_inline]] inline void multiply_block(const __m512i* v, __m512 d, const Q8Block* const* x, int64_t b, __m512* acc) {
   for (int r = 0; r < R; ++r) {
     const Q8Block& xb = x[r][b];
-    const __m512i sum = Type::template sum<!unpacked>(v, xb);
+    const __m512i sum = Type::sum(v, xb);
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xb.dx)), acc[r]);
   }
 }
@@ -419,34 +664,6 @@ template <class Type, class Use>
   }
 }
 
-// A tile against R ≤ 4 rows of X, unpacked block by block as it is read. Without prefetches generation ran at two
-// thirds of its speed (16 streams a row's width apart are more than the hardware follows). Every block or every third
-// (34 or 54 bytes: no line skipped), for each of the 16 rows: the line of the next tile's row at this block into the
-// L2 cache (in the order the next tile reads them: all of its first rows' lines first left its last rows late; into
-// L1, two tiles of 27 KiB at K = 3072 did not fit), and the line ~108 bytes ahead in this tile into L1 (medians of 11
-// alternating Q4_0 generations on one thread: 43.8 tok/s with the first alone, 46.8 with both; 2 threads 49 → 59).
-template <class Type, int R>
-void tile_direct(const unsigned char* first, int64_t bytes, int64_t blocks, const Q8Block* const* x, int valid,
-                  const unsigned char* next, int next_rows, float beta, float* out, int64_t ld) {
-  constexpr int64_t every = 64 / Type::kBlockBytes, near = 108 / Type::kBlockBytes;
-  __m512 acc[R];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for_each_block<Type>(first, bytes, blocks, [&](int64_t b, const __m512i* v, __m512 d) {
-    if (b % every == 0) {  // all 16 rows (a prefetch past the matrix's end does not fault)
-      if (next_rows > 0) {
-        const TileRows<kTile> ahead = tile_rows<kTile>(next, bytes);
-        for (int n = 0; n < kTile; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(ahead.row(n, b * Type::kBlockBytes)), _MM_HINT_T1);
-      }
-      const TileRows<kTile> here = tile_rows<kTile>(first, bytes);
-      for (int n = 0; n < kTile; ++n)
-        _mm_prefetch(reinterpret_cast<const char*>(here.row(n, (b + near) * Type::kBlockBytes)), _MM_HINT_T0);
-    }
-    multiply_block<Type, R, false>(v, d, x, b, acc);
-  });
-  store<R>(acc, valid, beta, out, ld);
-}
-
 template <class Type>
 void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, TileBlock* tile) {
   for_each_block<Type>(first, bytes, blocks, [&](int64_t b, const __m512i* v, __m512 d) {
@@ -455,14 +672,29 @@ void unpack_tile(const unsigned char* first, int64_t bytes, int64_t blocks, Tile
   });
 }
 
+// The tile against R ≤ 4 rows of X: chain j over the blocks b ≡ j (mod 8), in order.
 template <class Type, int R>
 // (not inlined into the walk over tiles: the four of them inlined there ran 7–12% slower at 8–64 rows of X)
 [[gnu::noinline]] void tile_unpacked(const TileBlock* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
                     int64_t ld) {
-  __m512 acc[R];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) multiply_block<Type, R, true>(tile[b].v, tile[b].d, x, b, acc);
-  store<R>(acc, valid, beta, out, ld);
+  // Each block into its chain, in order (the chains walked one after another, each 4–12 blocks long at K = 1024–3072,
+  // ran 5–10% slower at 512 rows of X; chains 0–3 and then 4–7, their 16 accumulators in registers, 10–20% slower)
+  __m512 chain[R][kLanesChains];
+  for (int r = 0; r < R; ++r)
+    for (auto& c : chain[r]) c = _mm512_setzero_ps();
+  auto block = [&](int64_t b, int j) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = chain[r][j];
+    multiply_block<Type, R>(tile[b].v, tile[b].d, x, b, acc);
+    for (int r = 0; r < R; ++r) chain[r][j] = acc[r];
+  };
+  int64_t b = 0;
+  for (; b + kLanesChains <= blocks; b += kLanesChains)
+    for (int j = 0; j < kLanesChains; ++j) block(b + j, j);
+  for (; b < blocks; ++b) block(b, static_cast<int>(b % kLanesChains));
+  __m512 y[R];
+  for (int r = 0; r < R; ++r) y[r] = sum_tile_chains(chain[r], [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+  store<R>(y, valid, beta, out, ld);
 }
 
 // ---- Q4_K and Q5_K: 16 rows of W in the lanes, from kKTileRows rows of X ----
@@ -562,17 +794,14 @@ void tiles_of(const void* w, int64_t row_bytes, int64_t rows, const ActivationRo
   for (int r = 0; r < count; ++r) natural[r] = reinterpret_cast<const Q8Block*>(x[r]->data());
   const auto* base = static_cast<const unsigned char*>(w);
   thread_local std::vector<unsigned char> tail;
-  thread_local std::vector<TileBlock> unpacked;
-  if (count > kGroup && unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
   const Q8Block* const* xs = natural.data();
+  if (count <= kLanesDirectRows) return few_rows(base, row_bytes, rows, blocks, std::is_same_v<Type, Q8_0Tiles>, xs, count, beta, out, ld);
+  thread_local std::vector<TileBlock> unpacked;
+  if (unpacked.size() < static_cast<size_t>(blocks)) unpacked.resize(static_cast<size_t>(blocks));
   each_tile(base, row_bytes, rows, kTile, tail, [&](const unsigned char* first, int valid, int64_t n0) {
     const int next_rows = static_cast<int>(std::clamp<int64_t>(rows - n0 - valid, 0, kTile));
     const unsigned char* next = base + (n0 + valid) * row_bytes;
     float* o = out + n0;
-    if (count <= kGroup) {
-      each_group(count, [&](auto R, int) { tile_direct<Type, R>(first, row_bytes, blocks, xs, valid, next, next_rows, beta, o, ld); });
-      return;
-    }
     unpack_tile<Type>(first, row_bytes, blocks, unpacked.data());
     for (int n = 0; n < next_rows; ++n) simd::prefetch(next + n * row_bytes, row_bytes);  // (see the AVX2 tiles)
     each_group(count, [&](auto R, int m0) {
@@ -595,32 +824,22 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
 
 #elif defined(QKV_DOT256)
 
-// ---- AVX2: Q4_0 and Q8_0 ----
-// A row of Y is y = ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)), where chain c_j ← fma(float(Σ w·q), d_w·d_x,
-// c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact; Q4_0's w the nibble − 8): the same
-// whatever the number of rows of X, their place among the others or the threads. Eight chains, not the AVX-512
-// build's one, because each of the two kernels below can then keep its own natural layout:
-//   few rows of X (generation, and batches of up to kLanesDirectRows rows: groups of 4 rows of X in turn over chunks
-//     of W that stay in the caches): each row of W is read alone, one sequential stream, as the one-row kernels of
-//     quant_dot.cpp read it (Q4_0: two blocks per vector against Q4_0Pair's activations); a tree of vphaddd turns 8
-//     blocks' partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8
-//     chains. (With one chain, the sums had to be transposed so that rows of W own the lanes: 20–30% more
-//     instructions than the one-row kernel, which runs close to its instruction rate. Reading 8 rows side by side
-//     instead made a thread's slice 8 streams: two threads lost 5–14% of their tokens/s.)
-//   more rows: 8 rows of W in the lanes of each vector (unpacked once into a buffer that stays in L1 or L2), every
-//     chain walked in turn for groups of 4 rows of X. Without vpdpbusd the products are vpmaddubsw's. Q4_0: a nibble
-//     (≤ 15) times an int8 activation, pairs ≤ 2·15·127, so a block's 8 vectors (32 values) are summed in 16 bits
-//     (≤ 8·2·15·127 = 30,480 < 32,768) and widened once by a vpmaddwd: 17 integer operations per block of 8 rows and
-//     a row of X, where the one-row kernel took ~5 per block and row. Q8_0: |w| times x with w's sign, pairs up to
-//     2·128·127, each vector widened: 32 per block of 8 rows, where the one-row kernel took ~7 per block and row.
+// ---- AVX2: Q4_0 and Q8_0, more rows of X ----
+// The chains of the few-rows kernels above (one row of W at a time: with one chain, the sums had to be transposed so
+// that rows of W own the lanes, 20–30% more instructions than the one-row kernel, which runs close to its instruction
+// rate; reading 8 rows side by side instead made a thread's slice 8 streams: two threads lost 5–14% of their
+// tokens/s). More rows: 8 rows of W in the lanes of each vector (unpacked once into a buffer that stays in L1 or L2),
+// every chain walked in turn for groups of 4 rows of X. Without vpdpbusd the products are vpmaddubsw's. Q4_0: a nibble
+// (≤ 15) times an int8 activation, pairs ≤ 2·15·127, so a block's 8 vectors (32 values) are summed in 16 bits
+// (≤ 8·2·15·127 = 30,480 < 32,768) and widened once by a vpmaddwd: 17 integer operations per block of 8 rows and a
+// row of X, where the one-row kernel took ~5 per block and row. Q8_0: |w| times x with w's sign, pairs up to
+// 2·128·127, each vector widened: 32 per block of 8 rows, where the one-row kernel took ~7 per block and row.
 
 namespace {
 
 constexpr int kTile = kLanesTileRows;  // rows of W per tile: one per int32 lane
-constexpr int kGroup = 4;              // rows of X multiplied together with a tile's block
 constexpr int kChains = kLanesChains;  // 8
 constexpr int64_t kBlockBytes = sizeof(BlockQ4_0);
-constexpr int64_t kPrefetchBytes = 8192;  // quant_dot.cpp's distance for a thread's one stream of W
 
 struct alignas(32) TileBlock {
   __m256i v[8];  // v[c] lane n: values 4c … 4c + 3 of row n (c < 4: the low nibbles, values 16 + 4(c − 4) … after)
@@ -632,174 +851,6 @@ struct alignas(32) Q8TileBlock {
   __m256i value[8];      // the values themselves (their signs)
   __m256 d;
 };
-
-// ---- few rows of X ----
-
-// The lane of block k of a group of 8 in the few-rows kernel's vectors: the even blocks in the low half.
-constexpr int lane_of(int k) { return (k % 2) * 4 + k / 2; }
-
-// The sum of the 8 chains, held as lane_of places them: the halves added, then lanes 2, 3 to 0, 1, then those two.
-[[gnu::always_inline]] inline float sum_chains(__m256 c) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));  // c0+c1, c2+c3, c4+c5, c6+c7
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (c0+c1)+(c4+c5), (c2+c3)+(c6+c7)
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// The end of a row of W for the few-rows kernels: its last blocks in plain C++ (rows whose length is not a multiple of
-// 256; exact(r, b) is block b's exact integer sum against row r of X), whose lanes past the end multiply 0 by 0 and
-// leave their chains as they are; then out[r·ld] = the chains' sum (+ beta·out).
-template <int R, class Exact>
-[[gnu::always_inline]] inline void finish_row(const unsigned char* row, int64_t block_bytes, int64_t blocks,
-                                              const __m256* dx, int64_t groups, __m256* acc, Exact&& exact, float beta,
-                                              float* out, int64_t ld) {
-  const int64_t full = blocks / 8;
-  if (full < groups) {
-    alignas(32) float d[8] = {};
-    for (int64_t b = 8 * full; b < blocks; ++b)
-      d[lane_of(static_cast<int>(b - 8 * full))] = half_to_float(load_u16(row + b * block_bytes));
-    for (int r = 0; r < R; ++r) {
-      alignas(32) int32_t sums[8] = {};
-      for (int64_t b = 8 * full; b < blocks; ++b) sums[lane_of(static_cast<int>(b - 8 * full))] = exact(r, b);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums))),
-                               _mm256_mul_ps(_mm256_load_ps(d), dx[r * groups + full]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    const float y = sum_chains(acc[r]);
-    out[r * ld] = beta == 0.0f ? y : y + beta * out[r * ld];
-  }
-}
-
-// Rows of W against R ≤ 4 rows of X; dx[r·groups + g] lane lane_of(k): row r's scale of block 8g + k (0 past the end).
-template <int R>
-void rows_q4_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
-                 const __m256* dx, float beta, float* out, int64_t ld) {
-  const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
-  const Q4_0Pair* pairs[R];
-  for (int r = 0; r < R; ++r) pairs[r] = reinterpret_cast<const Q4_0Pair*>(x[r] + blocks);
-  const __m256i nibble = _mm256_set1_epi8(0x0f);
-  // The scales of a group's 8 blocks (144 bytes), in the lanes of their sums: the half of block 2i at byte 36i, of
-  // 2i + 1 at 36i + 18, so dword i of the 32 bytes from 32i holds the first in its low half (low 128 bits) and the
-  // second in its high half (high 128 bits). Four loads, three blends and two shuffles: a vpgatherdd took as long as
-  // the rest of the group's work.
-  const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,  //
-                                        2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
-  auto scales = [&](const unsigned char* at) {
-    auto chunk = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * i)); };
-    __m256i v = _mm256_blend_epi32(chunk(0), chunk(1), 0x22);
-    v = _mm256_blend_epi32(_mm256_blend_epi32(v, chunk(2), 0x44), chunk(3), 0x88);
-    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);  // qwords 0 and 2 to 0 and 1
-    return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
-  };
-  for (int64_t n = 0; n < rows; ++n) {
-    const unsigned char* row = w + n * bytes;
-    __m256 acc[R];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int64_t g = 0; g < full; ++g) {
-      const unsigned char* at = row + 8 * g * kBlockBytes;
-      simd::prefetch(at + kPrefetchBytes, 8 * kBlockBytes);
-      __m256i low[4], high[4];
-      for (int p = 0; p < 4; ++p) {
-        const unsigned char* wb = at + 2 * p * kBlockBytes;
-        const __m256i v = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kBlockBytes + 2)), 1);
-        low[p] = _mm256_and_si256(v, nibble);
-        high[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-      }
-      const __m256 d = scales(at);
-      for (int r = 0; r < R; ++r) {
-        __m256i s[4];  // block 2p in the low 4 lanes of s[p], 2p + 1 in the high 4
-        for (int p = 0; p < 4; ++p) {
-          const Q4_0Pair& xp = pairs[r][4 * g + p];
-          const __m256i bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.bias));
-          const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.low));
-          const __m256i xh = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp.high));
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-          s[p] = dot_u8s8(dot_u8s8(bias, low[p], xl), high[p], xh);
-#else  // pairs ≤ 2·15·127; the two halves' sum ≤ 7620 < 32768: one vpmaddwd for both
-          const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[p], xl), _mm256_maddubs_epi16(high[p], xh));
-          s[p] = _mm256_add_epi32(_mm256_madd_epi16(sum16, _mm256_set1_epi16(1)), bias);
-#endif
-        }
-        // in-lane pair sums twice: block k's exact sum in lane lane_of(k)
-        const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
-      }
-    }
-    finish_row<R>(row, kBlockBytes, blocks, dx, groups, acc, [&](int r, int64_t b) {
-      const unsigned char* qs = row + b * kBlockBytes + 2;
-      const Q8Block& xb = x[r][b];
-      int32_t s = xb.q4_bias;
-      for (int j = 0; j < 16; ++j) s += (qs[j] & 0xf) * xb.q[j] + (qs[j] >> 4) * xb.q[j + 16];
-      return s;
-    }, beta, out + n, ld);
-  }
-}
-
-// The same for Q8_0: |w| times x with w's sign per block (unsigned × signed for vpmaddubsw, pairs ≤ 2·128·127 <
-// 32768). A block fills a whole vector, so its 8 partial sums take a deeper tree: in-lane pair sums of blocks 0 and 2,
-// 4 and 6 (then 1 and 3, 5 and 7), once more, and the two halves added, which leaves block k in lane lane_of(k).
-template <int R>
-void rows_q8_0(const unsigned char* w, int64_t bytes, int64_t rows, int64_t blocks, const Q8Block* const* x,
-               const __m256* dx, float beta, float* out, int64_t ld) {
-  constexpr int64_t kBytes = sizeof(BlockQ8_0);
-  const int64_t full = blocks / 8, groups = (blocks + 7) / 8;
-  const __m256i zero = _mm256_setzero_si256();
-  for (int64_t n = 0; n < rows; ++n) {
-    const unsigned char* row = w + n * bytes;
-    __m256 acc[R];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int64_t g = 0; g < full; ++g) {
-      const unsigned char* at = row + 8 * g * kBytes;
-      simd::prefetch(at + kPrefetchBytes, 8 * kBytes);
-      // blocks k0 and k1's pair sums, in-lane (k0's in lanes 0, 1 and 4, 5; k1's in 2, 3 and 6, 7)
-      auto pair = [&](int k0, int k1, __m256i* to) {
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + k0 * kBytes + 2));
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + k1 * kBytes + 2));
-        const __m256i m0 = _mm256_abs_epi8(w0), m1 = _mm256_abs_epi8(w1);
-        for (int r = 0; r < R; ++r) {
-          const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k0].q));
-          const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[r][8 * g + k1].q));
-          to[r] = _mm256_hadd_epi32(dot_u8s8(zero, m0, _mm256_sign_epi8(x0, w0)),
-                                    dot_u8s8(zero, m1, _mm256_sign_epi8(x1, w1)));
-        }
-      };
-      __m256i a[R], b[R], even[R], odd[R];  // even: blocks 0, 2, 4, 6 (their low halves' sums, then the high ones')
-      pair(0, 2, a);
-      pair(4, 6, b);
-      for (int r = 0; r < R; ++r) even[r] = _mm256_hadd_epi32(a[r], b[r]);
-      pair(1, 3, a);
-      pair(5, 7, b);
-      for (int r = 0; r < R; ++r) odd[r] = _mm256_hadd_epi32(a[r], b[r]);
-      // The scales: block k's half is word lane_of(k) of the 16 bytes from 34k − 2·lane_of(k).
-      auto at16 = [&](int64_t offset) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + offset)); };
-      __m128i h = at16(0);
-      h = _mm_blend_epi16(h, at16(1 * kBytes - 8), 0x10);
-      h = _mm_blend_epi16(h, at16(2 * kBytes - 2), 0x02);
-      h = _mm_blend_epi16(h, at16(3 * kBytes - 10), 0x20);
-      h = _mm_blend_epi16(h, at16(4 * kBytes - 4), 0x04);
-      h = _mm_blend_epi16(h, at16(5 * kBytes - 12), 0x40);
-      h = _mm_blend_epi16(h, at16(6 * kBytes - 6), 0x08);
-      h = _mm_blend_epi16(h, at16(7 * kBytes - 14), 0x80);
-      const __m256 d = _mm256_cvtph_ps(h);
-      for (int r = 0; r < R; ++r) {
-        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(even[r], odd[r], 0x20),
-                                              _mm256_permute2x128_si256(even[r], odd[r], 0x31));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx[r * groups + g]), acc[r]);
-      }
-    }
-    finish_row<R>(row, kBytes, blocks, dx, groups, acc, [&](int r, int64_t b) {
-      const auto* qs = reinterpret_cast<const int8_t*>(row + b * kBytes + 2);
-      int32_t s = 0;
-      for (int j = 0; j < 32; ++j) s += qs[j] * x[r][b].q[j];
-      return s;
-    }, beta, out + n, ld);
-  }
-}
-
-// ---- more rows of X: 8 rows of W in the lanes ----
-
 
 // Block b of the tile's 8 rows, unpacked: levels 0 … 15 and the 8 scales.
 [[gnu::always_inline]] inline void unpack_q4_0(const TileRows<kTile>& rows, int64_t b, __m256i* v, __m256* d) {
@@ -936,7 +987,7 @@ template <class Block, int R>
 // (not inlined into the walk over tiles: the four of them inlined there ran 7–12% slower at 8–64 rows of X)
 [[gnu::noinline]] void tile_unpacked(const Block* tile, int64_t blocks, const Q8Block* const* x, int valid, float beta, float* out,
                     int64_t ld) {
-  __m256 chain[kChains][R];
+  __m256 chain[R][kChains];
   for (int j = 0; j < kChains; ++j) {
     __m256 acc[R];
     for (auto& a : acc) a = _mm256_setzero_ps();
@@ -946,19 +997,18 @@ template <class Block, int R>
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum(tile[b], xb)), _mm256_mul_ps(tile[b].d, _mm256_set1_ps(xb.dx)),
                                  acc[r]);
       }
-    for (int r = 0; r < R; ++r) chain[j][r] = acc[r];
+    for (int r = 0; r < R; ++r) chain[r][j] = acc[r];
   }
   alignas(32) float dots[kTile];
   for (int r = 0; r < R; ++r) {
-    const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(chain[0][r], chain[1][r]), _mm256_add_ps(chain[4][r], chain[5][r])),
-                                   _mm256_add_ps(_mm256_add_ps(chain[2][r], chain[3][r]), _mm256_add_ps(chain[6][r], chain[7][r])));
+    const __m256 y = sum_tile_chains(chain[r], [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
     _mm256_store_ps(dots, y);
     float* o = out + r * ld;
     for (int n = 0; n < valid; ++n) o[n] = beta == 0.0f ? dots[n] : dots[n] + beta * o[n];
   }
 }
 
-// More rows of X: every tile of W unpacked once, then multiplied by each group of kGroup rows of X.
+// More rows of X: every tile of W unpacked once, then multiplied by each group of 4 rows of X.
 template <class Block, class X>
 void tiles(const unsigned char* base, int64_t row_bytes, int64_t rows, int64_t blocks, const X* const* xs,
            int count, float beta, float* out, int64_t ld) {
@@ -1006,24 +1056,7 @@ void dot_rows_in_lanes(const void* w, int64_t row_bytes, int64_t rows, const Act
     else tiles<TileBlock>(base, row_bytes, rows, blocks, xs, count, beta, out, ld);
     return;
   }
-  struct alignas(32) Lanes {
-    float v[8];
-  };
-  thread_local std::vector<Lanes> dx;  // [r·groups + g]: as the few-rows kernels read them
-  const int64_t groups = (blocks + 7) / 8;
-  dx.assign(static_cast<size_t>(count * groups), Lanes{});
-  for (int r = 0; r < count; ++r)
-    for (int64_t b = 0; b < blocks; ++b) dx[r * groups + b / 8].v[lane_of(static_cast<int>(b % 8))] = xs[r][b].dx;
-  const __m256* d = reinterpret_cast<const __m256*>(dx.data());
-  const int64_t chunk = dot_chunk_rows(count, rows, row_bytes, kTile);
-  for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
-    const unsigned char* at = base + n0 * row_bytes;
-    const int64_t n = std::min(chunk, rows - n0);
-    each_group(count, [&](auto R, int m0) {
-      if (q8) rows_q8_0<R>(at, row_bytes, n, blocks, xs + m0, d + m0 * groups, beta, out + n0 + m0 * ld, ld);
-      else rows_q4_0<R>(at, row_bytes, n, blocks, xs + m0, d + m0 * groups, beta, out + n0 + m0 * ld, ld);
-    });
-  }
+  few_rows(base, row_bytes, rows, blocks, q8, xs, count, beta, out, ld);
 }
 
 #endif

@@ -40,8 +40,8 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // (quant::dot_rows). Threads own contiguous slices of W's rows, so each reads one sequential stream. More than 4 rows
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
 // them — except where quant::takes_all_rows (Q4_0, Q8_0, Q4_K and Q5_K with AVX-512 VNNI or AVX2): that kernel is given
-// every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; AVX2's few rows of X:
-// one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
+// every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; for few rows of X,
+// Q4_0 and Q8_0 one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
 // same order whichever group of 4 its row of X falls in, however many rows of X there are and however the rows of W
 // are split between threads. W may come in parts of one type and width (a layer's q, k and v, or gate and up), their
 // rows taken as one matrix's: one parallel region and one quantization of X for all.
@@ -147,9 +147,8 @@ const char* gemm_weight_backend(WeightType type) {
            " rows of X), a chain of scaled sums and one of mins: " + quant::dot_backend();
   else if (quant::takes_all_rows(type))
     name = "integer dots against 8-bit activations, " + std::to_string(quant::kLanesTileRows) +
-           " rows of W across a vector's lanes" +
-           (quant::kLanesChains > 1 ? ", blocks in " + std::to_string(quant::kLanesChains) + " chains" : std::string()) +
-           ": " + quant::dot_backend();
+           " rows of W across a vector's lanes (one row at a time for up to " + std::to_string(quant::kLanesDirectRows) +
+           " rows of X), blocks in " + std::to_string(quant::kLanesChains) + " chains: " + quant::dot_backend();
   else if (is_block_quantized(type))
     name = std::string("integer dots against 8-bit activations: ") + quant::dot_backend();
   else
