@@ -11,7 +11,7 @@
 //
 // A row of Y is the sum of 8 chains of its blocks' products (below, "few rows of X"): the same whatever the number of
 // rows of X, their place among the others or the threads, so a batch gives each sequence the values it gets alone,
-// and the same in both builds.
+// and computed the same way in both builds.
 //   few rows of X (generation): each row of W read alone, one stream, as the one-row kernels read it;
 //   more rows: a tile of rows of W is unpacked once into a buffer (AVX-512: 576 bytes per block, 18 KiB at K = 1024,
 //     in L1 or L2) and every group of 4 rows of X passes over it, each block into its chain.
@@ -209,11 +209,11 @@ void unpack_k_block(const TileRows<8>& rows, int64_t at, KTileBlock<five_bits>& 
 // ---- Q4_0 and Q8_0, few rows of X: each row of W read alone, its blocks in 8 chains (both builds) ----
 // A row of Y is y = ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)), where chain c_j ← fma(float(Σ w·q), d_w·d_x,
 // c_j) over the blocks b ≡ j (mod 8) in order, from +0 (the integer sums exact; Q4_0's w the nibble − 8): the same
-// whatever the number of rows of X, their place among the others or the threads, and the same in both builds. For few
-// rows of X (generation, and batches of up to kLanesDirectRows rows: groups of 4 rows of X in turn over chunks of W
-// that stay in the caches) each row of W is read alone, one sequential stream; a tree of vphaddd turns 8 blocks'
-// partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8 chains. The tiles
-// for more rows (each build's, below) walk the same chains.
+// whatever the number of rows of X, their place among the others or the threads, and computed the same way in both
+// builds. For few rows of X (generation, and batches of up to kLanesDirectRows rows: groups of 4 rows of X in turn
+// over chunks of W that stay in the caches) each row of W is read alone, one sequential stream; a tree of vphaddd
+// turns 8 blocks' partial sums into their exact sums, one per lane, so one multiply-add per 8 blocks advances all 8
+// chains. The tiles for more rows (each build's, below) add each block into the same chains.
 //
 // Why not the tiles for few rows too: to multiply as it reads, a tile must read its 8 or 16 rows side by side, and
 // that many streams a row's width apart read memory slower than one (software prefetches and all). The AVX-512 build

@@ -41,9 +41,9 @@ std::vector<quant::ActivationRow>& activation_rows() {
 // (prompts, batches) go 16 rows of W at a time, which stay in the L1 cache while every group of 4 rows of X passes over
 // them — except where quant::takes_all_rows (Q4_0, Q8_0, Q4_K and Q5_K with AVX-512 VNNI or AVX2): that kernel is given
 // every row of X and walks W a tile of kLanesTileRows rows at a time itself (one per vector lane; for few rows of X,
-// Q4_0 and Q8_0 one row of W after another), and the slices are whole tiles. A row of Y is computed by the same arithmetic in the
-// same order whichever group of 4 its row of X falls in, however many rows of X there are and however the rows of W
-// are split between threads. W may come in parts of one type and width (a layer's q, k and v, or gate and up), their
+// Q4_0 and Q8_0 one row of W after another), and the slices are whole tiles. A row of Y is computed by the same
+// arithmetic in the same order whichever group of 4 its row of X falls in, however many rows of X there are and
+// however the rows of W are split between threads. W may come in parts of one type and width (a layer's q, k and v, or gate and up), their
 // rows taken as one matrix's: one parallel region and one quantization of X for all.
 void streaming_rows(std::span<const WeightView> parts, int64_t M, const float* X, int64_t ldx, float beta, float* Y,
                     int64_t ldy) {
