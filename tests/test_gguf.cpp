@@ -4,6 +4,9 @@
 // failures). MappedFile and AtomicFileWriter are tested here too, as the reader's and writer's foundations.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +18,7 @@
 #include "qkv/core/error.hpp"
 #include "qkv/io/file.hpp"
 #include "qkv/io/gguf.hpp"
+#include "qkv/kernels/memory.hpp"
 #include "helpers.hpp"
 
 namespace qkv::test {
@@ -690,6 +694,50 @@ TEST(MappedFile, MapsMovesAndNamesFailures) {
   expect_io_error("/dev/zero", "not a regular file");
   std::filesystem::remove(path);
   std::filesystem::remove(empty);
+}
+
+// A converted matrix lets go of the file pages it was read from (memory::release_file_pages): the pages of a registered
+// mapping are dropped and read again from the file when touched; any other memory is left as it is (dropping the pages
+// of memory that was written would zero it).
+// The kB of the mapping starting at `address` resident in this process (/proc/self/smaps), or −1.
+long resident_kb(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in = false;
+  while (std::getline(smaps, line)) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') != std::string::npos)
+      in = std::stoull(line.substr(0, line.find('-')), nullptr, 16) == reinterpret_cast<uintptr_t>(address);
+    else if (in && line.rfind("Rss:", 0) == 0)
+      return std::stol(line.substr(4));
+  }
+  return -1;
+}
+
+TEST(MappedFile, ReleasedPagesReadAgainAndOtherMemoryIsLeftAlone) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), n = 4 * page;
+  std::vector<unsigned char> bytes(n);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
+  const std::string path = scratch("released.bin");
+  io::write_file_atomically(path, std::as_bytes(std::span(bytes)));
+  {
+    const io::MappedFile file = io::MappedFile::open(path);
+    const auto* mapped = reinterpret_cast<const unsigned char*>(file.data());
+    ASSERT_EQ(std::memcmp(mapped, bytes.data(), n), 0);
+    const long before = resident_kb(mapped);
+    memory::release_file_pages(mapped + 1, n - 1);  // the whole pages inside: 3 of the 4
+    if (before >= 0) EXPECT_EQ(resident_kb(mapped), before - static_cast<long>(3 * page / 1024));
+    EXPECT_EQ(std::memcmp(mapped, bytes.data(), n), 0);
+    memory::release_file_pages(mapped, 2 * n);  // past the mapping's end: not a mapping's range, nothing done
+    EXPECT_EQ(std::memcmp(mapped, bytes.data(), n), 0);
+  }
+  // ordinary memory, page-aligned so that whole pages lie inside: left as it is
+  void* raw = std::aligned_alloc(page, n);
+  ASSERT_NE(raw, nullptr);
+  std::memcpy(raw, bytes.data(), n);
+  memory::release_file_pages(raw, n);
+  EXPECT_EQ(std::memcmp(raw, bytes.data(), n), 0);
+  std::free(raw);
+  std::filesystem::remove(path);
 }
 
 TEST(AtomicFileWriter, StreamsLargeAndSmallPiecesAndReplacesWhole) {

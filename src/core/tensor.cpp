@@ -234,6 +234,15 @@ std::shared_ptr<unsigned char> allocate_bytes(int64_t n) {
 }
 }  // namespace
 
+namespace {
+// A bf16 matrix read where its file is mapped (a Hugging Face folder's, kept as stored), converted to another type: a
+// bf16 folder quantized while loading would otherwise keep the file's pages in this process as well as the
+// quantized matrices. A no-op for bf16 values in memory of their own (memory::release_file_pages).
+void release_bf16_pages(const detail::TensorImpl& impl) {
+  if (impl.bf16) memory::release_file_pages(impl.bf16.get(), static_cast<size_t>(impl.shape.numel()) * 2);
+}
+}  // namespace
+
 void Tensor::to_weight_type_(kernels::WeightType type) {
   detail::TensorImpl& impl = checked(impl_);
   if (type == weight_type()) return;
@@ -243,6 +252,9 @@ void Tensor::to_weight_type_(kernels::WeightType type) {
                                          [n = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * 4](float* q) { memory::free_block(q, n); });
     if (!values) throw ValueError("cannot allocate a stored weight's float32 values: not enough memory");
     if (rows * cols > 0) kernels::dequantize_rows(impl.stored_type, impl.stored.get(), values.get(), rows, cols);
+    // Rows read where a file is mapped: this process's copy of their pages is no longer needed (a no-op for other
+    // memory; see memory::release_file_pages).
+    memory::release_file_pages(impl.stored.get(), static_cast<size_t>(rows * kernels::row_bytes(impl.stored_type, cols)));
     impl.storage = values;
     impl.ptr = values.get();
     if (!impl.state) impl.state = std::make_shared<detail::StorageState>();
@@ -258,6 +270,7 @@ void Tensor::to_weight_type_(kernels::WeightType type) {
     impl.storage = w.storage;
     impl.state = w.state;
     impl.ptr = w.ptr;
+    release_bf16_pages(impl);
     impl.bf16.reset();
     impl.dtype = DType::F32;
     return;
@@ -286,6 +299,7 @@ void Tensor::to_weight_type_(kernels::WeightType type) {
   impl.dtype = DType::Stored;
   impl.storage.reset();
   impl.ptr = nullptr;
+  release_bf16_pages(impl);
   impl.bf16.reset();
 }
 

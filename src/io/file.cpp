@@ -226,6 +226,7 @@ MappedFile MappedFile::open(const std::string& path, MapAccess access) {
       throw IoError(path + ": cannot map the file: " + why);
     }
     file.data_ = static_cast<const std::byte*>(address);
+    memory::register_file_mapping(address, file.size_);
     if (access != MapAccess::Normal) ::madvise(address, file.size_, advice_of(access));
   }
   return file;
@@ -255,7 +256,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 MappedFile::~MappedFile() { reset(); }
 
 void MappedFile::reset() noexcept {
-  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (data_) memory::unregister_file_mapping(data_), ::munmap(const_cast<std::byte*>(data_), size_);
   if (fd_ >= 0) ::close(fd_);
   data_ = nullptr;
   size_ = 0;

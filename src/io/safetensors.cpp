@@ -3,6 +3,7 @@
 
 #include "qkv/io/file.hpp"
 #include "qkv/kernels/convert.hpp"
+#include "qkv/kernels/memory.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -135,7 +136,7 @@ struct SafetensorsFile::Mapping {
   int fd = -1;  // kept open: read_weights reads float32 tensors with pread, straight into their destination
   std::vector<std::byte> owned;
   ~Mapping() {
-    if (address) munmap(address, length);
+    if (address) memory::unregister_file_mapping(address), munmap(address, length);
     if (fd >= 0) ::close(fd);
   }
 };
@@ -161,6 +162,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     }
     file.mapping_->address = address;
     file.mapping_->length = size;
+    memory::register_file_mapping(address, size);
     bytes = static_cast<const std::byte*>(address);
   }
   file.mapping_->fd = fd;

@@ -200,6 +200,38 @@ Region::Region(size_t bytes) {
   if (data_) size_ = huge_pages_length(bytes);
 }
 
+namespace {
+std::mutex file_mappings_mutex;
+std::map<uintptr_t, uintptr_t>& file_mappings() {  // start → end of each registered mapping
+  static std::map<uintptr_t, uintptr_t> mappings;
+  return mappings;
+}
+}  // namespace
+
+void register_file_mapping(const void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+  const std::lock_guard<std::mutex> lock(file_mappings_mutex);
+  file_mappings()[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + bytes;
+}
+
+void unregister_file_mapping(const void* p) noexcept {
+  const std::lock_guard<std::mutex> lock(file_mappings_mutex);
+  file_mappings().erase(reinterpret_cast<uintptr_t>(p));
+}
+
+void release_file_pages(const void* p, size_t bytes) noexcept {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  {
+    const std::lock_guard<std::mutex> lock(file_mappings_mutex);
+    const auto& mappings = file_mappings();
+    auto at = mappings.upper_bound(begin);  // the first mapping starting after p; the one before may hold it
+    if (!p || bytes == 0 || at == mappings.begin() || (--at)->second < end) return;
+  }
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 Region::~Region() { unmap_huge_pages(data_, size_); }
 
 Region::Region(Region&& other) noexcept : data_(other.data_), size_(other.size_) {

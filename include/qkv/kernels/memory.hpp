@@ -68,6 +68,14 @@ void* map_huge_pages(size_t bytes, bool reserve_only = false);
 void unmap_huge_pages(void* p, size_t bytes) noexcept;  // p from map_huge_pages(bytes), or null
 size_t huge_pages_length(size_t bytes);  // what map_huge_pages(bytes) maps: whole 2 MiB pages (0 if that overflows)
 
+// Read-only file mappings (io's, of weights files) are registered while they live, so that a tensor converted from
+// rows read in place can let go of this process's copy of their pages: release_file_pages(p, bytes) drops the whole
+// pages inside [p, p + bytes) when that range lies in a registered mapping (they stay in the page cache, and a later
+// read maps them again from the file), and does nothing for any other memory.
+void register_file_mapping(const void* p, size_t bytes);
+void unregister_file_mapping(const void* p) noexcept;
+void release_file_pages(const void* p, size_t bytes) noexcept;
+
 // Address space for memory written in place and let go in pieces (a KV cache's blocks): map_huge_pages(bytes,
 // reserve_only), so no memory is used until a page is written, and then 2 MiB at a time.
 // Not counted by bytes_in_use: its owner counts what it uses. Empty (data() null) when the system refuses the address
