@@ -3,7 +3,7 @@
 // base + the adapters' parameters, gradients and AdamW moments + the activations.
 //
 //   qkv_qlora_bench [--shape qwen3-0.6b|llama-3.2-1b|…] [--weights q4_k,bf16] [--batch 4] [--tokens 128] [--steps 4]
-//                   [--rank 16] [--threads 2] [--dir DIR] [--smoke]
+//                   [--rank 16] [--threads 2] [--dir DIR] [--no-block-cache] [--smoke]
 //
 // The folder (random weights, stored in bf16 as Hugging Face folders are) is made once in a child process. Each
 // storage type then runs in a child of its own, so each peak RSS is that run's alone:
@@ -11,7 +11,9 @@
 //     --weights TYPE` does, the embedding table (the tied head) float32;
 //   rank-r adapters (alpha = r) on every Linear of the blocks, the base frozen;
 //   `steps` AdamW steps of next-token cross-entropy over B × T random tokens (the first a warm-up); the median of the
-//     others is the step time.
+//     others is the step time. Each step reuses the last one's memory blocks, as the trainer and `finetune classify`
+//     do; --no-block-cache measures steps whose activations are fresh pages, as `finetune instruct`'s (its batches
+//     change length).
 // A third child per type measures the activations: the same steps with one rank-1 adapter on the first block's query
 // projection, so the backward keeps every block's activations and the adapters' state is ~nothing. The memory bound
 // is then: RSS after loading (the base) + the activations' growth + the rank-r adapters' state (4 floats a parameter:
@@ -60,7 +62,7 @@ struct Settings {
   std::string shape = "qwen3-0.6b";
   int64_t batch = 4, tokens = 128, rank = 16;
   int steps = 4, threads = 2;
-  bool smoke = false;
+  bool smoke = false, block_cache = true;
 } settings;
 
 // `--run TYPE [--probe]` (a child): prints "step_ms rss_after_load_mib peak_mib state_mib loss0 loss_last".
@@ -99,7 +101,10 @@ int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
     for (int64_t t = 0; t < T; ++t) targets[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : -100;
   std::vector<double> times;
   double first_loss = 0, last_loss = 0;
-  qkv::memory::cache_blocks_for_steps();  // as train::Trainer does, and after each step: steps of one shape
+  // Steps of one shape reuse the last step's memory blocks, as train::Trainer and `finetune classify` do (and after
+  // each step). --no-block-cache: as `finetune instruct`, whose batches change length, each step's activations are
+  // fresh pages.
+  if (settings.block_cache) qkv::memory::cache_blocks_for_steps();
   for (int s = 0; s < settings.steps; ++s) {
     const auto t0 = Clock::now();
     optimizer.zero_grad(true);
@@ -108,7 +113,7 @@ int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
     optimizer.step();
     times.push_back(since(t0));
     (s == 0 ? first_loss : last_loss) = loss.item();
-    qkv::memory::cache_blocks_for_steps();
+    if (settings.block_cache) qkv::memory::cache_blocks_for_steps();
   }
   if (times.size() > 1) times.erase(times.begin());  // the first step allocates and warms up
   std::sort(times.begin(), times.end());
@@ -128,7 +133,8 @@ Run run_of(const char* self, const fs::path& dir, const std::string& type, bool 
                               " --shape " + settings.shape + " --batch " + std::to_string(settings.batch) + " --tokens " +
                               std::to_string(settings.tokens) + " --steps " + std::to_string(settings.steps) +
                               " --rank " + std::to_string(settings.rank) + " --threads " +
-                              std::to_string(settings.threads) + (settings.smoke ? " --smoke" : "");
+                              std::to_string(settings.threads) + (settings.smoke ? " --smoke" : "") +
+                              (settings.block_cache ? "" : " --no-block-cache");
   Run r;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return r;
@@ -187,9 +193,10 @@ int main(int argc, char** argv) {
     else if (a == "--probe") probe = true;
     else if (a == "--make") make = true;
     else if (a == "--smoke") settings.smoke = true;
+    else if (a == "--no-block-cache") settings.block_cache = false;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: qkv_qlora_bench [--shape S] [--weights q4_k,bf16] [--batch B] "
-                   "[--tokens T] [--steps N] [--rank R] [--threads N] [--dir DIR] [--smoke]\n", a.c_str());
+                   "[--tokens T] [--steps N] [--rank R] [--threads N] [--dir DIR] [--no-block-cache] [--smoke]\n", a.c_str());
       return 2;
     }
   }
@@ -219,10 +226,10 @@ int main(int argc, char** argv) {
     if (std::system(command.c_str()) != 0) return 1;
   }
   std::printf("LoRA rank %lld (alpha = rank) on every Linear of the blocks of a %s-shaped decoder, base frozen; "
-              "B %lld × T %lld random tokens, %d AdamW steps (median of the last %d), %d threads\n",
+              "B %lld × T %lld random tokens, %d AdamW steps (median of the last %d), %d threads, block cache %s\n",
               static_cast<long long>(settings.rank), settings.smoke ? "smoke" : settings.shape.c_str(),
               static_cast<long long>(settings.batch), static_cast<long long>(settings.tokens), settings.steps,
-              settings.steps - 1, settings.threads);
+              settings.steps - 1, settings.threads, settings.block_cache ? "on" : "off (--no-block-cache)");
   std::printf("%-6s | %-11s | %9s %9s | %10s %12s %11s %10s %9s | %s\n", "base", "matrices", "step ms", "tok/s", "base MiB",
               "activations", "adapters", "bound MiB", "peak MiB", "loss, first -> last step");
   std::optional<double> bf16_rate;
