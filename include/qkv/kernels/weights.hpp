@@ -52,8 +52,8 @@ void gemm_weight_panels(const WeightView& w, int64_t M, const float* X, int64_t 
 
 // What gemm_weight runs for this type, for benchmark headers: e.g. "AVX-512 VNNI … integer dots". Where it says
 // "rows of W across a vector's lanes", a row of Y is, bit for bit, a fixed sum of float32 chains over the blocks (q,
-// d_x: X's 8-bit blocks): Q4_0 and Q8_0, acc ← fma(float(Σ_j w_j·q_j), d_w·d_x, acc) over the blocks in order (or in 8
-// chains, blocks b ≡ j mod 8, where it says "blocks in 8 chains"); Q4_K and Q5_K, c_S − c_M (quant_dot.cpp's
+// d_x: X's 8-bit blocks): Q4_0 and Q8_0, 8 chains c_j ← fma(float(Σ_j w_j·q_j), d_w·d_x, c_j) over the blocks b ≡ j mod
+// 8 in order, summed ((c₀ + c₁) + (c₄ + c₅)) + ((c₂ + c₃) + (c₆ + c₇)); Q4_K and Q5_K, c_S − c_M (quant_dot.cpp's
 // dot_q45_K).
 const char* gemm_weight_backend(WeightType type);
 
