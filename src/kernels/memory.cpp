@@ -201,29 +201,37 @@ Region::Region(size_t bytes) {
 }
 
 namespace {
-std::mutex file_mappings_mutex;
-std::map<uintptr_t, uintptr_t>& file_mappings() {  // start → end of each registered mapping
-  static std::map<uintptr_t, uintptr_t> mappings;
-  return mappings;
+// start → end of each registered mapping, with its lock; never destroyed, so that a mapping let go during the
+// program's exit (a static's) still finds them
+struct FileMappings {
+  std::mutex mutex;
+  std::map<uintptr_t, uintptr_t> ranges;
+};
+FileMappings& file_mappings() {
+  static FileMappings* mappings = new FileMappings;
+  return *mappings;
 }
 }  // namespace
 
 void register_file_mapping(const void* p, size_t bytes) {
   if (!p || bytes == 0) return;
-  const std::lock_guard<std::mutex> lock(file_mappings_mutex);
-  file_mappings()[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + bytes;
+  FileMappings& m = file_mappings();
+  const std::lock_guard<std::mutex> lock(m.mutex);
+  m.ranges[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + bytes;
 }
 
 void unregister_file_mapping(const void* p) noexcept {
-  const std::lock_guard<std::mutex> lock(file_mappings_mutex);
-  file_mappings().erase(reinterpret_cast<uintptr_t>(p));
+  FileMappings& m = file_mappings();
+  const std::lock_guard<std::mutex> lock(m.mutex);
+  m.ranges.erase(reinterpret_cast<uintptr_t>(p));
 }
 
 void release_file_pages(const void* p, size_t bytes) noexcept {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
   {
-    const std::lock_guard<std::mutex> lock(file_mappings_mutex);
-    const auto& mappings = file_mappings();
+    FileMappings& m = file_mappings();
+    const std::lock_guard<std::mutex> lock(m.mutex);
+    const auto& mappings = m.ranges;
     auto at = mappings.upper_bound(begin);  // the first mapping starting after p; the one before may hold it
     if (!p || bytes == 0 || at == mappings.begin() || (--at)->second < end) return;
   }
