@@ -217,8 +217,8 @@ void unpack_k_block(const TileRows<8>& rows, int64_t at, KTileBlock<five_bits>& 
 //
 // Why not the tiles for few rows too: to multiply as it reads, a tile must read its 8 or 16 rows side by side, and
 // that many streams a row's width apart read memory slower than one (software prefetches and all). The AVX-512 build
-// did so (one chain per row, 16 rows transposed as read) until a later stop: its one-row products read W at 61–82% of
-// one thread's read bandwidth, where this kernel reads 80–106% (docs/performance.md, "One stream per row of W on
+// did so (one chain per row, 16 rows transposed as read) until a later stop: its one-row products read W at 61–84% of
+// one thread's read bandwidth, where this kernel reads 100–114% (docs/performance.md, "One stream per row of W on
 // AVX-512 too").
 
 constexpr int64_t kRowPrefetchBytes = 8192;  // quant_dot.cpp's distance for a thread's one stream of W
