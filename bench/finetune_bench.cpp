@@ -175,13 +175,7 @@ int profile_recipe(const std::string& mode) {
 }
 
 // VmHWM of this process (the peak resident set), in MiB.
-double peak_rss_mib() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
-  return 0;
-}
+double peak_rss_mib() { return std::max(0.0, qkv::bench::proc_status_kb("VmHWM")) / 1024.0; }
 
 // `--rss MODE` (a child process): the peak RSS of building the model and of training steps in that recipe.
 //   weights  the model built and one forward without gradients;  pos_emb  only pos_emb trains, so the backward keeps

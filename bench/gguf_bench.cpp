@@ -156,13 +156,10 @@ int quantize(const fs::path& dir, const std::string& type, const fs::path& out) 
   return 0;
 }
 
-// This process's peak resident memory so far (VmHWM, bytes). Not getrusage's ru_maxrss: a process started by
-// posix_spawn shares its parent's memory until it execs, and ru_maxrss keeps the parent's resident size from then.
+// This process's peak resident memory so far (VmHWM, bytes; see proc_status_kb), or −1.
 int64_t peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
+  const double kb = qkv::bench::proc_status_kb("VmHWM");
+  return kb < 0 ? -1 : static_cast<int64_t>(kb) * 1024;
 }
 
 // Child: qkv on the file, as `qkv generate` runs it (load_pretrained, a Session, greedy): load, generate `gen` tokens

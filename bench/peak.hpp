@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,17 @@
 #include "qkv/kernels/gemm.hpp"
 
 namespace qkv::bench {
+
+// A field of this process's /proc/self/status in kB ("VmHWM": the peak resident set, "VmRSS": now, "RssFile": the
+// mapped files' part), or −1 when it has none. Peak RSS from here, not getrusage's ru_maxrss: a process started by
+// posix_spawn shares its parent's memory until it execs, and ru_maxrss keeps the parent's resident size from then.
+inline double proc_status_kb(const char* key) {
+  std::ifstream status("/proc/self/status");
+  const std::string prefix = std::string(key) + ":";
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(prefix, 0) == 0) return std::atof(line.c_str() + prefix.size());
+  return -1;
+}
 
 inline void keep(float v) {
   volatile float sink = v;

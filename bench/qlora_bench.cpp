@@ -25,12 +25,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "hf_shapes.hpp"
+#include "peak.hpp"
 #include "qkv/core/autograd.hpp"
 #include "qkv/kernels/threads.hpp"
 #include "qkv/kernels/memory.hpp"
@@ -49,14 +49,7 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // This process's resident memory now (VmRSS) or at its peak (VmHWM), MiB.
-double status_mib(const char* key) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  const std::string prefix = std::string(key) + ":";
-  while (std::getline(status, line))
-    if (line.rfind(prefix, 0) == 0) return std::atof(line.c_str() + prefix.size()) / 1024.0;
-  return 0;
-}
+double status_mib(const char* key) { return std::max(0.0, qkv::bench::proc_status_kb(key)) / 1024.0; }
 
 struct Settings {
   std::string shape = "qwen3-0.6b";
