@@ -130,8 +130,9 @@ int64_t train_instructions(nn::LanguageModel& model, const std::vector<EncodedIn
       check_finite(value, step + 1);
       loss.backward();
       optimizer.step();
-      // No block cache here: each batch is padded to its own longest entry, so the sizes differ from step to step and
-      // blocks kept by exact size would mostly wait for a size that never comes again.
+      // Each batch is padded to its own longest entry, so the sizes change from step to step; the block cache hands a
+      // shorter batch the blocks of a longer one, so once the longest has run no step faults in fresh pages.
+      memory::cache_blocks_for_steps();
       tokens += b.batch * b.tokens;
       if (callbacks.on_step) callbacks.on_step({step + 1, epoch + 1, per_epoch * o.epochs, tokens, value});
       if (step % o.eval_freq == 0 && callbacks.on_eval)

@@ -12,27 +12,31 @@ int64_t bytes_in_use();
 int64_t peak_bytes();
 void reset_peak();  // peak := bytes_in_use()
 
-// Freed blocks may be kept, by exact size, and handed out again for the same size, up to this many bytes in all
-// (0, the default: none kept; lowering the limit frees what is over it). Training sets it (cache_blocks_for_steps):
-// every step asks for the same sizes, so from the second step on every tensor and kernel buffer comes from the
-// cache, none from the system (no page faults, no heap growth). A single pass would only hold more memory.
+// Freed blocks may be kept and handed out again, up to this many bytes in use and held in all (0, the default: none
+// kept; lowering the limit frees what is over it). A request takes the smallest block held that fits it, up to twice
+// its size from 64 KiB on (its own size below). Training sets it (cache_blocks_for_steps): every step asks for the
+// same sizes, or smaller ones after a longer batch, so once the longest batch has run every tensor and kernel buffer
+// comes from the cache, none from the system (no page faults, no heap growth). A fresh block first frees the smallest
+// blocks held as far as the limit needs. A single pass would only hold more memory.
 void set_block_cache_limit(int64_t bytes);
 int64_t block_cache_limit();
-// For work that repeats the same allocations, training steps of one shape (not batches whose length varies: blocks
-// kept by exact size would wait for sizes that never come back): turn the cache on with room for at least `floor` bytes
-// and for the most the process's blocks ever held at once (peak_bytes()). Call it again after each step, so the
-// limit follows the step's own peak: GPT-2 124M at B 8 × T 256 holds 4 GiB of tensors at its peak, and under a
-// fixed 2 GiB limit every step faulted in dozens of fresh blocks again (10% of a bf16 step); with the limit at the
-// peak none, and the peak RSS is unchanged.
+// What the block cache holds now, in freed blocks kept for reuse.
+int64_t block_cache_bytes();
+// For work that repeats its allocations, training steps: turn the cache on with room for at least `floor` bytes and
+// for the most the process's blocks ever held at once (peak_bytes()). Call it again after each step, so the limit
+// follows the steps' own peak: GPT-2 124M at B 8 × T 256 holds 4 GiB of tensors at its peak, and under a fixed
+// 2 GiB limit every step faulted in dozens of fresh blocks again (10% of a bf16 step); with the limit at the peak
+// none, and the peak RSS is unchanged.
 void cache_blocks_for_steps(int64_t floor = int64_t{2} << 30);
-// How many blocks came from the system rather than from the cache since the process started.
+// How many blocks, and bytes, came from the system rather than from the caches since the process started.
 int64_t fresh_blocks();
+int64_t fresh_bytes();
 
 // A block of `bytes` (at least 1), 64-byte aligned; blocks of 4 MiB and more are mapped straight from the kernel
 // with transparent huge pages (page-aligned) and go straight back, so freed ones never stay on the heap. Freed blocks
-// of 64 KiB to 4 MiB (a layer's activations) are kept, up to 32 MiB in all, and handed out again for the same size,
-// so a pass does not fault them in afresh (except under AddressSanitizer). nullptr when the system refuses. Give it
-// back with free_block and the same size.
+// of 64 KiB to 4 MiB (a layer's activations) are kept, up to 32 MiB in all, and handed out again for the same size or
+// up to half of it, so a pass does not fault them in afresh (except under AddressSanitizer). The counts above count
+// the whole block handed out. nullptr when the system refuses. Give it back with free_block and the size asked for.
 void* allocate_block(size_t bytes);
 void free_block(void* p, size_t bytes);
 
