@@ -3,7 +3,7 @@
 // base + the adapters' parameters, gradients and AdamW moments + the activations.
 //
 //   qkv_qlora_bench [--shape qwen3-0.6b|llama-3.2-1b|…] [--weights q4_k,bf16] [--batch 4] [--tokens 128] [--steps 4]
-//                   [--rank 16] [--threads 2] [--dir DIR] [--no-block-cache] [--smoke]
+//                   [--rank 16] [--threads 2] [--dir DIR] [--vary] [--no-block-cache] [--smoke]
 //
 // The folder (random weights, stored in bf16 as Hugging Face folders are) is made once in a child process. Each
 // storage type then runs in a child of its own, so each peak RSS is that run's alone:
@@ -12,8 +12,10 @@
 //   rank-r adapters (alpha = r) on every Linear of the blocks, the base frozen;
 //   `steps` AdamW steps of next-token cross-entropy over B × T random tokens (the first a warm-up); the median of the
 //     others is the step time. Each step reuses the last one's memory blocks, as the trainer and `finetune classify`
-//     do; --no-block-cache measures steps whose activations are fresh pages, as `finetune instruct`'s (its batches
-//     change length).
+//     do; --no-block-cache measures steps whose activations are fresh pages. --vary gives each step its own length,
+//     drawn from [T/2, T], as `finetune instruct`'s batches are (each padded to its longest entry); the rate is then
+//     the tokens of the timed steps over their time.
+// Each row also shows the median minor page faults a step took: memory that a step gets fresh from the system.
 // A third child per type measures the activations: the same steps with one rank-1 adapter on the first block's query
 // projection, so the backward keeps every block's activations and the adapters' state is ~nothing. The memory bound
 // is then: RSS after loading (the base) + the activations' growth + the rank-r adapters' state (4 floats a parameter:
@@ -55,10 +57,18 @@ struct Settings {
   std::string shape = "qwen3-0.6b";
   int64_t batch = 4, tokens = 128, rank = 16;
   int steps = 4, threads = 2;
-  bool smoke = false, block_cache = true;
+  bool smoke = false, block_cache = true, vary = false;
 } settings;
 
-// `--run TYPE [--probe]` (a child): prints "step_ms rss_after_load_mib peak_mib state_mib loss0 loss_last".
+// Minor page faults this process has taken so far.
+int64_t minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// `--run TYPE [--probe]` (a child): prints "step_ms tokens_per_s faults rss_after_load_mib peak_mib state_mib loss0
+// loss_last matrices".
 int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
   qkv::set_num_threads(settings.threads);
   qkv::nn::PretrainedOptions load;
@@ -87,36 +97,50 @@ int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
   for (const auto& [name, p] : trainable) state_bytes += 4 * p.numel() * 4;  // value, gradient, two moments
   qkv::optim::AdamW optimizer(trainable, {.lr = 1e-3, .weight_decay = 0.0});
   const int64_t B = settings.batch, T = settings.tokens, V = model->config.vocab_size;
-  qkv::Generator data(11);
-  std::vector<int64_t> ids(static_cast<size_t>(B * T)), targets(ids.size());
-  for (auto& id : ids) id = static_cast<int64_t>(data.next_u32() % static_cast<uint32_t>(V));
-  for (int64_t b = 0; b < B; ++b)  // next-token targets; the last position of each row has none
-    for (int64_t t = 0; t < T; ++t) targets[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : -100;
-  std::vector<double> times;
-  double first_loss = 0, last_loss = 0;
+  qkv::Generator data(11), lengths(13);
+  std::vector<int64_t> rows(static_cast<size_t>(B * T));  // B rows of T random ids, the same every step
+  for (auto& id : rows) id = static_cast<int64_t>(data.next_u32() % static_cast<uint32_t>(V));
+  std::vector<double> times, faults;
+  double first_loss = 0, last_loss = 0, timed_tokens = 0, timed_seconds = 0;
   // Steps of one shape reuse the last step's memory blocks, as train::Trainer and `finetune classify` do (and after
-  // each step). --no-block-cache: as `finetune instruct`, whose batches change length, each step's activations are
-  // fresh pages.
+  // each step). --no-block-cache: each step's activations are fresh pages.
   if (settings.block_cache) qkv::memory::cache_blocks_for_steps();
   for (int s = 0; s < settings.steps; ++s) {
+    // This step's length: T, or with --vary one drawn from [T/2, T]; the first t_step ids of each row, with
+    // next-token targets (the last position of each row has none).
+    const int64_t t_step = settings.vary ? T / 2 + static_cast<int64_t>(lengths.next_u32() % static_cast<uint32_t>(T - T / 2 + 1)) : T;
+    std::vector<int64_t> ids(static_cast<size_t>(B * t_step)), targets(ids.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < t_step; ++t) {
+        ids[b * t_step + t] = rows[b * T + t];
+        targets[b * t_step + t] = t + 1 < t_step ? rows[b * T + t + 1] : -100;
+      }
+    const int64_t faults0 = minor_faults();
     const auto t0 = Clock::now();
     optimizer.zero_grad(true);
-    qkv::Tensor loss = model->loss(ids, B, T, targets);
+    qkv::Tensor loss = model->loss(ids, B, t_step, targets);
     loss.backward();
     optimizer.step();
-    times.push_back(since(t0));
+    const double seconds = since(t0);
     (s == 0 ? first_loss : last_loss) = loss.item();
     if (settings.block_cache) qkv::memory::cache_blocks_for_steps();
+    if (s == 0) continue;  // the first step allocates and warms up
+    times.push_back(seconds);
+    faults.push_back(static_cast<double>(minor_faults() - faults0));
+    timed_tokens += static_cast<double>(B * t_step);
+    timed_seconds += seconds;
   }
-  if (times.size() > 1) times.erase(times.begin());  // the first step allocates and warms up
   std::sort(times.begin(), times.end());
-  std::printf("%.3f %.1f %.1f %.3f %.4f %.4f %s\n", 1e3 * times[times.size() / 2], after_load, status_mib("VmHWM"),
-              static_cast<double>(state_bytes) / (1 << 20), first_loss, last_loss, held.c_str());
+  std::sort(faults.begin(), faults.end());
+  const double rate = settings.vary ? timed_tokens / timed_seconds : static_cast<double>(B * T) / times[times.size() / 2];
+  std::printf("%.3f %.3f %.0f %.1f %.1f %.3f %.4f %.4f %s\n", 1e3 * times[times.size() / 2], rate, faults[faults.size() / 2],
+              after_load, status_mib("VmHWM"), static_cast<double>(state_bytes) / (1 << 20), first_loss, last_loss,
+              held.c_str());
   return 0;
 }
 
 struct Run {
-  double step_ms = 0, loaded = 0, peak = 0, state = 0, loss0 = 0, loss1 = 0;
+  double step_ms = 0, rate = 0, faults = 0, loaded = 0, peak = 0, state = 0, loss0 = 0, loss1 = 0;
   std::string held;
   bool ok = false;
 };
@@ -127,13 +151,14 @@ Run run_of(const char* self, const fs::path& dir, const std::string& type, bool 
                               std::to_string(settings.tokens) + " --steps " + std::to_string(settings.steps) +
                               " --rank " + std::to_string(settings.rank) + " --threads " +
                               std::to_string(settings.threads) + (settings.smoke ? " --smoke" : "") +
+                              (settings.vary ? " --vary" : "") +
                               (settings.block_cache ? "" : " --no-block-cache");
   Run r;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return r;
   char held[256] = {};
-  r.ok = std::fscanf(pipe, "%lf %lf %lf %lf %lf %lf %255s", &r.step_ms, &r.loaded, &r.peak, &r.state, &r.loss0, &r.loss1,
-                     held) == 7;
+  r.ok = std::fscanf(pipe, "%lf %lf %lf %lf %lf %lf %lf %lf %255s", &r.step_ms, &r.rate, &r.faults, &r.loaded, &r.peak,
+                     &r.state, &r.loss0, &r.loss1, held) == 9;
   r.held = held;
   r.ok = pclose(pipe) == 0 && r.ok;
   return r;
@@ -187,9 +212,10 @@ int main(int argc, char** argv) {
     else if (a == "--make") make = true;
     else if (a == "--smoke") settings.smoke = true;
     else if (a == "--no-block-cache") settings.block_cache = false;
+    else if (a == "--vary") settings.vary = true;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: qkv_qlora_bench [--shape S] [--weights q4_k,bf16] [--batch B] "
-                   "[--tokens T] [--steps N] [--rank R] [--threads N] [--dir DIR] [--no-block-cache] [--smoke]\n", a.c_str());
+                   "[--tokens T] [--steps N] [--rank R] [--threads N] [--dir DIR] [--vary] [--no-block-cache] [--smoke]\n", a.c_str());
       return 2;
     }
   }
@@ -219,12 +245,16 @@ int main(int argc, char** argv) {
     if (std::system(command.c_str()) != 0) return 1;
   }
   std::printf("LoRA rank %lld (alpha = rank) on every Linear of the blocks of a %s-shaped decoder, base frozen; "
-              "B %lld × T %lld random tokens, %d AdamW steps (median of the last %d), %d threads, block cache %s\n",
+              "B %lld × T %s random tokens, %d AdamW steps (%s of the last %d), %d threads, block cache %s\n",
               static_cast<long long>(settings.rank), settings.smoke ? "smoke" : settings.shape.c_str(),
-              static_cast<long long>(settings.batch), static_cast<long long>(settings.tokens), settings.steps,
-              settings.steps - 1, settings.threads, settings.block_cache ? "on" : "off (--no-block-cache)");
-  std::printf("%-6s | %-11s | %9s %9s | %10s %12s %11s %10s %9s | %s\n", "base", "matrices", "step ms", "tok/s", "base MiB",
-              "activations", "adapters", "bound MiB", "peak MiB", "loss, first -> last step");
+              static_cast<long long>(settings.batch),
+              (settings.vary ? "from " + std::to_string(settings.tokens / 2) + " to " + std::to_string(settings.tokens) +
+                                   " (--vary)"
+                             : std::to_string(settings.tokens)).c_str(),
+              settings.steps, settings.vary ? "tokens over time" : "median", settings.steps - 1, settings.threads,
+              settings.block_cache ? "on" : "off (--no-block-cache)");
+  std::printf("%-6s | %-11s | %9s %9s %12s | %10s %12s %11s %10s %9s | %s\n", "base", "matrices", "step ms", "tok/s",
+              "faults/step", "base MiB", "activations", "adapters", "bound MiB", "peak MiB", "loss, first -> last step");
   std::optional<double> bf16_rate;
   std::vector<std::pair<std::string, double>> rates;
   for (const std::string& type : split(types)) {
@@ -234,11 +264,11 @@ int main(int argc, char** argv) {
       std::printf("%-6s | failed (run it alone: %s --run %s --dir %s)\n", type.c_str(), argv[0], type.c_str(), dir.c_str());
       return 1;
     }
-    const double rate = static_cast<double>(settings.batch * settings.tokens) / (r.step_ms / 1e3);
+    const double rate = r.rate;
     const double activations = std::max(0.0, a.peak - a.loaded);
     const double bound = 1.1 * (r.loaded + activations + r.state);
-    std::printf("%-6s | %-11s | %9.1f %9.1f | %10.0f %12.0f %11.1f %10.0f %9.0f %s | %.3f -> %.3f\n", type.c_str(),
-                r.held.c_str(), r.step_ms, rate,
+    std::printf("%-6s | %-11s | %9.1f %9.1f %12.0f | %10.0f %12.0f %11.1f %10.0f %9.0f %s | %.3f -> %.3f\n", type.c_str(),
+                r.held.c_str(), r.step_ms, rate, r.faults,
                 r.loaded, activations, r.state, bound, r.peak, r.peak <= bound ? "✔" : "✘", r.loss0, r.loss1);
     rates.emplace_back(type, rate);
     if (type == "bf16") bf16_rate = rate;
