@@ -108,7 +108,8 @@ int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
   for (int s = 0; s < settings.steps; ++s) {
     // This step's length: T, or with --vary one drawn from [T/2, T]; the first t_step ids of each row, with
     // next-token targets (the last position of each row has none).
-    const int64_t t_step = settings.vary ? T / 2 + static_cast<int64_t>(lengths.next_u32() % static_cast<uint32_t>(T - T / 2 + 1)) : T;
+    const auto span = static_cast<uint32_t>(T - T / 2 + 1);
+    const int64_t t_step = settings.vary ? T / 2 + static_cast<int64_t>(lengths.next_u32() % span) : T;
     std::vector<int64_t> ids(static_cast<size_t>(B * t_step)), targets(ids.size());
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < t_step; ++t) {
@@ -132,7 +133,8 @@ int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
   }
   std::sort(times.begin(), times.end());
   std::sort(faults.begin(), faults.end());
-  const double rate = settings.vary ? timed_tokens / timed_seconds : static_cast<double>(B * T) / times[times.size() / 2];
+  const double rate =
+      settings.vary ? timed_tokens / timed_seconds : static_cast<double>(B * T) / times[times.size() / 2];
   std::printf("%.3f %.3f %.0f %.1f %.1f %.3f %.4f %.4f %s\n", 1e3 * times[times.size() / 2], rate, faults[faults.size() / 2],
               after_load, status_mib("VmHWM"), static_cast<double>(state_bytes) / (1 << 20), first_loss, last_loss,
               held.c_str());

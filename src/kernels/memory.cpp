@@ -82,8 +82,8 @@ void release_system_block(const Block& b) {
 // and a fresh block of hundreds of MiB costs a page fault per 4 KiB page on first touch (the kernel zeroes each one).
 // Off by default: a single forward and backward (qkv apply) would only hold more memory (268 → 362 MiB at T = 4096,
 // measured before the backward pass learned to write first gradients in place). A request takes the smallest block
-// held that is large enough, up to twice its size from 64 KiB on (kMediumBytes; below that, only its own size): steps
-// whose batches change length, as instruction tuning's do, then reuse the blocks of longer steps (see take_most). It
+// held that is large enough, up to 4 times its size from 64 KiB on (kMediumBytes; below that, only its own size):
+// steps whose batches change length, as instruction tuning's do, then reuse the blocks of longer steps (take_most). It
 // lives until the process ends (never destroyed, so a block freed by a static destructor still finds it; what it
 // holds stays reachable, not leaked).
 class BlockCache {
@@ -110,8 +110,10 @@ class BlockCache {
     if (evict == Evict::kLargest) release_largest(limit - b.size);
     if (evict == Evict::kSmaller && held_ + b.size > limit) {
       size_t smaller = 0;  // what evicting the smaller blocks needed would free
-      for (auto it = blocks_.begin(); it != blocks_.end() && it->first < b.size && held_ - smaller + b.size > limit; ++it)
+      for (auto it = blocks_.begin(); it != blocks_.end() && it->first < b.size; ++it) {
+        if (held_ - smaller + b.size <= limit) break;
         smaller += it->first;
+      }
       if (held_ - smaller + b.size <= limit) release_smallest(limit - b.size);
     }
     if (held_ + b.size > limit) return false;
@@ -163,8 +165,8 @@ BlockCache& block_cache() {
 // been raised past them — which depended on what the program had happened to free before: a 512-token prompt on a
 // Q4_0 Qwen3-0.6B took 130k page faults and ran at 100-125 tok/s, or 55k faults and 140 tok/s after a load that had
 // freed one 5 MB vector. Freed medium blocks are therefore kept here, up to kMediumCacheBytes, and handed out again
-// (the smallest that fits, up to twice the size asked for): after the first pass no fault, whatever came before. (Not under AddressSanitizer, whose
-// use-after-free checks need every block given back.)
+// (the smallest that fits, up to twice the size asked for): after the first pass no fault, whatever came before.
+// (Not under AddressSanitizer, whose use-after-free checks need every block given back.)
 constexpr size_t kMediumBytes = size_t{64} << 10;  // blocks from this size to kMapBytes
 constexpr size_t kMediumCacheBytes = size_t{32} << 20;
 bool medium(size_t bytes) { return kMapLargeBlocks && bytes >= kMediumBytes && bytes < kMapBytes; }

@@ -13,20 +13,20 @@ int64_t peak_bytes();
 void reset_peak();  // peak := bytes_in_use()
 
 // Freed blocks may be kept and handed out again, up to this many bytes in use and held in all (0, the default: none
-// kept; lowering the limit frees what is over it). A request takes the smallest block held that fits it, up to twice
-// its size from 64 KiB on (its own size below). Training sets it (cache_blocks_for_steps): every step asks for the
-// same sizes, or smaller ones after a longer batch, so once the longest batch has run every tensor and kernel buffer
-// comes from the cache, none from the system (no page faults, no heap growth). A fresh block first frees the smallest
-// blocks held as far as the limit needs. A single pass would only hold more memory.
+// kept; lowering the limit frees what is over it). A request takes the smallest block held that fits it, up to 4
+// times its size from 64 KiB on (its own size below). Training sets it (cache_blocks_for_steps): every step asks
+// for the same sizes, or smaller ones after a longer batch, so once the longest batch has run nearly every tensor
+// and kernel buffer comes from the cache, not from the system (no page faults, no heap growth). A fresh block first
+// frees the smallest blocks held as far as the limit needs. A single pass would only hold more memory.
 void set_block_cache_limit(int64_t bytes);
 int64_t block_cache_limit();
 // What the block cache holds now, in freed blocks kept for reuse.
 int64_t block_cache_bytes();
 // For work that repeats its allocations, training steps: turn the cache on with room for at least `floor` bytes and
-// for the most the process's blocks ever held at once (peak_bytes()). Call it again after each step, so the limit
-// follows the steps' own peak: GPT-2 124M at B 8 × T 256 holds 4 GiB of tensors at its peak, and under a fixed
-// 2 GiB limit every step faulted in dozens of fresh blocks again (10% of a bf16 step); with the limit at the peak
-// none, and the peak RSS is unchanged.
+// for 1.25 times the most the process ever asked for at once (the quarter for smaller requests in larger blocks).
+// Call it again after each step, so the limit follows the steps' own peak: GPT-2 124M at B 8 × T 256 holds 4 GiB of
+// tensors at its peak, and under a fixed 2 GiB limit every step faulted in dozens of fresh blocks again (10% of a
+// bf16 step); with the limit at the peak none, and the peak RSS is unchanged.
 void cache_blocks_for_steps(int64_t floor = int64_t{2} << 30);
 // How many blocks, and bytes, came from the system rather than from the caches since the process started.
 int64_t fresh_blocks();
