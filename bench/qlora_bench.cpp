@@ -11,7 +11,7 @@
 //     --weights TYPE` does, the embedding table (the tied head) float32;
 //   rank-r adapters (alpha = r) on every Linear of the blocks, the base frozen;
 //   `steps` AdamW steps of next-token cross-entropy over B × T random tokens (the first a warm-up); the median of the
-//     others is the step time. Each step reuses the last one's memory blocks, as the trainer and `finetune classify`
+//     others is the step time. Each step reuses the last one's memory blocks, as the trainer and `qkv finetune`
 //     do; --no-block-cache measures steps whose activations are fresh pages. --vary gives each step its own length,
 //     drawn from [T/2, T], as `finetune instruct`'s batches are (each padded to its longest entry); the rate is then
 //     the tokens of the timed steps over their time.
@@ -102,13 +102,13 @@ int run_child(const fs::path& dir, const std::string& type_name, bool probe) {
   for (auto& id : rows) id = static_cast<int64_t>(data.next_u32() % static_cast<uint32_t>(V));
   std::vector<double> times, faults;
   double first_loss = 0, last_loss = 0, timed_tokens = 0, timed_seconds = 0;
-  // Steps of one shape reuse the last step's memory blocks, as train::Trainer and `finetune classify` do (and after
-  // each step). --no-block-cache: each step's activations are fresh pages.
+  // Steps reuse the last step's memory blocks, as train::Trainer and `qkv finetune` do (and after each step).
+  // --no-block-cache: each step's activations are fresh pages.
   if (settings.block_cache) qkv::memory::cache_blocks_for_steps();
+  const auto span = static_cast<uint32_t>(T - T / 2 + 1);  // --vary's lengths, T/2 to T
   for (int s = 0; s < settings.steps; ++s) {
     // This step's length: T, or with --vary one drawn from [T/2, T]; the first t_step ids of each row, with
     // next-token targets (the last position of each row has none).
-    const auto span = static_cast<uint32_t>(T - T / 2 + 1);
     const int64_t t_step = settings.vary ? T / 2 + static_cast<int64_t>(lengths.next_u32() % span) : T;
     std::vector<int64_t> ids(static_cast<size_t>(B * t_step)), targets(ids.size());
     for (int64_t b = 0; b < B; ++b)
@@ -266,14 +266,13 @@ int main(int argc, char** argv) {
       std::printf("%-6s | failed (run it alone: %s --run %s --dir %s)\n", type.c_str(), argv[0], type.c_str(), dir.c_str());
       return 1;
     }
-    const double rate = r.rate;
     const double activations = std::max(0.0, a.peak - a.loaded);
     const double bound = 1.1 * (r.loaded + activations + r.state);
     std::printf("%-6s | %-11s | %9.1f %9.1f %12.0f | %10.0f %12.0f %11.1f %10.0f %9.0f %s | %.3f -> %.3f\n", type.c_str(),
-                r.held.c_str(), r.step_ms, rate, r.faults,
+                r.held.c_str(), r.step_ms, r.rate, r.faults,
                 r.loaded, activations, r.state, bound, r.peak, r.peak <= bound ? "✔" : "✘", r.loss0, r.loss1);
-    rates.emplace_back(type, rate);
-    if (type == "bf16") bf16_rate = rate;
+    rates.emplace_back(type, r.rate);
+    if (type == "bf16") bf16_rate = r.rate;
   }
   if (bf16_rate)
     for (const auto& [type, rate] : rates)
