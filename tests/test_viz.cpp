@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <system_error>
+#include <vector>
 
 #include "helpers.hpp"
 #include "qkv/io/npy.hpp"
@@ -81,10 +83,34 @@ double difference(const Ink& a, const Ink& b) {
   return total / static_cast<double>(a.luminance.size());
 }
 
+// The scratch directories of the test under way, removed when it ends unless it failed (then kept, to look at). Each
+// ctest process runs one test under its own pid, so without this every run left its pictures in /tmp (74 MB so far).
+std::vector<fs::path>& scratch_dirs() {
+  static std::vector<fs::path> dirs;
+  return dirs;
+}
+
+class RemoveScratchDirs : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& test) override {
+    if (test.result() != nullptr && !test.result()->Failed())
+      for (const fs::path& dir : scratch_dirs()) {
+        std::error_code ignored;
+        fs::remove_all(dir, ignored);
+      }
+    scratch_dirs().clear();
+  }
+};
+
 fs::path scratch(const std::string& name) {
+  static const bool listening = [] {
+    ::testing::UnitTest::GetInstance()->listeners().Append(new RemoveScratchDirs);  // gtest owns it
+    return true;
+  }();
+  (void)listening;
   const fs::path dir = fs::temp_directory_path() / ("qkv_viz_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
+  scratch_dirs().push_back(dir);
   return dir;
 }
 
