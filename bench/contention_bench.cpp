@@ -4,6 +4,8 @@
 // fixed thread count and with the session's adaptive one (qkv/core/thread_governor.hpp: 1 thread while that is faster).
 // Each run is a child process (libgomp reads its environment once, at start); runs alternate, medians are printed,
 // with the ratios the inference issue sets: 2 threads ≥ 1 thread when busy, and quiet speed within 5% of the default.
+// A second table times a later 256-token prompt in the same session (a chat's next turn, a server's next request):
+// a step of a kind the governor has not seen, which starts on the count the decoding steps chose.
 //   qkv_contention_bench [--shape small|qwen3-0.6b] [--tokens N] [--repeats R] [--smoke]
 #include <signal.h>
 #include <spawn.h>
@@ -17,6 +19,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/kernels/threads.hpp"
@@ -47,8 +50,12 @@ std::string config_json(const std::string& shape) {
   std::exit(2);
 }
 
+// Tokens of the later prompt each child times: a chat's next turn, or a server's next request, in the same session
+constexpr int64_t kLaterPrompt = 256;
+
 // The child: loads the folder, generates greedily through a session (adaptive: its ThreadGovernor chooses each
-// step's thread count; fixed: always `threads`), prints its decoding rate (tokens/s after the first token).
+// step's thread count; fixed: always `threads`), then feeds a later prompt of kLaterPrompt tokens in the same session.
+// Prints its decoding rate (tokens/s after the first token) and the later prompt's (tokens/s to its first token).
 int run(const fs::path& dir, int threads, int64_t tokens, bool adaptive) {
   qkv::set_num_threads(threads);
   auto model = qkv::nn::load_hf_decoder(dir.string());
@@ -68,7 +75,16 @@ int run(const fs::path& dir, int threads, int64_t tokens, bool adaptive) {
     return true;
   });
   const double seconds = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
-  std::printf("%.6f\n", static_cast<double>(stamps.size() - 1) / seconds);
+  qkv::nn::GenerationRequest later;
+  for (int64_t i = 0; i < kLaterPrompt; ++i)
+    later.prompt.push_back((i * 104729 + 3) % model->config.vocab_size);
+  later.max_new_tokens = 1;
+  later.sampling.greedy = true;
+  const auto start = Clock::now();
+  qkv::nn::generate(session, {later});
+  const double prompt_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("%.6f %.6f\n", static_cast<double>(stamps.size() - 1) / seconds,
+              static_cast<double>(kLaterPrompt) / prompt_seconds);
   return 0;
 }
 
@@ -94,11 +110,11 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
   return pid;
 }
 
-// One child run: its tokens/s, or 0 when it failed.
-double measure(const char* self, const fs::path& dir, int threads, int64_t tokens, const std::vector<std::string>& env,
+// One child run: its decoding and later prompt's tokens/s, or zeros when it failed.
+std::pair<double, double> measure(const char* self, const fs::path& dir, int threads, int64_t tokens, const std::vector<std::string>& env,
                bool adaptive) {
   int fds[2];
-  if (pipe(fds) != 0) return 0;
+  if (pipe(fds) != 0) return {0.0, 0.0};
   const pid_t pid = spawn({self, "--run", dir.string(), std::to_string(threads), std::to_string(tokens),
                           adaptive ? "adaptive" : "fixed"},
                          env, fds[1]);
@@ -109,8 +125,10 @@ double measure(const char* self, const fs::path& dir, int threads, int64_t token
   close(fds[0]);
   int status = 0;
   if (pid > 0) waitpid(pid, &status, 0);
-  if (pid <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 0;
-  return std::atof(out.c_str());
+  if (pid <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return {0.0, 0.0};
+  double decoding = 0, prompt = 0;
+  if (std::sscanf(out.c_str(), "%lf %lf", &decoding, &prompt) != 2) return {0.0, 0.0};
+  return {decoding, prompt};
 }
 
 double median(std::vector<double> v) {
@@ -163,8 +181,8 @@ int main(int argc, char** argv) {
                                         {"GOMP_SPINCOUNT=1000, adaptive (qkv)", {"GOMP_SPINCOUNT=1000"}, true},
                                         {"OMP_WAIT_POLICY=PASSIVE, fixed", {"OMP_WAIT_POLICY=PASSIVE"}, false},
                                         {"OMP_WAIT_POLICY=PASSIVE, adaptive", {"OMP_WAIT_POLICY=PASSIVE"}, true}};
-  // rates[busy][policy][threads - 1]
-  std::map<int, std::map<int, std::map<int, std::vector<double>>>> rates;
+  // rates[busy][policy][threads] (decoding) and prompt_rates (the later prompt)
+  std::map<int, std::map<int, std::map<int, std::vector<double>>>> rates, prompt_rates;
   for (int busy = 0; busy < 2; ++busy) {
     pid_t spinner = -1;
     if (busy) {
@@ -176,25 +194,33 @@ int main(int argc, char** argv) {
     }
     for (int r = 0; r < repeats; ++r)
       for (size_t p = 0; p < policies.size(); ++p)
-        for (int threads = 1; threads <= 2; ++threads)
-          rates[busy][static_cast<int>(p)][threads].push_back(measure(path, dir, threads, tokens, policies[p].env,
-                                                                    policies[p].adaptive));
+        for (int threads = 1; threads <= 2; ++threads) {
+          const auto [decoding, prompt] = measure(path, dir, threads, tokens, policies[p].env, policies[p].adaptive);
+          rates[busy][static_cast<int>(p)][threads].push_back(decoding);
+          prompt_rates[busy][static_cast<int>(p)][threads].push_back(prompt);
+        }
     if (spinner > 0) {
       kill(spinner, SIGKILL);
       waitpid(spinner, nullptr, 0);
     }
   }
+  auto table = [&](auto& r) {
+    std::printf("%-38s %9s %9s %9s | %9s %9s %9s | %s\n", "idle threads wait by, count", "quiet 1t", "quiet 2t",
+                "2t/1t", "busy 1t", "busy 2t", "2t/1t", "quiet 2t vs default");
+    const double reference = median(r[0][0][2]);
+    for (size_t p = 0; p < policies.size(); ++p) {
+      const double q1 = median(r[0][p][1]), q2 = median(r[0][p][2]);
+      const double b1 = median(r[1][p][1]), b2 = median(r[1][p][2]);
+      std::printf("%-38s %9.1f %9.1f %8.2fx | %9.1f %9.1f %8.2fx | %.2fx\n", policies[p].name, q1, q2, q2 / q1, b1, b2,
+                  b2 / b1, q2 / reference);
+    }
+  };
   std::printf("\n%s, greedy, %lld new tokens, tokens/s (median of %d alternating runs)\n", shape.c_str(),
               static_cast<long long>(tokens), repeats);
-  std::printf("%-38s %9s %9s %9s | %9s %9s %9s | %s\n", "idle threads wait by, count", "quiet 1t", "quiet 2t", "2t/1t",
-              "busy 1t", "busy 2t", "2t/1t", "quiet 2t vs default");
-  const double reference = median(rates[0][0][2]);
-  for (size_t p = 0; p < policies.size(); ++p) {
-    const double q1 = median(rates[0][p][1]), q2 = median(rates[0][p][2]);
-    const double b1 = median(rates[1][p][1]), b2 = median(rates[1][p][2]);
-    std::printf("%-38s %9.1f %9.1f %8.2fx | %9.1f %9.1f %8.2fx | %.2fx\n", policies[p].name, q1, q2, q2 / q1, b1, b2,
-                b2 / b1, q2 / reference);
-  }
+  table(rates);
+  std::printf("\nthen a %lld-token prompt in the same session (a chat's next turn, a server's next request), tokens/s\n",
+              static_cast<long long>(kLaterPrompt));
+  table(prompt_rates);
   std::printf("targets: busy 2t/1t >= 1.0; quiet 2t within 5%% of the default\n");
   return 0;
 }

@@ -30,7 +30,7 @@ ThreadGovernor::~ThreadGovernor() {
 
 int ThreadGovernor::current(int64_t key) const {
   const auto it = kinds_.find(key);
-  return it != kinds_.end() && it->second.on_one ? 1 : full_;
+  return (it != kinds_.end() ? it->second.on_one : last_to_one_) ? 1 : full_;
 }
 
 int ThreadGovernor::begin_step(int64_t key) {
@@ -40,10 +40,13 @@ int ThreadGovernor::begin_step(int64_t key) {
   if (full != full_) {
     full_ = full;
     kinds_.clear();
+    last_to_one_ = false;
   }
   if (full_ <= 1) return 1;
   if (kinds_.size() >= kMostKinds && kinds_.find(key) == kinds_.end()) kinds_.clear();
-  Kind& kind = kinds_[key];
+  const auto [at, unseen] = kinds_.try_emplace(key);
+  Kind& kind = at->second;
+  if (unseen) kind.on_one = last_to_one_;
   step_ = &kind;
   // A try after the interval, and at once after a try that won (a second one confirms it before switching).
   trial_ = kind.timed >= kSettle && (kind.wins > 0 || kind.since_trial >= kind.interval);
@@ -78,6 +81,7 @@ void ThreadGovernor::end_step(double seconds) {
   }
   if (++kind.wins < kWinsToSwitch) return;
   kind.on_one = !kind.on_one;
+  last_to_one_ = kind.on_one;
   kind.typical = seconds;
   kind.timed = 1;
   kind.wins = 0;

@@ -10,7 +10,9 @@
 namespace qkv {
 
 // Which thread count each step of a loop runs with, learnt from the steps' times. Each kind of step (a key: for a
-// session, the rows a batch feeds) is timed apart, so a long prompt piece is never compared with one token.
+// session, the rows a batch feeds) is timed apart, so a long prompt piece is never compared with one token. A kind
+// not seen before starts on the count the last switch chose: a prompt after a busy machine sent the decoding steps to
+// 1 thread runs on 1 thread too, as it is seen once and could not learn it itself.
 // On a quiet machine it stays on the full count and tries 1 thread once in a while (after 8 steps, then ever rarer
 // while 1 thread keeps losing: 2× further each time, 4× when it lost by 30%, down to one in 256); it switches when
 // two tries in a row beat the current count by 7%. Results do not depend on the choice: qkv's kernels give the same bits on 1 thread as on many, each output
@@ -32,7 +34,7 @@ class ThreadGovernor {
   void abandon_step();
 
   int full() const { return full_; }                // the most threads a step uses (0 before the first step)
-  int current(int64_t key) const;                   // the count this kind of step runs with now (full if unseen)
+  int current(int64_t key) const;                   // the count this kind of step runs with now
   int64_t trials() const { return trials_; }        // steps run on the other count to compare
   int64_t switches() const { return switches_; }    // times a kind of step changed its count
 
@@ -49,6 +51,7 @@ class ThreadGovernor {
   std::unordered_map<int64_t, Kind> kinds_;
   Kind* step_ = nullptr;  // the kind of the step under way
   bool trial_ = false;    // the step under way runs on the other count
+  bool last_to_one_ = false;  // the last switch of any kind went to 1 thread (unseen kinds start there)
   int64_t trials_ = 0, switches_ = 0;
 };
 
