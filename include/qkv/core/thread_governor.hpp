@@ -13,10 +13,10 @@ namespace qkv {
 // session, the rows a batch feeds) is timed apart, so a long prompt piece is never compared with one token. A kind
 // not seen before starts on the count the last switch chose: a prompt after a busy machine sent the decoding steps to
 // 1 thread runs on 1 thread too, as it is seen once and could not learn it itself.
-// On a quiet machine it stays on the full count and tries 1 thread once in a while (after 8 steps, then ever rarer
-// while 1 thread keeps losing: 2× further each time, 4× when it lost by 30%, down to one in 256); it switches when
-// two tries in a row beat the current count by 7%. Results do not depend on the choice: qkv's kernels give the same bits on 1 thread as on many, each output
-// row owned by one thread.
+// On a quiet machine it stays on the full count and tries 1 thread once in a while (once two steps are timed, then
+// ever rarer while 1 thread keeps losing: 2× further each time, 4× when it lost by 30%, down to one in 256); it
+// switches when two tries in a row beat the current count by 7%. Results do not depend on the choice: qkv's kernels
+// give the same bits on 1 thread as on many, each output row owned by one thread.
 class ThreadGovernor {
  public:
   ThreadGovernor() = default;  // learns nothing until its first step
