@@ -111,8 +111,8 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
 }
 
 // One child run: its decoding and later prompt's tokens/s, or zeros when it failed.
-std::pair<double, double> measure(const char* self, const fs::path& dir, int threads, int64_t tokens, const std::vector<std::string>& env,
-               bool adaptive) {
+std::pair<double, double> measure(const char* self, const fs::path& dir, int threads, int64_t tokens,
+                                  const std::vector<std::string>& env, bool adaptive) {
   int fds[2];
   if (pipe(fds) != 0) return {0.0, 0.0};
   const pid_t pid = spawn({self, "--run", dir.string(), std::to_string(threads), std::to_string(tokens),
@@ -218,8 +218,8 @@ int main(int argc, char** argv) {
   std::printf("\n%s, greedy, %lld new tokens, tokens/s (median of %d alternating runs)\n", shape.c_str(),
               static_cast<long long>(tokens), repeats);
   table(rates);
-  std::printf("\nthen a %lld-token prompt in the same session (a chat's next turn, a server's next request), tokens/s\n",
-              static_cast<long long>(kLaterPrompt));
+  std::printf("\nthen a %lld-token prompt in the same session (a chat's next turn, a server's next request), "
+              "tokens/s\n", static_cast<long long>(kLaterPrompt));
   table(prompt_rates);
   std::printf("targets: busy 2t/1t >= 1.0; quiet 2t within 5%% of the default\n");
   return 0;
