@@ -12,6 +12,9 @@
 //                  [--repeats 3] [--dir DIR] [--llamacpp PATH] [--cpu VARIANT] [--prompt 512] [--tokens 128] [--smoke]
 //                  [--kv-cache f32|f16|bf16|q8_0]  (both programs' KV cache; without it each runs its default: qkv f32,
 //                  llama.cpp f16)
+//   qkv_gguf_bench --kl [--types …] [--threads 2] [--kl-tokens 512] [--kl-context 256]   instead of speed: what each type
+//                  loses, KL(F32 file ‖ type's file) measured by qkv and by llama.cpp on the same tokens (kl_table)
+//   --logit-scale S: the random model's token embedding (and head) × S, in a folder of its own (make_folder)
 // mxfp4_moe: the experts as MXFP4, the other matrices Q8_0 (how gpt-oss is published; qkv's file has llama.cpp's bytes);
 // gpt-oss-4l is gpt-oss-20b's layers, 4 of them with 16 experts.
 // Prompts are token ids, (i·7919 + 11) mod the vocabulary, in both programs: no tokenizer is involved. Not a test: it
@@ -29,6 +32,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -40,6 +44,7 @@
 #include "qkv/core/error.hpp"
 #include "qkv/io/gguf.hpp"
 #include "qkv/kernels/threads.hpp"
+#include "qkv/nn/divergence.hpp"
 #include "qkv/nn/gguf_export.hpp"
 #include "qkv/nn/hf.hpp"
 #include "qkv/nn/pretrained.hpp"
@@ -128,13 +133,24 @@ void write_tokenizer(const fs::path& dir, const json& config) {
   std::ofstream(dir / "tokenizer_config.json") << tokenizer_config.dump();
 }
 
-// Child: the Hugging Face folder of random weights (as decoder_bench makes it) with its tokenizer
-int make_folder(const std::string& shape, const fs::path& dir, bool smoke) {
+// Child: the Hugging Face folder of random weights (as decoder_bench makes it) with its tokenizer. With `logit_scale`
+// ≠ 1, the token embedding (the head too, when tied) is multiplied by it: random weights give logits of standard
+// deviation ~0.6 and nearly uniform distributions, which make a weak test of what quantizing loses; ×8 gives peaked
+// ones, closer to a trained model's.
+int make_folder(const std::string& shape, const fs::path& dir, bool smoke, double logit_scale) {
   const auto t = Clock::now();
   const std::string text = qkv::bench::config_json(shape, smoke);
   if (!fs::exists(dir / "model.safetensors")) {  // (a folder whose tokenizer is being rewritten keeps its weights)
     qkv::Generator gen(7);
     qkv::nn::Decoder model(qkv::nn::decoder_config_from_hf(text, shape + " config"), gen);
+    if (logit_scale != 1.0) {
+      float* table = model.tok_emb.data();
+      for (int64_t i = 0; i < model.tok_emb.numel(); ++i) table[i] *= static_cast<float>(logit_scale);
+      if (!model.config.tie_word_embeddings) {
+        float* head = model.head.data();
+        for (int64_t i = 0; i < model.head.numel(); ++i) head[i] *= static_cast<float>(logit_scale);
+      }
+    }
     qkv::nn::save_hf_folder(dir.string(), model);
     std::printf("made %s: %lld parameters, random weights, in %.1f s\n", dir.c_str(),
                 static_cast<long long>(model.parameter_count()), since(t));
@@ -203,6 +219,22 @@ int run_qkv(const std::string& file, int threads, int64_t prompt, int64_t gen, i
   return 0;
 }
 
+// Child: qkv's nn::next_token_divergence (what `qkv eval --kl-reference` runs) of `file` against `reference` over
+// `tokens` prompt tokens in windows of `context`; prints a "result …" line with tools/llamacpp.c kl's keys.
+int run_kl(const std::string& reference, const std::string& file, int threads, int64_t tokens, int64_t context) {
+  qkv::set_num_threads(threads);
+  const auto base = qkv::nn::load_pretrained(reference);
+  const auto model = qkv::nn::load_pretrained(file);
+  const int64_t vocab = model->model->config.vocab_size;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < tokens; ++i) ids.push_back(prompt_token(i, vocab));
+  const qkv::nn::Divergence d = qkv::nn::next_token_divergence(*base->model, *model->model, ids, context);
+  std::printf("result positions=%lld mean_kl=%.6e median_kl=%.6e p99_kl=%.6e max_kl=%.6e top1=%.6f perplexity=%.3f "
+              "reference_perplexity=%.3f\n", static_cast<long long>(d.positions), d.mean_kl, d.median_kl, d.p99_kl,
+              d.max_kl, d.top1_agreement, d.perplexity, d.reference_perplexity);
+  return 0;
+}
+
 // A child's exit status and output
 struct ChildRun {
   int status = -1;
@@ -239,9 +271,10 @@ ChildRun run_captured(std::vector<std::string> args, const fs::path& scratch) {
 
 // "key=value" from the output's "result …" line (NaN when absent)
 double result_value(const std::string& out, const std::string& key) {
-  const size_t line = out.rfind("\nresult ");
-  const size_t at = line == std::string::npos ? line : out.find(" " + key + "=", line);
-  return at == std::string::npos ? std::nan("") : std::strtod(out.c_str() + at + key.size() + 2, nullptr);
+  const std::string text = "\n" + out;  // (the line may be the first)
+  const size_t line = text.rfind("\nresult ");
+  const size_t at = line == std::string::npos ? line : text.find(" " + key + "=", line);
+  return at == std::string::npos ? std::nan("") : std::strtod(text.c_str() + at + key.size() + 2, nullptr);
 }
 
 std::vector<int64_t> result_ids(const std::string& out) {
@@ -280,14 +313,87 @@ double read_file_seconds(const fs::path& path) {
 
 const char* mark(bool ok) { return ok ? "✔" : "✘"; }
 
+// Makes dir/TYPE.gguf with qkv's quantizer unless it is there; false (and a message) when that fails.
+bool ensure_file(const fs::path& dir, const std::string& type, const std::function<std::vector<std::string>(std::vector<std::string>)>& self) {
+  const fs::path file = dir / (type + ".gguf");
+  if (fs::exists(file)) return true;
+  const ChildRun q = run_captured(self({"--quantize", type, file.string()}), dir);
+  std::fputs(q.out.c_str(), stdout);
+  if (q.status != 0) std::fprintf(stderr, "quantizing to %s failed:\n%s", type.c_str(), q.err.c_str());
+  return q.status == 0;
+}
+
+// --kl: issue 41's quality target. Per type, the KL divergence of its next-token distributions from the F32 file's,
+// measured by qkv (nn::next_token_divergence) and by llama.cpp (tools/llamacpp.c kl: llama.cpp's own forward passes
+// of both files), over the same prompt tokens and windows, with one definition; the target is qkv's mean KL ≤ 1.05×
+// llama.cpp's. Both are deterministic: one run each.
+int kl_table(const fs::path& dir, const std::vector<std::string>& types, int threads, int64_t tokens, int64_t context,
+             const std::string& llamacpp, const std::string& cpu, const std::string& kv_cache,
+             const std::function<std::vector<std::string>(std::vector<std::string>)>& self) {
+  if (!ensure_file(dir, "f32", self)) return 1;
+  const std::string reference = (dir / "f32.gguf").string();
+  const std::string kv = kv_cache.empty() ? "f32" : kv_cache;
+  std::printf("\nWhat quantizing loses, qkv against llama.cpp: KL(F32 ‖ type) over %lld prompt tokens in windows of %lld, "
+              "%d thread%s, llama.cpp's KV cache %s (qkv's forward pass keeps none)\n", static_cast<long long>(tokens),
+              static_cast<long long>(context), threads, threads > 1 ? "s" : "", kv.c_str());
+  const std::vector<std::string> keys = {"mean_kl", "median_kl", "p99_kl", "max_kl", "top1", "perplexity", "reference_perplexity"};
+  struct Row {
+    std::string type;
+    std::map<std::string, double> qkv, ll;
+  };
+  std::vector<Row> rows;
+  std::string cpu_library;
+  for (const std::string& type : types) {
+    if (!ensure_file(dir, type, self)) return 1;
+    const std::string file = (dir / (type + ".gguf")).string();
+    Row row{type, {}, {}};
+    const ChildRun q = run_captured(self({"--run-kl", reference, file, std::to_string(threads)}), dir);
+    if (q.status != 0) {
+      std::fprintf(stderr, "qkv's KL on %s failed:\n%s", file.c_str(), q.err.c_str());
+      return 1;
+    }
+    std::vector<std::string> args = {llamacpp};
+    if (!cpu.empty()) args.insert(args.end(), {"--cpu", cpu});
+    args.insert(args.end(), {"--kv-cache", kv, "kl", reference, file, std::to_string(tokens), std::to_string(context),
+                             std::to_string(threads)});
+    const ChildRun l = run_captured(args, dir);
+    if (l.status != 0) {
+      const std::string tail = l.err.size() > 2000 ? l.err.substr(l.err.size() - 2000) : l.err;
+      std::printf("llama.cpp (%s) did not run (exit %d): its figures are left out\n%s\n", llamacpp.c_str(), l.status, tail.c_str());
+    }
+    if (cpu_library.empty()) cpu_library = line_with(l.out, "cpu library: ");
+    for (const std::string& key : keys) row.qkv[key] = result_value(q.out, key), row.ll[key] = result_value(l.out, key);
+    std::printf("  %s: mean KL qkv %.3e, llama.cpp %.3e\n", type.c_str(), row.qkv["mean_kl"], row.ll["mean_kl"]);
+    std::fflush(stdout);
+    rows.push_back(row);
+  }
+  std::printf("\nllama.cpp: %s, CPU library %s\n", llamacpp.c_str(), cpu_library.empty() ? "(not run)" : cpu_library.c_str());
+  std::printf("\n%-7s | %-42s | %-42s | %s\n", "type", "qkv: mean KL, median, 99%, top-1", "llama.cpp: mean KL, median, 99%, top-1",
+              "mean KL qkv / llama.cpp");
+  for (Row& r : rows) {
+    const double ratio = r.qkv["mean_kl"] / r.ll["mean_kl"];
+    std::printf("%-7s | %9.3e %9.3e %9.3e %6.1f%% | %9.3e %9.3e %9.3e %6.1f%% | %.3f %s\n", r.type.c_str(), r.qkv["mean_kl"],
+                r.qkv["median_kl"], r.qkv["p99_kl"], 100 * r.qkv["top1"], r.ll["mean_kl"], r.ll["median_kl"],
+                r.ll["p99_kl"], 100 * r.ll["top1"], ratio, mark(ratio <= 1.05));
+  }
+  std::printf("\n%-7s | %-36s | %s\n", "type", "perplexity: qkv, llama.cpp", "F32's perplexity: qkv, llama.cpp");
+  for (Row& r : rows)
+    std::printf("%-7s | %12.1f %12.1f           | %12.1f %12.1f\n", r.type.c_str(), r.qkv["perplexity"], r.ll["perplexity"],
+                r.qkv["reference_perplexity"], r.ll["reference_perplexity"]);
+  std::printf("target: qkv's mean KL <= 1.05x llama.cpp's on the same file\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string shape = "qwen3-0.6b", dir_arg, types_arg = "q8_0,q4_0,q4_k_m", threads_arg = "1,2", llamacpp, cpu, kv_cache;
   int repeats = 3;
   int64_t prompt = 512, tokens = 128, short_prompt = 16;
-  bool smoke = false;
-  std::string mode, child_file, child_type;
+  int64_t kl_tokens = 512, kl_context = 256;
+  double logit_scale = 1.0;
+  bool smoke = false, kl = false;
+  std::string mode, child_file, child_type, child_reference;
   int child_threads = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -303,9 +409,14 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") prompt = std::stoll(next());
     else if (a == "--tokens") tokens = std::stoll(next());
     else if (a == "--smoke") smoke = true;
+    else if (a == "--kl") kl = true;
+    else if (a == "--kl-tokens") kl_tokens = std::stoll(next());
+    else if (a == "--kl-context") kl_context = std::stoll(next());
+    else if (a == "--logit-scale") logit_scale = std::stod(next());
     else if (a == "--make") mode = "make";
     else if (a == "--quantize") mode = "quantize", child_type = next(), child_file = next();
     else if (a == "--run-qkv") mode = "run-qkv", child_file = next(), child_threads = std::stoi(next());
+    else if (a == "--run-kl") mode = "run-kl", child_reference = next(), child_file = next(), child_threads = std::stoi(next());
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -323,8 +434,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--kv-cache %s: not f32, f16, bf16 or q8_0\n", kv_cache.c_str());
     return 2;
   }
-  if (repeats < 1 || prompt < 1 || tokens < 2) {
-    std::fprintf(stderr, "--repeats and --prompt must be >= 1, --tokens >= 2\n");
+  if (smoke) kl_tokens = 48, kl_context = 32;
+  if (repeats < 1 || prompt < 1 || tokens < 2 || kl_tokens < 2 || kl_context < 1) {
+    std::fprintf(stderr, "--repeats, --prompt and --kl-context must be >= 1, --tokens and --kl-tokens >= 2\n");
     return 2;
   }
   const std::vector<std::string> types = split(types_arg, ',');
@@ -336,12 +448,21 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts;
   for (const std::string& t : split(threads_arg, ',')) thread_counts.push_back(std::max(1, std::stoi(t)));
   if (llamacpp.empty()) llamacpp = std::string(QKV_SOURCE_DIR) + "/tools/llamacpp.sh";
-  const fs::path dir = dir_arg.empty() ? fs::temp_directory_path() / ("qkv_gguf_bench_" + (smoke ? "smoke" : shape)) : fs::path(dir_arg);
+  if (!(logit_scale > 0) || logit_scale > 1000) {
+    std::fprintf(stderr, "--logit-scale %g: give a factor in (0, 1000]\n", logit_scale);
+    return 2;
+  }
+  char scale_name[32];
+  std::snprintf(scale_name, sizeof scale_name, "_logits%g", logit_scale);
+  const fs::path dir = dir_arg.empty() ? fs::temp_directory_path() / ("qkv_gguf_bench_" + (smoke ? "smoke" : shape) +
+                                                                     (logit_scale != 1.0 ? scale_name : ""))
+                                       : fs::path(dir_arg);
 
   try {
-    if (mode == "make") return make_folder(shape, dir, smoke);
+    if (mode == "make") return make_folder(shape, dir, smoke, logit_scale);
     if (mode == "quantize") return quantize(dir, child_type, child_file);
     if (mode == "run-qkv") return run_qkv(child_file, child_threads, prompt, tokens, short_prompt, kv_cache);
+    if (mode == "run-kl") return run_kl(child_reference, child_file, child_threads, kl_tokens, kl_context);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qkv_gguf_bench: %s\n", e.what());
     return 1;
@@ -350,13 +471,17 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
   auto self = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {argv[0], "--shape", shape, "--dir", dir.string(), "--prompt", std::to_string(prompt),
-                                     "--tokens", std::to_string(tokens)};
+                                     "--tokens", std::to_string(tokens), "--kl-tokens", std::to_string(kl_tokens),
+                                     "--kl-context", std::to_string(kl_context), "--logit-scale", std::to_string(logit_scale)};
     if (smoke) args.push_back("--smoke");
     if (!kv_cache.empty()) args.insert(args.end(), {"--kv-cache", kv_cache});
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   };
   if (!fs::exists(dir / "tokenizer.json") && qkv::bench::run_child(self({"--make"})) != 0) return 1;
+  if (kl)
+    return kl_table(dir, types, *std::max_element(thread_counts.begin(), thread_counts.end()), kl_tokens, kl_context,
+                    llamacpp, cpu, kv_cache, self);
 
   std::printf("\nqkv against llama.cpp on the same GGUF files: %s shape, random weights, %d repeats (medians), "
               "generation of %lld tokens after %lld, prompt of %lld\n", smoke ? "smoke" : shape.c_str(), repeats,

@@ -13,11 +13,16 @@
 //            "result load_s=… pp_tok_s=… gen_tok_s=… rss=…" (peak RSS after generating; qkv_gguf_bench reads it). Prompt token i is (i·7919 + 11) mod
 //            the vocabulary, as qkv_gguf_bench feeds qkv.
 //        llamacpp tokenize MODEL [--no-special] FILE…                 prints "ids: [a, b, …]" per file (vocab only)
+//        llamacpp [--cpu VARIANT] [--kv-cache TYPE] kl BASE QUANTIZED N_TOKENS CONTEXT [THREADS]
+//            the KL divergence of QUANTIZED's next-token distributions from BASE's over N_TOKENS prompt tokens in
+//            windows of CONTEXT, as qkv's nn::next_token_divergence defines it (KV cache f32 unless TYPE); prints
+//            "result positions=… mean_kl=… median_kl=… p99_kl=… max_kl=… top1=… perplexity=… reference_perplexity=…"
 // TYPE (f32, f16, bf16, q8_0; llama.cpp's --cache-type-k and -v) stores the bench's keys and values; without it,
 // llama.cpp's default (f16). The type used is printed ("kv cache: f16").
 // VARIANT is a libggml-cpu-VARIANT.so in BINS (haswell = AVX2, zen4 / icelake / sapphirerapids = AVX-512, …); without
 // it, ggml loads the one that scores best on this CPU. The back-end loaded is printed first, and the CPU library
 // mapped ("cpu library: libggml-cpu-zen4.so").
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,6 +313,125 @@ static int tokenize(const char* model_path, int special, char** files, int n_fil
   return 0;
 }
 
+// Loads a model for `kl` with a context of `context` tokens whose every position returns logits; NULL on failure.
+static struct llama_context* kl_context(const char* path, struct llama_model** model, int context, int threads) {
+  struct llama_model_params model_params = llama_model_default_params();
+  *model = llama_model_load_from_file(path, model_params);
+  if (!*model) {
+    fprintf(stderr, "llama.cpp could not load %s\n", path);
+    return NULL;
+  }
+  struct llama_context_params ctx_params = llama_context_default_params();
+  ctx_params.n_ctx = ctx_params.n_batch = ctx_params.n_ubatch = (uint32_t)context;
+  ctx_params.n_threads = ctx_params.n_threads_batch = threads;
+  ctx_params.type_k = ctx_params.type_v = g_kv_type_set ? g_kv_type : GGML_TYPE_F32;
+  if (ctx_params.type_v == GGML_TYPE_Q8_0) ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  struct llama_context* ctx = llama_init_from_model(*model, ctx_params);
+  if (!ctx) fprintf(stderr, "llama.cpp could not make a context for %s\n", path);
+  return ctx;
+}
+
+// log Σ exp(x), in double
+static double log_sum_exp(const float* x, int n) {
+  double top = x[0], sum = 0;
+  for (int i = 1; i < n; ++i) top = x[i] > top ? x[i] : top;
+  for (int i = 0; i < n; ++i) sum += exp((double)x[i] - top);
+  return top + log(sum);
+}
+
+static int argmax(const float* x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+static int compare_doubles(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+// What quantizing loses, measured by llama.cpp's own forward passes: both models over N_TOKENS prompt tokens (i·7919 +
+// 11 mod the vocabulary, as bench feeds them) in windows of CONTEXT tokens that do not overlap, each from an empty
+// cache, every position's next-token distribution compared, as qkv's nn::next_token_divergence defines it (KL(base ‖
+// quantized) in double, its mean, median, 99th percentile and largest; top-1 agreement; both perplexities over the
+// positions whose next token is in the same window). llama-perplexity --kl-divergence scores only the second half of
+// each window; this scores every position, so that both programs' figures are of one definition.
+static int kl(const char* base_path, const char* quant_path, int n_tokens, int context, int threads) {
+  if (n_tokens < 2 || context < 1 || threads < 1 || n_tokens > 1 << 20 || context > 65536) {
+    fprintf(stderr, "kl: N_TOKENS ≥ 2 (≤ 2^20), CONTEXT 1 … 65536, THREADS ≥ 1\n");
+    return 2;
+  }
+  llama_log_set(quiet_log, NULL);
+  struct llama_model *base = NULL, *quant = NULL;
+  struct llama_context* base_ctx = kl_context(base_path, &base, context, threads);
+  struct llama_context* quant_ctx = base_ctx ? kl_context(quant_path, &quant, context, threads) : NULL;
+  if (!quant_ctx) return 1;
+  const int V = llama_vocab_n_tokens(llama_model_get_vocab(base));
+  if (llama_vocab_n_tokens(llama_model_get_vocab(quant)) != V) {
+    fprintf(stderr, "the models' vocabularies differ in size\n");
+    return 1;
+  }
+  printf("kv cache: %s\n", ggml_type_name(g_kv_type_set ? g_kv_type : GGML_TYPE_F32));
+  double* kls = malloc(sizeof(double) * (size_t)n_tokens);
+  struct llama_batch batch = llama_batch_init(context, 0, 1);
+  long long agree = 0, scored = 0, positions = 0;
+  double nll = 0, base_nll = 0;
+  for (int start = 0; start < n_tokens; start += context) {
+    const int T = n_tokens - start < context ? n_tokens - start : context;
+    batch.n_tokens = T;
+    for (int t = 0; t < T; ++t) {
+      batch.token[t] = prompt_token(start + t, V);
+      batch.pos[t] = t;
+      batch.n_seq_id[t] = 1;
+      batch.seq_id[t][0] = 0;
+      batch.logits[t] = 1;
+    }
+    llama_memory_clear(llama_get_memory(base_ctx), true);
+    llama_memory_clear(llama_get_memory(quant_ctx), true);
+    if (llama_decode(base_ctx, batch) != 0 || llama_decode(quant_ctx, batch) != 0) {
+      fprintf(stderr, "llama_decode failed\n");
+      return 1;
+    }
+    for (int t = 0; t < T; ++t) {
+      const float* r = llama_get_logits_ith(base_ctx, t);
+      const float* q = llama_get_logits_ith(quant_ctx, t);
+      const double lr = log_sum_exp(r, V), lq = log_sum_exp(q, V);
+      double sum = 0;
+      for (int i = 0; i < V; ++i) {
+        const double log_p = r[i] - lr;
+        sum += exp(log_p) * (log_p - (q[i] - lq));
+      }
+      kls[positions++] = sum > 0 ? sum : 0;
+      agree += argmax(r, V) == argmax(q, V);
+      if (t + 1 < T) {
+        const int next = batch.token[t + 1];
+        nll += lq - q[next];
+        base_nll += lr - r[next];
+        ++scored;
+      }
+    }
+    fprintf(stderr, "kl: %d of %d tokens\n", start + T, n_tokens);
+  }
+  double mean = 0;
+  for (long long i = 0; i < positions; ++i) mean += kls[i];
+  mean /= (double)positions;
+  qsort(kls, (size_t)positions, sizeof(double), compare_doubles);
+  long long p99 = (long long)(0.99 * (double)positions);
+  if (p99 > positions - 1) p99 = positions - 1;
+  printf("result positions=%lld mean_kl=%.6e median_kl=%.6e p99_kl=%.6e max_kl=%.6e top1=%.6f perplexity=%.3f "
+         "reference_perplexity=%.3f\n", positions, mean, kls[positions / 2], kls[p99], kls[positions - 1],
+         (double)agree / (double)positions, scored ? exp(nll / (double)scored) : 0.0,
+         scored ? exp(base_nll / (double)scored) : 0.0);
+  free(kls);
+  llama_batch_free(batch);
+  llama_free(base_ctx);
+  llama_free(quant_ctx);
+  llama_model_free(base);
+  llama_model_free(quant);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* variant = NULL;
   int a = 1;
@@ -325,7 +449,8 @@ int main(int argc, char** argv) {
   }
   if (a >= argc) {
     fprintf(stderr, "usage: llamacpp [--cpu VARIANT] [--kv-cache TYPE] quantize IN OUT TYPE [THREADS] | generate MODEL PROMPT N [THREADS] | "
-                    "tokenize MODEL [--no-special] FILE... | bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT]\n");
+                    "tokenize MODEL [--no-special] FILE... | bench MODEL PROMPT_TOKENS GEN_TOKENS THREADS [SHORT_PROMPT] | "
+                    "kl BASE QUANTIZED N_TOKENS CONTEXT [THREADS]\n");
     return 2;
   }
   load_backends(variant);  // before llama_backend_init, which would search only the program's folder and the cwd
@@ -341,6 +466,8 @@ int main(int argc, char** argv) {
     status = generate(argv[a + 1], argv[a + 2], atoi(argv[a + 3]), argc - a > 4 ? atoi(argv[a + 4]) : 1);
   } else if (strcmp(argv[a], "bench") == 0 && argc - a >= 5) {
     status = bench(argv[a + 1], atoi(argv[a + 2]), atoi(argv[a + 3]), atoi(argv[a + 4]), argc - a > 5 ? atoi(argv[a + 5]) : 16);
+  } else if (strcmp(argv[a], "kl") == 0 && argc - a >= 5) {
+    status = kl(argv[a + 1], argv[a + 2], atoi(argv[a + 3]), atoi(argv[a + 4]), argc - a > 5 ? atoi(argv[a + 5]) : 1);
   } else {
     fprintf(stderr, "unknown command or missing arguments\n");
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs tools/llamacpp.c (llama.cpp's quantizer and greedy generation through node-llama-cpp's prebuilt libllama),
 # building it first: llama.cpp's headers come from the source bundle inside the npm package, at the commit its
-# binaries were built from. Usage: tools/llamacpp.sh [--cpu VARIANT] quantize|generate|tokenize|bench ARGS…
+# binaries were built from. Usage: tools/llamacpp.sh [--cpu VARIANT] quantize|generate|tokenize|bench|kl ARGS…
 # NODE_MODULES (default .cache/node/node_modules) must hold node-llama-cpp 3.22.1 (npm install node-llama-cpp@3.22.1).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +16,6 @@ if [[ ! -d $work/src ]]; then
 fi
 if [[ ! -x $work/llamacpp || $root/tools/llamacpp.c -nt $work/llamacpp ]]; then
   cc -O2 -Wall -I "$work/src/include" -I "$work/src/ggml/include" "$root/tools/llamacpp.c" -L "$bins" \
-    -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,"$bins" -o "$work/llamacpp"
+    -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -lm -Wl,-rpath,"$bins" -o "$work/llamacpp"
 fi
 LLAMACPP_BINS=$bins exec "$work/llamacpp" "$@"
