@@ -447,6 +447,7 @@ int main(int argc, char** argv) {
     }
   std::vector<int> thread_counts;
   for (const std::string& t : split(threads_arg, ',')) thread_counts.push_back(std::max(1, std::stoi(t)));
+  if (thread_counts.empty()) thread_counts.push_back(1);
   if (llamacpp.empty()) llamacpp = std::string(QKV_SOURCE_DIR) + "/tools/llamacpp.sh";
   if (!(logit_scale > 0) || logit_scale > 1000) {
     std::fprintf(stderr, "--logit-scale %g: give a factor in (0, 1000]\n", logit_scale);
@@ -501,14 +502,7 @@ int main(int argc, char** argv) {
   std::string cpu_library, llama_kv;
   for (const std::string& type : types) {
     const fs::path file = dir / (type + ".gguf");
-    if (!fs::exists(file)) {
-      const ChildRun q = run_captured(self({"--quantize", type, file.string()}), dir);
-      std::fputs(q.out.c_str(), stdout);
-      if (q.status != 0) {
-        std::fprintf(stderr, "quantizing to %s failed:\n%s", type.c_str(), q.err.c_str());
-        return 1;
-      }
-    }
+    if (!ensure_file(dir, type, self)) return 1;
     const qkv::io::GgufFile gguf = qkv::io::GgufFile::open(file.string());
     // The bytes of the matrices one token reads: every rank-2 tensor, but the token embedding only when it is also the
     // head (one row of it is looked up otherwise); of a layer's experts (rank 3), the share a token chooses, k of E.
