@@ -519,19 +519,22 @@ struct LlamaCppRun {
   std::string out;
   int status = 0;
 };
+// tools/llamacpp.sh with `arguments` (a command and its operands), node-llama-cpp from `modules`, its program built in
+// the calling test's own folder `work`
+CliResult llamacpp(const std::string& modules, const std::string& work, const std::string& arguments) {
+  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
+  return run_command("NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work(work) + " " + script + " " + arguments);
+}
+
 // llama.cpp's quantizer (llama_model_quantize) from the file `in` to `out` as `type` ("q8_0", "mxfp4_moe", …), 1 thread
 CliResult llamacpp_quantize(const std::string& modules, const std::string& in, const std::string& out, const std::string& type) {
-  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
-  return run_command("NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("quantize") + " " + script + " quantize " +
-                     in + " " + out + " " + type + " 1");
+  return llamacpp(modules, "quantize", "quantize " + in + " " + out + " " + type + " 1");
 }
 
 LlamaCppRun llamacpp_generate(const std::string& modules, const std::string& work, const std::string& path, int tokens) {
-  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
-  const std::string command = "NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work(work) + " " + script +
-                              " generate " + path + " '" + kPrompt + "' " + std::to_string(tokens) + " 1";
   LlamaCppRun run;
-  const CliResult result = run_command(command);
+  const CliResult result =
+      llamacpp(modules, work, "generate " + path + " '" + kPrompt + "' " + std::to_string(tokens) + " 1");
   run.out = result.out;
   run.status = result.code;
   auto ids_after = [&](const std::string& marker) {
@@ -622,7 +625,6 @@ TEST(GgufExport, LlamaCppMeasuresWhatQuantizingLosesAsQkvDoes) {
     GTEST_SKIP() << missing;
   }
   constexpr int kTokens = 96, kContext = 32;
-  const std::string script = std::string(QKV_FIXTURES) + "/../../tools/llamacpp.sh";
   auto file = [&](GgufFileType type) {
     const std::string path = out_path("kl-" + std::string(nn::gguf_file_type_name(type)) + ".gguf");
     nn::GgufExportOptions o;
@@ -640,9 +642,8 @@ TEST(GgufExport, LlamaCppMeasuresWhatQuantizingLosesAsQkvDoes) {
     const std::string name = nn::gguf_file_type_name(type);
     SCOPED_TRACE(name);
     const std::string path = file(type);
-    const CliResult run = run_command("NODE_MODULES=" + modules + " LLAMACPP_WORK=" + llamacpp_work("kl") + " " + script +
-                                      " kl " + reference + " " + path + " " + std::to_string(kTokens) + " " +
-                                      std::to_string(kContext) + " 1");
+    const CliResult run = llamacpp(modules, "kl", "kl " + reference + " " + path + " " + std::to_string(kTokens) + " " +
+                                                      std::to_string(kContext) + " 1");
     ASSERT_EQ(run.code, 0) << run.out;
     auto value = [&](const std::string& key) {
       const size_t at = run.out.find(" " + key + "=", run.out.find("\nresult "));

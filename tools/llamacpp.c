@@ -46,6 +46,12 @@ static int kv_type_of(const char* name, enum ggml_type* out) {
   return 0;
 }
 
+// Keys and values stored as `type` (a quantized V needs llama.cpp's flash attention)
+static void set_kv_type(struct llama_context_params* params, enum ggml_type type) {
+  params->type_k = params->type_v = type;
+  if (type == GGML_TYPE_Q8_0) params->flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+}
+
 static int ftype_of(const char* name) {
   static const struct { const char* name; int ftype; } table[] = {
       {"f32", LLAMA_FTYPE_ALL_F32},        {"f16", LLAMA_FTYPE_MOSTLY_F16},       {"bf16", LLAMA_FTYPE_MOSTLY_BF16},
@@ -221,10 +227,7 @@ static int bench(const char* model_path, int n_prompt, int n_gen, int threads, i
   ctx_params.n_ubatch = (uint32_t)longest;
   ctx_params.n_threads = threads;
   ctx_params.n_threads_batch = threads;
-  if (g_kv_type_set) {
-    ctx_params.type_k = ctx_params.type_v = g_kv_type;
-    if (g_kv_type == GGML_TYPE_Q8_0) ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;  // (a quantized V needs it)
-  }
+  if (g_kv_type_set) set_kv_type(&ctx_params, g_kv_type);
   printf("kv cache: %s\n", ggml_type_name(ctx_params.type_k));
   struct llama_context* ctx = llama_init_from_model(model, ctx_params);
   if (!ctx) {
@@ -324,8 +327,7 @@ static struct llama_context* kl_context(const char* path, struct llama_model** m
   struct llama_context_params ctx_params = llama_context_default_params();
   ctx_params.n_ctx = ctx_params.n_batch = ctx_params.n_ubatch = (uint32_t)context;
   ctx_params.n_threads = ctx_params.n_threads_batch = threads;
-  ctx_params.type_k = ctx_params.type_v = g_kv_type_set ? g_kv_type : GGML_TYPE_F32;
-  if (ctx_params.type_v == GGML_TYPE_Q8_0) ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  set_kv_type(&ctx_params, g_kv_type_set ? g_kv_type : GGML_TYPE_F32);
   struct llama_context* ctx = llama_init_from_model(*model, ctx_params);
   if (!ctx) fprintf(stderr, "llama.cpp could not make a context for %s\n", path);
   return ctx;
